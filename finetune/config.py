@@ -1,0 +1,265 @@
+"""The typed config: dataclass defaults < a YAML recipe < `key=value` on the command line.
+
+    accelerate launch finetune/run.py --config finetune/configs/vit_fashion_mnist.yaml learning_rate=3e-4
+
+Hardware (processes, devices, mixed precision, machines) is NOT here: it belongs to the accelerate
+config and is read back from the `Accelerator`. Unknown keys and wrong types are errors that name
+the key and the nearest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from finetune.errors import UserError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_DIR = PACKAGE_DIR.parent
+CONFIGS_DIR = PACKAGE_DIR / "configs"
+DEFAULT_RECIPE = CONFIGS_DIR / "bert_rotten_tomatoes.yaml"
+
+Task = Literal["text-classification", "image-classification"]
+SchedulerType = Literal["linear", "cosine", "constant"]
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run. Names follow transformers' TrainingArguments where one exists."""
+
+    # --- what to train --------------------------------------------------------------------------
+    task: Task = "text-classification"
+    # A hub name or a local directory. With `model_config`, only its tokenizer/processor is used.
+    model_name_or_path: str | None = None
+    # Build the model from a config instead of pretrained weights, e.g. a tiny BERT for tests:
+    # {model_type: bert, hidden_size: 32, num_hidden_layers: 2, ...}.
+    model_config: dict[str, Any] | None = None
+    tokenizer_name: str | None = None  # text: defaults to model_name_or_path
+    image_processor_name: str | None = None  # image: defaults to model_name_or_path
+    trust_remote_code: bool = False
+
+    # --- data -------------------------------------------------------------------------------------
+    # A hub dataset name or a builder ("imagefolder", "csv", "json", "parquet"); or give files.
+    dataset_name: str | None = None
+    dataset_config_name: str | None = None
+    data_dir: str | None = None  # for "imagefolder" (or a hub dataset's data_dir)
+    train_file: str | None = None  # .csv, .json, .jsonl or .parquet
+    validation_file: str | None = None
+    test_file: str | None = None
+    text_column: str = "text"
+    text_pair_column: str | None = None  # sentence pairs: the second sentence's column
+    image_column: str = "image"
+    label_column: str = "label"
+    max_length: int = 128  # tokens; longer texts are truncated
+    # When the data has no validation split: the share of train held out, stratified and seeded.
+    validation_split_percentage: float = 10.0
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    max_test_samples: int | None = None
+    group_by_length: bool = False  # text: batch similar lengths together (less padding)
+    dataloader_num_workers: int = 0
+
+    # --- optimisation -----------------------------------------------------------------------------
+    seed: int = 42
+    num_train_epochs: int = 3
+    max_steps: int | None = None  # optimizer steps; overrides num_train_epochs when set
+    per_device_train_batch_size: int = 32
+    per_device_eval_batch_size: int = 64
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 5e-5
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    lr_scheduler_type: SchedulerType = "linear"
+    warmup_ratio: float = 0.0  # share of the optimizer steps spent warming up
+    warmup_steps: int | None = None  # overrides warmup_ratio when set
+    max_grad_norm: float | None = 1.0
+
+    # --- evaluation, logging, output --------------------------------------------------------------
+    output_dir: str = "runs/bert-rotten-tomatoes"
+    overwrite_output_dir: bool = False
+    logging_steps: int = 10  # optimizer steps between logged losses
+    eval_steps: int | None = None  # optimizer steps between evaluations; None: at epoch ends
+    report_to: list[str] = field(default_factory=list)  # trackers beside metrics.jsonl
+    label_names: list[str] | None = None  # fix the label set and order explicitly
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    save_steps: int | None = None  # optimizer steps between training-state checkpoints
+    save_at_epoch_end: bool = False
+    save_total_limit: int | None = 2  # keep the last K (the best is always kept too)
+    metric_for_best_model: str = "accuracy"
+    greater_is_better: bool = True
+    resume_from_checkpoint: str | None = None  # "latest" or a checkpoint directory
+
+    # --- model parallelism (one process, consecutive layers on consecutive devices) -----------------
+    model_parallel: bool = False
+    devices: str | None = None  # "cuda:0,cuda:1", "cuda:0,cpu"; default: every visible GPU
+    max_memory: dict[str, str] | None = None  # per-device cap, e.g. {"cuda:0": "2GiB"}
+    pipeline_chunks: int = 1  # >1: GPipe-style micro-batches through the stages
+    plan_only: bool = False  # print the model-parallel plan and exit
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Cross-field checks, next to the fields they guard."""
+        for name in (
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "gradient_accumulation_steps",
+            "num_train_epochs",
+            "logging_steps",
+            "max_length",
+            "pipeline_chunks",
+        ):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        for name in ("max_steps", "eval_steps", "save_steps", "max_train_samples", "max_eval_samples",
+                     "max_test_samples", "save_total_limit", "warmup_steps"):
+            value = getattr(self, name)
+            if value is not None and value <= 0 and not (name == "warmup_steps" and value == 0):
+                raise UserError(f"{name} must be positive (or null), got {value}")
+        if not self.learning_rate > 0:
+            raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise UserError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0 < self.validation_split_percentage < 100:
+            raise UserError(
+                f"validation_split_percentage must be in (0, 100), got {self.validation_split_percentage}"
+            )
+        if self.dataloader_num_workers < 0:
+            raise UserError("dataloader_num_workers must be >= 0")
+        if self.model_name_or_path is None and self.model_config is None:
+            raise UserError("set model_name_or_path (a hub name or a local directory) or model_config")
+        if self.model_config is not None and "model_type" not in self.model_config:
+            raise UserError("model_config needs a model_type, e.g. {model_type: bert, hidden_size: 32, ...}")
+        if self.dataset_name is None and self.train_file is None and self.data_dir is None:
+            raise UserError("no training data: set train_file, data_dir or dataset_name")
+        if self.pipeline_chunks > 1 and not self.model_parallel:
+            raise UserError("pipeline_chunks needs model_parallel=true")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def _field_types() -> dict[str, Any]:
+    hints = typing.get_type_hints(TrainConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig)}
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Check `value` against the field's type; strings from the command line are parsed as YAML."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, value, arg)
+            except UserError as e:
+                errors.append(str(e))
+        raise UserError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise UserError(f"{key} must be one of {', '.join(map(str, args))}, got {value!r}")
+        return value
+    if origin is list:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list):
+            raise UserError(f"{key} must be a list, got {value!r}")
+        return [_coerce(key, v, args[0]) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{key} must be a mapping like {{a: 1}}, got {value!r}")
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"{key} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads 5e-5 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if isinstance(value, (dict, list)) or value is None:
+            raise UserError(f"{key} must be a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _unknown_key(key: str, known: list[str]) -> UserError:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return UserError(f"unknown config key '{key}'{hint}")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Build the config from the default recipe (or `path`) plus `key=value` overrides."""
+    recipe = Path(path) if path is not None else DEFAULT_RECIPE
+    if not recipe.is_file():
+        raise UserError(f"config file not found: {recipe}")
+    try:
+        raw = yaml.safe_load(recipe.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise UserError(f"{recipe} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{recipe} must hold a mapping of config keys, got {type(raw).__name__}")
+
+    # Relative data/model paths in a recipe are relative to the repository, so a recipe works
+    # from any working directory; paths given on the command line are relative to the cwd.
+    for key in ("model_name_or_path", "tokenizer_name", "image_processor_name", "train_file",
+                "validation_file", "test_file", "data_dir"):
+        value = raw.get(key)
+        if isinstance(value, str) and value.startswith(("data/", "./data/")):
+            raw[key] = str(REPO_DIR / value)
+
+    for item in overrides or []:
+        if "=" not in item:
+            raise UserError(f"expected key=value, got '{item}'")
+        key, text = item.split("=", 1)
+        try:
+            raw[key.strip()] = yaml.safe_load(text) if text != "" else None
+        except yaml.YAMLError:
+            raw[key.strip()] = text
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
+    hints = _field_types()
+    values = {}
+    for key, value in raw.items():
+        if key not in hints:
+            raise _unknown_key(key, list(hints))
+        values[key] = _coerce(key, value, hints[key])
+    return TrainConfig(**values)
+
+
+def save_config(config: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -1,0 +1,328 @@
+"""Datasets → dataloaders for text and images.
+
+Text: tokenized once with `map(batched=True)` (cached by `datasets`, run on the main process first),
+padded per batch. Images: decoded and run through the model's image processor on the fly, with a
+random flip for training. Labels become ids `0..K-1` in the column `labels`, named in `label_names`.
+
+The training order of an epoch is `EpochSampler`: a permutation drawn from (seed, epoch), optionally
+length-grouped, that can start at any sample. That is what makes a mid-epoch resume exact without
+reading and discarding the batches already seen.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import ClassLabel, DatasetDict, Value, load_dataset
+from datasets import Dataset as HFDataset
+from torch.utils.data import Sampler
+
+from finetune.config import TrainConfig
+from finetune.errors import UserError
+
+FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv"}
+
+
+@dataclass
+class Splits:
+    """The data of a run: tokenized/transformed splits and the label names (id order)."""
+
+    train: HFDataset
+    validation: HFDataset
+    test: HFDataset | None
+    label_names: list[str]
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def _builder_for(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix not in FILE_BUILDERS:
+        raise UserError(f"{path}: unsupported file type '{suffix}'; use .csv, .json, .jsonl or .parquet")
+    return FILE_BUILDERS[suffix]
+
+
+def load_raw(cfg: TrainConfig) -> DatasetDict:
+    """Load train (and validation/test when present) from files, an image folder or the hub."""
+    files = {s: f for s, f in (("train", cfg.train_file), ("validation", cfg.validation_file),
+                               ("test", cfg.test_file)) if f}
+    for split, path in files.items():
+        if not Path(path).is_file():
+            raise UserError(f"{split} file not found: {path}")
+        if Path(path).stat().st_size == 0:
+            raise UserError(f"{split} file is empty: {path}")
+    if cfg.data_dir and not Path(cfg.data_dir).is_dir() and cfg.dataset_name in (None, "imagefolder"):
+        raise UserError(f"data_dir not found: {cfg.data_dir}")
+    try:
+        if files and cfg.dataset_name in (None, "csv", "json", "parquet"):
+            builders = {_builder_for(f) for f in files.values()}
+            if len(builders) > 1:
+                raise UserError(f"train/validation/test files must be of one type, got {sorted(builders)}")
+            raw = load_dataset(builders.pop(), data_files=files)
+        elif cfg.dataset_name in (None, "imagefolder") and cfg.data_dir:
+            raw = load_dataset("imagefolder", data_dir=cfg.data_dir)
+        else:
+            raw = load_dataset(cfg.dataset_name, cfg.dataset_config_name, data_dir=cfg.data_dir)
+    except UserError:
+        raise
+    except Exception as e:  # datasets raises many types for unreadable data; the message is the help
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        what = cfg.dataset_name or cfg.data_dir or ", ".join(files.values())
+        raise UserError(f"could not load data from {what}: {type(e).__name__}: {first_line}") from None
+    if "train" not in raw:
+        raise UserError(f"the data has no 'train' split (found: {', '.join(raw)})")
+    return raw
+
+
+# --- labels ----------------------------------------------------------------------------------------
+
+
+def _label_values(ds: HFDataset, column: str) -> list[Any]:
+    feature = ds.features[column]
+    if isinstance(feature, ClassLabel):
+        return [feature.names[i] for i in sorted(set(ds[column]))]
+    return sorted(set(ds[column]), key=lambda v: (str(type(v)), v))
+
+
+def resolve_label_names(train: HFDataset, cfg: TrainConfig) -> list[str]:
+    """Label names in id order: a ClassLabel's names, else the sorted distinct values of train."""
+    feature = train.features[cfg.label_column]
+    if cfg.label_names:
+        names = list(cfg.label_names)
+    elif isinstance(feature, ClassLabel):
+        names = list(feature.names)
+    else:
+        names = [str(v) for v in _label_values(train, cfg.label_column)]
+    present = {str(v) for v in _label_values(train, cfg.label_column)}
+    if len(present) < 2:
+        raise UserError(
+            f"label column '{cfg.label_column}' has a single class ({', '.join(present) or 'none'}); "
+            "a classifier needs at least two"
+        )
+    unknown = present - set(names)
+    if unknown:
+        raise UserError(f"training labels {sorted(unknown)} are not in label_names {names}")
+    return names
+
+
+def encode_labels(ds: HFDataset, cfg: TrainConfig, label_names: list[str], split: str) -> HFDataset:
+    """Map the label column to ids by NAME into `labels` (a ClassLabel), whatever its type was."""
+    column = cfg.label_column
+    feature = ds.features[column]
+    to_id = {name: i for i, name in enumerate(label_names)}
+    if isinstance(feature, ClassLabel):
+        names = feature.names
+        def name_of(v):  # noqa: E306
+            return names[v]
+    else:
+        name_of = str
+    seen = {name_of(v) for v in set(ds[column])}
+    unseen = sorted(seen - set(to_id))
+    if unseen:
+        raise UserError(
+            f"{split} labels {unseen[:5]} were not seen in training (known: {', '.join(label_names)})"
+        )
+    ds = ds.map(lambda b: {"labels": [to_id[name_of(v)] for v in b[column]]}, batched=True,
+                desc=f"labels ({split})")
+    if column != "labels":
+        ds = ds.remove_columns(column)
+    return ds.cast_column("labels", ClassLabel(names=label_names))
+
+
+def _check_columns(ds: HFDataset, cfg: TrainConfig, split: str) -> None:
+    needed = [cfg.label_column]
+    if cfg.task == "text-classification":
+        needed += [c for c in (cfg.text_column, cfg.text_pair_column) if c]
+    else:
+        needed.append(cfg.image_column)
+    for column in needed:
+        if column not in ds.column_names:
+            raise UserError(
+                f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
+            )
+    if cfg.task == "text-classification":
+        for column in (c for c in (cfg.text_column, cfg.text_pair_column) if c):
+            feature = ds.features[column]
+            if not (isinstance(feature, Value) and feature.dtype in ("string", "large_string")):
+                raise UserError(
+                    f"text column '{column}' in the {split} data holds {feature}, not text; "
+                    "set text_column to a column of strings"
+                )
+            if any(v is None for v in ds[column]):
+                raise UserError(f"text column '{column}' in the {split} data has empty (null) values")
+
+
+def load_splits(cfg: TrainConfig) -> tuple[DatasetDict, list[str]]:
+    """Raw splits with ids in `labels`; a seeded stratified validation split when there is none."""
+    raw = load_raw(cfg)
+    for split in raw:
+        _check_columns(raw[split], cfg, split)
+    label_names = resolve_label_names(raw["train"], cfg)
+    raw = DatasetDict({s: encode_labels(d, cfg, label_names, s) for s, d in raw.items()})
+    if "validation" not in raw:
+        held_out = cfg.validation_split_percentage / 100
+        try:
+            parts = raw["train"].train_test_split(test_size=held_out, seed=cfg.seed, stratify_by_column="labels")
+        except ValueError as e:
+            raise UserError(f"cannot hold out a stratified validation split: {e}") from None
+        raw["train"], raw["validation"] = parts["train"], parts["test"]
+    for split, limit in (("train", cfg.max_train_samples), ("validation", cfg.max_eval_samples),
+                         ("test", cfg.max_test_samples)):
+        if limit is not None and split in raw and len(raw[split]) > limit:
+            raw[split] = raw[split].select(range(limit))
+    return raw, label_names
+
+
+# --- preprocessing ---------------------------------------------------------------------------------
+
+
+def tokenize(ds: HFDataset, tokenizer, cfg: TrainConfig) -> HFDataset:
+    """Tokenize without padding (the collator pads per batch); keep `length` for grouping."""
+    columns = [c for c in (cfg.text_column, cfg.text_pair_column) if c]
+
+    def fn(batch):
+        texts = [batch[c] for c in columns]
+        enc = tokenizer(*texts, truncation=True, max_length=cfg.max_length)
+        enc["length"] = [len(ids) for ids in enc["input_ids"]]
+        return enc
+
+    keep = {"labels"}
+    return ds.map(fn, batched=True, remove_columns=[c for c in ds.column_names if c not in keep],
+                  desc="tokenizing")
+
+
+class ImageTransform:
+    """PIL images → `pixel_values` through the image processor; random horizontal flip in training.
+
+    Every image is converted to the model's channel count first, so grayscale, palette and RGBA
+    files mixed with RGB just work. The flip draws from Python's `random`, whose state Accelerate's
+    checkpoints keep, so a resumed run flips the same images.
+    """
+
+    def __init__(self, processor, column: str, num_channels: int, train: bool):
+        self.processor, self.column, self.train = processor, column, train
+        self.mode = "RGB" if num_channels == 3 else "L"
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, Any]:
+        images = []
+        for image in batch[self.column]:
+            image = image.convert(self.mode)
+            if self.train and random.random() < 0.5:
+                image = image.transpose(0)  # PIL.Image.Transpose.FLIP_LEFT_RIGHT
+            images.append(image)
+        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
+        return {"pixel_values": pixels, "labels": batch["labels"]}
+
+
+def prepare_splits(cfg: TrainConfig, raw: DatasetDict, preprocessor, model_config) -> DatasetDict:
+    if cfg.task == "text-classification":
+        return DatasetDict({s: tokenize(d, preprocessor, cfg) for s, d in raw.items()})
+    num_channels = getattr(model_config, "num_channels", 3)
+    out = DatasetDict()
+    for split, ds in raw.items():
+        ds = ds.remove_columns([c for c in ds.column_names if c not in (cfg.image_column, "labels")])
+        out[split] = ds.with_transform(ImageTransform(preprocessor, cfg.image_column, num_channels,
+                                                      train=split == "train"))
+    return out
+
+
+class Collator:
+    """Pads text batches dynamically (to a multiple of 8 for tensor cores); stacks image batches."""
+
+    def __init__(self, tokenizer=None, pad_to_multiple_of: int | None = 8):
+        self.tokenizer, self.pad_to_multiple_of = tokenizer, pad_to_multiple_of
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if "pixel_values" in features[0]:
+            return {
+                "pixel_values": torch.stack([torch.as_tensor(f["pixel_values"]) for f in features]),
+                "labels": torch.tensor([int(f["labels"]) for f in features]),
+            }
+        features = [{k: v for k, v in f.items() if k != "length"} for f in features]
+        return self.tokenizer.pad(features, padding=True, pad_to_multiple_of=self.pad_to_multiple_of,
+                                  return_tensors="pt")
+
+
+# --- order of an epoch -----------------------------------------------------------------------------
+
+
+class EpochSampler(Sampler[int]):
+    """The sample order of one epoch, reproducible from (seed, epoch) and startable mid-epoch.
+
+    `reset(epoch, start)` selects the epoch's permutation and skips its first `start` samples, so a
+    resumed run continues from the exact position without reading the skipped batches. With
+    `lengths`, samples are grouped by length the way transformers' LengthGroupedSampler does
+    (sorted inside random mega-batches), then the global batches are shuffled so that long and short
+    batches alternate; the last, partial global batch stays last so that batch boundaries — and so
+    the split across processes — are those of an ungrouped epoch. Every process computes the same
+    order, and Accelerate's `BatchSamplerShard` deals its batches round-robin.
+
+    Deliberately no `set_epoch`: Accelerate's DataLoaderShard calls `set_epoch(iteration)` on the
+    sampler at each iteration, which would fight the explicit position set here.
+    """
+
+    def __init__(self, num_samples: int, seed: int, global_batch_size: int,
+                 lengths: list[int] | None = None, megabatch_mult: int = 50):
+        self.num_samples, self.seed, self.global_batch_size = num_samples, seed, global_batch_size
+        self.lengths, self.megabatch_mult = lengths, megabatch_mult
+        self.epoch, self.start = 0, 0
+
+    def reset(self, epoch: int, start: int = 0) -> None:
+        if not 0 <= start <= self.num_samples:
+            raise ValueError(f"start {start} outside the epoch of {self.num_samples} samples")
+        self.epoch, self.start = epoch, start
+
+    def order(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        perm = torch.randperm(self.num_samples, generator=g).tolist()
+        if self.lengths is None:
+            return perm
+        gb = self.global_batch_size
+        mega = gb * self.megabatch_mult
+        grouped: list[int] = []
+        for i in range(0, len(perm), mega):
+            grouped += sorted(perm[i:i + mega], key=lambda j: -self.lengths[j])
+        batches = [grouped[i:i + gb] for i in range(0, len(grouped), gb)]
+        tail = [batches.pop()] if batches and len(batches[-1]) < gb else []
+        shuffle = torch.randperm(len(batches), generator=g).tolist()
+        return [j for b in [batches[i] for i in shuffle] + tail for j in b]
+
+    def __iter__(self):
+        return iter(self.order(self.epoch)[self.start:])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start
+
+
+def batches_per_process(num_samples: int, per_device_batch: int, num_processes: int) -> int:
+    """Batches each process sees in an epoch: Accelerate completes the last global batch."""
+    return math.ceil(num_samples / (per_device_batch * num_processes))
+
+
+def real_sample_mask(num_samples: int, batch_index: int, per_device_batch: int, num_processes: int,
+                     process_index: int, batch_len: int) -> torch.Tensor:
+    """Which rows of this process's `batch_index`-th batch are real, not Accelerate's padding.
+
+    Accelerate's BatchSamplerShard cuts the epoch's stream into batches of `per_device_batch` and
+    deals them round-robin; the last global batch is completed with samples from the start of the
+    epoch. Row j of this batch is stream position (batch_index * P + process_index) * B + j and is
+    real when that position is below the number of samples in the stream.
+    """
+    first = (batch_index * num_processes + process_index) * per_device_batch
+    return (torch.arange(batch_len) + first) < num_samples
+
+
+def window_sample_count(num_samples: int, window: int, accumulation: int, num_batches: int,
+                        per_device_batch: int, num_processes: int) -> int:
+    """Real samples, over all processes, in optimizer step `window` (its micro-batches)."""
+    total = 0
+    for k in range(window * accumulation, min((window + 1) * accumulation, num_batches)):
+        first = k * num_processes * per_device_batch
+        total += max(0, min(num_samples - first, num_processes * per_device_batch))
+    return total

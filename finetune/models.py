@@ -1,0 +1,100 @@
+"""build_model: the one place where config meets the model.
+
+Any `AutoModelForSequenceClassification` / `AutoModelForImageClassification` checkpoint by hub name
+or local directory, or a model built from a config (tiny models for tests, a small ViT offline).
+Models know nothing of the runtime: no devices, ranks or dtypes here; Accelerate places them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    ViTImageProcessor,
+)
+
+from finetune.config import TrainConfig
+from finetune.errors import UserError
+
+AUTO_MODELS = {
+    "text-classification": AutoModelForSequenceClassification,
+    "image-classification": AutoModelForImageClassification,
+}
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or Path(name).exists()
+
+
+def _load_error(what: str, name: str, e: Exception) -> UserError:
+    if _looks_local(name) and not Path(name).expanduser().exists():
+        return UserError(f"{what} path does not exist: {name}")
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return UserError(f"could not load {what} '{name}': {first}")
+
+
+def load_preprocessor(cfg: TrainConfig, model_config: PretrainedConfig | None = None):
+    """The tokenizer (text) or image processor (images) that goes with the model."""
+    if cfg.task == "text-classification":
+        name = cfg.tokenizer_name or cfg.model_name_or_path
+        if name is None:
+            raise UserError("a text model built from model_config needs tokenizer_name")
+        try:
+            return AutoTokenizer.from_pretrained(name, trust_remote_code=cfg.trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise _load_error("tokenizer", name, e) from None
+    name = cfg.image_processor_name or (cfg.model_name_or_path if cfg.model_config is None else None)
+    if name is None:
+        # A ViT built from a config: resize to its image size, scale to [-1, 1].
+        size = getattr(model_config, "image_size", 224)
+        channels = getattr(model_config, "num_channels", 3)
+        return ViTImageProcessor(size={"height": size, "width": size}, image_mean=[0.5] * channels,
+                                 image_std=[0.5] * channels)
+    try:
+        return AutoImageProcessor.from_pretrained(name, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise _load_error("image processor", name, e) from None
+
+
+def build_model(cfg: TrainConfig, label_names: list[str], vocab_size: int | None = None) -> PreTrainedModel:
+    """A classification model with `len(label_names)` outputs and the names in id2label/label2id."""
+    labels: dict[str, Any] = {
+        "num_labels": len(label_names),
+        "id2label": dict(enumerate(label_names)),
+        "label2id": {name: i for i, name in enumerate(label_names)},
+    }
+    auto = AUTO_MODELS[cfg.task]
+    if cfg.model_config is not None:
+        spec = dict(cfg.model_config)
+        model_type = spec.pop("model_type")
+        if cfg.task == "text-classification" and vocab_size is not None:
+            spec.setdefault("vocab_size", vocab_size)
+        try:
+            config = AutoConfig.for_model(model_type, **spec, **labels)
+            return auto.from_config(config, trust_remote_code=cfg.trust_remote_code)
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"cannot build a {cfg.task} model from model_config: {e}") from None
+    name = cfg.model_name_or_path
+    assert name is not None  # TrainConfig.validate guarantees a name or a config
+    try:
+        return auto.from_pretrained(name, trust_remote_code=cfg.trust_remote_code, **labels)
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            raise UserError(f"'{name}' is not a model that {auto.__name__} can load for {cfg.task}") from None
+        raise _load_error("model", name, e) from None
+    except OSError as e:
+        raise _load_error("model", name, e) from None
+
+
+def check_max_length(cfg: TrainConfig, model: PreTrainedModel) -> None:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if cfg.task == "text-classification" and limit is not None and cfg.max_length > limit:
+        raise UserError(f"max_length {cfg.max_length} exceeds the model's position limit {limit}")

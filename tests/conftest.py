@@ -1,0 +1,108 @@
+"""Shared fixtures: offline, tiny models from config, and runners for the real entry points."""
+
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # an accidental download fails loudly
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
+TOKENIZER = DATA / "bert_minilm_l6_uncased"
+ROTTEN = DATA / "rotten_tomatoes"
+
+# A tiny BERT with no dropout, so that different batchings give the same math.
+TINY_BERT = (
+    "{model_type: bert, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, "
+    "intermediate_size: 37, max_position_embeddings: 128, hidden_dropout_prob: 0.0, "
+    "attention_probs_dropout_prob: 0.0}"
+)
+TINY_VIT = (
+    "{model_type: vit, image_size: 28, patch_size: 7, num_channels: 3, hidden_size: 32, "
+    "num_hidden_layers: 2, num_attention_heads: 4, intermediate_size: 37, hidden_dropout_prob: 0.0, "
+    "attention_probs_dropout_prob: 0.0}"
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state(monkeypatch, tmp_path_factory):
+    """Each in-process run builds its own Accelerator from a clean slate and a private data cache."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def write_csv(path: Path, rows: list[dict], fieldnames: list[str] | None = None) -> Path:
+    fieldnames = fieldnames or list(rows[0])
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def rotten_rows(n: int, start: int = 0) -> list[dict]:
+    with (ROTTEN / "train.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    return rows[start : start + n]
+
+
+@pytest.fixture
+def small_text_data(tmp_path) -> dict[str, Path]:
+    """37 training rows (not a multiple of any global batch used in tests) and 13 validation rows."""
+    return {
+        "train": write_csv(tmp_path / "train.csv", rotten_rows(37)),
+        "validation": write_csv(tmp_path / "validation.csv", rotten_rows(13, start=100)),
+    }
+
+
+def tiny_text_args(data: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    return [
+        "task=text-classification",
+        f"model_config={TINY_BERT}",
+        f"tokenizer_name={TOKENIZER}",
+        f"train_file={data['train']}",
+        f"validation_file={data['validation']}",
+        "test_file=null",
+        "max_train_samples=null",
+        "max_eval_samples=null",
+        "max_length=32",
+        "label_names=null",
+        "warmup_ratio=0.2",
+        "learning_rate=1e-3",
+        "logging_steps=1",
+        f"output_dir={out}",
+        *extra,
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args: list[str], num_processes: int = 1, script: str = "finetune/run.py", timeout: int = 300,
+           env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run an entry point with `accelerate launch`, as a user does; several processes form CPU DDP."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no"]
+    if num_processes > 1:
+        cmd += ["--multi_gpu", "--num_processes", str(num_processes), "--main_process_port", str(free_port())]
+    else:
+        cmd += ["--num_processes", "1"]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(cmd + [str(REPO / script), *args], cwd=REPO, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)

@@ -1,0 +1,193 @@
+"""The training entry point, run for real on tiny models: text, images, schedules, model parallel."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from conftest import REPO, TINY_VIT, rotten_rows, tiny_text_args, write_csv
+from safetensors.torch import load_file
+from transformers import get_scheduler, pipeline
+
+from finetune.config import CONFIGS_DIR, load_config
+from finetune.run import main
+
+
+def _records(out, key):
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if key in r]
+
+
+def test_text_run_exports_a_model_that_pipeline_loads(small_text_data, tmp_path):
+    out = tmp_path / "run"
+    results = main(tiny_text_args(small_text_data, out, "num_train_epochs=1", "per_device_train_batch_size=8"))
+    for name in ("config.yaml", "metrics.jsonl", "results.json", "model/model.safetensors", "model/tokenizer.json"):
+        assert (out / name).exists(), name
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["per_device_train_batch_size"] == 8 and saved["output_dir"] == str(out)
+    assert results["validation"]["num_samples"] == 13  # every validation row, none twice
+    classifier = pipeline("text-classification", model=str(out / "model"), device="cpu")
+    predictions = classifier(["a gorgeous , witty , seductive movie .", "a dull , lifeless mess ."])
+    assert {p["label"] for p in predictions} <= {"0", "1"}
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["id2label"] == {"0": "0", "1": "1"}
+
+
+def test_string_labels_and_sentence_pairs_from_jsonl(tmp_path):
+    rows = rotten_rows(24)
+    names = {"0": "negative", "1": "positive"}
+    train = tmp_path / "pairs.jsonl"
+    with train.open("w") as f:
+        for i, r in enumerate(rows):
+            f.write(json.dumps({"premise": r["text"], "hypothesis": rows[-i - 1]["text"],
+                                "sentiment": names[r["label"]]}) + "\n")
+    out = tmp_path / "run"
+    args = tiny_text_args({"train": train, "validation": train}, out, "validation_file=null",
+                          "text_column=premise", "text_pair_column=hypothesis", "label_column=sentiment",
+                          "max_steps=2", "per_device_train_batch_size=4", "validation_split_percentage=25")
+    results = main(args)
+    assert results["label_names"] == ["negative", "positive"]
+    assert results["validation"]["num_samples"] == 6  # a stratified 25% of 24 rows
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["label2id"] == {"negative": 0, "positive": 1}
+
+
+@pytest.mark.parametrize("scheduler", ["linear", "cosine"])
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_schedule_ends_where_planned(small_text_data, tmp_path, scheduler, accumulation):
+    """The LR schedule is planned in optimizer steps: the last step's LR is the schedule's end."""
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "num_train_epochs=2", "per_device_train_batch_size=4",
+                        f"gradient_accumulation_steps={accumulation}", f"lr_scheduler_type={scheduler}"))
+    batches = math.ceil(37 / 4)
+    total = 2 * math.ceil(batches / accumulation)
+    logged = _records(out, "learning_rate")
+    assert [r["step"] for r in logged] == list(range(1, total + 1))
+    # The expected curve, from an independent scheduler on a dummy optimizer.
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    reference = get_scheduler(scheduler, opt, num_warmup_steps=math.ceil(0.2 * total), num_training_steps=total)
+    expected = []
+    for _ in range(total):
+        opt.step()
+        reference.step()
+        expected.append(reference.get_last_lr()[0])
+    assert [r["learning_rate"] for r in logged] == pytest.approx(expected, abs=1e-12)
+    assert logged[-1]["learning_rate"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_image_run_on_bundled_fashion_mnist(tmp_path):
+    out = tmp_path / "vit"
+    results = main(["--config", str(CONFIGS_DIR / "vit_fashion_mnist.yaml"), f"model_config={TINY_VIT}",
+                    "max_train_samples=96", "max_eval_samples=20", "max_test_samples=30", "num_train_epochs=1",
+                    "per_device_train_batch_size=16", f"output_dir={out}"])
+    assert results["test"]["num_samples"] == 30
+    assert results["label_names"][0] == "T-shirt/top" and len(results["label_names"]) == 10
+    classifier = pipeline("image-classification", model=str(out / "model"), device="cpu")
+    from PIL import Image
+
+    image = Image.open(REPO / "data/fashion_mnist/sample_png/test/1_trouser/test_1_000.png")
+    top = classifier(image, top_k=1)[0]
+    assert top["label"] in results["label_names"]
+
+
+def test_imagefolder_mixed_image_modes(tmp_path):
+    """Grayscale, palette and RGBA files mixed with RGB just work; folder names are the labels."""
+    from PIL import Image
+
+    src = REPO / "data/fashion_mnist/sample_png/train"
+    for i, folder in enumerate(sorted(src.iterdir())[:3]):
+        dest = tmp_path / "images" / "train" / folder.name
+        dest.mkdir(parents=True)
+        for j, png in enumerate(sorted(folder.iterdir())[:6]):
+            image = Image.open(png)
+            mode = ["L", "RGB", "P", "RGBA"][(i + j) % 4]
+            image.convert(mode).save(dest / f"{j}.png")
+    out = tmp_path / "run"
+    results = main(["--config", str(CONFIGS_DIR / "vit_imagefolder.yaml"), f"model_config={TINY_VIT}",
+                    f"data_dir={tmp_path / 'images'}", "num_train_epochs=1", "validation_split_percentage=33.3",
+                    f"output_dir={out}"])
+    assert results["label_names"] == ["0_tshirt_top", "1_trouser", "2_pullover"]
+    assert results["validation"]["num_samples"] == 6
+
+
+def test_model_parallel_on_repeated_cpu_devices_equals_unsplit(small_text_data, tmp_path):
+    """Through the real entry point: a 3-stage split, pipelined, trains to the unsplit weights."""
+    common = ("num_train_epochs=1", "per_device_train_batch_size=6", "adam_epsilon=1e-6")
+    main(tiny_text_args(small_text_data, tmp_path / "plain", *common))
+    main(tiny_text_args(small_text_data, tmp_path / "split", *common, "model_parallel=true",
+                        "devices=cpu,cpu,cpu", "pipeline_chunks=2"))
+    plain = load_file(tmp_path / "plain" / "model" / "model.safetensors")
+    split = load_file(tmp_path / "split" / "model" / "model.safetensors")
+    worst = max((plain[k] - split[k]).abs().max().item() for k in plain)
+    assert worst < 1e-5
+
+
+def test_plan_only_prints_the_plan_and_trains_nothing(small_text_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "model_parallel=true", "devices=cpu,cpu", "--plan-only"))
+    printed = capsys.readouterr().out
+    assert "cpu" in printed and "embeddings" in printed
+    assert not (out / "model").exists()
+
+
+def test_every_shipped_recipe_loads():
+    recipes = sorted(CONFIGS_DIR.glob("*.yaml"))
+    assert len(recipes) >= 4
+    for recipe in recipes:
+        first = recipe.read_text().splitlines()[0]
+        assert first.startswith("# accelerate launch finetune/run.py"), recipe.name
+        cfg = load_config(recipe)
+        for key in ("train_file", "validation_file", "test_file", "data_dir", "model_name_or_path"):
+            value = getattr(cfg, key)
+            if value and str(value).startswith("/"):
+                from pathlib import Path
+
+                assert Path(value).exists(), f"{recipe.name}: {key} {value} is missing"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["learnig_rate=1e-4"], "unknown config key 'learnig_rate'; did you mean learning_rate?"),
+        (["per_device_train_batch_size=two"], "per_device_train_batch_size must be an integer"),
+        (["per_device_train_batch_size=0"], "per_device_train_batch_size must be a positive integer"),
+        (["train_file=/nonexistent/train.csv"], "train file not found: /nonexistent/train.csv"),
+        (["text_column=review"], "column 'review' not found in the train data; columns are: text, label"),
+        (["--config", "/nonexistent.yaml"], "config file not found"),
+    ],
+)
+def test_user_mistakes_are_one_line_and_exit_2(args, message, tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "finetune/run.py"), *args, f"output_dir={tmp_path / 'o'}"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert not (tmp_path / "o").exists()
+
+
+def test_single_class_labels_are_refused(tmp_path):
+    rows = [r for r in rotten_rows(60) if r["label"] == "1"]
+    train = write_csv(tmp_path / "one.csv", rows)
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_text_args({"train": train, "validation": train}, tmp_path / "o"))
+    assert exit_info.value.code == 2
+
+
+def test_finished_run_is_not_overwritten(small_text_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = tiny_text_args(small_text_data, out, "max_steps=2", "warmup_ratio=0")
+    main(args)
+    before = (out / "model" / "model.safetensors").read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    assert "already holds a finished run" in capsys.readouterr().err
+    assert (out / "model" / "model.safetensors").read_bytes() == before
+    main([*args, "overwrite_output_dir=true", "learning_rate=5e-2"])
+    assert (out / "model" / "model.safetensors").read_bytes() != before
