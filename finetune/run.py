@@ -358,10 +358,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         results["test"] = evaluate_model(model, eval_loaders["test"], accelerator, label_names,
                                          cfg.pipeline_chunks)
     accelerator.wait_for_everyone()
+    state_dict = accelerator.get_state_dict(model)  # every process: gathers shards under FSDP
     if accelerator.is_main_process:
         export = out / "model"
         unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(export, safe_serialization=True)
+        unwrapped.save_pretrained(export, state_dict=state_dict, safe_serialization=True)
         preprocessor.save_pretrained(export)
         results.update({"model_dir": str(export), "label_names": label_names, "best": best,
                         "versions": ckpt.package_versions()})

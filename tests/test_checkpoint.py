@@ -1,0 +1,96 @@
+"""Checkpoints: exact mid-epoch resume (1 and 2 processes), completeness, retention, refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import TINY_BERT, launch, tiny_text_args
+from safetensors.torch import load_file
+
+from finetune import checkpoint as ckpt
+from finetune.run import main
+
+# Dropout on, so that an exact resume also needs the RNG state restored.
+DROPOUT_BERT = TINY_BERT.replace("hidden_dropout_prob: 0.0", "hidden_dropout_prob: 0.1")
+
+
+def _args(data, out, *extra):
+    return tiny_text_args(data, out, f"model_config={DROPOUT_BERT}", "num_train_epochs=2",
+                          "per_device_train_batch_size=4", "save_steps=3", "save_total_limit=null", *extra)
+
+
+def _losses(out, first_step):
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if "loss" in r and r["step"] > first_step]
+
+
+def _resume_matches_uninterrupted(data, tmp_path, run):
+    full = tmp_path / "full"
+    run(_args(data, full))
+    saved = ckpt.list_checkpoints(full)
+    assert saved[0].name == "step-00000003" and len(saved) >= 2
+    manifest = ckpt.read_manifest(saved[0])
+    assert 0 < manifest["samples_in_epoch"] < 37  # a mid-epoch checkpoint
+
+    # A run "killed" after its step-3 checkpoint: the same run directory up to that point.
+    resumed = tmp_path / "resumed"
+    (resumed / ckpt.CHECKPOINTS).mkdir(parents=True)
+    shutil.copytree(saved[0], resumed / ckpt.CHECKPOINTS / saved[0].name)
+    run(_args(data, resumed, "resume_from_checkpoint=latest"))
+
+    a = load_file(full / "model" / "model.safetensors")
+    b = load_file(resumed / "model" / "model.safetensors")
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= 1e-6, f"resumed weights differ by {worst:.2e}"
+    total = _losses(full, 0)[-1][0]
+    assert _losses(resumed, 3) == pytest.approx(_losses(full, 3), abs=1e-6)
+    assert len(_losses(resumed, 3)) == total - 3
+
+
+def test_mid_epoch_resume_is_exact_single_process(small_text_data, tmp_path):
+    _resume_matches_uninterrupted(small_text_data, tmp_path, main)
+
+
+def test_mid_epoch_resume_is_exact_two_processes(small_text_data, tmp_path):
+    def run(args):
+        result = launch(args, num_processes=2)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    _resume_matches_uninterrupted(small_text_data, tmp_path, run)
+
+
+def test_incomplete_checkpoints_are_never_latest(small_text_data, tmp_path):
+    out = tmp_path / "run"
+    main(_args(small_text_data, out, "num_train_epochs=1"))
+    complete = ckpt.list_checkpoints(out)
+    # A save killed midway: a hidden temporary directory and a directory without its marker.
+    (out / ckpt.CHECKPOINTS / ".tmp-step-00000099").mkdir()
+    broken = out / ckpt.CHECKPOINTS / "step-00000098"
+    shutil.copytree(complete[-1], broken)
+    (broken / ckpt.COMPLETE).unlink()
+    assert ckpt.list_checkpoints(out) == complete
+    assert ckpt.resolve_checkpoint("latest", out) == complete[-1]
+    with pytest.raises(Exception, match="not a complete checkpoint"):
+        ckpt.resolve_checkpoint(str(broken), out)
+
+
+def test_retention_keeps_last_and_best(small_text_data, tmp_path):
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "num_train_epochs=2", "per_device_train_batch_size=4",
+                        "save_steps=3", "eval_steps=3", "save_total_limit=1"))
+    kept = ckpt.list_checkpoints(out)
+    manifest = ckpt.read_manifest(kept[-1])
+    best = manifest["best"]["path"]
+    assert kept[-1].name == "step-00000018"
+    assert {p.name for p in kept} == {kept[-1].name, best.rsplit("/", 1)[-1]}
+
+
+def test_changed_topology_on_resume_is_refused(small_text_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    main(_args(small_text_data, out, "num_train_epochs=1"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(_args(small_text_data, out, "resume_from_checkpoint=latest", "gradient_accumulation_steps=2"))
+    assert exit_info.value.code == 2
+    assert "resume with the same settings" in capsys.readouterr().err
