@@ -248,6 +248,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raw[key.strip()] = yaml.safe_load(text) if text != "" else None
         except yaml.YAMLError:
             raw[key.strip()] = text
+    # Saved configs must work from any directory: local paths become absolute.
+    for key in ("model_name_or_path", "tokenizer_name", "image_processor_name", "train_file",
+                "validation_file", "test_file", "data_dir", "output_dir"):
+        value = raw.get(key)
+        if isinstance(value, str) and (key == "output_dir" or Path(value).exists()):
+            raw[key] = str(Path(value).expanduser().resolve())
     return config_from_dict(raw)
 
 

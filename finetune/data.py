@@ -258,19 +258,26 @@ class EpochSampler(Sampler[int]):
     `reset(epoch, start)` selects the epoch's permutation and skips its first `start` samples, so a
     resumed run continues from the exact position without reading the skipped batches. With
     `lengths`, samples are grouped by length the way transformers' LengthGroupedSampler does
-    (sorted inside random mega-batches), then the global batches are shuffled so that long and short
-    batches alternate; the last, partial global batch stays last so that batch boundaries — and so
-    the split across processes — are those of an ungrouped epoch. Every process computes the same
+    (sorted inside random mega-batches) into groups of `group_size` — the samples of one optimizer
+    step, so that any split of a step into processes and accumulation sees the same samples — and
+    the groups are shuffled so that long and short steps alternate; the last, partial group stays
+    last so that step boundaries are those of an ungrouped epoch. Every process computes the same
     order, and Accelerate's `BatchSamplerShard` deals its batches round-robin.
+
+    With `pad_to` = processes x per-device batch (several processes) the stream is padded to a
+    whole number of global batches with the epoch's FIRST samples, whatever `start` is. Accelerate would otherwise complete the last
+    global batch itself, from the first samples it happened to see — after a resume, other samples
+    than in the uninterrupted run. The padding is masked out of the loss either way, but its lengths
+    set the padded shape of the batch and so the dropout masks drawn for the real samples.
 
     Deliberately no `set_epoch`: Accelerate's DataLoaderShard calls `set_epoch(iteration)` on the
     sampler at each iteration, which would fight the explicit position set here.
     """
 
-    def __init__(self, num_samples: int, seed: int, global_batch_size: int,
-                 lengths: list[int] | None = None, megabatch_mult: int = 50):
-        self.num_samples, self.seed, self.global_batch_size = num_samples, seed, global_batch_size
-        self.lengths, self.megabatch_mult = lengths, megabatch_mult
+    def __init__(self, num_samples: int, seed: int, group_size: int = 1, lengths: list[int] | None = None,
+                 megabatch_mult: int = 50, pad_to: int = 1):
+        self.num_samples, self.seed, self.group_size = num_samples, seed, group_size
+        self.lengths, self.megabatch_mult, self.pad_to = lengths, megabatch_mult, pad_to
         self.epoch, self.start = 0, 0
 
     def reset(self, epoch: int, start: int = 0) -> None:
@@ -283,7 +290,7 @@ class EpochSampler(Sampler[int]):
         perm = torch.randperm(self.num_samples, generator=g).tolist()
         if self.lengths is None:
             return perm
-        gb = self.global_batch_size
+        gb = self.group_size
         mega = gb * self.megabatch_mult
         grouped: list[int] = []
         for i in range(0, len(perm), mega):
@@ -293,11 +300,15 @@ class EpochSampler(Sampler[int]):
         shuffle = torch.randperm(len(batches), generator=g).tolist()
         return [j for b in [batches[i] for i in shuffle] + tail for j in b]
 
+    def _padding(self) -> int:
+        return -(self.num_samples - self.start) % self.pad_to
+
     def __iter__(self):
-        return iter(self.order(self.epoch)[self.start:])
+        order = self.order(self.epoch)
+        return iter(order[self.start:] + order[: self._padding()])
 
     def __len__(self) -> int:
-        return self.num_samples - self.start
+        return self.num_samples - self.start + self._padding()
 
 
 def batches_per_process(num_samples: int, per_device_batch: int, num_processes: int) -> int:
@@ -310,8 +321,9 @@ def real_sample_mask(num_samples: int, batch_index: int, per_device_batch: int, 
     """Which rows of this process's `batch_index`-th batch are real, not Accelerate's padding.
 
     Accelerate's BatchSamplerShard cuts the epoch's stream into batches of `per_device_batch` and
-    deals them round-robin; the last global batch is completed with samples from the start of the
-    epoch. Row j of this batch is stream position (batch_index * P + process_index) * B + j and is
+    deals them round-robin; the last global batch is completed with padding samples (by
+    `EpochSampler(pad_to=...)`, or else by Accelerate). Row j of this batch is stream position
+    (batch_index * P + process_index) * B + j and is
     real when that position is below the number of samples in the stream.
     """
     first = (batch_index * num_processes + process_index) * per_device_batch

@@ -8,6 +8,7 @@ stderr and exit status 2 via `exit_on_user_error`.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -41,7 +42,8 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
             return fn(*args, **kwargs)
         except _user_error_types() as e:
             message = " ".join(str(e).split())  # one line, whatever the message held
-            print(f"error: {message}", file=sys.stderr)
+            if os.environ.get("RANK", "0") == "0":  # every process hits it; one says it
+                print(f"error: {message}", file=sys.stderr)
             sys.exit(2)
 
     return wrapper

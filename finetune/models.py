@@ -18,7 +18,6 @@ from transformers import (
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
-    ViTImageProcessor,
 )
 
 from finetune.config import TrainConfig
@@ -56,6 +55,10 @@ def load_preprocessor(cfg: TrainConfig, model_config: PretrainedConfig | None = 
         # A ViT built from a config: resize to its image size, scale to [-1, 1].
         size = getattr(model_config, "image_size", 224)
         channels = getattr(model_config, "num_channels", 3)
+        try:  # the PIL backend: no torchvision needed, and no warning about its absence
+            from transformers import ViTImageProcessorPil as ViTImageProcessor
+        except ImportError:
+            from transformers import ViTImageProcessor
         return ViTImageProcessor(size={"height": size, "width": size}, image_mean=[0.5] * channels,
                                  image_std=[0.5] * channels)
     try:

@@ -206,7 +206,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     train_set = splits["train"]
     N = len(train_set)
     lengths = train_set["length"] if cfg.group_by_length and "length" in train_set.column_names else None
-    sampler = EpochSampler(N, cfg.seed, global_batch_size=P * B, lengths=lengths)
+    sampler = EpochSampler(N, cfg.seed, group_size=P * B * GA, lengths=lengths, pad_to=P * B if P > 1 else 1)
     collate = Collator(tokenizer)
     train_loader = DataLoader(train_set, batch_size=B, sampler=sampler, collate_fn=collate,
                               num_workers=cfg.dataloader_num_workers,
@@ -228,9 +228,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
+    # The fused kernel: one pass over all parameters instead of a Python loop over ~100 tensors
+    # (0.02 s vs 1.6 s a step for MiniLM on 2 CPU cores). CPU and CUDA have it.
+    fused = accelerator.device.type in ("cpu", "cuda") or None
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon,
+        lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon, fused=fused,
     )
     scheduler = get_scheduler(cfg.lr_scheduler_type if cfg.lr_scheduler_type != "constant" else
                               "constant_with_warmup", optimizer, num_warmup_steps=warmup,

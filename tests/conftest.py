@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"  # an accidental download fails loudly
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# datasets reads its cache location once, at import: a private one per test session.
+os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="finetune-tests-datasets-")
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
@@ -34,9 +37,8 @@ TINY_VIT = (
 
 
 @pytest.fixture(autouse=True)
-def _fresh_accelerate_state(monkeypatch, tmp_path_factory):
-    """Each in-process run builds its own Accelerator from a clean slate and a private data cache."""
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets"))
+def _fresh_accelerate_state():
+    """Each in-process run builds its own Accelerator from a clean slate."""
     yield
     from accelerate.state import AcceleratorState, GradientState
 

@@ -1,0 +1,624 @@
+"""Evaluate a saved model: a training-state checkpoint, a run's final export, or a hub model.
+
+    accelerate launch finetune/evaluate.py runs/bert-rotten-tomatoes/checkpoints/step-00000075
+    accelerate launch finetune/evaluate.py runs/bert-rotten-tomatoes/model --split validation
+    accelerate launch finetune/evaluate.py runs/bert-rotten-tomatoes/model --data reviews.csv --predictions
+    accelerate launch --multi_gpu --num_processes 2 finetune/evaluate.py <checkpoint>      # CPU DDP too
+    python -m finetune.evaluate <hub-model-or-folder> --data test.csv [--task text-classification]
+    finetune-evaluate <checkpoint> --data other.csv text_column=review per_device_eval_batch_size=16
+
+What is evaluated, and on what:
+- `<run>/checkpoints/step-N` (Accelerate `save_state` + manifest.json + COMPLETE): the model is rebuilt
+  from the config in the manifest and its weights read from model.safetensors (never a pickle).
+- `<run>/model` (`save_pretrained`, with its tokenizer or image processor): loaded as is; the run's
+  config comes from `<run>/config.yaml` one level up (trusted when `<run>/results.json` names the
+  same labels).
+- any other `save_pretrained` folder or a hub name: `--data` is needed, the task comes from the
+  model's config (or `--task`), the columns from `key=value` (defaults: text / image, label).
+With the run's config, the path alone is enough: the data is the run's own split (`test` if the run
+had one, else `validation`, held out exactly as in training; `--split` picks another). `--data` is
+another file, or a folder (an image folder, or files named by split), with the same columns; its
+labels are matched to the model's `id2label` BY NAME, whatever their order or type.
+
+Outputs (main process only), by default in `<checkpoint>/eval/<split>/` (for `--data`,
+`eval/<name>-<sha256[:8]>/`): metrics.json (accuracy, macro and per-class precision/recall/F1,
+loss, confusion matrix [true][predicted], num_samples, the checkpoint, the data and the sha256 of
+its bytes), confusion_matrix.png, and with `--predictions` predictions.jsonl (index, label,
+prediction, per-class probabilities). `--output FILE` puts metrics.json elsewhere, the others
+beside it. A previous evaluation's outputs are replaced; any other existing file is never touched.
+
+Metrics come from `finetune.run.evaluate_model`, the same loop training evaluates with: batches are
+sharded over the processes and `gather_for_metrics` drops the samples Accelerate duplicates to
+even out the last batch, so every sample counts once whatever the number of processes. A model
+trained with model_parallel=true is evaluated whole in each process.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Launched by path (`accelerate launch finetune/evaluate.py`), Python puts finetune/ first on
+# sys.path, where this very file would shadow the `evaluate` library: import the installed package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+import yaml
+from accelerate import Accelerator
+from datasets import Dataset as HFDataset
+from datasets import DatasetDict, load_dataset
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+
+from finetune import checkpoint as ckpt
+from finetune.config import TrainConfig, config_from_dict
+from finetune.data import FILE_BUILDERS, Collator, _check_columns, encode_labels, load_splits, prepare_splits
+from finetune.errors import UserError, exit_on_user_error
+from finetune.metrics import classification_report, plot_confusion_matrix
+from finetune.models import AUTO_MODELS, build_model, check_max_length, load_preprocessor
+from finetune.run import RESULTS, evaluate_model, make_accelerator
+
+FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
+WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
+TASKS = tuple(AUTO_MODELS)
+# What `key=value` may change at evaluation time: how the data is read and batched, nothing else.
+EVAL_KEYS = (
+    "text_column",
+    "text_pair_column",
+    "image_column",
+    "label_column",
+    "max_length",
+    "per_device_eval_batch_size",
+    "dataloader_num_workers",
+)
+
+
+# --- what is evaluated ----------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """The model to evaluate: where it is, what kind it is, and the run config that goes with it."""
+
+    spec: str  # as the user gave it: a path or a hub name
+    kind: str  # "training-state", "export" or "hub"
+    cfg: TrainConfig | None  # the run's config; None when only the model is known (then --data)
+    label_names: list[str]  # in id order
+    step: int | None = None  # optimizer steps the weights were trained for, when known
+
+    @property
+    def path(self) -> Path | None:
+        return Path(self.spec).expanduser().resolve() if self.kind != "hub" else None
+
+    @property
+    def short_name(self) -> str:
+        """For titles: `<run>/checkpoints/step-N`, `<run>/model`, or the name as given."""
+        if self.path is None:
+            return self.spec
+        return "/".join(self.path.parts[-3:] if self.kind == "training-state" else self.path.parts[-2:])
+
+
+def _looks_local(spec: str) -> bool:
+    # A hub name is "name" or "org/name"; anything else is a path that does not exist.
+    return spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec
+
+
+def _run_config(raw: Any, where: str) -> TrainConfig:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where} holds no run config; was it written by finetune.run?")
+    try:
+        return config_from_dict(raw)
+    except UserError as e:
+        raise UserError(f"the run config in {where} does not load: {e}") from None
+
+
+def _model_labels(config) -> list[str]:
+    return [str(config.id2label[i]) for i in range(config.num_labels)]
+
+
+def _model_task(config, spec: str, task: str | None) -> str:
+    if task is not None:
+        return task
+    architectures = getattr(config, "architectures", None) or []
+    for name, suffix in (
+        ("image-classification", "ForImageClassification"),
+        ("text-classification", "ForSequenceClassification"),
+    ):
+        if any(a.endswith(suffix) for a in architectures):
+            return name
+    raise UserError(
+        f"cannot tell the task of {spec} from its config (architectures {architectures}); "
+        f"pass --task {' or --task '.join(TASKS)}"
+    )
+
+
+def _load_model_config(spec: str):
+    try:
+        return AutoConfig.from_pretrained(spec)
+    except (OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"could not load the model config of '{spec}': {first}") from None
+
+
+def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
+    """Tell a training-state checkpoint, an export and a hub name apart; read their config and labels."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        if _looks_local(spec) or not have_data:
+            raise UserError(
+                f"checkpoint not found: {spec}; give <run>/checkpoints/step-N, <run>/model, "
+                "or a hub model name with --data"
+            )
+        config = _load_model_config(spec)
+        return Target(spec, "hub", None, _model_labels(config))
+    if not path.is_dir():
+        raise UserError(
+            f"{spec} is a file; give a checkpoint directory (<run>/checkpoints/step-N), "
+            "an export (<run>/model) or a hub model name"
+        )
+
+    if (
+        (path / ckpt.MANIFEST).exists()
+        or (path / ckpt.COMPLETE).exists()
+        or path.name.startswith((ckpt.PREFIX, f".tmp-{ckpt.PREFIX}"))
+    ):
+        if not ckpt.is_complete(path):
+            raise UserError(
+                f"{spec} is not a complete checkpoint (no {ckpt.COMPLETE} marker or manifest); it "
+                "was probably interrupted while saving: evaluate an earlier one or <run>/model"
+            )
+        try:
+            manifest = ckpt.read_manifest(path)
+        except ValueError as e:
+            raise UserError(f"{path / ckpt.MANIFEST} is not valid JSON: {e}") from None
+        cfg = _run_config(manifest.get("config"), str(path / ckpt.MANIFEST))
+        if task is not None and task != cfg.task:
+            raise UserError(f"--task {task} contradicts the checkpoint, a {cfg.task} run")
+        labels = manifest.get("label_names")
+        if not labels:
+            raise UserError(f"{path / ckpt.MANIFEST} has no label_names; it was not written by finetune.run")
+        return Target(spec, "training-state", cfg, [str(n) for n in labels], manifest.get("step"))
+
+    if (path / "config.json").is_file():
+        config = _load_model_config(str(path))
+        labels = _model_labels(config)
+        run_dir = path.resolve().parent
+        results_file, config_file = run_dir / RESULTS, run_dir / "config.yaml"
+        if results_file.is_file() and config_file.is_file():
+            # Only a run whose results name this export's labels is its run: an export copied
+            # next to some unrelated config.yaml is evaluated alone.
+            try:
+                results = json.loads(results_file.read_text())
+            except ValueError:
+                results = {}
+            if results.get("label_names") == labels:
+                cfg = _run_config(yaml.safe_load(config_file.read_text()), str(config_file))
+                if task is not None and task != cfg.task:
+                    raise UserError(f"--task {task} contradicts the export, a {cfg.task} run")
+                return Target(spec, "export", cfg, labels, results.get("step"))
+        if not have_data:
+            raise UserError(
+                f"{spec} is a model folder without its run's config.yaml and results.json one "
+                "level up; pass --data FILE_OR_DIR (and --task if needed)"
+            )
+        return Target(spec, "export", None, labels)
+
+    if (path / ckpt.CHECKPOINTS).is_dir() or (path / "model").is_dir():
+        raise UserError(
+            f"{spec} is a run directory; evaluate {path / 'model'} (the final export) or one of "
+            f"{path / ckpt.CHECKPOINTS}/{ckpt.PREFIX}N"
+        )
+    raise UserError(
+        f"{spec} is neither a training-state checkpoint (manifest.json, {ckpt.COMPLETE}, {WEIGHTS}) "
+        "nor an exported model (config.json and weights)"
+    )
+
+
+def eval_config(target: Target, task: str | None, data: str | None, overrides: list[str]) -> TrainConfig:
+    """The run's config (or one made for a lone model), set up to evaluate: no trackers, no model
+    parallelism (the whole model in each process), plus the `key=value` evaluation settings."""
+    if target.cfg is not None:
+        raw = target.cfg.to_dict()
+    else:
+        model_task = _model_task(_load_model_config(target.spec), target.spec, task)
+        source = {"data_dir": data} if data is not None and Path(data).is_dir() else {"train_file": data}
+        raw = {"task": model_task, "model_name_or_path": target.spec, **source}
+    raw.update(
+        report_to=[],
+        model_parallel=False,
+        pipeline_chunks=1,
+        devices=None,
+        max_memory=None,
+        plan_only=False,
+        resume_from_checkpoint=None,
+        gradient_accumulation_steps=1,
+        label_names=target.label_names,
+    )
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise UserError(f"expected key=value, got '{item}'")
+        if key not in EVAL_KEYS:
+            raise UserError(
+                f"{key} cannot be set when evaluating; evaluation settings are: {', '.join(EVAL_KEYS)}"
+            )
+        try:
+            raw[key] = yaml.safe_load(text) if text != "" else None
+        except yaml.YAMLError:
+            raw[key] = text
+    return config_from_dict(raw)
+
+
+# --- the model ------------------------------------------------------------------------------------
+
+
+def load_model(target: Target, cfg: TrainConfig):
+    """The model and its tokenizer (text) or image processor (images), on CPU, in eval mode."""
+    if target.kind == "training-state":
+        tokenizer = load_preprocessor(cfg) if cfg.task == "text-classification" else None
+        model = build_model(
+            cfg, target.label_names, vocab_size=len(tokenizer) if tokenizer is not None else None
+        )
+        weights = target.path / WEIGHTS
+        if not weights.is_file():
+            found = sorted(p.name for p in target.path.iterdir())
+            raise UserError(
+                f"{target.spec} holds no {WEIGHTS} (found: {', '.join(found)}); only safetensors "
+                "weights of an unsharded model are read — a sharded FSDP state must be merged first"
+            )
+        try:
+            state = load_file(weights)  # Accelerate saves the registered, unwrapped module: plain names
+        except SafetensorError as e:
+            raise UserError(f"{weights} is not a readable safetensors file: {e}") from None
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise UserError(
+                f"the weights in {weights} do not fit the model its config builds: missing "
+                f"{missing[:3]}, unexpected {unexpected[:3]}"
+            )
+        preprocessor = tokenizer if tokenizer is not None else load_preprocessor(cfg, model.config)
+    else:
+        source = str(target.path) if target.path is not None else target.spec
+        local = target.path is not None
+        try:
+            model = AUTO_MODELS[cfg.task].from_pretrained(source, use_safetensors=True if local else None)
+            preprocessor = (
+                AutoTokenizer if cfg.task == "text-classification" else AutoImageProcessor
+            ).from_pretrained(source)
+        except (OSError, ValueError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserError(f"could not load the {cfg.task} model '{target.spec}': {first}") from None
+    check_max_length(cfg, model)
+    return model.eval(), preprocessor
+
+
+# --- the data -------------------------------------------------------------------------------------
+
+
+def sha256_of(path: Path) -> str:
+    """A file: the sha256 of its bytes (what `sha256sum` prints). A folder: of its files' relative
+    paths and bytes, in sorted order, each framed by its length so that no two layouts collide."""
+    h = hashlib.sha256()
+    if path.is_file():
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    for file in sorted(
+        (p for p in path.rglob("*") if p.is_file()), key=lambda p: p.relative_to(path).as_posix()
+    ):
+        name = file.relative_to(path).as_posix().encode()
+        h.update(len(name).to_bytes(8, "little") + name + file.stat().st_size.to_bytes(8, "little"))
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _pick_split(available: list[str], split: str | None, where: str) -> str:
+    if split is None:
+        return next((s for s in ("test", "validation") if s in available), available[0])
+    if split not in available:
+        raise UserError(f"unknown split '{split}'; {where} has: {', '.join(available)}")
+    return split
+
+
+def run_split(cfg: TrainConfig, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
+    """The split as the run saw it: `load_splits` again, so a held-out validation split and the
+    max_*_samples limits come out as in training. Labels are the checkpoint's, in its order."""
+    try:
+        raw, _ = load_splits(cfg)
+    except UserError as e:
+        raise UserError(
+            f"{e} (reading the run's data; pass --data FILE_OR_DIR to evaluate other data)"
+        ) from None
+    name = _pick_split(list(raw), split, "the run's data")
+    info: dict[str, Any] = {"split": name}
+    if cfg.train_file:  # files: the split's own, or train for a held-out validation split
+        source = {"train": cfg.train_file, "test": cfg.test_file}.get(
+            name, cfg.validation_file or cfg.train_file
+        )
+    elif cfg.data_dir and cfg.dataset_name in (None, "imagefolder"):
+        source = cfg.data_dir
+    else:
+        source = None
+    if source is not None:
+        info.update(data=str(Path(source).resolve()), data_sha256=sha256_of(Path(source)))
+    else:  # a hub dataset: no files of ours to hash; datasets' fingerprint identifies its content
+        info.update(
+            data=cfg.dataset_name + (f" ({cfg.dataset_config_name})" if cfg.dataset_config_name else ""),
+            data_sha256=None,
+            data_fingerprint=raw[name]._fingerprint,
+        )
+    if name == "validation" and not cfg.validation_file and cfg.train_file:
+        info["held_out_from_train"] = {
+            "validation_split_percentage": cfg.validation_split_percentage,
+            "seed": cfg.seed,
+        }
+    return raw[name], name, info
+
+
+def data_split(cfg: TrainConfig, data: str, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
+    """A file, or a folder (an image folder, or data files named by split), with the run's columns."""
+    path = Path(data).expanduser()  # it exists: checked with the other arguments
+    if path.is_file():
+        if path.suffix.lower() not in FILE_BUILDERS:
+            raise UserError(
+                f"{data}: unsupported file type '{path.suffix}'; use .csv, .json, .jsonl or .parquet"
+            )
+        if path.stat().st_size == 0:
+            raise UserError(f"--data file is empty: {data}")
+    try:
+        if path.is_file():
+            loaded = load_dataset(FILE_BUILDERS[path.suffix.lower()], data_files={"data": str(path)})
+        else:
+            loaded = load_dataset(str(path))
+    except Exception as e:  # datasets raises many types for unreadable data; the message is the help
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"could not load --data {data}: {type(e).__name__}: {first}") from None
+    name = "data" if path.is_file() else _pick_split(list(loaded), split, f"--data {data}")
+    what = f"--data {data}" + (f" [{name}]" if path.is_dir() else "")
+    ds = loaded[name]
+    _check_columns(ds, cfg, what)
+    ds = encode_labels(ds, cfg, list(cfg.label_names or []), what)  # by name; unseen labels: UserError
+    info = {
+        "split": None if path.is_file() else name,
+        "data": str(path.resolve()),
+        "data_sha256": sha256_of(path),
+    }
+    stem = path.stem if path.is_file() or len(loaded) == 1 else f"{path.name}-{name}"
+    return ds, f"{stem}-{info['data_sha256'][:8]}", info
+
+
+# --- outputs --------------------------------------------------------------------------------------
+
+
+def output_paths(metrics_file: Path) -> tuple[Path, Path]:
+    """The confusion-matrix PNG and predictions.jsonl beside metrics.json (prefixed by another name)."""
+    prefix = "" if metrics_file.stem == "metrics" else f"{metrics_file.stem}."
+    return (
+        metrics_file.with_name(f"{prefix}confusion_matrix.png"),
+        metrics_file.with_name(f"{prefix}predictions.jsonl"),
+    )
+
+
+def _is_ours(metrics_file: Path) -> bool:
+    try:
+        return json.loads(metrics_file.read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_output(metrics_file: Path, target: Target) -> None:
+    """Write only into the eval outputs we own: never over a checkpoint's or anyone else's files."""
+    if target.path is not None and metrics_file.parent.resolve() == target.path:
+        raise UserError(
+            f"--output {metrics_file} would write into the checkpoint folder itself; "
+            f"use a path under {target.path / 'eval'} or elsewhere"
+        )
+    ours = _is_ours(metrics_file)
+    if metrics_file.exists() and not ours:
+        raise UserError(
+            f"{metrics_file} exists and is not a metrics.json written by finetune.evaluate; "
+            "choose another --output"
+        )
+    for other in output_paths(metrics_file):
+        if other.exists() and not ours:
+            raise UserError(
+                f"{other} exists beside {metrics_file.name} and was not written with it; "
+                "choose another --output"
+            )
+
+
+class RecordProbabilities(torch.nn.Module):
+    """The model, also keeping every batch's class probabilities for predictions.jsonl.
+
+    Called by `evaluate_model` inside its loop over the prepared loader, where Accelerate still
+    knows which rows of the last batch are padding: `gather_for_metrics` here drops exactly the rows
+    that evaluate_model's own gather drops, so the kept rows are the dataset's, in order, once each.
+    """
+
+    def __init__(self, model: torch.nn.Module, accelerator: Accelerator):
+        super().__init__()
+        self.model, self.accelerator = model, accelerator
+        self.probabilities: list[torch.Tensor] = []
+
+    def forward(self, **inputs):
+        output = self.model(**inputs)
+        probabilities = output.logits.float().softmax(-1)
+        self.probabilities.append(self.accelerator.gather_for_metrics(probabilities).cpu())
+        return output
+
+
+def write_predictions(path: Path, probabilities: torch.Tensor, labels: list[int], names: list[str]) -> None:
+    """One line per sample, in dataset order: index, label, prediction, per-class probabilities."""
+    with path.open("w") as f:
+        for i, (p, label) in enumerate(zip(probabilities.tolist(), labels, strict=True)):
+            prediction = max(range(len(p)), key=p.__getitem__)
+            record = {
+                "index": i,
+                "label": names[label],
+                "prediction": names[prediction],
+                "probabilities": dict(zip(names, p, strict=True)),
+            }
+            f.write(json.dumps(record) + "\n")
+
+
+# --- the evaluation -------------------------------------------------------------------------------
+
+
+def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
+    """Resolve, load, evaluate over every process, write (main process). Returns metrics.json's record."""
+    if args.data is not None and not Path(args.data).expanduser().exists():
+        raise UserError(f"--data not found: {args.data}")
+    if args.split is not None and args.data is not None and Path(args.data).expanduser().is_file():
+        raise UserError("--split picks a split of the run's data or of a --data folder, not of a file")
+    target = resolve_target(args.checkpoint, args.task, have_data=args.data is not None)
+    cfg = eval_config(target, args.task, args.data, args.overrides)
+    accelerator = make_accelerator(cfg)
+    started = time.perf_counter()
+
+    model, preprocessor = load_model(target, cfg)
+    tokenizer = preprocessor if cfg.task == "text-classification" else None
+    with accelerator.main_process_first():  # the main process fills datasets' cache, the others read it
+        if args.data is None:
+            ds, name, info = run_split(cfg, args.split)
+        else:
+            ds, name, info = data_split(cfg, args.data, args.split)
+        if len(ds) == 0:
+            raise UserError(f"no samples to evaluate in {info['data']} [{info['split'] or 'data'}]")
+        # Keyed "eval", never "train": prepare_splits would add the training-time random flips.
+        prepared = prepare_splits(cfg, DatasetDict({"eval": ds}), preprocessor, model.config)["eval"]
+
+    if args.output is not None:
+        metrics_file = Path(args.output).expanduser()
+        if metrics_file.is_dir() or args.output.endswith("/"):
+            metrics_file = metrics_file / "metrics.json"
+    elif target.path is not None:
+        metrics_file = target.path / "eval" / name / "metrics.json"
+    else:
+        metrics_file = Path("eval") / target.spec.replace("/", "__") / name / "metrics.json"
+    check_output(metrics_file, target)
+
+    loader = DataLoader(
+        prepared,
+        batch_size=cfg.per_device_eval_batch_size,
+        collate_fn=Collator(tokenizer),
+        num_workers=cfg.dataloader_num_workers,
+    )
+    # evaluation_mode: mixed precision (from the accelerate config) but no DDP wrapper, no gradients.
+    model = accelerator.prepare_model(model, evaluation_mode=True)
+    loader = accelerator.prepare_data_loader(loader)
+    recorder = RecordProbabilities(model, accelerator) if args.predictions else None
+    report = evaluate_model(
+        recorder if recorder is not None else model, loader, accelerator, target.label_names
+    )
+
+    labels = list(ds["labels"])
+    if recorder is not None:
+        probabilities = torch.cat(recorder.probabilities)
+        check = classification_report(probabilities.argmax(-1).tolist(), labels, target.label_names)
+        if check["confusion_matrix"] != report["confusion_matrix"]:  # our bug, not the user's
+            raise RuntimeError("the gathered predictions disagree with the gathered metrics")
+
+    record: dict[str, Any] = {
+        "format": FORMAT,
+        "checkpoint": str(target.path) if target.path is not None else target.spec,
+        "checkpoint_kind": target.kind,
+        "step": target.step,
+        "task": cfg.task,
+        **info,
+        "label_names": target.label_names,
+        **report,
+        "predictions": output_paths(metrics_file)[1].name if args.predictions else None,
+        "runtime": {
+            "num_processes": accelerator.num_processes,
+            "distributed_type": str(accelerator.distributed_type),
+            "mixed_precision": accelerator.mixed_precision,
+            "per_device_eval_batch_size": cfg.per_device_eval_batch_size,
+            "seconds": round(time.perf_counter() - started, 3),
+            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "versions": ckpt.package_versions(),
+        },
+    }
+    replaced = False
+    if accelerator.is_main_process:
+        png, jsonl = output_paths(metrics_file)
+        replaced = metrics_file.exists()
+        try:
+            metrics_file.parent.mkdir(parents=True, exist_ok=True)
+            metrics_file.write_text(json.dumps(record, indent=2) + "\n")
+            plot_confusion_matrix(
+                report["confusion_matrix"],
+                target.label_names,
+                png,
+                title=f"{target.short_name} on {name}\naccuracy {report['accuracy']:.3f}, "
+                f"{report['num_samples']:,} samples",
+            )
+            if recorder is not None:
+                write_predictions(jsonl, probabilities, labels, target.label_names)
+            elif replaced:
+                jsonl.unlink(missing_ok=True)  # the previous evaluation's, now stale
+        except OSError as e:
+            raise UserError(
+                f"cannot write the evaluation to {metrics_file.parent}: {e.strerror}; choose another --output"
+            ) from None
+    accelerator.print(
+        f"{name}: accuracy {report['accuracy']:.4f}, macro F1 {report['macro_f1']:.4f}, loss {report['loss']:.4f} "
+        f"on {report['num_samples']} samples -> {metrics_file}"
+        + (" (replaced the previous one)" if replaced else "")
+    )
+    accelerator.end_training()
+    return {**record, "metrics_file": str(metrics_file)}
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit status 2, like every other user error
+        raise UserError(f"{message} (see --help)")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(
+        prog="finetune/evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "checkpoint", help="<run>/checkpoints/step-N, <run>/model, a model folder or a hub name"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help=f"evaluation settings: {', '.join(EVAL_KEYS)}"
+    )
+    parser.add_argument("--data", help="a .csv/.json/.jsonl/.parquet file or a folder with the run's columns")
+    parser.add_argument(
+        "--split", help="a split of the run's data (default: test, else validation) or of --data"
+    )
+    parser.add_argument("--output", help="where metrics.json goes (default: <checkpoint>/eval/<split>/)")
+    parser.add_argument("--predictions", action="store_true", help="also write predictions.jsonl")
+    parser.add_argument("--task", choices=TASKS, help="the task of a model evaluated without its run")
+    return parser.parse_intermixed_args(argv)
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return evaluate_checkpoint(parse_args(sys.argv[1:] if argv is None else argv))
+
+
+def cli() -> None:
+    main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The evaluation entry point, run for real on one tiny trained run: export, training-state checkpoint,
+1 vs 2 CPU processes, other data, user errors.
+
+    python -m pytest tests/test_evaluate.py -q
+
+Every expected number is counted here from predictions made directly with transformers on the same
+rows, never by calling the code under test a second way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from conftest import REPO, launch, rotten_rows, tiny_text_args, write_csv
+from datasets import ClassLabel, Dataset, Features, Value
+from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from finetune.evaluate import main as evaluate
+from finetune.run import main as train
+
+NAMES = {"0": "neg", "1": "pos"}  # string labels, so that mapping by name is what is tested
+
+
+def _rows(n: int, start: int) -> list[dict]:
+    return [{"text": r["text"], "label": NAMES[r["label"]]} for r in rotten_rows(n, start)]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """37 train / 13 validation / 11 test rows; 5 optimizer steps, checkpoints at steps 2 and 4."""
+    root = tmp_path_factory.mktemp("evaluate")
+    data = {
+        "train": write_csv(root / "train.csv", _rows(37, 0)),
+        "validation": write_csv(root / "validation.csv", _rows(13, 100)),
+    }
+    test = write_csv(root / "test.csv", _rows(11, 200))  # odd, so that 2 processes x batch 4 pad
+    out = root / "run"
+    train(
+        tiny_text_args(
+            data,
+            out,
+            f"test_file={test}",
+            "save_steps=2",
+            "num_train_epochs=1",
+            "per_device_train_batch_size=8",
+            "per_device_eval_batch_size=4",
+        )
+    )
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return {"dir": out, "test": test, "checkpoint": out / "checkpoints" / "step-00000002"}
+
+
+def _predict(run_dir, texts: list[str], weights=None) -> tuple[list[str], torch.Tensor]:
+    """Predicted label names and probabilities, straight from transformers (`weights`: a checkpoint's)."""
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
+    model = AutoModelForSequenceClassification.from_pretrained(run_dir / "model").eval()
+    if weights is not None:
+        model.load_state_dict(load_file(weights))
+    with torch.no_grad():
+        enc = tokenizer(texts, truncation=True, max_length=32, padding=True, return_tensors="pt")
+        probabilities = model(**enc).logits.softmax(-1)
+    return [model.config.id2label[i] for i in probabilities.argmax(-1).tolist()], probabilities
+
+
+def _files(folder) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in folder.rglob("*")
+        if p.is_file() and "eval" not in p.relative_to(folder).parts
+    }
+
+
+def _without_runtime(path) -> dict:
+    record = json.loads(path.read_text())
+    record.pop("runtime")
+    return record
+
+
+@pytest.mark.parametrize("kind", ["export", "training-state"])
+def test_evaluation_matches_a_hand_count(run, kind):
+    target = run["dir"] / "model" if kind == "export" else run["checkpoint"]
+    before = _files(target)
+    result = evaluate([str(target), "--predictions"])
+
+    rows = _rows(11, 200)
+    labels = [r["label"] for r in rows]
+    weights = run["checkpoint"] / "model.safetensors" if kind == "training-state" else None
+    predicted, probabilities = _predict(run["dir"], [r["text"] for r in rows], weights)
+    correct = sum(p == t for p, t in zip(predicted, labels, strict=True))
+
+    metrics_file = target / "eval" / "test" / "metrics.json"
+    assert result["metrics_file"] == str(metrics_file)
+    record = json.loads(metrics_file.read_text())
+    assert record["checkpoint_kind"] == kind and record["step"] == (5 if kind == "export" else 2)
+    assert record["split"] == "test" and record["num_samples"] == 11
+    assert record["accuracy"] * 11 == pytest.approx(correct)
+    matrix = record["confusion_matrix"]
+    assert matrix[0][0] + matrix[1][1] == correct
+    assert [sum(row) for row in matrix] == [labels.count("neg"), labels.count("pos")]
+    assert record["per_class"]["pos"]["support"] == labels.count("pos")
+    assert record["data_sha256"] == hashlib.sha256(run["test"].read_bytes()).hexdigest()
+    assert (metrics_file.parent / "confusion_matrix.png").stat().st_size > 0
+    lines = [
+        json.loads(line) for line in (metrics_file.parent / "predictions.jsonl").read_text().splitlines()
+    ]
+    assert [r["index"] for r in lines] == list(range(11))
+    assert [r["label"] for r in lines] == labels
+    assert [r["prediction"] for r in lines] == predicted
+    got = torch.tensor([[r["probabilities"]["neg"], r["probabilities"]["pos"]] for r in lines])
+    assert torch.allclose(got, probabilities, atol=1e-5)
+    assert _files(target) == before  # the checkpoint's own files are untouched
+    if kind == "export":  # the same numbers as the run's own final evaluation
+        final = json.loads((run["dir"] / "results.json").read_text())["test"]
+        assert record["confusion_matrix"] == final["confusion_matrix"]
+        assert record["loss"] == pytest.approx(final["loss"], abs=1e-6)
+
+
+def test_one_and_two_processes_give_identical_metrics(run, tmp_path):
+    one, two = tmp_path / "one" / "metrics.json", tmp_path / "two" / "metrics.json"
+    evaluate([str(run["checkpoint"]), "--output", str(one), "--predictions"])
+    result = launch(
+        [str(run["checkpoint"]), "--output", str(two), "--predictions"],
+        num_processes=2,
+        script="finetune/evaluate.py",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(two.read_text())["runtime"]["num_processes"] == 2
+    assert _without_runtime(two) == _without_runtime(one)
+    assert _without_runtime(two)["num_samples"] == 11  # 2 x batch 4 pads the last batch: padding dropped
+    assert (two.parent / "predictions.jsonl").read_text() == (one.parent / "predictions.jsonl").read_text()
+
+
+def test_other_data_is_mapped_by_label_name(run, tmp_path):
+    rows = _rows(9, 300)
+    # A ClassLabel whose ids run the other way (0 = pos), an extra column, another column order.
+    features = Features(
+        {"id": Value("int64"), "label": ClassLabel(names=["pos", "neg"]), "text": Value("string")}
+    )
+    parquet = tmp_path / "reversed.parquet"
+    Dataset.from_dict(
+        {
+            "id": list(range(9)),
+            "label": [["pos", "neg"].index(r["label"]) for r in rows],
+            "text": [r["text"] for r in rows],
+        },
+        features=features,
+    ).to_parquet(parquet)
+    # Only one class, in renamed columns: a label set read off this file would make "pos" id 0.
+    positives = [r for r in _rows(40, 300) if r["label"] == "pos"][:5]
+    csv = write_csv(
+        tmp_path / "positives.csv", [{"sentiment": r["label"], "review": r["text"]} for r in positives]
+    )
+
+    for data, subset, extra in (
+        (parquet, rows, []),
+        (csv, positives, ["text_column=review", "label_column=sentiment"]),
+    ):
+        result = evaluate([str(run["dir"] / "model"), "--data", str(data), *extra])
+        labels = [r["label"] for r in subset]
+        predicted, _ = _predict(run["dir"], [r["text"] for r in subset])
+        correct = sum(p == t for p, t in zip(predicted, labels, strict=True))
+        assert result["num_samples"] == len(subset)
+        assert result["accuracy"] * len(subset) == pytest.approx(correct)
+        assert [sum(row) for row in result["confusion_matrix"]] == [labels.count("neg"), labels.count("pos")]
+        digest = hashlib.sha256(data.read_bytes()).hexdigest()
+        assert result["data_sha256"] == digest
+        assert result["metrics_file"] == str(
+            run["dir"] / "model" / "eval" / f"{data.stem}-{digest[:8]}" / "metrics.json"
+        )
+
+
+def _incomplete(run, tmp_path):
+    copy = tmp_path / "step-00000099"
+    shutil.copytree(run["checkpoint"], copy, ignore=shutil.ignore_patterns("eval"))
+    (copy / "COMPLETE").unlink()
+    return str(copy)
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing", "checkpoint not found"),
+        ("incomplete", "not a complete checkpoint"),
+        ("run_dir", "is a run directory"),
+        ("unknown_split", "unknown split 'bogus'"),
+        ("missing_data", "--data not found"),
+        ("foreign_output", "is not a metrics.json written by finetune.evaluate"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
+    args = {
+        "missing": [str(tmp_path / "nope" / "checkpoints" / "step-00000001")],
+        "incomplete": [_incomplete(run, tmp_path)],
+        "run_dir": [str(run["dir"])],
+        "unknown_split": [str(run["checkpoint"]), "--split", "bogus"],
+        "missing_data": [str(run["checkpoint"]), "--data", str(tmp_path / "nope.csv")],
+        "foreign_output": [str(run["checkpoint"]), "--output", str(run["dir"] / "results.json")],
+    }[case]
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(args)
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0]
+
+
+def test_unseen_label_from_the_command_line(run, tmp_path):
+    data = write_csv(
+        tmp_path / "unseen.csv", [{"text": "fine", "label": "pos"}, {"text": "odd", "label": "meh"}]
+    )
+    result = subprocess.run(
+        [sys.executable, "finetune/evaluate.py", str(run["dir"] / "model"), "--data", str(data)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "['meh']" in last and "neg, pos" in last
+    assert not (
+        run["dir"] / "model" / "eval" / f"unseen-{hashlib.sha256(data.read_bytes()).hexdigest()[:8]}"
+    ).exists()
