@@ -8,7 +8,16 @@
 
 A checkpoint is written into a hidden temporary directory, flushed to disk, marked complete and
 only then renamed into place, so a process killed in the middle of a save leaves the previous
-checkpoint as "latest" and loadable.
+checkpoint as "latest" and loadable. Pruning removes the COMPLETE marker first, so a kill during a
+deletion never leaves a half-deleted directory that looks complete.
+
+Trust: a checkpoint is code-free to load. The weights are safetensors; optimizer.bin,
+scheduler.bin and random_states_<rank>.pkl are torch pickles, which Accelerate's `load_state` reads
+with `torch.load(weights_only=True)` (tensors, numbers, numpy RNG arrays — no arbitrary objects).
+`load_checkpoint` asks for that explicitly and refuses a checkpoint whose files need more, so a
+checkpoint from elsewhere cannot run code through pickle. One exception: under FSDP with
+SHARDED_STATE_DICT, Accelerate saves the weights with torch.distributed.checkpoint, whose `.metadata`
+file torch reads with plain pickle — resume those only from storage you trust.
 """
 
 from __future__ import annotations
@@ -88,6 +97,51 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, manifest: di
     return final
 
 
+def load_checkpoint(accelerator, path: Path, exact: bool = True) -> None:
+    """Restore weights, optimizer, scheduler and this process's RNG from `path`, pickles weights-only.
+
+    Accelerate swallows a failure to read the RNG file (it logs "Could not load random states" at
+    info level and goes on), which would make a resume silently inexact: that file is read here first.
+    With `exact=False` (a resume onto another topology) a process with no RNG file of its own is fine.
+    """
+    import pickle
+
+    from accelerate.utils import DistributedType
+    from accelerate.utils import load as accelerate_load  # torch.load, weights_only, numpy RNG allowed
+
+    fsdp = accelerator.distributed_type == DistributedType.FSDP  # sharded weights, in their own format
+    if not fsdp and not (path / "model.safetensors").is_file():
+        raise UserError(
+            f"{path} has no model.safetensors; resume only from checkpoints written by finetune.run"
+        )
+    rng = path / f"random_states_{accelerator.process_index}.pkl"
+    if not rng.is_file() and exact:
+        raise UserError(
+            f"{path} has no {rng.name}: it was saved by fewer processes; resume with the same "
+            "number of processes"
+        )
+    try:
+        if rng.is_file():
+            accelerate_load(rng, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+        raise UserError(
+            f"{rng} does not load as plain data ({str(e).splitlines()[0]}): it is damaged or "
+            "holds code; resume only from checkpoints written by finetune.run"
+        ) from None
+    try:
+        accelerator.load_state(str(path), load_kwargs={"weights_only": True})
+    except (pickle.UnpicklingError, EOFError) as e:
+        raise UserError(
+            f"{path} does not load as plain data ({str(e).splitlines()[0]}): it is damaged or "
+            "holds code; resume only from checkpoints written by finetune.run"
+        ) from None
+    except (RuntimeError, KeyError, ValueError) as e:  # shapes, parameter groups, missing keys
+        raise UserError(
+            f"{path} does not fit this model or optimizer: {str(e).splitlines()[0]}; resume with "
+            "the model and settings that saved it"
+        ) from None
+
+
 def is_complete(path: Path) -> bool:
     return (path / COMPLETE).is_file() and (path / MANIFEST).is_file()
 
@@ -98,7 +152,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.is_dir() and is_complete(p)]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -110,14 +164,18 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
     if spec == "latest":
         found = list_checkpoints(output_dir)
         if not found:
-            raise UserError(f"resume_from_checkpoint=latest: no complete checkpoint in {Path(output_dir) / CHECKPOINTS}")
+            raise UserError(
+                f"resume_from_checkpoint=latest: no complete checkpoint in {Path(output_dir) / CHECKPOINTS}"
+            )
         return found[-1]
     path = Path(spec)
     if not path.is_dir():
         raise UserError(f"checkpoint not found: {spec}")
     if not is_complete(path):
-        raise UserError(f"{spec} is not a complete checkpoint (no {COMPLETE} marker); "
-                        "it was probably interrupted while saving — use an earlier one or 'latest'")
+        raise UserError(
+            f"{spec} is not a complete checkpoint (no {COMPLETE} marker); "
+            "it was probably interrupted while saving — use an earlier one or 'latest'"
+        )
     return path
 
 
@@ -131,5 +189,6 @@ def prune_checkpoints(output_dir: str | Path, keep_last: int | None, best: Path 
         keep.add(best)
     removed = [p for p in found if p not in keep]
     for p in removed:
+        (p / COMPLETE).unlink(missing_ok=True)  # first: a half-deleted directory is never "complete"
         shutil.rmtree(p, ignore_errors=True)
     return removed

@@ -43,7 +43,9 @@ class TrainConfig:
     model_config: dict[str, Any] | None = None
     tokenizer_name: str | None = None  # text: defaults to model_name_or_path
     image_processor_name: str | None = None  # image: defaults to model_name_or_path
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # run Python code shipped with a hub model: only for sources you trust
+    # Pretrained weights load from safetensors only; true also allows pytorch_model.bin (a pickle).
+    allow_pickle_weights: bool = False
 
     # --- data -------------------------------------------------------------------------------------
     # A hub dataset name or a builder ("imagefolder", "csv", "json", "parquet"); or give files.
@@ -64,6 +66,7 @@ class TrainConfig:
     max_eval_samples: int | None = None
     max_test_samples: int | None = None
     group_by_length: bool = False  # text: batch similar lengths together (less padding)
+    random_flip: bool = True  # images: random horizontal flip of training images
     dataloader_num_workers: int = 0
 
     # --- optimisation -----------------------------------------------------------------------------
@@ -82,6 +85,7 @@ class TrainConfig:
     warmup_ratio: float = 0.0  # share of the optimizer steps spent warming up
     warmup_steps: int | None = None  # overrides warmup_ratio when set
     max_grad_norm: float | None = 1.0
+    dropout: float | None = None  # set every dropout probability of the model (0 turns dropout off)
 
     # --- evaluation, logging, output --------------------------------------------------------------
     output_dir: str = "runs/bert-rotten-tomatoes"
@@ -98,6 +102,21 @@ class TrainConfig:
     metric_for_best_model: str = "accuracy"
     greater_is_better: bool = True
     resume_from_checkpoint: str | None = None  # "latest" or a checkpoint directory
+    # Resume with other processes / batch / accumulation than the checkpoint's: the samples already
+    # consumed are not repeated, the schedule is re-planned for the rest (not bit-exact).
+    resume_allow_topology_change: bool = False
+    # Stop when metric_for_best_model has not improved for this many evaluations (None: never).
+    early_stopping_patience: int | None = None
+    push_to_hub_model_id: str | None = None  # after training, upload the export there (needs the network)
+    dry_run: bool = False  # print the plan (devices, batches, steps, learning rates) and exit
+
+    # --- faults -------------------------------------------------------------------------------------
+    # Stop (exit status 3) when the loss is NaN or infinite for this many optimizer steps in a row;
+    # checked at logging steps. Single fp16 overflow steps, which the gradient scaler skips, are fine.
+    max_nonfinite_loss_steps: int = 5
+    # Seconds a process waits in a collective (all-reduce, barrier) for the others before the job
+    # fails instead of hanging. Raise it when the main process alone does long work (tokenizing).
+    ddp_timeout: int = 1800
 
     # --- model parallelism (one process, consecutive layers on consecutive devices) -----------------
     model_parallel: bool = False
@@ -119,14 +138,30 @@ class TrainConfig:
             "logging_steps",
             "max_length",
             "pipeline_chunks",
+            "max_nonfinite_loss_steps",
+            "ddp_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        for name in ("max_steps", "eval_steps", "save_steps", "max_train_samples", "max_eval_samples",
-                     "max_test_samples", "save_total_limit", "warmup_steps"):
+        for name in (
+            "max_steps",
+            "eval_steps",
+            "save_steps",
+            "max_train_samples",
+            "max_eval_samples",
+            "max_test_samples",
+            "save_total_limit",
+            "warmup_steps",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0 and not (name == "warmup_steps" and value == 0):
                 raise UserError(f"{name} must be positive (or null), got {value}")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise UserError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.early_stopping_patience is not None and self.early_stopping_patience <= 0:
+            raise UserError(
+                f"early_stopping_patience must be positive (or null), got {self.early_stopping_patience}"
+            )
         if not self.learning_rate > 0:
             raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0 <= self.warmup_ratio < 1:
@@ -145,6 +180,11 @@ class TrainConfig:
             raise UserError("no training data: set train_file, data_dir or dataset_name")
         if self.pipeline_chunks > 1 and not self.model_parallel:
             raise UserError("pipeline_chunks needs model_parallel=true")
+        if self.devices and not self.model_parallel:
+            raise UserError(
+                "devices is for model_parallel=true; for data parallelism choose devices in the "
+                "accelerate config (accelerate launch --gpu_ids ...)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -234,8 +274,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     # Relative data/model paths in a recipe are relative to the repository, so a recipe works
     # from any working directory; paths given on the command line are relative to the cwd.
-    for key in ("model_name_or_path", "tokenizer_name", "image_processor_name", "train_file",
-                "validation_file", "test_file", "data_dir"):
+    for key in (
+        "model_name_or_path",
+        "tokenizer_name",
+        "image_processor_name",
+        "train_file",
+        "validation_file",
+        "test_file",
+        "data_dir",
+    ):
         value = raw.get(key)
         if isinstance(value, str) and value.startswith(("data/", "./data/")):
             raw[key] = str(REPO_DIR / value)
@@ -249,8 +296,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except yaml.YAMLError:
             raw[key.strip()] = text
     # Saved configs must work from any directory: local paths become absolute.
-    for key in ("model_name_or_path", "tokenizer_name", "image_processor_name", "train_file",
-                "validation_file", "test_file", "data_dir", "output_dir"):
+    for key in (
+        "model_name_or_path",
+        "tokenizer_name",
+        "image_processor_name",
+        "train_file",
+        "validation_file",
+        "test_file",
+        "data_dir",
+        "output_dir",
+    ):
         value = raw.get(key)
         if isinstance(value, str) and (key == "output_dir" or Path(value).exists()):
             raw[key] = str(Path(value).expanduser().resolve())

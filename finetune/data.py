@@ -11,14 +11,18 @@ reading and discarding the batches already seen.
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import PIL.Image
 import torch
-from datasets import ClassLabel, DatasetDict, Value, load_dataset
+from datasets import ClassLabel, DatasetDict, Image, Value, load_dataset
 from datasets import Dataset as HFDataset
 from torch.utils.data import Sampler
 
@@ -48,10 +52,58 @@ def _builder_for(path: str) -> str:
     return FILE_BUILDERS[suffix]
 
 
+def _root_cause(e: BaseException) -> str:
+    """The first line of the innermost exception: datasets wraps the parser's error in its own."""
+    while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def _diagnose_file(split: str, path: str) -> str | None:
+    """Why a data file does not parse, with a line number, when we can tell; None otherwise.
+
+    Only called after `datasets` failed, so a good file is never read twice."""
+    suffix = Path(path).suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            rows = csv.reader(f, delimiter="\t" if suffix == ".tsv" else ",")
+            header = next(rows, [])
+            for row in rows:
+                if row and len(row) != len(header):
+                    return (
+                        f"{split} file {path} line {rows.line_num} has {len(row)} fields, the header has "
+                        f"{len(header)}; fix that row (quote fields that contain the delimiter)"
+                    )
+    elif suffix in (".json", ".jsonl"):
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        try:
+            json.loads(text)
+            return None  # valid JSON: the problem is its shape, not its syntax
+        except json.JSONDecodeError as e:
+            line, column, msg = e.lineno, e.colno, e.msg
+        lines = [(n, t) for n, t in enumerate(text.splitlines(), 1) if t.strip()]
+        for i, (number, text_line) in enumerate(lines):
+            try:
+                json.loads(text_line)
+            except json.JSONDecodeError as e:
+                if i > 0:  # JSON Lines whose earlier lines parse: this line is the broken one
+                    line, column, msg = number, e.colno, e.msg
+                break
+        return f"{split} file {path} is not valid JSON or JSON Lines: line {line} column {column}: {msg}"
+    return None
+
+
 def load_raw(cfg: TrainConfig) -> DatasetDict:
-    """Load train (and validation/test when present) from files, an image folder or the hub."""
-    files = {s: f for s, f in (("train", cfg.train_file), ("validation", cfg.validation_file),
-                               ("test", cfg.test_file)) if f}
+    """Load train (and validation/test when present) from files, an image folder or the hub.
+
+    Files are loaded one split at a time, so that an error names the file that caused it and a
+    column's type is inferred per file (labels are matched by name across splits anyway)."""
+    files = {
+        s: f
+        for s, f in (("train", cfg.train_file), ("validation", cfg.validation_file), ("test", cfg.test_file))
+        if f
+    }
     for split, path in files.items():
         if not Path(path).is_file():
             raise UserError(f"{split} file not found: {path}")
@@ -59,25 +111,47 @@ def load_raw(cfg: TrainConfig) -> DatasetDict:
             raise UserError(f"{split} file is empty: {path}")
     if cfg.data_dir and not Path(cfg.data_dir).is_dir() and cfg.dataset_name in (None, "imagefolder"):
         raise UserError(f"data_dir not found: {cfg.data_dir}")
-    try:
-        if files and cfg.dataset_name in (None, "csv", "json", "parquet"):
-            builders = {_builder_for(f) for f in files.values()}
-            if len(builders) > 1:
-                raise UserError(f"train/validation/test files must be of one type, got {sorted(builders)}")
-            raw = load_dataset(builders.pop(), data_files=files)
-        elif cfg.dataset_name in (None, "imagefolder") and cfg.data_dir:
-            raw = load_dataset("imagefolder", data_dir=cfg.data_dir)
-        else:
-            raw = load_dataset(cfg.dataset_name, cfg.dataset_config_name, data_dir=cfg.data_dir)
-    except UserError:
-        raise
-    except Exception as e:  # datasets raises many types for unreadable data; the message is the help
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        what = cfg.dataset_name or cfg.data_dir or ", ".join(files.values())
-        raise UserError(f"could not load data from {what}: {type(e).__name__}: {first_line}") from None
+    if files and cfg.dataset_name in (None, "csv", "json", "parquet"):
+        builders = {_builder_for(f) for f in files.values()}
+        if len(builders) > 1:
+            raise UserError(f"train/validation/test files must be of one type, got {sorted(builders)}")
+        builder = builders.pop()
+        raw = DatasetDict()
+        for split, path in files.items():
+            kwargs = {"sep": "\t"} if Path(path).suffix.lower() == ".tsv" else {}
+            try:
+                raw[split] = load_dataset(builder, data_files={split: path}, **kwargs)[split]
+            except Exception as e:  # datasets raises many types for unreadable data
+                if "corresponds to no data" in _root_cause(e):  # a header and no rows
+                    raise UserError(f"the {split} data has no rows ({path}); check the file") from None
+                raise UserError(
+                    _diagnose_file(split, path)
+                    or f"could not load the {split} file {path}: "
+                    f"{_root_cause(e)}; check that it is valid {builder}"
+                ) from None
+    else:
+        raw = _load_folder_or_hub(cfg)
     if "train" not in raw:
-        raise UserError(f"the data has no 'train' split (found: {', '.join(raw)})")
+        raise UserError(f"the data has no 'train' split (found: {', '.join(raw) or 'none'})")
     return raw
+
+
+def _load_folder_or_hub(cfg: TrainConfig) -> DatasetDict:
+    try:
+        if cfg.dataset_name in (None, "imagefolder") and cfg.data_dir:
+            return load_dataset("imagefolder", data_dir=cfg.data_dir)
+        return load_dataset(cfg.dataset_name, cfg.dataset_config_name, data_dir=cfg.data_dir)
+    except Exception as e:  # datasets raises many types for unreadable data; the message is the help
+        cause = _root_cause(e)
+        if cfg.dataset_name in (None, "imagefolder") and (
+            "no data" in cause or "EmptyDataset" in cause or "doesn't contain any data" in cause
+        ):
+            raise UserError(
+                f"data_dir {cfg.data_dir} holds no images; an image folder is "
+                "<data_dir>/train/<label>/<image>.png|jpg (validation/, test/ optional)"
+            ) from None
+        what = cfg.dataset_name or cfg.data_dir
+        raise UserError(f"could not load data from {what}: {cause}") from None
 
 
 # --- labels ----------------------------------------------------------------------------------------
@@ -118,6 +192,7 @@ def encode_labels(ds: HFDataset, cfg: TrainConfig, label_names: list[str], split
     to_id = {name: i for i, name in enumerate(label_names)}
     if isinstance(feature, ClassLabel):
         names = feature.names
+
         def name_of(v):  # noqa: E306
             return names[v]
     else:
@@ -128,8 +203,9 @@ def encode_labels(ds: HFDataset, cfg: TrainConfig, label_names: list[str], split
         raise UserError(
             f"{split} labels {unseen[:5]} were not seen in training (known: {', '.join(label_names)})"
         )
-    ds = ds.map(lambda b: {"labels": [to_id[name_of(v)] for v in b[column]]}, batched=True,
-                desc=f"labels ({split})")
+    ds = ds.map(
+        lambda b: {"labels": [to_id[name_of(v)] for v in b[column]]}, batched=True, desc=f"labels ({split})"
+    )
     if column != "labels":
         ds = ds.remove_columns(column)
     return ds.cast_column("labels", ClassLabel(names=label_names))
@@ -156,24 +232,40 @@ def _check_columns(ds: HFDataset, cfg: TrainConfig, split: str) -> None:
                 )
             if any(v is None for v in ds[column]):
                 raise UserError(f"text column '{column}' in the {split} data has empty (null) values")
+    labels = ds[cfg.label_column]
+    if any(v is None for v in labels):
+        row = next(i for i, v in enumerate(labels) if v is None)
+        raise UserError(
+            f"label column '{cfg.label_column}' in the {split} data has empty (null) values "
+            f"(first at row {row + 1}); fill them in or drop those rows"
+        )
 
 
 def load_splits(cfg: TrainConfig) -> tuple[DatasetDict, list[str]]:
     """Raw splits with ids in `labels`; a seeded stratified validation split when there is none."""
     raw = load_raw(cfg)
     for split in raw:
+        if len(raw[split]) == 0:
+            raise UserError(f"the {split} data has no rows; check the file or folder")
         _check_columns(raw[split], cfg, split)
+        if cfg.task == "image-classification":
+            verify_images(raw[split], cfg.image_column, split)
     label_names = resolve_label_names(raw["train"], cfg)
     raw = DatasetDict({s: encode_labels(d, cfg, label_names, s) for s, d in raw.items()})
     if "validation" not in raw:
         held_out = cfg.validation_split_percentage / 100
         try:
-            parts = raw["train"].train_test_split(test_size=held_out, seed=cfg.seed, stratify_by_column="labels")
+            parts = raw["train"].train_test_split(
+                test_size=held_out, seed=cfg.seed, stratify_by_column="labels"
+            )
         except ValueError as e:
             raise UserError(f"cannot hold out a stratified validation split: {e}") from None
         raw["train"], raw["validation"] = parts["train"], parts["test"]
-    for split, limit in (("train", cfg.max_train_samples), ("validation", cfg.max_eval_samples),
-                         ("test", cfg.max_test_samples)):
+    for split, limit in (
+        ("train", cfg.max_train_samples),
+        ("validation", cfg.max_eval_samples),
+        ("test", cfg.max_test_samples),
+    ):
         if limit is not None and split in raw and len(raw[split]) > limit:
             raw[split] = raw[split].select(range(limit))
     return raw, label_names
@@ -193,16 +285,72 @@ def tokenize(ds: HFDataset, tokenizer, cfg: TrainConfig) -> HFDataset:
         return enc
 
     keep = {"labels"}
-    return ds.map(fn, batched=True, remove_columns=[c for c in ds.column_names if c not in keep],
-                  desc="tokenizing")
+    return ds.map(
+        fn, batched=True, remove_columns=[c for c in ds.column_names if c not in keep], desc="tokenizing"
+    )
+
+
+def _image_name(value: dict[str, Any], index: int | None = None) -> str:
+    if value.get("path"):
+        return str(value["path"])
+    return f"#{index}" if index is not None else "(an image stored in the data file)"
+
+
+def open_image(value: dict[str, Any], index: int | None = None) -> PIL.Image.Image:
+    """Decode one image of an `Image(decode=False)` column ({"bytes", "path"}), naming it on failure."""
+    try:
+        image = PIL.Image.open(
+            io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
+        )
+        image.load()
+        return image
+    except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
+        raise UserError(
+            f"cannot read image {_image_name(value, index)}: {e}; remove or replace the file", local=True
+        ) from None
+
+
+def _undecoded(ds: HFDataset, column: str, split: str) -> HFDataset:
+    try:
+        return ds.cast_column(column, Image(decode=False))
+    except (ValueError, TypeError) as e:
+        raise UserError(
+            f"column '{column}' in the {split} data does not hold images ({ds.features[column]}): "
+            f"{e}; set image_column"
+        ) from None
+
+
+def verify_images(ds: HFDataset, column: str, split: str) -> None:
+    """Check every image's container before training starts, so a corrupt file stops the run before it
+    writes anything. PIL's `verify()` reads the file without decoding the pixels (~40 us for a small
+    PNG): it catches garbage, truncated PNGs and bad headers; pixel data cut short inside a JPEG is
+    only found when decoded, by `open_image` in the training transform, which names the file too."""
+    ds = _undecoded(ds, column, split).select_columns([column])
+    for start, batch in enumerate(ds.iter(batch_size=256)):
+        for offset, value in enumerate(batch[column]):
+            index = start * 256 + offset
+            if value is None:
+                raise UserError(f"the {split} data has no image in row {index + 1}; drop that row")
+            try:
+                with PIL.Image.open(
+                    io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
+                ) as image:
+                    image.verify()
+            except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
+                raise UserError(
+                    f"cannot read image {_image_name(value, index)} in the {split} data: {e}; "
+                    "remove or replace the file"
+                ) from None
 
 
 class ImageTransform:
-    """PIL images → `pixel_values` through the image processor; random horizontal flip in training.
+    """Images → `pixel_values` through the image processor; random horizontal flip in training.
 
-    Every image is converted to the model's channel count first, so grayscale, palette and RGBA
-    files mixed with RGB just work. The flip draws from Python's `random`, whose state Accelerate's
-    checkpoints keep, so a resumed run flips the same images.
+    The transform decodes the images itself (the column is cast to `Image(decode=False)`), so that a
+    file that fails to decode is named in the error. Every image is converted to the model's channel
+    count first, so grayscale, palette and RGBA files mixed with RGB just work; images of any size,
+    even smaller than a patch, are resized by the processor. The flip draws from Python's `random`,
+    whose state Accelerate's checkpoints keep, so a resumed run flips the same images.
     """
 
     def __init__(self, processor, column: str, num_channels: int, train: bool):
@@ -211,10 +359,11 @@ class ImageTransform:
 
     def __call__(self, batch: dict[str, list]) -> dict[str, Any]:
         images = []
-        for image in batch[self.column]:
+        for value in batch[self.column]:
+            image = value if isinstance(value, PIL.Image.Image) else open_image(value)
             image = image.convert(self.mode)
             if self.train and random.random() < 0.5:
-                image = image.transpose(0)  # PIL.Image.Transpose.FLIP_LEFT_RIGHT
+                image = image.transpose(PIL.Image.Transpose.FLIP_LEFT_RIGHT)
             images.append(image)
         pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
         return {"pixel_values": pixels, "labels": batch["labels"]}
@@ -227,8 +376,12 @@ def prepare_splits(cfg: TrainConfig, raw: DatasetDict, preprocessor, model_confi
     out = DatasetDict()
     for split, ds in raw.items():
         ds = ds.remove_columns([c for c in ds.column_names if c not in (cfg.image_column, "labels")])
-        out[split] = ds.with_transform(ImageTransform(preprocessor, cfg.image_column, num_channels,
-                                                      train=split == "train"))
+        ds = _undecoded(ds, cfg.image_column, split)
+        out[split] = ds.with_transform(
+            ImageTransform(
+                preprocessor, cfg.image_column, num_channels, train=split == "train" and cfg.random_flip
+            )
+        )
     return out
 
 
@@ -245,8 +398,9 @@ class Collator:
                 "labels": torch.tensor([int(f["labels"]) for f in features]),
             }
         features = [{k: v for k, v in f.items() if k != "length"} for f in features]
-        return self.tokenizer.pad(features, padding=True, pad_to_multiple_of=self.pad_to_multiple_of,
-                                  return_tensors="pt")
+        return self.tokenizer.pad(
+            features, padding=True, pad_to_multiple_of=self.pad_to_multiple_of, return_tensors="pt"
+        )
 
 
 # --- order of an epoch -----------------------------------------------------------------------------
@@ -274,8 +428,15 @@ class EpochSampler(Sampler[int]):
     sampler at each iteration, which would fight the explicit position set here.
     """
 
-    def __init__(self, num_samples: int, seed: int, group_size: int = 1, lengths: list[int] | None = None,
-                 megabatch_mult: int = 50, pad_to: int = 1):
+    def __init__(
+        self,
+        num_samples: int,
+        seed: int,
+        group_size: int = 1,
+        lengths: list[int] | None = None,
+        megabatch_mult: int = 50,
+        pad_to: int = 1,
+    ):
         self.num_samples, self.seed, self.group_size = num_samples, seed, group_size
         self.lengths, self.megabatch_mult, self.pad_to = lengths, megabatch_mult, pad_to
         self.epoch, self.start = 0, 0
@@ -294,8 +455,8 @@ class EpochSampler(Sampler[int]):
         mega = gb * self.megabatch_mult
         grouped: list[int] = []
         for i in range(0, len(perm), mega):
-            grouped += sorted(perm[i:i + mega], key=lambda j: -self.lengths[j])
-        batches = [grouped[i:i + gb] for i in range(0, len(grouped), gb)]
+            grouped += sorted(perm[i : i + mega], key=lambda j: -self.lengths[j])
+        batches = [grouped[i : i + gb] for i in range(0, len(grouped), gb)]
         tail = [batches.pop()] if batches and len(batches[-1]) < gb else []
         shuffle = torch.randperm(len(batches), generator=g).tolist()
         return [j for b in [batches[i] for i in shuffle] + tail for j in b]
@@ -305,7 +466,7 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self):
         order = self.order(self.epoch)
-        return iter(order[self.start:] + order[: self._padding()])
+        return iter(order[self.start :] + order[: self._padding()])
 
     def __len__(self) -> int:
         return self.num_samples - self.start + self._padding()
@@ -316,8 +477,14 @@ def batches_per_process(num_samples: int, per_device_batch: int, num_processes: 
     return math.ceil(num_samples / (per_device_batch * num_processes))
 
 
-def real_sample_mask(num_samples: int, batch_index: int, per_device_batch: int, num_processes: int,
-                     process_index: int, batch_len: int) -> torch.Tensor:
+def real_sample_mask(
+    num_samples: int,
+    batch_index: int,
+    per_device_batch: int,
+    num_processes: int,
+    process_index: int,
+    batch_len: int,
+) -> torch.Tensor:
     """Which rows of this process's `batch_index`-th batch are real, not Accelerate's padding.
 
     Accelerate's BatchSamplerShard cuts the epoch's stream into batches of `per_device_batch` and
@@ -330,8 +497,14 @@ def real_sample_mask(num_samples: int, batch_index: int, per_device_batch: int, 
     return (torch.arange(batch_len) + first) < num_samples
 
 
-def window_sample_count(num_samples: int, window: int, accumulation: int, num_batches: int,
-                        per_device_batch: int, num_processes: int) -> int:
+def window_sample_count(
+    num_samples: int,
+    window: int,
+    accumulation: int,
+    num_batches: int,
+    per_device_batch: int,
+    num_processes: int,
+) -> int:
     """Real samples, over all processes, in optimizer step `window` (its micro-batches)."""
     total = 0
     for k in range(window * accumulation, min((window + 1) * accumulation, num_batches)):

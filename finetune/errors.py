@@ -1,8 +1,16 @@
-"""User-facing errors: one line, exit status 2, no traceback.
+"""User-facing errors: one line, a chosen exit status, no traceback.
 
 A traceback is for our bugs. Anything the user can fix (a path, a key, a value) raises `UserError`
 with a message that says what is wrong and what to do; the entry points turn it into one line on
 stderr and exit status 2 via `exit_on_user_error`.
+
+A run that stops on purpose raises `TrainingStopped`, also one line, with its own exit status:
+
+    2    a user error (bad input): nothing was written over
+    3    the loss stayed NaN/inf for `max_nonfinite_loss_steps` steps; the last good checkpoint is kept
+    130  SIGINT (Ctrl-C) during training: a checkpoint was written; resume_from_checkpoint=latest
+    143  SIGTERM (a scheduler's preemption, `kill`) during training: likewise
+    1    a Python traceback: our bug
 """
 
 from __future__ import annotations
@@ -15,9 +23,27 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3
+
 
 class UserError(Exception):
-    """A mistake in the user's input: printed as one line, exit status 2."""
+    """A mistake in the user's input: printed as one line, exit status 2.
+
+    Most are found by every process alike, and only the main one prints them; `local=True` marks one
+    that only the process that met it knows of (a corrupt file in its share of the data)."""
+
+    def __init__(self, message: str, local: bool = False):
+        super().__init__(message)
+        self.local = local
+
+
+class TrainingStopped(Exception):
+    """The run stopped on purpose (a signal, a diverged loss): one line on stderr, `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
@@ -33,17 +59,40 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def one_line(e: BaseException) -> str:
+    """The message of `e` on one line. A DataLoader worker re-raises an error as the same type with the
+    worker's formatted traceback as its message: keep only the original message, its last line."""
+    text = str(e)
+    if "Original Traceback" in text:
+        last = text.strip().splitlines()[-1]
+        text = last.split(": ", 1)[1] if ": " in last else last
+    return " ".join(text.split())
+
+
 def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
-    """Run `fn`; a user error becomes `error: <message>` on stderr and exit status 2."""
+    """Run `fn`; a user error becomes `error: <message>` on stderr and exit status 2, a stopped run
+    `stopped: <message>` and its own exit status."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except TrainingStopped as e:
+            if os.environ.get("RANK", "0") == "0":
+                print(f"stopped: {one_line(e)}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C before or after the training loop, which handles its own
+            if os.environ.get("RANK", "0") == "0":
+                print(
+                    "stopped: interrupted (SIGINT) outside the training loop; nothing more was saved",
+                    file=sys.stderr,
+                )
+            sys.exit(130)
         except _user_error_types() as e:
-            message = " ".join(str(e).split())  # one line, whatever the message held
-            if os.environ.get("RANK", "0") == "0":  # every process hits it; one says it
-                print(f"error: {message}", file=sys.stderr)
-            sys.exit(2)
+            rank = os.environ.get("RANK", "0")
+            if rank == "0" or getattr(e, "local", False):  # every process hits most; one says it
+                where = f"[rank {rank}] " if rank != "0" else ""
+                print(f"error: {where}{one_line(e)}", file=sys.stderr)
+            sys.exit(EXIT_USER_ERROR)
 
     return wrapper

@@ -7,6 +7,7 @@ Models know nothing of the runtime: no devices, ranks or dtypes here; Accelerate
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ def _load_error(what: str, name: str, e: Exception) -> UserError:
     if _looks_local(name) and not Path(name).expanduser().exists():
         return UserError(f"{what} path does not exist: {name}")
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        first += " (HF_HUB_OFFLINE is set: download it while online, or give a local directory)"
     return UserError(f"could not load {what} '{name}': {first}")
 
 
@@ -59,12 +62,26 @@ def load_preprocessor(cfg: TrainConfig, model_config: PretrainedConfig | None = 
             from transformers import ViTImageProcessorPil as ViTImageProcessor
         except ImportError:
             from transformers import ViTImageProcessor
-        return ViTImageProcessor(size={"height": size, "width": size}, image_mean=[0.5] * channels,
-                                 image_std=[0.5] * channels)
+        return ViTImageProcessor(
+            size={"height": size, "width": size}, image_mean=[0.5] * channels, image_std=[0.5] * channels
+        )
     try:
         return AutoImageProcessor.from_pretrained(name, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as e:
         raise _load_error("image processor", name, e) from None
+
+
+def set_dropout(config: PretrainedConfig, p: float | None) -> None:
+    """Every dropout probability in a model config (hidden, attention, classifier...) set to `p`.
+
+    On the config, before the model is built: some layers copy the rate at construction (ViT's
+    attention keeps its own float), so zeroing `nn.Dropout` modules afterwards is not enough.
+    """
+    if p is None:
+        return
+    for key, value in config.to_dict().items():
+        if "dropout" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+            setattr(config, key, p)
 
 
 def build_model(cfg: TrainConfig, label_names: list[str], vocab_size: int | None = None) -> PreTrainedModel:
@@ -82,22 +99,70 @@ def build_model(cfg: TrainConfig, label_names: list[str], vocab_size: int | None
             spec.setdefault("vocab_size", vocab_size)
         try:
             config = AutoConfig.for_model(model_type, **spec, **labels)
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"cannot build a {cfg.task} model from model_config: {e}") from None
+        set_dropout(config, cfg.dropout)
+        _check_image_config(config)
+        try:
             return auto.from_config(config, trust_remote_code=cfg.trust_remote_code)
         except (ValueError, KeyError, TypeError) as e:
             raise UserError(f"cannot build a {cfg.task} model from model_config: {e}") from None
     name = cfg.model_name_or_path
     assert name is not None  # TrainConfig.validate guarantees a name or a config
     try:
-        return auto.from_pretrained(name, trust_remote_code=cfg.trust_remote_code, **labels)
+        # safetensors only, unless the user opts in: a pytorch_model.bin is a pickle that can run code
+        # when loaded (transformers loads it with weights_only=True, still a wider surface).
+        config = AutoConfig.from_pretrained(name, trust_remote_code=cfg.trust_remote_code, **labels)
+        set_dropout(config, cfg.dropout)
+        model = auto.from_pretrained(
+            name,
+            config=config,
+            trust_remote_code=cfg.trust_remote_code,
+            use_safetensors=None if cfg.allow_pickle_weights else True,
+        )
     except ValueError as e:
         if "Unrecognized configuration class" in str(e):
-            raise UserError(f"'{name}' is not a model that {auto.__name__} can load for {cfg.task}") from None
+            raise UserError(
+                f"'{name}' is not a model that {auto.__name__} can load for {cfg.task}; "
+                f"choose a model type that has a {cfg.task} head (e.g. bert, vit)"
+            ) from None
         raise _load_error("model", name, e) from None
     except OSError as e:
+        if not cfg.allow_pickle_weights and _has_pickle_weights_only(name):
+            raise UserError(
+                f"model '{name}' has only pickle weights (pytorch_model.bin), which can run code "
+                "when loaded; convert it to safetensors, or pass allow_pickle_weights=true if "
+                "you trust its source"
+            ) from None
         raise _load_error("model", name, e) from None
+    _check_image_config(model.config)
+    return model
+
+
+def _has_pickle_weights_only(name: str) -> bool:
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        return False
+    names = {p.name for p in path.iterdir()}
+    return not any(
+        n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names
+    ) and any(n.startswith("pytorch_model") and n.endswith((".bin", ".bin.index.json")) for n in names)
+
+
+def _check_image_config(config: PretrainedConfig) -> None:
+    image_size, patch_size = getattr(config, "image_size", None), getattr(config, "patch_size", None)
+    sizes = [v if isinstance(v, int) else min(v) for v in (image_size, patch_size) if v is not None]
+    if len(sizes) == 2 and sizes[0] < sizes[1]:
+        raise UserError(
+            f"the model's image_size {image_size} is smaller than its patch_size {patch_size}: "
+            "no patch fits; raise image_size or lower patch_size"
+        )
 
 
 def check_max_length(cfg: TrainConfig, model: PreTrainedModel) -> None:
     limit = getattr(model.config, "max_position_embeddings", None)
     if cfg.task == "text-classification" and limit is not None and cfg.max_length > limit:
-        raise UserError(f"max_length {cfg.max_length} exceeds the model's position limit {limit}")
+        raise UserError(
+            f"max_length {cfg.max_length} exceeds the model's position limit {limit}; "
+            f"set max_length={limit} or less"
+        )

@@ -94,3 +94,20 @@ def test_changed_topology_on_resume_is_refused(small_text_data, tmp_path, capsys
         main(_args(small_text_data, out, "resume_from_checkpoint=latest", "gradient_accumulation_steps=2"))
     assert exit_info.value.code == 2
     assert "resume with the same settings" in capsys.readouterr().err
+
+
+def test_allowed_topology_change_continues_without_repeating_samples(small_text_data, tmp_path):
+    out = tmp_path / "run"
+    main(_args(small_text_data, out, "max_steps=null"))  # checkpoints at 3, 6, ...; 10 steps an epoch
+    first = ckpt.list_checkpoints(out)[0]
+    assert ckpt.read_manifest(first)["samples_in_epoch"] == 12
+    resumed = tmp_path / "resumed"
+    (resumed / ckpt.CHECKPOINTS).mkdir(parents=True)
+    shutil.copytree(first, resumed / ckpt.CHECKPOINTS / first.name)
+    main(_args(small_text_data, resumed, "resume_from_checkpoint=latest", "gradient_accumulation_steps=2",
+               "resume_allow_topology_change=true"))
+    # The 25 samples left in epoch 0 are 7 batches of 4 -> 4 steps of 2; epoch 1 is 10 batches -> 5 steps.
+    steps = [s for s, _ in _losses(resumed, 0)]
+    assert steps == list(range(4, 3 + 4 + 5 + 1))
+    records = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in records if "learning_rate" in r][-1]["learning_rate"] == pytest.approx(0.0, abs=1e-12)

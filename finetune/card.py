@@ -1,0 +1,443 @@
+"""The model card (README.md) of an export directory, and the optional upload to the Hugging Face Hub.
+
+    from finetune.card import describe_data, push_to_hub, write_model_card
+
+    write_model_card(out / "model", config=cfg.to_dict(), label_names=label_names, results=results,
+                     base_model=cfg.model_name_or_path if cfg.model_config is None else None,
+                     data_description=describe_data(cfg.to_dict()))
+    check_hub_access("my-user/my-model")                  # at the start of a run that will push: fails early offline
+    push_to_hub(out / "model", "my-user/my-model")        # only when the user asks; needs the network
+
+The card follows the Hub's format: YAML front matter (library_name, pipeline_tag, base_model,
+license, tags, datasets, metrics) that the Hub indexes, then Markdown sections a person reads: base
+model, data, hyperparameters, metrics, labels, how to load it with `pipeline`, how it was trained.
+
+Secrets never reach the card: config keys that look like credentials (`hub_token`, `api_key`,
+`password`, ...) are left out, and values that look like tokens (`hf_...`, `sk-...`, a URL with a
+password) are replaced by `<redacted>`, at any depth. Local paths are shown relative to the
+repository (or `~`), not as the absolute paths of the machine that trained.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from finetune.config import REPO_DIR
+from finetune.errors import UserError
+
+CARD = "README.md"
+
+# Config keys whose values are credentials. Matched as whole words of a snake_case name, so
+# `tokenizer_name` is kept and `hub_token`, `push_to_hub_token`, `wandb_api_key` are not.
+SECRET_KEY = re.compile(
+    r"(^|_)(token|tokens|secret|secrets|password|passwd|credential|credentials|api_key|apikey|auth|"
+    r"private_key|access_key)($|_)",
+    re.IGNORECASE,
+)
+# Values that look like credentials wherever they appear: Hugging Face, OpenAI, GitHub, AWS and Slack
+# tokens, and URLs that carry a user:password.
+SECRET_VALUE = re.compile(
+    r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
+    r"AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|://[^/\s:@]+:[^/\s@]+@"
+)
+REDACTED = "<redacted>"
+
+# dataset_name values that name a loader, not a dataset on the Hub.
+BUILDERS = {"imagefolder", "audiofolder", "csv", "json", "parquet", "text", "arrow", "webdataset"}
+
+# The hyperparameters a reader looks for first, in this order; everything is in the full config.
+HYPERPARAMETERS = [
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "warmup_steps",
+    "num_train_epochs",
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "seed",
+    "max_length",
+    "group_by_length",
+    "max_train_samples",
+]
+
+
+# --- what goes into the card -------------------------------------------------------------------------
+
+
+def redact(value: Any) -> Any:
+    """`value` with credential-looking keys left out and credential-looking strings replaced."""
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items() if not SECRET_KEY.search(str(k))}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    if isinstance(value, str) and SECRET_VALUE.search(value):
+        return REDACTED
+    return value
+
+
+def _display_path(value: Any) -> Any:
+    """An absolute local path as the reader can use it: relative to the repository, or to ~."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        return value
+    path = Path(value)
+    for root, prefix in ((REPO_DIR, ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(path.relative_to(root))
+        except ValueError:
+            continue
+    return value
+
+
+def _public_config(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: _display_path(v) for k, v in redact(config).items()}
+
+
+def _is_hub_id(name: str | None) -> bool:
+    """A Hub model id ("bert-base-uncased", "org/name"), not a local directory."""
+    return (
+        bool(name)
+        and not Path(name).expanduser().exists()
+        and bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", name))
+    )
+
+
+def _license_of(base_model: str | None) -> str | None:
+    """The licence in a local base model's own card front matter, when it has one."""
+    if not base_model:
+        return None
+    card = Path(base_model).expanduser() / CARD
+    if not card.is_file():
+        return None
+    match = re.match(r"---\n(.*?)\n---", card.read_text(errors="replace"), re.DOTALL)
+    try:
+        meta = yaml.safe_load(match.group(1)) if match else None
+    except yaml.YAMLError:
+        return None
+    value = meta.get("license") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def describe_data(config: dict[str, Any]) -> str:
+    """One paragraph on the training data, from the resolved config."""
+    task = config.get("task", "text-classification")
+    if config.get("train_file"):
+        parts = [f"train `{_display_path(config['train_file'])}`"]
+        for key, split in (("validation_file", "validation"), ("test_file", "test")):
+            if config.get(key):
+                parts.append(f"{split} `{_display_path(config[key])}`")
+        source = "files: " + ", ".join(parts)
+    elif config.get("dataset_name") in BUILDERS:
+        source = f"the `{config['dataset_name']}` directory `{_display_path(config.get('data_dir'))}`"
+    else:
+        name = config.get("dataset_name")
+        subset = f" (config `{config['dataset_config_name']}`)" if config.get("dataset_config_name") else ""
+        source = f"the Hub dataset `{name}`{subset}"
+    if task == "text-classification":
+        columns = f"text column `{config.get('text_column')}`"
+        if config.get("text_pair_column"):
+            columns += f" paired with `{config['text_pair_column']}`"
+    else:
+        columns = f"image column `{config.get('image_column')}`"
+    text = f"Trained on {source}; {columns}, labels from `{config.get('label_column')}`."
+    if config.get("train_file") and not config.get("validation_file"):  # files: no validation split given
+        text += (
+            f" Without a validation split, a stratified {config.get('validation_split_percentage')}% "
+            "of the training data was held out for validation."
+        )
+    limits = [
+        f"{split} {config[key]}"
+        for key, split in (
+            ("max_train_samples", "train"),
+            ("max_eval_samples", "validation"),
+            ("max_test_samples", "test"),
+        )
+        if config.get(key)
+    ]
+    if limits:
+        text += " Limited to the first samples of each split: " + ", ".join(limits) + "."
+    return text
+
+
+def _launch_command() -> str | None:
+    """The command of this process, when it is the training entry point."""
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    if script not in ("run.py", "finetune-train"):
+        return None
+    return " ".join(["accelerate launch finetune/run.py", *map(shlex.quote, sys.argv[1:])]).strip()
+
+
+def _number(value: Any) -> str:
+    """Metrics to 4 decimals; anything else (ids, counts, names) as it is."""
+    return f"{value:.4f}" if isinstance(value, float) else ("" if value is None else str(value))
+
+
+def _setting(value: Any) -> str:
+    """A hyperparameter as the user would type it: 1e-08, 0.001, cosine, true."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_number(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --- the card ----------------------------------------------------------------------------------------
+
+
+def write_model_card(
+    export_dir: Path,
+    *,
+    config: dict[str, Any],
+    label_names: list[str],
+    results: dict[str, Any],
+    base_model: str | None,
+    data_description: str,
+    license: str | None = None,
+    command: str | None = None,
+    num_processes: int | None = None,
+    mixed_precision: str | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """Write `<export_dir>/README.md`, the Hub model card. Returns its path.
+
+    config: the resolved config (`cfg.to_dict()`); shown with secrets removed.
+    results: what `train` returns: {"step", "validation": {...}, "test": {...}, "versions", ...}.
+    base_model: the pretrained model fine-tuned (a Hub id or a local directory); None for a model
+        built from a config. Only a Hub id goes into the front matter, where the Hub links it.
+    license: defaults to the licence in a local base model's README, else left out.
+    command: how the run was launched; defaults to this process's command line when it is run.py.
+    num_processes, mixed_precision: the Accelerate topology, read back from the Accelerator.
+    repo_id: where the model will be pushed; used in the loading example instead of the path.
+    """
+    import finetune
+
+    export_dir = Path(export_dir)
+    task = config.get("task", "text-classification")
+    public = _public_config(config)
+    license = license or _license_of(base_model)
+    model_type = None
+    try:
+        model_type = yaml.safe_load((export_dir / "config.json").read_text()).get("model_type")
+    except (OSError, yaml.YAMLError, AttributeError):
+        pass
+
+    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": task}
+    if _is_hub_id(base_model):
+        meta["base_model"] = base_model
+    if license:
+        meta["license"] = license
+    meta["tags"] = [t for t in ("finetune", task, model_type) if t]
+    dataset = config.get("dataset_name")
+    if dataset and dataset not in BUILDERS and _is_hub_id(dataset):
+        meta["datasets"] = [dataset]
+    meta["metrics"] = ["accuracy", "f1"]
+
+    name = repo_id.split("/")[-1] if repo_id else export_dir.parent.name
+    sections = [f"# {name}", ""]
+    what = "text classifier" if task == "text-classification" else "image classifier"
+    if base_model:
+        shown = base_model if _is_hub_id(base_model) else f"the local model `{_display_path(base_model)}`"
+        link = f"[{base_model}](https://huggingface.co/{base_model})" if _is_hub_id(base_model) else shown
+        sections += [f"A {len(label_names)}-class {what} fine-tuned from {link}.", ""]
+    else:
+        kind = f" (`{model_type}`)" if model_type else ""
+        sections += [f"A {len(label_names)}-class {what}{kind} trained from random initialisation.", ""]
+
+    sections += ["## Base model", ""]
+    if base_model:
+        sections += [
+            f"`{_display_path(base_model) if not _is_hub_id(base_model) else base_model}`"
+            + (f" (model type `{model_type}`)" if model_type else "")
+            + "; its classification head is newly initialised with one output per label.",
+            "",
+        ]
+    else:
+        sections += [
+            "None: the weights were initialised at random from `model_config`:",
+            "",
+            "```yaml",
+            yaml.safe_dump(public.get("model_config") or {}, sort_keys=False).strip(),
+            "```",
+            "",
+        ]
+
+    sections += ["## Data", "", data_description, ""]
+
+    sections += ["## Training hyperparameters", ""]
+    rows = [[k, _setting(public[k])] for k in HYPERPARAMETERS if public.get(k) is not None]
+    if task != "text-classification":
+        rows = [r for r in rows if r[0] not in ("max_length", "group_by_length")]
+    batch, accumulation = config.get("per_device_train_batch_size"), config.get("gradient_accumulation_steps")
+    if num_processes is not None and batch and accumulation:
+        rows += [["processes", num_processes], ["global batch size", num_processes * batch * accumulation]]
+    if mixed_precision is not None:
+        rows += [["mixed_precision", mixed_precision]]
+    if results.get("step") is not None:
+        rows += [["optimizer steps", results["step"]]]
+    sections += [
+        _table(["hyperparameter", "value"], rows),
+        "",
+        "<details><summary>The full resolved config (keys that look like secrets are left out)</summary>",
+        "",
+        "```yaml",
+        yaml.safe_dump(public, sort_keys=False).strip(),
+        "```",
+        "",
+        "</details>",
+        "",
+    ]
+
+    sections += ["## Metrics", ""]
+    metric_rows = [
+        [split, m.get("accuracy"), m.get("macro_f1"), m.get("loss"), m.get("num_samples")]
+        for split in ("validation", "test")
+        if isinstance(m := results.get(split), dict)
+    ]
+    if metric_rows:
+        sections += [_table(["split", "accuracy", "macro F1", "loss", "samples"], metric_rows), ""]
+        best = results.get("best") or {}
+        if best.get("metric") is not None:
+            sections += [
+                f"Best checkpoint by validation {best['metric']}: {_number(best.get('value'))} at "
+                f"step {best.get('step')}.",
+                "",
+            ]
+    else:
+        sections += ["No evaluation results were recorded.", ""]
+
+    sections += ["## Labels", ""]
+    per_class_split = "test" if isinstance(results.get("test"), dict) else "validation"
+    per_class = (results.get(per_class_split) or {}).get("per_class") or {}
+    if per_class:
+        rows = [
+            [i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in ("precision", "recall", "f1", "support"))]
+            for i, n in enumerate(label_names)
+        ]
+        sections += [
+            f"Ids as in the model's `id2label`, with per-class {per_class_split} metrics:",
+            "",
+            _table(["id", "label", "precision", "recall", "F1", "support"], rows),
+            "",
+        ]
+    else:
+        sections += [_table(["id", "label"], [[i, f"`{n}`"] for i, n in enumerate(label_names)]), ""]
+
+    where = repo_id or str(export_dir)
+    example = (
+        'classify("a gorgeous , witty , seductive movie .")'
+        if task == "text-classification"
+        else 'classify("path/to/image.png")  # a path, URL or PIL image'
+    )
+    sections += [
+        "## How to use",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'classify = pipeline("{task}", model="{where}")',
+        example,
+        "```",
+        "",
+    ]
+
+    versions = results.get("versions") or {}
+    shown_versions = ", ".join(f"{k} {v}" for k, v in versions.items())
+    sections += [
+        "## How it was trained",
+        "",
+        f"With finetune {finetune.__version__} (one training loop driven by Accelerate)"
+        + (f"; {shown_versions}" if shown_versions else "")
+        + ".",
+        "",
+    ]
+    command = command or _launch_command()
+    if command:
+        sections += ["Launched as:", "", "```bash", command, "```", ""]
+    sections += [
+        "To train it again, save the resolved config above as `config.yaml` and run:",
+        "",
+        "```bash",
+        "accelerate launch finetune/run.py --config config.yaml",
+        "```",
+        "",
+    ]
+
+    front = yaml.safe_dump(meta, sort_keys=False).strip()
+    path = export_dir / CARD
+    path.write_text(f"---\n{front}\n---\n\n" + "\n".join(sections).rstrip() + "\n")
+    return path
+
+
+# --- the Hub -----------------------------------------------------------------------------------------
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
+    return constants.HF_HUB_OFFLINE or any(
+        f and f.strip().lower() in ("1", "true", "yes", "on") for f in flags
+    )
+
+
+def check_hub_access(repo_id: str, export_dir: Path | str = "<output_dir>/model") -> None:
+    """Refuse, before any network access, to push when the Hub is switched off (HF_HUB_OFFLINE).
+
+    Call it when the run starts, so that a user who asked for an upload learns it cannot happen
+    before training, not after.
+    """
+    if _offline():
+        raise UserError(
+            f"cannot push to the Hub repo '{repo_id}': HF_HUB_OFFLINE is set, so there is no network "
+            f"access; unset it and run again, or upload later with `hf upload {repo_id} {export_dir}`"
+        )
+
+
+def push_to_hub(export_dir: Path, repo_id: str, token: str | None = None, private: bool = True) -> str:
+    """Create the model repo `repo_id` on the Hub if needed (private by default) and upload the
+    export directory to it. Returns the repo URL. Only called when the user asks for it.
+
+    The token is `token`, else the one `hf auth login` stored or HF_TOKEN. With HF_HUB_OFFLINE set
+    it refuses before any network access, with a message that says how to upload later.
+    """
+    export_dir = Path(export_dir)
+    if not (export_dir / "config.json").is_file():
+        raise UserError(f"{export_dir} is not an exported model (no config.json); nothing to push")
+    check_hub_access(repo_id, export_dir)
+
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalTokenNotFoundError
+
+    api = HfApi(token=token)
+    try:
+        url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=True)
+        api.upload_folder(
+            repo_id=getattr(url, "repo_id", repo_id),
+            folder_path=export_dir,
+            repo_type="model",
+            commit_message="Upload a model fine-tuned with finetune",
+        )
+    except LocalTokenNotFoundError:
+        raise UserError(
+            f"cannot push to '{repo_id}': not logged in to the Hub; run `hf auth login` or set HF_TOKEN"
+        ) from None
+    except (HFValidationError, HfHubHTTPError, ConnectionError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"cannot push to the Hub repo '{repo_id}': {first}") from None
+    return str(url)

@@ -1,0 +1,188 @@
+"""Training curves from a run's metrics.jsonl: loss, evaluation metrics and learning rate vs step.
+
+    python -m finetune.plots runs/bert-rotten-tomatoes/metrics.jsonl      # -> training_curves.png beside it
+    python -m finetune.plots runs/x/metrics.jsonl curves.png
+
+    from finetune.plots import plot_training_curves
+    plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
+
+metrics.jsonl holds one JSON object a line, keyed by optimizer step (the unit of the schedule):
+training records {"step", "epoch", "loss", "learning_rate", "samples_per_second"} every
+`logging_steps`, and evaluation records {"step", "epoch", "eval_accuracy", "eval_loss",
+"eval_macro_f1", ...}. A resumed run appends the steps after its checkpoint again; the last record
+of a step wins, as it is the one the finished run is made of.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+# The evaluation metrics drawn in the middle panel, when present, with their legend names.
+EVAL_METRICS = {"eval_accuracy": "accuracy", "eval_macro_f1": "macro F1"}
+# Up to this many points a curve gets a marker on each, so that a short run is not a bare line.
+MARKERS_UP_TO = 40
+
+
+def read_metrics(metrics_jsonl: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training records, evaluation records), each sorted by step, one per step (the last logged).
+
+    A line that is not JSON (a run killed while writing it) is skipped.
+    """
+    train: dict[int, dict[str, Any]] = {}
+    evals: dict[int, dict[str, Any]] = {}
+    for line in Path(metrics_jsonl).read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        if "loss" in record:
+            train[record["step"]] = record
+        if any(key.startswith("eval_") for key in record):
+            evals[record["step"]] = record
+    return [train[s] for s in sorted(train)], [evals[s] for s in sorted(evals)]
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    pairs = [(r["step"], float(r[key])) for r in records if isinstance(r.get(key), (int, float))]
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def _epoch_ends(records: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(last step of epoch e, e) for every epoch but the last: every epoch ends with an evaluation,
+    so the largest step logged with epoch e is where it ended."""
+    last: dict[int, int] = {}
+    for r in records:
+        if isinstance(r.get("epoch"), int):
+            last[r["epoch"]] = max(last.get(r["epoch"], 0), r["step"])
+    epochs = sorted(last)
+    return [(last[e], e) for e in epochs[:-1]]
+
+
+def plot_training_curves(metrics_jsonl: Path, out_png: Path, title: str | None = None) -> Path:
+    """Write a PNG of training loss (with validation loss), validation metrics and learning rate
+    against the optimizer step, stacked on one shared step axis. Returns `out_png`.
+
+    The loss axis turns logarithmic when the loss falls by more than 10x, so that the end of
+    training is not a flat line at the bottom. Dotted vertical lines mark the ends of epochs.
+    `title` defaults to the run directory's name. Raises ValueError when the file holds no records.
+    """
+    fig = training_curves_figure(metrics_jsonl, title)
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    return out_png
+
+
+def training_curves_figure(metrics_jsonl: Path, title: str | None = None):
+    """The figure `plot_training_curves` saves: a matplotlib Figure on an Agg canvas (the object API,
+    no pyplot global state, no display needed), panels top to bottom: loss, validation, learning rate."""
+    # Imported here so that importing the package does not pay for matplotlib.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
+
+    metrics_jsonl = Path(metrics_jsonl)
+    train, evals = read_metrics(metrics_jsonl)
+    if not train and not evals:
+        raise ValueError(f"{metrics_jsonl} holds no training or evaluation records")
+    eval_keys = [k for k in EVAL_METRICS if _series(evals, k)[0]]
+
+    panels = ["loss"] + (["metrics"] if eval_keys else []) + ["learning_rate"]
+    fig = Figure(figsize=(8, 2.6 * len(panels) + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    ax_of = dict(zip(panels, axes, strict=True))
+    fig.suptitle(title if title is not None else f"training curves: {metrics_jsonl.parent.name}")
+
+    def draw(ax, steps, values, label, **style):
+        marker = style.pop("marker", "o") if len(steps) <= MARKERS_UP_TO else None
+        ax.plot(steps, values, label=label, marker=marker, markersize=4, **style)
+
+    # Loss: training (mean over each logging interval) and validation, on one scale.
+    ax = ax_of["loss"]
+    train_steps, train_loss = _series(train, "loss")
+    eval_steps, eval_loss = _series(evals, "eval_loss")
+    if train_steps:
+        draw(ax, train_steps, train_loss, "training loss", color="tab:blue")
+    if eval_steps:
+        draw(ax, eval_steps, eval_loss, "validation loss", color="tab:orange", linestyle="--", marker="s")
+    positive = [v for v in train_loss + eval_loss if math.isfinite(v) and v > 0]
+    if positive and max(positive) / min(positive) > 10:
+        ax.set_yscale("log")
+        # Plain numbers at 1, 2, 5 x 10^k read better than bare powers of ten.
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylabel("loss (log scale)")
+    else:
+        ax.set_ylabel("loss")
+
+    # Validation accuracy and macro F1: fractions, so the axis stays within [0, 1].
+    if eval_keys:
+        ax = ax_of["metrics"]
+        styles = {
+            "eval_accuracy": {"color": "tab:green"},
+            "eval_macro_f1": {"color": "tab:purple", "linestyle": "--"},
+        }
+        for key in eval_keys:
+            steps, values = _series(evals, key)
+            draw(ax, steps, values, f"validation {EVAL_METRICS[key]}", **styles[key])
+        low, high = ax.get_ylim()
+        ax.set_ylim(max(low, 0.0), min(high, 1.01))  # a little above 1: markers at 1.0 stay whole
+        ax.set_ylabel("validation")
+
+    # Learning rate: the schedule as it was applied, one value per logged step.
+    ax = ax_of["learning_rate"]
+    lr_steps, lrs = _series(train, "learning_rate")
+    if lr_steps:
+        draw(ax, lr_steps, lrs, "learning rate", color="tab:red")
+    ax.set_ylabel("learning rate")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+    ends = _epoch_ends(train + evals)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        if len(ends) <= 30:
+            for step, _ in ends:
+                ax.axvline(step, color="0.6", linestyle=":", linewidth=1)
+        if ax.get_legend_handles_labels()[0] and ax is not ax_of["learning_rate"]:
+            ax.legend(loc="best", fontsize=9)
+    if ends and len(ends) <= 12:  # name the epochs along the top, between their boundaries
+        top = axes[0]
+        bounds = [0] + [s for s, _ in ends] + [max(train_steps + eval_steps + lr_steps)]
+        for e, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            top.text(
+                (a + b) / 2,
+                1.0,
+                f"epoch {e + 1}",
+                transform=top.get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color="0.4",
+            )
+    axes[-1].set_xlim(left=0)
+    return fig
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help") or len(args) > 2:
+        print(__doc__)
+        sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
+    metrics = Path(args[0])
+    out = Path(args[1]) if len(args) > 1 else metrics.parent / "training_curves.png"
+    print(plot_training_curves(metrics, out))
+
+
+if __name__ == "__main__":
+    main()

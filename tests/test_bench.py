@@ -1,0 +1,34 @@
+"""The benchmark's smoke run: tiny BERT from config, a few steps of the app's loop and the reference.
+
+Checks the report's fields and that its values are sane; no timing assertions (a shared CPU makes
+timings noise in a test)."""
+
+from __future__ import annotations
+
+import json
+
+from finetune.bench import main
+
+
+def test_smoke_bench_writes_a_sane_report(tmp_path):
+    main(["--smoke", "--recipe", "bert", "--steps", "4", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert (tmp_path / "bench.md").read_text().count("| samples/s |") == 1
+    assert report["peak"]["flops_per_s"] > 0
+    bert = report["recipes"]["bert"]
+    assert bert["app_over_reference"]["samples_per_s"] > 0
+    for side in ("app", "reference"):
+        r = bert[side]
+        assert r["optimizer_steps"] == 4 and r["steps_timed"] == 3, side
+        assert 0 < r["real_tokens"] <= r["padded_tokens"], side
+        assert r["samples"] == 3 * 8, side  # 3 timed steps of the smoke batch of 8
+        assert 0 < r["mfu"] < 1.5, side
+        assert r["samples_per_s"] > 0 and r["step_time_s"] > 0, side
+        phases = r["phases_s"]
+        assert {"data", "forward", "backward", "optimizer", "other"} <= set(phases), side
+        assert all(phases[k] >= 0 for k in ("data", "forward", "backward", "optimizer")), side
+        assert 0 <= r["eval_accuracy"] <= 1 and r["eval_split"] == "test" and r["eval_samples"] == 32, side
+        assert r["peak_rss_mib"] > 0, side
+        assert r["instrumentation_missing"] == [], side
+    flop_model = bert["app"]["flop_model"]
+    assert 0 < flop_model["non_embedding_params"] < flop_model["params"]

@@ -1,0 +1,232 @@
+"""Training-curve plots and the model card, from a real tiny run; the Hub upload with a fake HfApi."""
+
+from __future__ import annotations
+
+import json
+
+import huggingface_hub
+import pytest
+import yaml
+from conftest import rotten_rows, tiny_text_args, write_csv
+from PIL import Image
+
+from finetune.card import check_hub_access, describe_data, push_to_hub, redact, write_model_card
+from finetune.errors import UserError
+from finetune.plots import plot_training_curves, read_metrics, training_curves_figure
+from finetune.run import main
+
+SECRET = "hf_" + "a1B2c3D4e5F6g7H8i9J0kLmNoPqRsTuV"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Two epochs of the tiny BERT, evaluated at each epoch's end: 10 logged steps, 2 evaluations."""
+    root = tmp_path_factory.mktemp("tiny_run")
+    data = {
+        "train": write_csv(root / "train.csv", rotten_rows(37)),
+        "validation": write_csv(root / "validation.csv", rotten_rows(13, start=100)),
+    }
+    out = root / "run"
+    results = main(tiny_text_args(data, out, "num_train_epochs=2", "per_device_train_batch_size=8"))
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return out, results
+
+
+# --- plots -------------------------------------------------------------------------------------------
+
+
+def test_training_curves_png_of_a_real_run(tiny_run):
+    out, _ = tiny_run
+    png = plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
+    assert png == out / "training_curves.png"
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.width > 600 and image.height > 600
+    fig = training_curves_figure(out / "metrics.jsonl")
+    loss_ax, metrics_ax, lr_ax = fig.axes
+    labels = [line.get_label() for line in loss_ax.get_lines()]
+    assert labels[:2] == ["training loss", "validation loss"]
+    assert [line.get_label() for line in metrics_ax.get_lines()][:2] == [
+        "validation accuracy",
+        "validation macro F1",
+    ]
+    assert lr_ax.get_xlabel() == "optimizer step"
+    steps = list(lr_ax.get_lines()[0].get_xdata())
+    assert steps == list(range(1, 11))  # logging_steps=1: every optimizer step
+    assert loss_ax.get_yscale() == "linear"  # the loss moved by less than 10x
+
+
+def test_resumed_steps_torn_lines_and_log_scale(tmp_path):
+    lines = [
+        json.dumps({"step": s, "epoch": 0, "loss": 2.0 / s, "learning_rate": 1e-4}) for s in range(1, 31)
+    ]
+    lines.append(json.dumps({"step": 20, "epoch": 0, "loss": 0.05, "learning_rate": 1e-4}))  # resumed: wins
+    lines.append(json.dumps({"step": 30, "epoch": 0, "eval_accuracy": 0.9, "eval_loss": 0.1}))
+    lines.append('{"step": 31, "epo')  # killed while writing
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(lines))
+    train, evals = read_metrics(path)
+    assert [r["step"] for r in train] == list(range(1, 31)) and train[19]["loss"] == 0.05
+    assert [r["step"] for r in evals] == [30]
+    fig = training_curves_figure(path)
+    assert fig.axes[0].get_yscale() == "log"  # 2.0 down to 0.05: more than 10x
+    assert plot_training_curves(path, tmp_path / "deep" / "curves.png").is_file()
+
+
+def test_no_records_is_a_clear_error(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("")
+    with pytest.raises(ValueError, match="holds no training or evaluation records"):
+        plot_training_curves(path, tmp_path / "x.png")
+
+
+# --- the model card -----------------------------------------------------------------------------------
+
+
+def _card(tiny_run, config_extra=None, **kwargs):
+    """Write the card of the tiny run's export; returns its path."""
+    out, results = tiny_run
+    config = {**yaml.safe_load((out / "config.yaml").read_text()), **(config_extra or {})}
+    return write_model_card(
+        out / "model",
+        config=config,
+        label_names=results["label_names"],
+        results=results,
+        data_description=describe_data(config),
+        **kwargs,
+    )
+
+
+def test_model_card_of_a_model_built_from_config(tiny_run):
+    path = _card(
+        tiny_run,
+        base_model=None,
+        num_processes=2,
+        mixed_precision="no",
+        command="accelerate launch finetune/run.py learning_rate=1e-3",
+    )
+    assert path.name == "README.md"
+    card = huggingface_hub.ModelCard.load(path)  # the Hub's own parser reads the front matter
+    meta = card.data.to_dict()
+    assert meta["library_name"] == "transformers"
+    assert meta["pipeline_tag"] == "text-classification"
+    assert "base_model" not in meta and "bert" in meta["tags"]
+    text = path.read_text()
+    for section in (
+        "## Base model",
+        "## Data",
+        "## Training hyperparameters",
+        "## Metrics",
+        "## Labels",
+        "## How to use",
+        "## How it was trained",
+    ):
+        assert section in text, section
+    assert "| learning_rate | 0.001 |" in text and "| global batch size | 16 |" in text
+    _, results = tiny_run
+    assert f"| validation | {results['validation']['accuracy']:.4f} |" in text
+    assert 'pipeline("text-classification"' in text
+    assert "accelerate launch finetune/run.py learning_rate=1e-3" in text
+    assert "finetune 0.1.0" in text and "train.csv" in text
+
+
+def test_model_card_names_a_hub_base_model_and_leaks_no_secret(tiny_run):
+    extra = {
+        "hub_token": SECRET,
+        "wandb_api_key": "x" * 40,
+        "report_to": [f"https://user:pw@example.com/{SECRET}"],
+        "model_config": None,
+        "model_name_or_path": "bert-base-uncased",
+        "tokenizer_name": "bert-base-uncased",
+    }
+    path = _card(
+        tiny_run,
+        base_model="bert-base-uncased",
+        license="apache-2.0",
+        config_extra=extra,
+        repo_id="someone/tiny-bert-sentiment",
+    )
+    meta = huggingface_hub.ModelCard.load(path).data.to_dict()
+    assert meta["base_model"] == "bert-base-uncased" and meta["license"] == "apache-2.0"
+    text = path.read_text()
+    assert SECRET not in text and "hub_token" not in text and "wandb_api_key" not in text
+    assert "user:pw" not in text and "<redacted>" in text
+    assert "tokenizer_name: bert-base-uncased" in text  # 'token' inside a word is not a secret
+    assert 'model="someone/tiny-bert-sentiment"' in text
+
+
+def test_a_local_base_model_is_not_put_in_the_front_matter(tiny_run, tmp_path):
+    local = tmp_path / "my-bert"
+    local.mkdir()
+    (local / "README.md").write_text("---\nlicense: mit\n---\n# my bert\n")
+    path = _card(tiny_run, base_model=str(local))
+    meta = huggingface_hub.ModelCard.load(path).data.to_dict()
+    assert "base_model" not in meta and meta["license"] == "mit"  # licence read from its own card
+    assert "the local model" in path.read_text()
+
+
+def test_redact_at_any_depth():
+    config = {"model_config": {"api_key": "k", "hidden_size": 32}, "devices": [SECRET], "tokenizer_name": "t"}
+    assert redact(config) == {
+        "model_config": {"hidden_size": 32},
+        "devices": ["<redacted>"],
+        "tokenizer_name": "t",
+    }
+
+
+# --- the Hub upload ------------------------------------------------------------------------------------
+
+
+class FakeHfApi:
+    calls: list = []
+
+    def __init__(self, token=None):
+        self.calls.append(("init", token))
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+        return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs))
+
+
+def test_push_to_hub_creates_a_private_repo_and_uploads_the_export(tiny_run, monkeypatch):
+    out, _ = tiny_run
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeHfApi)
+    FakeHfApi.calls = []
+    url = push_to_hub(out / "model", "someone/tiny-bert", token="t0k")
+    assert url == "https://huggingface.co/someone/tiny-bert"
+    init, create, upload = FakeHfApi.calls
+    assert init == ("init", "t0k")
+    assert create == (
+        "create_repo",
+        "someone/tiny-bert",
+        {"private": True, "repo_type": "model", "exist_ok": True},
+    )
+    assert upload[1]["repo_id"] == "someone/tiny-bert" and upload[1]["folder_path"] == out / "model"
+
+
+def test_push_to_hub_offline_refuses_before_any_network(tiny_run, monkeypatch):
+    out, _ = tiny_run
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    class NoApi:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("HfApi must not be built offline")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", NoApi)
+    with pytest.raises(UserError, match="HF_HUB_OFFLINE is set.*hf upload someone/tiny-bert"):
+        push_to_hub(out / "model", "someone/tiny-bert")
+    with pytest.raises(UserError, match="HF_HUB_OFFLINE is set"):  # the early check, before training
+        check_hub_access("someone/tiny-bert")
+
+
+def test_push_to_hub_needs_an_export(tmp_path):
+    with pytest.raises(UserError, match="not an exported model"):
+        push_to_hub(tmp_path, "someone/x")

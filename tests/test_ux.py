@@ -1,0 +1,49 @@
+"""What a user sees around a run: dry run, early stop, dropout override, curves and model card."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_text_args
+
+from finetune.run import main
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(small_text_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    plan = main(tiny_text_args(small_text_data, out, "--dry-run", "per_device_train_batch_size=4",
+                               "gradient_accumulation_steps=3", "num_train_epochs=2", "lr_scheduler_type=linear"))
+    # 37 samples / batch 4 = 10 batches; 3 accumulation steps -> 4 optimizer steps an epoch.
+    assert plan["optimizer_steps_per_epoch"] == 4 and plan["total_optimizer_steps"] == 8
+    assert plan["global_batch_size"] == 12 and plan["warmup_steps"] == 2  # ceil(0.2 * 8)
+    assert plan["first_learning_rate"] == 0.0
+    assert plan["last_learning_rate"] == pytest.approx(1e-3 * (8 - 7) / (8 - 2))
+    printed = capsys.readouterr().out
+    assert "total_optimizer_steps" in printed and "last_learning_rate" in printed
+    assert not out.exists()
+
+
+def test_early_stopping_stops_when_the_metric_stalls(small_text_data, tmp_path):
+    out = tmp_path / "run"
+    # A learning rate of ~0 keeps accuracy flat: evaluation 1 sets the best, 2 and 3 do not improve.
+    results = main(tiny_text_args(small_text_data, out, "per_device_train_batch_size=4", "num_train_epochs=3",
+                                  "eval_steps=1", "early_stopping_patience=2", "learning_rate=1e-12"))
+    assert results["step"] == 3  # not the 30 planned steps
+
+
+def test_dropout_override_reaches_the_model(small_text_data, tmp_path):
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "max_steps=1", "dropout=0.3"))
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["hidden_dropout_prob"] == 0.3 and config["attention_probs_dropout_prob"] == 0.3
+
+
+def test_run_writes_curves_and_a_model_card(small_text_data, tmp_path):
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "max_steps=3", "per_device_train_batch_size=8"))
+    png = (out / "training_curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    card = (out / "model" / "README.md").read_text()
+    assert card.startswith("---") and "pipeline_tag: text-classification" in card
+    assert "pipeline(" in card

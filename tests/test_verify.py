@@ -1,0 +1,143 @@
+"""finetune.verify: the user-facing equivalence check, run for real on a tiny recipe."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import TOKENIZER, launch, rotten_rows, write_csv
+
+from finetune import verify
+from finetune.config import TrainConfig
+from finetune.errors import UserError
+
+HAS_DROPOUT_KEY = "dropout" in {f.name for f in dataclasses.fields(TrainConfig)}
+HAS_FLIP_KEY = "random_flip" in {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    """A user's recipe: a tiny BERT WITH dropout (verify must turn it off), batch 8, on 37 rows."""
+    train = write_csv(tmp_path / "train.csv", rotten_rows(37))
+    validation = write_csv(tmp_path / "validation.csv", rotten_rows(13, start=100))
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        "task: text-classification\n"
+        "model_config: {model_type: bert, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4,\n"
+        "  intermediate_size: 37, max_position_embeddings: 128, hidden_dropout_prob: 0.1,\n"
+        "  attention_probs_dropout_prob: 0.1}\n"
+        f"tokenizer_name: {TOKENIZER}\n"
+        f"train_file: {train}\n"
+        f"validation_file: {validation}\n"
+        "test_file: null\n"
+        "max_length: 32\n"
+        "per_device_train_batch_size: 8\n"
+        "learning_rate: 1.0e-3\n"
+        "warmup_ratio: 0.2\n"
+        f"output_dir: {tmp_path / 'never-written'}\n"
+    )
+    return path
+
+
+def test_accumulation_agrees_with_one_big_batch(recipe, tmp_path, capsys):
+    assert verify.main(["--config", str(recipe), "--keep", str(tmp_path / "runs")]) == 0
+    printed = capsys.readouterr().out
+    assert "1 x 8 x 1" in printed and "1 x 4 x 2" in printed
+    assert "OK: every variant agrees with one big batch within 1e-05" in printed
+    assert not (tmp_path / "never-written").exists()  # the recipe's own output_dir is left alone
+    # 3 steps on 3 x 8 - (4 + 1) = 19 samples: the last window is one micro-batch of 3.
+    assert "on 19 samples" in printed
+    config = (tmp_path / "runs" / "accumulation" / "config.yaml").read_text()
+    assert "hidden_dropout_prob: 0.0" in config or "dropout: 0.0" in config
+
+
+def test_a_broken_variant_is_detected(recipe, monkeypatch, capsys):
+    """One variant trained with another learning rate must fail the check, with exit status 1."""
+    original = verify.variant_args
+
+    def broken(variant, *args, **kwargs):
+        extra = ["learning_rate=2e-3"] if variant.name == "accumulation" else []
+        return original(variant, *args, **kwargs) + extra
+
+    monkeypatch.setattr(verify, "variant_args", broken)
+    assert verify.main(["--config", str(recipe)]) == 1
+    printed = capsys.readouterr().out
+    assert "DIFFERENT" in printed and "FAILED: accumulation differs from one big batch" in printed
+
+
+def test_ddp_on_two_cpu_processes_agrees(recipe):
+    result = launch(
+        ["--config", str(recipe), "per_device_train_batch_size=4"],
+        num_processes=2,
+        script="finetune/verify.py",
+        timeout=240,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "DistributedType.MULTI_CPU" in output
+    ddp = [line for line in output.splitlines() if line.startswith("DDP ")]
+    assert len(ddp) == 1 and "2 x 4 x 1" in ddp[0] and ddp[0].endswith("ok"), output[-3000:]
+    assert "OK: every variant agrees" in output
+
+
+@pytest.mark.skipif(HAS_DROPOUT_KEY, reason="the config has a dropout key: pretrained models can be verified")
+def test_pretrained_model_without_a_dropout_key_is_a_clear_error(recipe, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        verify.main(["--config", str(recipe), "model_config=null", f"model_name_or_path={TOKENIZER}"])
+    assert exit_info.value.code == 2
+    assert "verify needs dropout off" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not HAS_DROPOUT_KEY, reason="needs the `dropout` config key")
+def test_pretrained_model_with_dropout_turned_off_agrees(recipe, capsys):
+    args = [
+        "--config",
+        str(recipe),
+        "model_config=null",
+        f"model_name_or_path={TOKENIZER}",
+        "per_device_train_batch_size=4",
+        "learning_rate=1e-4",  # at 1e-3, AdamW lifts rounding in near-zero gradients to ~1.4e-5 (see report())
+        "--steps",
+        "2",
+    ]
+    assert verify.main(args) == 0
+    assert "OK: every variant agrees" in capsys.readouterr().out
+
+
+def test_plan_and_slice():
+    a, b = verify.plan_variants(1, 8, 1)
+    assert (a.shape, b.shape) == ("1 x 8 x 1", "1 x 4 x 2")
+    a, b, c = verify.plan_variants(2, 4, 2)
+    assert (a.shape, b.shape, c.shape) == ("1 x 16 x 1", "1 x 4 x 4", "2 x 4 x 2")
+    assert verify.plan_variants(1, 7, 1)[1].shape == "1 x 1 x 7"
+    with pytest.raises(UserError, match="global batch of 1"):
+        verify.plan_variants(1, 1, 1)
+    assert verify.train_samples(3, 8, 4) == 19  # windows 8, 8, 3
+    assert verify.train_samples(3, 2, 1) == 5  # windows 2, 2, 1
+
+
+def test_zero_dropout_covers_the_model_types_defaults():
+    spec = verify.zero_dropout({"model_type": "vit", "hidden_size": 32, "hidden_dropout_prob": 0.1})
+    assert spec["hidden_dropout_prob"] == 0.0 and spec["attention_probs_dropout_prob"] == 0.0
+    assert spec["hidden_size"] == 32
+
+
+@pytest.mark.skipif(HAS_FLIP_KEY, reason="the config can turn the random flip off")
+def test_image_recipes_under_ddp_need_the_flip_off():
+    cfg = TrainConfig(task="image-classification", model_config={"model_type": "vit"}, train_file="x.parquet")
+    assert any(o.startswith("model_config=") for o in verify.fixed_randomness(cfg, 1))
+    with pytest.raises(UserError, match="flips its images"):
+        verify.fixed_randomness(cfg, 2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--tolerance", "abc"], "--tolerance must be a number"),
+        (["--bogus"], "unknown option --bogus"),
+    ],
+)
+def test_usage_errors(argv, message):
+    with pytest.raises(UserError, match=message):
+        verify.parse_args(argv)
