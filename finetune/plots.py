@@ -134,6 +134,9 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None):
             steps, values = _series(evals, key)
             draw(ax, steps, values, f"validation {EVAL_METRICS[key]}", **styles[key])
         low, high = ax.get_ylim()
+        if high - low < 0.1:  # one evaluation, or flat ones: show at least 0.1 around them, not 1e-5
+            middle = (high + low) / 2
+            low, high = middle - 0.05, middle + 0.05
         ax.set_ylim(max(low, 0.0), min(high, 1.01))  # a little above 1: markers at 1.0 stay whole
         ax.set_ylabel("validation")
 

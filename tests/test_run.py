@@ -150,6 +150,7 @@ def test_every_shipped_recipe_loads():
                 assert Path(value).exists(), f"{recipe.name}: {key} {value} is missing"
 
 
+@pytest.mark.slow  # six subprocesses; tests/test_bad_input.py covers these in-process and via the CLI
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -65,6 +65,7 @@ def test_a_broken_variant_is_detected(recipe, monkeypatch, capsys):
     assert "DIFFERENT" in printed and "FAILED: accumulation differs from one big batch" in printed
 
 
+@pytest.mark.slow  # ~20-40 s; DDP equivalence of the loop itself is in test_equivalence.py
 def test_ddp_on_two_cpu_processes_agrees(recipe):
     result = launch(
         ["--config", str(recipe), "per_device_train_batch_size=4"],
@@ -88,6 +89,7 @@ def test_pretrained_model_without_a_dropout_key_is_a_clear_error(recipe, capsys)
     assert "verify needs dropout off" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the 22M-parameter MiniLM, three runs
 @pytest.mark.skipif(not HAS_DROPOUT_KEY, reason="needs the `dropout` config key")
 def test_pretrained_model_with_dropout_turned_off_agrees(recipe, capsys):
     args = [
