@@ -25,6 +25,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
 CONFIGS_DIR = PACKAGE_DIR / "configs"
 DEFAULT_RECIPE = CONFIGS_DIR / "bert_rotten_tomatoes.yaml"
+# Keys that hold a local path (or a hub name): resolved against the repository or the cwd.
+PATH_KEYS = ("model_name_or_path", "tokenizer_name", "image_processor_name", "train_file", "validation_file",
+             "test_file", "data_dir")  # fmt: skip
 
 Task = Literal["text-classification", "image-classification"]
 SchedulerType = Literal["linear", "cosine", "constant"]
@@ -274,15 +277,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     # Relative data/model paths in a recipe are relative to the repository, so a recipe works
     # from any working directory; paths given on the command line are relative to the cwd.
-    for key in (
-        "model_name_or_path",
-        "tokenizer_name",
-        "image_processor_name",
-        "train_file",
-        "validation_file",
-        "test_file",
-        "data_dir",
-    ):
+    for key in PATH_KEYS:
         value = raw.get(key)
         if isinstance(value, str) and value.startswith(("data/", "./data/")):
             raw[key] = str(REPO_DIR / value)
@@ -296,16 +291,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except yaml.YAMLError:
             raw[key.strip()] = text
     # Saved configs must work from any directory: local paths become absolute.
-    for key in (
-        "model_name_or_path",
-        "tokenizer_name",
-        "image_processor_name",
-        "train_file",
-        "validation_file",
-        "test_file",
-        "data_dir",
-        "output_dir",
-    ):
+    for key in (*PATH_KEYS, "output_dir"):
         value = raw.get(key)
         if isinstance(value, str) and (key == "output_dir" or Path(value).exists()):
             raw[key] = str(Path(value).expanduser().resolve())
