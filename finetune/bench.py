@@ -203,6 +203,8 @@ class Step:
     padded_tokens: int = 0
     flops: float = 0.0
     end: float = 0.0
+    cpu_end: float = 0.0  # this process's CPU time (all its threads) when the step ended
+    eval_cpu: float = 0.0
 
 
 class Recorder:
@@ -262,7 +264,7 @@ class Recorder:
     def optimizer_end(self) -> None:
         t = self.now()
         self.cur.optimizer += t - self.t_backward_end
-        self.cur.end = t
+        self.cur.end, self.cur.cpu_end = t, time.process_time()
         self.steps.append(self.cur)
         self.cur = Step()
 
@@ -276,7 +278,7 @@ class Recorder:
 
     @contextlib.contextmanager
     def evaluating(self, samples: int) -> Iterator[None]:
-        t, self.in_eval = time.perf_counter(), True
+        t, cpu, self.in_eval = time.perf_counter(), time.process_time(), True
         try:
             yield
         finally:
@@ -284,6 +286,7 @@ class Recorder:
             dt = time.perf_counter() - t
             self.evals.append({"samples": samples, "seconds": dt})
             self.cur.eval += dt
+            self.cur.eval_cpu += time.process_time() - cpu
 
     def summary(self, warmup: int) -> dict[str, Any]:
         """Throughput and phase split over the steps after `warmup` (their wall time, evals excluded)."""
@@ -292,6 +295,9 @@ class Recorder:
         w = min(max(warmup, 1), len(self.steps) - 1)
         timed = self.steps[w:]
         seconds = timed[-1].end - self.steps[w - 1].end - sum(s.eval for s in timed)
+        # CPU seconds of this process over the same steps: on a shared machine a single-threaded
+        # run's CPU time barely moves with other processes' load while its wall time doubles.
+        cpu = timed[-1].cpu_end - self.steps[w - 1].cpu_end - sum(s.eval_cpu for s in timed)
         total = {
             k: sum(getattr(s, k) for s in timed)
             for k in (
@@ -319,6 +325,8 @@ class Recorder:
             "real_tokens_per_s": total["real_tokens"] / seconds,
             "padded_tokens_per_s": total["padded_tokens"] / seconds,
             "step_time_s": seconds / n,
+            "cpu_s_per_step": cpu / n,
+            "samples_per_cpu_s": total["samples"] / cpu if cpu > 0 else None,
             "phases_s": phases,
             "model_flops": total["flops"],
             "model_flops_per_s": total["flops"] / seconds,
@@ -650,6 +658,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(runs, key=lambda r: r["samples_per_s"])[(len(runs) - 1) // 2]
 
@@ -836,11 +848,17 @@ def bench_levers(recipe: str, args: argparse.Namespace, tmp: Path, device: torch
             "on_preprocess_s": on_runs[-1]["stages_s"].get("preprocess"),
             "off_preprocess_s": off_runs[-1]["stages_s"].get("preprocess"),
             "ratio_per_rep": [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(on_runs, off_runs, strict=True)],
+            "cpu_ratio_per_rep": [ratio(a["samples_per_cpu_s"], b["samples_per_cpu_s"]) for a, b in
+                                  zip(on_runs, off_runs, strict=True)],
+            "other_processes_cpu_cores": [r["other_processes_cpu_cores"] for r in on_runs + off_runs],
             "load_avg": [r["load_avg_before"][0] for r in on_runs + off_runs],
         }  # fmt: skip
-        row["ratio"] = sorted(row["ratio_per_rep"])[len(row["ratio_per_rep"]) // 2]
+        row["ratio"] = geomean(row["ratio_per_rep"])
+        row["cpu_ratio"] = geomean([x for x in row["cpu_ratio_per_rep"] if x])
         rows.append(row)
-        print(f"lever {name}: on/off = {row['ratio']:.2f}x  ({row['ratio_per_rep']})", flush=True)
+        print(
+            f"lever {name}: on/off = {row['ratio']:.2f}x wall, {row['cpu_ratio'] or 0:.2f}x CPU", flush=True
+        )
     return rows
 
 
@@ -938,6 +956,7 @@ def markdown(report: dict[str, Any]) -> str:
             ("padded tokens/s", "padded_tokens_per_s", "", 0),
             ("padded / real tokens", None, "", 2),
             ("step time (ms)", "step_time_s", "ms", 0),
+            ("CPU time of this process per step (ms)", "cpu_s_per_step", "ms", 0),
             ("— data (ms)", "data", "ms", 0),
             ("— forward + loss (ms)", "forward", "ms", 0),
             ("— backward (ms)", "backward", "ms", 0),
@@ -991,14 +1010,22 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "### Levers (the app's loop as shipped vs one thing changed; short runs, interleaved)",
             "",
-            "| lever | as shipped (on) | changed to (off) | steps | on / off samples/s (median) | per rep | "
-            "padded tokens on / off |",
-            "|---|---|---|---:|---:|---|---:|",
+            "on / off = the shipped setting's samples/s over the changed one's (> 1: the shipped one is "
+            "faster), geometric mean over the pairs; by wall time, and by this process's CPU time "
+            "(robust to other processes' load for a 1-thread run; not comparable when threads or "
+            "worker processes differ).",
+            "",
+            "| lever | as shipped (on) | changed to (off) | steps | on / off, wall | per pair | on / off, CPU | "
+            "per pair | padded tokens on / off |",
+            "|---|---|---|---:|---:|---|---:|---|---:|",
         ]
         for row in report["levers"]:
+            cpu = row.get("cpu_ratio")
             lines.append(
                 f"| {row['lever']} | {row['on']} | {row['off']} | {row['steps']} | {row['ratio']:.2f}x | "
                 + ", ".join(f"{x:.2f}" for x in row["ratio_per_rep"])
+                + f" | {_fmt(cpu, 'x', 2)} | "
+                + ", ".join(f"{x:.2f}" for x in row.get("cpu_ratio_per_rep", []) if x)
                 + f" | {row['on_padded_tokens']:,} / {row['off_padded_tokens']:,} |"
             )
     if report.get("tokenize_cache"):
