@@ -38,9 +38,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Launched by path (`accelerate launch finetune/evaluate.py`), Python puts finetune/ first on
-# sys.path, where this very file would shadow the `evaluate` library: import the installed package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# Launched by path (`accelerate launch finetune/evaluate.py`), Python puts finetune/ first on sys.path,
+# where our evaluate.py would shadow the `evaluate` library. Put the checkout's root there instead:
+# `evaluate` is then the library, and `finetune` this checkout's package, installed or not.
+_here = Path(__file__).resolve().parent
+sys.path[:] = [str(_here.parent) if Path(p or ".").resolve() == _here else p for p in sys.path]
 
 import argparse
 import hashlib

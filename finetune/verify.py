@@ -48,8 +48,10 @@ import sys
 from pathlib import Path
 
 # Launched by path (`accelerate launch finetune/verify.py`), Python puts finetune/ first on sys.path,
-# where our evaluate.py would shadow the `evaluate` library: import the installed package instead.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# where our evaluate.py would shadow the `evaluate` library. Put the checkout's root there instead:
+# `evaluate` is then the library, and `finetune` this checkout's package, installed or not.
+_here = Path(__file__).resolve().parent
+sys.path[:] = [str(_here.parent) if Path(p or ".").resolve() == _here else p for p in sys.path]
 
 import dataclasses
 import json
