@@ -767,12 +767,24 @@ LEVERS: dict[str, dict[str, Any]] = {
         "on": "mixed_precision=no",
         "off": "mixed_precision=bf16 (autocast)",
         "env": {"ACCELERATE_MIXED_PRECISION": "bf16"},
-        "steps": 3,
     },
-    "torch_threads": {
-        "on": "torch threads as launched",
-        "off": "1 thread if launched with more, else one per core",
-        "threads": "other",
+    "ddp_no_static_graph": {
+        "on": "ddp_static_graph=false",
+        "off": "ddp_static_graph=true",
+        "overrides": ["ddp_static_graph=true"],
+        "ddp": True,
+    },
+    "ddp_no_bucket_view": {
+        "on": "ddp_gradient_as_bucket_view=false",
+        "off": "ddp_gradient_as_bucket_view=true",
+        "overrides": ["ddp_gradient_as_bucket_view=true"],
+        "ddp": True,
+    },
+    "cpu_threads": {
+        "on": "cpu_threads=null: this process's share of the cores",
+        "off": "cpu_threads=1 (what `accelerate launch` leaves a CPU process)",
+        "overrides": ["cpu_threads=1"],
+        "cpu": True,
     },
     "eager_mode": {
         "on": "no torch.compile",
@@ -783,26 +795,18 @@ LEVERS: dict[str, dict[str, Any]] = {
 }
 
 
-def other_thread_count() -> int:
-    return 1 if torch.get_num_threads() > 1 else os.cpu_count() or 1
-
-
 @contextlib.contextmanager
 def lever_off(spec: dict[str, Any]) -> Iterator[None]:
     missing: list[str] = []
     saved_env = {k: os.environ.get(k) for k in spec.get("env", {})}
-    threads = torch.get_num_threads()
     with contextlib.ExitStack() as stack:
         if "patch" in spec:
             target, name, make = spec["patch"]
             stack.enter_context(patched(target, name, make, missing))
         os.environ.update(spec.get("env", {}))
-        if "threads" in spec:
-            torch.set_num_threads(other_thread_count())
         try:
             yield
         finally:
-            torch.set_num_threads(threads)
             for k, v in saved_env.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -810,13 +814,17 @@ def lever_off(spec: dict[str, Any]) -> Iterator[None]:
                     os.environ[k] = v
 
 
-def bench_levers(recipe: str, args: argparse.Namespace, tmp: Path, device: torch.device) -> list[dict]:
+def bench_levers(
+    recipe: str, args: argparse.Namespace, tmp: Path, device: torch.device, processes: int
+) -> list[dict]:
     """Each lever off vs the app as shipped, interleaved (base, off, base, off, ...) on short runs, so
     that a shared machine's changing load hits both sides alike. Ratio = app default / lever off."""
     rows = []
     short = ["max_eval_samples=64", "test_file=null"]
     for name, spec in LEVERS.items():
         if (spec.get("optional") and not args.compile) or (spec.get("text") and recipe != "bert"):
+            continue
+        if (spec.get("cpu") and device.type != "cpu") or (spec.get("ddp") and processes < 2):
             continue
         if args.levers_only and name not in args.levers_only:
             continue
@@ -835,12 +843,8 @@ def bench_levers(recipe: str, args: argparse.Namespace, tmp: Path, device: torch
             values = sorted(r[key] for r in runs)
             return values[len(values) // 2]
 
-        on_label, off_label = spec["on"], spec["off"]
-        if "threads" in spec:  # the numbers, now that they are known
-            on_label = f"{torch.get_num_threads()} torch thread(s)"
-            off_label = f"{other_thread_count()} torch thread(s), OMP_WAIT_POLICY as launched"
         row = {
-            "lever": name, "on": on_label, "off": off_label, "steps": steps,
+            "lever": name, "on": spec["on"], "off": spec["off"], "steps": steps,
             "on_samples_per_s": [r["samples_per_s"] for r in on_runs],
             "off_samples_per_s": [r["samples_per_s"] for r in off_runs],
             "on_padded_tokens": med(on_runs, "padded_tokens"), "off_padded_tokens": med(off_runs, "padded_tokens"),
@@ -1083,14 +1087,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.precision:
         os.environ["ACCELERATE_MIXED_PRECISION"] = args.precision
-    if args.threads:
-        torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
     load_start = os.getloadavg()
     probe = Accelerator()  # the device and process layout, as the runs will see them
     device, processes, is_main = probe.device, probe.num_processes, probe.is_main_process
     reset_accelerate()
+    if device.type == "cpu":  # both loops with the threads the app takes (train() sets them too)
+        threads = app.cpu_threads(args.threads, processes)
+        torch.set_num_threads(threads)
+        args.override = [f"cpu_threads={threads}", *args.override]
     peaks: list[dict] = []
 
     def peak() -> float:
@@ -1107,7 +1113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for recipe in recipes:
             report["recipes"][recipe] = bench_recipe(recipe, args, peak, Path(tmp), device)
         if args.levers:
-            report["levers"] = bench_levers(recipes[0], args, Path(tmp), device)
+            report["levers"] = bench_levers(recipes[0], args, Path(tmp), device, processes)
             if recipes[0] == "bert":
                 report["tokenize_cache"] = tokenize_cache("bert", args)
     best = max(peaks, key=lambda p: p["flops_per_s"])

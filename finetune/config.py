@@ -71,6 +71,10 @@ class TrainConfig:
     group_by_length: bool = False  # text: batch similar lengths together (less padding)
     random_flip: bool = True  # images: random horizontal flip of training images
     dataloader_num_workers: int = 0
+    # Torch threads per process when training on CPU. None: the cores this process may run on, divided
+    # by the processes on this machine. (`accelerate launch` sets one thread per process unless given
+    # --num_cpu_threads_per_process, a default made for GPUs that leaves all but one core idle on a CPU.)
+    cpu_threads: int | None = None
 
     # --- optimisation -----------------------------------------------------------------------------
     seed: int = 42
@@ -120,6 +124,11 @@ class TrainConfig:
     # Seconds a process waits in a collective (all-reduce, barrier) for the others before the job
     # fails instead of hanging. Raise it when the main process alone does long work (tokenizing).
     ddp_timeout: int = 1800
+    # DDP options of torch's DistributedDataParallel, passed through Accelerate's kwargs handler:
+    # static_graph (the same parameters get gradients every step) and gradient_as_bucket_view (the
+    # gradients are views of the all-reduce buckets: one copy fewer, less memory).
+    ddp_static_graph: bool = False
+    ddp_gradient_as_bucket_view: bool = False
 
     # --- model parallelism (one process, consecutive layers on consecutive devices) -----------------
     model_parallel: bool = False
@@ -173,6 +182,8 @@ class TrainConfig:
             raise UserError(
                 f"validation_split_percentage must be in (0, 100), got {self.validation_split_percentage}"
             )
+        if self.cpu_threads is not None and self.cpu_threads <= 0:
+            raise UserError(f"cpu_threads must be positive (or null), got {self.cpu_threads}")
         if self.dataloader_num_workers < 0:
             raise UserError("dataloader_num_workers must be >= 0")
         if self.model_name_or_path is None and self.model_config is None:

@@ -44,6 +44,7 @@ class Expected:
 NO, MULTI_GPU, FSDP = DistributedType.NO, DistributedType.MULTI_GPU, DistributedType.FSDP
 EXPECTED = {
     "cpu.yaml": Expected(NO, 1, use_cpu=True),
+    "cpu_bf16.yaml": Expected(NO, 1, use_cpu=True),
     # MULTI_GPU, not MULTI_CPU: only the torchrun launcher starts several processes (see the file).
     "cpu_ddp.yaml": Expected(MULTI_GPU, 2, use_cpu=True),
     "single_gpu.yaml": Expected(NO, 1),

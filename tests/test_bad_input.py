@@ -494,23 +494,4 @@ def test_model_parallel_under_several_processes_is_refused(files, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_missing_accelerate_config_is_accelerates_own_error(tmp_path):
-    """`accelerate launch --config_file missing.yaml` fails inside accelerate, before our script runs:
-    exit status 1 and accelerate's traceback, whose last line names the file (not ours to change)."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(tmp_path / "missing.yaml"),
-            str(REPO / "finetune/run.py"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 1
-    last = result.stderr.strip().splitlines()[-1]
-    assert "FileNotFoundError" in last and "missing.yaml" in last and "does not exist" in last
+# A missing or unparsable accelerate config: tests/test_launch.py (finetune-launch).

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
-from conftest import tiny_text_args
+from conftest import launch, tiny_text_args
 
 from finetune.run import main
 
@@ -47,3 +48,21 @@ def test_run_writes_curves_and_a_model_card(small_text_data, tmp_path):
     card = (out / "model" / "README.md").read_text()
     assert card.startswith("---") and "pipeline_tag: text-classification" in card
     assert "pipeline(" in card
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@pytest.mark.skipif(_cores() < 2, reason="needs 2 or more cores")
+def test_accelerate_launch_on_cpu_uses_every_core_unless_told(small_text_data, tmp_path):
+    """`accelerate launch` gives a CPU process OMP_NUM_THREADS=1; the app takes its share of the cores
+    (one process: all of them; two: half each), and `cpu_threads=N` is obeyed."""
+    def threads(result) -> list[int]:
+        assert result.returncode == 0, result.stderr[-2000:]
+        return [int(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("cpu_threads")]
+
+    args = tiny_text_args(small_text_data, tmp_path / "o", "--dry-run")
+    assert threads(launch(args)) == [_cores()]
+    assert threads(launch([*args, "cpu_threads=1"])) == [1]
+    assert threads(launch(args, num_processes=2)) == [max(1, _cores() // 2)]  # printed by the main process

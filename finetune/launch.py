@@ -1,0 +1,137 @@
+"""`accelerate launch`, with one-line answers to launcher mistakes and signals that reach training.
+
+    finetune-launch finetune/run.py                          # = accelerate launch finetune/run.py
+    finetune-launch --config_file accelerate_configs/cpu_ddp.yaml finetune/run.py learning_rate=3e-5
+    python -m finetune.launch --multi_gpu --num_processes 2 finetune/evaluate.py runs/x/model
+
+It takes exactly `accelerate launch`'s arguments (accelerate's own parser reads them) and runs
+accelerate's own launchers; what it changes is what a person or a scheduler sees around them:
+
+- a `--config_file` that does not exist or does not parse, or a script that does not exist: one
+  `error:` line and exit status 2 (accelerate launch: a traceback, exit 1);
+- the training processes' exit status is the launcher's — 2 for a user mistake, 3 for a diverged
+  run, 130/143 after a signal (finetune/errors.py) — with nothing after the process's own message
+  (accelerate launch: exit 1 and a CalledProcessError or ChildFailedError traceback);
+- SIGTERM or SIGINT sent to the launcher alone reaches the training processes, which finish the
+  step, save a checkpoint and exit, and the launcher waits for them. (accelerate's one-process
+  launcher does not forward SIGTERM; its multi-process one, torchrun, does, then raises.)
+
+Plain `accelerate launch` stays supported: the training process also asks the kernel for SIGTERM
+when its launcher dies (`finetune.run.stop_with_launcher`), so killing that launcher still saves a
+checkpoint, but the launcher has already exited by then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from finetune.errors import EXIT_DIVERGED, EXIT_USER_ERROR, UserError, exit_on_user_error
+
+# Exit statuses after which the training process has printed its own one-line reason.
+EXPLAINED = {EXIT_USER_ERROR, EXIT_DIVERGED, 128 + signal.SIGINT, 128 + signal.SIGTERM}
+
+
+def check_launch_args(args) -> None:
+    """What accelerate would fail on with a traceback, or only after starting processes."""
+    from accelerate.commands.config.config_args import default_config_file, load_config_from_file
+
+    if args.config_file is not None:
+        path = Path(args.config_file)
+        if not path.is_file():
+            raise UserError(
+                f"accelerate config {path} does not exist; pass an existing file (see accelerate_configs/), "
+                "or leave out --config_file to use the one `accelerate config` wrote"
+            )
+    elif Path(default_config_file).is_file():
+        path = Path(default_config_file)  # written by `accelerate config`; used when none is given
+    else:
+        path = None
+    if path is not None:
+        try:
+            load_config_from_file(str(path))
+        except Exception as e:  # YAML/JSON syntax, unknown keys, wrong values
+            detail = " ".join(str(e).split())[:300]
+            raise UserError(f"accelerate config {path} is not a valid accelerate config: {detail}") from None
+    script = args.training_script
+    if not (args.module or args.no_python) and not Path(script).is_file():
+        raise UserError(f"script {script} does not exist; the training script is finetune/run.py")
+
+
+def _forward_to_children(signum: int, frame) -> None:
+    """Pass the signal to the launched process (accelerate's one-process launcher waits on it);
+    before there is one, stop launching."""
+    import psutil  # accelerate's own dependency
+
+    children = psutil.Process().children()
+    if not children:
+        raise SystemExit(128 + signum)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.send_signal(signum)
+
+
+def run_launcher(args) -> int:
+    """accelerate's `launch_command`, returning the training processes' exit status."""
+    from accelerate.commands.launch import launch_command
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    # One process: accelerate waits on it in `subprocess.Popen.wait`, which Python resumes after a
+    # handler. Several: torchrun installs its own handlers, which forward the signal and raise.
+    # torchrun's log lines about a failed rank repeat what the rank said; the summary below replaces them.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    args.quiet = False  # quiet makes accelerate exit 1 instead of raising with the status
+    previous = {sig: signal.signal(sig, _forward_to_children) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        launch_command(args)
+        return 0
+    except subprocess.CalledProcessError as e:  # the one-process launcher
+        if e.returncode > 0:  # the process said why (or printed its traceback)
+            return e.returncode
+        name = signal.Signals(-e.returncode).name  # ended by a signal it did not handle
+        if -e.returncode in (signal.SIGTERM, signal.SIGINT):
+            print(f"stopped: the training process ended on {name} before training began", file=sys.stderr)
+        else:
+            print(f"error: the training process was killed by {name} (SIGKILL: often out of memory)",
+                  file=sys.stderr)  # fmt: skip
+        return 128 - e.returncode
+    except ChildFailedError as e:  # torchrun: every failed rank, with its exit status
+        # A negative status is a rank torchrun killed (-signal) after another one failed.
+        codes = sorted({f.exitcode for f in e.failures.values()})
+        worst = next((c for c in codes if c > 0), 128 - codes[0] if codes and codes[0] < 0 else 1)
+        if not set(codes) & EXPLAINED:  # no rank said why in its own one line
+            ranks = ", ".join(f"rank {r}: exit {f.exitcode}" for r, f in sorted(e.failures.items()))
+            print(f"error: training processes failed ({ranks}); see their output above", file=sys.stderr)
+        return worst
+    except SignalException as e:  # torchrun forwarded it and waited for the processes
+        name = signal.Signals(e.sigval).name
+        print(f"stopped by {name}: the training processes saved a checkpoint if they were training; "
+              "continue with resume_from_checkpoint=latest", file=sys.stderr)  # fmt: skip
+        return 128 + int(e.sigval)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> int:
+    from accelerate.commands.launch import launch_command_parser
+
+    parser = launch_command_parser()
+    parser.prog = "finetune-launch"
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    check_launch_args(args)
+    return run_launcher(args)
+
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,140 @@
+"""finetune-launch: `accelerate launch` whose mistakes are one line and exit 2, whose exit status is
+the training processes', and whose signals reach training. Plus plain `accelerate launch`: killing
+its launcher still makes the training process save a checkpoint (PR_SET_PDEATHSIG)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REPO, free_port, tiny_text_args
+
+from finetune import checkpoint as ckpt
+
+LAUNCH_FLAGS = ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--num_processes", "1"]
+
+
+def _launcher(*args: str, module: str = "finetune.launch") -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def _run(cmd: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _one_error_line(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    for word in words:
+        assert word in errors[0], errors[0]
+
+
+def test_missing_accelerate_config_is_one_line(tmp_path):
+    missing = tmp_path / "missing.yaml"
+    _one_error_line(_run(_launcher("--config_file", str(missing), "finetune/run.py"), tmp_path), str(missing))
+
+
+def test_unparsable_accelerate_config_is_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: [NO\n")
+    _one_error_line(_run(_launcher("--config_file", str(bad), "finetune/run.py"), tmp_path), str(bad), "not a valid")
+
+
+def test_missing_script_is_one_line(tmp_path):
+    _one_error_line(_run(_launcher(*LAUNCH_FLAGS, "finetune/runn.py"), tmp_path), "finetune/runn.py")
+
+
+def test_a_user_error_keeps_its_exit_status_through_the_launcher(tmp_path):
+    """accelerate launch turns the process's exit 2 into exit 1 and a CalledProcessError traceback."""
+    result = _run(_launcher(*LAUNCH_FLAGS, "finetune/run.py", "bogus_key=1"), tmp_path)
+    _one_error_line(result, "bogus_key")
+    plain = _run(_launcher(*LAUNCH_FLAGS, "finetune/run.py", "bogus_key=1", module="accelerate.commands.launch"),
+                 tmp_path)
+    assert plain.returncode == 1 and "CalledProcessError" in plain.stderr  # what the wrapper fixes
+
+
+def test_a_user_error_under_two_processes_is_one_line_and_exit_2(tmp_path):
+    """torchrun: both ranks exit 2; rank 0 says why; no ChildFailedError traceback, no torchrun log lines."""
+    port = str(free_port())
+    cmd = _launcher("--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu",
+                    "--num_processes", "2", "--main_process_port", port, "finetune/run.py", "bogus_key=1")
+    result = _run(cmd, tmp_path)
+    _one_error_line(result, "bogus_key")
+    assert "ChildFailedError" not in result.stderr and "exitcode" not in result.stderr, result.stderr[-2000:]
+
+
+def _logged_steps(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len([line for line in path.read_text().splitlines() if '"loss"' in line]) if path.exists() else 0
+
+
+def _start_long_run(
+    cmd_prefix: list[str], data: dict, out: Path, log: Path, new_group: bool = False
+) -> subprocess.Popen:
+    args = tiny_text_args(data, out, "num_train_epochs=1000", "per_device_train_batch_size=4")
+    return subprocess.Popen(
+        [*cmd_prefix, *LAUNCH_FLAGS, str(REPO / "finetune/run.py"), *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=log.with_suffix(".out").open("w"),
+        stderr=log.with_suffix(".err").open("w"),
+        start_new_session=new_group,  # its own process group, as a shell gives a foreground job
+    )
+
+
+def _wait_for_steps(proc: subprocess.Popen, out: Path, steps: int = 2, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while _logged_steps(out) < steps:
+        assert proc.poll() is None, "the run ended before the signal"
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    "sig, status, group",
+    [(signal.SIGTERM, 143, False), (signal.SIGINT, 130, False), (signal.SIGINT, 130, True)],
+    ids=["sigterm-to-launcher", "sigint-to-launcher", "ctrl-c-to-the-group"],
+)
+def test_a_signal_to_the_launcher_saves_a_checkpoint_and_is_its_exit_status(
+    small_text_data, tmp_path, sig, status, group
+):
+    """To the launcher alone, as `kill` or a scheduler sends it, or to the whole process group, as Ctrl-C
+    does: the training process then gets it twice (directly and forwarded), which is one request."""
+    out = tmp_path / "run"
+    proc = _start_long_run(_launcher(), small_text_data, out, tmp_path / "log", new_group=group)
+    _wait_for_steps(proc, out)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    assert proc.wait(timeout=120) == status
+    err = (tmp_path / "log.err").read_text()
+    assert "Traceback" not in err, err[-2000:]
+    stopped = [line for line in err.splitlines() if line.startswith("stopped:")]
+    assert len(stopped) == 1 and sig.name in stopped[0], err[-2000:]
+    assert len(ckpt.list_checkpoints(out)) == 1
+
+
+def test_killing_a_plain_accelerate_launcher_still_saves_a_checkpoint(small_text_data, tmp_path):
+    """accelerate's one-process launcher does not forward SIGTERM; the training process asked the kernel
+    for SIGTERM when its parent dies, so it saves a checkpoint and stops on its own."""
+    out = tmp_path / "run"
+    launcher = _start_long_run(_launcher(module="accelerate.commands.launch"), small_text_data, out, tmp_path / "log")
+    _wait_for_steps(launcher, out)
+    (trainer,) = psutil.Process(launcher.pid).children()
+    launcher.send_signal(signal.SIGKILL)  # the harshest launcher death: no handler of its own runs
+    launcher.wait(timeout=30)
+    trainer.wait(timeout=120)  # not our child: its status is not ours to read; its message is
+    err = (tmp_path / "log.err").read_text()
+    stopped = [line for line in err.splitlines() if line.startswith("stopped:")]
+    assert len(stopped) == 1 and "SIGTERM" in stopped[0], err[-2000:]
+    assert len(ckpt.list_checkpoints(out)) == 1
