@@ -119,8 +119,8 @@ def cpu_threads(requested: int | None, num_processes: int) -> int:
 
     `accelerate launch` on a machine without a GPU sets OMP_NUM_THREADS=1 unless told
     --num_cpu_threads_per_process: the default recipe then ran on one of the two cores of the dev
-    machine (86.9 s vs 53.4 s with both). So unless `cpu_threads` says otherwise, a process takes the
-    cores it may run on divided by the processes on its machine, or more if it was launched with more.
+    machine (86.9 s vs 53.4 s with both). So unless `cpu_threads` says otherwise, a process takes
+    the cores it may run on divided by the processes on its machine, or more if launched with more.
     """
     if requested is not None:
         return requested
