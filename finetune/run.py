@@ -177,6 +177,9 @@ class StopOnSignal:
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        if self.group is not None:  # local to this process: no collective, so safe on any exit path
+            torch.distributed.destroy_process_group(self.group)
+            self.group = None
 
     def _handle(self, signum: int, frame) -> None:
         now = time.monotonic()
