@@ -1093,6 +1093,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     probe = Accelerator()  # the device and process layout, as the runs will see them
     device, processes, is_main = probe.device, probe.num_processes, probe.is_main_process
     reset_accelerate()
+    if processes > 1:
+        # train() ends with accelerator.end_training(), which destroys the process group; the next
+        # run in this process would build it again from the same store, and that can hang. One group
+        # serves every run here, destroyed at the end.
+        Accelerator.end_training = lambda self: [tracker.finish() for tracker in self.trackers] and None
     if device.type == "cpu":  # both loops with the threads the app takes (train() sets them too)
         threads = app.cpu_threads(args.threads, processes)
         torch.set_num_threads(threads)
@@ -1116,6 +1121,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report["levers"] = bench_levers(recipes[0], args, Path(tmp), device, processes)
             if recipes[0] == "bert":
                 report["tokenize_cache"] = tokenize_cache("bert", args)
+    if processes > 1:
+        torch.distributed.destroy_process_group()
     best = max(peaks, key=lambda p: p["flops_per_s"])
     report["peak"] = {**best, "all_flops_per_s": [p["flops_per_s"] for p in peaks]}
     report["load_avg_end"] = os.getloadavg()

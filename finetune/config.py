@@ -71,9 +71,9 @@ class TrainConfig:
     group_by_length: bool = False  # text: batch similar lengths together (less padding)
     random_flip: bool = True  # images: random horizontal flip of training images
     dataloader_num_workers: int = 0
-    # Torch threads per process when training on CPU. None: the cores this process may run on, divided
-    # by the processes on this machine. (`accelerate launch` sets one thread per process unless given
-    # --num_cpu_threads_per_process, a default made for GPUs that leaves all but one core idle on a CPU.)
+    # Torch threads per process when training on CPU. None: the cores this process may use (affinity,
+    # container quota), divided by the processes on this machine, whatever OMP_NUM_THREADS says
+    # (`accelerate launch` sets it to 1 unless told otherwise: a GPU default that idles a CPU's cores).
     cpu_threads: int | None = None
 
     # --- optimisation -----------------------------------------------------------------------------

@@ -30,6 +30,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Launched by path (`python finetune/launch.py`), Python puts finetune/ first on sys.path, where our
+# evaluate.py would shadow the `evaluate` library: put the checkout's root there instead.
+_here = Path(__file__).resolve().parent
+sys.path[:] = [str(_here.parent) if Path(p or ".").resolve() == _here else p for p in sys.path]
+
+import psutil  # accelerate's own dependency
+
 from finetune.errors import EXIT_DIVERGED, EXIT_USER_ERROR, UserError, exit_on_user_error
 
 # Exit statuses after which the training process has printed its own one-line reason.
@@ -47,8 +54,8 @@ def check_launch_args(args) -> None:
                 f"accelerate config {path} does not exist; pass an existing file (see accelerate_configs/), "
                 "or leave out --config_file to use the one `accelerate config` wrote"
             )
-    elif Path(default_config_file).is_file():
-        path = Path(default_config_file)  # written by `accelerate config`; used when none is given
+    elif Path(default_config_file).is_file() and not args.cpu:
+        path = Path(default_config_file)  # written by `accelerate config`; accelerate reads it unless --cpu
     else:
         path = None
     if path is not None:
@@ -65,8 +72,6 @@ def check_launch_args(args) -> None:
 def _forward_to_children(signum: int, frame) -> None:
     """Pass the signal to the launched process (accelerate's one-process launcher waits on it);
     before there is one, stop launching."""
-    import psutil  # accelerate's own dependency
-
     children = psutil.Process().children()
     if not children:
         raise SystemExit(128 + signum)
@@ -95,23 +100,30 @@ def run_launcher(args) -> int:
             return e.returncode
         name = signal.Signals(-e.returncode).name  # ended by a signal it did not handle
         if -e.returncode in (signal.SIGTERM, signal.SIGINT):
-            print(f"stopped: the training process ended on {name} before training began", file=sys.stderr)
+            print(f"stopped: the training process ended on {name} outside the training loop (or on a "
+                  "second signal); this signal wrote no checkpoint", file=sys.stderr)  # fmt: skip
         else:
             print(f"error: the training process was killed by {name} (SIGKILL: often out of memory)",
                   file=sys.stderr)  # fmt: skip
         return 128 - e.returncode
     except ChildFailedError as e:  # torchrun: every failed rank, with its exit status
-        # A negative status is a rank torchrun killed (-signal) after another one failed.
-        codes = sorted({f.exitcode for f in e.failures.values()})
-        worst = next((c for c in codes if c > 0), 128 - codes[0] if codes and codes[0] < 0 else 1)
-        if not set(codes) & EXPLAINED:  # no rank said why in its own one line
-            ranks = ", ".join(f"rank {r}: exit {f.exitcode}" for r, f in sorted(e.failures.items()))
-            print(f"error: training processes failed ({ranks}); see their output above", file=sys.stderr)
-        return worst
+        # The status that explains the stop: one a rank explained in its own line, else the first
+        # failure's (torchrun then stops the others: -SIGTERM, or a traceback from the interruption).
+        explained = sorted(f.exitcode for f in e.failures.values() if f.exitcode in EXPLAINED)
+        if explained:
+            return explained[0]
+        first = min(e.failures.values(), key=lambda f: f.timestamp).exitcode
+        ranks = ", ".join(f"rank {r}: exit {f.exitcode}" for r, f in sorted(e.failures.items()))
+        print(f"error: training processes failed ({ranks}); see their output above", file=sys.stderr)
+        return first if first > 0 else 128 - first
     except SignalException as e:  # torchrun forwarded it and waited for the processes
         name = signal.Signals(e.sigval).name
-        print(f"stopped by {name}: the training processes saved a checkpoint if they were training; "
-              "continue with resume_from_checkpoint=latest", file=sys.stderr)  # fmt: skip
+        if e.sigval in (signal.SIGTERM, signal.SIGINT):
+            print(f"stopped by {name}: processes that were training saved a checkpoint (torchrun waits "
+                  "30 s for them, then kills them); continue with resume_from_checkpoint=latest",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            print(f"stopped by {name}: the training processes were ended without a checkpoint", file=sys.stderr)
         return 128 + int(e.sigval)
     finally:
         for sig, handler in previous.items():

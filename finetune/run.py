@@ -120,14 +120,24 @@ def cpu_threads(requested: int | None, num_processes: int) -> int:
     `accelerate launch` on a machine without a GPU sets OMP_NUM_THREADS=1 unless told
     --num_cpu_threads_per_process: the default recipe then ran on one of the two cores of the dev
     machine (86.9 s vs 53.4 s with both). So unless `cpu_threads` says otherwise, a process takes
-    the cores it may run on divided by the processes on its machine, or more if launched with more.
+    the cores it may use divided by the processes on its machine, whatever OMP_NUM_THREADS says.
     """
     if requested is not None:
         return requested
     local = int(os.environ.get("LOCAL_WORLD_SIZE", num_processes))  # torchrun sets it; else all local
+    return max(1, available_cores() // max(local, 1))
+
+
+def available_cores() -> int:
+    """The CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota (containers)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    share = max(1, cores // max(local, 1))
-    return max(share, torch.get_num_threads())
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2, or no quota file
+        pass
+    return cores
 
 
 def check_output_dir(cfg: TrainConfig) -> None:
@@ -376,7 +386,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
     train_set = splits["train"]
     N = len(train_set)
-    lengths = train_set["length"] if cfg.group_by_length and "length" in train_set.column_names else None
+    # A list: a datasets Column reads one row per index.
+    lengths = list(train_set["length"]) if cfg.group_by_length and "length" in train_set.column_names else None
     sampler = EpochSampler(N, cfg.seed, group_size=P * B * GA, lengths=lengths, pad_to=P * B if P > 1 else 1)
     collate = Collator(tokenizer)
     train_loader = DataLoader(
@@ -394,7 +405,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         split: DataLoader(
             splits[split],
             batch_size=cfg.per_device_eval_batch_size,
-            sampler=longest_first(splits[split]["length"]) if "length" in splits[split].column_names else None,
+            sampler=longest_first(list(splits[split]["length"]))
+            if "length" in splits[split].column_names
+            else None,
             collate_fn=collate,
             num_workers=cfg.dataloader_num_workers,
         )

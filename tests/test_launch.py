@@ -4,6 +4,7 @@ its launcher still makes the training process save a checkpoint (PR_SET_PDEATHSI
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -72,6 +73,32 @@ def test_a_user_error_under_two_processes_is_one_line_and_exit_2(tmp_path):
     assert "ChildFailedError" not in result.stderr and "exitcode" not in result.stderr, result.stderr[-2000:]
 
 
+@pytest.fixture
+def started():
+    """The long runs a test starts; whatever still runs at the end (a failed assert) is killed."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            tree = psutil.Process(proc.pid)
+            for p in [*tree.children(recursive=True), tree]:
+                p.kill()
+        proc.wait(timeout=30)
+
+
+def _ended(process: psutil.Process, timeout: float) -> None:
+    """Wait for a process that is not our child: gone, or a zombie nobody reaps."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {process.pid} still runs after {timeout} s")
+
+
 def _logged_steps(out: Path) -> int:
     path = out / "metrics.jsonl"
     return len([line for line in path.read_text().splitlines() if '"loss"' in line]) if path.exists() else 0
@@ -105,12 +132,13 @@ def _wait_for_steps(proc: subprocess.Popen, out: Path, steps: int = 2, timeout: 
     ids=["sigterm-to-launcher", "sigint-to-launcher", "ctrl-c-to-the-group"],
 )
 def test_a_signal_to_the_launcher_saves_a_checkpoint_and_is_its_exit_status(
-    small_text_data, tmp_path, sig, status, group
+    small_text_data, tmp_path, sig, status, group, started
 ):
     """To the launcher alone, as `kill` or a scheduler sends it, or to the whole process group, as Ctrl-C
     does: the training process then gets it twice (directly and forwarded), which is one request."""
     out = tmp_path / "run"
     proc = _start_long_run(_launcher(), small_text_data, out, tmp_path / "log", new_group=group)
+    started.append(proc)
     _wait_for_steps(proc, out)
     if group:
         os.killpg(proc.pid, sig)
@@ -124,16 +152,17 @@ def test_a_signal_to_the_launcher_saves_a_checkpoint_and_is_its_exit_status(
     assert len(ckpt.list_checkpoints(out)) == 1
 
 
-def test_killing_a_plain_accelerate_launcher_still_saves_a_checkpoint(small_text_data, tmp_path):
+def test_killing_a_plain_accelerate_launcher_still_saves_a_checkpoint(small_text_data, tmp_path, started):
     """accelerate's one-process launcher does not forward SIGTERM; the training process asked the kernel
     for SIGTERM when its parent dies, so it saves a checkpoint and stops on its own."""
     out = tmp_path / "run"
     launcher = _start_long_run(_launcher(module="accelerate.commands.launch"), small_text_data, out, tmp_path / "log")
+    started.append(launcher)
     _wait_for_steps(launcher, out)
     (trainer,) = psutil.Process(launcher.pid).children()
     launcher.send_signal(signal.SIGKILL)  # the harshest launcher death: no handler of its own runs
     launcher.wait(timeout=30)
-    trainer.wait(timeout=120)  # not our child: its status is not ours to read; its message is
+    _ended(trainer, timeout=120)  # not our child: its status is not ours to read; its message is
     err = (tmp_path / "log.err").read_text()
     stopped = [line for line in err.splitlines() if line.startswith("stopped:")]
     assert len(stopped) == 1 and "SIGTERM" in stopped[0], err[-2000:]

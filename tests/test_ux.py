@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from conftest import launch, tiny_text_args
@@ -51,7 +50,9 @@ def test_run_writes_curves_and_a_model_card(small_text_data, tmp_path):
 
 
 def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    from finetune.run import available_cores
+
+    return available_cores()
 
 
 @pytest.mark.skipif(_cores() < 2, reason="needs 2 or more cores")
@@ -63,6 +64,7 @@ def test_accelerate_launch_on_cpu_uses_every_core_unless_told(small_text_data, t
         return [int(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("cpu_threads")]
 
     args = tiny_text_args(small_text_data, tmp_path / "o", "--dry-run")
-    assert threads(launch(args)) == [_cores()]
-    assert threads(launch([*args, "cpu_threads=1"])) == [1]
-    assert threads(launch(args, num_processes=2)) == [max(1, _cores() // 2)]  # printed by the main process
+    env = {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}  # on the CPU also where a GPU exists
+    assert threads(launch(args, env=env)) == [_cores()]
+    assert threads(launch([*args, "cpu_threads=1"], env=env)) == [1]
+    assert threads(launch(args, num_processes=2, env=env)) == [max(1, _cores() // 2)]  # main process prints
