@@ -399,8 +399,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         generator=torch.Generator().manual_seed(cfg.seed),
     )  # keeps the global RNG untouched
     # Evaluation reads text longest first: each batch is padded to nearly its own length (the
-    # metrics do not depend on the order). The default recipe's 1,566 evaluation sentences: 1.02
-    # padded tokens per real one instead of 1.7.
+    # metrics do not depend on the order). The default recipe's 1,566 evaluation sentences in
+    # batches of 128: 1.32 padded tokens per real one instead of 2.21.
     eval_loaders = {
         split: DataLoader(
             splits[split],
