@@ -103,8 +103,8 @@ def run_launcher(args) -> int:
             print(f"stopped: the training process ended on {name} outside the training loop (or on a "
                   "second signal); this signal wrote no checkpoint", file=sys.stderr)  # fmt: skip
         else:
-            print(f"error: the training process was killed by {name} (SIGKILL: often out of memory)",
-                  file=sys.stderr)  # fmt: skip
+            hint = " (often the kernel's out-of-memory killer)" if name == "SIGKILL" else ""
+            print(f"error: the training process was killed by {name}{hint}", file=sys.stderr)
         return 128 - e.returncode
     except ChildFailedError as e:  # torchrun: every failed rank, with its exit status
         # The status that explains the stop: one a rank explained in its own line, else the first
