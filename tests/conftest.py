@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -96,15 +97,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch_command(num_processes: int = 1, launcher: str = "accelerate.commands.launch") -> list[str]:
+    """`accelerate launch` (or `finetune.launch`) with every flag given, so it warns about no default."""
+    cmd = [sys.executable, "-m", launcher, "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    if num_processes > 1:
+        return cmd + ["--multi_gpu", "--num_processes", str(num_processes), "--main_process_port", str(free_port())]
+    return cmd + ["--num_processes", "1"]
+
+
 def launch(args: list[str], num_processes: int = 1, script: str = "finetune/run.py", timeout: int = 300,
            env: dict | None = None) -> subprocess.CompletedProcess:
     """Run an entry point with `accelerate launch`, as a user does; several processes form CPU DDP."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no"]
-    if num_processes > 1:
-        cmd += ["--multi_gpu", "--num_processes", str(num_processes), "--main_process_port", str(free_port())]
-    else:
-        cmd += ["--num_processes", "1"]
+    cmd = launch_command(num_processes)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(cmd + [str(REPO / script), *args], cwd=REPO, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def logged_steps(out: Path) -> int:
+    """Optimizer steps a run has logged a loss for so far."""
+    path = out / "metrics.jsonl"
+    return len([line for line in path.read_text().splitlines() if '"loss"' in line]) if path.exists() else 0
+
+
+def wait_until(condition, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Poll `condition` while `proc` runs; fail if it ends first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, "the run ended before the fault was injected"
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.005)

@@ -14,15 +14,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, free_port, tiny_text_args
+from conftest import REPO, launch_command, logged_steps, tiny_text_args, wait_until
 
 from finetune import checkpoint as ckpt
 
-LAUNCH_FLAGS = ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--num_processes", "1"]
-
-
-def _launcher(*args: str, module: str = "finetune.launch") -> list[str]:
-    return [sys.executable, "-m", module, *args]
+FINETUNE_LAUNCH = [sys.executable, "-m", "finetune.launch"]  # bare: for mistakes found before launching
 
 
 def _run(cmd: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
@@ -41,34 +37,30 @@ def _one_error_line(result: subprocess.CompletedProcess, *words: str) -> None:
 
 def test_missing_accelerate_config_is_one_line(tmp_path):
     missing = tmp_path / "missing.yaml"
-    _one_error_line(_run(_launcher("--config_file", str(missing), "finetune/run.py"), tmp_path), str(missing))
+    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(missing), "finetune/run.py"], tmp_path), str(missing))
 
 
 def test_unparsable_accelerate_config_is_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: [NO\n")
-    _one_error_line(_run(_launcher("--config_file", str(bad), "finetune/run.py"), tmp_path), str(bad), "not a valid")
+    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(bad), "finetune/run.py"], tmp_path), str(bad), "not a valid")
 
 
 def test_missing_script_is_one_line(tmp_path):
-    _one_error_line(_run(_launcher(*LAUNCH_FLAGS, "finetune/runn.py"), tmp_path), "finetune/runn.py")
+    _one_error_line(_run([*launch_command(launcher="finetune.launch"), "finetune/runn.py"], tmp_path), "finetune/runn.py")
 
 
 def test_a_user_error_keeps_its_exit_status_through_the_launcher(tmp_path):
     """accelerate launch turns the process's exit 2 into exit 1 and a CalledProcessError traceback."""
-    result = _run(_launcher(*LAUNCH_FLAGS, "finetune/run.py", "bogus_key=1"), tmp_path)
+    result = _run([*launch_command(launcher="finetune.launch"), "finetune/run.py", "bogus_key=1"], tmp_path)
     _one_error_line(result, "bogus_key")
-    plain = _run(_launcher(*LAUNCH_FLAGS, "finetune/run.py", "bogus_key=1", module="accelerate.commands.launch"),
-                 tmp_path)
+    plain = _run([*launch_command(), "finetune/run.py", "bogus_key=1"], tmp_path)
     assert plain.returncode == 1 and "CalledProcessError" in plain.stderr  # what the wrapper fixes
 
 
 def test_a_user_error_under_two_processes_is_one_line_and_exit_2(tmp_path):
     """torchrun: both ranks exit 2; rank 0 says why; no ChildFailedError traceback, no torchrun log lines."""
-    port = str(free_port())
-    cmd = _launcher("--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu",
-                    "--num_processes", "2", "--main_process_port", port, "finetune/run.py", "bogus_key=1")
-    result = _run(cmd, tmp_path)
+    result = _run([*launch_command(2, launcher="finetune.launch"), "finetune/run.py", "bogus_key=1"], tmp_path)
     _one_error_line(result, "bogus_key")
     assert "ChildFailedError" not in result.stderr and "exitcode" not in result.stderr, result.stderr[-2000:]
 
@@ -99,31 +91,16 @@ def _ended(process: psutil.Process, timeout: float) -> None:
     raise AssertionError(f"process {process.pid} still runs after {timeout} s")
 
 
-def _logged_steps(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return len([line for line in path.read_text().splitlines() if '"loss"' in line]) if path.exists() else 0
-
-
-def _start_long_run(
-    cmd_prefix: list[str], data: dict, out: Path, log: Path, new_group: bool = False
-) -> subprocess.Popen:
+def _start_long_run(launcher: str, data: dict, out: Path, log: Path, new_group: bool = False) -> subprocess.Popen:
     args = tiny_text_args(data, out, "num_train_epochs=1000", "per_device_train_batch_size=4")
     return subprocess.Popen(
-        [*cmd_prefix, *LAUNCH_FLAGS, str(REPO / "finetune/run.py"), *args],
+        [*launch_command(launcher=launcher), str(REPO / "finetune/run.py"), *args],
         cwd=REPO,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=log.with_suffix(".out").open("w"),
         stderr=log.with_suffix(".err").open("w"),
         start_new_session=new_group,  # its own process group, as a shell gives a foreground job
     )
-
-
-def _wait_for_steps(proc: subprocess.Popen, out: Path, steps: int = 2, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while _logged_steps(out) < steps:
-        assert proc.poll() is None, "the run ended before the signal"
-        assert time.monotonic() < deadline, "timed out waiting for the run"
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize(
@@ -137,9 +114,9 @@ def test_a_signal_to_the_launcher_saves_a_checkpoint_and_is_its_exit_status(
     """To the launcher alone, as `kill` or a scheduler sends it, or to the whole process group, as Ctrl-C
     does: the training process then gets it twice (directly and forwarded), which is one request."""
     out = tmp_path / "run"
-    proc = _start_long_run(_launcher(), small_text_data, out, tmp_path / "log", new_group=group)
+    proc = _start_long_run("finetune.launch", small_text_data, out, tmp_path / "log", new_group=group)
     started.append(proc)
-    _wait_for_steps(proc, out)
+    wait_until(lambda: logged_steps(out) >= 2, proc, timeout=180)
     if group:
         os.killpg(proc.pid, sig)
     else:
@@ -156,9 +133,9 @@ def test_killing_a_plain_accelerate_launcher_still_saves_a_checkpoint(small_text
     """accelerate's one-process launcher does not forward SIGTERM; the training process asked the kernel
     for SIGTERM when its parent dies, so it saves a checkpoint and stops on its own."""
     out = tmp_path / "run"
-    launcher = _start_long_run(_launcher(module="accelerate.commands.launch"), small_text_data, out, tmp_path / "log")
+    launcher = _start_long_run("accelerate.commands.launch", small_text_data, out, tmp_path / "log")
     started.append(launcher)
-    _wait_for_steps(launcher, out)
+    wait_until(lambda: logged_steps(out) >= 2, launcher, timeout=180)
     (trainer,) = psutil.Process(launcher.pid).children()
     launcher.send_signal(signal.SIGKILL)  # the harshest launcher death: no handler of its own runs
     launcher.wait(timeout=30)

@@ -21,7 +21,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_BERT, free_port, launch, rotten_rows, tiny_text_args, write_csv
+from conftest import (
+    REPO,
+    TINY_BERT,
+    launch,
+    launch_command,
+    logged_steps,
+    rotten_rows,
+    tiny_text_args,
+    wait_until,
+    write_csv,
+)
 from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
@@ -88,19 +98,6 @@ def _start(args: list[str], log: Path, env: dict | None = None) -> subprocess.Po
     )
 
 
-def _wait_until(condition, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert proc.poll() is None, "the run ended before the fault was injected"
-        assert time.monotonic() < deadline, "timed out waiting for the run"
-        time.sleep(0.005)
-
-
-def _logged_steps(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return len([line for line in path.read_text().splitlines() if '"loss"' in line]) if path.exists() else 0
-
-
 def _checkpoint_steps(out: Path) -> list[int]:
     return [ckpt.read_manifest(p)["step"] for p in ckpt.list_checkpoints(out)]
 
@@ -111,7 +108,7 @@ def _checkpoint_steps(out: Path) -> list[int]:
 def test_sigterm_saves_a_checkpoint_and_resume_is_exact(data, reference, tmp_path):
     out = tmp_path / "run"
     proc = _start(_args(data, out), tmp_path / "log")
-    _wait_until(lambda: _logged_steps(out) >= 2, proc)
+    wait_until(lambda: logged_steps(out) >= 2, proc)
     proc.send_signal(signal.SIGSTOP)  # freeze it mid-run, so that the signal surely lands before the end
     proc.send_signal(signal.SIGTERM)
     proc.send_signal(signal.SIGCONT)
@@ -121,7 +118,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_exact(data, reference, tmp_pat
     stopped = [line for line in err.splitlines() if line.startswith("stopped:")]
     assert len(stopped) == 1 and "SIGTERM" in stopped[0] and "resume_from_checkpoint=latest" in stopped[0]
     # The checkpoint is at the step the run had reached: nothing trained is lost.
-    interrupted_at = _logged_steps(out)
+    interrupted_at = logged_steps(out)
     assert _checkpoint_steps(out) == [interrupted_at] and interrupted_at < STEPS
     assert not (out / "model").exists()
     main(_args(data, out, "resume_from_checkpoint=latest"))
@@ -134,7 +131,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(data, tmp_path, capsys):
 
     def interrupt() -> None:
         deadline = time.monotonic() + 120
-        while _logged_steps(out) < 2 and time.monotonic() < deadline:
+        while logged_steps(out) < 2 and time.monotonic() < deadline:
             time.sleep(0.002)
         os.kill(os.getpid(), signal.SIGINT)
 
@@ -144,7 +141,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(data, tmp_path, capsys):
     assert exit_info.value.code == 130
     stopped = [line for line in capsys.readouterr().err.splitlines() if line.startswith("stopped:")]
     assert len(stopped) == 1 and "received SIGINT" in stopped[0]
-    assert _checkpoint_steps(out) == [_logged_steps(out)] and _logged_steps(out) < STEPS
+    assert _checkpoint_steps(out) == [logged_steps(out)] and logged_steps(out) < STEPS
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
 
 
@@ -157,12 +154,12 @@ def test_kill_9_at_several_points_then_resume_is_exact(data, reference, tmp_path
     out = tmp_path / "run"
     args = _args(data, out, "save_steps=4")
     proc = _start(args, tmp_path / "first")
-    _wait_until(lambda: 4 in _checkpoint_steps(out), proc)
+    wait_until(lambda: 4 in _checkpoint_steps(out), proc)
     proc.kill()
     proc.wait()
     proc = _start([*args, "resume_from_checkpoint=latest"], tmp_path / "second")
-    _wait_until(lambda: "resumed from" in (tmp_path / "second.out").read_text(), proc)
-    _wait_until(lambda: _logged_steps(out) >= 6, proc)  # past the step-4 checkpoint, before step 8
+    wait_until(lambda: "resumed from" in (tmp_path / "second.out").read_text(), proc)
+    wait_until(lambda: logged_steps(out) >= 6, proc)  # past the step-4 checkpoint, before step 8
     proc.kill()
     proc.wait()
     latest = ckpt.resolve_checkpoint("latest", out)
@@ -240,7 +237,7 @@ def test_persistent_nan_loss_stops_the_run(data, tmp_path, capsys):
     stopped = [line for line in capsys.readouterr().err.splitlines() if line.startswith("stopped:")]
     assert len(stopped) == 1 and "NaN or infinite for 3 optimizer steps in a row" in stopped[0]
     assert "(optimizer step 4)" in stopped[0] and "no checkpoint was saved" in stopped[0]
-    assert _logged_steps(out) == 4 and not (out / "model").exists()
+    assert logged_steps(out) == 4 and not (out / "model").exists()
 
 
 def test_nan_weights_are_never_checkpointed(data, tmp_path, capsys):
@@ -274,20 +271,7 @@ def _ddp_fault(data, tmp_path, mode: str, *extra: str) -> tuple[subprocess.Compl
     from the failure (step 1 logged, step 2 not) to the end of the whole job."""
     out = tmp_path / "run"
     cmd = [
-        sys.executable,
-        "-m",
-        "finetune.launch",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        str(free_port()),
+        *launch_command(2),
         str(REPO / "finetune/run.py"),
         *tiny_text_args(data, out, "max_steps=20", "per_device_train_batch_size=2", *extra),
     ]
@@ -308,7 +292,7 @@ def _ddp_fault(data, tmp_path, mode: str, *extra: str) -> tuple[subprocess.Compl
         text=True,
     )
     deadline = time.monotonic() + 240
-    while _logged_steps(out) < 1 and proc.poll() is None and time.monotonic() < deadline:
+    while logged_steps(out) < 1 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     failed_at = time.monotonic()
     proc.wait(timeout=240)
@@ -316,7 +300,7 @@ def _ddp_fault(data, tmp_path, mode: str, *extra: str) -> tuple[subprocess.Compl
     result = subprocess.CompletedProcess(
         cmd, proc.returncode, log.with_suffix(".out").read_text(), log.with_suffix(".err").read_text()
     )
-    assert _logged_steps(out) == 1, "process 1 did not fail at step 2"
+    assert logged_steps(out) == 1, "process 1 did not fail at step 2"
     return result, elapsed
 
 
@@ -354,20 +338,7 @@ def test_sigterm_under_ddp_saves_once_and_resume_is_exact(data, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "run"
     cmd = [
-        sys.executable,
-        "-m",
-        "finetune.launch",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        str(free_port()),
+        *launch_command(2, launcher="finetune.launch"),
         str(REPO / "finetune/run.py"),
         *_args(data, out, "per_device_train_batch_size=2"),
     ]
@@ -379,7 +350,7 @@ def test_sigterm_under_ddp_saves_once_and_resume_is_exact(data, tmp_path):
         stdout=log.with_suffix(".out").open("w"),
         stderr=log.with_suffix(".err").open("w"),
     )
-    _wait_until(lambda: _logged_steps(out) >= 2, proc, timeout=240)
+    wait_until(lambda: logged_steps(out) >= 2, proc, timeout=240)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143
     err = log.with_suffix(".err").read_text()
