@@ -67,6 +67,8 @@ HYPERPARAMETERS = [
     "adam_beta2",
     "adam_epsilon",
     "max_grad_norm",
+    "dropout",
+    "freeze_embeddings",
     "seed",
     "max_length",
     "group_by_length",
@@ -282,7 +284,7 @@ def write_model_card(
     sections += ["## Training hyperparameters", ""]
     rows = [[k, _setting(public[k])] for k in HYPERPARAMETERS if public.get(k) is not None]
     if task != "text-classification":
-        rows = [r for r in rows if r[0] not in ("max_length", "group_by_length")]
+        rows = [r for r in rows if r[0] not in ("max_length", "group_by_length", "freeze_embeddings")]
     batch, accumulation = config.get("per_device_train_batch_size"), config.get("gradient_accumulation_steps")
     if num_processes is not None and batch and accumulation:
         rows += [["processes", num_processes], ["global batch size", num_processes * batch * accumulation]]

@@ -82,6 +82,7 @@ EVAL_KEYS = (
     "max_length",
     "per_device_eval_batch_size",
     "dataloader_num_workers",
+    "dataloader_pin_memory",
 )
 
 
@@ -518,6 +519,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         batch_size=cfg.per_device_eval_batch_size,
         collate_fn=Collator(tokenizer),
         num_workers=cfg.dataloader_num_workers,
+        pin_memory=cfg.dataloader_pin_memory and accelerator.device.type == "cuda",
     )
     # evaluation_mode: mixed precision (from the accelerate config) but no DDP wrapper, no gradients.
     model = accelerator.prepare_model(model, evaluation_mode=True)

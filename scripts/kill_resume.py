@@ -64,6 +64,8 @@ def _args(files: dict[str, Path], out: Path, steps: int, save_steps: int) -> lis
         "learning_rate=1e-3",
         "warmup_ratio=0.2",
         "logging_steps=1",
+        "dropout=null",  # the model's own (on), not the default recipe's 0
+        "freeze_embeddings=false",
         "per_device_train_batch_size=4",
         f"max_steps={steps}",
         f"save_steps={save_steps}",

@@ -86,6 +86,9 @@ def tiny_text_args(data: dict[str, Path], out: Path, *extra: str) -> list[str]:
         "warmup_ratio=0.2",
         "learning_rate=1e-3",
         "logging_steps=1",
+        # The default recipe freezes the embeddings and turns dropout off; tests choose for themselves.
+        "freeze_embeddings=false",
+        "dropout=null",
         f"output_dir={out}",
         *extra,
     ]

@@ -372,6 +372,10 @@ CASES: dict[str, tuple[Callable[[Files], list[str]], str]] = {
         lambda f: _text(f, "--plan-only"),
         "plan_only needs model_parallel=true",
     ),
+    "freeze_embeddings_for_images": (
+        lambda f: _text(f, "task=image-classification", "freeze_embeddings=true"),
+        "freeze_embeddings is for text-classification",
+    ),
 }
 
 

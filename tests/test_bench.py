@@ -32,3 +32,28 @@ def test_smoke_bench_writes_a_sane_report(tmp_path):
         assert r["instrumentation_missing"] == [], side
     flop_model = bert["app"]["flop_model"]
     assert 0 < flop_model["non_embedding_params"] < flop_model["params"]
+
+
+def test_peak_memory_is_the_runs_own(tmp_path):
+    """The peak RSS of a block: what it allocated, not an earlier, larger peak of the process."""
+    import ctypes
+    import mmap
+    import time
+
+    import torch
+
+    from finetune.bench import RunMonitor
+
+    def touch(mib: int, hold: float = 0.0) -> None:
+        m = mmap.mmap(-1, mib * 2**20)  # anonymous memory, whatever malloc keeps
+        view = ctypes.c_char.from_buffer(m)
+        ctypes.memset(ctypes.addressof(view), 1, mib * 2**20)
+        time.sleep(hold)
+        del view
+        m.close()
+
+    touch(384)  # an earlier peak
+    with RunMonitor(torch.device("cpu")) as monitor:
+        touch(96, hold=0.1)
+    report = monitor.report()
+    assert 80 <= report["peak_rss_mib"] - report["rss_before_mib"] < 200, report

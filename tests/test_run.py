@@ -38,6 +38,52 @@ def test_text_run_exports_a_model_that_pipeline_loads(small_text_data, tmp_path)
     assert config["id2label"] == {"0": "0", "1": "1"}
 
 
+def test_frozen_embeddings_stay_as_built_and_the_rest_trains(small_text_data, tmp_path):
+    from accelerate.utils import set_seed
+
+    from finetune.models import build_model, load_preprocessor
+
+    out = tmp_path / "run"
+    args = tiny_text_args(small_text_data, out, "max_steps=3", "freeze_embeddings=true", "save_steps=3")
+    cfg = load_config(None, args)
+    set_seed(cfg.seed)  # as train() does before building: the same initial weights
+    model = build_model(cfg, ["0", "1"], vocab_size=len(load_preprocessor(cfg)))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    main(args)
+    trained = load_file(out / "model" / "model.safetensors")
+    word = "bert.embeddings.word_embeddings.weight"
+    assert torch.equal(trained[word], initial[word])
+    for name in ("bert.embeddings.position_embeddings.weight", "bert.encoder.layer.0.attention.self.query.weight"):
+        assert not torch.equal(trained[name], initial[name]), name
+    # The optimizer holds state for the trainable weights only.
+    optimizer = torch.load(next((out / "checkpoints").glob("step-*")) / "optimizer.bin", weights_only=True)
+    assert len(optimizer["state"]) == len(list(model.parameters())) - 1
+
+
+def test_gradient_checkpointing_recomputes_layers_and_changes_no_numbers(small_text_data, tmp_path, monkeypatch):
+    from transformers.models.bert import modeling_bert
+
+    # Counted inside the layer: a checkpointed layer runs its feed-forward again in backward.
+    calls = []
+    original = modeling_bert.BertIntermediate.forward
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_bert.BertIntermediate, "forward", counting)
+    runs = {}
+    for flag in ("false", "true"):
+        calls.clear()
+        out = tmp_path / flag
+        main(tiny_text_args(small_text_data, out, "max_steps=3", f"gradient_checkpointing={flag}"))
+        runs[flag] = len(calls), load_file(out / "model" / "model.safetensors")
+    # 3 steps x 2 layers run again in backward; evaluation calls the layers the same way in both runs.
+    assert runs["true"][0] == runs["false"][0] + 3 * 2
+    plain, checkpointed = runs["false"][1], runs["true"][1]
+    assert max((plain[k] - checkpointed[k]).abs().max().item() for k in plain) <= 1e-6
+
+
 def test_string_labels_and_sentence_pairs_from_jsonl(tmp_path):
     rows = rotten_rows(24)
     names = {"0": "negative", "1": "positive"}
