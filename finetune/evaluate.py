@@ -68,7 +68,7 @@ from finetune.data import FILE_BUILDERS, Collator, _check_columns, encode_labels
 from finetune.errors import UserError, exit_on_user_error
 from finetune.metrics import classification_report, plot_confusion_matrix
 from finetune.models import AUTO_MODELS, build_model, check_max_length, load_preprocessor
-from finetune.run import RESULTS, evaluate_model, make_accelerator
+from finetune.run import RESULTS, evaluate_model, make_accelerator, pin_memory
 
 FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
@@ -519,7 +519,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         batch_size=cfg.per_device_eval_batch_size,
         collate_fn=Collator(tokenizer),
         num_workers=cfg.dataloader_num_workers,
-        pin_memory=cfg.dataloader_pin_memory and accelerator.device.type == "cuda",
+        pin_memory=pin_memory(cfg, accelerator),
     )
     # evaluation_mode: mixed precision (from the accelerate config) but no DDP wrapper, no gradients.
     model = accelerator.prepare_model(model, evaluation_mode=True)

@@ -121,6 +121,12 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     return accelerator
 
 
+def pin_memory(cfg: TrainConfig, accelerator: Accelerator) -> bool:
+    """Page-locked batches only where they are copied to a GPU (make_accelerator makes those copies
+    non-blocking); on a CPU pinning is a wasted copy."""
+    return cfg.dataloader_pin_memory and accelerator.device.type == "cuda"
+
+
 def cpu_threads(requested: int | None, num_processes: int) -> int:
     """Torch threads for a process training on CPU: `requested`, else this process's share of the cores.
 
@@ -408,7 +414,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     lengths = list(train_set["length"]) if cfg.group_by_length and "length" in train_set.column_names else None
     sampler = EpochSampler(N, cfg.seed, group_size=P * B * GA, lengths=lengths, pad_to=P * B if P > 1 else 1)
     collate = Collator(tokenizer)
-    pin = cfg.dataloader_pin_memory and accelerator.device.type == "cuda"
+    pin = pin_memory(cfg, accelerator)
     train_loader = DataLoader(
         train_set,
         batch_size=B,
