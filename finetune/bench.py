@@ -557,12 +557,15 @@ def run_app(cfg: TrainConfig, warmup: int, device: torch.device) -> dict[str, An
     return out
 
 
-def pad_batch(tokenizer):
-    """nlp_example's collate_fn: pad to the longest in the batch (no multiple in fp32)."""
+def pad_batch(tokenizer, fixed_length: int | None = None):
+    """nlp_example's collate_fn: pad to the longest in the batch (no multiple in fp32); with
+    `fixed_length` (the bench's --seq-len), every batch to that length, as the app is then."""
 
     def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if "pixel_values" in examples[0]:
             return default_collate(examples)
+        if fixed_length:
+            return tokenizer.pad(examples, padding="max_length", max_length=fixed_length, return_tensors="pt")
         return tokenizer.pad(examples, padding="longest", return_tensors="pt")
 
     return collate
@@ -592,7 +595,8 @@ def run_reference(
             )
         drop = [c for c in ("length",) if c in splits["train"].column_names]
         train_set, eval_set = splits["train"].remove_columns(drop), splits[eval_split].remove_columns(drop)
-        collate = pad_batch(tokenizer)
+        fixed = cfg.max_length if cfg.pad_to_multiple_of == cfg.max_length else None  # --seq-len
+        collate = pad_batch(tokenizer, fixed)
         train_dl = DataLoader(
             train_set, shuffle=True, batch_size=cfg.per_device_train_batch_size, collate_fn=collate
         )
@@ -679,6 +683,8 @@ def recipe_config(recipe: str, args: argparse.Namespace, out: Path, extra: list[
         overrides += SMOKE[recipe]
     if args.steps:
         overrides.append(f"max_steps={args.steps}")
+    if args.seq_len and recipe == "bert":
+        overrides += [f"max_length={args.seq_len}", f"pad_to_multiple_of={args.seq_len}"]
     return load_config(RECIPES[recipe], overrides + list(args.override) + list(extra))
 
 
@@ -734,6 +740,8 @@ def bench_recipe(
 
 def cfg_overrides(recipe: str, args: argparse.Namespace) -> list[str]:
     extra = SMOKE[recipe] if args.smoke else []
+    if args.seq_len and recipe == "bert":
+        extra = [*extra, f"max_length={args.seq_len}", f"pad_to_multiple_of={args.seq_len}"]
     return extra + ([f"max_steps={args.steps}"] if args.steps else []) + list(args.override)
 
 
@@ -811,7 +819,7 @@ LEVERS: dict[str, dict[str, Any]] = {
         "patch": (torch.optim, "AdamW", lambda orig: _adamw(fused=None, foreach=None)),
     },
     "in_process_data": {
-        "on": "dataloader_num_workers=0",
+        "on": "dataloader_num_workers=null (0 on a CPU)",
         "off": "dataloader_num_workers=1",
         "overrides": ["dataloader_num_workers=1"],
     },
@@ -884,7 +892,10 @@ def bench_levers(
         base_cfg = recipe_config(recipe, args, tmp / f"lever-{name}", short + [f"max_steps={steps}"])
         off_steps = steps * spec.get("steps_scale", 1)  # the same samples when the batch differs
         off_cfg = recipe_config(
-            recipe, args, tmp / f"lever-{name}", short + [f"max_steps={off_steps}"] + spec.get("overrides", [])
+            recipe,
+            args,
+            tmp / f"lever-{name}",
+            short + [f"max_steps={off_steps}"] + spec.get("overrides", []),
         )
         on_runs, off_runs = [], []
         for _ in range(args.lever_reps):
@@ -1110,6 +1121,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["no", "bf16", "fp16"],
         default=None,
         help="mixed precision for both loops (default: the accelerate config's, else no)",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="text: pad every batch of both loops to this many tokens (max_length and pad_to_multiple_of)",
     )
     p.add_argument("--gemm-size", type=int, default=2048)
     p.add_argument("--gemm-reps", type=int, default=5)

@@ -63,6 +63,9 @@ class TrainConfig:
     image_column: str = "image"
     label_column: str = "label"
     max_length: int = 128  # tokens; longer texts are truncated
+    # Text batches are padded to their longest sequence, rounded up to a multiple of this (8 suits
+    # tensor cores; max_length pads every batch to one fixed length). null: no rounding.
+    pad_to_multiple_of: int | None = 8
     # When the data has no validation split: the share of train held out, stratified and seeded.
     validation_split_percentage: float = 10.0
     max_train_samples: int | None = None
@@ -70,7 +73,10 @@ class TrainConfig:
     max_test_samples: int | None = None
     group_by_length: bool = False  # text: batch similar lengths together (less padding)
     random_flip: bool = True  # images: random horizontal flip of training images
-    dataloader_num_workers: int = 0
+    # Worker processes that collate batches. null: 2 for text on a GPU (collating BERT-base batches of
+    # 128 in the training process took 17-21 ms of a 72 ms step on an H100), else 0 (on a CPU a worker
+    # competes for the cores; image workers would draw random flips from seeds a resume cannot restore).
+    dataloader_num_workers: int | None = None
     # GPU: batches in page-locked memory, copied to the device without blocking the host (no effect on CPU).
     dataloader_pin_memory: bool = True
     # Torch threads per process when training on CPU. None: the cores this process may use (affinity,
@@ -172,6 +178,7 @@ class TrainConfig:
             "max_test_samples",
             "save_total_limit",
             "warmup_steps",
+            "pad_to_multiple_of",
         ):
             value = getattr(self, name)
             if value is not None and value <= 0 and not (name == "warmup_steps" and value == 0):
@@ -192,7 +199,7 @@ class TrainConfig:
             )
         if self.cpu_threads is not None and self.cpu_threads <= 0:
             raise UserError(f"cpu_threads must be positive (or null), got {self.cpu_threads}")
-        if self.dataloader_num_workers < 0:
+        if self.dataloader_num_workers is not None and self.dataloader_num_workers < 0:
             raise UserError("dataloader_num_workers must be >= 0")
         if self.model_name_or_path is None and self.model_config is None:
             raise UserError("set model_name_or_path (a hub name or a local directory) or model_config")

@@ -484,8 +484,10 @@ def real_sample_mask(
     num_processes: int,
     process_index: int,
     batch_len: int,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Which rows of this process's `batch_index`-th batch are real, not Accelerate's padding.
+    Built on `device` (a copy from the host to a GPU would wait for the GPU to finish its work).
 
     Accelerate's BatchSamplerShard cuts the epoch's stream into batches of `per_device_batch` and
     deals them round-robin; the last global batch is completed with padding samples (by
@@ -494,7 +496,7 @@ def real_sample_mask(
     real when that position is below the number of samples in the stream.
     """
     first = (batch_index * num_processes + process_index) * per_device_batch
-    return (torch.arange(batch_len) + first) < num_samples
+    return (torch.arange(batch_len, device=device) + first) < num_samples
 
 
 def window_sample_count(

@@ -68,7 +68,7 @@ from finetune.data import FILE_BUILDERS, Collator, _check_columns, encode_labels
 from finetune.errors import UserError, exit_on_user_error
 from finetune.metrics import classification_report, plot_confusion_matrix
 from finetune.models import AUTO_MODELS, build_model, check_max_length, load_preprocessor
-from finetune.run import RESULTS, evaluate_model, make_accelerator, pin_memory
+from finetune.run import RESULTS, data_workers, evaluate_model, make_accelerator, pin_memory
 
 FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
@@ -518,7 +518,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         prepared,
         batch_size=cfg.per_device_eval_batch_size,
         collate_fn=Collator(tokenizer),
-        num_workers=cfg.dataloader_num_workers,
+        num_workers=data_workers(cfg, accelerator),
         pin_memory=pin_memory(cfg, accelerator),
     )
     # evaluation_mode: mixed precision (from the accelerate config) but no DDP wrapper, no gradients.

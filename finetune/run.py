@@ -52,6 +52,7 @@ from accelerate import Accelerator
 from accelerate.utils import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
+    DistributedType,
     InitProcessGroupKwargs,
     set_seed,
 )
@@ -111,14 +112,60 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
             ),
         ],
     )
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and (
+        accelerator.distributed_type != DistributedType.FSDP
+    ):
+        raise UserError(
+            f"the accelerate config asks for FSDP but the processes run {accelerator.distributed_type} "
+            "(Accelerate runs FSDP on GPUs only); use a DDP config (cpu_ddp.yaml on a CPU) or run on GPUs"
+        )
     if world_size > 1 and accelerator.num_processes != world_size:
         raise UserError(
             f"{world_size} processes were launched but they did not form one group "
             f"({accelerator.distributed_type}); check the accelerate config"
         )
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        # Accelerate has no fp16 autocast on a CPU: it would train in fp32 and report fp16.
+        raise UserError(
+            "mixed precision fp16 needs a GPU; on a CPU use bf16 (accelerate_configs/cpu_bf16.yaml) or no"
+        )
     if accelerator.device.type == "cpu":
         torch.set_num_threads(cpu_threads(cfg.cpu_threads, accelerator.num_processes))
     return accelerator
+
+
+def configure_fsdp(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """FSDP's units: each transformer layer (and the input embeddings, which Accelerate shards alone).
+
+    With `fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP` and no class list, Accelerate wraps every class
+    in the model's `_no_split_modules` — for BERT and ViT that includes the embeddings block, and it
+    then shards the input embeddings inside that block a second time, which `fully_shard` refuses.
+    So the classes that hold the input embeddings are left out; a class list in the accelerate config
+    (`fsdp_transformer_layer_cls_to_wrap`) is used as written.
+    """
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    plugin = accelerator.state.fsdp_plugin
+    if plugin is None or plugin.transformer_cls_names_to_wrap is not None:
+        return
+    if getattr(plugin.auto_wrap_policy, "func", plugin.auto_wrap_policy) is not transformer_auto_wrap_policy:
+        return
+    no_split = set(getattr(model, "_no_split_modules", None) or [])
+    embeddings = model.get_input_embeddings()
+    plugin.transformer_cls_names_to_wrap = sorted(
+        {
+            type(m).__name__
+            for m in model.modules()
+            if type(m).__name__ in no_split and not any(x is embeddings for x in m.modules())
+        }
+    )
+
+
+def data_workers(cfg: TrainConfig, accelerator: Accelerator) -> int:
+    """`dataloader_num_workers`, or by default 2 for text on a GPU and 0 otherwise (see TrainConfig)."""
+    if cfg.dataloader_num_workers is not None:
+        return cfg.dataloader_num_workers
+    return 2 if accelerator.device.type == "cuda" and cfg.task == "text-classification" else 0
 
 
 def pin_memory(cfg: TrainConfig, accelerator: Accelerator) -> bool:
@@ -228,7 +275,9 @@ def longest_first(lengths: list[int]) -> list[int]:
 
 def all_finite(model, accelerator: Accelerator) -> bool:
     """Whether every parameter, on every process (FSDP shards differ), is finite. A host sync: saves only."""
-    flags = torch.stack([p.detach().isfinite().all().to(accelerator.device) for p in model.parameters()])
+    # FSDP: each process checks its own shard (a DTensor's local part).
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    flags = torch.stack([p.detach().isfinite().all().to(accelerator.device) for p in local])
     return bool(accelerator.gather(flags.all().float().reshape(1)).min().item())
 
 
@@ -411,16 +460,18 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     train_set = splits["train"]
     N = len(train_set)
     # A list: a datasets Column reads one row per index.
-    lengths = list(train_set["length"]) if cfg.group_by_length and "length" in train_set.column_names else None
+    lengths = (
+        list(train_set["length"]) if cfg.group_by_length and "length" in train_set.column_names else None
+    )
     sampler = EpochSampler(N, cfg.seed, group_size=P * B * GA, lengths=lengths, pad_to=P * B if P > 1 else 1)
-    collate = Collator(tokenizer)
+    collate = Collator(tokenizer, cfg.pad_to_multiple_of)
     pin = pin_memory(cfg, accelerator)
     train_loader = DataLoader(
         train_set,
         batch_size=B,
         sampler=sampler,
         collate_fn=collate,
-        num_workers=cfg.dataloader_num_workers,
+        num_workers=data_workers(cfg, accelerator),
         pin_memory=pin,
         generator=torch.Generator().manual_seed(cfg.seed),
     )  # keeps the global RNG untouched
@@ -435,7 +486,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if "length" in splits[split].column_names
             else None,
             collate_fn=collate,
-            num_workers=cfg.dataloader_num_workers,
+            num_workers=data_workers(cfg, accelerator),
             pin_memory=pin,
         )
         for split in ("validation", "test")
@@ -489,6 +540,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     )
     if cfg.dry_run:
         return dry_run_plan(cfg, accelerator, N, nb, steps_per_epoch, total_steps, warmup, scheduler)
+    if accelerator.distributed_type == DistributedType.FSDP:
+        configure_fsdp(accelerator, model)
     model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
     eval_loaders = {k: accelerator.prepare(v) for k, v in eval_loaders.items()}
     assert len(train_loader) == nb, (len(train_loader), nb)
@@ -583,6 +636,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     nonfinite = torch.zeros(2, device=accelerator.device)
     window_nonfinite = torch.zeros((), dtype=torch.bool, device=accelerator.device)
     fault = injected_fault()  # None unless a test asks for one
+    scaler_skipped = ScalerSkips(accelerator.scaler)
     last_log_time, last_log_samples = time.perf_counter(), 0
     eval_metrics: dict = {}
     early_stop, stale = EarlyStop(cfg.early_stopping_patience, cfg.greater_is_better), False
@@ -604,8 +658,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 with accelerator.accumulate(model):
                     logits = forward(model, batch, cfg.pipeline_chunks)
                     labels = batch["labels"].to(logits.device)
-                    real = real_sample_mask(Ne, k, B, P, accelerator.process_index, len(labels)).to(
-                        logits.device
+                    real = real_sample_mask(
+                        Ne, k, B, P, accelerator.process_index, len(labels), logits.device
                     )
                     window_real = window_sample_count(Ne, k // GA, GA, nbe, B, P)
                     per_sample = F.cross_entropy(logits.float(), labels, reduction="none")
@@ -620,8 +674,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 if not accelerator.sync_gradients:
                     continue
 
-                # One optimizer step is done.
-                if not accelerator.optimizer_step_was_skipped:
+                # One optimizer step is done (or skipped by fp16's scaler: then the schedule waits).
+                if not scaler_skipped() and not accelerator.optimizer_step_was_skipped:
                     scheduler.step()
                 step += 1
                 samples_in_epoch = min(start + (k + 1) * P * B, N)
@@ -733,6 +787,27 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     accelerator.print(f"{split} accuracy {final['accuracy']:.4f} on {final['num_samples']} samples")
     accelerator.end_training()
     return results
+
+
+class ScalerSkips:
+    """fp16: whether the gradient scaler skipped the last optimizer step (inf/NaN gradients).
+
+    Accelerate's `optimizer_step_was_skipped` notices a skip by the optimizer's `step()` not being
+    called, but the scaler calls a fused optimizer's `step()` every time (the fused kernel skips
+    itself on inf), so with `AdamW(fused=True)` it always reads False. The scale only goes down on a
+    skipped step, so a lower scale than after the last step is a skip. One host sync per optimizer
+    step, only with a scaler (fp16).
+    """
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+        self.scale = scaler.get_scale() if scaler is not None else None
+
+    def __call__(self) -> bool:
+        if self.scaler is None:
+            return False
+        before, self.scale = self.scale, self.scaler.get_scale()
+        return self.scale < before
 
 
 class EarlyStop:

@@ -49,6 +49,7 @@ EXPECTED = {
     "cpu_ddp.yaml": Expected(MULTI_GPU, 2, use_cpu=True),
     "single_gpu.yaml": Expected(NO, 1),
     "single_gpu_bf16.yaml": Expected(NO, 1),
+    "single_gpu_fp16.yaml": Expected(NO, 1),
     "multi_gpu.yaml": Expected(MULTI_GPU, None),
     "multi_gpu_bf16.yaml": Expected(MULTI_GPU, None),
     "multi_gpu_fp16.yaml": Expected(MULTI_GPU, None),

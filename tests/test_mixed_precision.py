@@ -1,0 +1,119 @@
+"""fp16's gradient scaler: a step it skips (overflowing gradients) does not advance the schedule and
+does not count as a non-finite loss toward `max_nonfinite_loss_steps`.
+
+The CPU test gives the Accelerator a torch GradScaler (Accelerate builds one for fp16 on an
+accelerator only) and makes the first backward passes produce an infinite gradient, as an fp16
+overflow does; the scaler skips those steps exactly as on a GPU. The `gpu` test runs real fp16 autocast on CUDA with
+Accelerate's own scaler, started at 2**40.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from accelerate.utils import GradScalerKwargs
+from conftest import tiny_text_args
+
+import finetune.run as run
+from finetune.config import load_config
+
+
+def _logged(out) -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def _skipped(scaler, init_scale: float) -> int:
+    return round(math.log2(init_scale / scaler.get_scale()))  # each skip halves the scale; no growth here
+
+
+def _learning_rates(out) -> list[float]:
+    rows = _logged(out)
+    return [r["learning_rate"] for r in sorted(rows, key=lambda r: r["step"])]
+
+
+def test_skipped_scaler_steps_leave_schedule_and_nonfinite_count(small_text_data, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    init_scale, overflowing = 2.0**10, 3
+    made = {}
+    real_make, real_build = run.make_accelerator, run.build_model
+
+    def make_with_scaler(cfg):
+        accelerator = real_make(cfg)
+        made["scaler"] = accelerator.scaler = torch.amp.GradScaler(
+            "cpu", init_scale=init_scale, growth_interval=10**6
+        )
+        return accelerator
+
+    def build_overflowing(*args, **kwargs):
+        """The first backward passes give an infinite gradient, as an fp16 overflow does."""
+        model = real_build(*args, **kwargs)
+        calls = iter(range(10**6))
+        model.classifier.weight.register_hook(lambda g: g * math.inf if next(calls) < overflowing else g)
+        return model
+
+    monkeypatch.setattr(run, "make_accelerator", make_with_scaler)
+    monkeypatch.setattr(run, "build_model", build_overflowing)
+    total = 10
+    cfg = load_config(
+        None,
+        tiny_text_args(
+            small_text_data, out, "per_device_train_batch_size=4", f"max_steps={total}", "warmup_ratio=0",
+            "max_nonfinite_loss_steps=1",  # one counted step would stop the run with exit status 3
+        ),
+    )  # fmt: skip
+    results = run.train(cfg)  # no TrainingStopped: the skipped steps had finite losses
+    assert results["step"] == total and _skipped(made["scaler"], init_scale) == overflowing
+    # Linear decay without warmup, stepped only after a step that was not skipped (the first three).
+    expected = [cfg.learning_rate * (1 - max(s - overflowing, 0) / total) for s in range(1, total + 1)]
+    assert _learning_rates(out) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fp16_overflow_on_gpu(small_text_data, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    init_scale = 2.0**40
+    made = {}
+    real_accelerator = run.Accelerator
+
+    def accelerator_with_scaler(**kwargs):
+        kwargs["mixed_precision"] = "fp16"
+        kwargs["kwargs_handlers"] = [
+            *kwargs["kwargs_handlers"],
+            GradScalerKwargs(init_scale=init_scale, growth_interval=10**6),
+        ]
+        accelerator = real_accelerator(**kwargs)
+        made["scaler"] = accelerator.scaler
+        return accelerator
+
+    monkeypatch.setattr(run, "Accelerator", accelerator_with_scaler)
+    total = 30
+    cfg = load_config(
+        None,
+        tiny_text_args(
+            small_text_data, out, "per_device_train_batch_size=1", f"max_steps={total}", "warmup_ratio=0",
+            "max_nonfinite_loss_steps=1",
+        ),
+    )  # fmt: skip
+    results = run.train(cfg)
+    assert made["scaler"] is not None and results["step"] == total
+    skipped = _skipped(made["scaler"], init_scale)
+    assert 2 <= skipped < total, skipped  # 2**40 overflows fp16 gradients at first
+    # The schedule advanced on the steps that were not skipped, and only on them.
+    lrs = _learning_rates(out)
+    assert len(lrs) == total and lrs[-1] == pytest.approx(cfg.learning_rate * skipped / total, rel=1e-6)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU case")
+def test_fp16_on_cpu_is_refused(small_text_data, tmp_path, monkeypatch, capsys):
+    """Accelerate has no fp16 autocast on a CPU and would silently train in fp32."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(tiny_text_args(small_text_data, out, "max_steps=2"))
+    assert exit_info.value.code == 2
+    assert "fp16 needs a GPU" in capsys.readouterr().err
+    assert not out.exists()
