@@ -2,7 +2,7 @@
 
     finetune-launch finetune/run.py                          # = accelerate launch finetune/run.py
     finetune-launch --config_file accelerate_configs/cpu_ddp.yaml finetune/run.py learning_rate=3e-5
-    python -m finetune.launch --multi_gpu --num_processes 2 finetune/evaluate.py runs/x/model
+    python -m finetune.launch --multi_gpu --num_processes 2 finetune/evaluate_checkpoint.py runs/x/model
 
 It takes exactly `accelerate launch`'s arguments (accelerate's own parser reads them) and runs
 accelerate's own launchers; what it changes is what a person or a scheduler sees around them:
@@ -29,11 +29,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-
-# Launched by path (`python finetune/launch.py`), Python puts finetune/ first on sys.path, where our
-# evaluate.py would shadow the `evaluate` library: put the checkout's root there instead.
-_here = Path(__file__).resolve().parent
-sys.path[:] = [str(_here.parent) if Path(p or ".").resolve() == _here else p for p in sys.path]
 
 import psutil  # accelerate's own dependency
 

@@ -25,25 +25,18 @@ for another process. Exit statuses are listed in finetune/errors.py.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Launched by path (`accelerate launch finetune/run.py`), Python puts finetune/ first on sys.path,
-# where our evaluate.py would shadow the `evaluate` library. Put the checkout's root there instead:
-# `evaluate` is then the library, and `finetune` this checkout's package, installed or not.
-_here = Path(__file__).resolve().parent
-sys.path[:] = [str(_here.parent) if Path(p or ".").resolve() == _here else p for p in sys.path]
-
 import contextlib
 import json
 import math
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch

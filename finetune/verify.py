@@ -41,17 +41,7 @@ Under DDP every process runs (c) together; then process 0 runs (a) and (b), each
 single-process `python -m finetune.run` with the launcher's environment removed, and reports.
 """
 
-# ruff: noqa: E402  (imports follow the sys.path fix below, as in run.py)
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# Launched by path (`accelerate launch finetune/verify.py`), Python puts finetune/ first on sys.path,
-# where our evaluate.py would shadow the `evaluate` library. Put the checkout's root there instead:
-# `evaluate` is then the library, and `finetune` this checkout's package, installed or not.
-_here = Path(__file__).resolve().parent
-sys.path[:] = [str(_here.parent) if Path(p or ".").resolve() == _here else p for p in sys.path]
 
 import dataclasses
 import json
@@ -59,8 +49,10 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from finetune.config import TrainConfig, load_config

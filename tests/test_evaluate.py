@@ -23,7 +23,7 @@ from datasets import ClassLabel, Dataset, Features, Value
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from finetune.evaluate import main as evaluate
+from finetune.evaluate_checkpoint import main as evaluate
 from finetune.run import main as train
 
 NAMES = {"0": "neg", "1": "pos"}  # string labels, so that mapping by name is what is tested
@@ -130,7 +130,7 @@ def test_one_and_two_processes_give_identical_metrics(run, tmp_path):
     result = launch(
         [str(run["checkpoint"]), "--output", str(two), "--predictions"],
         num_processes=2,
-        script="finetune/evaluate.py",
+        script="finetune/evaluate_checkpoint.py",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(two.read_text())["runtime"]["num_processes"] == 2
@@ -217,7 +217,7 @@ def test_unseen_label_from_the_command_line(run, tmp_path):
         tmp_path / "unseen.csv", [{"text": "fine", "label": "pos"}, {"text": "odd", "label": "meh"}]
     )
     result = subprocess.run(
-        [sys.executable, "finetune/evaluate.py", str(run["dir"] / "model"), "--data", str(data)],
+        [sys.executable, "finetune/evaluate_checkpoint.py", str(run["dir"] / "model"), "--data", str(data)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,10 +1,10 @@
 """Evaluate a saved model: a training-state checkpoint, a run's final export, or a hub model.
 
-    accelerate launch finetune/evaluate.py runs/bert-rotten-tomatoes/checkpoints/step-00000075
-    accelerate launch finetune/evaluate.py runs/bert-rotten-tomatoes/model --split validation
-    accelerate launch finetune/evaluate.py runs/bert-rotten-tomatoes/model --data reviews.csv --predictions
-    accelerate launch --multi_gpu --num_processes 2 finetune/evaluate.py <checkpoint>      # CPU DDP too
-    python -m finetune.evaluate <hub-model-or-folder> --data test.csv [--task text-classification]
+    accelerate launch finetune/evaluate_checkpoint.py runs/bert-rotten-tomatoes/checkpoints/step-00000075
+    accelerate launch finetune/evaluate_checkpoint.py runs/bert-rotten-tomatoes/model --split validation
+    accelerate launch finetune/evaluate_checkpoint.py runs/bert-rotten-tomatoes/model --data reviews.csv --predictions
+    accelerate launch --multi_gpu --num_processes 2 finetune/evaluate_checkpoint.py <checkpoint>      # CPU DDP too
+    python -m finetune.evaluate_checkpoint <hub-model-or-folder> --data test.csv [--task text-classification]
     finetune-evaluate <checkpoint> --data other.csv text_column=review per_device_eval_batch_size=16
 
 What is evaluated, and on what:
@@ -35,21 +35,14 @@ trained with model_parallel=true is evaluated whole in each process.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Launched by path (`accelerate launch finetune/evaluate.py`), Python puts finetune/ first on sys.path,
-# where our evaluate.py would shadow the `evaluate` library. Put the checkout's root there instead:
-# `evaluate` is then the library, and `finetune` this checkout's package, installed or not.
-_here = Path(__file__).resolve().parent
-sys.path[:] = [str(_here.parent) if Path(p or ".").resolve() == _here else p for p in sys.path]
-
 import argparse
 import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -597,7 +590,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = _Parser(
-        prog="finetune/evaluate.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="finetune/evaluate_checkpoint.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "checkpoint", help="<run>/checkpoints/step-N, <run>/model, a model folder or a hub name"
