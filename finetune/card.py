@@ -8,18 +8,21 @@
     check_hub_access("my-user/my-model")                  # at the start of a run that will push: fails early offline
     push_to_hub(out / "model", "my-user/my-model")        # only when the user asks; needs the network
 
-The card follows the Hub's format: YAML front matter (library_name, pipeline_tag, base_model,
-license, tags, datasets, metrics) that the Hub indexes, then Markdown sections a person reads: base
-model, data, hyperparameters, metrics, labels, how to load it with `pipeline`, how it was trained.
+The card is huggingface_hub's `ModelCard`: `ModelCardData` writes the YAML front matter the Hub
+indexes (library_name, pipeline_tag, base_model, license, tags, datasets, metrics, and a model-index
+with the validation/test accuracy and macro F1), and the Jinja template `templates/model_card.md`
+lays out the Markdown a person reads: base model, data, hyperparameters, metrics, labels, how to
+load it with `pipeline`, how it was trained. Nothing here touches the network.
 
 Secrets never reach the card: config keys that look like credentials (`hub_token`, `api_key`,
 `password`, ...) are left out, and values that look like tokens (`hf_...`, `sk-...`, a URL with a
-password) are replaced by `<redacted>`, at any depth. Local paths are shown relative to the
-repository (or `~`), not as the absolute paths of the machine that trained.
+password) are replaced by `<redacted>`, at any depth and in the launch command. Local paths are
+shown relative to the repository (or `~`), not as the absolute paths of the machine that trained.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -28,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.config import REPO_DIR
 from finetune.errors import UserError
 
 CARD = "README.md"
+TEMPLATE = Path(__file__).with_name("templates") / "model_card.md"  # Jinja, rendered by ModelCard
 
 # Config keys whose values are credentials. Matched as whole words of a snake_case name, so
 # `tokenizer_name` is kept and `hub_token`, `push_to_hub_token`, `wandb_api_key` are not.
@@ -51,6 +56,12 @@ REDACTED = "<redacted>"
 
 # dataset_name values that name a loader, not a dataset on the Hub.
 BUILDERS = {"imagefolder", "audiofolder", "csv", "json", "parquet", "text", "arrow", "webdataset"}
+
+# The metrics of the results that go into the card's model-index: key, metric type, name, args.
+EVAL_METRICS = [
+    ("accuracy", "accuracy", "accuracy", None),
+    ("macro_f1", "f1", "macro F1", {"average": "macro"}),
+]
 
 # The hyperparameters a reader looks for first, in this order; everything is in the full config.
 HYPERPARAMETERS = [
@@ -117,23 +128,21 @@ def _is_hub_id(name: str | None) -> bool:
 
 
 def _license_of(base_model: str | None) -> str | None:
-    """The licence in a local base model's own card front matter, when it has one."""
-    if not base_model:
+    """The licence in a local base model's own card, when it has one. Only a file on disk is read:
+    `ModelCard.load` of anything else would download it."""
+    card = Path(base_model).expanduser() / CARD if base_model else None
+    if card is None or not card.is_file():
         return None
-    card = Path(base_model).expanduser() / CARD
-    if not card.is_file():
-        return None
-    match = re.match(r"---\n(.*?)\n---", card.read_text(errors="replace"), re.DOTALL)
     try:
-        meta = yaml.safe_load(match.group(1)) if match else None
-    except yaml.YAMLError:
+        value = ModelCard.load(card, ignore_metadata_errors=True).data.license
+    except (ValueError, yaml.YAMLError):
         return None
-    value = meta.get("license") if isinstance(meta, dict) else None
     return value if isinstance(value, str) else None
 
 
 def describe_data(config: dict[str, Any]) -> str:
     """One paragraph on the training data, from the resolved config."""
+    config = redact(config)
     task = config.get("task", "text-classification")
     if config.get("train_file"):
         parts = [f"train `{_display_path(config['train_file'])}`"]
@@ -193,10 +202,8 @@ def _setting(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_number(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
+def _cells(rows: list[list[Any]]) -> list[list[str]]:
+    return [[_number(v) for v in row] for row in rows]
 
 
 # --- the card ----------------------------------------------------------------------------------------
@@ -230,159 +237,93 @@ def write_model_card(
     import finetune
 
     export_dir = Path(export_dir)
-    task = config.get("task", "text-classification")
     public = _public_config(config)
-    license = license or _license_of(base_model)
-    model_type = None
+    task = public.get("task", "text-classification")
+    hub_base = base_model if _is_hub_id(base_model) else None
     try:
-        model_type = yaml.safe_load((export_dir / "config.json").read_text()).get("model_type")
-    except (OSError, yaml.YAMLError, AttributeError):
-        pass
-
-    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": task}
-    if _is_hub_id(base_model):
-        meta["base_model"] = base_model
-    if license:
-        meta["license"] = license
-    meta["tags"] = [t for t in ("finetune", task, model_type) if t]
-    dataset = config.get("dataset_name")
-    if dataset and dataset not in BUILDERS and _is_hub_id(dataset):
-        meta["datasets"] = [dataset]
-    meta["metrics"] = ["accuracy", "f1"]
-
+        model_type = json.loads((export_dir / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    dataset = public.get("dataset_name")
+    hub_dataset = dataset if dataset not in BUILDERS and _is_hub_id(dataset) else None
+    # model-index wants a dataset type: the Hub id, else the loader (imagefolder, csv, ...).
+    source = dataset or Path(public.get("train_file") or "").suffix.lstrip(".") or "local"
+    splits = {s: m for s in ("validation", "test") if isinstance(m := results.get(s), dict)}
+    evals = [
+        EvalResult(
+            task_type=task,
+            dataset_type=source,
+            dataset_name=source,
+            dataset_split=split,
+            dataset_config=public.get("dataset_config_name"),
+            metric_type=metric,
+            metric_name=shown,
+            metric_args=args,
+            metric_value=float(m[key]),
+        )
+        for split, m in splits.items()
+        for key, metric, shown, args in EVAL_METRICS
+        if m.get(key) is not None
+    ]
     name = repo_id.split("/")[-1] if repo_id else export_dir.parent.name
-    sections = [f"# {name}", ""]
-    what = "text classifier" if task == "text-classification" else "image classifier"
-    if base_model:
-        shown = base_model if _is_hub_id(base_model) else f"the local model `{_display_path(base_model)}`"
-        link = f"[{base_model}](https://huggingface.co/{base_model})" if _is_hub_id(base_model) else shown
-        sections += [f"A {len(label_names)}-class {what} fine-tuned from {link}.", ""]
-    else:
-        kind = f" (`{model_type}`)" if model_type else ""
-        sections += [f"A {len(label_names)}-class {what}{kind} trained from random initialisation.", ""]
+    data = ModelCardData(
+        model_name=name if evals else None,  # the model-index's name; no key of its own
+        library_name="transformers",
+        pipeline_tag=task,
+        base_model=hub_base,
+        license=license or _license_of(base_model),
+        tags=[t for t in ("finetune", task, model_type) if t],
+        datasets=[hub_dataset] if hub_dataset else None,
+        metrics=["accuracy", "f1"],
+        eval_results=evals or None,
+    )
 
-    sections += ["## Base model", ""]
-    if base_model:
-        sections += [
-            f"`{_display_path(base_model) if not _is_hub_id(base_model) else base_model}`"
-            + (f" (model type `{model_type}`)" if model_type else "")
-            + "; its classification head is newly initialised with one output per label.",
-            "",
-        ]
-    else:
-        sections += [
-            "None: the weights were initialised at random from `model_config`:",
-            "",
-            "```yaml",
-            yaml.safe_dump(public.get("model_config") or {}, sort_keys=False).strip(),
-            "```",
-            "",
-        ]
-
-    sections += ["## Data", "", data_description, ""]
-
-    sections += ["## Training hyperparameters", ""]
     rows = [[k, _setting(public[k])] for k in HYPERPARAMETERS if public.get(k) is not None]
     if task != "text-classification":
         rows = [r for r in rows if r[0] not in ("max_length", "group_by_length", "freeze_embeddings")]
-    batch, accumulation = config.get("per_device_train_batch_size"), config.get("gradient_accumulation_steps")
+    batch, accumulation = public.get("per_device_train_batch_size"), public.get("gradient_accumulation_steps")
     if num_processes is not None and batch and accumulation:
         rows += [["processes", num_processes], ["global batch size", num_processes * batch * accumulation]]
     if mixed_precision is not None:
         rows += [["mixed_precision", mixed_precision]]
     if results.get("step") is not None:
         rows += [["optimizer steps", results["step"]]]
-    sections += [
-        _table(["hyperparameter", "value"], rows),
-        "",
-        "<details><summary>The full resolved config (keys that look like secrets are left out)</summary>",
-        "",
-        "```yaml",
-        yaml.safe_dump(public, sort_keys=False).strip(),
-        "```",
-        "",
-        "</details>",
-        "",
-    ]
-
-    sections += ["## Metrics", ""]
-    metric_rows = [
-        [split, m.get("accuracy"), m.get("macro_f1"), m.get("loss"), m.get("num_samples")]
-        for split in ("validation", "test")
-        if isinstance(m := results.get(split), dict)
-    ]
-    if metric_rows:
-        sections += [_table(["split", "accuracy", "macro F1", "loss", "samples"], metric_rows), ""]
-        best = results.get("best") or {}
-        if best.get("metric") is not None:
-            sections += [
-                f"Best checkpoint by validation {best['metric']}: {_number(best.get('value'))} at "
-                f"step {best.get('step')}.",
-                "",
-            ]
-    else:
-        sections += ["No evaluation results were recorded.", ""]
-
-    sections += ["## Labels", ""]
-    per_class_split = "test" if isinstance(results.get("test"), dict) else "validation"
+    best = results.get("best") or {}
+    per_class_split = "test" if "test" in splits else "validation"
     per_class = (results.get(per_class_split) or {}).get("per_class") or {}
-    if per_class:
-        rows = [
-            [i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in ("precision", "recall", "f1", "support"))]
-            for i, n in enumerate(label_names)
-        ]
-        sections += [
-            f"Ids as in the model's `id2label`, with per-class {per_class_split} metrics:",
-            "",
-            _table(["id", "label", "precision", "recall", "F1", "support"], rows),
-            "",
-        ]
-    else:
-        sections += [_table(["id", "label"], [[i, f"`{n}`"] for i, n in enumerate(label_names)]), ""]
-
-    where = repo_id or str(export_dir)
-    example = (
-        'classify("a gorgeous , witty , seductive movie .")'
-        if task == "text-classification"
-        else 'classify("path/to/image.png")  # a path, URL or PIL image'
-    )
-    sections += [
-        "## How to use",
-        "",
-        "```python",
-        "from transformers import pipeline",
-        "",
-        f'classify = pipeline("{task}", model="{where}")',
-        example,
-        "```",
-        "",
-    ]
-
-    versions = results.get("versions") or {}
-    shown_versions = ", ".join(f"{k} {v}" for k, v in versions.items())
-    sections += [
-        "## How it was trained",
-        "",
-        f"With finetune {finetune.__version__} (one training loop driven by Accelerate)"
-        + (f"; {shown_versions}" if shown_versions else "")
-        + ".",
-        "",
-    ]
+    stats = ("precision", "recall", "f1", "support") if per_class else ()
     command = command or _launch_command()
-    if command:
-        sections += ["Launched as:", "", "```bash", command, "```", ""]
-    sections += [
-        "To train it again, save the resolved config above as `config.yaml` and run:",
-        "",
-        "```bash",
-        "accelerate launch finetune/run.py --config config.yaml",
-        "```",
-        "",
-    ]
 
-    front = yaml.safe_dump(meta, sort_keys=False).strip()
+    card = ModelCard.from_template(
+        data,
+        template_path=str(TEMPLATE),
+        model_name=name,
+        num_labels=len(label_names),
+        kind="text classifier" if task == "text-classification" else "image classifier",
+        local_base=None if hub_base else _display_path(base_model),
+        model_type=model_type,
+        model_config_yaml=yaml.safe_dump(public.get("model_config") or {}, sort_keys=False).strip(),
+        data_description=data_description,
+        hyperparameters=_cells(rows),
+        config_yaml=yaml.safe_dump(public, sort_keys=False).strip(),
+        metrics=_cells(
+            [
+                [s, m.get("accuracy"), m.get("macro_f1"), m.get("loss"), m.get("num_samples")]
+                for s, m in splits.items()
+            ]
+        ),
+        best={**best, "value": _number(best.get("value"))} if best.get("metric") is not None else None,
+        per_class_split=per_class_split if per_class else None,
+        labels=_cells(
+            [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(label_names)]
+        ),
+        where=repo_id or str(export_dir),
+        finetune_version=finetune.__version__,
+        versions=", ".join(f"{k} {v}" for k, v in (results.get("versions") or {}).items()),
+        command=SECRET_VALUE.sub(REDACTED, command) if command else None,
+    )
     path = export_dir / CARD
-    path.write_text(f"---\n{front}\n---\n\n" + "\n".join(sections).rstrip() + "\n")
+    path.write_text(f"{card}\n")
     return path
 
 

@@ -99,40 +99,59 @@ def _card(tiny_run, config_extra=None, **kwargs):
     )
 
 
+SECTIONS = (
+    "## Base model",
+    "## Data",
+    "## Training hyperparameters",
+    "## Metrics",
+    "## Labels",
+    "## How to use",
+    "## How it was trained",
+)
+
+
 def test_model_card_of_a_model_built_from_config(tiny_run):
     path = _card(
         tiny_run,
         base_model=None,
         num_processes=2,
         mixed_precision="no",
-        command="accelerate launch finetune/run.py learning_rate=1e-3",
+        command=f"accelerate launch finetune/run.py learning_rate=1e-3 secret={SECRET}",
     )
-    assert path.name == "README.md"
-    card = huggingface_hub.ModelCard.load(path)  # the Hub's own parser reads the front matter
-    meta = card.data.to_dict()
-    assert meta["library_name"] == "transformers"
-    assert meta["pipeline_tag"] == "text-classification"
-    assert "base_model" not in meta and "bert" in meta["tags"]
-    text = path.read_text()
-    for section in (
-        "## Base model",
-        "## Data",
-        "## Training hyperparameters",
-        "## Metrics",
-        "## Labels",
-        "## How to use",
-        "## How it was trained",
-    ):
-        assert section in text, section
-    assert "| learning_rate | 0.001 |" in text and "| global batch size | 16 |" in text
+    assert path.name == "README.md" and path.read_text().startswith("---\n")
+    card = huggingface_hub.ModelCard.load(path)  # the Hub's own parser reads the front matter back
+    data = card.data
+    assert data.library_name == "transformers" and data.pipeline_tag == "text-classification"
+    assert data.base_model is None and data.license is None and data.datasets is None
+    assert data.tags == ["finetune", "text-classification", "bert"]
+    assert data.metrics == ["accuracy", "f1"]
     _, results = tiny_run
-    assert f"| validation | {results['validation']['accuracy']:.4f} |" in text
+    validation = results["validation"]
+    assert data.model_name == "run"
+    assert [(r.dataset_type, r.dataset_split, r.metric_type, r.metric_value) for r in data.eval_results] == [
+        ("csv", "validation", "accuracy", validation["accuracy"]),
+        ("csv", "validation", "f1", validation["macro_f1"]),
+    ]
+    assert data.eval_results[1].metric_args == {"average": "macro"}
+    text = card.text  # the body, after the front matter
+    assert [line for line in text.splitlines() if line.startswith("## ")] == list(SECTIONS)
+    assert "A 2-class text classifier (`bert`) trained from random initialisation." in text
+    assert "None: the weights were initialised at random from `model_config`:" in text
+    assert "| learning_rate | 0.001 |" in text and "| global batch size | 16 |" in text
+    assert "| mixed_precision | no |" in text and f"| optimizer steps | {results['step']} |" in text
+    assert f"| validation | {validation['accuracy']:.4f} | {validation['macro_f1']:.4f} |" in text
+    assert "with per-class validation metrics" in text and "| 0 | `0` |" in text
     assert 'pipeline("text-classification"' in text
-    assert "accelerate launch finetune/run.py learning_rate=1e-3" in text
+    assert "accelerate launch finetune/run.py learning_rate=1e-3 secret=<redacted>" in text
+    assert SECRET not in text
     assert "finetune 0.1.0" in text and "train.csv" in text
 
 
-def test_model_card_names_a_hub_base_model_and_leaks_no_secret(tiny_run):
+def test_model_card_names_a_hub_base_model_and_leaks_no_secret(tiny_run, monkeypatch):
+    def no_download(*args, **kwargs):
+        raise AssertionError("the card must not fetch anything from the Hub")
+
+    monkeypatch.setattr(huggingface_hub.repocard, "hf_hub_download", no_download)
     extra = {
         "hub_token": SECRET,
         "wandb_api_key": "x" * 40,
@@ -148,23 +167,59 @@ def test_model_card_names_a_hub_base_model_and_leaks_no_secret(tiny_run):
         config_extra=extra,
         repo_id="someone/tiny-bert-sentiment",
     )
-    meta = huggingface_hub.ModelCard.load(path).data.to_dict()
-    assert meta["base_model"] == "bert-base-uncased" and meta["license"] == "apache-2.0"
+    card = huggingface_hub.ModelCard.load(path)
+    assert card.data.base_model == "bert-base-uncased" and card.data.license == "apache-2.0"
+    assert card.data.model_name == "tiny-bert-sentiment"
+    assert "fine-tuned from [bert-base-uncased](https://huggingface.co/bert-base-uncased)." in card.text
     text = path.read_text()
     assert SECRET not in text and "hub_token" not in text and "wandb_api_key" not in text
     assert "user:pw" not in text and "<redacted>" in text
     assert "tokenizer_name: bert-base-uncased" in text  # 'token' inside a word is not a secret
     assert 'model="someone/tiny-bert-sentiment"' in text
+    # Without a licence given, a Hub base model's card is not downloaded to find one.
+    assert (
+        huggingface_hub.ModelCard.load(_card(tiny_run, base_model="bert-base-uncased")).data.license is None
+    )
 
 
 def test_a_local_base_model_is_not_put_in_the_front_matter(tiny_run, tmp_path):
     local = tmp_path / "my-bert"
     local.mkdir()
-    (local / "README.md").write_text("---\nlicense: mit\n---\n# my bert\n")
+    (local / "README.md").write_text("---\nlicense: mit\ntags: [bert]\n---\n# my bert\n")
     path = _card(tiny_run, base_model=str(local))
-    meta = huggingface_hub.ModelCard.load(path).data.to_dict()
-    assert "base_model" not in meta and meta["license"] == "mit"  # licence read from its own card
-    assert "the local model" in path.read_text()
+    card = huggingface_hub.ModelCard.load(path)
+    assert card.data.base_model is None and card.data.license == "mit"  # licence read from its own card
+    assert f"fine-tuned from the local model `{local}`" in card.text
+    (local / "README.md").write_text("---\nlicense: [unclosed\n---\n")  # a broken card: no licence
+    assert huggingface_hub.ModelCard.load(_card(tiny_run, base_model=str(local))).data.license is None
+
+
+def test_model_card_with_a_test_split_hub_dataset_and_best_checkpoint(tiny_run):
+    out, results = tiny_run
+    results = {
+        **results,
+        "test": results["validation"],
+        "best": {"metric": "accuracy", "value": 0.5, "step": 4},
+    }
+    config = {**yaml.safe_load((out / "config.yaml").read_text()), "dataset_name": "stanfordnlp/sst2"}
+    config.update(dataset_config_name="default", train_file=None, validation_file=None)
+    path = write_model_card(
+        out / "model",
+        config=config,
+        label_names=results["label_names"],
+        results=results,
+        base_model=None,
+        data_description=describe_data(config),
+    )
+    card = huggingface_hub.ModelCard.load(path)
+    assert card.data.datasets == ["stanfordnlp/sst2"]
+    assert {(r.dataset_type, r.dataset_config, r.dataset_split) for r in card.data.eval_results} == {
+        ("stanfordnlp/sst2", "default", "validation"),
+        ("stanfordnlp/sst2", "default", "test"),
+    }
+    assert "| test | " in card.text and "with per-class test metrics" in card.text
+    assert "Best checkpoint by validation accuracy: 0.5000 at step 4." in card.text
+    assert "the Hub dataset `stanfordnlp/sst2` (config `default`)" in card.text
 
 
 def test_redact_at_any_depth():
