@@ -48,14 +48,14 @@ class TrainingStopped(Exception):
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [UserError]
-    # Sibling modules define their own user-error types (ValueError subclasses); import lazily so
-    # that a failure in one of them cannot hide the original error.
-    for module, name in (("finetune.parallel", "ParallelError"), ("finetune.metrics", "MetricError")):
-        try:
-            mod = __import__(module, fromlist=[name])
-            types.append(getattr(mod, name))
-        except (ImportError, AttributeError):
-            pass
+    # finetune.parallel defines its own user-error type (a ValueError subclass); import it lazily so
+    # that a failure there cannot hide the original error.
+    try:
+        from finetune.parallel import ParallelError
+
+        types.append(ParallelError)
+    except ImportError:
+        pass
     return tuple(types)
 
 
