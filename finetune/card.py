@@ -34,7 +34,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.config import REPO_DIR
-from finetune.errors import UserError
+from finetune.errors import UserError, first_line
 
 CARD = "README.md"
 TEMPLATE = Path(__file__).with_name("templates") / "model_card.md"  # Jinja, rendered by ModelCard
@@ -381,6 +381,6 @@ def push_to_hub(export_dir: Path, repo_id: str, token: str | None = None, privat
             f"cannot push to '{repo_id}': not logged in to the Hub; run `hf auth login` or set HF_TOKEN"
         ) from None
     except (HFValidationError, HfHubHTTPError, ConnectionError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise UserError(f"cannot push to the Hub repo '{repo_id}': {first}") from None
     return str(url)

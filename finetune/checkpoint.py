@@ -29,7 +29,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from finetune.errors import UserError
+import torch
+
+from finetune.errors import EXIT_DIVERGED, TrainingStopped, UserError, first_line
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
@@ -125,19 +127,19 @@ def load_checkpoint(accelerator, path: Path, exact: bool = True) -> None:
             accelerate_load(rng, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
         raise UserError(
-            f"{rng} does not load as plain data ({str(e).splitlines()[0]}): it is damaged or "
+            f"{rng} does not load as plain data ({first_line(e)}): it is damaged or "
             "holds code; resume only from checkpoints written by finetune.run"
         ) from None
     try:
         accelerator.load_state(str(path), load_kwargs={"weights_only": True})
     except (pickle.UnpicklingError, EOFError) as e:
         raise UserError(
-            f"{path} does not load as plain data ({str(e).splitlines()[0]}): it is damaged or "
+            f"{path} does not load as plain data ({first_line(e)}): it is damaged or "
             "holds code; resume only from checkpoints written by finetune.run"
         ) from None
     except (RuntimeError, KeyError, ValueError) as e:  # shapes, parameter groups, missing keys
         raise UserError(
-            f"{path} does not fit this model or optimizer: {str(e).splitlines()[0]}; resume with "
+            f"{path} does not fit this model or optimizer: {first_line(e)}; resume with "
             "the model and settings that saved it"
         ) from None
 
@@ -192,3 +194,109 @@ def prune_checkpoints(output_dir: str | Path, keep_last: int | None, best: Path 
         (p / COMPLETE).unlink(missing_ok=True)  # first: a half-deleted directory is never "complete"
         shutil.rmtree(p, ignore_errors=True)
     return removed
+
+
+# --- during a run: which checkpoint is best, when the run must stop, whether a resume fits ----------
+
+
+class Checkpointer:
+    """Writes a run's checkpoints: the manifest, the best one by `metric_for_best_model`, retention.
+    Remembers the last good checkpoint, which a run that must stop names."""
+
+    def __init__(self, accelerator, cfg, output_dir: Path, label_names: list[str], best=None, last=None):
+        self.accelerator, self.cfg, self.out, self.label_names = accelerator, cfg, output_dir, label_names
+        self.best: dict[str, Any] = best or {}
+        self.last: Path | None = last
+
+    def save(self, model, step: int, epoch: int, samples_in_epoch: int, metrics: dict | None = None) -> Path:
+        cfg, accelerator = self.cfg, self.accelerator
+        if self.last is not None and self.last.name == f"{PREFIX}{step:08d}":
+            return self.last  # saved at this step already
+        if not all_finite(model, accelerator):  # NaN weights never recover: keep the last good checkpoint
+            raise diverged("the weights became NaN or infinite", step, self.last)
+        value = (metrics or {}).get(cfg.metric_for_best_model)
+        best = self.best
+        if isinstance(value, (int, float)) and (
+            not best or (value > best["value"] if cfg.greater_is_better else value < best["value"])
+        ):
+            self.best = {
+                "metric": cfg.metric_for_best_model,
+                "value": value,
+                "step": step,
+                "path": str(self.out / CHECKPOINTS / f"{PREFIX}{step:08d}"),
+            }
+        manifest = {
+            "step": step,
+            "epoch": epoch,
+            "samples_in_epoch": samples_in_epoch,
+            "seed": cfg.seed,
+            "world_size": accelerator.num_processes,
+            "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+            "per_device_train_batch_size": cfg.per_device_train_batch_size,
+            "mixed_precision": accelerator.mixed_precision,
+            "task": cfg.task,
+            "label_names": self.label_names,
+            "metrics": metrics or {},
+            "best": self.best,
+            "versions": package_versions(),
+            "config": cfg.to_dict(),
+        }
+        path = self.last = save_checkpoint(accelerator, self.out, step, manifest)
+        if accelerator.is_main_process:
+            best_path = Path(self.best["path"]) if self.best.get("path") else None
+            prune_checkpoints(self.out, cfg.save_total_limit, best_path)
+        accelerator.print(f"saved checkpoint {path}")
+        return path
+
+
+def all_finite(model, accelerator) -> bool:
+    """Whether every parameter, on every process (FSDP shards differ), is finite. A host sync: saves only."""
+    # FSDP: each process checks its own shard (a DTensor's local part).
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    flags = torch.stack([p.detach().isfinite().all().to(accelerator.device) for p in local])
+    return bool(accelerator.gather(flags.all().float().reshape(1)).min().item())
+
+
+def diverged(why: str, step: int, last_checkpoint: Path | None) -> TrainingStopped:
+    kept = f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was saved"
+    return TrainingStopped(
+        f"{why} (optimizer step {step}); {kept}; lower learning_rate or check the data, "
+        "then resume from that checkpoint or start again",
+        EXIT_DIVERGED,
+    )
+
+
+def check_resume_compatible(
+    manifest: dict[str, Any], cfg, num_processes: int, label_names: list[str] | None = None
+) -> bool:
+    """A resumed run must split the data the way the saved one did, or the order and LR change;
+    returns whether the topology changed (allowed only with resume_allow_topology_change)."""
+    saved = (
+        manifest["world_size"],
+        manifest["gradient_accumulation_steps"],
+        manifest["per_device_train_batch_size"],
+    )
+    now = (num_processes, cfg.gradient_accumulation_steps, cfg.per_device_train_batch_size)
+    if saved != now and not cfg.resume_allow_topology_change:
+        raise UserError(
+            f"the checkpoint was saved with processes x batch x accumulation = {saved[0]} x {saved[2]} x "
+            f"{saved[1]}, this run has {now[0]} x {now[2]} x {now[1]}; resume with the same settings, "
+            "or pass resume_allow_topology_change=true to continue without repeating consumed samples"
+        )
+    if manifest.get("task") != cfg.task or manifest.get("label_names") is None:
+        raise UserError(
+            f"the checkpoint is from a {manifest.get('task')} run, this one is {cfg.task}; "
+            "resume it with its own recipe, or start this run without resume_from_checkpoint"
+        )
+    if label_names is not None and manifest["label_names"] != label_names:
+        raise UserError(
+            f"the checkpoint was trained on the labels {manifest['label_names']}, this run's data "
+            f"has {label_names}; resume it with its own data, or set label_names to match"
+        )
+    frozen = bool(manifest.get("config", {}).get("freeze_embeddings", False))
+    if frozen != cfg.freeze_embeddings:  # the optimizer state holds other parameters
+        raise UserError(
+            f"the checkpoint was trained with freeze_embeddings={str(frozen).lower()}; resume it with "
+            "the same setting"
+        )
+    return saved != now

@@ -129,7 +129,6 @@ class TrainConfig:
     # Stop when metric_for_best_model has not improved for this many evaluations (None: never).
     early_stopping_patience: int | None = None
     push_to_hub_model_id: str | None = None  # after training, upload the export there (needs the network)
-    dry_run: bool = False  # print the plan (devices, batches, steps, learning rates) and exit
 
     # --- faults -------------------------------------------------------------------------------------
     # Stop (exit status 3) when the loss is NaN or infinite for this many optimizer steps in a row;
@@ -149,7 +148,6 @@ class TrainConfig:
     devices: str | None = None  # "cuda:0,cuda:1", "cuda:0,cpu"; default: every visible GPU
     max_memory: dict[str, str] | None = None  # per-device cap, e.g. {"cuda:0": "2GiB"}
     pipeline_chunks: int = 1  # >1: GPipe-style micro-batches through the stages
-    plan_only: bool = False  # print the model-parallel plan and exit
 
     def __post_init__(self) -> None:
         self.validate()
@@ -283,10 +281,28 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     return value
 
 
+# Command-line modes that older versions kept as settings (and saved in config.yaml and manifests):
+# dropped when a saved config is read, pointed to their flag when given as key=value.
+MODE_FLAGS = {"dry_run": "--dry-run", "plan_only": "--plan-only"}
+
+
 def _unknown_key(key: str, known: list[str]) -> UserError:
+    if key in MODE_FLAGS:
+        return UserError(f"{key} is not a setting; pass the flag {MODE_FLAGS[key]}")
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     hint = f"; did you mean {close[0]}?" if close else ""
     return UserError(f"unknown config key '{key}'{hint}")
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`key=value` from the command line: the value read as YAML (a string where YAML fails)."""
+    key, sep, text = item.partition("=")
+    if not sep:
+        raise UserError(f"expected key=value, got '{item}'")
+    try:
+        return key.strip(), yaml.safe_load(text) if text != "" else None
+    except yaml.YAMLError:
+        return key.strip(), text
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
@@ -311,13 +327,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raw[key] = str(REPO_DIR / value)
 
     for item in overrides or []:
-        if "=" not in item:
-            raise UserError(f"expected key=value, got '{item}'")
-        key, text = item.split("=", 1)
-        try:
-            raw[key.strip()] = yaml.safe_load(text) if text != "" else None
-        except yaml.YAMLError:
-            raw[key.strip()] = text
+        key, value = parse_override(item)
+        raw[key] = value
     # Saved configs must work from any directory: local paths become absolute.
     for key in (*PATH_KEYS, "output_dir"):
         value = raw.get(key)
@@ -326,10 +337,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config_from_dict(raw)
 
 
-def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
+def config_from_dict(raw: dict[str, Any], saved: bool = False) -> TrainConfig:
+    """The config from a mapping; `saved`: a run's config.yaml or manifest, maybe of an older version."""
     hints = _field_types()
     values = {}
     for key, value in raw.items():
+        if saved and key in MODE_FLAGS:
+            continue
         if key not in hints:
             raise _unknown_key(key, list(hints))
         values[key] = _coerce(key, value, hints[key])

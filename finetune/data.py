@@ -16,7 +16,6 @@ import io
 import json
 import math
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +26,9 @@ from datasets import Dataset as HFDataset
 from torch.utils.data import Sampler
 
 from finetune.config import TrainConfig
-from finetune.errors import UserError
+from finetune.errors import UserError, first_line
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv"}
-
-
-@dataclass
-class Splits:
-    """The data of a run: tokenized/transformed splits and the label names (id order)."""
-
-    train: HFDataset
-    validation: HFDataset
-    test: HFDataset | None
-    label_names: list[str]
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -56,7 +45,7 @@ def _root_cause(e: BaseException) -> str:
     """The first line of the innermost exception: datasets wraps the parser's error in its own."""
     while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
         e = e.__cause__ or e.__context__  # type: ignore[assignment]
-    first = (str(e).strip().splitlines() or [""])[0]
+    first = first_line(e)
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 

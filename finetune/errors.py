@@ -15,6 +15,7 @@ A run that stops on purpose raises `TrainingStopped`, also one line, with its ow
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import sys
@@ -59,6 +60,12 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type's name when the message is empty): for
+    messages that quote another library's error inside our own."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 def one_line(e: BaseException) -> str:
     """The message of `e` on one line. A DataLoader worker re-raises an error as the same type with the
     worker's formatted traceback as its message: keep only the original message, its last line."""
@@ -96,3 +103,14 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
             sys.exit(EXIT_USER_ERROR)
 
     return wrapper
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are user errors: one line, exit status 2, with `hint` after them."""
+
+    def __init__(self, *args, hint: str = "", **kwargs):
+        super().__init__(*args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self.hint = hint
+
+    def error(self, message: str):
+        raise UserError(f"{message}{'; ' + self.hint if self.hint else ''}")

@@ -56,12 +56,14 @@ from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
 from finetune import checkpoint as ckpt
-from finetune.config import TrainConfig, config_from_dict
+from finetune.config import TrainConfig, config_from_dict, parse_override
 from finetune.data import FILE_BUILDERS, Collator, _check_columns, encode_labels, load_splits, prepare_splits
-from finetune.errors import UserError, exit_on_user_error
+from finetune.errors import UserError, exit_on_user_error, first_line
+from finetune.evaluation import evaluate_model
+from finetune.export import RESULTS
 from finetune.metrics import classification_report, plot_confusion_matrix
 from finetune.models import AUTO_MODELS, build_model, check_max_length, load_preprocessor
-from finetune.run import RESULTS, data_workers, evaluate_model, make_accelerator, pin_memory
+from finetune.runtime import data_workers, make_accelerator, pin_memory
 
 FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
@@ -113,7 +115,7 @@ def _run_config(raw: Any, where: str) -> TrainConfig:
     if not isinstance(raw, dict):
         raise UserError(f"{where} holds no run config; was it written by finetune.run?")
     try:
-        return config_from_dict(raw)
+        return config_from_dict(raw, saved=True)
     except UserError as e:
         raise UserError(f"the run config in {where} does not load: {e}") from None
 
@@ -142,7 +144,7 @@ def _load_model_config(spec: str):
     try:
         return AutoConfig.from_pretrained(spec)
     except (OSError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise UserError(f"could not load the model config of '{spec}': {first}") from None
 
 
@@ -235,25 +237,18 @@ def eval_config(target: Target, task: str | None, data: str | None, overrides: l
         pipeline_chunks=1,
         devices=None,
         max_memory=None,
-        plan_only=False,
         resume_from_checkpoint=None,
         gradient_accumulation_steps=1,
         label_names=target.label_names,
     )
     for item in overrides:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep:
-            raise UserError(f"expected key=value, got '{item}'")
+        key, value = parse_override(item)
         if key not in EVAL_KEYS:
             raise UserError(
                 f"{key} cannot be set when evaluating; evaluation settings are: {', '.join(EVAL_KEYS)}"
             )
-        try:
-            raw[key] = yaml.safe_load(text) if text != "" else None
-        except yaml.YAMLError:
-            raw[key] = text
-    return config_from_dict(raw)
+        raw[key] = value
+    return config_from_dict(raw, saved=True)
 
 
 # --- the model ------------------------------------------------------------------------------------
@@ -293,7 +288,7 @@ def load_model(target: Target, cfg: TrainConfig):
                 AutoTokenizer if cfg.task == "text-classification" else AutoImageProcessor
             ).from_pretrained(source)
         except (OSError, ValueError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = first_line(e)
             raise UserError(f"could not load the {cfg.task} model '{target.spec}': {first}") from None
     check_max_length(cfg, model)
     return model.eval(), preprocessor
@@ -381,7 +376,7 @@ def data_split(cfg: TrainConfig, data: str, split: str | None) -> tuple[HFDatase
         else:
             loaded = load_dataset(str(path))
     except Exception as e:  # datasets raises many types for unreadable data; the message is the help
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise UserError(f"could not load --data {data}: {type(e).__name__}: {first}") from None
     name = "data" if path.is_file() else _pick_split(list(loaded), split, f"--data {data}")
     what = f"--data {data}" + (f" [{name}]" if path.is_dir() else "")

@@ -59,6 +59,12 @@ def check_launch_args(args) -> None:
         except Exception as e:  # YAML/JSON syntax, unknown keys, wrong values
             detail = " ".join(str(e).split())[:300]
             raise UserError(f"accelerate config {path} is not a valid accelerate config: {detail}") from None
+        # accelerate launch --cpu drops an FSDP config's FSDP (and its processes) without a word.
+        if args.cpu and getattr(load_config_from_file(str(path)), "distributed_type", None) == "FSDP":
+            raise UserError(
+                f"accelerate config {path} asks for FSDP, which runs on GPUs only, and --cpu would train "
+                "without it; use accelerate_configs/cpu_ddp.yaml on a CPU"
+            )
     script = args.training_script
     if not (args.module or args.no_python) and not Path(script).is_file():
         raise UserError(f"script {script} does not exist; the training script is finetune/run.py")

@@ -22,7 +22,7 @@ from transformers import (
 )
 
 from finetune.config import TrainConfig
-from finetune.errors import UserError
+from finetune.errors import UserError, first_line
 
 AUTO_MODELS = {
     "text-classification": AutoModelForSequenceClassification,
@@ -37,7 +37,7 @@ def _looks_local(name: str) -> bool:
 def _load_error(what: str, name: str, e: Exception) -> UserError:
     if _looks_local(name) and not Path(name).expanduser().exists():
         return UserError(f"{what} path does not exist: {name}")
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    first = first_line(e)
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         first += " (HF_HUB_OFFLINE is set: download it while online, or give a local directory)"
     return UserError(f"could not load {what} '{name}': {first}")
@@ -166,3 +166,12 @@ def check_max_length(cfg: TrainConfig, model: PreTrainedModel) -> None:
             f"max_length {cfg.max_length} exceeds the model's position limit {limit}; "
             f"set max_length={limit} or less"
         )
+    multiple = cfg.pad_to_multiple_of
+    if cfg.task == "text-classification" and limit is not None and multiple:
+        longest = -(-cfg.max_length // multiple) * multiple  # the longest batch after rounding up
+        if longest > limit:
+            raise UserError(
+                f"pad_to_multiple_of={multiple} pads batches of up to max_length={cfg.max_length} tokens to "
+                f"{longest}, past the model's position limit {limit}; choose a multiple that divides a "
+                f"length of at most {limit}, or null"
+            )

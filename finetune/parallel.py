@@ -2,7 +2,7 @@
 
     accelerate launch --config_file accelerate_configs/model_parallel.yaml finetune/run.py \
         model_parallel=true devices=cuda:0,cuda:1 pipeline_chunks=4
-    python -m finetune.bench_parallel --devices cuda:0,cuda:1 --chunks 4
+    python -m benchmarks.bench_parallel --devices cuda:0,cuda:1 --chunks 4
 
 A transform applied to a model that is already built (the model classes know nothing of it):
 
@@ -34,15 +34,6 @@ from torch import nn
 
 class ParallelError(ValueError):
     """A user mistake in the model-parallel settings: printed as one line, exit status 2."""
-
-
-def check_single_process(num_processes: int) -> None:
-    """Model parallelism places the whole model in one process; several processes would each try to."""
-    if num_processes > 1:
-        raise ParallelError(
-            "model parallelism runs in one process; launch with num_processes 1, "
-            "or use the DDP or FSDP config for several processes"
-        )
 
 
 # --- devices and sizes ---------------------------------------------------------------------------

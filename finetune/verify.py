@@ -43,6 +43,7 @@ single-process `python -m finetune.run` with the launcher's environment removed,
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -56,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import TrainConfig, load_config
-from finetune.errors import UserError, exit_on_user_error
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error
 
 DEFAULT_STEPS = 3
 DEFAULT_TOLERANCE = 1e-5
@@ -191,7 +192,6 @@ def variant_args(variant: Variant, recipe: list[str], samples: int, out_dir: Pat
         "max_test_samples": 8,
         "model_parallel": False,
         "pipeline_chunks": 1,
-        "plan_only": False,
         "push_to_hub_model_id": None,  # never upload from a check (a key a later version may have)
     }
     keys = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -327,42 +327,37 @@ class Options:
     keep: str | None
 
 
+def _number(name: str, kind: type, check, requirement: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"{name} must be {requirement}, got {value}")
+        return value
+
+    return parse
+
+
 def parse_args(argv: list[str]) -> Options:
-    opts = Options(None, [], DEFAULT_STEPS, DEFAULT_TOLERANCE, None)
-    args = list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg in ("-h", "--help"):
-            print(__doc__)
-            sys.exit(0)
-        name, _, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        if name in ("--config", "--steps", "--tolerance", "--keep"):
-            if not inline and not args:
-                raise UserError(f"{name} needs a value")
-            value = inline or args.pop(0)
-            try:
-                if name == "--config":
-                    opts.config = value
-                elif name == "--steps":
-                    opts.steps = int(value)
-                elif name == "--tolerance":
-                    opts.tolerance = float(value)
-                else:
-                    opts.keep = value
-            except ValueError:
-                raise UserError(f"{name} must be a number, got {value!r}") from None
-        elif arg.startswith("--"):
-            raise UserError(
-                f"unknown option {arg}; options are --config, --steps, --tolerance, --keep; "
-                "settings are key=value"
-            )
-        else:
-            opts.overrides.append(arg)
-    if opts.steps < 1:
-        raise UserError(f"--steps must be at least 1, got {opts.steps}")
-    if not opts.tolerance > 0:
-        raise UserError(f"--tolerance must be positive, got {opts.tolerance}")
-    return opts
+    hint = "options are --config, --steps, --tolerance, --keep; settings are key=value"
+    parser = ArgumentParser(prog="python -m finetune.verify", description=__doc__, hint=hint)
+    parser.add_argument("--config", metavar="PATH", help="the recipe to check (default: the MiniLM recipe)")
+    parser.add_argument(
+        "--steps", type=_number("--steps", int, lambda v: v >= 1, "at least 1"), default=DEFAULT_STEPS
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=_number("--tolerance", float, lambda v: v > 0, "positive"),
+        default=DEFAULT_TOLERANCE,
+    )
+    parser.add_argument("--keep", metavar="DIR", help="keep the runs here")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="override any setting of the recipe"
+    )
+    args = parser.parse_intermixed_args(argv)
+    return Options(args.config, args.overrides, args.steps, args.tolerance, args.keep)
 
 
 @exit_on_user_error

@@ -264,6 +264,10 @@ CASES: dict[str, tuple[Callable[[Files], list[str]], str]] = {
         lambda f: _text(f, "model_config=null", f"model_name_or_path={f.root / 'pickle_model'}"),
         "pass allow_pickle_weights=true if you trust its source",
     ),
+    "pad_to_multiple_of_past_position_limit": (
+        lambda f: _text(f, "pad_to_multiple_of=200"),
+        "pads batches of up to max_length=32 tokens to 200, past the model's position limit 128",
+    ),
     "max_length_over_position_limit": (
         lambda f: _text(f, "max_length=512"),
         "max_length 512 exceeds the model's position limit 128",
@@ -352,7 +356,7 @@ CASES: dict[str, tuple[Callable[[Files], list[str]], str]] = {
         lambda f: ["--config", str(f.root / "nope.yaml"), f"output_dir={f.done}"],
         "config file not found",
     ),
-    "unknown_option": (lambda f: [*_text(f), "--learning-rate", "1"], "unknown option --learning-rate"),
+    "unknown_option": (lambda f: [*_text(f), "--learning-rate", "1"], "unrecognized arguments: --learning-rate"),
     "not_key_value": (lambda f: [*_text(f), "fast"], "expected key=value, got 'fast'"),
     # output directory and hardware
     "finished_output_dir": (
@@ -370,7 +374,7 @@ CASES: dict[str, tuple[Callable[[Files], list[str]], str]] = {
     ),
     "plan_only_without_model_parallel": (
         lambda f: _text(f, "--plan-only"),
-        "plan_only needs model_parallel=true",
+        "--plan-only needs model_parallel=true",
     ),
     "freeze_embeddings_for_images": (
         lambda f: _text(f, "task=image-classification", "freeze_embeddings=true"),

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 
-from finetune.bench import main
+import pytest
+
+from benchmarks.bench import main
 
 
 def test_smoke_bench_writes_a_sane_report(tmp_path):
@@ -42,7 +44,7 @@ def test_peak_memory_is_the_runs_own(tmp_path):
 
     import torch
 
-    from finetune.bench import RunMonitor
+    from benchmarks.bench import RunMonitor
 
     def touch(mib: int, hold: float = 0.0) -> None:
         m = mmap.mmap(-1, mib * 2**20)  # anonymous memory, whatever malloc keeps
@@ -57,3 +59,10 @@ def test_peak_memory_is_the_runs_own(tmp_path):
         touch(96, hold=0.1)
     report = monitor.report()
     assert 80 <= report["peak_rss_mib"] - report["rss_before_mib"] < 200, report
+
+
+@pytest.mark.parametrize("bad", ["0", "-1"])
+def test_seq_len_must_be_positive(bad, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--smoke", "--seq-len", bad, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and not (tmp_path / "bench.json").exists()

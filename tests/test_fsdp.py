@@ -8,10 +8,11 @@ import types
 import pytest
 import torch
 from accelerate.utils import FullyShardedDataParallelPlugin
-from conftest import tiny_text_args
+from conftest import REPO, tiny_text_args
 from transformers import AutoConfig, AutoModelForImageClassification, AutoModelForSequenceClassification
 
 import finetune.run as run
+import finetune.runtime as runtime
 
 
 def _fake_accelerator(plugin):
@@ -35,13 +36,13 @@ def test_fsdp_units_leave_out_the_block_holding_the_input_embeddings(kind, layer
     model = _tiny(kind)
     assert any("Embeddings" in name for name in model._no_split_modules)  # what Accelerate would wrap
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
-    run.configure_fsdp(_fake_accelerator(plugin), model)
+    runtime.configure_fsdp(_fake_accelerator(plugin), model)
     assert plugin.transformer_cls_names_to_wrap == [layer]
     # a class list written in the accelerate config is used as written
     plugin = FullyShardedDataParallelPlugin(
         fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Custom"]
     )
-    run.configure_fsdp(_fake_accelerator(plugin), model)
+    runtime.configure_fsdp(_fake_accelerator(plugin), model)
     assert plugin.transformer_cls_names_to_wrap == ["Custom"]
 
 
@@ -71,4 +72,21 @@ def test_fsdp_asked_for_where_it_cannot_run_is_an_error(small_text_data, tmp_pat
 def test_data_workers_default(device, task, setting, expected):
     cfg = types.SimpleNamespace(dataloader_num_workers=setting, task=task)
     accelerator = types.SimpleNamespace(device=torch.device(device))
-    assert run.data_workers(cfg, accelerator) == expected
+    assert runtime.data_workers(cfg, accelerator) == expected
+
+
+def test_finetune_launch_refuses_fsdp_with_cpu(capsys):
+    """`accelerate launch --cpu` drops an FSDP config's FSDP and its processes without a word."""
+    from finetune.launch import main as launch_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        launch_main(
+            [
+                "--config_file",
+                str(REPO / "accelerate_configs/fsdp.yaml"),
+                "--cpu",
+                str(REPO / "finetune/run.py"),
+            ]
+        )
+    assert exit_info.value.code == 2
+    assert "asks for FSDP" in capsys.readouterr().err

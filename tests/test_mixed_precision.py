@@ -18,6 +18,7 @@ from accelerate.utils import GradScalerKwargs
 from conftest import tiny_text_args
 
 import finetune.run as run
+import finetune.runtime as runtime
 from finetune.config import load_config
 
 
@@ -77,7 +78,7 @@ def test_fp16_overflow_on_gpu(small_text_data, tmp_path, monkeypatch):
     out = tmp_path / "run"
     init_scale = 2.0**40
     made = {}
-    real_accelerator = run.Accelerator
+    real_accelerator = runtime.Accelerator
 
     def accelerator_with_scaler(**kwargs):
         kwargs["mixed_precision"] = "fp16"
@@ -89,7 +90,7 @@ def test_fp16_overflow_on_gpu(small_text_data, tmp_path, monkeypatch):
         made["scaler"] = accelerator.scaler
         return accelerator
 
-    monkeypatch.setattr(run, "Accelerator", accelerator_with_scaler)
+    monkeypatch.setattr(runtime, "Accelerator", accelerator_with_scaler)
     total = 30
     cfg = load_config(
         None,
@@ -108,9 +109,10 @@ def test_fp16_overflow_on_gpu(small_text_data, tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU case")
-def test_fp16_on_cpu_is_refused(small_text_data, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("written", ["fp16", "FP16"])  # Accelerate keeps "FP16" as written, then ignores it
+def test_fp16_on_cpu_is_refused(small_text_data, tmp_path, monkeypatch, capsys, written):
     """Accelerate has no fp16 autocast on a CPU and would silently train in fp32."""
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", written)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_info:
         run.main(tiny_text_args(small_text_data, out, "max_steps=2"))

@@ -26,11 +26,10 @@ from transformers import (
     ViTForImageClassification,
 )
 
-from finetune import bench_parallel
+from benchmarks import bench_parallel
 from finetune.parallel import (
     ParallelError,
     apply_model_parallel,
-    check_single_process,
     estimate_stage_bytes,
     parse_devices,
     parse_size,
@@ -123,12 +122,6 @@ def test_parse_size():
     assert parse_size(123) == parse_size("123") == 123
     with pytest.raises(ParallelError, match="memory size"):
         parse_size("2 parsecs")
-
-
-def test_check_single_process():
-    check_single_process(1)
-    with pytest.raises(ParallelError, match="one process"):
-        check_single_process(2)
 
 
 # --- the plan ------------------------------------------------------------------------------------

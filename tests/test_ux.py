@@ -50,7 +50,7 @@ def test_run_writes_curves_and_a_model_card(small_text_data, tmp_path):
 
 
 def _cores() -> int:
-    from finetune.run import available_cores
+    from finetune.runtime import available_cores
 
     return available_cores()
 

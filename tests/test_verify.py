@@ -137,7 +137,7 @@ def test_image_recipes_under_ddp_need_the_flip_off():
     [
         (["--steps", "0"], "--steps must be at least 1"),
         (["--tolerance", "abc"], "--tolerance must be a number"),
-        (["--bogus"], "unknown option --bogus"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
 def test_usage_errors(argv, message):

@@ -1,8 +1,8 @@
 """Benchmark naive layer-wise model parallelism against GPipe-style micro-batches.
 
-    python -m finetune.bench_parallel --devices cuda:0,cuda:1 --chunks 4 --out bench.json
-    python -m finetune.bench_parallel --devices cuda:0,cpu --layers 4 --hidden 256 --seq-len 64
-    python -m finetune.bench_parallel --devices cpu,cpu --layers 2 --hidden 32 --steps 1   # smoke run
+    python -m benchmarks.bench_parallel --devices cuda:0,cuda:1 --chunks 4 --out bench.json
+    python -m benchmarks.bench_parallel --devices cuda:0,cpu --layers 4 --hidden 256 --seq-len 64
+    python -m benchmarks.bench_parallel --devices cpu,cpu --layers 2 --hidden 32 --steps 1   # smoke run
 
 A BERT classifier built from a config (random weights, nothing downloaded) is split by
 `plan_model_parallel` and trained for `--warmup` + `--steps` optimizer steps on one fixed random

@@ -1,11 +1,11 @@
 """Benchmark the app's training loop against the hardware's matmul peak and a textbook loop.
 
-    python -m finetune.bench                                  # BERT recipe, the recipe's steps
-    python -m finetune.bench --recipe both --out runs/bench   # BERT and ViT
-    python -m finetune.bench --steps 40 --levers              # plus each speed lever on/off
-    python -m finetune.bench --precision bf16 --steps 4       # bf16 autocast (slow on CPUs without bf16)
-    python -m finetune.bench --smoke --out /tmp/b             # tiny models, a few steps: the test's run
-    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 -m finetune.bench --steps 20
+    python -m benchmarks.bench                                  # BERT recipe, the recipe's steps
+    python -m benchmarks.bench --recipe both --out runs/bench   # BERT and ViT
+    python -m benchmarks.bench --steps 40 --levers              # plus each speed lever on/off
+    python -m benchmarks.bench --precision bf16 --steps 4       # bf16 autocast (slow on CPUs without bf16)
+    python -m benchmarks.bench --smoke --out /tmp/b             # tiny models, a few steps: the test's run
+    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 -m benchmarks.bench --steps 20
 
 Writes `bench.json` and `bench.md` into --out. Where each number comes from:
 
@@ -69,8 +69,10 @@ from torch.utils.data import DataLoader, default_collate
 from transformers import get_scheduler
 
 import finetune.run as app
+import finetune.runtime as runtime
 from finetune.config import CONFIGS_DIR, REPO_DIR, TrainConfig, load_config
 from finetune.data import load_splits, prepare_splits
+from finetune.errors import exit_on_user_error
 from finetune.models import build_model, load_preprocessor
 
 RECIPES = {"bert": CONFIGS_DIR / "bert_rotten_tomatoes.yaml", "vit": CONFIGS_DIR / "vit_fashion_mnist.yaml"}
@@ -641,7 +643,7 @@ def run_reference(
     out.update(mem.report())
     out["phases_s"]["communication"] = comm
     out.update({
-        "source": "the textbook loop in finetune/bench.py (nlp_example: shuffle, pad to longest, "
+        "source": "the textbook loop in benchmarks/bench.py (nlp_example: shuffle, pad to longest, "
                   "default AdamW, accelerator.backward)",
         "optimizer_steps": step,
         "train_wall_s": train_s,
@@ -1145,6 +1147,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="an extra recipe override for both loops (repeatable)",
     )
     args = p.parse_args(argv)
+    if args.seq_len is not None and args.seq_len <= 0:
+        p.error(f"--seq-len must be a positive number of tokens, got {args.seq_len}")
     if args.smoke:
         args.steps = args.steps or 4
         args.warmup = min(args.warmup, 1)
@@ -1153,6 +1157,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@exit_on_user_error
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.precision:
@@ -1169,7 +1174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # serves every run here, destroyed at the end.
         Accelerator.end_training = lambda self: [tracker.finish() for tracker in self.trackers] and None
     if device.type == "cpu":  # both loops with the threads the app takes (train() sets them too)
-        threads = app.cpu_threads(args.threads, processes)
+        threads = runtime.cpu_threads(args.threads, processes)
         torch.set_num_threads(threads)
         args.override = [f"cpu_threads={threads}", *args.override]
     peaks: list[dict] = []
@@ -1180,7 +1185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     recipes = ["bert", "vit"] if args.recipe == "both" else [args.recipe]
     report: dict[str, Any] = {
-        "command": "python -m finetune.bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": machine(), "precision": precision, "processes": processes,
         "import_seconds": None if args.smoke else import_seconds(), "load_avg_start": load_start, "recipes": {},
     }  # fmt: skip
@@ -1203,11 +1208,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (args.out / "bench.md").write_text(table)
         print(table)
     return report
-
-
-def cli() -> None:
-    """Console script `finetune-bench` (its return value would otherwise become the exit status)."""
-    main()
 
 
 if __name__ == "__main__":
