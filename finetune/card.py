@@ -34,7 +34,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.config import REPO_DIR
-from finetune.errors import UserError, first_line
+from finetune.errors import REDACTED, SECRET_VALUE, UserError, first_line
 
 CARD = "README.md"
 TEMPLATE = Path(__file__).with_name("templates") / "model_card.md"  # Jinja, rendered by ModelCard
@@ -46,13 +46,6 @@ SECRET_KEY = re.compile(
     r"private_key|access_key)($|_)",
     re.IGNORECASE,
 )
-# Values that look like credentials wherever they appear: Hugging Face, OpenAI, GitHub, AWS and Slack
-# tokens, and URLs that carry a user:password.
-SECRET_VALUE = re.compile(
-    r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
-    r"AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|://[^/\s:@]+:[^/\s@]+@"
-)
-REDACTED = "<redacted>"
 
 # dataset_name values that name a loader, not a dataset on the Hub.
 BUILDERS = {"imagefolder", "audiofolder", "csv", "json", "parquet", "text", "arrow", "webdataset"}

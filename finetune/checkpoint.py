@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from finetune.errors import EXIT_DIVERGED, TrainingStopped, UserError, first_line
 
@@ -132,7 +133,7 @@ def load_checkpoint(accelerator, path: Path, exact: bool = True) -> None:
         ) from None
     try:
         accelerator.load_state(str(path), load_kwargs={"weights_only": True})
-    except (pickle.UnpicklingError, EOFError) as e:
+    except (pickle.UnpicklingError, EOFError, SafetensorError) as e:
         raise UserError(
             f"{path} does not load as plain data ({first_line(e)}): it is damaged or "
             "holds code; resume only from checkpoints written by finetune.run"
@@ -158,7 +159,17 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    return json.loads((Path(path) / MANIFEST).read_text())
+    try:
+        manifest = json.loads((Path(path) / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"{Path(path) / MANIFEST} is unreadable ({first_line(e)}); resume from another checkpoint"
+        ) from None
+    if not isinstance(manifest, dict) or not {"step", "epoch", "samples_in_epoch"} <= set(manifest):
+        raise UserError(
+            f"{Path(path) / MANIFEST} is not a manifest written by finetune.run; resume from another checkpoint"
+        )
+    return manifest
 
 
 def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:

@@ -199,6 +199,14 @@ class TrainConfig:
             raise UserError(f"cpu_threads must be positive (or null), got {self.cpu_threads}")
         if self.dataloader_num_workers is not None and self.dataloader_num_workers < 0:
             raise UserError("dataloader_num_workers must be >= 0")
+        from accelerate.utils import LoggerType
+
+        trackers = {t.value for t in LoggerType}
+        for name in self.report_to:
+            if name not in trackers:
+                raise UserError(
+                    f"report_to: unknown tracker {name!r}; Accelerate's trackers are {', '.join(sorted(trackers))}"
+                )
         if self.model_name_or_path is None and self.model_config is None:
             raise UserError("set model_name_or_path (a hub name or a local directory) or model_config")
         if self.model_config is not None and "model_type" not in self.model_config:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -60,6 +61,15 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+# Values that look like credentials wherever they appear: Hugging Face, OpenAI, GitHub, AWS and Slack
+# tokens, and URLs that carry a user:password. Never printed in an error line, never put in a card.
+SECRET_VALUE = re.compile(
+    r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
+    r"AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|://[^/\s:@]+:[^/\s@]+@"
+)
+REDACTED = "<redacted>"
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message (its type's name when the message is empty): for
     messages that quote another library's error inside our own."""
@@ -73,7 +83,7 @@ def one_line(e: BaseException) -> str:
     if "Original Traceback" in text:
         last = text.strip().splitlines()[-1]
         text = last.split(": ", 1)[1] if ": " in last else last
-    return " ".join(text.split())
+    return SECRET_VALUE.sub(REDACTED, " ".join(text.split()))
 
 
 def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:

@@ -5,6 +5,7 @@ the upload to the Hub."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,6 @@ def export_run(
                 "versions": ckpt.package_versions(),
             }
         )
-        (out / RESULTS).write_text(json.dumps(results, indent=2))
         plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
         write_model_card(
             export,
@@ -65,6 +65,10 @@ def export_run(
             mixed_precision=accelerator.mixed_precision,
             repo_id=cfg.push_to_hub_model_id,
         )
+        # Last, and whole or not at all: results.json is what marks the run as finished.
+        tmp = out / f".{RESULTS}.tmp"
+        tmp.write_text(json.dumps(results, indent=2))
+        os.replace(tmp, out / RESULTS)
         if cfg.push_to_hub_model_id:
             accelerator.print(f"pushed to {push_to_hub(export, cfg.push_to_hub_model_id)}")
     accelerator.wait_for_everyone()

@@ -124,7 +124,9 @@ def run_launcher(args) -> int:
                   "30 s for them, then kills them); continue with resume_from_checkpoint=latest",
                   file=sys.stderr)  # fmt: skip
         else:
-            print(f"stopped by {name}: the training processes were ended without a checkpoint", file=sys.stderr)
+            print(
+                f"stopped by {name}: the training processes were ended without a checkpoint", file=sys.stderr
+            )
         return 128 + int(e.sigval)
     finally:
         for sig, handler in previous.items():
@@ -137,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = launch_command_parser()
     parser.prog = "finetune-launch"
+
+    def usage_error(message: str):  # one line, not accelerate's page of usage
+        raise UserError(f"{message}; see finetune-launch --help (accelerate launch's arguments)")
+
+    parser.error = usage_error
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     check_launch_args(args)
     return run_launcher(args)

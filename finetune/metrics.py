@@ -5,7 +5,7 @@
     report = classification_report(predictions, references, label_names)
     plot_confusion_matrix(report["confusion_matrix"], label_names, output_dir / "confusion_matrix.png")
 
-Training (`finetune/run.py`) and `finetune/evaluate.py` gather every prediction with
+Training (`finetune/run.py`) and `finetune/evaluate_checkpoint.py` gather every prediction with
 `accelerator.gather_for_metrics` and call `classification_report` once. The classes are
 `labels = range(len(label_names))`, class `i` named `label_names[i]`, all of them always reported,
 also a class absent from the data. How each number is computed (y_true = references,

@@ -136,85 +136,87 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     model.train()
     progress = tqdm(total=plan.total_steps, initial=step, disable=not accelerator.is_local_main_process,
                     desc="training", unit="step")  # fmt: skip
-    with StopOnSignal(P, cfg.ddp_timeout) as stop, progress:  # the bar ends its line on any exit
-        for epoch in range(start_epoch, plan.num_epochs):
-            start = start_sample if epoch == start_epoch else 0
-            sampler.reset(epoch, start)
-            Ne = N - start  # samples in this (possibly resumed) epoch's stream
-            nbe = batches_per_process(Ne, B, P)
-            for k, batch in enumerate(train_loader):
-                with accelerator.accumulate(model):
-                    logits = forward(model, batch, cfg.pipeline_chunks)
-                    labels = batch["labels"].to(logits.device)
-                    real = real_sample_mask(
-                        Ne, k, B, P, accelerator.process_index, len(labels), logits.device
-                    )
-                    per_sample = F.cross_entropy(logits.float(), labels, reduction="none")
-                    loss_sum = (per_sample * real).sum()
-                    accelerator.backward(
-                        loss_sum * (P * GA / window_sample_count(Ne, k // GA, GA, nbe, B, P))
-                    )
-                    losses.add(loss_sum.detach(), real)
-                    if accelerator.sync_gradients and cfg.max_grad_norm:
-                        accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                if not accelerator.sync_gradients:
-                    continue
-
-                # One optimizer step is done (or skipped by fp16's scaler: then the schedule waits).
-                if not scaler_skipped() and not accelerator.optimizer_step_was_skipped:
-                    scheduler.step()
-                step += 1
-                samples_in_epoch = min(start + (k + 1) * P * B, N)
-                progress.update(1)
-                losses.step_done()
-                if fault:
-                    fault(step, accelerator.process_index)
-                if step % cfg.logging_steps == 0 or step == plan.total_steps:
-                    losses.log(step, epoch, samples_in_epoch + epoch * N, scheduler.get_last_lr()[0], progress,
-                               checkpointer.last)  # fmt: skip
-                end_of_epoch = k == nbe - 1
-                if (
-                    (cfg.eval_steps and step % cfg.eval_steps == 0)
-                    or end_of_epoch
-                    or step == plan.total_steps
-                ):
-                    eval_metrics = run_eval(epoch)
-                    stale = early_stop.update(eval_metrics.get(cfg.metric_for_best_model))
-                # A checkpoint at the end of an epoch points at the start of the next one.
-                position = (epoch + 1, 0) if end_of_epoch else (epoch, samples_in_epoch)
-                if (cfg.save_steps and step % cfg.save_steps == 0) or (
-                    cfg.save_at_epoch_end and end_of_epoch
-                ):
-                    checkpointer.save(model, step, *position, eval_metrics)
-                signum = stop.requested()  # every process gets the same answer
-                if signum:
-                    path = checkpointer.save(model, step, *position, eval_metrics)
-                    raise TrainingStopped(
-                        f"received {signal.Signals(signum).name} during training; saved checkpoint {path} "
-                        f"(optimizer step {step}); continue with resume_from_checkpoint=latest",
-                        128 + signum,
-                    )
-                if step >= plan.total_steps or stale:
+    with StopOnSignal(P, cfg.ddp_timeout) as stop:  # until the export is written (see Finish)
+        with progress:  # the bar ends its line on any exit
+            for epoch in range(start_epoch, plan.num_epochs):
+                if step >= plan.total_steps or stale:  # also a resume from a checkpoint of the last step
                     break
-            if step >= plan.total_steps or stale:
-                break
-    if stale:
-        accelerator.print(
-            f"early stop at step {step}: {cfg.metric_for_best_model} did not improve for "
-            f"{cfg.early_stopping_patience} evaluations"
-        )
+                start = start_sample if epoch == start_epoch else 0
+                sampler.reset(epoch, start)
+                Ne = N - start  # samples in this (possibly resumed) epoch's stream
+                nbe = batches_per_process(Ne, B, P)
+                for k, batch in enumerate(train_loader):
+                    with accelerator.accumulate(model):
+                        logits = forward(model, batch, cfg.pipeline_chunks)
+                        labels = batch["labels"].to(logits.device)
+                        real = real_sample_mask(
+                            Ne, k, B, P, accelerator.process_index, len(labels), logits.device
+                        )
+                        per_sample = F.cross_entropy(logits.float(), labels, reduction="none")
+                        loss_sum = (per_sample * real).sum()
+                        accelerator.backward(
+                            loss_sum * (P * GA / window_sample_count(Ne, k // GA, GA, nbe, B, P))
+                        )
+                        losses.add(loss_sum.detach(), real)
+                        if accelerator.sync_gradients and cfg.max_grad_norm:
+                            accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                    if not accelerator.sync_gradients:
+                        continue
 
-    # Finish: the final evaluation and the export.
-    if not ckpt.all_finite(model, accelerator):
-        raise ckpt.diverged("the weights became NaN or infinite", step, checkpointer.last)
-    results: dict[str, Any] = {"step": step, "validation": eval_metrics or run_eval(plan.num_epochs - 1)}
-    if "test" in eval_loaders:
-        results["test"] = evaluate_model(
-            model, eval_loaders["test"], accelerator, label_names, cfg.pipeline_chunks
-        )
-    export_run(cfg, accelerator, model, preprocessor, results, label_names, checkpointer.best)
+                    # One optimizer step is done (or skipped by fp16's scaler: then the schedule waits).
+                    if not scaler_skipped() and not accelerator.optimizer_step_was_skipped:
+                        scheduler.step()
+                    step += 1
+                    samples_in_epoch = min(start + (k + 1) * P * B, N)
+                    progress.update(1)
+                    losses.step_done()
+                    if fault:
+                        fault(step, accelerator.process_index)
+                    if step % cfg.logging_steps == 0 or step == plan.total_steps:
+                        losses.log(step, epoch, samples_in_epoch + epoch * N, scheduler.get_last_lr()[0], progress,
+                                   checkpointer.last)  # fmt: skip
+                    end_of_epoch = k == nbe - 1
+                    if (
+                        (cfg.eval_steps and step % cfg.eval_steps == 0)
+                        or end_of_epoch
+                        or step == plan.total_steps
+                    ):
+                        eval_metrics = run_eval(epoch)
+                        stale = early_stop.update(eval_metrics.get(cfg.metric_for_best_model))
+                    # A checkpoint at the end of an epoch points at the start of the next one.
+                    position = (epoch + 1, 0) if end_of_epoch else (epoch, samples_in_epoch)
+                    if (cfg.save_steps and step % cfg.save_steps == 0) or (
+                        cfg.save_at_epoch_end and end_of_epoch
+                    ):
+                        checkpointer.save(model, step, *position, eval_metrics)
+                    signum = stop.requested()  # every process gets the same answer
+                    if signum:
+                        path = checkpointer.save(model, step, *position, eval_metrics)
+                        raise TrainingStopped(
+                            f"received {signal.Signals(signum).name} during training; saved checkpoint {path} "
+                            f"(optimizer step {step}); continue with resume_from_checkpoint=latest",
+                            128 + signum,
+                        )
+                    if step >= plan.total_steps or stale:
+                        break
+        if stale:
+            accelerator.print(
+                f"early stop at step {step}: {cfg.metric_for_best_model} did not improve for "
+                f"{cfg.early_stopping_patience} evaluations"
+            )
+
+        # Finish: the final evaluation and the export (a signal now is only recorded: the run is done in
+        # seconds, and an export cut short would look finished without its card).
+        if not ckpt.all_finite(model, accelerator):
+            raise ckpt.diverged("the weights became NaN or infinite", step, checkpointer.last)
+        results: dict[str, Any] = {"step": step, "validation": eval_metrics or run_eval(plan.num_epochs - 1)}
+        if "test" in eval_loaders:
+            results["test"] = evaluate_model(
+                model, eval_loaders["test"], accelerator, label_names, cfg.pipeline_chunks
+            )
+        export_run(cfg, accelerator, model, preprocessor, results, label_names, checkpointer.best)
     final, split = results.get("test", results["validation"]), "test" if "test" in results else "validation"
     accelerator.print(f"model saved to {out / 'model'}")
     accelerator.print(f"{split} accuracy {final['accuracy']:.4f} on {final['num_samples']} samples")
@@ -389,8 +391,8 @@ def start_run(
     """A fresh run clears what `overwrite_output_dir` replaces; then the resolved config, the
     trackers and the start summary."""
     if accelerator.is_main_process:
-        if not cfg.resume_from_checkpoint and cfg.overwrite_output_dir and out.exists():
-            clear_output_dir(out)
+        if not cfg.resume_from_checkpoint and cfg.overwrite_output_dir and out.exists() and holds_run(out):
+            clear_output_dir(out)  # only what a run writes, and only where a run was
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
     accelerator.wait_for_everyone()
@@ -409,18 +411,36 @@ def start_run(
     )
 
 
+def holds_run(out: Path) -> str | None:
+    """'a finished run', 'a started run' (checkpoints or a log), or None."""
+    if (out / RESULTS).exists():
+        return "a finished run"
+    if ckpt.list_checkpoints(out) or (out / "metrics.jsonl").exists():
+        return "a started run"
+    return None
+
+
 def check_output_dir(cfg: TrainConfig) -> None:
-    """Refuse to write over a run unless told to overwrite it or to resume it."""
+    """Refuse to write over a run, or into a folder of other files, unless told to overwrite it or to
+    resume it; refuse a path that cannot become a folder before anything runs."""
     out = Path(cfg.output_dir)
-    if cfg.resume_from_checkpoint or not out.exists():
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
+    if cfg.resume_from_checkpoint or not out.exists() or cfg.overwrite_output_dir:
         return
-    finished = (out / RESULTS).exists()
-    started = bool(ckpt.list_checkpoints(out)) or (out / "metrics.jsonl").exists()
-    if (finished or started) and not cfg.overwrite_output_dir:
-        state = "a finished run" if finished else "a started run"
+    state = holds_run(out)
+    if state:
         raise UserError(
             f"output_dir {out} already holds {state}; pass overwrite_output_dir=true to replace "
             "it, resume_from_checkpoint=latest to continue it, or choose another output_dir"
+        )
+    if any(out.iterdir()):
+        raise UserError(
+            f"output_dir {out} holds files that are not a run of this app; choose an empty or new "
+            "output_dir, or pass overwrite_output_dir=true to write into it (nothing there is deleted)"
         )
 
 

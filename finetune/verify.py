@@ -357,6 +357,8 @@ def parse_args(argv: list[str]) -> Options:
         "overrides", nargs="*", metavar="key=value", help="override any setting of the recipe"
     )
     args = parser.parse_intermixed_args(argv)
+    if args.keep is not None and Path(args.keep).exists() and not Path(args.keep).is_dir():
+        raise UserError(f"--keep {args.keep} is a file; give a folder for the runs")
     return Options(args.config, args.overrides, args.steps, args.tolerance, args.keep)
 
 
