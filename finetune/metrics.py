@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
 __all__ = ["classification_report", "plot_confusion_matrix"]
 
@@ -85,6 +84,9 @@ def classification_report(predictions: Any, references: Any, label_names: Sequen
         confusion_matrix: [true][predicted] counts, num_labels x num_labels.
     A loss, if wanted, is added by the caller.
     """
+    # Imported here: scikit-learn takes ~1 s to import, and most runs that stop early never need it.
+    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
+
     names = [str(name) for name in label_names]
     if len(set(names)) != len(names):
         duplicates = sorted({name for name in names if names.count(name) > 1})
