@@ -199,6 +199,11 @@ class TrainConfig:
             raise UserError(f"cpu_threads must be positive (or null), got {self.cpu_threads}")
         if self.dataloader_num_workers is not None and self.dataloader_num_workers < 0:
             raise UserError("dataloader_num_workers must be >= 0")
+        metrics = ("accuracy", "macro_f1", "macro_precision", "macro_recall", "loss")  # of every evaluation
+        if self.metric_for_best_model not in metrics:
+            raise UserError(
+                f"metric_for_best_model must be one of {', '.join(metrics)}, got {self.metric_for_best_model!r}"
+            )
         from accelerate.utils import LoggerType
 
         trackers = {t.value for t in LoggerType}
@@ -317,7 +322,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Build the config from the default recipe (or `path`) plus `key=value` overrides."""
     recipe = Path(path) if path is not None else DEFAULT_RECIPE
     if not recipe.is_file():
-        raise UserError(f"config file not found: {recipe}")
+        what = "is a folder, not a recipe file" if recipe.is_dir() else "not found"
+        raise UserError(f"config file {what}: {recipe}")
     try:
         raw = yaml.safe_load(recipe.read_text()) or {}
     except yaml.YAMLError as e:

@@ -352,6 +352,14 @@ CASES: dict[str, tuple[Callable[[Files], list[str]], str]] = {
         lambda f: ["--config", str(f.root / "list.yaml"), f"output_dir={f.done}"],
         "must hold a mapping of config keys",
     ),
+    "recipe_is_a_folder": (
+        lambda f: ["--config", str(f.root), f"output_dir={f.done}"],
+        "config file is a folder, not a recipe file",
+    ),
+    "metric_for_best_model_unknown": (
+        lambda f: _text(f, "metric_for_best_model=bogus"),
+        "metric_for_best_model must be one of accuracy, macro_f1",
+    ),
     "recipe_missing": (
         lambda f: ["--config", str(f.root / "nope.yaml"), f"output_dir={f.done}"],
         "config file not found",
