@@ -94,6 +94,18 @@ def tiny_text_args(data: dict[str, Path], out: Path, *extra: str) -> list[str]:
     ]
 
 
+def user_error(capsys, main, argv: list[str]) -> str:
+    """Run an entry point's `main(argv)` in-process; assert a user error (exit status 2, exactly one
+    `error:` line, no traceback) and return that line."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]  # beside progress bars
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

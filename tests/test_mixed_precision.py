@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 from accelerate.utils import GradScalerKwargs
-from conftest import tiny_text_args
+from conftest import tiny_text_args, user_error
 
 import finetune.run as run
 import finetune.runtime as runtime
@@ -114,8 +114,7 @@ def test_fp16_on_cpu_is_refused(small_text_data, tmp_path, monkeypatch, capsys, 
     """Accelerate has no fp16 autocast on a CPU and would silently train in fp32."""
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", written)
     out = tmp_path / "run"
-    with pytest.raises(SystemExit) as exit_info:
-        run.main(tiny_text_args(small_text_data, out, "max_steps=2"))
-    assert exit_info.value.code == 2
-    assert "fp16 needs a GPU" in capsys.readouterr().err
+    assert "fp16 needs a GPU" in user_error(
+        capsys, run.main, tiny_text_args(small_text_data, out, "max_steps=2")
+    )
     assert not out.exists()

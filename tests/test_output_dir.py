@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import REPO, tiny_text_args
+from conftest import REPO, tiny_text_args, user_error
 from safetensors.torch import load_file
 
 import finetune.export as export
@@ -24,13 +24,7 @@ def _run(data, out, *extra):
 
 
 def _user_error(capsys, argv) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]  # beside progress bars
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+    return user_error(capsys, main, argv)
 
 
 @pytest.fixture
@@ -122,7 +116,7 @@ def test_finetune_launch_bad_flag_is_one_line(capsys):
         launch_main(["--bogus-flag", str(REPO / "finetune/run.py")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--bogus-flag" in err[0], err
+    assert len(err) == 1 and "--bogus-flag" in err[0], err  # no usage page
 
 
 def test_results_mark_a_finished_run(finished):
