@@ -585,16 +585,15 @@ def run_reference(
         accelerator = Accelerator()
         set_seed(cfg.seed)  # as train() does before building: the same initial weights
         with rec.stage("load_data"):
-            raw, label_names = load_splits(cfg)
+            raw, label_names = load_splits(cfg.data_args)
         text = cfg.task == "text-classification"
-        tokenizer = load_preprocessor(cfg) if text else None
+        tokenizer = load_preprocessor(cfg.model_args) if text else None
         with rec.stage("build_model"):
-            model = build_model(cfg, label_names, vocab_size=len(tokenizer) if text else None)
+            model = build_model(cfg.model_args, label_names, vocab_size=len(tokenizer) if text else None)
         rec.set_model(model)
         with rec.stage("preprocess"):
-            splits = prepare_splits(
-                cfg, raw, tokenizer if text else load_preprocessor(cfg, model.config), model.config
-            )
+            preprocessor = tokenizer if text else load_preprocessor(cfg.model_args, model.config)
+            splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3))
         drop = [c for c in ("length",) if c in splits["train"].column_names]
         train_set, eval_set = splits["train"].remove_columns(drop), splits[eval_split].remove_columns(drop)
         fixed = cfg.max_length if cfg.pad_to_multiple_of == cfg.max_length else None  # --seq-len
@@ -937,13 +936,13 @@ def tokenize_cache(recipe: str, args: argparse.Namespace) -> dict[str, float]:
     import datasets
 
     cfg = recipe_config(recipe, args, Path(tempfile.mkdtemp()))
-    raw, names = load_splits(cfg)
-    tok = load_preprocessor(cfg)
+    raw, names = load_splits(cfg.data_args)
+    tok = load_preprocessor(cfg.model_args)
     out = {}
     for label, enabled in (("cached", True), ("uncached", False), ("cached_again", True)):
         (datasets.enable_caching if enabled else datasets.disable_caching)()
         t = time.perf_counter()
-        prepare_splits(cfg, raw, tok, None)
+        prepare_splits(cfg.data_args, raw, tok)
         out[label + "_s"] = time.perf_counter() - t
     datasets.enable_caching()
     return out

@@ -4,7 +4,7 @@
 
     write_model_card(out / "model", config=cfg.to_dict(), label_names=label_names, results=results,
                      base_model=cfg.model_name_or_path if cfg.model_config is None else None,
-                     data_description=describe_data(cfg.to_dict()))
+                     data_description=describe_data(cfg.data_args))
     check_hub_access("my-user/my-model")                  # at the start of a run that will push: fails early offline
     push_to_hub(out / "model", "my-user/my-model")        # only when the user asks; needs the network
 
@@ -22,6 +22,7 @@ shown relative to the repository (or `~`), not as the absolute paths of the mach
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -33,7 +34,7 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from finetune.config import REPO_DIR
+from finetune.config import REPO_DIR, DataArgs
 from finetune.errors import REDACTED, SECRET_VALUE, UserError, first_line
 
 CARD = "README.md"
@@ -133,42 +134,36 @@ def _license_of(base_model: str | None) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def describe_data(config: dict[str, Any]) -> str:
-    """One paragraph on the training data, from the resolved config."""
-    config = redact(config)
-    task = config.get("task", "text-classification")
-    if config.get("train_file"):
-        parts = [f"train `{_display_path(config['train_file'])}`"]
-        for key, split in (("validation_file", "validation"), ("test_file", "test")):
-            if config.get(key):
-                parts.append(f"{split} `{_display_path(config[key])}`")
+def describe_data(data: DataArgs) -> str:
+    """One paragraph on the training data, from the run's data settings."""
+    data = DataArgs(**redact(dataclasses.asdict(data)))
+    if data.train_file:
+        parts = [f"{split} `{_display_path(path)}`" for split, path in data.files.items()]
         source = "files: " + ", ".join(parts)
-    elif config.get("dataset_name") in BUILDERS:
-        source = f"the `{config['dataset_name']}` directory `{_display_path(config.get('data_dir'))}`"
+    elif data.data_dir and data.dataset_name in (None, *BUILDERS):
+        source = f"the `{data.dataset_name or 'imagefolder'}` directory `{_display_path(data.data_dir)}`"
     else:
-        name = config.get("dataset_name")
-        subset = f" (config `{config['dataset_config_name']}`)" if config.get("dataset_config_name") else ""
-        source = f"the Hub dataset `{name}`{subset}"
-    if task == "text-classification":
-        columns = f"text column `{config.get('text_column')}`"
-        if config.get("text_pair_column"):
-            columns += f" paired with `{config['text_pair_column']}`"
+        subset = f" (config `{data.dataset_config_name}`)" if data.dataset_config_name else ""
+        source = f"the Hub dataset `{data.dataset_name}`{subset}"
+    if data.task == "text-classification":
+        columns = " paired with ".join(f"`{c}`" for c in data.text_columns)
+        columns = f"text column {columns}"
     else:
-        columns = f"image column `{config.get('image_column')}`"
-    text = f"Trained on {source}; {columns}, labels from `{config.get('label_column')}`."
-    if config.get("train_file") and not config.get("validation_file"):  # files: no validation split given
+        columns = f"image column `{data.image_column}`"
+    text = f"Trained on {source}; {columns}, labels from `{data.label_column}`."
+    if data.train_file and not data.validation_file:  # files: no validation split given
         text += (
-            f" Without a validation split, a stratified {config.get('validation_split_percentage')}% "
+            f" Without a validation split, a stratified {data.validation_split_percentage}% "
             "of the training data was held out for validation."
         )
     limits = [
-        f"{split} {config[key]}"
-        for key, split in (
-            ("max_train_samples", "train"),
-            ("max_eval_samples", "validation"),
-            ("max_test_samples", "test"),
+        f"{split} {limit}"
+        for split, limit in (
+            ("train", data.max_train_samples),
+            ("validation", data.max_eval_samples),
+            ("test", data.max_test_samples),
         )
-        if config.get(key)
+        if limit
     ]
     if limits:
         text += " Limited to the first samples of each split: " + ", ".join(limits) + "."

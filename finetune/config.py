@@ -231,6 +231,80 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def data_args(self) -> DataArgs:
+        """The data section, for the data builders (`data.py`)."""
+        return _view(DataArgs, self)
+
+    @property
+    def model_args(self) -> ModelArgs:
+        """The model section, for the model builders (`models.py`)."""
+        return _view(ModelArgs, self)
+
+
+# --- the sections the builders take ------------------------------------------------------------
+# The recipe stays one flat mapping (YAML keys and `key=value` are TrainingArguments' flat names), but
+# a builder sees only its section, as run_glue's builders see DataTrainingArguments/ModelArguments:
+# data.py cannot read an optimizer setting, models.py cannot read a data path.
+
+
+@dataclass(frozen=True)
+class DataArgs:
+    """What the data builders read. Field names and meanings are TrainConfig's."""
+
+    task: Task
+    dataset_name: str | None
+    dataset_config_name: str | None
+    data_dir: str | None
+    train_file: str | None
+    validation_file: str | None
+    test_file: str | None
+    text_column: str
+    text_pair_column: str | None
+    image_column: str
+    label_column: str
+    label_names: list[str] | None
+    max_length: int
+    validation_split_percentage: float
+    seed: int
+    max_train_samples: int | None
+    max_eval_samples: int | None
+    max_test_samples: int | None
+    random_flip: bool
+
+    @property
+    def files(self) -> dict[str, str]:
+        """The split files given, by split name."""
+        named = (("train", self.train_file), ("validation", self.validation_file), ("test", self.test_file))
+        return {split: path for split, path in named if path}
+
+    @property
+    def text_columns(self) -> list[str]:
+        """The text column, and the pair column when there is one."""
+        return [c for c in (self.text_column, self.text_pair_column) if c]
+
+    @property
+    def input_columns(self) -> list[str]:
+        return self.text_columns if self.task == "text-classification" else [self.image_column]
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """What the model builders read. Field names and meanings are TrainConfig's."""
+
+    task: Task
+    model_name_or_path: str | None
+    model_config: dict[str, Any] | None
+    tokenizer_name: str | None
+    image_processor_name: str | None
+    trust_remote_code: bool
+    allow_pickle_weights: bool
+    dropout: float | None
+
+
+def _view(section: type, cfg: TrainConfig):
+    return section(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(section)})
+
 
 # --- loading -------------------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from datasets import ClassLabel, DatasetDict, Image, Value, load_dataset
 from datasets import Dataset as HFDataset
 from torch.utils.data import Sampler
 
-from finetune.config import TrainConfig
+from finetune.config import DataArgs
 from finetune.errors import UserError, first_line
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv"}
@@ -83,24 +83,21 @@ def _diagnose_file(split: str, path: str) -> str | None:
     return None
 
 
-def load_raw(cfg: TrainConfig) -> DatasetDict:
-    """Load train (and validation/test when present) from files, an image folder or the hub.
+def load_raw(
+    files: dict[str, str], dataset_name: str | None, dataset_config_name: str | None, data_dir: str | None
+) -> DatasetDict:
+    """Load train (and validation/test when present) from files (by split), an image folder or the hub.
 
     Files are loaded one split at a time, so that an error names the file that caused it and a
     column's type is inferred per file (labels are matched by name across splits anyway)."""
-    files = {
-        s: f
-        for s, f in (("train", cfg.train_file), ("validation", cfg.validation_file), ("test", cfg.test_file))
-        if f
-    }
     for split, path in files.items():
         if not Path(path).is_file():
             raise UserError(f"{split} file not found: {path}")
         if Path(path).stat().st_size == 0:
             raise UserError(f"{split} file is empty: {path}")
-    if cfg.data_dir and not Path(cfg.data_dir).is_dir() and cfg.dataset_name in (None, "imagefolder"):
-        raise UserError(f"data_dir not found: {cfg.data_dir}")
-    if files and cfg.dataset_name in (None, "csv", "json", "parquet"):
+    if data_dir and not Path(data_dir).is_dir() and dataset_name in (None, "imagefolder"):
+        raise UserError(f"data_dir not found: {data_dir}")
+    if files and dataset_name in (None, "csv", "json", "parquet"):
         builders = {_builder_for(f) for f in files.values()}
         if len(builders) > 1:
             raise UserError(f"train/validation/test files must be of one type, got {sorted(builders)}")
@@ -119,27 +116,27 @@ def load_raw(cfg: TrainConfig) -> DatasetDict:
                     f"{_root_cause(e)}; check that it is valid {builder}"
                 ) from None
     else:
-        raw = _load_folder_or_hub(cfg)
+        raw = _load_folder_or_hub(dataset_name, dataset_config_name, data_dir)
     if "train" not in raw:
         raise UserError(f"the data has no 'train' split (found: {', '.join(raw) or 'none'})")
     return raw
 
 
-def _load_folder_or_hub(cfg: TrainConfig) -> DatasetDict:
+def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str | None) -> DatasetDict:
     try:
-        if cfg.dataset_name in (None, "imagefolder") and cfg.data_dir:
-            return load_dataset("imagefolder", data_dir=cfg.data_dir)
-        return load_dataset(cfg.dataset_name, cfg.dataset_config_name, data_dir=cfg.data_dir)
+        if name in (None, "imagefolder") and data_dir:
+            return load_dataset("imagefolder", data_dir=data_dir)
+        return load_dataset(name, config_name, data_dir=data_dir)
     except Exception as e:  # datasets raises many types for unreadable data; the message is the help
         cause = _root_cause(e)
-        if cfg.dataset_name in (None, "imagefolder") and (
+        if name in (None, "imagefolder") and (
             "no data" in cause or "EmptyDataset" in cause or "doesn't contain any data" in cause
         ):
             raise UserError(
-                f"data_dir {cfg.data_dir} holds no images; an image folder is "
+                f"data_dir {data_dir} holds no images; an image folder is "
                 "<data_dir>/train/<label>/<image>.png|jpg (validation/, test/ optional)"
             ) from None
-        what = cfg.dataset_name or cfg.data_dir
+        what = name or data_dir
         raise UserError(f"could not load data from {what}: {cause}") from None
 
 
@@ -153,19 +150,20 @@ def _label_values(ds: HFDataset, column: str) -> list[Any]:
     return sorted(set(ds[column]), key=lambda v: (str(type(v)), v))
 
 
-def resolve_label_names(train: HFDataset, cfg: TrainConfig) -> list[str]:
-    """Label names in id order: a ClassLabel's names, else the sorted distinct values of train."""
-    feature = train.features[cfg.label_column]
-    if cfg.label_names:
-        names = list(cfg.label_names)
+def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | None) -> list[str]:
+    """Label names in id order: `label_names` as given, a ClassLabel's names, else the sorted
+    distinct values of train."""
+    feature = train.features[column]
+    if label_names:
+        names = list(label_names)
     elif isinstance(feature, ClassLabel):
         names = list(feature.names)
     else:
-        names = [str(v) for v in _label_values(train, cfg.label_column)]
-    present = {str(v) for v in _label_values(train, cfg.label_column)}
+        names = [str(v) for v in _label_values(train, column)]
+    present = {str(v) for v in _label_values(train, column)}
     if len(present) < 2:
         raise UserError(
-            f"label column '{cfg.label_column}' has a single class ({', '.join(present) or 'none'}); "
+            f"label column '{column}' has a single class ({', '.join(present) or 'none'}); "
             "a classifier needs at least two"
         )
     unknown = present - set(names)
@@ -174,9 +172,8 @@ def resolve_label_names(train: HFDataset, cfg: TrainConfig) -> list[str]:
     return names
 
 
-def encode_labels(ds: HFDataset, cfg: TrainConfig, label_names: list[str], split: str) -> HFDataset:
+def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str) -> HFDataset:
     """Map the label column to ids by NAME into `labels` (a ClassLabel), whatever its type was."""
-    column = cfg.label_column
     feature = ds.features[column]
     to_id = {name: i for i, name in enumerate(label_names)}
     if isinstance(feature, ClassLabel):
@@ -200,19 +197,15 @@ def encode_labels(ds: HFDataset, cfg: TrainConfig, label_names: list[str], split
     return ds.cast_column("labels", ClassLabel(names=label_names))
 
 
-def _check_columns(ds: HFDataset, cfg: TrainConfig, split: str) -> None:
-    needed = [cfg.label_column]
-    if cfg.task == "text-classification":
-        needed += [c for c in (cfg.text_column, cfg.text_pair_column) if c]
-    else:
-        needed.append(cfg.image_column)
-    for column in needed:
+def check_columns(ds: HFDataset, split: str, label_column: str, inputs: list[str], text: bool) -> None:
+    """The label and input columns exist; text columns hold strings; no value is null."""
+    for column in (label_column, *inputs):
         if column not in ds.column_names:
             raise UserError(
                 f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
             )
-    if cfg.task == "text-classification":
-        for column in (c for c in (cfg.text_column, cfg.text_pair_column) if c):
+    if text:
+        for column in inputs:
             feature = ds.features[column]
             if not (isinstance(feature, Value) and feature.dtype in ("string", "large_string")):
                 raise UserError(
@@ -221,39 +214,40 @@ def _check_columns(ds: HFDataset, cfg: TrainConfig, split: str) -> None:
                 )
             if any(v is None for v in ds[column]):
                 raise UserError(f"text column '{column}' in the {split} data has empty (null) values")
-    labels = ds[cfg.label_column]
+    labels = ds[label_column]
     if any(v is None for v in labels):
         row = next(i for i, v in enumerate(labels) if v is None)
         raise UserError(
-            f"label column '{cfg.label_column}' in the {split} data has empty (null) values "
+            f"label column '{label_column}' in the {split} data has empty (null) values "
             f"(first at row {row + 1}); fill them in or drop those rows"
         )
 
 
-def load_splits(cfg: TrainConfig) -> tuple[DatasetDict, list[str]]:
+def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     """Raw splits with ids in `labels`; a seeded stratified validation split when there is none."""
-    raw = load_raw(cfg)
+    raw = load_raw(args.files, args.dataset_name, args.dataset_config_name, args.data_dir)
+    text = args.task == "text-classification"
     for split in raw:
         if len(raw[split]) == 0:
             raise UserError(f"the {split} data has no rows; check the file or folder")
-        _check_columns(raw[split], cfg, split)
-        if cfg.task == "image-classification":
-            verify_images(raw[split], cfg.image_column, split)
-    label_names = resolve_label_names(raw["train"], cfg)
-    raw = DatasetDict({s: encode_labels(d, cfg, label_names, s) for s, d in raw.items()})
+        check_columns(raw[split], split, args.label_column, args.input_columns, text)
+        if not text:
+            verify_images(raw[split], args.image_column, split)
+    label_names = resolve_label_names(raw["train"], args.label_column, args.label_names)
+    raw = DatasetDict({s: encode_labels(d, args.label_column, label_names, s) for s, d in raw.items()})
     if "validation" not in raw:
-        held_out = cfg.validation_split_percentage / 100
+        held_out = args.validation_split_percentage / 100
         try:
             parts = raw["train"].train_test_split(
-                test_size=held_out, seed=cfg.seed, stratify_by_column="labels"
+                test_size=held_out, seed=args.seed, stratify_by_column="labels"
             )
         except ValueError as e:
             raise UserError(f"cannot hold out a stratified validation split: {e}") from None
         raw["train"], raw["validation"] = parts["train"], parts["test"]
     for split, limit in (
-        ("train", cfg.max_train_samples),
-        ("validation", cfg.max_eval_samples),
-        ("test", cfg.max_test_samples),
+        ("train", args.max_train_samples),
+        ("validation", args.max_eval_samples),
+        ("test", args.max_test_samples),
     ):
         if limit is not None and split in raw and len(raw[split]) > limit:
             raw[split] = raw[split].select(range(limit))
@@ -263,13 +257,13 @@ def load_splits(cfg: TrainConfig) -> tuple[DatasetDict, list[str]]:
 # --- preprocessing ---------------------------------------------------------------------------------
 
 
-def tokenize(ds: HFDataset, tokenizer, cfg: TrainConfig) -> HFDataset:
-    """Tokenize without padding (the collator pads per batch); keep `length` for grouping."""
-    columns = [c for c in (cfg.text_column, cfg.text_pair_column) if c]
+def tokenize(ds: HFDataset, tokenizer, columns: list[str], max_length: int) -> HFDataset:
+    """Tokenize `columns` (a text, or a pair) without padding (the collator pads per batch); keep
+    `length` for grouping."""
 
     def fn(batch):
         texts = [batch[c] for c in columns]
-        enc = tokenizer(*texts, truncation=True, max_length=cfg.max_length)
+        enc = tokenizer(*texts, truncation=True, max_length=max_length)
         enc["length"] = [len(ids) for ids in enc["input_ids"]]
         return enc
 
@@ -358,19 +352,17 @@ class ImageTransform:
         return {"pixel_values": pixels, "labels": batch["labels"]}
 
 
-def prepare_splits(cfg: TrainConfig, raw: DatasetDict, preprocessor, model_config) -> DatasetDict:
-    if cfg.task == "text-classification":
-        return DatasetDict({s: tokenize(d, preprocessor, cfg) for s, d in raw.items()})
-    num_channels = getattr(model_config, "num_channels", 3)
-    out = DatasetDict()
+def prepare_splits(args: DataArgs, raw: DatasetDict, preprocessor, num_channels: int = 3) -> DatasetDict:
+    """Text: tokenized once. Images: the processor (and the training flip) run as a transform."""
+    if args.task == "text-classification":
+        columns, max_length = args.text_columns, args.max_length
+        return DatasetDict({s: tokenize(d, preprocessor, columns, max_length) for s, d in raw.items()})
+    column, out = args.image_column, DatasetDict()
     for split, ds in raw.items():
-        ds = ds.remove_columns([c for c in ds.column_names if c not in (cfg.image_column, "labels")])
-        ds = _undecoded(ds, cfg.image_column, split)
-        out[split] = ds.with_transform(
-            ImageTransform(
-                preprocessor, cfg.image_column, num_channels, train=split == "train" and cfg.random_flip
-            )
-        )
+        ds = ds.remove_columns([c for c in ds.column_names if c not in (column, "labels")])
+        ds = _undecoded(ds, column, split)
+        flip = split == "train" and args.random_flip
+        out[split] = ds.with_transform(ImageTransform(preprocessor, column, num_channels, train=flip))
     return out
 
 

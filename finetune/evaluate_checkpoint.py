@@ -56,8 +56,8 @@ from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
 from finetune import checkpoint as ckpt
-from finetune.config import TrainConfig, config_from_dict, parse_override
-from finetune.data import FILE_BUILDERS, Collator, _check_columns, encode_labels, load_splits, prepare_splits
+from finetune.config import DataArgs, TrainConfig, config_from_dict, parse_override
+from finetune.data import FILE_BUILDERS, Collator, check_columns, encode_labels, load_splits, prepare_splits
 from finetune.errors import UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model
 from finetune.export import RESULTS
@@ -257,9 +257,9 @@ def eval_config(target: Target, task: str | None, data: str | None, overrides: l
 def load_model(target: Target, cfg: TrainConfig):
     """The model and its tokenizer (text) or image processor (images), on CPU, in eval mode."""
     if target.kind == "training-state":
-        tokenizer = load_preprocessor(cfg) if cfg.task == "text-classification" else None
+        tokenizer = load_preprocessor(cfg.model_args) if cfg.task == "text-classification" else None
         model = build_model(
-            cfg, target.label_names, vocab_size=len(tokenizer) if tokenizer is not None else None
+            cfg.model_args, target.label_names, vocab_size=len(tokenizer) if tokenizer is not None else None
         )
         weights = target.path / WEIGHTS
         if not weights.is_file():
@@ -278,7 +278,7 @@ def load_model(target: Target, cfg: TrainConfig):
                 f"the weights in {weights} do not fit the model its config builds: missing "
                 f"{missing[:3]}, unexpected {unexpected[:3]}"
             )
-        preprocessor = tokenizer if tokenizer is not None else load_preprocessor(cfg, model.config)
+        preprocessor = tokenizer if tokenizer is not None else load_preprocessor(cfg.model_args, model.config)
     else:
         source = str(target.path) if target.path is not None else target.spec
         local = target.path is not None
@@ -290,7 +290,8 @@ def load_model(target: Target, cfg: TrainConfig):
         except (OSError, ValueError) as e:
             first = first_line(e)
             raise UserError(f"could not load the {cfg.task} model '{target.spec}': {first}") from None
-    check_max_length(cfg, model)
+    if cfg.task == "text-classification":
+        check_max_length(model, cfg.max_length, cfg.pad_to_multiple_of)
     return model.eval(), preprocessor
 
 
@@ -325,42 +326,42 @@ def _pick_split(available: list[str], split: str | None, where: str) -> str:
     return split
 
 
-def run_split(cfg: TrainConfig, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
+def run_split(args: DataArgs, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
     """The split as the run saw it: `load_splits` again, so a held-out validation split and the
     max_*_samples limits come out as in training. Labels are the checkpoint's, in its order."""
     try:
-        raw, _ = load_splits(cfg)
+        raw, _ = load_splits(args)
     except UserError as e:
         raise UserError(
             f"{e} (reading the run's data; pass --data FILE_OR_DIR to evaluate other data)"
         ) from None
     name = _pick_split(list(raw), split, "the run's data")
     info: dict[str, Any] = {"split": name}
-    if cfg.train_file:  # files: the split's own, or train for a held-out validation split
-        source = {"train": cfg.train_file, "test": cfg.test_file}.get(
-            name, cfg.validation_file or cfg.train_file
+    if args.train_file:  # files: the split's own, or train for a held-out validation split
+        source = {"train": args.train_file, "test": args.test_file}.get(
+            name, args.validation_file or args.train_file
         )
-    elif cfg.data_dir and cfg.dataset_name in (None, "imagefolder"):
-        source = cfg.data_dir
+    elif args.data_dir and args.dataset_name in (None, "imagefolder"):
+        source = args.data_dir
     else:
         source = None
     if source is not None:
         info.update(data=str(Path(source).resolve()), data_sha256=sha256_of(Path(source)))
     else:  # a hub dataset: no files of ours to hash; datasets' fingerprint identifies its content
         info.update(
-            data=cfg.dataset_name + (f" ({cfg.dataset_config_name})" if cfg.dataset_config_name else ""),
+            data=args.dataset_name + (f" ({args.dataset_config_name})" if args.dataset_config_name else ""),
             data_sha256=None,
             data_fingerprint=raw[name]._fingerprint,
         )
-    if name == "validation" and not cfg.validation_file and cfg.train_file:
+    if name == "validation" and not args.validation_file and args.train_file:
         info["held_out_from_train"] = {
-            "validation_split_percentage": cfg.validation_split_percentage,
-            "seed": cfg.seed,
+            "validation_split_percentage": args.validation_split_percentage,
+            "seed": args.seed,
         }
     return raw[name], name, info
 
 
-def data_split(cfg: TrainConfig, data: str, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
+def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
     """A file, or a folder (an image folder, or data files named by split), with the run's columns."""
     path = Path(data).expanduser()  # it exists: checked with the other arguments
     if path.is_file():
@@ -381,8 +382,8 @@ def data_split(cfg: TrainConfig, data: str, split: str | None) -> tuple[HFDatase
     name = "data" if path.is_file() else _pick_split(list(loaded), split, f"--data {data}")
     what = f"--data {data}" + (f" [{name}]" if path.is_dir() else "")
     ds = loaded[name]
-    _check_columns(ds, cfg, what)
-    ds = encode_labels(ds, cfg, list(cfg.label_names or []), what)  # by name; unseen labels: UserError
+    check_columns(ds, what, args.label_column, args.input_columns, text=args.task == "text-classification")
+    ds = encode_labels(ds, args.label_column, list(args.label_names or []), what)  # by name; unseen labels: UserError
     info = {
         "split": None if path.is_file() else name,
         "data": str(path.resolve()),
@@ -484,13 +485,14 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = preprocessor if cfg.task == "text-classification" else None
     with accelerator.main_process_first():  # the main process fills datasets' cache, the others read it
         if args.data is None:
-            ds, name, info = run_split(cfg, args.split)
+            ds, name, info = run_split(cfg.data_args, args.split)
         else:
-            ds, name, info = data_split(cfg, args.data, args.split)
+            ds, name, info = data_split(cfg.data_args, args.data, args.split)
         if len(ds) == 0:
             raise UserError(f"no samples to evaluate in {info['data']} [{info['split'] or 'data'}]")
         # Keyed "eval", never "train": prepare_splits would add the training-time random flips.
-        prepared = prepare_splits(cfg, DatasetDict({"eval": ds}), preprocessor, model.config)["eval"]
+        channels = getattr(model.config, "num_channels", 3)
+        prepared = prepare_splits(cfg.data_args, DatasetDict({"eval": ds}), preprocessor, channels)["eval"]
 
     if args.output is not None:
         metrics_file = Path(args.output).expanduser()

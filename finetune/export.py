@@ -60,7 +60,7 @@ def export_run(
             label_names=label_names,
             results=results,
             base_model=cfg.model_name_or_path if cfg.model_config is None else None,
-            data_description=describe_data(cfg.to_dict()),
+            data_description=describe_data(cfg.data_args),
             num_processes=accelerator.num_processes,
             mixed_precision=accelerator.mixed_precision,
             repo_id=cfg.push_to_hub_model_id,

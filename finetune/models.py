@@ -21,7 +21,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from finetune.config import TrainConfig
+from finetune.config import ModelArgs
 from finetune.errors import UserError, first_line
 
 AUTO_MODELS = {
@@ -43,17 +43,17 @@ def _load_error(what: str, name: str, e: Exception) -> UserError:
     return UserError(f"could not load {what} '{name}': {first}")
 
 
-def load_preprocessor(cfg: TrainConfig, model_config: PretrainedConfig | None = None):
+def load_preprocessor(args: ModelArgs, model_config: PretrainedConfig | None = None):
     """The tokenizer (text) or image processor (images) that goes with the model."""
-    if cfg.task == "text-classification":
-        name = cfg.tokenizer_name or cfg.model_name_or_path
+    if args.task == "text-classification":
+        name = args.tokenizer_name or args.model_name_or_path
         if name is None:
             raise UserError("a text model built from model_config needs tokenizer_name")
         try:
-            return AutoTokenizer.from_pretrained(name, trust_remote_code=cfg.trust_remote_code)
+            return AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
         except (OSError, ValueError) as e:
             raise _load_error("tokenizer", name, e) from None
-    name = cfg.image_processor_name or (cfg.model_name_or_path if cfg.model_config is None else None)
+    name = args.image_processor_name or (args.model_name_or_path if args.model_config is None else None)
     if name is None:
         # A ViT built from a config: resize to its image size, scale to [-1, 1].
         size = getattr(model_config, "image_size", 224)
@@ -66,7 +66,7 @@ def load_preprocessor(cfg: TrainConfig, model_config: PretrainedConfig | None = 
             size={"height": size, "width": size}, image_mean=[0.5] * channels, image_std=[0.5] * channels
         )
     try:
-        return AutoImageProcessor.from_pretrained(name, trust_remote_code=cfg.trust_remote_code)
+        return AutoImageProcessor.from_pretrained(name, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as e:
         raise _load_error("image processor", name, e) from None
 
@@ -84,51 +84,51 @@ def set_dropout(config: PretrainedConfig, p: float | None) -> None:
             setattr(config, key, p)
 
 
-def build_model(cfg: TrainConfig, label_names: list[str], vocab_size: int | None = None) -> PreTrainedModel:
+def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None = None) -> PreTrainedModel:
     """A classification model with `len(label_names)` outputs and the names in id2label/label2id."""
     labels: dict[str, Any] = {
         "num_labels": len(label_names),
         "id2label": dict(enumerate(label_names)),
         "label2id": {name: i for i, name in enumerate(label_names)},
     }
-    auto = AUTO_MODELS[cfg.task]
-    if cfg.model_config is not None:
-        spec = dict(cfg.model_config)
+    auto = AUTO_MODELS[args.task]
+    if args.model_config is not None:
+        spec = dict(args.model_config)
         model_type = spec.pop("model_type")
-        if cfg.task == "text-classification" and vocab_size is not None:
+        if args.task == "text-classification" and vocab_size is not None:
             spec.setdefault("vocab_size", vocab_size)
         try:
             config = AutoConfig.for_model(model_type, **spec, **labels)
         except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"cannot build a {cfg.task} model from model_config: {e}") from None
-        set_dropout(config, cfg.dropout)
+            raise UserError(f"cannot build a {args.task} model from model_config: {e}") from None
+        set_dropout(config, args.dropout)
         _check_image_config(config)
         try:
-            return auto.from_config(config, trust_remote_code=cfg.trust_remote_code)
+            return auto.from_config(config, trust_remote_code=args.trust_remote_code)
         except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"cannot build a {cfg.task} model from model_config: {e}") from None
-    name = cfg.model_name_or_path
+            raise UserError(f"cannot build a {args.task} model from model_config: {e}") from None
+    name = args.model_name_or_path
     assert name is not None  # TrainConfig.validate guarantees a name or a config
     try:
         # safetensors only, unless the user opts in: a pytorch_model.bin is a pickle that can run code
         # when loaded (transformers loads it with weights_only=True, still a wider surface).
-        config = AutoConfig.from_pretrained(name, trust_remote_code=cfg.trust_remote_code, **labels)
-        set_dropout(config, cfg.dropout)
+        config = AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code, **labels)
+        set_dropout(config, args.dropout)
         model = auto.from_pretrained(
             name,
             config=config,
-            trust_remote_code=cfg.trust_remote_code,
-            use_safetensors=None if cfg.allow_pickle_weights else True,
+            trust_remote_code=args.trust_remote_code,
+            use_safetensors=None if args.allow_pickle_weights else True,
         )
     except ValueError as e:
         if "Unrecognized configuration class" in str(e):
             raise UserError(
-                f"'{name}' is not a model that {auto.__name__} can load for {cfg.task}; "
-                f"choose a model type that has a {cfg.task} head (e.g. bert, vit)"
+                f"'{name}' is not a model that {auto.__name__} can load for {args.task}; "
+                f"choose a model type that has a {args.task} head (e.g. bert, vit)"
             ) from None
         raise _load_error("model", name, e) from None
     except OSError as e:
-        if not cfg.allow_pickle_weights and _has_pickle_weights_only(name):
+        if not args.allow_pickle_weights and _has_pickle_weights_only(name):
             raise UserError(
                 f"model '{name}' has only pickle weights (pytorch_model.bin), which can run code "
                 "when loaded; convert it to safetensors, or pass allow_pickle_weights=true if "
@@ -159,19 +159,20 @@ def _check_image_config(config: PretrainedConfig) -> None:
         )
 
 
-def check_max_length(cfg: TrainConfig, model: PreTrainedModel) -> None:
+def check_max_length(model: PreTrainedModel, max_length: int, pad_to_multiple_of: int | None) -> None:
+    """A text model's position table holds the longest batch: `max_length`, rounded up."""
     limit = getattr(model.config, "max_position_embeddings", None)
-    if cfg.task == "text-classification" and limit is not None and cfg.max_length > limit:
+    if limit is not None and max_length > limit:
         raise UserError(
-            f"max_length {cfg.max_length} exceeds the model's position limit {limit}; "
+            f"max_length {max_length} exceeds the model's position limit {limit}; "
             f"set max_length={limit} or less"
         )
-    multiple = cfg.pad_to_multiple_of
-    if cfg.task == "text-classification" and limit is not None and multiple:
-        longest = -(-cfg.max_length // multiple) * multiple  # the longest batch after rounding up
+    multiple = pad_to_multiple_of
+    if limit is not None and multiple:
+        longest = -(-max_length // multiple) * multiple  # the longest batch after rounding up
         if longest > limit:
             raise UserError(
-                f"pad_to_multiple_of={multiple} pads batches of up to max_length={cfg.max_length} tokens to "
+                f"pad_to_multiple_of={multiple} pads batches of up to max_length={max_length} tokens to "
                 f"{longest}, past the model's position limit {limit}; choose a multiple that divides a "
                 f"length of at most {limit}, or null"
             )

@@ -231,11 +231,13 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
     """The raw splits and label names, the model (frozen embeddings and activation checkpointing as
     asked), its tokenizer or image processor, and the preprocessed splits. Preprocessing runs on the
     main process first; the others read its cache."""
+    text = cfg.task == "text-classification"
     with accelerator.main_process_first():
-        raw, label_names = load_splits(cfg)
-    tokenizer = load_preprocessor(cfg) if cfg.task == "text-classification" else None
-    model = build_model(cfg, label_names, vocab_size=len(tokenizer) if tokenizer is not None else None)
-    check_max_length(cfg, model)
+        raw, label_names = load_splits(cfg.data_args)
+    tokenizer = load_preprocessor(cfg.model_args) if text else None
+    model = build_model(cfg.model_args, label_names, vocab_size=len(tokenizer) if text else None)
+    if text:
+        check_max_length(model, cfg.max_length, cfg.pad_to_multiple_of)
     if cfg.freeze_embeddings:
         model.get_input_embeddings().requires_grad_(False)
     if cfg.gradient_checkpointing:
@@ -247,9 +249,9 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    preprocessor = tokenizer if tokenizer is not None else load_preprocessor(cfg, model.config)
+    preprocessor = tokenizer if text else load_preprocessor(cfg.model_args, model.config)
     with accelerator.main_process_first():
-        splits = prepare_splits(cfg, raw, preprocessor, model.config)
+        splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3))
     return model, preprocessor, splits, label_names
 
 

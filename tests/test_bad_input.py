@@ -422,7 +422,7 @@ def test_pickle_weights_load_when_the_user_opts_in(files):
             f"output_dir={files.root / 'o'}",
         ],
     )
-    assert build_model(cfg, ["0", "1"]).config.hidden_size == 32
+    assert build_model(cfg.model_args, ["0", "1"]).config.hidden_size == 32
 
 
 def test_odd_images_just_work(tmp_path):

@@ -11,6 +11,7 @@ from conftest import rotten_rows, tiny_text_args, write_csv
 from PIL import Image
 
 from finetune.card import check_hub_access, describe_data, push_to_hub, redact, write_model_card
+from finetune.config import DataArgs, config_from_dict
 from finetune.errors import UserError
 from finetune.plots import plot_training_curves, read_metrics, training_curves_figure
 from finetune.run import main
@@ -94,7 +95,8 @@ def _card(tiny_run, config_extra=None, **kwargs):
         config=config,
         label_names=results["label_names"],
         results=results,
-        data_description=describe_data(config),
+        # the data section as written (config_extra plants secrets no validation would let through)
+        data_description=describe_data(DataArgs(**{k: config.get(k) for k in DataArgs.__dataclass_fields__})),
         **kwargs,
     )
 
@@ -209,7 +211,7 @@ def test_model_card_with_a_test_split_hub_dataset_and_best_checkpoint(tiny_run):
         label_names=results["label_names"],
         results=results,
         base_model=None,
-        data_description=describe_data(config),
+        data_description=describe_data(config_from_dict(config, saved=True).data_args),
     )
     card = huggingface_hub.ModelCard.load(path)
     assert card.data.datasets == ["stanfordnlp/sst2"]
@@ -285,3 +287,16 @@ def test_push_to_hub_offline_refuses_before_any_network(tiny_run, monkeypatch):
 def test_push_to_hub_needs_an_export(tmp_path):
     with pytest.raises(UserError, match="not an exported model"):
         push_to_hub(tmp_path, "someone/x")
+
+
+def test_describe_data_names_an_image_folder_and_the_held_out_split():
+    image = config_from_dict(
+        {"task": "image-classification", "model_config": {"model_type": "vit"}, "data_dir": "/x/imgs"}
+    )
+    assert "the `imagefolder` directory `/x/imgs`" in describe_data(image.data_args)
+    text = config_from_dict(
+        {"model_name_or_path": "m", "train_file": "/x/t.csv", "text_pair_column": "b", "max_train_samples": 9}
+    )
+    described = describe_data(text.data_args)
+    assert "text column `text` paired with `b`" in described and "stratified 10.0%" in described
+    assert "train 9" in described

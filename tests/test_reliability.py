@@ -409,8 +409,8 @@ def test_trust_remote_code_is_off_and_weights_are_safetensors_by_default(monkeyp
         monkeypatch.setattr(cls, "from_pretrained", classmethod(spy))
     cfg = load_config(None, [f"output_dir={tmp_path}"])  # the default recipe: the bundled MiniLM
     assert cfg.trust_remote_code is False and cfg.allow_pickle_weights is False
-    load_preprocessor(cfg)
-    build_model(cfg, ["0", "1"])
+    load_preprocessor(cfg.model_args)
+    build_model(cfg.model_args, ["0", "1"])
     assert {name for name, _ in calls} == {"AutoModelForSequenceClassification", "AutoTokenizer"}
     assert all(kwargs["trust_remote_code"] is False for _, kwargs in calls)
     model_kwargs = [kw for name, kw in calls if name == "AutoModelForSequenceClassification"]

@@ -47,7 +47,7 @@ def test_frozen_embeddings_stay_as_built_and_the_rest_trains(small_text_data, tm
     args = tiny_text_args(small_text_data, out, "max_steps=3", "freeze_embeddings=true", "save_steps=3")
     cfg = load_config(None, args)
     set_seed(cfg.seed)  # as train() does before building: the same initial weights
-    model = build_model(cfg, ["0", "1"], vocab_size=len(load_preprocessor(cfg)))
+    model = build_model(cfg.model_args, ["0", "1"], vocab_size=len(load_preprocessor(cfg.model_args)))
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     main(args)
     trained = load_file(out / "model" / "model.safetensors")
