@@ -33,121 +33,182 @@ Task = Literal["text-classification", "image-classification"]
 SchedulerType = Literal["linear", "cosine", "constant"]
 
 
+def setting(default: Any = None, help: str = "", *, factory: Any = None) -> Any:
+    """A TrainConfig field with its one-line help, as transformers' `field(metadata={"help": ...})`."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TrainConfig:
-    """Every setting of a run. Names follow transformers' TrainingArguments where one exists."""
+    """Every setting of a run. Names follow transformers' TrainingArguments where one exists; each
+    field's help is what `run.py --help` prints (the longer reasons are in the comments)."""
 
     # --- what to train --------------------------------------------------------------------------
-    task: Task = "text-classification"
+    task: Task = setting("text-classification", "what the model predicts")
     # A hub name or a local directory. With `model_config`, only its tokenizer/processor is used.
-    model_name_or_path: str | None = None
+    model_name_or_path: str | None = setting(None, "pretrained model: a hub name or a local directory")
     # Build the model from a config instead of pretrained weights, e.g. a tiny BERT for tests:
     # {model_type: bert, hidden_size: 32, num_hidden_layers: 2, ...}.
-    model_config: dict[str, Any] | None = None
-    tokenizer_name: str | None = None  # text: defaults to model_name_or_path
-    image_processor_name: str | None = None  # image: defaults to model_name_or_path
-    trust_remote_code: bool = False  # run Python code shipped with a hub model: only for sources you trust
+    model_config: dict[str, Any] | None = setting(
+        None,
+        "build the model from this config instead of weights ({model_type: bert, ...}); keys settable as model_config.KEY=VALUE",
+    )
+    tokenizer_name: str | None = setting(None, "text: the tokenizer (default: model_name_or_path)")
+    image_processor_name: str | None = setting(
+        None, "images: the image processor (default: model_name_or_path)"
+    )
+    trust_remote_code: bool = setting(
+        False, "run Python code shipped with a hub model: only for sources you trust"
+    )
     # Pretrained weights load from safetensors only; true also allows pytorch_model.bin (a pickle).
-    allow_pickle_weights: bool = False
+    allow_pickle_weights: bool = setting(
+        False, "also load pytorch_model.bin weights (a pickle, which can run code)"
+    )
 
     # --- data -------------------------------------------------------------------------------------
     # A hub dataset name or a builder ("imagefolder", "csv", "json", "parquet"); or give files.
-    dataset_name: str | None = None
-    dataset_config_name: str | None = None
-    data_dir: str | None = None  # for "imagefolder" (or a hub dataset's data_dir)
-    train_file: str | None = None  # .csv, .json, .jsonl or .parquet
-    validation_file: str | None = None
-    test_file: str | None = None
-    text_column: str = "text"
-    text_pair_column: str | None = None  # sentence pairs: the second sentence's column
-    image_column: str = "image"
-    label_column: str = "label"
-    max_length: int = 128  # tokens; longer texts are truncated
+    dataset_name: str | None = setting(None, "a hub dataset, or a builder (imagefolder, csv, json, parquet)")
+    dataset_config_name: str | None = setting(None, "the hub dataset's configuration (e.g. sst2 of glue)")
+    data_dir: str | None = setting(
+        None, "an image folder: <data_dir>/train/<label>/<image> (validation/, test/ optional)"
+    )
+    train_file: str | None = setting(None, "training data: .csv, .tsv, .json, .jsonl or .parquet")
+    validation_file: str | None = setting(
+        None, "validation data (default: a stratified share of train is held out)"
+    )
+    test_file: str | None = setting(None, "test data, scored once at the end")
+    text_column: str = setting("text", "text: the column holding the text")
+    text_pair_column: str | None = setting(None, "text: the second sentence's column, for sentence pairs")
+    image_column: str = setting("image", "images: the column holding the image")
+    label_column: str = setting("label", "the column holding the label")
+    max_length: int = setting(128, "text: tokens per sample; longer texts are truncated")
     # Text batches are padded to their longest sequence, rounded up to a multiple of this (8 suits
     # tensor cores; max_length pads every batch to one fixed length). null: no rounding.
-    pad_to_multiple_of: int | None = 8
+    pad_to_multiple_of: int | None = setting(
+        8, "text: round each batch's padded length up to a multiple of this"
+    )
     # When the data has no validation split: the share of train held out, stratified and seeded.
-    validation_split_percentage: float = 10.0
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
-    max_test_samples: int | None = None
-    group_by_length: bool = False  # text: batch similar lengths together (less padding)
-    random_flip: bool = True  # images: random horizontal flip of training images
+    validation_split_percentage: float = setting(
+        10.0, "percent of train held out for validation when none is given"
+    )
+    max_train_samples: int | None = setting(None, "use only the first N training samples")
+    max_eval_samples: int | None = setting(None, "use only the first N validation samples")
+    max_test_samples: int | None = setting(None, "use only the first N test samples")
+    group_by_length: bool = setting(False, "text: batch similar lengths together (less padding)")
+    random_flip: bool = setting(True, "images: random horizontal flip of training images")
     # Worker processes that collate batches. null: 2 for text on a GPU (collating BERT-base batches of
     # 128 in the training process took 17-21 ms of a 72 ms step on an H100), else 0 (on a CPU a worker
     # competes for the cores; image workers would draw random flips from seeds a resume cannot restore).
-    dataloader_num_workers: int | None = None
+    dataloader_num_workers: int | None = setting(
+        None, "processes that collate batches (default: 2 for text on a GPU, else 0)"
+    )
     # GPU: batches in page-locked memory, copied to the device without blocking the host (no effect on CPU).
-    dataloader_pin_memory: bool = True
+    dataloader_pin_memory: bool = setting(True, "GPU: batches in page-locked memory for non-blocking copies")
     # Torch threads per process when training on CPU. None: the cores this process may use (affinity,
     # container quota), divided by the processes on this machine, whatever OMP_NUM_THREADS says
     # (`accelerate launch` sets it to 1 unless told otherwise: a GPU default that idles a CPU's cores).
-    cpu_threads: int | None = None
+    cpu_threads: int | None = setting(
+        None, "CPU: torch threads per process (default: this machine's cores / processes)"
+    )
 
     # --- optimisation -----------------------------------------------------------------------------
-    seed: int = 42
-    num_train_epochs: int = 3
-    max_steps: int | None = None  # optimizer steps; overrides num_train_epochs when set
-    per_device_train_batch_size: int = 32
-    per_device_eval_batch_size: int = 64
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 5e-5
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    lr_scheduler_type: SchedulerType = "linear"
-    warmup_ratio: float = 0.0  # share of the optimizer steps spent warming up
-    warmup_steps: int | None = None  # overrides warmup_ratio when set
-    max_grad_norm: float | None = 1.0
-    dropout: float | None = None  # set every dropout probability of the model (0 turns dropout off)
+    seed: int = setting(
+        42, "seed of the weights' initialisation, the data order, dropout and the held-out split"
+    )
+    num_train_epochs: int = setting(3, "passes over the training data")
+    max_steps: int | None = setting(None, "optimizer steps to train; overrides num_train_epochs")
+    per_device_train_batch_size: int = setting(32, "training samples per process per micro-batch")
+    per_device_eval_batch_size: int = setting(64, "evaluation samples per process per batch")
+    gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step")
+    learning_rate: float = setting(5e-5, "AdamW's peak learning rate")
+    weight_decay: float = setting(0.01, "AdamW's decoupled weight decay (not on biases and LayerNorm)")
+    adam_beta1: float = setting(0.9, "AdamW's beta1")
+    adam_beta2: float = setting(0.999, "AdamW's beta2")
+    adam_epsilon: float = setting(1e-8, "AdamW's epsilon")
+    lr_scheduler_type: SchedulerType = setting("linear", "the learning-rate schedule after warm-up")
+    warmup_ratio: float = setting(0.0, "share of the optimizer steps spent warming up")
+    warmup_steps: int | None = setting(None, "optimizer steps spent warming up; overrides warmup_ratio")
+    max_grad_norm: float | None = setting(1.0, "clip the gradients' global norm to this (null: no clipping)")
+    dropout: float | None = setting(None, "set every dropout probability of the model (0 turns dropout off)")
     # Text: keep the word-embedding table as loaded (no gradient, no optimizer state). For MiniLM it
     # is half of the weights, so half of AdamW's memory traffic and no dense 30522 x 384 gradient.
-    freeze_embeddings: bool = False
+    freeze_embeddings: bool = setting(
+        False, "text: keep the word-embedding table as loaded (faster, less memory)"
+    )
     # Keep only each layer's input during forward and recompute the rest in backward: less activation
     # memory for more compute (transformers' activation checkpointing; MiniLM, batch 32: 1.35x slower).
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = setting(
+        False, "recompute activations in backward: less memory, more compute"
+    )
 
     # --- evaluation, logging, output --------------------------------------------------------------
-    output_dir: str = "runs/bert-rotten-tomatoes"
-    overwrite_output_dir: bool = False
-    logging_steps: int = 10  # optimizer steps between logged losses
-    eval_steps: int | None = None  # optimizer steps between evaluations; None: at epoch ends
-    report_to: list[str] = field(default_factory=list)  # trackers beside metrics.jsonl
-    label_names: list[str] | None = None  # fix the label set and order explicitly
+    output_dir: str = setting(
+        "runs/bert-rotten-tomatoes", "where checkpoints, metrics and the exported model go"
+    )
+    overwrite_output_dir: bool = setting(
+        False, "replace a finished run in output_dir (kept until the new run saves)"
+    )
+    logging_steps: int = setting(10, "optimizer steps between logged losses")
+    eval_steps: int | None = setting(
+        None, "optimizer steps between evaluations (default: at each epoch's end)"
+    )
+    report_to: list[str] = setting(
+        help="trackers beside metrics.jsonl (tensorboard, wandb, ...)", factory=list
+    )
+    label_names: list[str] | None = setting(
+        None, "the label set and its order (default: the sorted labels of train)"
+    )
 
     # --- checkpoints ------------------------------------------------------------------------------
-    save_steps: int | None = None  # optimizer steps between training-state checkpoints
-    save_at_epoch_end: bool = False
-    save_total_limit: int | None = 2  # keep the last K (the best is always kept too)
-    metric_for_best_model: str = "accuracy"
-    greater_is_better: bool = True
-    resume_from_checkpoint: str | None = None  # "latest" or a checkpoint directory
+    save_steps: int | None = setting(None, "optimizer steps between training-state checkpoints")
+    save_at_epoch_end: bool = setting(False, "also write a checkpoint at each epoch's end")
+    save_total_limit: int | None = setting(2, "keep the last K checkpoints (the best is kept too; null: all)")
+    metric_for_best_model: str = setting("accuracy", "the validation metric that picks the best checkpoint")
+    greater_is_better: bool = setting(True, "whether a larger metric_for_best_model is better")
+    resume_from_checkpoint: str | None = setting(None, '"latest" or a checkpoint directory to continue from')
     # Resume with other processes / batch / accumulation than the checkpoint's: the samples already
     # consumed are not repeated, the schedule is re-planned for the rest (not bit-exact).
-    resume_allow_topology_change: bool = False
+    resume_allow_topology_change: bool = setting(
+        False, "resume with other processes, batch or accumulation (not bit-exact)"
+    )
     # Stop when metric_for_best_model has not improved for this many evaluations (None: never).
-    early_stopping_patience: int | None = None
-    push_to_hub_model_id: str | None = None  # after training, upload the export there (needs the network)
+    early_stopping_patience: int | None = setting(
+        None, "stop after this many evaluations without improvement"
+    )
+    push_to_hub_model_id: str | None = setting(
+        None, "after training, upload the export to this hub repo (needs the network)"
+    )
 
     # --- faults -------------------------------------------------------------------------------------
     # Stop (exit status 3) when the loss is NaN or infinite for this many optimizer steps in a row;
     # checked at logging steps. Single fp16 overflow steps, which the gradient scaler skips, are fine.
-    max_nonfinite_loss_steps: int = 5
+    max_nonfinite_loss_steps: int = setting(
+        5, "stop (exit 3) after this many optimizer steps of NaN/inf loss in a row"
+    )
     # Seconds a process waits in a collective (all-reduce, barrier) for the others before the job
     # fails instead of hanging. Raise it when the main process alone does long work (tokenizing).
-    ddp_timeout: int = 1800
+    ddp_timeout: int = setting(1800, "seconds a process waits for the others before the job fails")
     # DDP options of torch's DistributedDataParallel, passed through Accelerate's kwargs handler:
     # static_graph (the same parameters get gradients every step) and gradient_as_bucket_view (the
     # gradients are views of the all-reduce buckets: one copy fewer, less memory).
-    ddp_static_graph: bool = False
-    ddp_gradient_as_bucket_view: bool = False
+    ddp_static_graph: bool = setting(False, "DDP: the same parameters get gradients every step")
+    ddp_gradient_as_bucket_view: bool = setting(
+        False, "DDP: gradients are views of the all-reduce buckets (less memory)"
+    )
 
     # --- model parallelism (one process, consecutive layers on consecutive devices) -----------------
-    model_parallel: bool = False
-    devices: str | None = None  # "cuda:0,cuda:1", "cuda:0,cpu"; default: every visible GPU
-    max_memory: dict[str, str] | None = None  # per-device cap, e.g. {"cuda:0": "2GiB"}
-    pipeline_chunks: int = 1  # >1: GPipe-style micro-batches through the stages
+    model_parallel: bool = setting(False, "split the model's layers over devices, in one process")
+    devices: str | None = setting(
+        None, 'model_parallel: the devices in order, e.g. "cuda:0,cuda:1" (default: every GPU)'
+    )
+    max_memory: dict[str, str] | None = setting(
+        None, 'model_parallel: a cap per device, e.g. {"cuda:0": "2GiB"}'
+    )
+    pipeline_chunks: int = setting(
+        1, "model_parallel: >1 pipelines this many micro-batches through the stages"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -392,6 +453,22 @@ def parse_override(item: str) -> tuple[str, Any]:
         return key.strip(), text
 
 
+def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
+    """`key=value` into the raw mapping; `model_config.image_size=32` sets one key of a mapping."""
+    name, dot, sub = key.partition(".")
+    if not dot:
+        raw[key] = value
+        return
+    hint = _field_types().get(name)
+    if hint is None:
+        raise _unknown_key(name, list(_field_types()))
+    if dict not in (typing.get_origin(hint), *map(typing.get_origin, typing.get_args(hint))) or not sub:
+        mappings = [k for k, h in _field_types().items() if "dict" in str(h)]
+        raise UserError(f"{key}: {name} is not a mapping; KEY.SUBKEY=value works for {', '.join(mappings)}")
+    current = raw.get(name)
+    raw[name] = {**(current if isinstance(current, dict) else {}), sub: value}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Build the config from the default recipe (or `path`) plus `key=value` overrides."""
     recipe = Path(path) if path is not None else DEFAULT_RECIPE
@@ -415,8 +492,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raw[key] = str(REPO_DIR / value)
 
     for item in overrides or []:
-        key, value = parse_override(item)
-        raw[key] = value
+        _apply_override(raw, *parse_override(item))
     # Saved configs must work from any directory: local paths become absolute.
     for key in (*PATH_KEYS, "output_dir"):
         value = raw.get(key)
@@ -440,3 +516,62 @@ def config_from_dict(raw: dict[str, Any], saved: bool = False) -> TrainConfig:
 
 def save_config(config: TrainConfig, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+# --- --help -------------------------------------------------------------------------------------
+
+# The first setting of each group, in TrainConfig's order, and the group's title.
+SECTIONS = {
+    "task": "what to train",
+    "dataset_name": "data",
+    "seed": "optimisation",
+    "output_dir": "evaluation, logging, output",
+    "save_steps": "checkpoints",
+    "max_nonfinite_loss_steps": "faults",
+    "model_parallel": "model parallelism (one process, consecutive layers on consecutive devices)",
+}
+
+
+def _type_name(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args if a is not type(None)) + " | null"
+    if origin is Literal:
+        return " | ".join(map(str, args))
+    if origin is list:
+        return f"list[{_type_name(args[0])}]"
+    if origin is dict:
+        return "mapping"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def settings_help(recipe: str | Path | None = None, names: typing.Collection[str] | None = None) -> str:
+    """Every setting (or those in `names`), grouped as in TrainConfig: `name: type = default`, its
+    help, and the value the recipe sets where it differs from the default."""
+    path = Path(recipe) if recipe is not None else DEFAULT_RECIPE
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        values = {}
+    values = values if isinstance(values, dict) else {}
+    hints = _field_types()
+    lines = [f"settings (key=value, or in a recipe; 'recipe:' is what {path.name} sets):"]
+    for f in dataclasses.fields(TrainConfig):
+        if names is not None and f.name not in names:
+            continue
+        if f.name in SECTIONS and names is None:
+            lines += ["", f"{SECTIONS[f.name]}:"]
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        line = f"  {f.name}: {_type_name(hints[f.name])} = {_shown(default)}"
+        if f.name in values and values[f.name] != default:
+            line += f"    (recipe: {_shown(values[f.name])})"
+        lines += [line, f"      {f.metadata['help']}"]
+    return "\n".join(lines)

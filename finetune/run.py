@@ -48,7 +48,7 @@ from transformers import get_scheduler
 
 from finetune import checkpoint as ckpt
 from finetune.card import check_hub_access
-from finetune.config import TrainConfig, load_config, save_config
+from finetune.config import TrainConfig, load_config, save_config, settings_help
 from finetune.data import (
     Collator,
     EpochSampler,
@@ -601,8 +601,10 @@ def plan_only(cfg: TrainConfig) -> dict[str, Any]:
 
 def parse_args(argv: list[str]):
     """The config (recipe + key=value) and the mode flags."""
-    hint = "options are --config PATH, --dry-run and --plan-only; settings are key=value"
-    parser = ArgumentParser(prog="finetune/run.py", description=__doc__, hint=hint)
+    hint = "options are --config PATH, --dry-run and --plan-only; settings are key=value (--help lists them)"
+    usage = __doc__.split("\n\n")[0]  # the commands; the settings follow from the typed config
+    parser = ArgumentParser(prog="finetune/run.py", description=usage, hint=hint, add_help=False)
+    parser.add_argument("-h", "--help", action="store_true", help="this help; with --config, the recipe's values")
     parser.add_argument("--config", metavar="PATH", help="a recipe YAML (default: the MiniLM recipe)")
     parser.add_argument(
         "--dry-run", action="store_true", help="print the plan (devices, steps, learning rates) and exit"
@@ -610,6 +612,9 @@ def parse_args(argv: list[str]):
     parser.add_argument("--plan-only", action="store_true", help="print the model-parallel plan and exit")
     parser.add_argument("settings", nargs="*", metavar="key=value", help="override any setting of the recipe")
     args = parser.parse_intermixed_args(argv)  # key=value before and after the flags
+    if args.help:
+        print(f"{parser.format_help()}\n{settings_help(args.config)}")
+        raise SystemExit(0)
     return load_config(args.config, args.settings), args
 
 

@@ -5,15 +5,24 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import launch, tiny_text_args
+from conftest import REPO, launch, tiny_text_args
 
 from finetune.run import main
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(small_text_data, tmp_path, capsys):
     out = tmp_path / "run"
-    plan = main(tiny_text_args(small_text_data, out, "--dry-run", "per_device_train_batch_size=4",
-                               "gradient_accumulation_steps=3", "num_train_epochs=2", "lr_scheduler_type=linear"))
+    plan = main(
+        tiny_text_args(
+            small_text_data,
+            out,
+            "--dry-run",
+            "per_device_train_batch_size=4",
+            "gradient_accumulation_steps=3",
+            "num_train_epochs=2",
+            "lr_scheduler_type=linear",
+        )
+    )
     # 37 samples / batch 4 = 10 batches; 3 accumulation steps -> 4 optimizer steps an epoch.
     assert plan["optimizer_steps_per_epoch"] == 4 and plan["total_optimizer_steps"] == 8
     assert plan["global_batch_size"] == 12 and plan["warmup_steps"] == 2  # ceil(0.2 * 8)
@@ -27,8 +36,17 @@ def test_dry_run_prints_the_plan_and_writes_nothing(small_text_data, tmp_path, c
 def test_early_stopping_stops_when_the_metric_stalls(small_text_data, tmp_path):
     out = tmp_path / "run"
     # A learning rate of ~0 keeps accuracy flat: evaluation 1 sets the best, 2 and 3 do not improve.
-    results = main(tiny_text_args(small_text_data, out, "per_device_train_batch_size=4", "num_train_epochs=3",
-                                  "eval_steps=1", "early_stopping_patience=2", "learning_rate=1e-12"))
+    results = main(
+        tiny_text_args(
+            small_text_data,
+            out,
+            "per_device_train_batch_size=4",
+            "num_train_epochs=3",
+            "eval_steps=1",
+            "early_stopping_patience=2",
+            "learning_rate=1e-12",
+        )
+    )
     assert results["step"] == 3  # not the 30 planned steps
 
 
@@ -59,12 +77,49 @@ def _cores() -> int:
 def test_accelerate_launch_on_cpu_uses_every_core_unless_told(small_text_data, tmp_path):
     """`accelerate launch` gives a CPU process OMP_NUM_THREADS=1; the app takes its share of the cores
     (one process: all of them; two: half each), and `cpu_threads=N` is obeyed."""
+
     def threads(result) -> list[int]:
         assert result.returncode == 0, result.stderr[-2000:]
-        return [int(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("cpu_threads")]
+        return [
+            int(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("cpu_threads")
+        ]
 
     args = tiny_text_args(small_text_data, tmp_path / "o", "--dry-run")
     env = {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}  # on the CPU also where a GPU exists
     assert threads(launch(args, env=env)) == [_cores()]
     assert threads(launch([*args, "cpu_threads=1"], env=env)) == [1]
     assert threads(launch(args, num_processes=2, env=env)) == [max(1, _cores() // 2)]  # main process prints
+
+
+def test_help_lists_every_setting_with_type_default_help_and_the_recipes_value(capsys):
+    import dataclasses
+
+    from finetune.config import TrainConfig
+    from finetune.run import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", str(REPO / "finetune/configs/vit_fashion_mnist.yaml"), "--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    for f in dataclasses.fields(TrainConfig):
+        assert f"  {f.name}: " in out and f.metadata["help"] in out, f.name
+    assert "  learning_rate: float = 5e-05" in out
+    assert (
+        "task: text-classification | image-classification = text-classification    (recipe: image-classification)"
+        in out
+    )
+    assert out.index("\ndata:\n") < out.index("  train_file:") < out.index("\noptimisation:\n")
+
+
+def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
+    from finetune.config import load_config
+    from finetune.errors import UserError
+
+    recipe = REPO / "finetune/configs/vit_fashion_mnist.yaml"
+    cfg = load_config(recipe, ["model_config.image_size=32", "max_memory.cpu=1GiB"])
+    assert cfg.model_config["image_size"] == 32 and cfg.model_config["model_type"] == "vit"
+    assert cfg.max_memory == {"cpu": "1GiB"}
+    with pytest.raises(UserError, match="learning_rate is not a mapping"):
+        load_config(recipe, ["learning_rate.x=1"])
+    with pytest.raises(UserError, match="unknown config key 'model_confg'; did you mean model_config"):
+        load_config(recipe, ["model_confg.image_size=32"])
