@@ -31,6 +31,7 @@ PATH_KEYS = ("model_name_or_path", "tokenizer_name", "image_processor_name", "tr
 
 Task = Literal["text-classification", "image-classification"]
 SchedulerType = Literal["linear", "cosine", "constant"]
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 def setting(default: Any = None, help: str = "", *, factory: Any = None) -> Any:
@@ -150,6 +151,9 @@ class TrainConfig:
     overwrite_output_dir: bool = setting(
         False, "replace a finished run in output_dir (kept until the new run saves)"
     )
+    # The libraries' own console output (transformers' load report, datasets' "Generating split" and
+    # map bars, accelerate's notices): shown from this level up; "info" also shows their progress bars.
+    log_level: LogLevel = setting("error", "what transformers, datasets and accelerate print (info: everything)")
     logging_steps: int = setting(10, "optimizer steps between logged losses")
     eval_steps: int | None = setting(
         None, "optimizer steps between evaluations (default: at each epoch's end)"

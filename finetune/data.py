@@ -98,12 +98,9 @@ def load_raw(
     if data_dir and not Path(data_dir).is_dir() and dataset_name in (None, "imagefolder"):
         raise UserError(f"data_dir not found: {data_dir}")
     if files and dataset_name in (None, "csv", "json", "parquet"):
-        builders = {_builder_for(f) for f in files.values()}
-        if len(builders) > 1:
-            raise UserError(f"train/validation/test files must be of one type, got {sorted(builders)}")
-        builder = builders.pop()
         raw = DatasetDict()
-        for split, path in files.items():
+        for split, path in files.items():  # each with its own builder: a .csv train, a .jsonl test
+            builder = _builder_for(path)
             kwargs = {"sep": "\t"} if Path(path).suffix.lower() == ".tsv" else {}
             try:
                 raw[split] = load_dataset(builder, data_files={split: path}, **kwargs)[split]

@@ -61,6 +61,7 @@ from finetune.data import (
 from finetune.errors import ArgumentParser, TrainingStopped, UserError, exit_on_user_error
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import RESULTS, export_run
+from finetune.metrics import summary_line
 from finetune.models import build_model, check_max_length, load_preprocessor
 from finetune.runtime import (
     ScalerSkips,
@@ -70,6 +71,7 @@ from finetune.runtime import (
     injected_fault,
     make_accelerator,
     pin_memory,
+    quiet_libraries,
     stop_with_launcher,
 )
 
@@ -120,6 +122,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             {"epoch": epoch, **{f"eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}},
             step,
         )
+        if accelerator.is_main_process:  # above the training bar
+            tqdm.write(f"step {step} (epoch {epoch + 1}): validation {summary_line(metrics)}")
         return metrics
 
     # The loop.
@@ -621,6 +625,7 @@ def parse_args(argv: list[str]):
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg, args = parse_args(sys.argv[1:] if argv is None else argv)
+    quiet_libraries(cfg.log_level)
     if args.plan_only:
         return plan_only(cfg)
     if args.dry_run:

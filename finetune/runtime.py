@@ -273,3 +273,21 @@ def stop_with_launcher() -> None:
     # then init, which cannot be told from a launcher that is itself PID 1 in a container.)
     with contextlib.suppress(OSError, AttributeError):  # no prctl: keep the default
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
+def quiet_libraries(level: str) -> None:
+    """The libraries' logging at `level` ("debug", "info", "warning", "error"); their progress bars
+    (datasets' "Generating split", map and cast bars; transformers' shard loading) only at info and
+    below. The app's own lines and its training bar are printed whatever the level."""
+    import logging
+
+    import datasets
+    import transformers
+
+    number = getattr(logging, level.upper())
+    transformers.utils.logging.set_verbosity(number)
+    datasets.utils.logging.set_verbosity(number)
+    logging.getLogger("accelerate").setLevel(number)
+    chatty = number <= logging.INFO
+    (transformers.utils.logging.enable_progress_bar if chatty else transformers.utils.logging.disable_progress_bar)()
+    (datasets.enable_progress_bars if chatty else datasets.disable_progress_bars)()

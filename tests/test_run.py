@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from transformers import get_scheduler, pipeline
 
 from finetune.config import CONFIGS_DIR, load_config
+from finetune.errors import UserError
 from finetune.run import main
 
 
@@ -25,8 +26,16 @@ def _records(out, key):
 
 def test_text_run_exports_a_model_that_pipeline_loads(small_text_data, tmp_path):
     out = tmp_path / "run"
-    results = main(tiny_text_args(small_text_data, out, "num_train_epochs=1", "per_device_train_batch_size=8"))
-    for name in ("config.yaml", "metrics.jsonl", "results.json", "model/model.safetensors", "model/tokenizer.json"):
+    results = main(
+        tiny_text_args(small_text_data, out, "num_train_epochs=1", "per_device_train_batch_size=8")
+    )
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "results.json",
+        "model/model.safetensors",
+        "model/tokenizer.json",
+    ):
         assert (out / name).exists(), name
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["per_device_train_batch_size"] == 8 and saved["output_dir"] == str(out)
@@ -53,14 +62,19 @@ def test_frozen_embeddings_stay_as_built_and_the_rest_trains(small_text_data, tm
     trained = load_file(out / "model" / "model.safetensors")
     word = "bert.embeddings.word_embeddings.weight"
     assert torch.equal(trained[word], initial[word])
-    for name in ("bert.embeddings.position_embeddings.weight", "bert.encoder.layer.0.attention.self.query.weight"):
+    for name in (
+        "bert.embeddings.position_embeddings.weight",
+        "bert.encoder.layer.0.attention.self.query.weight",
+    ):
         assert not torch.equal(trained[name], initial[name]), name
     # The optimizer holds state for the trainable weights only.
     optimizer = torch.load(next((out / "checkpoints").glob("step-*")) / "optimizer.bin", weights_only=True)
     assert len(optimizer["state"]) == len(list(model.parameters())) - 1
 
 
-def test_gradient_checkpointing_recomputes_layers_and_changes_no_numbers(small_text_data, tmp_path, monkeypatch):
+def test_gradient_checkpointing_recomputes_layers_and_changes_no_numbers(
+    small_text_data, tmp_path, monkeypatch
+):
     from transformers.models.bert import modeling_bert
 
     # Counted inside the layer: a checkpointed layer runs its feed-forward again in backward.
@@ -90,12 +104,24 @@ def test_string_labels_and_sentence_pairs_from_jsonl(tmp_path):
     train = tmp_path / "pairs.jsonl"
     with train.open("w") as f:
         for i, r in enumerate(rows):
-            f.write(json.dumps({"premise": r["text"], "hypothesis": rows[-i - 1]["text"],
-                                "sentiment": names[r["label"]]}) + "\n")
+            f.write(
+                json.dumps(
+                    {"premise": r["text"], "hypothesis": rows[-i - 1]["text"], "sentiment": names[r["label"]]}
+                )
+                + "\n"
+            )
     out = tmp_path / "run"
-    args = tiny_text_args({"train": train, "validation": train}, out, "validation_file=null",
-                          "text_column=premise", "text_pair_column=hypothesis", "label_column=sentiment",
-                          "max_steps=2", "per_device_train_batch_size=4", "validation_split_percentage=25")
+    args = tiny_text_args(
+        {"train": train, "validation": train},
+        out,
+        "validation_file=null",
+        "text_column=premise",
+        "text_pair_column=hypothesis",
+        "label_column=sentiment",
+        "max_steps=2",
+        "per_device_train_batch_size=4",
+        "validation_split_percentage=25",
+    )
     results = main(args)
     assert results["label_names"] == ["negative", "positive"]
     assert results["validation"]["num_samples"] == 6  # a stratified 25% of 24 rows
@@ -108,15 +134,25 @@ def test_string_labels_and_sentence_pairs_from_jsonl(tmp_path):
 def test_schedule_ends_where_planned(small_text_data, tmp_path, scheduler, accumulation):
     """The LR schedule is planned in optimizer steps: the last step's LR is the schedule's end."""
     out = tmp_path / "run"
-    main(tiny_text_args(small_text_data, out, "num_train_epochs=2", "per_device_train_batch_size=4",
-                        f"gradient_accumulation_steps={accumulation}", f"lr_scheduler_type={scheduler}"))
+    main(
+        tiny_text_args(
+            small_text_data,
+            out,
+            "num_train_epochs=2",
+            "per_device_train_batch_size=4",
+            f"gradient_accumulation_steps={accumulation}",
+            f"lr_scheduler_type={scheduler}",
+        )
+    )
     batches = math.ceil(37 / 4)
     total = 2 * math.ceil(batches / accumulation)
     logged = _records(out, "learning_rate")
     assert [r["step"] for r in logged] == list(range(1, total + 1))
     # The expected curve, from an independent scheduler on a dummy optimizer.
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    reference = get_scheduler(scheduler, opt, num_warmup_steps=math.ceil(0.2 * total), num_training_steps=total)
+    reference = get_scheduler(
+        scheduler, opt, num_warmup_steps=math.ceil(0.2 * total), num_training_steps=total
+    )
     expected = []
     for _ in range(total):
         opt.step()
@@ -128,9 +164,19 @@ def test_schedule_ends_where_planned(small_text_data, tmp_path, scheduler, accum
 
 def test_image_run_on_bundled_fashion_mnist(tmp_path):
     out = tmp_path / "vit"
-    results = main(["--config", str(CONFIGS_DIR / "vit_fashion_mnist.yaml"), f"model_config={TINY_VIT}",
-                    "max_train_samples=96", "max_eval_samples=20", "max_test_samples=30", "num_train_epochs=1",
-                    "per_device_train_batch_size=16", f"output_dir={out}"])
+    results = main(
+        [
+            "--config",
+            str(CONFIGS_DIR / "vit_fashion_mnist.yaml"),
+            f"model_config={TINY_VIT}",
+            "max_train_samples=96",
+            "max_eval_samples=20",
+            "max_test_samples=30",
+            "num_train_epochs=1",
+            "per_device_train_batch_size=16",
+            f"output_dir={out}",
+        ]
+    )
     assert results["test"]["num_samples"] == 30
     assert results["label_names"][0] == "T-shirt/top" and len(results["label_names"]) == 10
     classifier = pipeline("image-classification", model=str(out / "model"), device="cpu")
@@ -154,9 +200,17 @@ def test_imagefolder_mixed_image_modes(tmp_path):
             mode = ["L", "RGB", "P", "RGBA"][(i + j) % 4]
             image.convert(mode).save(dest / f"{j}.png")
     out = tmp_path / "run"
-    results = main(["--config", str(CONFIGS_DIR / "vit_imagefolder.yaml"), f"model_config={TINY_VIT}",
-                    f"data_dir={tmp_path / 'images'}", "num_train_epochs=1", "validation_split_percentage=33.3",
-                    f"output_dir={out}"])
+    results = main(
+        [
+            "--config",
+            str(CONFIGS_DIR / "vit_imagefolder.yaml"),
+            f"model_config={TINY_VIT}",
+            f"data_dir={tmp_path / 'images'}",
+            "num_train_epochs=1",
+            "validation_split_percentage=33.3",
+            f"output_dir={out}",
+        ]
+    )
     assert results["label_names"] == ["0_tshirt_top", "1_trouser", "2_pullover"]
     assert results["validation"]["num_samples"] == 6
 
@@ -165,8 +219,16 @@ def test_model_parallel_on_repeated_cpu_devices_equals_unsplit(small_text_data, 
     """Through the real entry point: a 3-stage split, pipelined, trains to the unsplit weights."""
     common = ("num_train_epochs=1", "per_device_train_batch_size=6", "adam_epsilon=1e-6")
     main(tiny_text_args(small_text_data, tmp_path / "plain", *common))
-    main(tiny_text_args(small_text_data, tmp_path / "split", *common, "model_parallel=true",
-                        "devices=cpu,cpu,cpu", "pipeline_chunks=2"))
+    main(
+        tiny_text_args(
+            small_text_data,
+            tmp_path / "split",
+            *common,
+            "model_parallel=true",
+            "devices=cpu,cpu,cpu",
+            "pipeline_chunks=2",
+        )
+    )
     plain = load_file(tmp_path / "plain" / "model" / "model.safetensors")
     split = load_file(tmp_path / "split" / "model" / "model.safetensors")
     worst = max((plain[k] - split[k]).abs().max().item() for k in plain)
@@ -187,7 +249,16 @@ def test_every_shipped_recipe_loads():
     for recipe in recipes:
         first = recipe.read_text().splitlines()[0]
         assert first.startswith("# accelerate launch finetune/run.py"), recipe.name
-        cfg = load_config(recipe)
+        # A recipe for the user's own files has no data of its own: its command gives train_file, and
+        # without it the recipe is refused rather than scoring bundled data.
+        command = recipe.read_text().split("\n#\n")[0]
+        own_files = "train_file=" in command
+        assert own_files == (recipe.name == "bert_custom_files.yaml")
+        cfg = load_config(recipe, ["train_file=mine.csv"] if own_files else [])
+        if own_files:
+            assert (cfg.validation_file, cfg.test_file) == (None, None)
+            with pytest.raises(UserError, match="no training data"):
+                load_config(recipe)
         for key in ("train_file", "validation_file", "test_file", "data_dir", "model_name_or_path"):
             value = getattr(cfg, key)
             if value and str(value).startswith("/"):
@@ -209,8 +280,13 @@ def test_every_shipped_recipe_loads():
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(args, message, tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "finetune/run.py"), *args, f"output_dir={tmp_path / 'o'}"],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "finetune/run.py"), *args, f"output_dir={tmp_path / 'o'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -238,3 +314,16 @@ def test_finished_run_is_not_overwritten(small_text_data, tmp_path, capsys):
     assert (out / "model" / "model.safetensors").read_bytes() == before
     main([*args, "overwrite_output_dir=true", "learning_rate=5e-2"])
     assert (out / "model" / "model.safetensors").read_bytes() != before
+
+
+def test_each_split_file_may_have_its_own_format(small_text_data, tmp_path):
+    """A .csv train, a .jsonl validation and a .parquet test: datasets loads each split on its own."""
+    import pandas as pd
+
+    validation = tmp_path / "dev.jsonl"
+    validation.write_text("".join(json.dumps(r) + "\n" for r in rotten_rows(13, start=100)))
+    test = tmp_path / "test.parquet"
+    pd.DataFrame(rotten_rows(9, start=200)).to_parquet(test)
+    data = {"train": small_text_data["train"], "validation": validation}
+    results = main(tiny_text_args(data, tmp_path / "run", "max_steps=2", f"test_file={test}"))
+    assert results["validation"]["num_samples"] == 13 and results["test"]["num_samples"] == 9

@@ -123,3 +123,23 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
         load_config(recipe, ["learning_rate.x=1"])
     with pytest.raises(UserError, match="unknown config key 'model_confg'; did you mean model_config"):
         load_config(recipe, ["model_confg.image_size=32"])
+
+
+@pytest.mark.parametrize("level", ["error", "info"])
+def test_console_shows_the_run_not_the_libraries(small_text_data, tmp_path, capsys, level):
+    """By default: the start summary, the training bar, each validation as computed, the end.
+    log_level=info brings back datasets' and transformers' own lines and bars."""
+    args = tiny_text_args(
+        small_text_data, tmp_path / "run", "max_steps=4", "eval_steps=2", f"log_level={level}"
+    )
+    main(args)
+    captured = capsys.readouterr()
+    console = captured.out + captured.err
+    # 37 samples in batches of 32: 2 steps an epoch, each epoch's end evaluated (and eval_steps=2)
+    assert "step 2 (epoch 1): validation accuracy" in console and "step 4 (epoch 2): validation" in console
+    assert "model saved to" in console and "training:" in console
+    chatter = ("Generating train split", "labels (train)", "tokenizing")
+    if level == "error":
+        assert not [c for c in chatter if c in console], console
+    else:
+        assert all(c in console for c in chatter)
