@@ -11,6 +11,7 @@ reading and discarding the batches already seen.
 
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import json
@@ -321,6 +322,29 @@ def verify_images(ds: HFDataset, column: str, split: str) -> None:
                     f"cannot read image {_image_name(value, index)} in the {split} data: {e}; "
                     "remove or replace the file"
                 ) from None
+
+
+def image_sizes(ds: HFDataset, column: str, limit: int = 256) -> collections.Counter:
+    """Width x height of the first `limit` images (headers only), counted."""
+    sizes: collections.Counter = collections.Counter()
+    for value in _undecoded(ds.select(range(min(limit, len(ds)))), column, "train")[column]:
+        source = io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
+        with PIL.Image.open(source) as image:  # the header: no pixels decoded
+            sizes[image.size] += 1
+    return sizes
+
+
+def resize_notice(sizes: collections.Counter, processor) -> str | None:
+    """One line when the image processor resizes the images, or None when they already fit."""
+    size = getattr(processor, "size", None) or {}
+    target = (size.get("width"), size.get("height"))
+    if None in target or not sizes or set(sizes) == {target}:
+        return None
+    seen = ", ".join(f"{w}x{h}" for (w, h), _ in sizes.most_common(3)) + (", ..." if len(sizes) > 3 else "")
+    return (
+        f"note: the training images ({seen}) are resized to {target[0]}x{target[1]} by the image processor; "
+        "for a model built from model_config, model_config.image_size sets the size it takes"
+    )
 
 
 class ImageTransform:

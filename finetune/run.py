@@ -53,9 +53,11 @@ from finetune.data import (
     Collator,
     EpochSampler,
     batches_per_process,
+    image_sizes,
     load_splits,
     prepare_splits,
     real_sample_mask,
+    resize_notice,
     window_sample_count,
 )
 from finetune.errors import ArgumentParser, TrainingStopped, UserError, exit_on_user_error
@@ -254,6 +256,8 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     preprocessor = tokenizer if text else load_preprocessor(cfg.model_args, model.config)
+    if not text and (notice := resize_notice(image_sizes(raw["train"], cfg.image_column), preprocessor)):
+        accelerator.print(notice)
     with accelerator.main_process_first():
         splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3))
     return model, preprocessor, splits, label_names

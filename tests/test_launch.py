@@ -56,6 +56,11 @@ def test_a_user_error_keeps_its_exit_status_through_the_launcher(tmp_path):
     _one_error_line(result, "bogus_key")
     plain = _run([*launch_command(), "finetune/run.py", "bogus_key=1"], tmp_path)
     assert plain.returncode == 1 and "CalledProcessError" in plain.stderr  # what the wrapper fixes
+    # accelerate's own quiet mode (one process only): the app's line alone, but exit status 1
+    quiet = _run([*launch_command(), "-q", "finetune/run.py", "bogus_key=1"], tmp_path)
+    assert quiet.returncode == 1 and quiet.stderr.splitlines() == [
+        "error: unknown config key 'bogus_key'"
+    ], quiet.stderr[-2000:]
 
 
 def test_a_user_error_under_two_processes_is_one_line_and_exit_2(tmp_path):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import types
+from collections import Counter
 
 import pytest
 from conftest import REPO, launch, tiny_text_args
 
+from finetune.config import load_config
 from finetune.run import main
 
 
@@ -143,3 +146,32 @@ def test_console_shows_the_run_not_the_libraries(small_text_data, tmp_path, caps
         assert not [c for c in chatter if c in console], console
     else:
         assert all(c in console for c in chatter)
+
+
+def test_resized_images_are_noticed_once(tmp_path, capsys):
+    """32x32 images into a ViT built for 28: one line says so and how to change it; 28x28: silence."""
+    from PIL import Image
+
+    from finetune.data import resize_notice
+    from finetune.models import load_preprocessor
+
+    for label in ("a", "b"):
+        (tmp_path / "train" / label).mkdir(parents=True)
+        for i in range(6):
+            Image.new("RGB", (32, 32), (40 * i, 0, 0) if label == "a" else (0, 40 * i, 0)).save(
+                tmp_path / "train" / label / f"{i}.png"
+            )
+    recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")  # a ViT built for 28x28 images
+    settings = [
+        f"data_dir={tmp_path}",
+        "validation_split_percentage=34",
+        "max_steps=1",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    args = ["--config", recipe, *settings]
+    main(args)
+    out = capsys.readouterr().out
+    assert out.count("are resized to 28x28") == 1 and "(32x32)" in out and "model_config.image_size" in out
+    image_size_32 = types.SimpleNamespace(image_size=32, num_channels=3)  # a model config with 32
+    processor = load_preprocessor(load_config(recipe, settings).model_args, image_size_32)
+    assert resize_notice(Counter({(32, 32): 6}), processor) is None
