@@ -473,8 +473,28 @@ def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
     raw[name] = {**(current if isinstance(current, dict) else {}), sub: value}
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Build the config from the default recipe (or `path`) plus `key=value` overrides."""
+def resumed_run_recipe(overrides: list[str]) -> Path | None:
+    """The saved config.yaml of the run that `overrides` resume, for a command that names no recipe:
+    with `resume_from_checkpoint=latest`, the run in output_dir (the default recipe's when not given);
+    with a checkpoint directory, the run that holds it (<run>/checkpoints/<step>)."""
+    given = dict(parse_override(item) for item in overrides)
+    resume = given.get("resume_from_checkpoint")
+    if not isinstance(resume, str) or not resume:
+        return None
+    if resume == "latest":
+        default = (yaml.safe_load(DEFAULT_RECIPE.read_text()) or {}).get("output_dir", "")
+        run = Path(str(given.get("output_dir") or default)).expanduser()
+    else:
+        run = Path(resume).expanduser().resolve().parent.parent
+    saved = run / "config.yaml"
+    return saved if saved.is_file() else None
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, saved: bool = False
+) -> TrainConfig:
+    """Build the config from the default recipe (or `path`) plus `key=value` overrides. `saved`:
+    `path` is a run's config.yaml, maybe written by an older version."""
     recipe = Path(path) if path is not None else DEFAULT_RECIPE
     if not recipe.is_file():
         what = "is a folder, not a recipe file" if recipe.is_dir() else "not found"
@@ -502,7 +522,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         value = raw.get(key)
         if isinstance(value, str) and (key == "output_dir" or Path(value).exists()):
             raw[key] = str(Path(value).expanduser().resolve())
-    return config_from_dict(raw)
+    return config_from_dict(raw, saved=saved)
 
 
 def config_from_dict(raw: dict[str, Any], saved: bool = False) -> TrainConfig:

@@ -48,7 +48,7 @@ from transformers import get_scheduler
 
 from finetune import checkpoint as ckpt
 from finetune.card import check_hub_access
-from finetune.config import TrainConfig, load_config, save_config, settings_help
+from finetune.config import TrainConfig, load_config, resumed_run_recipe, save_config, settings_help
 from finetune.data import (
     Collator,
     EpochSampler,
@@ -623,7 +623,10 @@ def parse_args(argv: list[str]):
     if args.help:
         print(f"{parser.format_help()}\n{settings_help(args.config)}")
         raise SystemExit(0)
-    return load_config(args.config, args.settings), args
+    saved = resumed_run_recipe(args.settings) if args.config is None else None
+    if saved is not None and os.environ.get("RANK", "0") == "0":
+        print(f"resuming with the run's own recipe {saved} (--config chooses another)")
+    return load_config(saved or args.config, args.settings, saved=saved is not None), args
 
 
 @exit_on_user_error

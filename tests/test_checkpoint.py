@@ -17,8 +17,16 @@ DROPOUT_BERT = TINY_BERT.replace("hidden_dropout_prob: 0.0", "hidden_dropout_pro
 
 
 def _args(data, out, *extra):
-    return tiny_text_args(data, out, f"model_config={DROPOUT_BERT}", "num_train_epochs=2",
-                          "per_device_train_batch_size=4", "save_steps=3", "save_total_limit=null", *extra)
+    return tiny_text_args(
+        data,
+        out,
+        f"model_config={DROPOUT_BERT}",
+        "num_train_epochs=2",
+        "per_device_train_batch_size=4",
+        "save_steps=3",
+        "save_total_limit=null",
+        *extra,
+    )
 
 
 def _losses(out, first_step):
@@ -79,8 +87,17 @@ def test_incomplete_checkpoints_are_never_latest(small_text_data, tmp_path):
 
 def test_retention_keeps_last_and_best(small_text_data, tmp_path):
     out = tmp_path / "run"
-    main(tiny_text_args(small_text_data, out, "num_train_epochs=2", "per_device_train_batch_size=4",
-                        "save_steps=3", "eval_steps=3", "save_total_limit=1"))
+    main(
+        tiny_text_args(
+            small_text_data,
+            out,
+            "num_train_epochs=2",
+            "per_device_train_batch_size=4",
+            "save_steps=3",
+            "eval_steps=3",
+            "save_total_limit=1",
+        )
+    )
     kept = ckpt.list_checkpoints(out)
     manifest = ckpt.read_manifest(kept[-1])
     best = manifest["best"]["path"]
@@ -109,10 +126,45 @@ def test_allowed_topology_change_continues_without_repeating_samples(small_text_
     resumed = tmp_path / "resumed"
     (resumed / ckpt.CHECKPOINTS).mkdir(parents=True)
     shutil.copytree(first, resumed / ckpt.CHECKPOINTS / first.name)
-    main(_args(small_text_data, resumed, "resume_from_checkpoint=latest", "gradient_accumulation_steps=2",
-               "resume_allow_topology_change=true"))
+    main(
+        _args(
+            small_text_data,
+            resumed,
+            "resume_from_checkpoint=latest",
+            "gradient_accumulation_steps=2",
+            "resume_allow_topology_change=true",
+        )
+    )
     # The 25 samples left in epoch 0 are 7 batches of 4 -> 4 steps of 2; epoch 1 is 10 batches -> 5 steps.
     steps = [s for s, _ in _losses(resumed, 0)]
     assert steps == list(range(4, 3 + 4 + 5 + 1))
     records = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in records if "learning_rate" in r][-1]["learning_rate"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_resume_needs_only_the_run_directory(small_text_data, tmp_path, capsys):
+    """`resume_from_checkpoint=latest output_dir=<run>` alone: the run's saved config.yaml is the recipe
+    (here a tiny BERT the default recipe knows nothing of), and the resumed run equals the whole one."""
+    full = tmp_path / "full"
+    main(_args(small_text_data, full))
+    resumed = tmp_path / "resumed"
+    first = ckpt.list_checkpoints(full)[0]
+    shutil.copytree(first, resumed / ckpt.CHECKPOINTS / first.name)
+    shutil.copy(full / "config.yaml", resumed / "config.yaml")
+    capsys.readouterr()
+    main(["resume_from_checkpoint=latest", f"output_dir={resumed}"])
+    assert f"resuming with the run's own recipe {resumed / 'config.yaml'}" in capsys.readouterr().out
+    a, b = (load_file(d / "model" / "model.safetensors") for d in (full, resumed))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    # a checkpoint directory names its run too
+    again = tmp_path / "again"
+    shutil.copytree(resumed, again, ignore=shutil.ignore_patterns("model", "results.json"))
+    main(
+        [
+            f"resume_from_checkpoint={again / ckpt.CHECKPOINTS / first.name}",
+            f"output_dir={again}",
+            "overwrite_output_dir=true",
+        ]
+    )
+    c = load_file(again / "model" / "model.safetensors")
+    assert max((a[k] - c[k]).abs().max().item() for k in a) <= 1e-6
