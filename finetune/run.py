@@ -68,6 +68,7 @@ from finetune.models import build_model, check_max_length, load_preprocessor
 from finetune.runtime import (
     ScalerSkips,
     StopOnSignal,
+    check_shared_output_dir,
     configure_fsdp,
     data_workers,
     injected_fault,
@@ -85,6 +86,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     # Build: the Accelerator, data, model, loaders, the step plan, optimizer and schedule.
     accelerator = make_accelerator(cfg)
     check_output_dir(cfg)
+    check_shared_output_dir(accelerator, cfg.output_dir)  # multi-node: before anything reads or writes it
     set_seed(cfg.seed)
     out = Path(cfg.output_dir)
     model, preprocessor, splits, label_names = build_model_and_data(cfg, accelerator)

@@ -291,3 +291,75 @@ def quiet_libraries(level: str) -> None:
     chatty = number <= logging.INFO
     (transformers.utils.logging.enable_progress_bar if chatty else transformers.utils.logging.disable_progress_bar)()
     (datasets.enable_progress_bars if chatty else datasets.disable_progress_bars)()
+
+SHARED_PROBE_PREFIX = ".finetune-shared-probe-"
+
+
+def check_shared_output_dir(accelerator: Accelerator, output_dir: str | Path) -> None:
+    """Refuse, before anything is written, an output_dir that the machines of a multi-node run do not
+    share: one line naming every process that cannot see the main process's file there.
+
+    Every process writes its own RNG state into each checkpoint (`random_states_<rank>.pkl`) and the
+    main process marks it COMPLETE. With an output_dir local to each machine, the main machine's
+    checkpoints look complete but lack the other machines' files, and a resume fails on them. So when
+    the processes span several machines (torchrun's LOCAL_WORLD_SIZE below the world size), the main
+    process writes a random token into a probe file in output_dir, or in the nearest existing folder
+    above it when output_dir does not exist yet; every process reads the file of that name in its own
+    output_dir (as it resolved it), or the same number of levels above; the answers are gathered, and
+    the main process deletes the probe. On one machine this returns at once.
+    """
+    import secrets
+    import socket
+
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    world = accelerator.num_processes
+    if world == 1 or int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world:
+        return
+    out = Path(output_dir)
+    folders = (out, *out.parents)  # output_dir, then the folders above it
+    probe: Path | None = None
+    sent: list = [None, 0, None, None]  # probe's name, levels above output_dir, token, why it was not written
+    if accelerator.is_main_process:
+        up = next(i for i, folder in enumerate(folders) if folder.exists())
+        token = secrets.token_hex(16)
+        name = f"{SHARED_PROBE_PREFIX}{token[:12]}"
+        try:
+            with open(folders[up] / name, "x") as f:
+                probe = folders[up] / name
+                f.write(token)
+                f.flush()
+                os.fsync(f.fileno())
+            sent = [name, up, token, None]
+        except OSError as e:
+            sent = [None, up, None, f"cannot write a probe file in {folders[up]} ({e.strerror or e})"]
+    try:
+        name, up, token, failed = broadcast_object_list(sent, from_process=0)  # also: written before read
+        if failed:
+            raise UserError(f"output_dir {out}: {failed}; choose another output_dir")
+        try:
+            seen = up < len(folders) and (folders[up] / name).read_text() == token
+        except (OSError, ValueError):  # no such file; not text
+            seen = False
+        machine = os.environ.get("GROUP_RANK", "?")  # torchrun: the machine's rank
+        answers = gather_object([(accelerator.process_index, machine, socket.gethostname(), seen)])
+    finally:
+        if probe is not None:  # every process has read it (the gather) or the run is failing anyway
+            probe.unlink(missing_ok=True)
+    blind: dict[tuple[str, str], list[int]] = {}
+    for index, machine, host, ok in answers:
+        if not ok:
+            blind.setdefault((machine, host), []).append(index)
+    if blind:
+        who = "; ".join(
+            f"process{'es' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} on machine {machine} ({host})"
+            for (machine, host), ranks in sorted(blind.items(), key=lambda item: item[1][0])
+        )
+        main_host = next(host for index, _, host, _ in answers if index == 0)
+        where = "output_dir" if up == 0 else f"{folders[up]} (output_dir does not exist yet)"
+        raise UserError(
+            f"output_dir {out} is not shared by all machines: {who} cannot see the probe file {name} that "
+            f"process 0 on {main_host} wrote in {where}; every process writes its own RNG state into each "
+            "checkpoint, so a checkpoint is only whole (and resumable) on a filesystem that every machine "
+            "mounts at the same path (NFS, Lustre, GPFS...): put output_dir there"
+        )

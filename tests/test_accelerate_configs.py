@@ -276,6 +276,7 @@ def test_slurm_script_starts_one_launcher_per_node(tmp_path: Path):
         "SLURM_NNODES": "2",
         "SLURM_JOB_NODELIST": "gpu-node-[a-b]",
         "SLURM_GPUS_ON_NODE": "4",
+        "SLURM_JOB_ID": "4242",  # the port is 10000 + SLURM_JOB_ID % 50000 (tests/test_slurm.py)
     }
     recipe_args = ["--config", "finetune/configs/bert_rotten_tomatoes.yaml", "learning_rate=3e-5"]
     proc = subprocess.run(
@@ -294,4 +295,4 @@ def test_slurm_script_starts_one_launcher_per_node(tmp_path: Path):
         args = resolve_launch_args(REPO / config_file, *flags[2:])
         assert args.multi_gpu
         assert (args.num_machines, args.num_processes, args.machine_rank) == (2, 8, rank)
-        assert (args.main_process_ip, args.main_process_port) == ("gpu-node-a", 29500)
+        assert (args.main_process_ip, args.main_process_port) == ("gpu-node-a", 14242)
