@@ -288,9 +288,13 @@ def quiet_libraries(level: str) -> None:
     transformers.utils.logging.set_verbosity(number)
     datasets.utils.logging.set_verbosity(number)
     logging.getLogger("accelerate").setLevel(number)
-    chatty = number <= logging.INFO
-    (transformers.utils.logging.enable_progress_bar if chatty else transformers.utils.logging.disable_progress_bar)()
-    (datasets.enable_progress_bars if chatty else datasets.disable_progress_bars)()
+    if number <= logging.INFO:
+        transformers.utils.logging.enable_progress_bar()
+        datasets.enable_progress_bars()
+    else:
+        transformers.utils.logging.disable_progress_bar()
+        datasets.disable_progress_bars()
+
 
 SHARED_PROBE_PREFIX = ".finetune-shared-probe-"
 
