@@ -301,6 +301,7 @@ def write_model_card(
             ]
         ),
         best={**best, "value": _number(best.get("value"))} if best.get("metric") is not None else None,
+        exported=(results.get("exported") or {}).get("why"),
         per_class_split=per_class_split if per_class else None,
         labels=_cells(
             [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(label_names)]

@@ -153,7 +153,9 @@ class TrainConfig:
     )
     # The libraries' own console output (transformers' load report, datasets' "Generating split" and
     # map bars, accelerate's notices): shown from this level up; "info" also shows their progress bars.
-    log_level: LogLevel = setting("error", "what transformers, datasets and accelerate print (info: everything)")
+    log_level: LogLevel = setting(
+        "error", "what transformers, datasets and accelerate print (info: everything)"
+    )
     logging_steps: int = setting(10, "optimizer steps between logged losses")
     eval_steps: int | None = setting(
         None, "optimizer steps between evaluations (default: at each epoch's end)"
@@ -171,6 +173,11 @@ class TrainConfig:
     save_total_limit: int | None = setting(2, "keep the last K checkpoints (the best is kept too; null: all)")
     metric_for_best_model: str = setting("accuracy", "the validation metric that picks the best checkpoint")
     greater_is_better: bool = setting(True, "whether a larger metric_for_best_model is better")
+    # A checkpoint at every evaluation, and at the end the best one's weights are evaluated and exported
+    # (transformers' name); false: the export is the last step's weights, and the end says which was best.
+    load_best_model_at_end: bool = setting(
+        False, "export the best checkpoint by metric_for_best_model, not the last step"
+    )
     resume_from_checkpoint: str | None = setting(None, '"latest" or a checkpoint directory to continue from')
     # Resume with other processes / batch / accumulation than the checkpoint's: the samples already
     # consumed are not repeated, the schedule is re-planned for the rest (not bit-exact).

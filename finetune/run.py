@@ -186,18 +186,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                         losses.log(step, epoch, samples_in_epoch + epoch * N, scheduler.get_last_lr()[0], progress,
                                    checkpointer.last)  # fmt: skip
                     end_of_epoch = k == nbe - 1
-                    if (
-                        (cfg.eval_steps and step % cfg.eval_steps == 0)
-                        or end_of_epoch
-                        or step == plan.total_steps
-                    ):
+                    if evaluate := due(cfg.eval_steps, step) or end_of_epoch or step == plan.total_steps:
                         eval_metrics = run_eval(epoch)
                         stale = early_stop.update(eval_metrics.get(cfg.metric_for_best_model))
                     # A checkpoint at the end of an epoch points at the start of the next one.
                     position = (epoch + 1, 0) if end_of_epoch else (epoch, samples_in_epoch)
-                    if (cfg.save_steps and step % cfg.save_steps == 0) or (
-                        cfg.save_at_epoch_end and end_of_epoch
-                    ):
+                    saves = due(cfg.save_steps, step) or (cfg.save_at_epoch_end and end_of_epoch)
+                    if saves or (evaluate and cfg.load_best_model_at_end):  # then every evaluation saves
                         checkpointer.save(model, step, *position, eval_metrics)
                     signum = stop.requested()  # every process gets the same answer
                     if signum:
@@ -220,16 +215,46 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if not ckpt.all_finite(model, accelerator):
             raise ckpt.diverged("the weights became NaN or infinite", step, checkpointer.last)
         results: dict[str, Any] = {"step": step, "validation": eval_metrics or run_eval(plan.num_epochs - 1)}
+        results["exported"] = choose_export(
+            cfg, accelerator, model, checkpointer.best, step, results, eval_loaders["validation"], label_names
+        )
         if "test" in eval_loaders:
             results["test"] = evaluate_model(
                 model, eval_loaders["test"], accelerator, label_names, cfg.pipeline_chunks
             )
         export_run(cfg, accelerator, model, preprocessor, results, label_names, checkpointer.best)
     final, split = results.get("test", results["validation"]), "test" if "test" in results else "validation"
-    accelerator.print(f"model saved to {out / 'model'}")
+    accelerator.print(f"model saved to {out / 'model'} ({results['exported']['why']})")
     accelerator.print(f"{split} accuracy {final['accuracy']:.4f} on {final['num_samples']} samples")
     accelerator.end_training()
     return results
+
+
+def due(every: int | None, step: int) -> bool:
+    """Whether a cadence of `every` optimizer steps (None: never) falls on `step`."""
+    return bool(every) and step % every == 0
+
+
+def choose_export(cfg, accelerator, model, best: dict, step: int, results: dict, loader, label_names) -> dict:
+    """Which weights the export holds: the last step's, or with load_best_model_at_end the best
+    checkpoint's, loaded here (its validation metrics replace the last step's in `results`)."""
+    metric, value = best.get("metric", cfg.metric_for_best_model), best.get("value")
+    if not cfg.load_best_model_at_end or not best.get("path") or best.get("step") == step:
+        why = f"the last step, {step}"
+        if best.get("step") == step and value is not None:
+            why += f", also the best by validation {metric} {value:.4f}"
+        elif value is not None:
+            why += (
+                f"; the best validation {metric} was {value:.4f} at step {best['step']}: "
+                "load_best_model_at_end=true exports that one"
+            )
+        return {"step": step, "why": why}
+    ckpt.load_checkpoint(accelerator, Path(best["path"]))
+    results["validation"] = evaluate_model(model, loader, accelerator, label_names, cfg.pipeline_chunks)
+    return {
+        "step": best["step"],
+        "why": f"the best checkpoint, step {best['step']}, by validation {metric} {value:.4f}",
+    }
 
 
 # --- building a run -------------------------------------------------------------------------------
@@ -614,7 +639,9 @@ def parse_args(argv: list[str]):
     hint = "options are --config PATH, --dry-run and --plan-only; settings are key=value (--help lists them)"
     usage = __doc__.split("\n\n")[0]  # the commands; the settings follow from the typed config
     parser = ArgumentParser(prog="finetune/run.py", description=usage, hint=hint, add_help=False)
-    parser.add_argument("-h", "--help", action="store_true", help="this help; with --config, the recipe's values")
+    parser.add_argument(
+        "-h", "--help", action="store_true", help="this help; with --config, the recipe's values"
+    )
     parser.add_argument("--config", metavar="PATH", help="a recipe YAML (default: the MiniLM recipe)")
     parser.add_argument(
         "--dry-run", action="store_true", help="print the plan (devices, steps, learning rates) and exit"

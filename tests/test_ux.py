@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import types
 from collections import Counter
+from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO, launch, tiny_text_args
 
 from finetune.config import load_config
@@ -175,3 +177,39 @@ def test_resized_images_are_noticed_once(tmp_path, capsys):
     image_size_32 = types.SimpleNamespace(image_size=32, num_channels=3)  # a model config with 32
     processor = load_preprocessor(load_config(recipe, settings).model_args, image_size_32)
     assert resize_notice(Counter({(32, 32): 6}), processor) is None
+
+
+@pytest.mark.parametrize("load_best", [True, False])
+def test_load_best_model_at_end_exports_the_best_checkpoint(small_text_data, tmp_path, capsys, load_best):
+    """An evaluation (and, with load_best_model_at_end, a checkpoint) every 2 steps. The best is the
+    HIGHEST validation loss (greater_is_better=true), so that it comes early while training lowers
+    the loss: the export is that checkpoint's weights, and says so; without the setting, the last."""
+    from safetensors.torch import load_file
+
+    from finetune import checkpoint as ckpt
+
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "num_train_epochs=6", "per_device_train_batch_size=8",
+                        "eval_steps=2", "save_steps=2", "save_total_limit=null", "learning_rate=5e-3",
+                        "metric_for_best_model=loss", "greater_is_better=true",
+                        f"load_best_model_at_end={str(load_best).lower()}"))  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    best, last = results["best"], results["step"]
+    evals = [
+        json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval_loss" in line
+    ]
+    assert best["value"] == max(e["eval_loss"] for e in evals)
+    exported = load_file(out / "model" / "model.safetensors")
+    console = capsys.readouterr().out
+    if load_best and best["step"] != last:
+        weights = load_file(Path(best["path"]) / "model.safetensors")
+        assert all(torch.equal(exported[k], weights[k]) for k in weights)
+        assert results["exported"]["step"] == best["step"]
+        assert results["validation"]["loss"] == pytest.approx(best["value"], abs=1e-6)
+        assert f"the best checkpoint, step {best['step']}, by validation loss" in console
+        assert "These weights are the best checkpoint" in (out / "model" / "README.md").read_text()
+    else:
+        last_weights = load_file(ckpt.list_checkpoints(out)[-1] / "model.safetensors")
+        assert all(torch.equal(exported[k], last_weights[k]) for k in last_weights)
+        assert results["exported"]["step"] == last and f"(the last step, {last}" in console
+    assert best["step"] != last  # the setting above overfits: the test covers the interesting case
