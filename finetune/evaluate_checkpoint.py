@@ -9,7 +9,8 @@
 
 What is evaluated, and on what:
 - `<run>/checkpoints/step-N` (Accelerate `save_state` + manifest.json + COMPLETE): the model is rebuilt
-  from the config in the manifest and its weights read from model.safetensors (never a pickle).
+  from the config in the manifest (a pretrained model's architecture from its config.json, without
+  its weights) and its weights read from model.safetensors (never a pickle).
 - `<run>/model` (`save_pretrained`, with its tokenizer or image processor): loaded as is; the run's
   config comes from `<run>/config.yaml` one level up (trusted when `<run>/results.json` names the
   same labels).
@@ -23,9 +24,12 @@ labels are matched to the model's `id2label` BY NAME, whatever their order or ty
 Outputs (main process only), by default in `<checkpoint>/eval/<split>/` (for `--data`,
 `eval/<name>-<sha256[:8]>/`): metrics.json (accuracy, macro and per-class precision/recall/F1,
 loss, confusion matrix [true][predicted], num_samples, the checkpoint, the data and the sha256 of
-its bytes), confusion_matrix.png, and with `--predictions` predictions.jsonl (index, label,
-prediction, per-class probabilities). `--output FILE` puts metrics.json elsewhere, the others
-beside it. A previous evaluation's outputs are replaced; any other existing file is never touched.
+its bytes), confusion_matrix.png, and with `--predictions` predictions.jsonl (one line per sample:
+index, its input -- text, and text_pair for sentence pairs, or the image's file path or name --,
+label, prediction, per-class probabilities). `--output DIR` puts them in another folder (a name
+without a suffix is a folder); `--output NAME.json` is the metrics file, the others beside it as
+NAME.confusion_matrix.png, NAME.predictions.jsonl. A previous evaluation's outputs are replaced;
+any other existing file is never touched.
 
 Metrics come from `finetune.run.evaluate_model`, the same loop training evaluates with: batches are
 sharded over the processes and `gather_for_metrics` drops the samples Accelerate duplicates to
@@ -36,8 +40,10 @@ trained with model_parallel=true is evaluated whole in each process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -49,14 +55,14 @@ import torch
 import yaml
 from accelerate import Accelerator
 from datasets import Dataset as HFDataset
-from datasets import DatasetDict, load_dataset
+from datasets import DatasetDict, Image, load_dataset
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
 from finetune import checkpoint as ckpt
-from finetune.config import DataArgs, TrainConfig, config_from_dict, parse_override
+from finetune.config import DataArgs, ModelArgs, TrainConfig, config_from_dict, parse_override, settings_help
 from finetune.data import FILE_BUILDERS, Collator, check_columns, encode_labels, load_splits, prepare_splits
 from finetune.errors import UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model
@@ -68,16 +74,20 @@ from finetune.runtime import data_workers, make_accelerator, pin_memory
 FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
 TASKS = tuple(AUTO_MODELS)
-# What `key=value` may change at evaluation time: how the data is read and batched, nothing else.
+# What `key=value` may change at evaluation time: how the data is read and batched and how the
+# processes run, nothing else -- every setting this evaluation reads that does not define the model.
 EVAL_KEYS = (
     "text_column",
     "text_pair_column",
     "image_column",
     "label_column",
     "max_length",
+    "pad_to_multiple_of",
     "per_device_eval_batch_size",
     "dataloader_num_workers",
     "dataloader_pin_memory",
+    "cpu_threads",
+    "ddp_timeout",
 )
 
 
@@ -140,9 +150,9 @@ def _model_task(config, spec: str, task: str | None) -> str:
     )
 
 
-def _load_model_config(spec: str):
+def _load_model_config(spec: str, trust_remote_code: bool = False):
     try:
-        return AutoConfig.from_pretrained(spec)
+        return AutoConfig.from_pretrained(spec, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         first = first_line(e)
         raise UserError(f"could not load the model config of '{spec}': {first}") from None
@@ -254,12 +264,28 @@ def eval_config(target: Target, task: str | None, data: str | None, overrides: l
 # --- the model ------------------------------------------------------------------------------------
 
 
+def architecture_only(args: ModelArgs) -> ModelArgs:
+    """The model section with a pretrained model's config as `model_config`, so that build_model
+    makes the architecture (`from_config`) without reading the pretrained weights.
+
+    A training-state checkpoint holds every weight: loading the pretrained ones first would read them
+    for nothing (a download, for a hub model not in the cache) and make transformers report the new
+    classification head as "MISSING ... newly initialized", which is not what is evaluated."""
+    if args.model_config is not None or args.model_name_or_path is None:
+        return args
+    config = _load_model_config(args.model_name_or_path, args.trust_remote_code).to_dict()
+    spec = {k: v for k, v in config.items() if k not in ("id2label", "label2id", "num_labels")}
+    return dataclasses.replace(args, model_config=spec)
+
+
 def load_model(target: Target, cfg: TrainConfig):
     """The model and its tokenizer (text) or image processor (images), on CPU, in eval mode."""
     if target.kind == "training-state":
         tokenizer = load_preprocessor(cfg.model_args) if cfg.task == "text-classification" else None
         model = build_model(
-            cfg.model_args, target.label_names, vocab_size=len(tokenizer) if tokenizer is not None else None
+            architecture_only(cfg.model_args),
+            target.label_names,
+            vocab_size=len(tokenizer) if tokenizer is not None else None,
         )
         weights = target.path / WEIGHTS
         if not weights.is_file():
@@ -383,7 +409,8 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     what = f"--data {data}" + (f" [{name}]" if path.is_dir() else "")
     ds = loaded[name]
     check_columns(ds, what, args.label_column, args.input_columns, text=args.task == "text-classification")
-    ds = encode_labels(ds, args.label_column, list(args.label_names or []), what)  # by name; unseen labels: UserError
+    # By name, whatever the file's order or type; a label the model does not know is a UserError.
+    ds = encode_labels(ds, args.label_column, list(args.label_names or []), what)
     info = {
         "split": None if path.is_file() else name,
         "data": str(path.resolve()),
@@ -453,13 +480,36 @@ class RecordProbabilities(torch.nn.Module):
         return output
 
 
-def write_predictions(path: Path, probabilities: torch.Tensor, labels: list[int], names: list[str]) -> None:
-    """One line per sample, in dataset order: index, label, prediction, per-class probabilities."""
+def sample_inputs(ds: HFDataset, args: DataArgs) -> list[dict[str, Any]]:
+    """What each sample of the split was, for predictions.jsonl: {"text"} (and "text_pair" for
+    sentence pairs), or {"image"}: the file's path (an image folder, a column of paths) or the name
+    stored with the image's bytes (parquet), None when it has none -- then `index`, the row of the
+    evaluated split, is what tells it."""
+    if args.task == "text-classification":
+        columns = {"text": args.text_column, "text_pair": args.text_pair_column}
+        values = {key: ds[column] for key, column in columns.items() if column}
+        return [dict(zip(values, row, strict=True)) for row in zip(*values.values(), strict=True)]
+    # Undecoded: {"bytes", "path"} as stored, without decoding a single image.
+    images = ds.select_columns([args.image_column]).cast_column(args.image_column, Image(decode=False))
+    return [{"image": (value or {}).get("path") or None} for value in images[args.image_column]]
+
+
+def write_predictions(
+    path: Path,
+    probabilities: torch.Tensor,
+    labels: list[int],
+    names: list[str],
+    inputs: list[dict[str, Any]] | None = None,
+) -> None:
+    """One line per sample, in dataset order: index, its input (`sample_inputs`), label, prediction,
+    per-class probabilities."""
+    inputs = inputs if inputs is not None else [{} for _ in labels]
     with path.open("w") as f:
-        for i, (p, label) in enumerate(zip(probabilities.tolist(), labels, strict=True)):
+        for i, (p, label, given) in enumerate(zip(probabilities.tolist(), labels, inputs, strict=True)):
             prediction = max(range(len(p)), key=p.__getitem__)
             record = {
                 "index": i,
+                **given,
                 "label": names[label],
                 "prediction": names[prediction],
                 "probabilities": dict(zip(names, p, strict=True)),
@@ -496,7 +546,8 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.output is not None:
         metrics_file = Path(args.output).expanduser()
-        if metrics_file.is_dir() or args.output.endswith("/"):
+        # A folder (existing, ending in "/", or a name without a suffix), or the .json file itself.
+        if metrics_file.is_dir() or args.output.endswith("/") or not metrics_file.suffix:
             metrics_file = metrics_file / "metrics.json"
     elif target.path is not None:
         metrics_file = target.path / "eval" / name / "metrics.json"
@@ -507,7 +558,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     loader = DataLoader(
         prepared,
         batch_size=cfg.per_device_eval_batch_size,
-        collate_fn=Collator(tokenizer),
+        collate_fn=Collator(tokenizer, cfg.pad_to_multiple_of),
         num_workers=data_workers(cfg, accelerator),
         pin_memory=pin_memory(cfg, accelerator),
     )
@@ -561,7 +612,8 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
                 f"{report['num_samples']:,} samples",
             )
             if recorder is not None:
-                write_predictions(jsonl, probabilities, labels, target.label_names)
+                inputs = sample_inputs(ds, cfg.data_args)
+                write_predictions(jsonl, probabilities, labels, target.label_names, inputs)
             elif replaced:
                 jsonl.unlink(missing_ok=True)  # the previous evaluation's, now stale
         except OSError as e:
@@ -585,21 +637,41 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see --help)")
 
 
+def eval_settings_help() -> str:
+    """The settings `key=value` may change here, as `run.py --help` lists its own: type, default,
+    one line of help, from TrainConfig's fields."""
+    # os.devnull as the recipe: no recipe's values beside the defaults; the run's config is the
+    # default here, and --help reads no checkpoint. Its header speaks of recipes: ours replaces it.
+    lines = settings_help(os.devnull, names=EVAL_KEYS).splitlines()
+    listed = "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("  ")) :])
+    return (
+        "evaluation settings (key=value), the only settings an evaluation reads that do not define\n"
+        "the model; each defaults to the run's own value (or, for a model evaluated without its run,\n"
+        f"to the default shown):\n{listed}"
+    )
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = _Parser(
-        prog="finetune/evaluate_checkpoint.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="finetune/evaluate_checkpoint.py",
+        description=__doc__,
+        epilog=eval_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "checkpoint", help="<run>/checkpoints/step-N, <run>/model, a model folder or a hub name"
     )
     parser.add_argument(
-        "overrides", nargs="*", metavar="key=value", help=f"evaluation settings: {', '.join(EVAL_KEYS)}"
+        "overrides", nargs="*", metavar="key=value", help="evaluation settings, listed below the options"
     )
     parser.add_argument("--data", help="a .csv/.json/.jsonl/.parquet file or a folder with the run's columns")
     parser.add_argument(
         "--split", help="a split of the run's data (default: test, else validation) or of --data"
     )
-    parser.add_argument("--output", help="where metrics.json goes (default: <checkpoint>/eval/<split>/)")
+    parser.add_argument(
+        "--output",
+        help="a folder for the outputs, or the .json file for metrics (default: <checkpoint>/eval/<split>/)",
+    )
     parser.add_argument("--predictions", action="store_true", help="also write predictions.jsonl")
     parser.add_argument("--task", choices=TASKS, help="the task of a model evaluated without its run")
     return parser.parse_intermixed_args(argv)

@@ -4,13 +4,18 @@
     python -m finetune.plots runs/x/metrics.jsonl curves.png
 
     from finetune.plots import plot_training_curves
-    plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
+    plot_training_curves(out / "metrics.jsonl", out / "training_curves.png", best=results["best"])
 
 metrics.jsonl holds one JSON object a line, keyed by optimizer step (the unit of the schedule):
 training records {"step", "epoch", "loss", "learning_rate", "samples_per_second"} every
 `logging_steps`, and evaluation records {"step", "epoch", "eval_accuracy", "eval_loss",
 "eval_macro_f1", ...}. A resumed run appends the steps after its checkpoint again; the last record
 of a step wins, as it is the one the finished run is made of.
+
+The best checkpoint is not in metrics.jsonl (an evaluation is not a checkpoint: the best evaluation
+may fall between saves). It is what the run recorded, {"metric", "value", "step", "path"}: given
+as `best`, or else read from results.json beside metrics.jsonl, or from the newest checkpoint's
+manifest.json while the run is still going.
 """
 
 from __future__ import annotations
@@ -21,8 +26,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from finetune import checkpoint as ckpt
+
 # The evaluation metrics drawn in the middle panel, when present, with their legend names.
 EVAL_METRICS = {"eval_accuracy": "accuracy", "eval_macro_f1": "macro F1"}
+# One look per series, told apart by colour, line style AND marker (hollow where a line may lie on
+# top of another: balanced binary data gives accuracy == macro F1 at every evaluation), so that they
+# stay distinct in grey print and for colour-blind readers. The first of two series that may
+# coincide is drawn wider, underneath, so that the second shows on top of it.
+STYLES: dict[str, dict[str, Any]] = {
+    "loss": {"color": "tab:blue", "marker": "o", "linewidth": 1.6},
+    "eval_loss": {"color": "tab:orange", "linestyle": "--", "marker": "s", "markerfacecolor": "none"},
+    "eval_accuracy": {"color": "tab:green", "marker": "o", "linewidth": 2.6, "markersize": 6},
+    "eval_macro_f1": {"color": "tab:purple", "linestyle": "--", "marker": "D", "markerfacecolor": "none"},
+    "learning_rate": {"color": "tab:red", "marker": ".", "linewidth": 1.4},
+}
+BEST_STYLE: dict[str, Any] = {
+    "marker": "*",
+    "markersize": 16,
+    "color": "gold",
+    "markeredgecolor": "black",
+    "linestyle": "none",
+    "zorder": 5,
+}
+BEST_LABEL = "best checkpoint"
+BEST_GID = "best_checkpoint"  # the id of the best checkpoint's artists (the star, the vertical lines)
 # Up to this many points a curve gets a marker on each, so that a short run is not a bare line.
 MARKERS_UP_TO = 40
 
@@ -64,22 +92,44 @@ def _epoch_ends(records: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return [(last[e], e) for e in epochs[:-1]]
 
 
-def plot_training_curves(metrics_jsonl: Path, out_png: Path, title: str | None = None) -> Path:
+def recorded_best(run_dir: Path) -> dict[str, Any]:
+    """The best checkpoint a run recorded: results.json's "best" (a finished run), else the newest
+    complete checkpoint's manifest (a run still going); {} when neither names one."""
+    candidates = [Path(run_dir) / "results.json"]
+    checkpoints = ckpt.list_checkpoints(run_dir)
+    if checkpoints:
+        candidates.append(checkpoints[-1] / ckpt.MANIFEST)
+    for path in candidates:
+        try:
+            best = json.loads(path.read_text()).get("best")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(best, dict) and isinstance(best.get("step"), int):
+            return best
+    return {}
+
+
+def plot_training_curves(
+    metrics_jsonl: Path, out_png: Path, title: str | None = None, best: dict[str, Any] | None = None
+) -> Path:
     """Write a PNG of training loss (with validation loss), validation metrics and learning rate
     against the optimizer step, stacked on one shared step axis. Returns `out_png`.
 
     The loss axis turns logarithmic when the loss falls by more than 10x, so that the end of
-    training is not a flat line at the bottom. Dotted vertical lines mark the ends of epochs.
-    `title` defaults to the run directory's name. Raises ValueError when the file holds no records.
+    training is not a flat line at the bottom. Dotted vertical lines mark the ends of epochs; a
+    star and a solid vertical line mark the best checkpoint: `best` as the run records it
+    ({"metric", "value", "step"}; {} for none), by default read beside metrics.jsonl
+    (`recorded_best`). `title` defaults to the run directory's name. Raises ValueError when the
+    file holds no records.
     """
-    fig = training_curves_figure(metrics_jsonl, title)
+    fig = training_curves_figure(metrics_jsonl, title, best)
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
     return out_png
 
 
-def training_curves_figure(metrics_jsonl: Path, title: str | None = None):
+def training_curves_figure(metrics_jsonl: Path, title: str | None = None, best: dict[str, Any] | None = None):
     """The figure `plot_training_curves` saves: a matplotlib Figure on an Agg canvas (the object API,
     no pyplot global state, no display needed), panels top to bottom: loss, validation, learning rate."""
     # Imported here so that importing the package does not pay for matplotlib.
@@ -92,6 +142,8 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None):
     if not train and not evals:
         raise ValueError(f"{metrics_jsonl} holds no training or evaluation records")
     eval_keys = [k for k in EVAL_METRICS if _series(evals, k)[0]]
+    if best is None:
+        best = recorded_best(metrics_jsonl.parent)
 
     panels = ["loss"] + (["metrics"] if eval_keys else []) + ["learning_rate"]
     fig = Figure(figsize=(8, 2.6 * len(panels) + 0.6), layout="constrained")
@@ -100,18 +152,20 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None):
     ax_of = dict(zip(panels, axes, strict=True))
     fig.suptitle(title if title is not None else f"training curves: {metrics_jsonl.parent.name}")
 
-    def draw(ax, steps, values, label, **style):
-        marker = style.pop("marker", "o") if len(steps) <= MARKERS_UP_TO else None
-        ax.plot(steps, values, label=label, marker=marker, markersize=4, **style)
+    def draw(ax, steps, values, label, key):
+        style = {"markersize": 5, **STYLES[key]}
+        if len(steps) > MARKERS_UP_TO:  # a marker on every point of a long run is a thick smear
+            style["marker"] = None
+        ax.plot(steps, values, label=label, **style)
 
     # Loss: training (mean over each logging interval) and validation, on one scale.
     ax = ax_of["loss"]
     train_steps, train_loss = _series(train, "loss")
     eval_steps, eval_loss = _series(evals, "eval_loss")
     if train_steps:
-        draw(ax, train_steps, train_loss, "training loss", color="tab:blue")
+        draw(ax, train_steps, train_loss, "training loss", "loss")
     if eval_steps:
-        draw(ax, eval_steps, eval_loss, "validation loss", color="tab:orange", linestyle="--", marker="s")
+        draw(ax, eval_steps, eval_loss, "validation loss", "eval_loss")
     positive = [v for v in train_loss + eval_loss if math.isfinite(v) and v > 0]
     if positive and max(positive) / min(positive) > 10:
         ax.set_yscale("log")
@@ -126,13 +180,9 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None):
     # Validation accuracy and macro F1: fractions, so the axis stays within [0, 1].
     if eval_keys:
         ax = ax_of["metrics"]
-        styles = {
-            "eval_accuracy": {"color": "tab:green"},
-            "eval_macro_f1": {"color": "tab:purple", "linestyle": "--"},
-        }
         for key in eval_keys:
             steps, values = _series(evals, key)
-            draw(ax, steps, values, f"validation {EVAL_METRICS[key]}", **styles[key])
+            draw(ax, steps, values, f"validation {EVAL_METRICS[key]}", key)
         low, high = ax.get_ylim()
         if high - low < 0.1:  # one evaluation, or flat ones: show at least 0.1 around them, not 1e-5
             middle = (high + low) / 2
@@ -144,12 +194,14 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None):
     ax = ax_of["learning_rate"]
     lr_steps, lrs = _series(train, "learning_rate")
     if lr_steps:
-        draw(ax, lr_steps, lrs, "learning rate", color="tab:red")
+        draw(ax, lr_steps, lrs, "learning rate", "learning_rate")
     ax.set_ylabel("learning rate")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax.set_ylim(bottom=0)
     ax.set_xlabel("optimizer step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+    mark_best(ax_of, axes, best, evals)
 
     ends = _epoch_ends(train + evals)
     for ax in axes:
@@ -175,6 +227,32 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None):
             )
     axes[-1].set_xlim(left=0)
     return fig
+
+
+def mark_best(ax_of: dict[str, Any], axes, best: dict[str, Any], evals: list[dict[str, Any]]) -> None:
+    """A solid vertical line through every panel at the best checkpoint's step and, when the metric
+    that chose it is drawn (validation loss, accuracy or macro F1), a star on its curve there; the
+    legend gives the step and the value."""
+    step = best.get("step") if best else None
+    if not isinstance(step, int):
+        return
+    metric = str(best.get("metric", ""))
+    value = best.get("value")
+    if not isinstance(value, (int, float)):  # a best without its value: the logged evaluation's
+        value = next((r.get(f"eval_{metric}") for r in evals if r["step"] == step), None)
+    label = f"{BEST_LABEL}: step {step}" + (
+        f", {metric.replace('_', ' ')} {value:.4g}" if isinstance(value, (int, float)) else ""
+    )
+    drawn_on = {"loss": "loss", "accuracy": "metrics", "macro_f1": "metrics"}.get(metric)
+    ax = ax_of.get(drawn_on) if drawn_on else None
+    if ax is not None and isinstance(value, (int, float)):
+        ax.plot([step], [value], label=label, gid=BEST_GID, **BEST_STYLE)
+        label = "_nolegend_"
+    for each in axes:  # the legend names it once: on the star, else on the top panel's line
+        each.axvline(
+            step, color="darkgoldenrod", linewidth=1.2, alpha=0.8, zorder=1, label=label, gid=BEST_GID
+        )
+        label = "_nolegend_"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,6 @@
 """The evaluation entry point, run for real on one tiny trained run: export, training-state checkpoint,
-1 vs 2 CPU processes, other data, user errors.
+1 vs 2 CPU processes, other data, the inputs in predictions.jsonl (texts, pairs, images), --help,
+user errors.
 
     python -m pytest tests/test_evaluate.py -q
 
@@ -9,20 +10,33 @@ rows, never by calling the code under test a second way.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import io
 import json
+import re
 import shutil
 import subprocess
 import sys
 
+import PIL.Image
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
 from conftest import REPO, launch, rotten_rows, tiny_text_args, write_csv
-from datasets import ClassLabel, Dataset, Features, Value
+from datasets import ClassLabel, Dataset, Features, Image, Value
 from safetensors.torch import load_file
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    ViTConfig,
+    ViTForImageClassification,
+)
 
+from finetune.config import TrainConfig
+from finetune.evaluate_checkpoint import EVAL_KEYS
 from finetune.evaluate_checkpoint import main as evaluate
 from finetune.run import main as train
 
@@ -113,6 +127,8 @@ def test_evaluation_matches_a_hand_count(run, kind):
         json.loads(line) for line in (metrics_file.parent / "predictions.jsonl").read_text().splitlines()
     ]
     assert [r["index"] for r in lines] == list(range(11))
+    assert [r["text"] for r in lines] == [r["text"] for r in rows]  # the input, to read beside the output
+    assert all("text_pair" not in r for r in lines)
     assert [r["label"] for r in lines] == labels
     assert [r["prediction"] for r in lines] == predicted
     got = torch.tensor([[r["probabilities"]["neg"], r["probabilities"]["pos"]] for r in lines])
@@ -178,6 +194,156 @@ def test_other_data_is_mapped_by_label_name(run, tmp_path):
         )
 
 
+def test_predictions_carry_the_text_and_its_pair(run, tmp_path):
+    first, second = _rows(6, 400), _rows(6, 500)
+    data = write_csv(
+        tmp_path / "pairs.csv",
+        [
+            {"premise": a["text"], "hypothesis": b["text"], "label": a["label"]}
+            for a, b in zip(first, second, strict=True)
+        ],
+    )
+    metrics_file = tmp_path / "eval" / "metrics.json"
+    evaluate(
+        [str(run["dir"] / "model"), "--data", str(data), "--predictions", "--output", str(metrics_file)]
+        + ["text_column=premise", "text_pair_column=hypothesis"]
+    )
+    lines = [json.loads(line) for line in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]
+    assert [list(r)[:3] for r in lines] == [["index", "text", "text_pair"]] * 6
+    assert [(r["text"], r["text_pair"]) for r in lines] == [
+        (a["text"], b["text"]) for a, b in zip(first, second, strict=True)
+    ]
+    # The pair is what the model read: the probabilities transformers gives for (text, text_pair).
+    tokenizer = AutoTokenizer.from_pretrained(run["dir"] / "model")
+    model = AutoModelForSequenceClassification.from_pretrained(run["dir"] / "model").eval()
+    enc = tokenizer(
+        [r["text"] for r in lines],
+        [r["text_pair"] for r in lines],
+        truncation=True,
+        max_length=32,
+        padding=True,
+        return_tensors="pt",
+    )
+    with torch.no_grad():
+        expected = model(**enc).logits.softmax(-1)
+    got = torch.tensor([[r["probabilities"]["neg"], r["probabilities"]["pos"]] for r in lines])
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def _png(color: tuple[int, int, int]) -> bytes:
+    buffer = io.BytesIO()
+    PIL.Image.new("RGB", (30, 30), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def vit_model(tmp_path):
+    """A tiny ViT image classifier (cat, dog) saved with its image processor, evaluated without a run."""
+    folder = tmp_path / "vit"
+    config = ViTConfig(
+        image_size=28,
+        patch_size=7,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        id2label={0: "cat", 1: "dog"},
+        label2id={"cat": 0, "dog": 1},
+    )
+    torch.manual_seed(0)
+    ViTForImageClassification(config).save_pretrained(folder)
+    try:  # the PIL backend: no torchvision needed
+        from transformers import ViTImageProcessorPil as ViTImageProcessor
+    except ImportError:
+        from transformers import ViTImageProcessor
+    ViTImageProcessor(size={"height": 28, "width": 28}).save_pretrained(folder)
+    return folder
+
+
+def test_image_predictions_name_their_files(vit_model, tmp_path):
+    colors = {"cat": [(200, 0, 0), (180, 30, 10)], "dog": [(0, 0, 200), (20, 40, 250), (0, 90, 160)]}
+    files = {}
+    for label, shades in colors.items():
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for i, color in enumerate(shades):
+            path = tmp_path / "images" / label / f"{label}{i}.png"
+            path.write_bytes(_png(color))
+            files[str(path)] = label
+    processor = AutoImageProcessor.from_pretrained(vit_model)
+    model = AutoModelForImageClassification.from_pretrained(vit_model).eval()
+
+    def probabilities(images):
+        with torch.no_grad():
+            return model(**processor(images=images, return_tensors="pt")).logits.softmax(-1)
+
+    # An image folder: each line names its file, and its numbers are that file's.
+    evaluate(
+        [
+            str(vit_model),
+            "--data",
+            str(tmp_path / "images"),
+            "--predictions",
+            "--output",
+            str(tmp_path / "folder"),  # a name without a suffix: a folder, as --help says
+        ]
+    )
+    lines = [
+        json.loads(line) for line in (tmp_path / "folder" / "predictions.jsonl").read_text().splitlines()
+    ]
+    assert [r["index"] for r in lines] == list(range(5))
+    assert {r["image"]: r["label"] for r in lines} == files
+    expected = probabilities([PIL.Image.open(r["image"]).convert("RGB") for r in lines])
+    got = torch.tensor([[r["probabilities"]["cat"], r["probabilities"]["dog"]] for r in lines])
+    assert torch.allclose(got, expected, atol=1e-5)
+
+    # Images stored in a parquet file: the name kept with the bytes, where there is one; the row always.
+    parquet = tmp_path / "images.parquet"
+    Dataset.from_dict(
+        {
+            "image": [
+                {"bytes": _png((200, 0, 0)), "path": "red.png"},
+                {"bytes": _png((0, 0, 200)), "path": None},
+            ],
+            "label": ["cat", "dog"],
+        },
+        features=Features({"image": Image(), "label": Value("string")}),
+    ).to_parquet(parquet)
+    evaluate(
+        [
+            str(vit_model),
+            "--data",
+            str(parquet),
+            "--predictions",
+            "--output",
+            str(tmp_path / "parquet" / "metrics.json"),
+        ]
+    )
+    lines = [
+        json.loads(line) for line in (tmp_path / "parquet" / "predictions.jsonl").read_text().splitlines()
+    ]
+    assert [(r["index"], r["image"], r["label"]) for r in lines] == [(0, "red.png", "cat"), (1, None, "dog")]
+    expected = probabilities([PIL.Image.new("RGB", (30, 30), c) for c in ((200, 0, 0), (0, 0, 200))])
+    got = torch.tensor([[r["probabilities"]["cat"], r["probabilities"]["dog"]] for r in lines])
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_help_lists_the_settings_an_evaluation_reads(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    options, settings = out.split("\nevaluation settings (key=value)", 1)  # after argparse's options
+    assert "--predictions" in options and "key=value" in options
+    listed = re.findall(r"^  (\w+): ", settings, flags=re.MULTILINE)
+    assert listed == [f.name for f in dataclasses.fields(TrainConfig) if f.name in EVAL_KEYS]
+    assert set(listed) == set(EVAL_KEYS)
+    assert (
+        "\n  max_length: int = 128\n      text: tokens per sample; longer texts are truncated\n" in settings
+    )
+    assert "\n  per_device_eval_batch_size: int = 64\n      evaluation samples per process" in settings
+    assert "learning_rate" not in out and "recipe" not in settings  # only what evaluation reads
+
+
 def _incomplete(run, tmp_path):
     copy = tmp_path / "step-00000099"
     shutil.copytree(run["checkpoint"], copy, ignore=shutil.ignore_patterns("eval"))
@@ -194,6 +360,10 @@ def _incomplete(run, tmp_path):
         ("unknown_split", "unknown split 'bogus'"),
         ("missing_data", "--data not found"),
         ("foreign_output", "is not a metrics.json written by finetune.evaluate"),
+        (
+            "training_setting",
+            "learning_rate cannot be set when evaluating; evaluation settings are: text_column",
+        ),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
@@ -204,6 +374,7 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         "unknown_split": [str(run["checkpoint"]), "--split", "bogus"],
         "missing_data": [str(run["checkpoint"]), "--data", str(tmp_path / "nope.csv")],
         "foreign_output": [str(run["checkpoint"]), "--output", str(run["dir"] / "results.json")],
+        "training_setting": [str(run["checkpoint"]), "learning_rate=1e-3"],
     }[case]
     with pytest.raises(SystemExit) as exit_info:
         evaluate(args)
