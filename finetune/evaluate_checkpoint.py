@@ -69,7 +69,7 @@ from finetune.evaluation import evaluate_model
 from finetune.export import RESULTS
 from finetune.metrics import classification_report, plot_confusion_matrix
 from finetune.models import AUTO_MODELS, build_model, check_max_length, load_preprocessor
-from finetune.runtime import data_workers, make_accelerator, pin_memory
+from finetune.runtime import data_workers, make_accelerator, pin_memory, quiet_libraries
 
 FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
@@ -77,6 +77,7 @@ TASKS = tuple(AUTO_MODELS)
 # What `key=value` may change at evaluation time: how the data is read and batched and how the
 # processes run, nothing else -- every setting this evaluation reads that does not define the model.
 EVAL_KEYS = (
+    "log_level",
     "text_column",
     "text_pair_column",
     "image_column",
@@ -528,6 +529,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError("--split picks a split of the run's data or of a --data folder, not of a file")
     target = resolve_target(args.checkpoint, args.task, have_data=args.data is not None)
     cfg = eval_config(target, args.task, args.data, args.overrides)
+    quiet_libraries(cfg.log_level)
     accelerator = make_accelerator(cfg)
     started = time.perf_counter()
 
