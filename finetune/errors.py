@@ -22,6 +22,7 @@ import functools
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -98,6 +99,10 @@ ENVIRONMENT_ERRORS = {
     errno.EPERM: "check its permissions",
 }
 
+# How long another process waits, after a mistake that every process meets, for process 0 to say it.
+# When process 0 ends first (the usual case), the launcher stops the waiting ones at once.
+RANK_0_SPEAKS_S = 5.0
+
 # Undo steps for a run that fails (see `on_failure`), run by `exit_on_user_error` before it exits.
 _failure_steps: list[Callable[[], None]] = []
 
@@ -145,6 +150,8 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
             _undo_after_failure()
             if rank == "0" or getattr(e, "local", False):  # every process hits most; one says it
                 print(f"error: {where}{one_line(e)}", file=sys.stderr)
+            else:  # process 0 says it: give it the time, or torchrun, which stops the other processes
+                time.sleep(RANK_0_SPEAKS_S)  # when one ends, could stop it first (seen on a loaded machine)
             sys.exit(EXIT_USER_ERROR)
         except OSError as e:
             _undo_after_failure()
