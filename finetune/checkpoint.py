@@ -8,8 +8,12 @@
 
 A checkpoint is written into a hidden temporary directory, flushed to disk, marked complete and
 only then renamed into place, so a process killed in the middle of a save leaves the previous
-checkpoint as "latest" and loadable. Pruning removes the COMPLETE marker first, so a kill during a
-deletion never leaves a half-deleted directory that looks complete.
+checkpoint as "latest" and loadable; a save that fails (a full disk) removes its temporary directory.
+Pruning removes the COMPLETE marker first, so a kill during a deletion never leaves a half-deleted
+directory that looks complete. Before a resume, `checkpoint_problem` looks for damage without reading
+the tensors (manifest, safetensors header, the end of each torch file): `latest` skips a damaged
+checkpoint for the newest one that loads and says so; a checkpoint named by path is refused in one
+line naming the damaged file.
 
 Trust: a checkpoint is code-free to load. The weights are safetensors; optimizer.bin,
 scheduler.bin and random_states_<rank>.pkl are torch pickles, which Accelerate's `load_state` reads
@@ -26,11 +30,13 @@ import json
 import os
 import platform
 import shutil
+import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 
 from finetune.errors import EXIT_DIVERGED, TrainingStopped, UserError, first_line
 
@@ -38,6 +44,10 @@ CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 COMPLETE = "COMPLETE"
 PREFIX = "step-"
+# What a resume reads from a manifest, all counts.
+MANIFEST_COUNTS = ("step", "epoch", "samples_in_epoch", "world_size", "gradient_accumulation_steps",
+                   "per_device_train_batch_size")  # fmt: skip
+ANOTHER = "use another checkpoint (resume_from_checkpoint=latest skips damaged ones)"
 
 
 def package_versions() -> dict[str, str]:
@@ -76,26 +86,33 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, manifest: di
     root = Path(output_dir) / CHECKPOINTS
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".tmp-{PREFIX}{step:08d}"
+    old = root / f".old-{PREFIX}{step:08d}"
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))  # each process writes its own RNG state
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-        _fsync_tree(tmp)
-        (tmp / COMPLETE).write_text(str(step))
-        _fsync_tree(tmp)
-        if final.exists():  # re-saving a step (a resumed run): swap, never leave a gap
-            old = root / f".old-{PREFIX}{step:08d}"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(root)
+    try:
+        accelerator.save_state(str(tmp))  # each process writes its own RNG state
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+            _fsync_tree(tmp)
+            (tmp / COMPLETE).write_text(str(step))
+            _fsync_tree(tmp)
+            if final.exists():  # re-saving a step (a resumed run): swap, never leave a gap
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(root)
+    except OSError:  # a full disk, a quota: the half-written save goes, the checkpoints there stay
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old.exists() and not final.exists():
+                os.replace(old, final)
+        raise
     accelerator.wait_for_everyone()
     return final
 
@@ -126,14 +143,14 @@ def load_checkpoint(accelerator, path: Path, exact: bool = True) -> None:
     try:
         if rng.is_file():
             accelerate_load(rng, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
         raise UserError(
             f"{rng} does not load as plain data ({first_line(e)}): it is damaged or "
             "holds code; resume only from checkpoints written by finetune.run"
         ) from None
     try:
         accelerator.load_state(str(path), load_kwargs={"weights_only": True})
-    except (pickle.UnpicklingError, EOFError, SafetensorError) as e:
+    except (pickle.UnpicklingError, EOFError, SafetensorError, OSError) as e:
         raise UserError(
             f"{path} does not load as plain data ({first_line(e)}): it is damaged or "
             "holds code; resume only from checkpoints written by finetune.run"
@@ -159,36 +176,91 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
+    file = Path(path) / MANIFEST
     try:
-        manifest = json.loads((Path(path) / MANIFEST).read_text())
+        manifest = json.loads(file.read_text())
     except (OSError, ValueError) as e:
+        raise UserError(f"{file} is unreadable ({first_line(e)}); {ANOTHER}") from None
+    if not isinstance(manifest, dict):
         raise UserError(
-            f"{Path(path) / MANIFEST} is unreadable ({first_line(e)}); resume from another checkpoint"
-        ) from None
-    if not isinstance(manifest, dict) or not {"step", "epoch", "samples_in_epoch"} <= set(manifest):
-        raise UserError(
-            f"{Path(path) / MANIFEST} is not a manifest written by finetune.run; resume from another checkpoint"
+            f"{file} is not a manifest written by finetune.run (it holds a {type(manifest).__name__}); {ANOTHER}"
         )
+    for key in MANIFEST_COUNTS:
+        if key not in manifest:
+            raise UserError(f"{file} lacks '{key}': it is damaged or not written by finetune.run; {ANOTHER}")
+        value = manifest[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UserError(f"{file} holds {key}={value!r}, not a count: it is damaged; {ANOTHER}")
     return manifest
 
 
+def checkpoint_problem(path: Path) -> str | None:
+    """What keeps a checkpoint from loading, naming the file, or None. Cheap: it reads the manifest, the
+    safetensors header (which must cover the whole file) and the end of each torch file (a zip archive,
+    whose directory is its last bytes: a cut-off or empty file has none), not the tensors."""
+    if not (path / COMPLETE).is_file():
+        return f"{path} has no {COMPLETE} marker: it was interrupted while saving"
+    try:
+        manifest = read_manifest(path)
+    except UserError as e:
+        return str(e).removesuffix(f"; {ANOTHER}")
+    sharded = any(path.glob("pytorch_model_fsdp_*"))  # FSDP: weights and optimizer in their own format
+    files = [path / "scheduler.bin"]
+    if not sharded:
+        weights = path / "model.safetensors"
+        if not weights.is_file():
+            return f"{weights} is missing"
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            return f"{weights} is damaged ({first_line(e)})"
+        files.append(path / "optimizer.bin")
+    files += [path / f"random_states_{i}.pkl" for i in range(manifest["world_size"])]
+    for file in files:
+        if not file.is_file():
+            return f"{file} is missing"
+        if not zipfile.is_zipfile(file):
+            return f"{file} is damaged (cut off or empty: not a whole torch file)"
+    return None
+
+
 def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
-    """`latest` → the newest complete checkpoint of this run; otherwise a checkpoint directory."""
+    """`latest` → the newest checkpoint of this run that loads, saying which newer ones it skipped;
+    otherwise a checkpoint directory, which must load."""
     if spec == "latest":
-        found = list_checkpoints(output_dir)
-        if not found:
-            raise UserError(
-                f"resume_from_checkpoint=latest: no complete checkpoint in {Path(output_dir) / CHECKPOINTS}"
-            )
-        return found[-1]
+        root = Path(output_dir) / CHECKPOINTS
+        marked = [p for p in root.glob(f"{PREFIX}*")
+                  if p.name[len(PREFIX):].isdigit() and p.is_dir() and (p / COMPLETE).is_file()]  # fmt: skip
+        if not marked:
+            raise UserError(f"resume_from_checkpoint=latest: no complete checkpoint in {root}")
+        problems = []
+        for path in sorted(marked, key=lambda p: int(p.name[len(PREFIX) :]), reverse=True):
+            problem = checkpoint_problem(path)
+            if problem is None:
+                if os.environ.get("RANK", "0") == "0":
+                    for skipped, why in problems:
+                        print(
+                            f"warning: resume_from_checkpoint=latest skipped {skipped}: {why}",
+                            file=sys.stderr,
+                        )
+                return path
+            problems.append((path, problem))
+        raise UserError(
+            f"resume_from_checkpoint=latest: no checkpoint in {root} loads ({'; '.join(w for _, w in problems)}); "
+            "start again without resume_from_checkpoint, or repair one"
+        )
     path = Path(spec)
     if not path.is_dir():
         raise UserError(f"checkpoint not found: {spec}")
-    if not is_complete(path):
+    if not (path / COMPLETE).is_file():
         raise UserError(
             f"{spec} is not a complete checkpoint (no {COMPLETE} marker); "
             "it was probably interrupted while saving — use an earlier one or 'latest'"
         )
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise UserError(f"cannot resume from {path}: {problem}; {ANOTHER}")
     return path
 
 
@@ -252,7 +324,21 @@ class Checkpointer:
             "versions": package_versions(),
             "config": cfg.to_dict(),
         }
-        path = self.last = save_checkpoint(accelerator, self.out, step, manifest)
+        try:
+            path = save_checkpoint(accelerator, self.out, step, manifest)
+        except OSError as e:
+            file = f" ({e.filename})" if e.filename else ""
+            if self.last:
+                kept = f"the last checkpoint, {self.last}, is intact; free some space, then continue with " \
+                       "resume_from_checkpoint=latest"  # fmt: skip
+            else:
+                kept = "no checkpoint was saved before; free some space and run again"
+            raise UserError(
+                f"could not save the checkpoint of step {step}: {e.strerror or first_line(e)}{file}; the "
+                f"partial save was removed and {kept}",
+                local=True,
+            ) from None
+        self.last = path
         if accelerator.is_main_process:
             best_path = Path(self.best["path"]) if self.best.get("path") else None
             prune_checkpoints(self.out, cfg.save_total_limit, best_path)

@@ -176,7 +176,10 @@ class TrainConfig:
     save_at_epoch_end: bool = setting(False, "also write a checkpoint at each epoch's end")
     save_total_limit: int | None = setting(2, "keep the last K checkpoints (the best is kept too; null: all)")
     metric_for_best_model: str = setting("accuracy", "the validation metric that picks the best checkpoint")
-    greater_is_better: bool = setting(True, "whether a larger metric_for_best_model is better")
+    # null: inferred as in transformers' Trainer, lower is better for a metric that ends in "loss".
+    greater_is_better: bool | None = setting(
+        None, "whether a larger metric_for_best_model is better (null: not for a loss)"
+    )
     # A checkpoint at every evaluation, and at the end the best one's weights are evaluated and exported
     # (transformers' name); false: the export is the last step's weights, and the end says which was best.
     load_best_model_at_end: bool = setting(
@@ -230,6 +233,67 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Cross-field checks, next to the fields they guard."""
+        import math
+        import os
+
+        for name in ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
+                     "warmup_ratio", "validation_split_percentage", "dropout"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise UserError(f"{name} must be a finite number, got {value}")
+        if not 0 <= self.seed < 2**32:  # numpy's seeds; torch's and Python's take them too
+            raise UserError(f"seed must be in [0, {2**32 - 1}], got {self.seed}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise UserError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.adam_epsilon > 0:  # 0: 0/0 for a weight whose gradients have all been 0
+            raise UserError(f"adam_epsilon must be > 0, got {self.adam_epsilon}")
+        if not self.weight_decay >= 0:
+            raise UserError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm is not None and not self.max_grad_norm >= 0:  # negative: flips the gradients
+            raise UserError(f"max_grad_norm must be >= 0 (0 or null: no clipping), got {self.max_grad_norm}")
+        if self.ddp_timeout > 7 * 24 * 3600:  # past a week: the timeouts of torch's backends overflow
+            raise UserError(f"ddp_timeout must be at most 604800 seconds (a week), got {self.ddp_timeout}")
+        most_threads = max(1024, os.cpu_count() or 1)  # not this machine's count: saved configs travel
+        if self.cpu_threads is not None and self.cpu_threads > most_threads:  # OpenMP crashes at 100000
+            raise UserError(
+                f"cpu_threads={self.cpu_threads} is more threads than any machine has cores (this one has "
+                f"{os.cpu_count()}); use at most {most_threads}, or null for this process's share of the cores"
+            )
+        if self.label_names is not None:
+            if not self.label_names:
+                raise UserError(
+                    "label_names is empty; list the labels, or leave it null to take them from the data"
+                )
+            repeated = sorted({n for n in self.label_names if self.label_names.count(n) > 1})
+            if repeated:
+                raise UserError(f"label_names lists {repeated[0]!r} twice; name each label once")
+        if (
+            self.warmup_steps is not None
+            and self.max_steps is not None
+            and self.warmup_steps > self.max_steps
+        ):
+            raise UserError(
+                f"warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}: the learning rate would "
+                "never reach learning_rate; lower warmup_steps"
+            )
+        texts = (
+            [c for c in (self.text_column, self.text_pair_column) if c]
+            if self.task == "text-classification"
+            else []
+        )
+        if self.label_column in texts:
+            raise UserError(
+                f"'{self.label_column}' is both the label column and a text column: the model would read "
+                "the answer; set text_column (or label_column) to another column"
+            )
+        if self.text_pair_column is not None and self.text_pair_column == self.text_column:
+            raise UserError(
+                "text_pair_column is the text_column: each sentence would be paired with itself; "
+                "set text_pair_column to the second sentence's column, or null"
+            )
+        if self.greater_is_better is None:
+            self.greater_is_better = not self.metric_for_best_model.endswith("loss")
         for name in (
             "per_device_train_batch_size",
             "per_device_eval_batch_size",

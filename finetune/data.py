@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import math
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,23 @@ def _diagnose_file(split: str, path: str) -> str | None:
     return None
 
 
+def _check_readable_and_separated(split: str, path: str) -> None:
+    """Before `datasets` reads the file: that it may be read, and that a .csv is comma-separated. A file
+    separated by semicolons (a spreadsheet's export in many locales) reads as one column, or as rows of
+    the wrong length: say what it is instead."""
+    if not os.access(path, os.R_OK):
+        raise UserError(f"{split} file {path} is not readable (permission denied); check its permissions")
+    if Path(path).suffix.lower() != ".csv":
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        header = f.readline().strip()
+    if ";" in header and "," not in header:
+        raise UserError(
+            f"{split} file {path} looks semicolon-separated (its header is {header[:80]!r}); this app reads "
+            "comma-separated .csv or tab-separated .tsv: save it with one of those"
+        )
+
+
 def load_raw(
     files: dict[str, str], dataset_name: str | None, dataset_config_name: str | None, data_dir: str | None
 ) -> DatasetDict:
@@ -96,6 +114,7 @@ def load_raw(
             raise UserError(f"{split} file not found: {path}")
         if Path(path).stat().st_size == 0:
             raise UserError(f"{split} file is empty: {path}")
+        _check_readable_and_separated(split, path)
     if data_dir and not Path(data_dir).is_dir() and dataset_name in (None, "imagefolder"):
         raise UserError(f"data_dir not found: {data_dir}")
     if files and dataset_name in (None, "csv", "json", "parquet"):
@@ -212,6 +231,7 @@ def check_columns(ds: HFDataset, split: str, label_column: str, inputs: list[str
                 )
             if any(v is None for v in ds[column]):
                 raise UserError(f"text column '{column}' in the {split} data has empty (null) values")
+            _check_not_all_empty(ds[column], column, split)
     labels = ds[label_column]
     if any(v is None for v in labels):
         row = next(i for i, v in enumerate(labels) if v is None)
@@ -219,6 +239,39 @@ def check_columns(ds: HFDataset, split: str, label_column: str, inputs: list[str
             f"label column '{label_column}' in the {split} data has empty (null) values "
             f"(first at row {row + 1}); fill them in or drop those rows"
         )
+    _check_label_values(ds, label_column, split, labels)
+
+
+def _check_not_all_empty(texts: list, column: str, split: str) -> None:
+    """A text column of empty strings trains on the special tokens alone."""
+    if texts and all(not v.strip() for v in texts):
+        raise UserError(
+            f"text column '{column}' in the {split} data holds only empty strings; set text_column to the "
+            "column that holds the texts"
+        )
+
+
+def _check_label_values(ds: HFDataset, column: str, split: str, labels: list) -> None:
+    """One class per row: a name, a whole number or a ClassLabel. Lists (multi-label data) and mappings
+    would fail later with a traceback; fractions (regression targets) would become classes named
+    "0.25", "0.75", silently."""
+    feature = ds.features[column]
+    if isinstance(feature, ClassLabel):
+        return
+    if not isinstance(feature, Value):
+        raise UserError(
+            f"label column '{column}' in the {split} data holds {feature}, not one label per row; this app "
+            "trains single-label classifiers: one class name or number per row"
+        )
+    if feature.dtype.startswith("float"):
+        fraction = next(
+            ((i, v) for i, v in enumerate(labels) if not (math.isfinite(v) and v == int(v))), None
+        )
+        if fraction is not None:
+            raise UserError(
+                f"label column '{column}' in the {split} data holds numbers that are not whole ({fraction[1]} "
+                f"at row {fraction[0] + 1}): regression targets, not classes; a classifier needs class labels"
+            )
 
 
 def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
@@ -347,6 +400,20 @@ def resize_notice(sizes: collections.Counter, processor) -> str | None:
     )
 
 
+def _to_8_bit(image: PIL.Image.Image) -> PIL.Image.Image:
+    """16-bit images (PIL modes I;16*, and I, as some decoders give 16-bit PNGs) scaled to 8 bits.
+    PIL's convert() to L or RGB clips every value above 255 instead: a 16-bit gradient came out 99.6%
+    white. An I image whose values all fit in 8 bits is left as it is."""
+    if not (image.mode.startswith("I;16") or image.mode == "I"):
+        return image
+    import numpy as np
+
+    values = np.asarray(image).astype(np.int64)
+    if image.mode == "I" and values.max(initial=0) <= 255:
+        return image
+    return PIL.Image.fromarray((values.clip(0, 65535) >> 8).astype(np.uint8))
+
+
 class ImageTransform:
     """Images → `pixel_values` through the image processor; random horizontal flip in training.
 
@@ -365,7 +432,7 @@ class ImageTransform:
         images = []
         for value in batch[self.column]:
             image = value if isinstance(value, PIL.Image.Image) else open_image(value)
-            image = image.convert(self.mode)
+            image = _to_8_bit(image).convert(self.mode)
             if self.train and random.random() < 0.5:
                 image = image.transpose(PIL.Image.Transpose.FLIP_LEFT_RIGHT)
             images.append(image)

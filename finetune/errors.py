@@ -6,7 +6,7 @@ stderr and exit status 2 via `exit_on_user_error`.
 
 A run that stops on purpose raises `TrainingStopped`, also one line, with its own exit status:
 
-    2    a user error (bad input): nothing was written over
+    2    a user error (bad input, a full disk, a permission refused): nothing was written over
     3    the loss stayed NaN/inf for `max_nonfinite_loss_steps` steps; the last good checkpoint is kept
     130  SIGINT (Ctrl-C) during training: a checkpoint was written; resume_from_checkpoint=latest
     143  SIGTERM (a scheduler's preemption, `kill`) during training: likewise
@@ -16,10 +16,13 @@ A run that stops on purpose raises `TrainingStopped`, also one line, with its ow
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import functools
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -86,31 +89,83 @@ def one_line(e: BaseException) -> str:
     return SECRET_VALUE.sub(REDACTED, " ".join(text.split()))
 
 
+# What the machine, not the program, got wrong: a full disk, a quota, a read-only or unreadable path.
+# Wherever one is met, it is one line and exit status 2, with what to do.
+ENVIRONMENT_ERRORS = {
+    errno.ENOSPC: "free some space (or write elsewhere) and run again",
+    errno.EDQUOT: "free some space under your quota (or write elsewhere) and run again",
+    errno.EROFS: "that file system is read-only; write elsewhere",
+    errno.EACCES: "check its permissions",
+    errno.EPERM: "check its permissions",
+}
+
+# How long another process waits, after a mistake that every process meets, for process 0 to say it.
+# When process 0 ends first (the usual case), the launcher stops the waiting ones at once.
+RANK_0_SPEAKS_S = 5.0
+
+# Undo steps for a run that fails (see `on_failure`), run by `exit_on_user_error` before it exits.
+_failure_steps: list[Callable[[], None]] = []
+
+
+def on_failure(step: Callable[[], None]) -> None:
+    """Run `step` if the entry point now running fails (a user error, a stopped run, a traceback), before
+    its one line is printed: how an overwritten run is put back (finetune/export.py)."""
+    _failure_steps.append(step)
+
+
+def _undo_after_failure() -> None:
+    while _failure_steps:
+        with contextlib.suppress(
+            Exception
+        ):  # an undo that fails leaves things as they are; never a 2nd error
+            _failure_steps.pop()()
+
+
 def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
     """Run `fn`; a user error becomes `error: <message>` on stderr and exit status 2, a stopped run
-    `stopped: <message>` and its own exit status."""
+    `stopped: <message>` and its own exit status; a full disk or a permission refused is a user error
+    too (ENVIRONMENT_ERRORS). Whatever `fn` registered with `on_failure` runs first."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        _failure_steps.clear()
+        rank = os.environ.get("RANK", "0")
+        where = f"[rank {rank}] " if rank != "0" else ""
         try:
             return fn(*args, **kwargs)
         except TrainingStopped as e:
-            if os.environ.get("RANK", "0") == "0":
+            _undo_after_failure()
+            if rank == "0":
                 print(f"stopped: {one_line(e)}", file=sys.stderr)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:  # Ctrl-C before or after the training loop, which handles its own
-            if os.environ.get("RANK", "0") == "0":
+            _undo_after_failure()
+            if rank == "0":
                 print(
                     "stopped: interrupted (SIGINT) outside the training loop; nothing more was saved",
                     file=sys.stderr,
                 )
             sys.exit(130)
         except _user_error_types() as e:
-            rank = os.environ.get("RANK", "0")
+            _undo_after_failure()
             if rank == "0" or getattr(e, "local", False):  # every process hits most; one says it
-                where = f"[rank {rank}] " if rank != "0" else ""
                 print(f"error: {where}{one_line(e)}", file=sys.stderr)
+            else:  # process 0 says it: give it the time, or torchrun, which stops the other processes
+                time.sleep(RANK_0_SPEAKS_S)  # when one ends, could stop it first (seen on a loaded machine)
             sys.exit(EXIT_USER_ERROR)
+        except OSError as e:
+            _undo_after_failure()
+            if e.errno not in ENVIRONMENT_ERRORS:
+                raise
+            path = f": {e.filename}" if e.filename else ""  # met by this process: it says so
+            message = f"{e.strerror or os.strerror(e.errno)}{path}; {ENVIRONMENT_ERRORS[e.errno]}"
+            print(f"error: {where}{SECRET_VALUE.sub(REDACTED, message)}", file=sys.stderr)
+            sys.exit(EXIT_USER_ERROR)
+        except Exception:
+            _undo_after_failure()
+            raise
+        finally:
+            _failure_steps.clear()
 
     return wrapper
 

@@ -44,6 +44,10 @@ def check_launch_args(args) -> None:
 
     if args.config_file is not None:
         path = Path(args.config_file)
+        if path.is_dir():
+            raise UserError(
+                f"accelerate config {path} is a folder; pass the config file (see accelerate_configs/)"
+            )
         if not path.is_file():
             raise UserError(
                 f"accelerate config {path} does not exist; pass an existing file (see accelerate_configs/), "
@@ -53,21 +57,67 @@ def check_launch_args(args) -> None:
         path = Path(default_config_file)  # written by `accelerate config`; accelerate reads it unless --cpu
     else:
         path = None
+    config = None
     if path is not None:
         try:
-            load_config_from_file(str(path))
+            config = load_config_from_file(str(path))
         except Exception as e:  # YAML/JSON syntax, unknown keys, wrong values
             detail = " ".join(str(e).split())[:300]
             raise UserError(f"accelerate config {path} is not a valid accelerate config: {detail}") from None
         # accelerate launch --cpu drops an FSDP config's FSDP (and its processes) without a word.
-        if args.cpu and getattr(load_config_from_file(str(path)), "distributed_type", None) == "FSDP":
+        if args.cpu and getattr(config, "distributed_type", None) == "FSDP":
             raise UserError(
                 f"accelerate config {path} asks for FSDP, which runs on GPUs only, and --cpu would train "
                 "without it; use accelerate_configs/cpu_ddp.yaml on a CPU"
             )
+    check_launch_values(args, config, path)
     script = args.training_script
     if not (args.module or args.no_python) and not Path(script).is_file():
         raise UserError(f"script {script} does not exist; the training script is finetune/run.py")
+
+
+def check_launch_values(args, config, path: Path | None) -> None:
+    """Values accelerate takes as they come and fails on later — in the launcher (a division by zero
+    machines, an assertion) or in every training process (an unknown precision) — with a traceback, or
+    that start nothing at all (zero processes). A flag wins over the config, as in accelerate."""
+    from accelerate.utils import DynamoBackend, PrecisionType
+
+    def value(name: str):
+        flag = getattr(args, name, None)
+        if flag is not None:
+            return flag, f"--{name}"
+        return getattr(config, name, None), f"in accelerate config {path}"
+
+    processes, where = value("num_processes")
+    # -1 in a config is accelerate's "not set" (the launcher then counts the GPUs).
+    if processes is not None and processes < 1 and not (processes == -1 and where != "--num_processes"):
+        raise UserError(f"num_processes must be at least 1, got {processes} ({where})")
+    machines, where = value("num_machines")
+    if machines is not None and machines < 1:
+        raise UserError(f"num_machines must be at least 1, got {machines} ({where})")
+    rank, where = value("machine_rank")
+    if rank is not None and not 0 <= rank < (machines or 1):
+        raise UserError(
+            f"machine_rank {rank} ({where}) is not one of the {machines or 1} machines: give 0 to {(machines or 1) - 1}"
+        )
+    port, where = value("main_process_port")
+    if port is not None and not 0 <= port < 65536:  # 0: a free one
+        raise UserError(
+            f"main_process_port {port} ({where}) is not a port: give one from 0 (any free one) to 65535"
+        )
+    precision, where = value("mixed_precision")
+    precisions = [p.value for p in PrecisionType]
+    precision = getattr(precision, "value", precision)  # an enum member, or the string as written
+    if precision is not None and str(precision).lower() not in precisions:
+        raise UserError(f"mixed_precision {precision!r} ({where}) is not one of {', '.join(precisions)}")
+    backend = (getattr(config, "dynamo_config", None) or {}).get("dynamo_backend")
+    backend = getattr(backend, "value", backend)
+    backends = [b.value for b in DynamoBackend]
+    if args.dynamo_backend is None and backend is not None and str(backend).upper() not in backends:
+        raise UserError(
+            f"dynamo_backend {backend!r} (in accelerate config {path}) is not one of "
+            f"{', '.join(b.lower() for b in backends)}"
+        )
 
 
 def _forward_to_children(signum: int, frame) -> None:

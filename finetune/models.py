@@ -176,3 +176,36 @@ def check_max_length(model: PreTrainedModel, max_length: int, pad_to_multiple_of
                 f"{longest}, past the model's position limit {limit}; choose a multiple that divides a "
                 f"length of at most {limit}, or null"
             )
+
+
+def check_tokenizer(tokenizer, model: PreTrainedModel, name: str | None, max_length: int, pair: bool) -> None:
+    """A tokenizer that does not fit the model trains garbage without an error, or fails mid-run.
+
+    A model folder without tokenizer files still loads a tokenizer (transformers builds one with only
+    the special tokens: every word becomes [UNK]); a tokenizer larger than the embedding table makes ids
+    with no row (an IndexError in training); one far smaller is another model's. Tables padded to a
+    round size are at most a few percent larger than their tokenizer, and pass. And `max_length` must
+    leave room for text after the special tokens the tokenizer adds."""
+    size, special = len(tokenizer), len(set(tokenizer.all_special_ids))
+    if size <= special:
+        raise UserError(
+            f"the tokenizer of {name} has no vocabulary, only its {size} special tokens: the folder holds no "
+            "tokenizer files (vocab.txt, tokenizer.json); set tokenizer_name to the model's tokenizer"
+        )
+    rows = model.get_input_embeddings().num_embeddings
+    if size > rows:
+        raise UserError(
+            f"the tokenizer of {name} has {size} tokens, more than the {rows} rows of the model's embedding "
+            f"table (ids from {rows} on have none): it is not the model's tokenizer; use the model's own"
+        )
+    if size < 0.9 * rows:
+        raise UserError(
+            f"the tokenizer of {name} has {size} tokens for the {rows} rows of the model's embedding table: "
+            "it is not the model's tokenizer (a padded table is a few percent larger, not more); use the model's own"
+        )
+    added = tokenizer.num_special_tokens_to_add(pair=pair)
+    if max_length <= added:
+        raise UserError(
+            f"max_length={max_length} leaves no room for text: the tokenizer adds {added} special tokens "
+            "to every sample; raise max_length"
+        )

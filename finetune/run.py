@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import sys
 import time
@@ -62,9 +61,9 @@ from finetune.data import (
 )
 from finetune.errors import ArgumentParser, TrainingStopped, UserError, exit_on_user_error
 from finetune.evaluation import evaluate_model, forward, longest_first
-from finetune.export import RESULTS, export_run
+from finetune.export import RESULTS, check_files_in_the_way, export_run, set_aside_previous_run
 from finetune.metrics import summary_line
-from finetune.models import build_model, check_max_length, load_preprocessor
+from finetune.models import build_model, check_max_length, check_tokenizer, load_preprocessor
 from finetune.runtime import (
     ScalerSkips,
     StopOnSignal,
@@ -227,6 +226,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     accelerator.print(f"model saved to {out / 'model'} ({results['exported']['why']})")
     accelerator.print(f"{split} accuracy {final['accuracy']:.4f} on {final['num_samples']} samples")
     accelerator.end_training()
+    # A signal during the final evaluation or the export: they were let finish; now it ends the process.
+    stop.stop_if_received(f"the run is finished ({out / 'model'}, {out / RESULTS})")
     return results
 
 
@@ -271,6 +272,8 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
     model = build_model(cfg.model_args, label_names, vocab_size=len(tokenizer) if text else None)
     if text:
         check_max_length(model, cfg.max_length, cfg.pad_to_multiple_of)
+        name = cfg.tokenizer_name or cfg.model_name_or_path
+        check_tokenizer(tokenizer, model, name, cfg.max_length, pair=cfg.text_pair_column is not None)
     if cfg.freeze_embeddings:
         model.get_input_embeddings().requires_grad_(False)
     if cfg.gradient_checkpointing:
@@ -395,6 +398,11 @@ def plan_steps(cfg: TrainConfig, P: int, N: int, manifest: dict | None, label_na
         cfg.num_train_epochs if cfg.max_steps is None else math.ceil(total_steps / steps_per_epoch) + 1
     )
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else math.ceil(cfg.warmup_ratio * total_steps)
+    if warmup > total_steps:
+        raise UserError(
+            f"warmup_steps={warmup} exceeds the {total_steps} optimizer steps of the run: the learning rate "
+            "would never reach learning_rate; lower warmup_steps"
+        )
     return StepPlan(N, nb, steps_per_epoch, total_steps, num_epochs, warmup)
 
 
@@ -429,7 +437,8 @@ def start_run(
     trackers and the start summary."""
     if accelerator.is_main_process:
         if not cfg.resume_from_checkpoint and cfg.overwrite_output_dir and out.exists() and holds_run(out):
-            clear_output_dir(out)  # only what a run writes, and only where a run was
+            # Only what a run writes, only where a run was; it comes back if this run fails early.
+            set_aside_previous_run(out)
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
     accelerator.wait_for_everyone()
@@ -466,6 +475,8 @@ def check_output_dir(cfg: TrainConfig) -> None:
         raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
+    if cfg.overwrite_output_dir and not cfg.resume_from_checkpoint and out.is_dir() and not holds_run(out):
+        check_files_in_the_way(out, trackers=bool(cfg.report_to))  # the user's config.yaml: not written over
     if cfg.resume_from_checkpoint or not out.exists() or cfg.overwrite_output_dir:
         return
     state = holds_run(out)
@@ -479,24 +490,6 @@ def check_output_dir(cfg: TrainConfig) -> None:
             f"output_dir {out} holds files that are not a run of this app; choose an empty or new "
             "output_dir, or pass overwrite_output_dir=true to write into it (nothing there is deleted)"
         )
-
-
-def clear_output_dir(out: Path) -> None:
-    # out.name: Accelerate's tracker logs (tensorboard) go to <output_dir>/<run name>.
-    for name in (
-        ckpt.CHECKPOINTS,
-        "model",
-        "metrics.jsonl",
-        RESULTS,
-        "config.yaml",
-        "training_curves.png",
-        out.name,
-    ):
-        target = out / name
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
 
 
 # --- what the loop keeps track of -----------------------------------------------------------------

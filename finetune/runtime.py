@@ -25,7 +25,7 @@ from accelerate.utils import (
 )
 
 from finetune.config import TrainConfig
-from finetune.errors import UserError
+from finetune.errors import TrainingStopped, UserError
 
 FSDP_NEEDS_GPUS = (
     "the accelerate config asks for FSDP, which Accelerate runs on GPUs only; use a DDP config "
@@ -199,6 +199,16 @@ class StopOnSignal:
         elif now - self.first_at > self.SAME_REQUEST_S:  # a second request: no more waiting
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
+
+    def stop_if_received(self, finished: str) -> None:
+        """After the block: a signal that came when the loop was over (in the final evaluation or the
+        export, which were let finish) still ends the process with its status, 130/143, saying `finished`."""
+        if self.signum:
+            raise TrainingStopped(
+                f"received {signal.Signals(self.signum).name} after training, during the final evaluation "
+                f"or export, which were completed: {finished}",
+                128 + self.signum,
+            )
 
     def requested(self) -> int:
         """The signal that every process agrees to stop on now, or 0."""

@@ -77,12 +77,20 @@ def test_output_dir_that_is_a_file_or_holds_other_files(small_text_data, tmp_pat
         capsys, tiny_text_args(small_text_data, theirs, "max_steps=2")
     )
     assert (theirs / "config.yaml").read_text() == "mine: true\n"
-    _run(small_text_data, theirs, "overwrite_output_dir=true")  # asked for: written into, nothing deleted
+    # Asked for: written into, nothing deleted, nothing written over (config.yaml is the user's here).
+    assert "would write over them" in _user_error(
+        capsys, _args(small_text_data, theirs, "overwrite_output_dir=true")
+    )
+    (theirs / "config.yaml").rename(theirs / "my-config.yaml")
+    _run(small_text_data, theirs, "overwrite_output_dir=true")
     assert (theirs / "project/keep.txt").read_text() == "mine" and (theirs / "results.json").exists()
+    assert (theirs / "my-config.yaml").read_text() == "mine: true\n"
 
 
 @pytest.mark.parametrize("damage", ["manifest", "weights"])
-def test_damaged_latest_checkpoint_is_one_line(small_text_data, tmp_path, finished, capsys, damage):
+def test_damaged_checkpoint_is_one_line(small_text_data, tmp_path, finished, capsys, damage):
+    """Named on the command line. (`latest` skips a damaged checkpoint for an older one that loads:
+    tests/test_hostile.py.)"""
     latest = sorted((finished / "checkpoints").glob("step-*"))[-1]
     if damage == "manifest":
         (latest / "manifest.json").write_text("{bad json")
@@ -90,8 +98,8 @@ def test_damaged_latest_checkpoint_is_one_line(small_text_data, tmp_path, finish
         weights = latest / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:100])
     before = {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()}
-    message = _user_error(capsys, _args(small_text_data, finished, "resume_from_checkpoint=latest"))
-    assert str(latest) in message
+    message = _user_error(capsys, _args(small_text_data, finished, f"resume_from_checkpoint={latest}"))
+    assert str(latest / ("manifest.json" if damage == "manifest" else "model.safetensors")) in message
     assert before == {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()}
 
 
