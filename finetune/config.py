@@ -232,7 +232,12 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Cross-field checks, next to the fields they guard."""
+        """Every setting's range, then the checks that read several settings together."""
+        self._check_ranges()
+        self._check_together()
+
+    def _check_ranges(self) -> None:
+        """One setting at a time: its range (a line naming the key, the value and the range)."""
         import math
         import os
 
@@ -260,40 +265,6 @@ class TrainConfig:
                 f"cpu_threads={self.cpu_threads} is more threads than any machine has cores (this one has "
                 f"{os.cpu_count()}); use at most {most_threads}, or null for this process's share of the cores"
             )
-        if self.label_names is not None:
-            if not self.label_names:
-                raise UserError(
-                    "label_names is empty; list the labels, or leave it null to take them from the data"
-                )
-            repeated = sorted({n for n in self.label_names if self.label_names.count(n) > 1})
-            if repeated:
-                raise UserError(f"label_names lists {repeated[0]!r} twice; name each label once")
-        if (
-            self.warmup_steps is not None
-            and self.max_steps is not None
-            and self.warmup_steps > self.max_steps
-        ):
-            raise UserError(
-                f"warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}: the learning rate would "
-                "never reach learning_rate; lower warmup_steps"
-            )
-        texts = (
-            [c for c in (self.text_column, self.text_pair_column) if c]
-            if self.task == "text-classification"
-            else []
-        )
-        if self.label_column in texts:
-            raise UserError(
-                f"'{self.label_column}' is both the label column and a text column: the model would read "
-                "the answer; set text_column (or label_column) to another column"
-            )
-        if self.text_pair_column is not None and self.text_pair_column == self.text_column:
-            raise UserError(
-                "text_pair_column is the text_column: each sentence would be paired with itself; "
-                "set text_pair_column to the second sentence's column, or null"
-            )
-        if self.greater_is_better is None:
-            self.greater_is_better = not self.metric_for_best_model.endswith("loss")
         for name in (
             "per_device_train_batch_size",
             "per_device_eval_batch_size",
@@ -339,6 +310,43 @@ class TrainConfig:
             raise UserError(f"cpu_threads must be positive (or null), got {self.cpu_threads}")
         if self.dataloader_num_workers is not None and self.dataloader_num_workers < 0:
             raise UserError("dataloader_num_workers must be >= 0")
+
+    def _check_together(self) -> None:
+        """Settings that must agree, and choices checked against what the app knows."""
+        if self.label_names is not None:
+            if not self.label_names:
+                raise UserError(
+                    "label_names is empty; list the labels, or leave it null to take them from the data"
+                )
+            repeated = sorted({n for n in self.label_names if self.label_names.count(n) > 1})
+            if repeated:
+                raise UserError(f"label_names lists {repeated[0]!r} twice; name each label once")
+        if (
+            self.warmup_steps is not None
+            and self.max_steps is not None
+            and self.warmup_steps > self.max_steps
+        ):
+            raise UserError(
+                f"warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}: the learning rate would "
+                "never reach learning_rate; lower warmup_steps"
+            )
+        texts = (
+            [c for c in (self.text_column, self.text_pair_column) if c]
+            if self.task == "text-classification"
+            else []
+        )
+        if self.label_column in texts:
+            raise UserError(
+                f"'{self.label_column}' is both the label column and a text column: the model would read "
+                "the answer; set text_column (or label_column) to another column"
+            )
+        if self.text_pair_column is not None and self.text_pair_column == self.text_column:
+            raise UserError(
+                "text_pair_column is the text_column: each sentence would be paired with itself; "
+                "set text_pair_column to the second sentence's column, or null"
+            )
+        if self.greater_is_better is None:
+            self.greater_is_better = not self.metric_for_best_model.endswith("loss")
         metrics = ("accuracy", "macro_f1", "macro_precision", "macro_recall", "loss")  # of every evaluation
         if self.metric_for_best_model not in metrics:
             raise UserError(

@@ -77,7 +77,6 @@ TASKS = tuple(AUTO_MODELS)
 # What `key=value` may change at evaluation time: how the data is read and batched and how the
 # processes run, nothing else -- every setting this evaluation reads that does not define the model.
 EVAL_KEYS = (
-    "log_level",
     "text_column",
     "text_pair_column",
     "image_column",
@@ -89,6 +88,7 @@ EVAL_KEYS = (
     "dataloader_pin_memory",
     "cpu_threads",
     "ddp_timeout",
+    "log_level",
 )
 
 
