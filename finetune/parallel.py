@@ -1,7 +1,9 @@
-"""Naive layer-wise model parallelism: consecutive layers on consecutive devices, in one process.
+"""Naive layer-wise model parallelism: consecutive layers on consecutive devices, in each process.
 
     accelerate launch --config_file accelerate_configs/model_parallel.yaml finetune/run.py \
         model_parallel=true devices=cuda:0,cuda:1 pipeline_chunks=4
+    accelerate launch --config_file accelerate_configs/ddp_model_parallel.yaml finetune/run.py \
+        model_parallel=true                      # DDP x layer split: 2 processes x 2 GPUs each
     python -m benchmarks.bench_parallel --devices cuda:0,cuda:1 --chunks 4
 
 A transform applied to a model that is already built (the model classes know nothing of it):
@@ -17,6 +19,10 @@ split into one contiguous stage per device so that the largest stage's *training
 gradients, AdamW state and activations) is as small as possible, and forward pre-hooks move each
 block's inputs to its device. Autograd records those moves, so gradients flow back across devices
 by themselves. Why not `accelerate.dispatch_model`: see `apply_model_parallel`.
+
+Under DDP every process splits its own replica over its own devices (`process_devices`), and DDP,
+told by ACCELERATE_BYPASS_DEVICE_MAP (finetune/runtime.py) to take a model spread over several
+devices, averages the gradients of the replicas.
 """
 
 from __future__ import annotations
@@ -69,6 +75,48 @@ def parse_devices(spec: str | None) -> list[torch.device]:
                 f"device {name} is not supported for model parallelism; use cuda:N or cpu in devices={spec!r}"
             )
         devices.append(device)
+    return devices
+
+
+def process_devices(spec: str | None, local_rank: int = 0, local_processes: int = 1) -> list[torch.device]:
+    """The devices this process splits its model over: `parse_devices(spec)` for one process; for
+    several processes on one machine (DDP x layer split, the hybrid), this process's share:
+
+    - no `devices` (or "auto"): the visible GPUs in equal consecutive groups, one per local process
+      (4 GPUs, 2 processes: cuda:0,cuda:1 and cuda:2,cuda:3); a count that does not divide is a
+      ParallelError; no GPU: the CPU, unsplit.
+    - one list per local process, separated by ";" ("cuda:0,cuda:1;cuda:2,cuda:3"): this process's.
+    - one list ("cpu,cpu"): every process uses it. CPU devices only: two processes of an NCCL group
+      cannot share a GPU, so a list naming GPUs must be given per process.
+    """
+    if local_processes <= 1:
+        return parse_devices(spec)
+    if spec is not None and ";" in spec:
+        groups = spec.split(";")
+        if len(groups) != local_processes:
+            raise ParallelError(
+                f"devices={spec!r} gives {len(groups)} device lists for {local_processes} processes on this "
+                "machine; give one list per process, separated by ';'"
+            )
+        return parse_devices(groups[local_rank])
+    if spec is None or spec.strip().lower() == "auto":
+        n = torch.cuda.device_count()
+        if n == 0:
+            return [torch.device("cpu")]
+        if n % local_processes:
+            raise ParallelError(
+                f"{n} visible GPUs do not split evenly among {local_processes} processes on this machine; "
+                f"launch a number of processes that divides {n}, or give devices per process (cuda:0,cuda:1;cuda:2)"
+            )
+        k = n // local_processes
+        return [torch.device("cuda", i) for i in range(local_rank * k, (local_rank + 1) * k)]
+    devices = parse_devices(spec)
+    if any(d.type == "cuda" for d in devices):
+        raise ParallelError(
+            f"devices={spec!r} would put each of the {local_processes} processes on this machine on the same "
+            "GPUs; leave devices unset to split the visible GPUs evenly, or give one list per process "
+            "separated by ';' (cuda:0,cuda:1;cuda:2,cuda:3)"
+        )
     return devices
 
 
@@ -405,6 +453,7 @@ def plan_model_parallel(
     seq_len: int | None,
     max_memory: Mapping[int | str, int | str] | None = None,
     mixed_precision: str = "no",
+    local_processes: int = 1,
 ) -> Plan:
     """Split `model` into one contiguous stage per device, balanced by estimated training memory.
 
@@ -415,6 +464,8 @@ def plan_model_parallel(
     max_memory: per-device caps, e.g. {"cuda:0": "2GiB", "cpu": 10**11}; devices not named use their
         total memory. Stages that share a device (cpu,cpu) share its capacity equally.
     mixed_precision: accelerate's value ("no", "fp16", "bf16", "fp8"); halves activation bytes.
+    local_processes: processes on this machine, each splitting its own replica (DDP x layer split):
+        they share the machine's CPU memory, so a "cpu" stage gets its share of that.
 
     Embeddings are on the first stage and the head on the last (blocks stay in order). One device
     gives a single-stage plan; the caller then trains unsplit.
@@ -437,7 +488,8 @@ def plan_model_parallel(
             f"{S} devices but only {n} layers to place (embeddings, {n_layers} encoder layers, head); use at most {n} devices"
         )
     shares = {str(d): sum(str(x) == str(d) for x in devices) for d in devices}
-    caps = [device_capacity(d, max_memory) // shares[str(d)] for d in devices]
+    per_process = {"cpu": max(local_processes, 1)}  # a GPU belongs to one process, the RAM to all
+    caps = [device_capacity(d, max_memory) // shares[str(d)] // per_process.get(d.type, 1) for d in devices]
 
     def cost(i: int, j: int) -> int:
         return estimate_stage_bytes(blocks[i:j])

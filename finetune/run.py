@@ -7,6 +7,8 @@
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml finetune/run.py
     accelerate launch --config_file accelerate_configs/model_parallel.yaml finetune/run.py \\
         model_parallel=true devices=cuda:0,cpu pipeline_chunks=4 [--plan-only]
+    accelerate launch --config_file accelerate_configs/ddp_model_parallel.yaml finetune/run.py \\
+        model_parallel=true                                             # DDP x layer split
 
 Processes, devices and mixed precision come from the accelerate config (or `accelerate launch`
 flags) and are read back from the Accelerator (finetune/runtime.py); hyperparameters come from the
@@ -70,7 +72,9 @@ from finetune.runtime import (
     check_shared_output_dir,
     configure_fsdp,
     data_workers,
+    describe_parameters,
     injected_fault,
+    local_processes,
     make_accelerator,
     pin_memory,
     quiet_libraries,
@@ -294,13 +298,19 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
 
 
 def model_parallel_plan(cfg: TrainConfig, accelerator: Accelerator, model):
-    """The layer split over `devices` (finetune/parallel.py), printed."""
-    from finetune.parallel import parse_devices, plan_model_parallel
+    """The layer split over this process's devices (finetune/parallel.py), printed. Under DDP each
+    process splits its own replica over the devices of its local rank (`process_devices`)."""
+    from finetune.parallel import plan_model_parallel, process_devices
 
     seq = cfg.max_length if cfg.task == "text-classification" else None  # ViT: patches + 1
+    local = local_processes() if accelerator.num_processes > 1 else 1
+    devices = process_devices(cfg.devices, accelerator.local_process_index, local)
     # GPipe keeps every chunk's activations until backward: plan for the whole batch.
-    plan = plan_model_parallel(model, parse_devices(cfg.devices), micro_batch_size=cfg.per_device_train_batch_size,
-                               seq_len=seq, max_memory=cfg.max_memory, mixed_precision=accelerator.mixed_precision)  # fmt: skip
+    plan = plan_model_parallel(model, devices, micro_batch_size=cfg.per_device_train_batch_size, seq_len=seq,
+                               max_memory=cfg.max_memory, mixed_precision=accelerator.mixed_precision,
+                               local_processes=local)  # fmt: skip
+    if accelerator.num_processes > 1:
+        accelerator.print(f"each of the {accelerator.num_processes} processes splits its replica; process 0:")
     accelerator.print(plan.format_table())
     return plan
 
@@ -447,14 +457,16 @@ def start_run(
         accelerator.init_trackers(out.name, config=scalars)
     P, B, GA = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     threads = f" x {torch.get_num_threads()} threads" if accelerator.device.type == "cpu" else ""
-    total = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
+    total = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())  # DTensor: global
+    name = type(accelerator.unwrap_model(model)).__name__.removeprefix("FSDP")  # fully_shard's subclass
     accelerator.print(
-        f"{cfg.task}: {type(accelerator.unwrap_model(model)).__name__}, train {plan.N} / validation "
+        f"{cfg.task}: {name}, train {plan.N} / validation "
         f"{len(splits['validation'])} samples, {P} process(es) on {accelerator.device}{threads} "
         f"({accelerator.distributed_type}), precision {accelerator.mixed_precision}, global batch "
         f"{P * B * GA} ({P} x {B} x {GA} accumulation), {plan.total_steps} optimizer steps, "
         f"{trained:,} of {total:,} weights trained"
     )
+    accelerator.print(describe_parameters(accelerator, model, cfg.pipeline_chunks))
 
 
 def holds_run(out: Path) -> str | None:

@@ -1,5 +1,6 @@
-"""The runtime: the Accelerator from the user's accelerate config, CPU threads, FSDP units, data
-workers, signals, launcher death and fp16's skipped steps. Everything that depends on the hardware
+"""The runtime: the Accelerator from the user's accelerate config, CPU threads, FSDP units, the
+devices of each process of a DDP x layer split, the start summary's parameter layout, data workers,
+signals, launcher death and fp16's skipped steps. Everything that depends on the hardware
 or the process around the loop lives here; the loop (finetune/run.py) asks these functions.
 """
 
@@ -44,20 +45,30 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     `accelerate launch --multi_gpu --num_processes 2` on a machine without a GPU starts two
     processes that would each train alone (DistributedType.NO). Setting ACCELERATE_USE_CPU before
     the Accelerator is built makes them one DDP group over gloo.
+
+    `model_parallel=true` under several processes is DDP x layer split (see `prepare_hybrid`).
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if cfg.model_parallel and world_size > 1:
-        raise UserError(
-            f"model parallelism runs in one process, but {world_size} were launched; use "
-            "accelerate_configs/model_parallel.yaml, or the DDP/FSDP configs without model_parallel"
-        )
     # Accelerate keeps an upper-case precision as written and then neither autocasts nor scales.
     if os.environ.get("ACCELERATE_MIXED_PRECISION"):
         os.environ["ACCELERATE_MIXED_PRECISION"] = os.environ["ACCELERATE_MIXED_PRECISION"].lower()
-    if _fsdp_requested() and not torch.cuda.is_available():
+    if cfg.model_parallel and _fsdp_requested():
+        raise UserError(
+            "model_parallel=true splits a replica of the model inside each process and FSDP shards the "
+            "model across processes; use one: accelerate_configs/ddp_model_parallel.yaml (or "
+            "model_parallel.yaml) for the split, or fsdp.yaml without model_parallel"
+        )
+    if cfg.model_parallel and world_size > 1:
+        prepare_hybrid(cfg)
+    fsdp_on_cpu = _fsdp_on_cpu_for_tests(world_size)
+    if _fsdp_requested() and not torch.cuda.is_available() and not fsdp_on_cpu:
         raise UserError(FSDP_NEEDS_GPUS)
     if world_size > 1 and not torch.cuda.is_available():
         os.environ["ACCELERATE_USE_CPU"] = "true"
+    # A process that waits longer than this in a collective fails instead of hanging forever.
+    init_kwargs = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))
+    if fsdp_on_cpu:
+        _promote_cpu_group_to_fsdp(init_kwargs)
     accelerator = Accelerator(
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         step_scheduler_with_optimizer=False,  # stepped once per optimizer step, below
@@ -65,9 +76,8 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         # Host-to-device copies of pinned batches overlap with compute (a no-op on CPU).
         dataloader_config=DataLoaderConfiguration(non_blocking=cfg.dataloader_pin_memory),
         project_dir=cfg.output_dir,
-        # A process that waits longer than this in a collective fails instead of hanging forever.
         kwargs_handlers=[
-            InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout)),
+            init_kwargs,
             DistributedDataParallelKwargs(
                 static_graph=cfg.ddp_static_graph, gradient_as_bucket_view=cfg.ddp_gradient_as_bucket_view
             ),
@@ -88,6 +98,66 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     if accelerator.device.type == "cpu":
         torch.set_num_threads(cpu_threads(cfg.cpu_threads, accelerator.num_processes))
     return accelerator
+
+
+def local_processes() -> int:
+    """Processes on this machine (torchrun sets LOCAL_WORLD_SIZE; Accelerate does for CPU groups)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def prepare_hybrid(cfg: TrainConfig) -> None:
+    """DDP x layer split: each process splits its replica over its own devices, DDP joins them.
+
+    Accelerate 1.15 refuses to prepare a model with an `hf_device_map` of several entries in any
+    distributed mode ("You can't train a model that has been loaded with `device_map='auto'`"),
+    unless ACCELERATE_BYPASS_DEVICE_MAP=true; then it wraps the model in DDP with device_ids=None,
+    the form torch's DDP requires for a module on several devices (`Accelerator._prepare_one`,
+    `prepare_model`). On GPUs the process's own device (where Accelerate puts batches, and the
+    current CUDA device NCCL uses) is the first of its stages, not cuda:<local rank>, which may
+    belong to another process's split. Tested on CPU (tests/test_parallel_run.py); not yet run on
+    several GPUs.
+    """
+    from finetune.parallel import process_devices
+
+    devices = process_devices(cfg.devices, local_rank(), local_processes())  # ParallelError: exit 2
+    os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"
+    if devices[0].type == "cuda":
+        os.environ["ACCELERATE_TORCH_DEVICE"] = str(devices[0])
+        torch.cuda.set_device(devices[0])
+
+
+def _fsdp_on_cpu_for_tests(world_size: int) -> bool:
+    """TEST HOOK, used by tests/test_fsdp.py only; inert unless FINETUNE_TEST_FSDP_ON_CPU=1 and an
+    FSDP config launched several processes on a machine without a GPU. See `_promote_cpu_group_to_fsdp`."""
+    return (
+        os.environ.get("FINETUNE_TEST_FSDP_ON_CPU") == "1"
+        and _fsdp_requested()
+        and world_size > 1
+        and not torch.cuda.is_available()
+    )
+
+
+def _promote_cpu_group_to_fsdp(init_kwargs: InitProcessGroupKwargs) -> None:
+    """TEST HOOK: make Accelerate run its real FSDP path in a gloo group of CPU processes.
+
+    Accelerate 1.15 (`AcceleratorState.__init__`, state.py) turns a group into DistributedType.FSDP
+    only when PartialState found an accelerator (MULTI_GPU, MULTI_XPU, ...); a CPU group is
+    MULTI_CPU and keeps plain DDP. This builds the CPU group first (gloo, device cpu, exactly as
+    Accelerate does for cpu_ddp.yaml) and then records it as MULTI_GPU, the state Accelerate starts
+    from on GPUs, so the same `AcceleratorState` branch makes it FSDP with the plugin read from the
+    launcher's FSDP_* variables. Everything after that — `fully_shard`, DTensor parameters, sharded
+    `save_state`/`load_state`, `get_state_dict`, clipping — is Accelerate's and torch's own code,
+    running on CPU tensors over gloo.
+    """
+    from accelerate.state import PartialState
+
+    os.environ["ACCELERATE_USE_CPU"] = "true"
+    PartialState(cpu=True, **init_kwargs.to_kwargs())
+    PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
 
 
 def configure_fsdp(accelerator: Accelerator, model: torch.nn.Module) -> None:
@@ -115,6 +185,46 @@ def configure_fsdp(accelerator: Accelerator, model: torch.nn.Module) -> None:
             if type(m).__name__ in no_split and not any(x is embeddings for x in m.modules())
         }
     )
+
+
+def describe_parameters(accelerator: Accelerator, model: torch.nn.Module, pipeline_chunks: int = 1) -> str:
+    """How the prepared model's parameters are laid out, for the start summary: sharded by FSDP
+    (along which dimension, what this process holds, the units), split over devices (in each
+    process under DDP), or whole."""
+    if accelerator.distributed_type == DistributedType.FSDP:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor, Shard
+
+        params = list(model.parameters())
+        sharded = [p for p in params if isinstance(p, DTensor)]
+        dims = sorted({pl.dim for p in sharded for pl in p.placements if isinstance(pl, Shard)})
+        held = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in params)
+        units: dict[str, int] = {}
+        for m in model.modules():
+            if isinstance(m, FSDPModule):  # fully_shard's subclass FSDP<Class>
+                name = type(m).__name__.removeprefix("FSDP") + (" (root)" if m is model else "")
+                units[name] = units.get(name, 0) + 1
+        plugin = accelerator.state.fsdp_plugin
+        how = "full sharding, ZeRO-3" if plugin.reshard_after_forward else "ZeRO-2"
+        return (
+            f"FSDP{plugin.fsdp_version} ({how}) over {accelerator.num_processes} processes: {len(sharded)} of "
+            f"{len(params)} parameter tensors sharded along dim {','.join(map(str, dims)) or '-'}; this process "
+            f"holds {held:,} of {sum(p.numel() for p in params):,} weights; units: "
+            f"{', '.join(f'{k} x{v}' for k, v in units.items())}; checkpoints {plugin.state_dict_type.name}"
+        )
+    split = getattr(accelerator.unwrap_model(model), "mp_state", None)
+    if split is not None:
+        stages = ", ".join(f"{s.device} ({s.num_parameters:,} weights)" for s in split.plan.stages)
+        where = (
+            f"in each of {accelerator.num_processes} processes (DDP x layer split)"
+            if accelerator.num_processes > 1
+            else "in one process"
+        )
+        chunks = f", {pipeline_chunks} pipelined chunks a batch" if pipeline_chunks > 1 else ""
+        return f"layer split into {len(split.plan.stages)} stages {where}: {stages}{chunks}"
+    if accelerator.num_processes > 1:
+        return f"parameters replicated in each of {accelerator.num_processes} processes (DDP)"
+    return f"parameters on {accelerator.device}"
 
 
 def data_workers(cfg: TrainConfig, accelerator: Accelerator) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import socket
 import subprocess
@@ -127,6 +128,35 @@ def launch(args: list[str], num_processes: int = 1, script: str = "finetune/run.
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(cmd + [str(REPO / script), *args], cwd=REPO, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def launch_runs(
+    config_file: Path,
+    runs: list[dict],
+    root: Path,
+    env: dict | None = None,
+    num_processes: int = 2,
+    timeout: int = 400,
+) -> tuple[dict, str]:
+    """Several runs of finetune.run.main in one `accelerate launch --config_file <file>` of
+    tests/multi_run_worker.py (see there why); returns {(run name, rank): record} and the output."""
+    records_dir = root / "records"
+    records_dir.mkdir(parents=True, exist_ok=True)
+    plan = root / "plan.json"
+    plan.write_text(json.dumps({"record_dir": str(records_dir), "runs": runs}))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
+           "--num_processes", str(num_processes), "--main_process_port", str(free_port()),
+           str(REPO / "tests" / "multi_run_worker.py"), str(plan)]  # fmt: skip
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
+                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    records = {
+        (r["name"], rank): json.loads((records_dir / f"{r['name']}-{rank}.json").read_text())
+        for r in runs
+        for rank in range(num_processes)
+    }
+    return records, proc.stdout + proc.stderr
 
 
 def logged_steps(out: Path) -> int:

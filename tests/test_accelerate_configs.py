@@ -54,8 +54,10 @@ EXPECTED = {
     "multi_gpu_bf16.yaml": Expected(MULTI_GPU, None),
     "multi_gpu_fp16.yaml": Expected(MULTI_GPU, None),
     "multi_node.yaml": Expected(MULTI_GPU, None, num_machines=2),
-    # One process: the app spreads the layers itself; Accelerate refuses that in distributed modes.
+    # One process: the app spreads the layers itself.
     "model_parallel.yaml": Expected(NO, 1),
+    # Several processes, each splitting its replica; run by tests/test_parallel_run.py.
+    "ddp_model_parallel.yaml": Expected(MULTI_GPU, None),
     "fsdp.yaml": Expected(FSDP, None),
 }
 

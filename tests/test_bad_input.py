@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_BERT, TINY_VIT, TOKENIZER, launch, rotten_rows, tiny_text_args, write_csv
+from conftest import REPO, TINY_BERT, TINY_VIT, TOKENIZER, rotten_rows, tiny_text_args, user_error, write_csv
 from PIL import Image
 
 from finetune import checkpoint as ckpt
@@ -500,14 +500,28 @@ def test_image_that_fails_only_when_decoded_is_named(tmp_path):
     _assert_one_line_exit_2(_run(args, tmp_path), "cut.jpg")
 
 
-def test_model_parallel_under_several_processes_is_refused(files, tmp_path):
-    result = launch(
-        _text(files, "model_parallel=true", "devices=cpu,cpu", out=tmp_path / "o"), num_processes=2
-    )
-    assert result.returncode != 0
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "model parallelism runs in one process, but 2 were launched" in errors[0]
-    assert not (tmp_path / "o").exists()
+@pytest.mark.parametrize(
+    "env, extra, message",
+    [
+        ({"ACCELERATE_USE_FSDP": "true"}, (), "splits a replica of the model inside each process"),
+        ({"WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3"}, (), "4 visible GPUs do not split evenly among 3"),
+        ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, ("devices=cuda:0,cuda:1",), "on the same GPUs"),
+        ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, ("devices=cuda:0;cuda:1;cuda:2",), "3 device lists"),
+    ],
+    ids=["with_fsdp", "gpus_do_not_divide", "one_gpu_list_for_all", "lists_do_not_match"],
+)
+def test_model_parallel_that_cannot_run_is_one_line(
+    env, extra, message, files, tmp_path, monkeypatch, capsys
+):
+    """DDP x layer split and FSDP do not combine; under several processes each takes its own GPUs.
+    Refused before any process group forms (as if launched on a machine with 4 GPUs: the check runs
+    first, so no GPU is touched)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    for key, value in {"LOCAL_RANK": "0", **env}.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "o"
+    assert message in user_error(capsys, main, _text(files, "model_parallel=true", *extra, out=out))
+    assert not out.exists()
 
 
 # A missing or unparsable accelerate config: tests/test_launch.py (finetune-launch).

@@ -35,6 +35,7 @@ from finetune.parallel import (
     parse_size,
     pipelined_forward,
     plan_model_parallel,
+    process_devices,
 )
 
 CPU = torch.device("cpu")
@@ -113,6 +114,27 @@ def test_parse_devices():
     for bad in ("tpu", "cpu,,cpu", "cuda:99", "mps", ""):
         with pytest.raises(ParallelError, match="device"):
             parse_devices(bad)
+
+
+def test_process_devices_give_each_local_process_its_own(monkeypatch):
+    """DDP x layer split: the visible GPUs in equal consecutive groups by default, or a list per
+    process; one list for all processes only of CPUs (NCCL ranks cannot share a GPU)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    cuda = [torch.device("cuda", i) for i in range(4)]
+    assert process_devices(None, 0, 2) == cuda[:2] and process_devices("auto", 1, 2) == cuda[2:]
+    assert [process_devices(None, r, 4) for r in range(4)] == [[d] for d in cuda]
+    assert process_devices("cuda:3,cpu;cuda:1", 0, 2) == [cuda[3], CPU]
+    assert process_devices("cuda:3,cpu;cuda:1", 1, 2) == [cuda[1]]
+    assert process_devices("cpu,cpu", 1, 2) == [CPU, CPU]
+    assert process_devices("cuda:0,cuda:1", 0, 1) == cuda[:2]  # one process: as written
+    with pytest.raises(ParallelError, match="4 visible GPUs do not split evenly among 3 processes"):
+        process_devices(None, 0, 3)
+    with pytest.raises(ParallelError, match="on the same GPUs"):
+        process_devices("cuda:0,cuda:1", 0, 2)
+    with pytest.raises(ParallelError, match="2 device lists for 3 processes"):
+        process_devices("cuda:0;cuda:1", 0, 3)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert process_devices(None, 1, 2) == [CPU]  # no GPU: each process trains unsplit on the CPU
 
 
 def test_parse_size():
@@ -204,6 +226,11 @@ def test_shared_device_splits_capacity():
         tiny_bert(), [CPU, CPU], micro_batch_size=1, seq_len=8, max_memory={"cpu": "10MB"}
     )
     assert [s.capacity_bytes for s in plan.stages] == [5 * 10**6, 5 * 10**6]
+    # DDP x layer split: the processes of a machine share its CPU memory too
+    plan = plan_model_parallel(
+        tiny_bert(), [CPU, CPU], micro_batch_size=1, seq_len=8, max_memory={"cpu": "10MB"}, local_processes=2
+    )
+    assert [s.capacity_bytes for s in plan.stages] == [25 * 10**5, 25 * 10**5]
 
 
 def test_plan_errors():
