@@ -78,6 +78,7 @@ from finetune.runtime import (
     make_accelerator,
     pin_memory,
     quiet_libraries,
+    stop_outside_the_loop,
     stop_with_launcher,
 )
 
@@ -665,6 +666,7 @@ def parse_args(argv: list[str]):
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    stop_outside_the_loop()
     cfg, args = parse_args(sys.argv[1:] if argv is None else argv)
     quiet_libraries(cfg.log_level)
     if args.plan_only:

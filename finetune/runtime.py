@@ -395,6 +395,21 @@ def stop_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
+def stop_outside_the_loop() -> None:
+    """SIGTERM outside the training loop (loading, building, before the first step) ends the process
+    as Ctrl-C does there: one `stopped:` line, exit 143, and what the start registered to undo on a
+    failure (an earlier run set aside by overwrite_output_dir) is put back. The loop and the export
+    install their own handler (`StopOnSignal`), which saves instead, and restore this one after."""
+
+    def _raise(signum, frame):
+        raise TrainingStopped(
+            "received SIGTERM outside the training loop; nothing more was saved", 128 + signum
+        )
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise)
+
+
 def quiet_libraries(level: str) -> None:
     """The libraries' logging at `level` ("debug", "info", "warning", "error"); their progress bars
     (datasets' "Generating split", map and cast bars; transformers' shard loading) only at info and

@@ -130,3 +130,40 @@ def test_finetune_launch_bad_flag_is_one_line(capsys):
 def test_results_mark_a_finished_run(finished):
     results = json.loads((finished / "results.json").read_text())
     assert results["step"] == 4 and (finished / "model/README.md").exists()
+
+
+def test_sigterm_while_loading_an_overwrite_puts_the_earlier_run_back(
+    small_text_data, finished, capsys, monkeypatch
+):
+    """SIGTERM before the loop (here: while the data loads, after the earlier run was set aside):
+    one `stopped:` line, exit 143, and the finished run is back, byte for byte."""
+    import hashlib
+    import os
+    import signal
+
+    import finetune.run as run
+
+    def digest(root):
+        return {
+            str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in root.rglob("*")
+            if p.is_file()
+        }
+
+    before = digest(finished)
+    real = run.load_splits
+
+    def load_then_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled in this thread before the next bytecode
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run, "load_splits", load_then_signal)
+    with pytest.raises(SystemExit) as stop:
+        main(_args(small_text_data, finished, "overwrite_output_dir=true", "seed=7"))
+    assert stop.value.code == 143
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("stopped:")] == [
+        "stopped: received SIGTERM outside the training loop; nothing more was saved"
+    ] and "Traceback" not in err
+    assert digest(finished) == before
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
