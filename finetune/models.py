@@ -99,8 +99,9 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
             spec.setdefault("vocab_size", vocab_size)
         try:
             config = AutoConfig.for_model(model_type, **spec, **labels)
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"cannot build a {args.task} model from model_config: {e}") from None
+        except Exception as e:  # ValueError, TypeError, huggingface_hub's strict-dataclass validation
+            raise UserError(f"cannot build a {args.task} model from model_config: {first_line(e)}") from None
+        _check_config_keys(config, spec)
         set_dropout(config, args.dropout)
         _check_image_config(config)
         try:
@@ -137,6 +138,18 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         raise _load_error("model", name, e) from None
     _check_image_config(model.config)
     return model
+
+
+def _check_config_keys(config: PretrainedConfig, spec: dict[str, Any]) -> None:
+    """A key the model's config class does not know (a typo: image_sise) would be stored and ignored."""
+    import difflib
+
+    known = set(type(config)().to_dict())
+    for key in spec:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise UserError(f"model_config: {type(config).__name__} has no setting '{key}'{hint}")
 
 
 def _has_pickle_weights_only(name: str) -> bool:

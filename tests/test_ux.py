@@ -213,3 +213,18 @@ def test_load_best_model_at_end_exports_the_best_checkpoint(small_text_data, tmp
         assert all(torch.equal(exported[k], last_weights[k]) for k in last_weights)
         assert results["exported"]["step"] == last and f"(the last step, {last}" in console
     assert best["step"] != last  # the setting above overfits: the test covers the interesting case
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("model_config.image_sise=32", "ViTConfig has no setting 'image_sise'; did you mean image_size?"),
+        ("model_config.image_size=big", "cannot build a image-classification model from model_config"),
+    ],
+)
+def test_a_mistake_inside_model_config_is_one_line(tmp_path, capsys, setting, message):
+    from conftest import user_error
+
+    recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")
+    assert message in user_error(capsys, main, ["--config", recipe, setting, f"output_dir={tmp_path / 'o'}"])
+    assert not (tmp_path / "o").exists()
