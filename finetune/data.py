@@ -330,12 +330,15 @@ def _image_name(value: dict[str, Any], index: int | None = None) -> str:
     return f"#{index}" if index is not None else "(an image stored in the data file)"
 
 
+def _image_source(value: dict[str, Any]):
+    """What PIL opens for an `Image(decode=False)` value: its bytes, else its path."""
+    return io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
+
+
 def open_image(value: dict[str, Any], index: int | None = None) -> PIL.Image.Image:
     """Decode one image of an `Image(decode=False)` column ({"bytes", "path"}), naming it on failure."""
     try:
-        image = PIL.Image.open(
-            io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
-        )
+        image = PIL.Image.open(_image_source(value))
         image.load()
         return image
     except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
@@ -366,9 +369,7 @@ def verify_images(ds: HFDataset, column: str, split: str) -> None:
             if value is None:
                 raise UserError(f"the {split} data has no image in row {index + 1}; drop that row")
             try:
-                with PIL.Image.open(
-                    io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
-                ) as image:
+                with PIL.Image.open(_image_source(value)) as image:
                     image.verify()
             except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
                 raise UserError(
@@ -381,8 +382,7 @@ def image_sizes(ds: HFDataset, column: str, limit: int = 256) -> collections.Cou
     """Width x height of the first `limit` images (headers only), counted."""
     sizes: collections.Counter = collections.Counter()
     for value in _undecoded(ds.select(range(min(limit, len(ds)))), column, "train")[column]:
-        source = io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
-        with PIL.Image.open(source) as image:  # the header: no pixels decoded
+        with PIL.Image.open(_image_source(value)) as image:  # the header: no pixels decoded
             sizes[image.size] += 1
     return sizes
 
