@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader
@@ -63,8 +62,8 @@ from finetune.data import (
 from finetune.errors import ArgumentParser, TrainingStopped, UserError, exit_on_user_error
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import RESULTS, export_run
-from finetune.metrics import summary_line
 from finetune.models import build_model, check_max_length, load_preprocessor
+from finetune.problems import SINGLE, headline, per_sample_loss, problem_type_of, summary_line
 from finetune.runtime import (
     ScalerSkips,
     StopOnSignal,
@@ -119,9 +118,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     start_run(cfg, accelerator, out, model, splits, plan, trainable)
 
     def run_eval(epoch: int) -> dict:
-        metrics = evaluate_model(
-            model, eval_loaders["validation"], accelerator, label_names, cfg.pipeline_chunks
-        )
+        metrics = evaluate_split(cfg, model, eval_loaders["validation"], accelerator, label_names)
         log.log(
             {"epoch": epoch, **{f"eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}},
             step,
@@ -160,7 +157,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                         real = real_sample_mask(
                             Ne, k, B, P, accelerator.process_index, len(labels), logits.device
                         )
-                        per_sample = F.cross_entropy(logits.float(), labels, reduction="none")
+                        per_sample = per_sample_loss(logits, labels, cfg.problem_type)  # (B,)
                         loss_sum = (per_sample * real).sum()
                         accelerator.backward(
                             loss_sum * (P * GA / window_sample_count(Ne, k // GA, GA, nbe, B, P))
@@ -219,15 +216,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             cfg, accelerator, model, checkpointer.best, step, results, eval_loaders["validation"], label_names
         )
         if "test" in eval_loaders:
-            results["test"] = evaluate_model(
-                model, eval_loaders["test"], accelerator, label_names, cfg.pipeline_chunks
-            )
+            results["test"] = evaluate_split(cfg, model, eval_loaders["test"], accelerator, label_names)
         export_run(cfg, accelerator, model, preprocessor, results, label_names, checkpointer.best)
     final, split = results.get("test", results["validation"]), "test" if "test" in results else "validation"
     accelerator.print(f"model saved to {out / 'model'} ({results['exported']['why']})")
-    accelerator.print(f"{split} accuracy {final['accuracy']:.4f} on {final['num_samples']} samples")
+    accelerator.print(f"{split} {headline(final)}")
     accelerator.end_training()
     return results
+
+
+def evaluate_split(cfg: TrainConfig, model, loader, accelerator: Accelerator, label_names: list[str]) -> dict:
+    """The metrics of the run's problem type on one split (finetune/evaluation.py)."""
+    return evaluate_model(model, loader, accelerator, label_names, cfg.pipeline_chunks, cfg.problem_type,
+                          cfg.multi_label_threshold)  # fmt: skip
 
 
 def due(every: int | None, step: int) -> bool:
@@ -250,7 +251,7 @@ def choose_export(cfg, accelerator, model, best: dict, step: int, results: dict,
             )
         return {"step": step, "why": why}
     ckpt.load_checkpoint(accelerator, Path(best["path"]))
-    results["validation"] = evaluate_model(model, loader, accelerator, label_names, cfg.pipeline_chunks)
+    results["validation"] = evaluate_split(cfg, model, loader, accelerator, label_names)
     return {
         "step": best["step"],
         "why": f"the best checkpoint, step {best['step']}, by validation {metric} {value:.4f}",
@@ -263,10 +264,11 @@ def choose_export(cfg, accelerator, model, best: dict, step: int, results: dict,
 def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
     """The raw splits and label names, the model (frozen embeddings and activation checkpointing as
     asked), its tokenizer or image processor, and the preprocessed splits. Preprocessing runs on the
-    main process first; the others read its cache."""
+    main process first; the others read its cache. Fills in `cfg.problem_type` from the labels."""
     text = cfg.task == "text-classification"
     with accelerator.main_process_first():
         raw, label_names = load_splits(cfg.data_args)
+    cfg.resolve_problem(problem_type_of(raw["train"]))  # and the metric_for_best_model it implies
     tokenizer = load_preprocessor(cfg.model_args) if text else None
     model = build_model(cfg.model_args, label_names, vocab_size=len(tokenizer) if text else None)
     if text:
@@ -439,8 +441,9 @@ def start_run(
     P, B, GA = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     threads = f" x {torch.get_num_threads()} threads" if accelerator.device.type == "cpu" else ""
     total = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
+    problem = f" ({cfg.problem_type})" if cfg.problem_type not in (None, SINGLE) else ""
     accelerator.print(
-        f"{cfg.task}: {type(accelerator.unwrap_model(model)).__name__}, train {plan.N} / validation "
+        f"{cfg.task}{problem}: {type(accelerator.unwrap_model(model)).__name__}, train {plan.N} / validation "
         f"{len(splits['validation'])} samples, {P} process(es) on {accelerator.device}{threads} "
         f"({accelerator.distributed_type}), precision {accelerator.mixed_precision}, global batch "
         f"{P * B * GA} ({P} x {B} x {GA} accumulation), {plan.total_steps} optimizer steps, "
