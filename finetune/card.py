@@ -91,6 +91,7 @@ HYPERPARAMETERS = [
     "max_grad_norm",
     "dropout",
     "freeze_embeddings",
+    "peft",
     "seed",
     "max_length",
     "group_by_length",

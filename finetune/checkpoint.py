@@ -310,6 +310,9 @@ def check_resume_compatible(
             f"the checkpoint was trained as {saved_problem}, this run's labels make it {cfg.problem_type}; "
             "resume it with its own data and problem_type"
         )
+    lora = manifest.get("config", {}).get("peft")
+    if lora != cfg.peft:  # the model holds other weights, the optimizer other parameters
+        raise UserError(f"the checkpoint was trained with peft={lora}; resume it with the same peft setting")
     frozen = bool(manifest.get("config", {}).get("freeze_embeddings", False))
     if frozen != cfg.freeze_embeddings:  # the optimizer state holds other parameters
         raise UserError(

@@ -164,6 +164,12 @@ class TrainConfig:
     gradient_checkpointing: bool = setting(
         False, "recompute activations in backward: less memory, more compute"
     )
+    # LoRA through peft (pip install peft): low-rank adapters on the target linear layers and the head
+    # train, every other weight stays frozen; the export has the adapters merged (finetune/lora.py).
+    peft: dict[str, Any] | None = setting(
+        None,
+        "LoRA instead of full fine-tuning: {r: 8, alpha: 16, dropout: 0.0, target_modules: [query, value]}",
+    )
 
     # --- evaluation, logging, output --------------------------------------------------------------
     output_dir: str = setting(
@@ -316,6 +322,12 @@ class TrainConfig:
             raise UserError("no training data: set train_file, data_dir or dataset_name")
         if self.freeze_embeddings and self.task != "text-classification":
             raise UserError("freeze_embeddings is for text-classification (the word-embedding table)")
+        if self.peft is not None:
+            from finetune.lora import check_spec
+
+            self.peft = check_spec(self.peft)  # with the defaults filled in, as config.yaml saves it
+            if self.model_parallel:
+                raise UserError("peft (LoRA) and model_parallel do not go together; train LoRA with DDP")
         if self.pipeline_chunks > 1 and not self.model_parallel:
             raise UserError("pipeline_chunks needs model_parallel=true")
         if self.devices and not self.model_parallel:

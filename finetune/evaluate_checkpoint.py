@@ -69,6 +69,7 @@ from finetune.data import FILE_BUILDERS, Collator, check_columns, encode_labels,
 from finetune.errors import UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model
 from finetune.export import RESULTS
+from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import classification_report, plot_confusion_matrix
 from finetune.models import AUTO_MODELS, build_model, check_max_length, load_preprocessor
 from finetune.problems import (
@@ -291,7 +292,9 @@ def architecture_only(args: ModelArgs) -> ModelArgs:
     if args.model_config is not None or args.model_name_or_path is None:
         return args
     config = _load_model_config(args.model_name_or_path, args.trust_remote_code).to_dict()
-    spec = {k: v for k, v in config.items() if k not in ("id2label", "label2id", "num_labels", "problem_type")}
+    spec = {
+        k: v for k, v in config.items() if k not in ("id2label", "label2id", "num_labels", "problem_type")
+    }
     return dataclasses.replace(args, model_config=spec)
 
 
@@ -315,12 +318,15 @@ def load_model(target: Target, cfg: TrainConfig):
             state = load_file(weights)  # Accelerate saves the registered, unwrapped module: plain names
         except SafetensorError as e:
             raise UserError(f"{weights} is not a readable safetensors file: {e}") from None
+        if cfg.peft is not None:  # a LoRA run's state: the adapters on the model, merged once loaded
+            model = apply_lora(model, cfg.peft)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise UserError(
                 f"the weights in {weights} do not fit the model its config builds: missing "
                 f"{missing[:3]}, unexpected {unexpected[:3]}"
             )
+        model = merge_lora(model)
         preprocessor = tokenizer if tokenizer is not None else load_preprocessor(cfg.model_args, model.config)
     else:
         source = str(target.path) if target.path is not None else target.spec

@@ -1,6 +1,6 @@
 """The end of a run: the model as an ordinary `save_pretrained` directory (safetensors, tokenizer or
-image processor, `id2label`), `results.json`, the training curves, the model card and, when asked,
-the upload to the Hub."""
+image processor, `id2label`; LoRA adapters merged into the weights), `results.json`, the training
+curves, the model card and, when asked, the upload to the Hub."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from accelerate import Accelerator
 from finetune import checkpoint as ckpt
 from finetune.card import describe_data, push_to_hub, write_model_card
 from finetune.config import TrainConfig
+from finetune.lora import is_lora, merge_lora
 from finetune.plots import plot_training_curves
 
 RESULTS = "results.json"
@@ -36,6 +37,9 @@ def export_run(
     state_dict = accelerator.get_state_dict(model)  # every process: gathers shards under FSDP
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
+        if is_lora(unwrapped):  # an ordinary model: the adapters merged into their weights
+            unwrapped = merge_lora(unwrapped)
+            state_dict = unwrapped.state_dict()
         # Model parallel: transformers reads "cpu" in hf_device_map as offloading and warns at save;
         # the state dict is complete here, and the export is an ordinary one-device model.
         device_map = unwrapped.__dict__.pop("hf_device_map", None)

@@ -62,6 +62,7 @@ from finetune.data import (
 from finetune.errors import ArgumentParser, TrainingStopped, UserError, exit_on_user_error
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import RESULTS, export_run
+from finetune.lora import apply_lora
 from finetune.models import build_model, check_max_length, load_preprocessor
 from finetune.problems import SINGLE, headline, per_sample_loss, problem_type_of, summary_line
 from finetune.runtime import (
@@ -284,6 +285,10 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.peft is not None:  # LoRA (finetune/lora.py): adapters and the head train, the rest is frozen
+        if accelerator.distributed_type == DistributedType.FSDP:
+            raise UserError("peft (LoRA) trains with one process or DDP, not FSDP; choose another accelerate config")
+        model = apply_lora(model, cfg.peft)
     preprocessor = tokenizer if text else load_preprocessor(cfg.model_args, model.config)
     if not text and (notice := resize_notice(image_sizes(raw["train"], cfg.image_column), preprocessor)):
         accelerator.print(notice)
@@ -440,14 +445,16 @@ def start_run(
         accelerator.init_trackers(out.name, config=scalars)
     P, B, GA = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     threads = f" x {torch.get_num_threads()} threads" if accelerator.device.type == "cpu" else ""
-    total = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
+    unwrapped = accelerator.unwrap_model(model)
+    total = sum(p.numel() for p in unwrapped.parameters())
+    base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # under LoRA
     problem = f" ({cfg.problem_type})" if cfg.problem_type not in (None, SINGLE) else ""
     accelerator.print(
-        f"{cfg.task}{problem}: {type(accelerator.unwrap_model(model)).__name__}, train {plan.N} / validation "
+        f"{cfg.task}{problem}: {type(base).__name__}, train {plan.N} / validation "
         f"{len(splits['validation'])} samples, {P} process(es) on {accelerator.device}{threads} "
         f"({accelerator.distributed_type}), precision {accelerator.mixed_precision}, global batch "
         f"{P * B * GA} ({P} x {B} x {GA} accumulation), {plan.total_steps} optimizer steps, "
-        f"{trained:,} of {total:,} weights trained"
+        f"{trained:,} of {total:,} weights trained" + (f" (LoRA r={cfg.peft['r']} and the head)" if cfg.peft else "")
     )
 
 
