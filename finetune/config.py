@@ -202,7 +202,9 @@ class TrainConfig:
     save_at_epoch_end: bool = setting(False, "also write a checkpoint at each epoch's end")
     save_total_limit: int | None = setting(2, "keep the last K checkpoints (the best is kept too; null: all)")
     metric_for_best_model: str | None = setting(
-        None, "the validation metric that picks the best checkpoint (null: accuracy; micro_f1, mse)"
+        None,
+        "the validation metric that picks the best checkpoint (null: accuracy; mse, micro_f1 for "
+        "regression, multi-label)",
     )
     greater_is_better: bool | None = setting(
         None, "whether a larger metric_for_best_model is better (null: lower for loss, mse, mae)"
