@@ -51,11 +51,28 @@ SECRET_KEY = re.compile(
 # dataset_name values that name a loader, not a dataset on the Hub.
 BUILDERS = {"imagefolder", "audiofolder", "csv", "json", "parquet", "text", "arrow", "webdataset"}
 
-# The metrics of the results that go into the card's model-index: key, metric type, name, args.
-EVAL_METRICS = [
-    ("accuracy", "accuracy", "accuracy", None),
-    ("macro_f1", "f1", "macro F1", {"average": "macro"}),
-]
+# Per problem type (finetune/problems.py): the metrics of the results that go into the card's
+# model-index (key, metric type, name, args), and the columns of its metrics table (key, header).
+EVAL_METRICS = {
+    "single_label_classification": [
+        ("accuracy", "accuracy", "accuracy", None),
+        ("macro_f1", "f1", "macro F1", {"average": "macro"}),
+    ],
+    "multi_label_classification": [
+        ("micro_f1", "f1", "micro F1", {"average": "micro"}),
+        ("macro_f1", "f1", "macro F1", {"average": "macro"}),
+    ],
+    "regression": [("mse", "mse", "MSE", None), ("pearson", "pearsonr", "Pearson r", None)],
+}
+TABLE_METRICS = {
+    "single_label_classification": [("accuracy", "accuracy"), ("macro_f1", "macro F1")],
+    "multi_label_classification": [
+        ("micro_f1", "micro F1"),
+        ("macro_f1", "macro F1"),
+        ("subset_accuracy", "subset accuracy"),
+    ],
+    "regression": [("mse", "MSE"), ("mae", "MAE"), ("pearson", "Pearson r"), ("spearman", "Spearman rho")],
+}
 
 # The hyperparameters a reader looks for first, in this order; everything is in the full config.
 HYPERPARAMETERS = [
@@ -74,6 +91,7 @@ HYPERPARAMETERS = [
     "max_grad_norm",
     "dropout",
     "freeze_embeddings",
+    "peft",
     "seed",
     "max_length",
     "group_by_length",
@@ -150,10 +168,15 @@ def describe_data(data: DataArgs) -> str:
         columns = f"text column {columns}"
     else:
         columns = f"image column `{data.image_column}`"
-    text = f"Trained on {source}; {columns}, labels from `{data.label_column}`."
+    labels = ", ".join(f"`{c}`" for c in data.label_sources)
+    problem = {"regression": " (regression targets)", "multi_label_classification": " (multi-label)"}.get(
+        data.problem_type or "", ""
+    )
+    text = f"Trained on {source}; {columns}, labels from {labels}{problem}."
     if data.train_file and not data.validation_file:  # files: no validation split given
+        stratified = "stratified " if data.problem_type in (None, "single_label_classification") else ""
         text += (
-            f" Without a validation split, a stratified {data.validation_split_percentage}% "
+            f" Without a validation split, a {stratified}{data.validation_split_percentage}% "
             "of the training data was held out for validation."
         )
     limits = [
@@ -192,6 +215,36 @@ def _setting(value: Any) -> str:
 
 def _cells(rows: list[list[Any]]) -> list[list[str]]:
     return [[_number(v) for v in row] for row in rows]
+
+
+def _what(task: str, problem: str, label_names: list[str]) -> str:
+    """The card's first words: "A 2-class text classifier", "A 5-label multi-label image classifier"..."""
+    modality = "text" if task == "text-classification" else "image"
+    if problem == "regression":
+        return f"A {modality} regression model"
+    if problem == "multi_label_classification":
+        return f"A {len(label_names)}-label multi-label {modality} classifier"
+    return f"A {len(label_names)}-class {modality} classifier"
+
+
+def _eval_results(task: str, source: str, config_name: str | None, splits: dict, metrics: list) -> list:
+    """The model-index entries: each split's metrics of the problem type, where recorded."""
+    return [
+        EvalResult(
+            task_type=task,
+            dataset_type=source,
+            dataset_name=source,
+            dataset_split=split,
+            dataset_config=config_name,
+            metric_type=metric,
+            metric_name=shown,
+            metric_args=args,
+            metric_value=float(m[key]),
+        )
+        for split, m in splits.items()
+        for key, metric, shown, args in metrics
+        if m.get(key) is not None
+    ]
 
 
 # --- the card ----------------------------------------------------------------------------------------
@@ -237,22 +290,8 @@ def write_model_card(
     # model-index wants a dataset type: the Hub id, else the loader (imagefolder, csv, ...).
     source = dataset or Path(public.get("train_file") or "").suffix.lstrip(".") or "local"
     splits = {s: m for s in ("validation", "test") if isinstance(m := results.get(s), dict)}
-    evals = [
-        EvalResult(
-            task_type=task,
-            dataset_type=source,
-            dataset_name=source,
-            dataset_split=split,
-            dataset_config=public.get("dataset_config_name"),
-            metric_type=metric,
-            metric_name=shown,
-            metric_args=args,
-            metric_value=float(m[key]),
-        )
-        for split, m in splits.items()
-        for key, metric, shown, args in EVAL_METRICS
-        if m.get(key) is not None
-    ]
+    problem = public.get("problem_type") or "single_label_classification"
+    evals = _eval_results(task, source, public.get("dataset_config_name"), splits, EVAL_METRICS[problem])
     name = repo_id.split("/")[-1] if repo_id else export_dir.parent.name
     data = ModelCardData(
         model_name=name if evals else None,  # the model-index's name; no key of its own
@@ -262,7 +301,7 @@ def write_model_card(
         license=license or _license_of(base_model),
         tags=[t for t in ("finetune", task, model_type) if t],
         datasets=[hub_dataset] if hub_dataset else None,
-        metrics=["accuracy", "f1"],
+        metrics=sorted({metric for _, metric, _, _ in EVAL_METRICS[problem]}),
         eval_results=evals or None,
     )
 
@@ -286,20 +325,24 @@ def write_model_card(
         data,
         template_path=str(TEMPLATE),
         model_name=name,
-        num_labels=len(label_names),
-        kind="text classifier" if task == "text-classification" else "image classifier",
+        what=_what(task, problem, label_names),
         local_base=None if hub_base else _display_path(base_model),
         model_type=model_type,
         model_config_yaml=yaml.safe_dump(public.get("model_config") or {}, sort_keys=False).strip(),
         data_description=data_description,
         hyperparameters=_cells(rows),
         config_yaml=yaml.safe_dump(public, sort_keys=False).strip(),
+        metrics_header=["split", *(h for _, h in TABLE_METRICS[problem]), "loss", "samples"],
         metrics=_cells(
             [
-                [s, m.get("accuracy"), m.get("macro_f1"), m.get("loss"), m.get("num_samples")]
+                [s, *(m.get(k) for k, _ in TABLE_METRICS[problem]), m.get("loss"), m.get("num_samples")]
                 for s, m in splits.items()
             ]
         ),
+        pipeline_args={
+            "regression": ', function_to_apply="none"',
+            "multi_label_classification": ", top_k=None",
+        }.get(problem, ""),
         best={**best, "value": _number(best.get("value"))} if best.get("metric") is not None else None,
         exported=(results.get("exported") or {}).get("why"),
         per_class_split=per_class_split if per_class else None,

@@ -390,6 +390,15 @@ def check_resume_compatible(
             f"the checkpoint was trained on the labels {manifest['label_names']}, this run's data "
             f"has {label_names}; resume it with its own data, or set label_names to match"
         )
+    saved_problem = manifest.get("config", {}).get("problem_type") or "single_label_classification"
+    if cfg.problem_type is not None and saved_problem != cfg.problem_type:  # another loss on the same head
+        raise UserError(
+            f"the checkpoint was trained as {saved_problem}, this run's labels make it {cfg.problem_type}; "
+            "resume it with its own data and problem_type"
+        )
+    lora = manifest.get("config", {}).get("peft")
+    if lora != cfg.peft:  # the model holds other weights, the optimizer other parameters
+        raise UserError(f"the checkpoint was trained with peft={lora}; resume it with the same peft setting")
     frozen = bool(manifest.get("config", {}).get("freeze_embeddings", False))
     if frozen != cfg.freeze_embeddings:  # the optimizer state holds other parameters
         raise UserError(

@@ -32,6 +32,18 @@ PATH_KEYS = ("model_name_or_path", "tokenizer_name", "image_processor_name", "tr
 Task = Literal["text-classification", "image-classification"]
 SchedulerType = Literal["linear", "cosine", "constant"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+# transformers' names (PretrainedConfig.problem_type): what the pipeline and the loss follow.
+ProblemType = Literal["single_label_classification", "multi_label_classification", "regression"]
+
+# The validation metrics each problem type reports (finetune/metrics.py, finetune/problems.py), the
+# first being the default metric_for_best_model; of them, lower is better for these:
+METRICS: dict[str, tuple[str, ...]] = {
+    "single_label_classification": ("accuracy", "macro_f1", "macro_precision", "macro_recall", "loss"),
+    "multi_label_classification": ("micro_f1", "macro_f1", "subset_accuracy", "micro_precision",
+                                   "micro_recall", "macro_precision", "macro_recall", "loss"),
+    "regression": ("mse", "mae", "r2", "pearson", "spearman", "loss"),
+}  # fmt: skip
+LOWER_IS_BETTER = ("loss", "mse", "mae")
 
 
 def setting(default: Any = None, help: str = "", *, factory: Any = None) -> Any:
@@ -84,6 +96,15 @@ class TrainConfig:
     text_pair_column: str | None = setting(None, "text: the second sentence's column, for sentence pairs")
     image_column: str = setting("image", "images: the column holding the image")
     label_column: str = setting("label", "the column holding the label")
+    # null: from train's label column: class names or integer ids -> single_label_classification,
+    # numbers with decimals -> regression, lists of names -> multi_label_classification.
+    problem_type: ProblemType | None = setting(
+        None, "single_label_classification, multi_label_classification or regression (null: from the labels)"
+    )
+    # Multi-label as several 0/1 columns, one per label (named by its column), instead of a column of lists.
+    label_columns: list[str] | None = setting(
+        None, "multi-label: the 0/1 columns, one per label (instead of label_column)"
+    )
     max_length: int = setting(128, "text: tokens per sample; longer texts are truncated")
     # Text batches are padded to their longest sequence, rounded up to a multiple of this (8 suits
     # tensor cores; max_length pads every batch to one fixed length). null: no rounding.
@@ -147,6 +168,12 @@ class TrainConfig:
     gradient_checkpointing: bool = setting(
         False, "recompute activations in backward: less memory, more compute"
     )
+    # LoRA through peft (pip install peft): low-rank adapters on the target linear layers and the head
+    # train, every other weight stays frozen; the export has the adapters merged (finetune/lora.py).
+    peft: dict[str, Any] | None = setting(
+        None,
+        "LoRA instead of full fine-tuning: {r: 8, alpha: 16, dropout: 0.0, target_modules: [query, value]}",
+    )
 
     # --- evaluation, logging, output --------------------------------------------------------------
     output_dir: str = setting(
@@ -170,15 +197,21 @@ class TrainConfig:
     label_names: list[str] | None = setting(
         None, "the label set and its order (default: the sorted labels of train)"
     )
+    multi_label_threshold: float = setting(
+        0.5, "multi-label: a label is predicted when its probability is at least this"
+    )
 
     # --- checkpoints ------------------------------------------------------------------------------
     save_steps: int | None = setting(None, "optimizer steps between training-state checkpoints")
     save_at_epoch_end: bool = setting(False, "also write a checkpoint at each epoch's end")
     save_total_limit: int | None = setting(2, "keep the last K checkpoints (the best is kept too; null: all)")
-    metric_for_best_model: str = setting("accuracy", "the validation metric that picks the best checkpoint")
-    # null: inferred as in transformers' Trainer, lower is better for a metric that ends in "loss".
+    metric_for_best_model: str | None = setting(
+        None,
+        "the validation metric that picks the best checkpoint (null: accuracy; mse, micro_f1 for "
+        "regression, multi-label)",
+    )
     greater_is_better: bool | None = setting(
-        None, "whether a larger metric_for_best_model is better (null: not for a loss)"
+        None, "whether a larger metric_for_best_model is better (null: lower for loss, mse, mae)"
     )
     # A checkpoint at every evaluation, and at the end the best one's weights are evaluated and exported
     # (transformers' name); false: the export is the last step's weights, and the end says which was best.
@@ -345,13 +378,7 @@ class TrainConfig:
                 "text_pair_column is the text_column: each sentence would be paired with itself; "
                 "set text_pair_column to the second sentence's column, or null"
             )
-        if self.greater_is_better is None:
-            self.greater_is_better = not self.metric_for_best_model.endswith("loss")
-        metrics = ("accuracy", "macro_f1", "macro_precision", "macro_recall", "loss")  # of every evaluation
-        if self.metric_for_best_model not in metrics:
-            raise UserError(
-                f"metric_for_best_model must be one of {', '.join(metrics)}, got {self.metric_for_best_model!r}"
-            )
+        self._validate_problem()
         from accelerate.utils import LoggerType
 
         trackers = {t.value for t in LoggerType}
@@ -368,6 +395,12 @@ class TrainConfig:
             raise UserError("no training data: set train_file, data_dir or dataset_name")
         if self.freeze_embeddings and self.task != "text-classification":
             raise UserError("freeze_embeddings is for text-classification (the word-embedding table)")
+        if self.peft is not None:
+            from finetune.lora import check_spec
+
+            self.peft = check_spec(self.peft)  # with the defaults filled in, as config.yaml saves it
+            if self.model_parallel:
+                raise UserError("peft (LoRA) and model_parallel do not go together; train LoRA with DDP")
         if self.pipeline_chunks > 1 and not self.model_parallel:
             raise UserError("pipeline_chunks needs model_parallel=true")
         if self.devices and not self.model_parallel:
@@ -375,6 +408,40 @@ class TrainConfig:
                 "devices is for model_parallel=true; for data parallelism choose devices in the "
                 "accelerate config (accelerate launch --gpu_ids ...)"
             )
+
+    def _validate_problem(self) -> None:
+        """The problem type's settings: the metric is one this problem reports, label_columns fit."""
+        problem = self.problem_type
+        if self.metric_for_best_model is not None and self.greater_is_better is None:
+            self.greater_is_better = self.metric_for_best_model not in LOWER_IS_BETTER
+        metrics = (
+            METRICS[problem] if problem else tuple(dict.fromkeys(m for ms in METRICS.values() for m in ms))
+        )
+        if self.metric_for_best_model is not None and self.metric_for_best_model not in metrics:
+            raise UserError(
+                f"metric_for_best_model must be one of {', '.join(metrics)}"
+                f"{f' for {problem}' if problem else ''}, got {self.metric_for_best_model!r}"
+            )
+        if not 0 < self.multi_label_threshold < 1:
+            raise UserError(f"multi_label_threshold must be in (0, 1), got {self.multi_label_threshold}")
+        if self.label_columns is not None:
+            if not self.label_columns or len(set(self.label_columns)) != len(self.label_columns):
+                raise UserError(f"label_columns must name distinct columns, got {self.label_columns}")
+            if problem not in (None, "multi_label_classification"):
+                raise UserError(
+                    f"label_columns (0/1 columns, one per label) is multi-label data, but problem_type is "
+                    f"{problem}; set problem_type=multi_label_classification or null"
+                )
+
+    def resolve_problem(self, problem_type: str) -> None:
+        """Once the labels are read: the problem type, and the defaults that follow from it
+        (metric_for_best_model, greater_is_better), checked; the saved config holds them resolved."""
+        self.problem_type = problem_type  # type: ignore[assignment]
+        if self.metric_for_best_model is None:
+            self.metric_for_best_model = METRICS[problem_type][0]
+        if self.greater_is_better is None:
+            self.greater_is_better = self.metric_for_best_model not in LOWER_IS_BETTER
+        self._validate_problem()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -412,6 +479,8 @@ class DataArgs:
     image_column: str
     label_column: str
     label_names: list[str] | None
+    problem_type: ProblemType | None
+    label_columns: list[str] | None
     max_length: int
     validation_split_percentage: float
     seed: int
@@ -432,6 +501,11 @@ class DataArgs:
         return [c for c in (self.text_column, self.text_pair_column) if c]
 
     @property
+    def label_sources(self) -> list[str]:
+        """The columns the labels come from: label_columns (multi-label 0/1 columns), else label_column."""
+        return list(self.label_columns) if self.label_columns else [self.label_column]
+
+    @property
     def input_columns(self) -> list[str]:
         return self.text_columns if self.task == "text-classification" else [self.image_column]
 
@@ -448,6 +522,7 @@ class ModelArgs:
     trust_remote_code: bool
     allow_pickle_weights: bool
     dropout: float | None
+    problem_type: ProblemType | None
 
 
 def _view(section: type, cfg: TrainConfig):

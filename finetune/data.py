@@ -2,7 +2,8 @@
 
 Text: tokenized once with `map(batched=True)` (cached by `datasets`, run on the main process first),
 padded per batch. Images: decoded and run through the model's image processor on the fly, with a
-random flip for training. Labels become ids `0..K-1` in the column `labels`, named in `label_names`.
+random flip for training. Labels become ids `0..K-1` in the column `labels`, named in `label_names`
+(regression targets and multi-label sets: numbers and multi-hot vectors, see finetune/problems.py).
 
 The training order of an epoch is `EpochSampler`: a permutation drawn from (seed, epoch), optionally
 length-grouped, that can start at any sample. That is what makes a mid-epoch resume exact without
@@ -29,6 +30,7 @@ from torch.utils.data import Sampler
 
 from finetune.config import DataArgs
 from finetune.errors import UserError, first_line
+from finetune.problems import SINGLE, encode_splits, infer_problem_type
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv"}
 
@@ -214,9 +216,12 @@ def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str
     return ds.cast_column("labels", ClassLabel(names=label_names))
 
 
-def check_columns(ds: HFDataset, split: str, label_column: str, inputs: list[str], text: bool) -> None:
-    """The label and input columns exist; text columns hold strings; no value is null."""
-    for column in (label_column, *inputs):
+def check_columns(
+    ds: HFDataset, split: str, label_column: str | list[str], inputs: list[str], text: bool
+) -> None:
+    """The label column(s) and input columns exist; text columns hold strings; no value is null."""
+    label_columns = [label_column] if isinstance(label_column, str) else list(label_column)
+    for column in (*label_columns, *inputs):
         if column not in ds.column_names:
             raise UserError(
                 f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
@@ -232,14 +237,14 @@ def check_columns(ds: HFDataset, split: str, label_column: str, inputs: list[str
             if any(v is None for v in ds[column]):
                 raise UserError(f"text column '{column}' in the {split} data has empty (null) values")
             _check_not_all_empty(ds[column], column, split)
-    labels = ds[label_column]
-    if any(v is None for v in labels):
-        row = next(i for i, v in enumerate(labels) if v is None)
-        raise UserError(
-            f"label column '{label_column}' in the {split} data has empty (null) values "
-            f"(first at row {row + 1}); fill them in or drop those rows"
-        )
-    _check_label_values(ds, label_column, split, labels)
+    for column in label_columns:
+        labels = ds[column]
+        if any(v is None for v in labels):
+            row = next(i for i, v in enumerate(labels) if v is None)
+            raise UserError(
+                f"label column '{column}' in the {split} data has empty (null) values "
+                f"(first at row {row + 1}); fill them in or drop those rows"
+            )
 
 
 def _check_not_all_empty(texts: list, column: str, split: str) -> None:
@@ -251,47 +256,29 @@ def _check_not_all_empty(texts: list, column: str, split: str) -> None:
         )
 
 
-def _check_label_values(ds: HFDataset, column: str, split: str, labels: list) -> None:
-    """One class per row: a name, a whole number or a ClassLabel. Lists (multi-label data) and mappings
-    would fail later with a traceback; fractions (regression targets) would become classes named
-    "0.25", "0.75", silently."""
-    feature = ds.features[column]
-    if isinstance(feature, ClassLabel):
-        return
-    if not isinstance(feature, Value):
-        raise UserError(
-            f"label column '{column}' in the {split} data holds {feature}, not one label per row; this app "
-            "trains single-label classifiers: one class name or number per row"
-        )
-    if feature.dtype.startswith("float"):
-        fraction = next(
-            ((i, v) for i, v in enumerate(labels) if not (math.isfinite(v) and v == int(v))), None
-        )
-        if fraction is not None:
-            raise UserError(
-                f"label column '{column}' in the {split} data holds numbers that are not whole ({fraction[1]} "
-                f"at row {fraction[0] + 1}): regression targets, not classes; a classifier needs class labels"
-            )
-
-
 def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
-    """Raw splits with ids in `labels`; a seeded stratified validation split when there is none."""
+    """Raw splits with encoded `labels` (class ids; numbers or multi-hot vectors, finetune/problems.py);
+    a seeded validation split (stratified by class) when there is none."""
     raw = load_raw(args.files, args.dataset_name, args.dataset_config_name, args.data_dir)
     text = args.task == "text-classification"
     for split in raw:
         if len(raw[split]) == 0:
             raise UserError(f"the {split} data has no rows; check the file or folder")
-        check_columns(raw[split], split, args.label_column, args.input_columns, text)
+        check_columns(raw[split], split, args.label_sources, args.input_columns, text)
         if not text:
             verify_images(raw[split], args.image_column, split)
-    label_names = resolve_label_names(raw["train"], args.label_column, args.label_names)
-    raw = DatasetDict({s: encode_labels(d, args.label_column, label_names, s) for s, d in raw.items()})
+    problem = infer_problem_type(raw["train"], args)  # regression and multi-label: finetune/problems.py
+    if problem == SINGLE:
+        label_names = resolve_label_names(raw["train"], args.label_column, args.label_names)
+        raw = DatasetDict({s: encode_labels(d, args.label_column, label_names, s) for s, d in raw.items()})
+    else:
+        raw, label_names = encode_splits(raw, args, problem)
     if "validation" not in raw:
         held_out = args.validation_split_percentage / 100
+        # Stratified by class for single-label; a seeded random share for numbers and label sets.
+        stratify = {"stratify_by_column": "labels"} if problem == SINGLE else {}
         try:
-            parts = raw["train"].train_test_split(
-                test_size=held_out, seed=args.seed, stratify_by_column="labels"
-            )
+            parts = raw["train"].train_test_split(test_size=held_out, seed=args.seed, **stratify)
         except ValueError as e:
             raise UserError(f"cannot hold out a stratified validation split: {e}") from None
         raw["train"], raw["validation"] = parts["train"], parts["test"]
@@ -464,7 +451,8 @@ class Collator:
         if "pixel_values" in features[0]:
             return {
                 "pixel_values": torch.stack([torch.as_tensor(f["pixel_values"]) for f in features]),
-                "labels": torch.tensor([int(f["labels"]) for f in features]),
+                # class ids (int64), numbers or multi-hot vectors (float32)
+                "labels": torch.tensor([f["labels"] for f in features]),
             }
         features = [{k: v for k, v in f.items() if k != "length"} for f in features]
         return self.tokenizer.pad(

@@ -26,7 +26,9 @@ Outputs (main process only), by default in `<checkpoint>/eval/<split>/` (for `--
 loss, confusion matrix [true][predicted], num_samples, the checkpoint, the data and the sha256 of
 its bytes), confusion_matrix.png, and with `--predictions` predictions.jsonl (one line per sample:
 index, its input -- text, and text_pair for sentence pairs, or the image's file path or name --,
-label, prediction, per-class probabilities). `--output DIR` puts them in another folder (a name
+label, prediction, per-class probabilities; for a regression the label and predicted numbers, for
+multi-label the label names, the names predicted at `multi_label_threshold` and per-label
+probabilities, and no confusion matrix). `--output DIR` puts them in another folder (a name
 without a suffix is a folder); `--output NAME.json` is the metrics file, the others beside it as
 NAME.confusion_matrix.png, NAME.predictions.jsonl. A previous evaluation's outputs are replaced;
 any other existing file is never touched.
@@ -67,8 +69,19 @@ from finetune.data import FILE_BUILDERS, Collator, check_columns, encode_labels,
 from finetune.errors import UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model
 from finetune.export import RESULTS
+from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import classification_report, plot_confusion_matrix
 from finetune.models import AUTO_MODELS, build_model, check_max_length, load_preprocessor
+from finetune.problems import (
+    MULTI,
+    REGRESSION,
+    SINGLE,
+    encode,
+    infer_problem_type,
+    problem_type_of,
+    scores,
+    summary_line,
+)
 from finetune.runtime import data_workers, make_accelerator, pin_memory, quiet_libraries
 
 FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
@@ -81,6 +94,8 @@ EVAL_KEYS = (
     "text_pair_column",
     "image_column",
     "label_column",
+    "label_columns",
+    "multi_label_threshold",
     "max_length",
     "pad_to_multiple_of",
     "per_device_eval_batch_size",
@@ -239,9 +254,12 @@ def eval_config(target: Target, task: str | None, data: str | None, overrides: l
     if target.cfg is not None:
         raw = target.cfg.to_dict()
     else:
-        model_task = _model_task(_load_model_config(target.spec), target.spec, task)
+        config = _load_model_config(target.spec)
+        model_task = _model_task(config, target.spec, task)
         source = {"data_dir": data} if data is not None and Path(data).is_dir() else {"train_file": data}
-        raw = {"task": model_task, "model_name_or_path": target.spec, **source}
+        # The model's problem type (transformers' reading: one output is a regression); null: from the data.
+        problem = getattr(config, "problem_type", None) or ("regression" if config.num_labels == 1 else None)
+        raw = {"task": model_task, "model_name_or_path": target.spec, "problem_type": problem, **source}
     raw.update(
         report_to=[],
         model_parallel=False,
@@ -275,7 +293,9 @@ def architecture_only(args: ModelArgs) -> ModelArgs:
     if args.model_config is not None or args.model_name_or_path is None:
         return args
     config = _load_model_config(args.model_name_or_path, args.trust_remote_code).to_dict()
-    spec = {k: v for k, v in config.items() if k not in ("id2label", "label2id", "num_labels")}
+    spec = {
+        k: v for k, v in config.items() if k not in ("id2label", "label2id", "num_labels", "problem_type")
+    }
     return dataclasses.replace(args, model_config=spec)
 
 
@@ -299,12 +319,15 @@ def load_model(target: Target, cfg: TrainConfig):
             state = load_file(weights)  # Accelerate saves the registered, unwrapped module: plain names
         except SafetensorError as e:
             raise UserError(f"{weights} is not a readable safetensors file: {e}") from None
+        if cfg.peft is not None:  # a LoRA run's state: the adapters on the model, merged once loaded
+            model = apply_lora(model, cfg.peft)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise UserError(
                 f"the weights in {weights} do not fit the model its config builds: missing "
                 f"{missing[:3]}, unexpected {unexpected[:3]}"
             )
+        model = merge_lora(model)
         preprocessor = tokenizer if tokenizer is not None else load_preprocessor(cfg.model_args, model.config)
     else:
         source = str(target.path) if target.path is not None else target.spec
@@ -409,9 +432,13 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     name = "data" if path.is_file() else _pick_split(list(loaded), split, f"--data {data}")
     what = f"--data {data}" + (f" [{name}]" if path.is_dir() else "")
     ds = loaded[name]
-    check_columns(ds, what, args.label_column, args.input_columns, text=args.task == "text-classification")
+    check_columns(ds, what, args.label_sources, args.input_columns, text=args.task == "text-classification")
     # By name, whatever the file's order or type; a label the model does not know is a UserError.
-    ds = encode_labels(ds, args.label_column, list(args.label_names or []), what)
+    problem = infer_problem_type(ds, args)
+    if problem == SINGLE:
+        ds = encode_labels(ds, args.label_column, list(args.label_names or []), what)
+    else:
+        ds = encode(ds, args, problem, list(args.label_names or []), what)
     info = {
         "split": None if path.is_file() else name,
         "data": str(path.resolve()),
@@ -462,21 +489,22 @@ def check_output(metrics_file: Path, target: Target) -> None:
 
 
 class RecordProbabilities(torch.nn.Module):
-    """The model, also keeping every batch's class probabilities for predictions.jsonl.
+    """The model, also keeping every batch's class probabilities (or predicted numbers) for
+    predictions.jsonl.
 
     Called by `evaluate_model` inside its loop over the prepared loader, where Accelerate still
     knows which rows of the last batch are padding: `gather_for_metrics` here drops exactly the rows
     that evaluate_model's own gather drops, so the kept rows are the dataset's, in order, once each.
     """
 
-    def __init__(self, model: torch.nn.Module, accelerator: Accelerator):
+    def __init__(self, model: torch.nn.Module, accelerator: Accelerator, problem_type: str = SINGLE):
         super().__init__()
-        self.model, self.accelerator = model, accelerator
+        self.model, self.accelerator, self.problem_type = model, accelerator, problem_type
         self.probabilities: list[torch.Tensor] = []
 
     def forward(self, **inputs):
         output = self.model(**inputs)
-        probabilities = output.logits.float().softmax(-1)
+        probabilities = scores(output.logits, self.problem_type)
         self.probabilities.append(self.accelerator.gather_for_metrics(probabilities).cpu())
         return output
 
@@ -498,23 +526,34 @@ def sample_inputs(ds: HFDataset, args: DataArgs) -> list[dict[str, Any]]:
 def write_predictions(
     path: Path,
     probabilities: torch.Tensor,
-    labels: list[int],
+    labels: list,
     names: list[str],
     inputs: list[dict[str, Any]] | None = None,
+    problem_type: str = SINGLE,
+    threshold: float = 0.5,
 ) -> None:
-    """One line per sample, in dataset order: index, its input (`sample_inputs`), label, prediction,
-    per-class probabilities."""
+    """One line per sample, in dataset order: index, its input (`sample_inputs`), then
+    single-label: label, prediction, per-class probabilities; regression: label, prediction (numbers);
+    multi-label: labels, predictions (the names at or above `threshold`), per-label probabilities."""
     inputs = inputs if inputs is not None else [{} for _ in labels]
     with path.open("w") as f:
         for i, (p, label, given) in enumerate(zip(probabilities.tolist(), labels, inputs, strict=True)):
-            prediction = max(range(len(p)), key=p.__getitem__)
-            record = {
-                "index": i,
-                **given,
-                "label": names[label],
-                "prediction": names[prediction],
-                "probabilities": dict(zip(names, p, strict=True)),
-            }
+            record: dict[str, Any] = {"index": i, **given}
+            if problem_type == REGRESSION:
+                record.update(label=label, prediction=p)
+            elif problem_type == MULTI:
+                record.update(
+                    labels=[n for n, y in zip(names, label, strict=True) if y >= 0.5],
+                    predictions=[n for n, q in zip(names, p, strict=True) if q >= threshold],
+                    probabilities=dict(zip(names, p, strict=True)),
+                )
+            else:
+                prediction = max(range(len(p)), key=p.__getitem__)
+                record.update(
+                    label=names[label],
+                    prediction=names[prediction],
+                    probabilities=dict(zip(names, p, strict=True)),
+                )
             f.write(json.dumps(record) + "\n")
 
 
@@ -567,16 +606,21 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     # evaluation_mode: mixed precision (from the accelerate config) but no DDP wrapper, no gradients.
     model = accelerator.prepare_model(model, evaluation_mode=True)
     loader = accelerator.prepare_data_loader(loader)
-    recorder = RecordProbabilities(model, accelerator) if args.predictions else None
+    problem = problem_type_of(ds)
+    recorder = RecordProbabilities(model, accelerator, problem) if args.predictions else None
     report = evaluate_model(
-        recorder if recorder is not None else model, loader, accelerator, target.label_names
-    )
+        recorder if recorder is not None else model, loader, accelerator, target.label_names,
+        problem_type=problem, threshold=cfg.multi_label_threshold,
+    )  # fmt: skip
 
     labels = list(ds["labels"])
     if recorder is not None:
         probabilities = torch.cat(recorder.probabilities)
-        check = classification_report(probabilities.argmax(-1).tolist(), labels, target.label_names)
-        if check["confusion_matrix"] != report["confusion_matrix"]:  # our bug, not the user's
+        agrees = len(probabilities) == len(labels)
+        if problem == SINGLE:
+            check = classification_report(probabilities.argmax(-1).tolist(), labels, target.label_names)
+            agrees = check["confusion_matrix"] == report["confusion_matrix"]
+        if not agrees:  # our bug, not the user's
             raise RuntimeError("the gathered predictions disagree with the gathered metrics")
 
     record: dict[str, Any] = {
@@ -585,6 +629,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         "checkpoint_kind": target.kind,
         "step": target.step,
         "task": cfg.task,
+        "problem_type": problem,
         **info,
         "label_names": target.label_names,
         **report,
@@ -606,16 +651,20 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         try:
             metrics_file.parent.mkdir(parents=True, exist_ok=True)
             metrics_file.write_text(json.dumps(record, indent=2) + "\n")
-            plot_confusion_matrix(
-                report["confusion_matrix"],
-                target.label_names,
-                png,
-                title=f"{target.short_name} on {name}\naccuracy {report['accuracy']:.3f}, "
-                f"{report['num_samples']:,} samples",
-            )
+            if problem == SINGLE:  # a confusion matrix is for classes
+                plot_confusion_matrix(
+                    report["confusion_matrix"],
+                    target.label_names,
+                    png,
+                    title=f"{target.short_name} on {name}\naccuracy {report['accuracy']:.3f}, "
+                    f"{report['num_samples']:,} samples",
+                )
+            elif replaced:
+                png.unlink(missing_ok=True)  # a previous single-label evaluation's, now stale
             if recorder is not None:
                 inputs = sample_inputs(ds, cfg.data_args)
-                write_predictions(jsonl, probabilities, labels, target.label_names, inputs)
+                write_predictions(jsonl, probabilities, labels, target.label_names, inputs, problem,
+                                  cfg.multi_label_threshold)  # fmt: skip
             elif replaced:
                 jsonl.unlink(missing_ok=True)  # the previous evaluation's, now stale
         except OSError as e:
@@ -623,8 +672,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
                 f"cannot write the evaluation to {metrics_file.parent}: {e.strerror}; choose another --output"
             ) from None
     accelerator.print(
-        f"{name}: accuracy {report['accuracy']:.4f}, macro F1 {report['macro_f1']:.4f}, loss {report['loss']:.4f} "
-        f"on {report['num_samples']} samples -> {metrics_file}"
+        f"{name}: {summary_line(report)} -> {metrics_file}"
         + (" (replaced the previous one)" if replaced else "")
     )
     accelerator.end_training()

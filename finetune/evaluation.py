@@ -1,15 +1,15 @@
 """The evaluation loop, shared by training (validation and test splits) and
 finetune/evaluate_checkpoint.py: logits (through model-parallel stages when asked), gathered over
-processes without Accelerate's duplicated samples, reported by finetune/metrics.py.
+processes without Accelerate's duplicated samples, reported by finetune/metrics.py (classes) or
+finetune/problems.py (regression, multi-label).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 
-from finetune.metrics import classification_report
+from finetune.problems import per_sample_loss, predictions, report
 
 
 def longest_first(lengths: list[int]) -> list[int]:
@@ -28,16 +28,25 @@ def forward(model, batch: dict[str, torch.Tensor], chunks: int = 1) -> torch.Ten
 
 
 @torch.no_grad()
-def evaluate_model(model, loader, accelerator: Accelerator, label_names: list[str], chunks: int = 1) -> dict:
-    """Accuracy, per-class metrics and loss over exactly the dataset: `gather_for_metrics` drops the
-    samples Accelerate duplicated to even out the last batch, and the count is asserted."""
+def evaluate_model(
+    model,
+    loader,
+    accelerator: Accelerator,
+    label_names: list[str],
+    chunks: int = 1,
+    problem_type: str | None = None,
+    threshold: float = 0.5,
+) -> dict:
+    """The problem type's metrics (finetune/problems.py: accuracy and per-class metrics; mse,
+    pearson...; micro F1 at `threshold`...) and loss over exactly the dataset: `gather_for_metrics`
+    drops the samples Accelerate duplicated to even out the last batch, and the count is asserted."""
     model.eval()
     preds, refs, losses = [], [], []
     for batch in loader:
         logits = forward(model, batch, chunks)
         labels = batch["labels"].to(logits.device)
-        loss = F.cross_entropy(logits.float(), labels, reduction="none")
-        p, r, lo = accelerator.gather_for_metrics((logits.argmax(-1), labels, loss))
+        loss = per_sample_loss(logits, labels, problem_type)
+        p, r, lo = accelerator.gather_for_metrics((predictions(logits, problem_type), labels, loss))
         preds.append(p.cpu())
         refs.append(r.cpu())
         losses.append(lo.float().cpu())
@@ -46,6 +55,6 @@ def evaluate_model(model, loader, accelerator: Accelerator, label_names: list[st
     expected = len(loader.dataset)
     if len(refs_t) != expected:
         raise RuntimeError(f"evaluated {len(refs_t)} samples, the dataset has {expected}")
-    report = classification_report(preds_t.tolist(), refs_t.tolist(), label_names)
-    report["loss"] = torch.cat(losses).mean().item()
-    return report
+    metrics = report(problem_type, preds_t, refs_t, label_names, threshold)
+    metrics["loss"] = torch.cat(losses).mean().item()
+    return metrics

@@ -1,7 +1,7 @@
 """The end of a run: the model as an ordinary `save_pretrained` directory (safetensors, tokenizer or
-image processor, `id2label`), `results.json`, the training curves, the model card and, when asked,
-the upload to the Hub. And what a run writes in its output_dir: what `overwrite_output_dir` replaces,
-and how the run it replaces is kept until the new one is finished."""
+image processor, `id2label`; LoRA adapters merged into the weights), `results.json`, the training
+curves, the model card and, when asked, the upload to the Hub. And what a run writes in its output_dir:
+what `overwrite_output_dir` replaces, and how the run it replaces is kept until the new one is finished."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from finetune import checkpoint as ckpt
 from finetune.card import describe_data, push_to_hub, write_model_card
 from finetune.config import TrainConfig
 from finetune.errors import UserError, first_line, on_failure
+from finetune.lora import is_lora, merge_lora
 from finetune.plots import plot_training_curves
 
 RESULTS = "results.json"
@@ -119,6 +120,9 @@ def _write_export(cfg, accelerator, model, preprocessor, results, label_names, b
     out = Path(cfg.output_dir)
     export = out / "model"
     unwrapped = accelerator.unwrap_model(model)
+    if is_lora(unwrapped):  # an ordinary model: the adapters merged into their weights
+        unwrapped = merge_lora(unwrapped)
+        state_dict = unwrapped.state_dict()
     # Model parallel: transformers reads "cpu" in hf_device_map as offloading and warns at save;
     # the state dict is complete here, and the export is an ordinary one-device model.
     device_map = unwrapped.__dict__.pop("hf_device_map", None)

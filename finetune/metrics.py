@@ -135,14 +135,6 @@ def classification_report(predictions: Any, references: Any, label_names: Sequen
     }
 
 
-def summary_line(metrics: dict) -> str:
-    """ "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples": one line for the console."""
-    return (
-        f"accuracy {metrics['accuracy']:.4f}, macro F1 {metrics['macro_f1']:.4f}, "
-        f"loss {metrics['loss']:.4f} on {metrics['num_samples']} samples"
-    )
-
-
 def plot_confusion_matrix(
     matrix: Any, label_names: Sequence[str], path: str | os.PathLike[str], title: str | None = None
 ) -> Path:

@@ -85,15 +85,19 @@ def set_dropout(config: PretrainedConfig, p: float | None) -> None:
 
 
 def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None = None) -> PreTrainedModel:
-    """A classification model with `len(label_names)` outputs and the names in id2label/label2id."""
+    """A classification model with `len(label_names)` outputs (one for regression), the names in
+    id2label/label2id and `problem_type` in its config."""
     labels: dict[str, Any] = {
         "num_labels": len(label_names),
         "id2label": dict(enumerate(label_names)),
         "label2id": {name: i for i, name in enumerate(label_names)},
+        # What the pipeline applies to the outputs (softmax, sigmoid, none); null: transformers' default.
+        **({"problem_type": args.problem_type} if args.problem_type else {}),
     }
     auto = AUTO_MODELS[args.task]
     if args.model_config is not None:
-        spec = dict(args.model_config)
+        # The labels and problem type are the data's, whatever the config (a saved model's) says.
+        spec = {k: v for k, v in args.model_config.items() if k not in labels}
         model_type = spec.pop("model_type")
         if args.task == "text-classification" and vocab_size is not None:
             spec.setdefault("vocab_size", vocab_size)

@@ -29,7 +29,13 @@ from typing import Any
 from finetune import checkpoint as ckpt
 
 # The evaluation metrics drawn in the middle panel, when present, with their legend names.
-EVAL_METRICS = {"eval_accuracy": "accuracy", "eval_macro_f1": "macro F1"}
+# Multi-label runs report micro F1 too, regressions Pearson's r (in [-1, 1]; their mse is the loss).
+EVAL_METRICS = {
+    "eval_accuracy": "accuracy",
+    "eval_micro_f1": "micro F1",
+    "eval_macro_f1": "macro F1",
+    "eval_pearson": "Pearson r",
+}
 # One look per series, told apart by colour, line style AND marker (hollow where a line may lie on
 # top of another: balanced binary data gives accuracy == macro F1 at every evaluation), so that they
 # stay distinct in grey print and for colour-blind readers. The first of two series that may
@@ -39,6 +45,8 @@ STYLES: dict[str, dict[str, Any]] = {
     "eval_loss": {"color": "tab:orange", "linestyle": "--", "marker": "s", "markerfacecolor": "none"},
     "eval_accuracy": {"color": "tab:green", "marker": "o", "linewidth": 2.6, "markersize": 6},
     "eval_macro_f1": {"color": "tab:purple", "linestyle": "--", "marker": "D", "markerfacecolor": "none"},
+    "eval_micro_f1": {"color": "tab:cyan", "marker": "^", "linewidth": 2.6, "markersize": 6},
+    "eval_pearson": {"color": "tab:brown", "marker": "v"},
     "learning_rate": {"color": "tab:red", "marker": ".", "linewidth": 1.4},
 }
 BEST_STYLE: dict[str, Any] = {
@@ -177,17 +185,19 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None, best: 
     else:
         ax.set_ylabel("loss")
 
-    # Validation accuracy and macro F1: fractions, so the axis stays within [0, 1].
+    # Validation accuracy and F1: fractions, so the axis stays within [0, 1] ([-1, 1] for a negative r).
     if eval_keys:
         ax = ax_of["metrics"]
+        lowest = 0.0
         for key in eval_keys:
             steps, values = _series(evals, key)
             draw(ax, steps, values, f"validation {EVAL_METRICS[key]}", key)
+            lowest = min(lowest, *values)
         low, high = ax.get_ylim()
         if high - low < 0.1:  # one evaluation, or flat ones: show at least 0.1 around them, not 1e-5
             middle = (high + low) / 2
             low, high = middle - 0.05, middle + 0.05
-        ax.set_ylim(max(low, 0.0), min(high, 1.01))  # a little above 1: markers at 1.0 stay whole
+        ax.set_ylim(max(low, 0.0 if lowest >= 0 else -1.01), min(high, 1.01))  # markers at 1.0 stay whole
         ax.set_ylabel("validation")
 
     # Learning rate: the schedule as it was applied, one value per logged step.
@@ -243,7 +253,12 @@ def mark_best(ax_of: dict[str, Any], axes, best: dict[str, Any], evals: list[dic
     label = f"{BEST_LABEL}: step {step}" + (
         f", {metric.replace('_', ' ')} {value:.4g}" if isinstance(value, (int, float)) else ""
     )
-    drawn_on = {"loss": "loss", "accuracy": "metrics", "macro_f1": "metrics"}.get(metric)
+    # A regression's mse is its validation loss, drawn in the loss panel.
+    drawn_on = {
+        "loss": "loss",
+        "mse": "loss",
+        **{k.removeprefix("eval_"): "metrics" for k in EVAL_METRICS},
+    }.get(metric)
     ax = ax_of.get(drawn_on) if drawn_on else None
     if ax is not None and isinstance(value, (int, float)):
         ax.plot([step], [value], label=label, gid=BEST_GID, **BEST_STYLE)

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader
@@ -64,8 +63,9 @@ from finetune.data import (
 from finetune.errors import ArgumentParser, TrainingStopped, UserError, exit_on_user_error
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import RESULTS, check_files_in_the_way, export_run, set_aside_previous_run
-from finetune.metrics import summary_line
+from finetune.lora import apply_lora
 from finetune.models import build_model, check_max_length, check_tokenizer, load_preprocessor
+from finetune.problems import SINGLE, headline, per_sample_loss, problem_type_of, summary_line
 from finetune.runtime import (
     ScalerSkips,
     StopOnSignal,
@@ -123,9 +123,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     start_run(cfg, accelerator, out, model, splits, plan, trainable)
 
     def run_eval(epoch: int) -> dict:
-        metrics = evaluate_model(
-            model, eval_loaders["validation"], accelerator, label_names, cfg.pipeline_chunks
-        )
+        metrics = evaluate_split(cfg, model, eval_loaders["validation"], accelerator, label_names)
         log.log(
             {"epoch": epoch, **{f"eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}},
             step,
@@ -164,7 +162,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                         real = real_sample_mask(
                             Ne, k, B, P, accelerator.process_index, len(labels), logits.device
                         )
-                        per_sample = F.cross_entropy(logits.float(), labels, reduction="none")
+                        per_sample = per_sample_loss(logits, labels, cfg.problem_type)  # (B,)
                         loss_sum = (per_sample * real).sum()
                         accelerator.backward(
                             loss_sum * (P * GA / window_sample_count(Ne, k // GA, GA, nbe, B, P))
@@ -223,17 +221,21 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             cfg, accelerator, model, checkpointer.best, step, results, eval_loaders["validation"], label_names
         )
         if "test" in eval_loaders:
-            results["test"] = evaluate_model(
-                model, eval_loaders["test"], accelerator, label_names, cfg.pipeline_chunks
-            )
+            results["test"] = evaluate_split(cfg, model, eval_loaders["test"], accelerator, label_names)
         export_run(cfg, accelerator, model, preprocessor, results, label_names, checkpointer.best)
     final, split = results.get("test", results["validation"]), "test" if "test" in results else "validation"
     accelerator.print(f"model saved to {out / 'model'} ({results['exported']['why']})")
-    accelerator.print(f"{split} accuracy {final['accuracy']:.4f} on {final['num_samples']} samples")
+    accelerator.print(f"{split} {headline(final)}")
     accelerator.end_training()
     # A signal during the final evaluation or the export: they were let finish; now it ends the process.
     stop.stop_if_received(f"the run is finished ({out / 'model'}, {out / RESULTS})")
     return results
+
+
+def evaluate_split(cfg: TrainConfig, model, loader, accelerator: Accelerator, label_names: list[str]) -> dict:
+    """The metrics of the run's problem type on one split (finetune/evaluation.py)."""
+    return evaluate_model(model, loader, accelerator, label_names, cfg.pipeline_chunks, cfg.problem_type,
+                          cfg.multi_label_threshold)  # fmt: skip
 
 
 def due(every: int | None, step: int) -> bool:
@@ -256,7 +258,7 @@ def choose_export(cfg, accelerator, model, best: dict, step: int, results: dict,
             )
         return {"step": step, "why": why}
     ckpt.load_checkpoint(accelerator, Path(best["path"]))
-    results["validation"] = evaluate_model(model, loader, accelerator, label_names, cfg.pipeline_chunks)
+    results["validation"] = evaluate_split(cfg, model, loader, accelerator, label_names)
     return {
         "step": best["step"],
         "why": f"the best checkpoint, step {best['step']}, by validation {metric} {value:.4f}",
@@ -269,10 +271,11 @@ def choose_export(cfg, accelerator, model, best: dict, step: int, results: dict,
 def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
     """The raw splits and label names, the model (frozen embeddings and activation checkpointing as
     asked), its tokenizer or image processor, and the preprocessed splits. Preprocessing runs on the
-    main process first; the others read its cache."""
+    main process first; the others read its cache. Fills in `cfg.problem_type` from the labels."""
     text = cfg.task == "text-classification"
     with accelerator.main_process_first():
         raw, label_names = load_splits(cfg.data_args)
+    cfg.resolve_problem(problem_type_of(raw["train"]))  # and the metric_for_best_model it implies
     tokenizer = load_preprocessor(cfg.model_args) if text else None
     model = build_model(cfg.model_args, label_names, vocab_size=len(tokenizer) if text else None)
     if text:
@@ -290,6 +293,10 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.peft is not None:  # LoRA (finetune/lora.py): adapters and the head train, the rest is frozen
+        if accelerator.distributed_type == DistributedType.FSDP:
+            raise UserError("peft (LoRA) trains with one process or DDP, not FSDP; choose another accelerate config")
+        model = apply_lora(model, cfg.peft)
     preprocessor = tokenizer if text else load_preprocessor(cfg.model_args, model.config)
     if not text and (notice := resize_notice(image_sizes(raw["train"], cfg.image_column), preprocessor)):
         accelerator.print(notice)
@@ -458,14 +465,17 @@ def start_run(
         accelerator.init_trackers(out.name, config=scalars)
     P, B, GA = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     threads = f" x {torch.get_num_threads()} threads" if accelerator.device.type == "cpu" else ""
-    total = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())  # DTensor: global
-    name = type(accelerator.unwrap_model(model)).__name__.removeprefix("FSDP")  # fully_shard's subclass
+    unwrapped = accelerator.unwrap_model(model)
+    total = sum(p.numel() for p in unwrapped.parameters())  # DTensor: global
+    base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # under LoRA
+    name = type(base).__name__.removeprefix("FSDP")  # fully_shard's subclass
+    problem = f" ({cfg.problem_type})" if cfg.problem_type not in (None, SINGLE) else ""
     accelerator.print(
-        f"{cfg.task}: {name}, train {plan.N} / validation "
+        f"{cfg.task}{problem}: {name}, train {plan.N} / validation "
         f"{len(splits['validation'])} samples, {P} process(es) on {accelerator.device}{threads} "
         f"({accelerator.distributed_type}), precision {accelerator.mixed_precision}, global batch "
         f"{P * B * GA} ({P} x {B} x {GA} accumulation), {plan.total_steps} optimizer steps, "
-        f"{trained:,} of {total:,} weights trained"
+        f"{trained:,} of {total:,} weights trained" + (f" (LoRA r={cfg.peft['r']} and the head)" if cfg.peft else "")
     )
     accelerator.print(describe_parameters(accelerator, model, cfg.pipeline_chunks))
 

@@ -17,7 +17,8 @@ processes x per_device_train_batch_size x gradient_accumulation_steps, three way
                                                                         or the smallest factor of G
     (c) DDP             your processes x batch x accumulation          only when launched on several
 
-and compares the exported weights of (b) and (c) with (a): the largest absolute difference of any
+for any problem type (single-label, regression, multi-label: finetune/problems.py), and compares
+the exported weights of (b) and (c) with (a): the largest absolute difference of any
 parameter (what the tolerance applies to), the largest relative one (per tensor, against the
 tensor's largest value; tensors whose values all stay below 1e-3, such as attention key biases
 that hold only rounding noise, are left out of it), and the largest difference of a logged loss. Exit status 0 when every variant is within the tolerance, 1
@@ -30,7 +31,7 @@ even out the last batch are both exercised.
 
 What is held fixed so that the three can agree to rounding error: fp32 (ACCELERATE_MIXED_PRECISION=no,
 and no TF32 on GPUs), dropout off (`dropout=0.0` where the config has that key, else the dropout
-probabilities of `model_config` set to 0; a pretrained model needs the key), no random image flips
+probabilities of `model_config` set to 0; a pretrained model needs the key; LoRA's too), no random image flips
 under DDP (`random_flip=false`, where the config has it), no gradient clipping (it would hide a wrongly
 scaled gradient; put max_grad_norm=... on the command line to keep yours), no checkpoints, trackers or
 uploads, a small evaluation. Model parallelism is switched off: it is checked by tests/test_parallel.py.
@@ -160,6 +161,8 @@ def fixed_randomness(cfg: TrainConfig, processes: int) -> list[str]:
             f"model_config, not for the pretrained '{cfg.model_name_or_path}' (it needs the `dropout` config "
             "key); verify the same architecture from a config instead, e.g. model_config={model_type: bert, ...}"
         )
+    if getattr(cfg, "peft", None) and cfg.peft.get("dropout"):  # LoRA's own dropout
+        overrides.append("peft.dropout=0.0")
     if cfg.task == "image-classification":
         if "random_flip" in keys:
             overrides.append("random_flip=false")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -172,3 +173,34 @@ def wait_until(condition, proc: subprocess.Popen, timeout: float = 120) -> None:
         assert proc.poll() is None, "the run ended before the fault was injected"
         assert time.monotonic() < deadline, "timed out waiting for the run"
         time.sleep(0.005)
+
+
+# Regression and multi-label data a tiny BERT can learn from in a few steps (finetune/problems.py).
+def regression_rows(n: int, seed: int = 0) -> list[dict]:
+    """Texts of 4-10 words; the score is (#good - #bad) + 0.5: decimals, so it reads as a regression."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words = [rng.choice(["good", "bad", "movie", "film", "plot", "the"]) for _ in range(rng.randint(4, 10))]
+        rows.append({"text": " ".join(words), "score": words.count("good") - words.count("bad") + 0.5})
+    return rows
+
+
+ANIMALS = ["cat", "dog", "bird"]
+
+
+def multi_label_rows(n: int, seed: int = 0) -> list[dict]:
+    """Texts naming 1-3 animals among filler words; the labels are the animals named."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        present = [a for a in ANIMALS if rng.random() < 0.5] or [rng.choice(ANIMALS)]
+        words = present + [rng.choice(["the", "a", "park", "house", "saw"]) for _ in range(rng.randint(2, 6))]
+        rng.shuffle(words)
+        rows.append({"text": " ".join(words), "labels": present})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path

@@ -258,7 +258,8 @@ def test_metric_loss_means_lower_is_better(world, tmp_path):
         return load_config(None, [f"output_dir={tmp_path}", *settings]).greater_is_better
 
     assert greater("metric_for_best_model=loss") is False
-    assert greater() is True  # accuracy
+    assert greater("metric_for_best_model=accuracy") is True
+    assert greater() is None  # until the labels say which problem, hence which metric (accuracy here)
     assert greater("metric_for_best_model=loss", "greater_is_better=true") is True  # as told
     out = tmp_path / "run"
     results = main(
@@ -632,16 +633,18 @@ GARBAGE: dict[str, tuple[Callable[[World], list[str]], str]] = {
         "1000 tokens for the 30522 rows of the model's embedding table",
     ),
     "labels_that_are_lists": (
-        lambda w: [f"train_file={w.root / 'lists.jsonl'}", "validation_file=null"],
-        "label column 'label' in the train data holds List",
+        lambda w: [f"train_file={w.root / 'lists.jsonl'}", "validation_file=null",
+                   "problem_type=single_label_classification"],  # fmt: skip
+        "label column 'label' holds lists of labels, a multi-label problem",
     ),
     "labels_that_are_mappings": (
         lambda w: [f"train_file={w.root / 'dicts.jsonl'}", "validation_file=null"],
-        "label column 'label' in the train data holds",
+        "label column 'label' holds {'",
     ),
     "labels_that_are_fractions": (
-        lambda w: [f"train_file={w.root / 'floats.csv'}", "validation_file=null"],
-        "holds numbers that are not whole (0.25",
+        lambda w: [f"train_file={w.root / 'floats.csv'}", "validation_file=null",
+                   "problem_type=single_label_classification"],  # fmt: skip
+        "holds numbers with decimals (e.g. 0.25); single_label_classification needs classes",
     ),
     "semicolon_separated_csv": (
         lambda w: [f"train_file={w.root / 'semicolon.csv'}", "validation_file=null"],

@@ -243,9 +243,13 @@ def test_plan_only_prints_the_plan_and_trains_nothing(small_text_data, tmp_path,
     assert not (out / "model").exists()
 
 
+# Recipes for the user's own files: no data of their own (no regression or multi-label data is bundled).
+OWN_FILES_RECIPES = {"bert_custom_files.yaml", "bert_regression.yaml", "bert_multi_label.yaml"}
+
+
 def test_every_shipped_recipe_loads():
     recipes = sorted(CONFIGS_DIR.glob("*.yaml"))
-    assert len(recipes) >= 4
+    assert len(recipes) >= 6
     for recipe in recipes:
         first = recipe.read_text().splitlines()[0]
         assert first.startswith("# accelerate launch finetune/run.py"), recipe.name
@@ -253,7 +257,7 @@ def test_every_shipped_recipe_loads():
         # without it the recipe is refused rather than scoring bundled data.
         command = recipe.read_text().split("\n#\n")[0]
         own_files = "train_file=" in command
-        assert own_files == (recipe.name == "bert_custom_files.yaml")
+        assert own_files == (recipe.name in OWN_FILES_RECIPES)
         cfg = load_config(recipe, ["train_file=mine.csv"] if own_files else [])
         if own_files:
             assert (cfg.validation_file, cfg.test_file) == (None, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import TOKENIZER, launch, rotten_rows, write_csv
+from conftest import ANIMALS, TOKENIZER, launch, multi_label_rows, rotten_rows, write_csv
 
 from finetune import verify
 from finetune.config import TrainConfig
@@ -143,3 +143,23 @@ def test_image_recipes_under_ddp_need_the_flip_off():
 def test_usage_errors(argv, message):
     with pytest.raises(UserError, match=message):
         verify.parse_args(argv)
+
+
+@pytest.mark.slow  # two short runs of a tiny BERT
+def test_a_multi_label_recipe_with_label_columns_agrees(recipe, tmp_path, capsys):
+    """verify runs any problem type: here multi-label from 0/1 columns, BCE per sample."""
+    rows = [{"text": r["text"], **{a: int(a in r["labels"]) for a in ANIMALS}} for r in multi_label_rows(37)]
+    train = write_csv(tmp_path / "animals.csv", rows)
+    args = [
+        "--config",
+        str(recipe),
+        f"train_file={train}",
+        "validation_file=null",
+        "label_columns=[cat,dog,bird]",
+    ]
+    assert verify.main([*args, "--keep", str(tmp_path / "runs")]) == 0
+    assert "OK: every variant agrees with one big batch within 1e-05" in capsys.readouterr().out
+    assert (
+        "problem_type: multi_label_classification"
+        in (tmp_path / "runs" / "accumulation" / "config.yaml").read_text()
+    )

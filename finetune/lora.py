@@ -1,0 +1,104 @@
+"""LoRA: train low-rank adapters beside frozen weights, through `peft` (an optional extra).
+
+    pip install -e ".[peft]"        # or: pip install peft
+    accelerate launch finetune/run.py peft='{r: 8, alpha: 16, target_modules: [query, value]}'
+    accelerate launch finetune/run.py peft.r=16 peft.target_modules=[query,key,value]
+
+A transform applied to a built model, like model parallelism (finetune/parallel.py): `apply_lora`
+wraps every linear layer named in `target_modules` (the last part of its module name: BERT's and
+ViT's attention have query, key, value) with W + (alpha / r) B A, A and B of rank r, and keeps the
+classification head (`classifier`, `score`, `pre_classifier`) trainable beside them; every other
+weight is frozen, so the optimizer holds only those (the start line's "weights trained"). Nothing
+else in the loop changes: the per-sample loss, its masking and scaling, DDP and accumulation, and
+checkpoints (Accelerate saves the wrapped model's state, adapters included, so a resume is exact).
+
+The export is an ordinary model: `merge_lora` folds each B A into its W (peft's `merge_and_unload`)
+and takes the trained head, so `pipeline()` loads it without peft. A training-state checkpoint is
+evaluated the same way: the adapters put back on the built model, its state loaded, then merged.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from finetune.errors import UserError
+
+# The settings of `peft`, with their defaults (peft's LoraConfig names them r, lora_alpha, lora_dropout).
+DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["query", "value"]}
+HEADS = ("classifier", "score", "pre_classifier")  # the heads of transformers' classification models
+
+
+def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` completed with the defaults, or a UserError that names the bad key."""
+    unknown = sorted(set(spec) - set(DEFAULTS))
+    if unknown:
+        raise UserError(f"peft: unknown key(s) {unknown}; LoRA's settings are {', '.join(DEFAULTS)}")
+    full = {**DEFAULTS, **spec}
+    r, alpha, dropout, targets = full["r"], full["alpha"], full["dropout"], full["target_modules"]
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise UserError(f"peft.r must be a positive integer (the adapters' rank), got {r!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
+        raise UserError(f"peft.alpha must be a positive number (the scale is alpha / r), got {alpha!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise UserError(f"peft.dropout must be in [0, 1), got {dropout!r}")
+    if isinstance(targets, str):
+        targets = [t for t in targets.split(",") if t]
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise UserError(
+            f"peft.target_modules must be a list of module names like [query, value], got {targets!r}"
+        )
+    return {**full, "target_modules": targets}
+
+
+def linear_names(model) -> list[str]:
+    """The last parts of the names of the model's linear layers (outside the head): what LoRA can target."""
+    import torch
+
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and name.split(".")[0] not in HEADS
+        }
+    )
+
+
+def apply_lora(model, spec: dict[str, Any]):
+    """The model wrapped by peft: adapters on the target modules, the head trainable, the rest frozen."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise UserError(
+            "peft (LoRA) is not installed: pip install peft (or pip install -e '.[peft]')"
+        ) from None
+    spec = check_spec(spec)
+    known = linear_names(model)
+    missing = [t for t in spec["target_modules"] if t not in known]
+    if missing:
+        raise UserError(
+            f"peft.target_modules {missing} are not linear layers of {type(model).__name__}; "
+            f"its linear layers are: {', '.join(known)}"
+        )
+    config = LoraConfig(
+        r=spec["r"],
+        lora_alpha=spec["alpha"],
+        lora_dropout=spec["dropout"],
+        target_modules=spec["target_modules"],
+        modules_to_save=[name for name, _ in model.named_children() if name in HEADS],
+    )
+    with (
+        warnings.catch_warnings()
+    ):  # peft asks transformers a deprecated question (is_gradient_checkpointing)
+        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing.*", FutureWarning)
+        return get_peft_model(model, config)
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "merge_and_unload") and hasattr(model, "peft_config")
+
+
+def merge_lora(model):
+    """An ordinary transformers model: each adapter folded into its weight, the trained head kept.
+    In place: the adapters are gone afterwards (called when training is over)."""
+    return model.merge_and_unload() if is_lora(model) else model

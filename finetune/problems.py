@@ -1,0 +1,414 @@
+"""The three problems a classifier head is asked to solve: their labels, loss and metrics.
+
+    problem_type                  labels of a sample           outputs  loss per sample          metrics
+    single_label_classification   one class name or id         K        cross-entropy            accuracy, macro F1 (metrics.py)
+    multi_label_classification    a list of names, or 0/1      K        BCE with logits, mean    micro/macro F1, subset accuracy,
+                                  columns (`label_columns`)             over the K labels        per-label F1 at a threshold
+    regression                    one number                   1        squared error            mse, mae, r2, pearson, spearman
+
+`problem_type: null` reads it from train's label column: class names (strings, a ClassLabel) or
+integer ids -> single-label; numbers with decimals -> regression; lists -> multi-label; and
+`label_columns` -> multi-label. Whole numbers stored as floats (`1.0`, `2.0`, or JSON that mixes `1`
+and `2.0`, which Arrow reads as one float column) are ambiguous -- class ids or numbers to predict? --
+and refused with a line that names both fixes. A float column is never a class column; an int column
+is a regression target only when problem_type says so.
+
+Labels in the `labels` column: a ClassLabel id (single-label), a float32 (regression), a float32
+multi-hot vector of K (multi-label). A regression model has one output named after the label column
+(its `id2label`), so `pipeline(..., function_to_apply="none")` returns the number under that name.
+
+The per-sample loss is what finetune/run.py masks to real samples and scales by the window's sample
+count (the README's "exact equivalence" math), so accumulation and DDP equal one big batch for every
+problem type: transformers' BCEWithLogitsLoss and MSELoss are the mean of these per-sample values.
+
+Bad labels are one-line errors (exit 2): NaN or infinite regression targets, an empty label list, a
+label name outside `label_names`, a float column asked to be single-label, a list column asked to be
+a regression, a 0/1 column holding another value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from datasets import ClassLabel, DatasetDict, Sequence, Value
+from datasets import Dataset as HFDataset
+
+from finetune.config import DataArgs
+from finetune.errors import UserError
+
+SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
+
+
+# --- which problem ---------------------------------------------------------------------------------
+
+
+def _is_list(feature: Any) -> bool:
+    return type(feature).__name__ in ("List", "LargeList", "Sequence") or isinstance(feature, list)
+
+
+def _kind(feature: Any) -> str | None:
+    """'class' (names, a ClassLabel, booleans), 'int', 'float', 'list' or None (none of them)."""
+    if isinstance(feature, ClassLabel):
+        return "class"
+    if _is_list(feature):
+        return "list"
+    dtype = getattr(feature, "dtype", "") if isinstance(feature, Value) else ""
+    if dtype in ("string", "large_string", "bool"):
+        return "class"
+    if dtype.startswith(("int", "uint")):
+        return "int"
+    if dtype.startswith("float") or dtype == "double":
+        return "float"
+    return None
+
+
+def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
+    """`args.problem_type` checked against train's labels, or read from them when it is null."""
+    given = args.problem_type
+    if args.label_columns:
+        return MULTI  # TrainConfig refuses another problem_type beside label_columns
+    column = args.label_column
+    feature = train.features[column]
+    kind = _kind(feature)
+    if kind is None:
+        raise UserError(
+            f"label column '{column}' holds {feature}; labels are class names or integer ids, numbers "
+            "(regression) or lists of names (multi-label)"
+        )
+    if kind == "float" and given in (None, SINGLE):
+        values = np.asarray(list(train[column]), dtype=np.float64)
+        fraction = next((v for v in values if math.isfinite(v) and v != round(v)), None)
+        if given == SINGLE or fraction is None:
+            example = fraction if fraction is not None else values[0]
+            fix = "problem_type=regression to predict them as numbers, or write class ids as integers (1, 2, ...)"
+            what = (
+                "holds numbers with decimals"
+                if fraction is not None
+                else "holds whole numbers stored as floats"
+            )
+            problem = (
+                f"; single_label_classification needs classes: set {fix}"
+                if given
+                else f" (ambiguous): set {fix}"
+            )
+            raise UserError(f"label column '{column}' {what} (e.g. {example:g}){problem}")
+        return REGRESSION
+    if given is None:
+        return {"list": MULTI, "class": SINGLE, "int": SINGLE}[kind]
+    if given == SINGLE and kind == "list":
+        raise UserError(
+            f"label column '{column}' holds lists of labels, a multi-label problem; set "
+            "problem_type=multi_label_classification (or null)"
+        )
+    if given == REGRESSION and kind not in ("int", "float"):
+        what = (
+            "lists"
+            if kind == "list"
+            else "class names"
+            if not isinstance(feature, ClassLabel)
+            else "class ids"
+        )
+        raise UserError(f"label column '{column}' holds {what}; regression needs one number per sample")
+    if given == MULTI and kind != "list":
+        raise UserError(
+            f'multi_label_classification needs a label column of lists (JSON: "label": ["a", "b"]) or '
+            f"label_columns=a,b,c naming 0/1 columns; label column '{column}' holds {feature}"
+        )
+    return given
+
+
+def problem_type_of(ds: HFDataset) -> str:
+    """The problem type of a split whose `labels` are encoded (by `encode` or data.encode_labels)."""
+    feature = ds.features["labels"]
+    return SINGLE if isinstance(feature, ClassLabel) else MULTI if _is_list(feature) else REGRESSION
+
+
+# --- labels --------------------------------------------------------------------------------------------
+
+
+def label_names_for(train: HFDataset, args: DataArgs, problem: str) -> list[str]:
+    """Regression: the one output's name (label_names, else the label column's name). Multi-label: the
+    label columns, or `label_names`, else the sorted distinct names in train's lists."""
+    given = list(args.label_names) if args.label_names else None
+    if problem == REGRESSION:
+        if given and len(given) != 1:
+            raise UserError(f"a regression model has one output; label_names names it, got {given}")
+        return given or [args.label_column]
+    if args.label_columns:  # label_names may only order them (an evaluation gives the model's order)
+        if given and sorted(given) != sorted(args.label_columns):
+            raise UserError(
+                f"label_columns {args.label_columns} name the labels; label_names {given} must be the "
+                "same names (or unset)"
+            )
+        return given or list(args.label_columns)
+    if given:
+        return given
+    name_of = _list_names(train.features[args.label_column])
+    return sorted({name_of(v) for row in train[args.label_column] for v in row})
+
+
+def _list_names(feature: Any):
+    """How one item of a list label becomes its name: a ClassLabel's name, else str()."""
+    inner = getattr(feature, "feature", None)
+    if isinstance(inner, ClassLabel):
+        return lambda v: inner.names[v]
+    return str
+
+
+def encode(ds: HFDataset, args: DataArgs, problem: str, label_names: list[str], split: str) -> HFDataset:
+    """The labels of a regression or multi-label split into `labels`: a float32, or a float32 multi-hot
+    vector in `label_names` order. Single-label splits go through data.encode_labels."""
+    if problem == REGRESSION:
+        return _encode_regression(ds, args.label_column, split)
+    if args.label_columns:  # the columns in label_names order
+        if label_names and sorted(label_names) != sorted(args.label_columns):
+            raise UserError(
+                f"label_columns {args.label_columns} must name the labels {label_names} (in any order)"
+            )
+        return _encode_label_columns(ds, label_names or list(args.label_columns), split)
+    return _encode_lists(ds, args.label_column, label_names, split)
+
+
+def _replace_labels(ds: HFDataset, columns: list[str], fn, feature, split: str) -> HFDataset:
+    ds = ds.map(lambda b: {"labels": fn(b)}, batched=True, remove_columns=columns, desc=f"labels ({split})")
+    return ds.cast_column("labels", feature)
+
+
+def _encode_regression(ds: HFDataset, column: str, split: str) -> HFDataset:
+    kind = _kind(ds.features[column])
+    if kind not in ("int", "float"):
+        raise UserError(
+            f"label column '{column}' in the {split} data holds {ds.features[column]}; regression needs numbers"
+        )
+    values = np.asarray(list(ds[column]), dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if len(bad):
+        raise UserError(
+            f"label column '{column}' in the {split} data has {len(bad)} NaN or infinite target(s) (first at row "
+            f"{bad[0] + 1}: {values[bad[0]]}); a regression target must be a finite number: fix or drop those rows"
+        )
+    return _replace_labels(ds, [column], lambda b: [float(v) for v in b[column]], Value("float32"), split)
+
+
+def _encode_lists(ds: HFDataset, column: str, label_names: list[str], split: str) -> HFDataset:
+    feature = ds.features[column]
+    if not _is_list(feature):
+        raise UserError(
+            f"label column '{column}' in the {split} data holds {feature}, not lists of labels; a multi-label "
+            "run needs lists in every split"
+        )
+    name_of, to_id = _list_names(feature), {name: i for i, name in enumerate(label_names)}
+    unknown: dict[str, int] = {}
+    for row, labels in enumerate(ds[column]):
+        if not labels:
+            raise UserError(
+                f"label column '{column}' in the {split} data has an empty list at row {row + 1}; every sample "
+                "needs a label (an empty list cannot be told from a missing one): give samples with none of "
+                'the labels a label of their own, e.g. ["none"], or use 0/1 columns (label_columns)'
+            )
+        for v in labels:
+            if name_of(v) not in to_id:
+                unknown.setdefault(name_of(v), row + 1)
+    if unknown:
+        row, names = next(iter(unknown.values())), sorted(unknown)[:5]
+        where = "are not in label_names" if split == "train" else "were not seen in training"
+        raise UserError(
+            f"{split} labels {names} {where} (first at row {row}; known: {', '.join(label_names)})"
+        )
+
+    def multi_hot(b):
+        rows = [[0.0] * len(label_names) for _ in b[column]]
+        for row, labels in zip(rows, b[column], strict=True):
+            for v in labels:
+                row[to_id[name_of(v)]] = 1.0
+        return rows
+
+    return _replace_labels(
+        ds, [column], multi_hot, Sequence(Value("float32"), length=len(label_names)), split
+    )
+
+
+def _encode_label_columns(ds: HFDataset, columns: list[str], split: str) -> HFDataset:
+    for column in columns:
+        kind = _kind(ds.features[column])
+        values = list(ds[column])
+        stray = next((i for i, v in enumerate(values) if v not in (0, 1)), None)  # True == 1, 1.0 == 1
+        if (
+            kind not in ("int", "float", "class")
+            or isinstance(ds.features[column], ClassLabel)
+            or stray is not None
+        ):
+            shown = values[stray] if stray is not None else ds.features[column]
+            raise UserError(
+                f"label column '{column}' in the {split} data holds {shown!r}"
+                f"{f' at row {stray + 1}' if stray is not None else ''}; each of label_columns holds 0 or 1"
+            )
+    return _replace_labels(
+        ds,
+        columns,
+        lambda b: [[float(v) for v in row] for row in zip(*(b[c] for c in columns), strict=True)],
+        Sequence(Value("float32"), length=len(columns)),
+        split,
+    )
+
+
+def encode_splits(raw: DatasetDict, args: DataArgs, problem: str) -> tuple[DatasetDict, list[str]]:
+    """Every split of a regression or multi-label run encoded; the label names."""
+    names = label_names_for(raw["train"], args, problem)
+    return DatasetDict({s: encode(d, args, problem, names, s) for s, d in raw.items()}), names
+
+
+# --- loss and predictions ------------------------------------------------------------------------------
+
+
+def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type: str | None) -> torch.Tensor:
+    """(B,) losses in fp32: cross-entropy; squared error; BCE with logits averaged over the K labels."""
+    logits = logits.float()
+    if problem_type == REGRESSION:
+        return (logits.squeeze(-1) - labels.float()) ** 2
+    if problem_type == MULTI:
+        return F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="none").mean(-1)
+    return F.cross_entropy(logits, labels, reduction="none")
+
+
+def predictions(logits: torch.Tensor, problem_type: str | None) -> torch.Tensor:
+    """What the metrics read: class ids (B,); predicted numbers (B,); label probabilities (B, K)."""
+    if problem_type == REGRESSION:
+        return logits.float().squeeze(-1)
+    if problem_type == MULTI:
+        return logits.float().sigmoid()
+    return logits.argmax(-1)
+
+
+def scores(logits: torch.Tensor, problem_type: str | None) -> torch.Tensor:
+    """What predictions.jsonl shows: softmax probabilities, sigmoid ones, or the predicted number."""
+    return logits.float().softmax(-1) if problem_type in (None, SINGLE) else predictions(logits, problem_type)
+
+
+# --- metrics -------------------------------------------------------------------------------------------
+
+
+def _array(values: Any) -> np.ndarray:
+    if hasattr(values, "detach"):
+        values = values.detach().cpu().numpy()
+    return np.asarray(values, dtype=np.float64)
+
+
+def regression_report(predictions: Any, references: Any) -> dict[str, Any]:
+    """mse, mae, r2 (scikit-learn), pearson, spearman (scipy); a correlation or r2 that is undefined
+    (fewer than 2 samples, or constant predictions or references) is None."""
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+
+    y_pred, y_true = _array(predictions).reshape(-1), _array(references).reshape(-1)
+    if y_pred.shape != y_true.shape:
+        raise ValueError(f"predictions and references differ in length: {len(y_pred)} != {len(y_true)}")
+    n = len(y_true)
+    varies = n >= 2 and np.ptp(y_true) > 0
+    correlated = varies and np.ptp(y_pred) > 0
+    return {
+        "num_samples": n,
+        "mse": float(mean_squared_error(y_true, y_pred)) if n else 0.0,
+        "mae": float(mean_absolute_error(y_true, y_pred)) if n else 0.0,
+        "r2": float(r2_score(y_true, y_pred)) if varies else None,
+        "pearson": float(pearsonr(y_pred, y_true).statistic) if correlated else None,
+        "spearman": float(spearmanr(y_pred, y_true).statistic) if correlated else None,
+    }
+
+
+def multi_label_report(
+    probabilities: Any, references: Any, label_names: list[str], threshold: float = 0.5
+) -> dict[str, Any]:
+    """A label is predicted when its probability is >= `threshold`. scikit-learn on the (N, K) 0/1
+    matrices: micro (every sample-label pair pooled) and macro (the mean over labels) precision,
+    recall and F1, subset accuracy (the share of samples whose whole label set is right), and per
+    label precision, recall, F1 and support (its count in the references). Zero division gives 0."""
+    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+
+    k = len(label_names)
+    y_prob = _array(probabilities).reshape(-1, k)
+    y_true = (_array(references).reshape(-1, k) >= 0.5).astype(np.int64)
+    y_pred = (y_prob >= threshold).astype(np.int64)
+    n = len(y_true)
+    if n:
+        p, r, f1, support = precision_recall_fscore_support(y_true, y_pred, average=None, zero_division=0)
+        micro = precision_recall_fscore_support(y_true, y_pred, average="micro", zero_division=0)[:3]
+        subset = float(accuracy_score(y_true, y_pred))
+    else:
+        p = r = f1 = support = np.zeros(k)
+        micro, subset = (0.0, 0.0, 0.0), 0.0
+    return {
+        "num_samples": n,
+        "threshold": threshold,
+        "micro_f1": float(micro[2]),
+        "macro_f1": float(np.mean(f1)) if k else 0.0,
+        "subset_accuracy": subset,
+        "micro_precision": float(micro[0]),
+        "micro_recall": float(micro[1]),
+        "macro_precision": float(np.mean(p)) if k else 0.0,
+        "macro_recall": float(np.mean(r)) if k else 0.0,
+        "per_class": {
+            name: {
+                "precision": float(p[i]),
+                "recall": float(r[i]),
+                "f1": float(f1[i]),
+                "support": int(support[i]),
+            }
+            for i, name in enumerate(label_names)
+        },
+    }
+
+
+def report(
+    problem_type: str | None,
+    predictions: Any,
+    references: Any,
+    label_names: list[str],
+    threshold: float = 0.5,
+) -> dict[str, Any]:
+    """The metrics of the problem type (without the loss, which the caller adds)."""
+    if problem_type == REGRESSION:
+        return regression_report(predictions, references)
+    if problem_type == MULTI:
+        return multi_label_report(predictions, references, label_names, threshold)
+    from finetune.metrics import classification_report
+
+    return classification_report(_as_list(predictions), _as_list(references), label_names)
+
+
+def _as_list(values: Any) -> Any:
+    return values.tolist() if hasattr(values, "tolist") else values
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"
+
+
+def summary_line(metrics: dict) -> str:
+    """One line for the console: "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples", or
+    the regression / multi-label equivalent."""
+    if "mse" in metrics:
+        head = f"mse {_shown(metrics['mse'])}, mae {_shown(metrics['mae'])}, pearson {_shown(metrics['pearson'])}"
+    elif "micro_f1" in metrics:
+        head = (
+            f"micro F1 {_shown(metrics['micro_f1'])}, macro F1 {_shown(metrics['macro_f1'])}, "
+            f"subset accuracy {_shown(metrics['subset_accuracy'])}"
+        )
+    else:
+        head = f"accuracy {_shown(metrics['accuracy'])}, macro F1 {_shown(metrics['macro_f1'])}"
+    return f"{head}, loss {_shown(metrics.get('loss'))} on {metrics['num_samples']} samples"
+
+
+def headline(metrics: dict) -> str:
+    """The end of a run in a few words: "accuracy 0.7955 on 1066 samples" (or mse and pearson, micro F1)."""
+    if "mse" in metrics:
+        head = f"mse {_shown(metrics['mse'])}, pearson {_shown(metrics['pearson'])}"
+    elif "micro_f1" in metrics:
+        head = f"micro F1 {_shown(metrics['micro_f1'])}"
+    else:
+        head = f"accuracy {_shown(metrics['accuracy'])}"
+    return f"{head} on {metrics['num_samples']} samples"

@@ -1,0 +1,312 @@
+"""Regression and multi-label (finetune/problems.py): inferred from the labels, trained through the real
+entry point on a tiny BERT, evaluated with finetune.evaluate_checkpoint, loaded by transformers'
+pipeline(); the loss per sample, the metrics against scikit-learn/scipy, and the bad labels."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import (
+    ANIMALS,
+    TINY_VIT,
+    multi_label_rows,
+    regression_rows,
+    tiny_text_args,
+    user_error,
+    write_csv,
+    write_jsonl,
+)
+from datasets import ClassLabel, Dataset, Features, Sequence, Value
+
+from finetune import problems
+from finetune.config import TrainConfig
+from finetune.errors import UserError
+from finetune.evaluate_checkpoint import main as evaluate_main
+from finetune.run import main
+
+# --- the loss and the metrics ----------------------------------------------------------------------
+
+
+def test_per_sample_losses_average_to_transformers_losses():
+    """Masked and scaled per sample by run.py, their mean is the loss transformers computes itself."""
+    g = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(6, 1, generator=g), torch.randn(6, generator=g)
+    mse = problems.per_sample_loss(logits, targets, problems.REGRESSION)
+    assert mse.shape == (6,)
+    assert torch.allclose(mse.mean(), torch.nn.MSELoss()(logits.squeeze(-1), targets))
+    logits, hot = torch.randn(6, 4, generator=g), (torch.rand(6, 4, generator=g) > 0.5).float()
+    bce = problems.per_sample_loss(logits, hot, problems.MULTI)
+    assert bce.shape == (6,)
+    assert torch.allclose(bce.mean(), torch.nn.BCEWithLogitsLoss()(logits, hot))
+
+
+def test_regression_report_matches_scipy_and_hand_values():
+    report = problems.regression_report([1.0, 2.0, 4.0], [1.0, 3.0, 3.0])
+    assert report["mse"] == pytest.approx(2 / 3) and report["mae"] == pytest.approx(2 / 3)
+    assert report["pearson"] == pytest.approx(np.corrcoef([1, 2, 4], [1, 3, 3])[0, 1])
+    assert report["spearman"] == pytest.approx(0.8660254)
+    assert report["r2"] == pytest.approx(1 - 2 / (8 / 3))
+    # Constant predictions: no correlation is defined, and none is made up.
+    flat = problems.regression_report([2.0, 2.0], [1.0, 3.0])
+    assert flat["pearson"] is None and flat["spearman"] is None and flat["mse"] == 1.0
+    json.dumps(report)
+
+
+def test_multi_label_report_at_a_threshold():
+    names = ["a", "b", "c"]
+    refs = [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    probs = [[0.9, 0.2, 0.1], [0.8, 0.45, 0.0], [0.1, 0.1, 0.3]]
+    report = problems.multi_label_report(probs, refs, names, threshold=0.5)
+    # Predicted sets: {a}, {a}, {}: 2 true positives, 0 false positives, 2 false negatives.
+    assert report["micro_precision"] == 1.0 and report["micro_recall"] == 0.5
+    assert report["micro_f1"] == pytest.approx(2 / 3)
+    assert report["per_class"]["a"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 2}
+    assert report["macro_f1"] == pytest.approx(1 / 3) and report["subset_accuracy"] == pytest.approx(1 / 3)
+    lower = problems.multi_label_report(probs, refs, names, threshold=0.25)
+    assert lower["subset_accuracy"] == 1.0 and lower["micro_f1"] == 1.0 and lower["threshold"] == 0.25
+
+
+# --- which problem, and the config that follows --------------------------------------------------------
+
+
+def _args(**kwargs):
+    cfg = TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv", **kwargs)
+    return cfg.data_args
+
+
+@pytest.mark.parametrize(
+    ("values", "feature", "expected"),
+    [
+        (["pos", "neg"], Value("string"), problems.SINGLE),
+        ([0, 1, 2], Value("int64"), problems.SINGLE),
+        ([0, 1], ClassLabel(names=["a", "b"]), problems.SINGLE),
+        ([0.5, 2.0], Value("float64"), problems.REGRESSION),
+        ([["a"], ["a", "b"]], Sequence(Value("string")), problems.MULTI),
+    ],
+)
+def test_the_problem_type_is_read_from_the_labels(values, feature, expected):
+    ds = Dataset.from_dict({"label": values}, features=Features({"label": feature}))
+    assert problems.infer_problem_type(ds, _args()) == expected
+
+
+def test_int_labels_are_a_regression_only_when_asked():
+    ds = Dataset.from_dict({"label": [1, 2, 5]})
+    assert problems.infer_problem_type(ds, _args(problem_type="regression")) == problems.REGRESSION
+    assert problems.infer_problem_type(ds, _args()) == problems.SINGLE
+
+
+def test_config_defaults_follow_the_problem_type():
+    cfg = TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv")
+    assert (cfg.metric_for_best_model, cfg.greater_is_better) == (None, None)
+    cfg.resolve_problem("regression")
+    assert (cfg.metric_for_best_model, cfg.greater_is_better) == ("mse", False)
+    cfg = TrainConfig(
+        model_config={"model_type": "bert"}, train_file="x.csv", metric_for_best_model="pearson"
+    )
+    cfg.resolve_problem("regression")
+    assert cfg.greater_is_better is True
+    cfg = TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv")
+    cfg.resolve_problem("multi_label_classification")
+    assert (cfg.metric_for_best_model, cfg.greater_is_better) == ("micro_f1", True)
+    cfg = TrainConfig(
+        model_config={"model_type": "bert"}, train_file="x.csv", metric_for_best_model="accuracy"
+    )
+    with pytest.raises(UserError, match="metric_for_best_model must be one of mse, mae, .* for regression"):
+        cfg.resolve_problem("regression")
+
+
+# --- the real entry points -------------------------------------------------------------------------------
+
+
+def _split_files(tmp_path, rows_of, n_train=40, n_validation=16) -> dict:
+    return {
+        "train": write_jsonl(tmp_path / "train.jsonl", rows_of(n_train, seed=0)),
+        "validation": write_jsonl(tmp_path / "validation.jsonl", rows_of(n_validation, seed=1)),
+    }
+
+
+def _quiet(*settings: str) -> list[str]:
+    return ["per_device_train_batch_size=8", "num_train_epochs=1", "logging_steps=5", *settings]
+
+
+def test_regression_trains_evaluates_and_loads_in_a_pipeline(tmp_path, capsys):
+    from transformers import pipeline
+
+    data, out = _split_files(tmp_path, regression_rows), tmp_path / "run"
+    results = main(tiny_text_args(data, out, *_quiet("label_column=score", "save_steps=5")))
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert (saved["problem_type"], saved["metric_for_best_model"], saved["greater_is_better"]) == (
+        "regression", "mse", False
+    )  # fmt: skip
+    validation = results["validation"]
+    assert {"mse", "mae", "r2", "pearson", "spearman", "loss"} <= set(validation)
+    assert validation["loss"] == pytest.approx(validation["mse"], rel=1e-5)
+    assert results["best"]["metric"] == "mse"
+    printed = capsys.readouterr().out
+    assert "text-classification (regression):" in printed and "validation mse " in printed
+    exported = json.loads((out / "model" / "config.json").read_text())
+    assert (exported["problem_type"], exported["id2label"]) == ("regression", {"0": "score"})
+
+    evaluated = evaluate_main([str(out / "model"), "--predictions"])
+    assert evaluated["problem_type"] == "regression" and evaluated["num_samples"] == 16
+    assert evaluated["mse"] == pytest.approx(validation["mse"], abs=1e-5)
+    first = json.loads(
+        (out / "model" / "eval" / "validation" / "predictions.jsonl").read_text().splitlines()[0]
+    )
+    assert first["label"] == regression_rows(16, seed=1)[0]["score"]
+    assert not (out / "model" / "eval" / "validation" / "confusion_matrix.png").exists()
+    # A training-state checkpoint evaluates the same way, rebuilt from its manifest.
+    step5 = evaluate_main([str(out / "checkpoints" / "step-00000005")])
+    assert step5["problem_type"] == "regression" and step5["mse"] == pytest.approx(
+        validation["mse"], abs=1e-5
+    )
+
+    score = pipeline("text-classification", model=str(out / "model"), function_to_apply="none")
+    [answer] = score([first["text"]])
+    assert answer["label"] == "score" and answer["score"] == pytest.approx(first["prediction"], abs=1e-4)
+
+
+def test_multi_label_trains_evaluates_and_loads_in_a_pipeline(tmp_path, capsys):
+    from transformers import pipeline
+
+    data, out = _split_files(tmp_path, multi_label_rows), tmp_path / "run"
+    results = main(tiny_text_args(data, out, *_quiet("label_column=labels", "multi_label_threshold=0.4")))
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert (saved["problem_type"], saved["metric_for_best_model"]) == (
+        "multi_label_classification",
+        "micro_f1",
+    )
+    validation = results["validation"]
+    assert validation["threshold"] == 0.4 and sorted(validation["per_class"]) == sorted(ANIMALS)
+    assert {"micro_f1", "macro_f1", "subset_accuracy", "loss"} <= set(validation)
+    assert "validation micro F1 " in capsys.readouterr().out
+    exported = json.loads((out / "model" / "config.json").read_text())
+    assert exported["problem_type"] == "multi_label_classification"
+    assert exported["id2label"] == {"0": "bird", "1": "cat", "2": "dog"}  # sorted names
+
+    # The same validation rows as 0/1 columns, in another column order: the same metrics.
+    rows = [
+        {"text": r["text"], **{a: int(a in r["labels"]) for a in ANIMALS}}
+        for r in multi_label_rows(16, seed=1)
+    ]
+    csv_file = write_csv(tmp_path / "animals.csv", rows)
+    evaluated = evaluate_main(
+        [str(out / "model"), "--data", str(csv_file), "--predictions", "label_columns=cat,dog,bird"]
+    )
+    assert evaluated["problem_type"] == "multi_label_classification"
+    for key in ("micro_f1", "macro_f1", "subset_accuracy", "loss"):
+        assert evaluated[key] == pytest.approx(validation[key], abs=1e-5), key
+    predictions = (tmp_path / "run" / "model" / "eval").glob("animals-*/predictions.jsonl")
+    first = json.loads(next(predictions).read_text().splitlines()[0])
+    assert first["labels"] == sorted(multi_label_rows(16, seed=1)[0]["labels"])
+
+    classify = pipeline("text-classification", model=str(out / "model"), top_k=None)
+    [answer] = classify([first["text"]])
+    assert sorted(a["label"] for a in answer) == sorted(ANIMALS)  # every label's score
+    for a in answer:
+        assert a["score"] == pytest.approx(first["probabilities"][a["label"]], abs=1e-4)
+
+
+# --- bad labels: one line, exit status 2 -------------------------------------------------------------------
+
+
+def _bad(tmp_path, capsys, train_rows, *settings, suffix=".jsonl") -> str:
+    path = tmp_path / f"train{suffix}"
+    write_jsonl(path, train_rows) if suffix == ".jsonl" else write_csv(path, train_rows)
+    data = {"train": path, "validation": path}
+    return user_error(capsys, main, tiny_text_args(data, tmp_path / "out", *settings))
+
+
+def _texts(labels: list, column: str = "label") -> list[dict]:
+    return [{"text": f"sample {i}", column: value} for i, value in enumerate(labels)]
+
+
+@pytest.mark.parametrize(
+    ("labels", "settings", "message"),
+    [
+        # JSON that mixes 1 and 2.0 is one float column of whole numbers: class ids or numbers?
+        (
+            [1, 2.0, 1, 2],
+            [],
+            "holds whole numbers stored as floats (e.g. 1) (ambiguous): set problem_type=regression",
+        ),
+        (
+            [0.5, 1.5, 0.5],
+            ["problem_type=single_label_classification"],
+            "single_label_classification needs classes",
+        ),
+        ([0.5, float("nan"), 1.5], [], "has 1 NaN or infinite target(s) (first at row 2: nan)"),
+        ([["a"], [], ["b"]], [], "has an empty list at row 2; every sample needs a label"),
+        (
+            [["a"], ["b", "c"]],
+            ["label_names=[a,b]"],
+            "train labels ['c'] are not in label_names (first at row 2",
+        ),
+        (
+            ["a", "b"],
+            ["problem_type=regression"],
+            "holds class names; regression needs one number per sample",
+        ),
+        ([["a"], ["b"]], ["problem_type=regression"], "holds lists; regression needs one number per sample"),
+        (["a", "b"], ["problem_type=multi_label_classification"], "needs a label column of lists"),
+        (
+            [["a"], ["b"]],
+            ["problem_type=single_label_classification"],
+            "holds lists of labels, a multi-label",
+        ),
+        ([0.5, 1.5], ["metric_for_best_model=accuracy"], "metric_for_best_model must be one of mse, mae"),
+    ],
+)
+def test_bad_labels_are_one_line(tmp_path, capsys, labels, settings, message):
+    assert message in _bad(tmp_path, capsys, _texts(labels), *settings)
+
+
+def test_an_infinite_csv_target_and_a_stray_label_column_value(tmp_path, capsys):
+    line = _bad(tmp_path, capsys, _texts(["0.5", "inf", "1.5"]), suffix=".csv")
+    assert "NaN or infinite target(s) (first at row 2: inf)" in line
+    rows = [{"text": "x", "cat": 1, "dog": 0}, {"text": "y", "cat": 2, "dog": 1}]
+    line = _bad(tmp_path, capsys, rows, "label_columns=[cat,dog]", suffix=".csv")
+    assert "label column 'cat' in the train data holds 2 at row 2; each of label_columns holds 0 or 1" in line
+
+
+def test_label_columns_refuse_another_problem_type():
+    with pytest.raises(
+        UserError, match="label_columns .* is multi-label data, but problem_type is regression"
+    ):
+        TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv", label_columns=["a"],
+                    problem_type="regression")  # fmt: skip
+
+
+def test_vit_regression_and_multi_label_from_image_paths(tmp_path):
+    """Images take the same labels: a brightness to predict, and the set of colour channels lit."""
+    from PIL import Image
+    from transformers import pipeline
+
+    rows = []
+    for i in range(24):
+        level, lit = (i * 37 % 24) / 23, [c for j, c in enumerate("rgb") if (i >> j) & 1] or ["r"]
+        pixel = tuple(int(255 * level) if c in lit else 0 for c in "rgb")
+        path = tmp_path / f"{i}.png"
+        Image.new("RGB", (28, 28), pixel).save(path)
+        rows.append({"image": str(path), "brightness": level + 0.01, "channels": lit})
+    data = write_jsonl(tmp_path / "images.jsonl", rows)
+    common = [f"model_config={TINY_VIT}", "task=image-classification", f"train_file={data}",
+              "validation_file=null", "test_file=null", "per_device_train_batch_size=8", "num_train_epochs=1",
+              "validation_split_percentage=25", "random_flip=false", "learning_rate=1e-3", "freeze_embeddings=false",
+              "label_names=null", "max_train_samples=null", "max_eval_samples=null"]  # fmt: skip
+    out = tmp_path / "regression"
+    results = main([*common, "label_column=brightness", f"output_dir={out}"])
+    assert results["validation"]["num_samples"] == 6 and "pearson" in results["validation"]
+    [answer] = pipeline("image-classification", model=str(out / "model"), function_to_apply="none")(
+        str(rows[0]["image"])
+    )
+    assert answer["label"] == "brightness" and isinstance(answer["score"], float)
+    out = tmp_path / "multi_label"
+    results = main([*common, "label_column=channels", f"output_dir={out}"])
+    assert sorted(results["validation"]["per_class"]) == ["b", "g", "r"]
+    answer = pipeline("image-classification", model=str(out / "model"), top_k=None)(str(rows[0]["image"]))
+    assert sorted(a["label"] for a in answer) == ["b", "g", "r"]
