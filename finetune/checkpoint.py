@@ -38,7 +38,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from finetune.errors import EXIT_DIVERGED, TrainingStopped, UserError, first_line
+from finetune.errors import EXIT_DIVERGED, PeerFailed, TrainingStopped, UserError, first_line
+from finetune.runtime import agreed
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
@@ -87,33 +88,34 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, manifest: di
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".tmp-{PREFIX}{step:08d}"
     old = root / f".old-{PREFIX}{step:08d}"
-    if accelerator.is_main_process:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    try:
-        accelerator.save_state(str(tmp))  # each process writes its own RNG state
-        accelerator.wait_for_everyone()
+    # `agreed`: a process that fails (its disk is full) says so; the others end quietly, not at a barrier.
+    with agreed(accelerator):
         if accelerator.is_main_process:
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-            _fsync_tree(tmp)
-            (tmp / COMPLETE).write_text(str(step))
-            _fsync_tree(tmp)
-            if final.exists():  # re-saving a step (a resumed run): swap, never leave a gap
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(final, old)
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
-            _fsync_dir(root)
-    except OSError:  # a full disk, a quota: the half-written save goes, the checkpoints there stay
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with agreed(accelerator):
+            accelerator.save_state(str(tmp))  # each process writes its own RNG state
+        with agreed(accelerator):
+            if accelerator.is_main_process:
+                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+                _fsync_tree(tmp)
+                (tmp / COMPLETE).write_text(str(step))
+                _fsync_tree(tmp)
+                if final.exists():  # re-saving a step (a resumed run): swap, never leave a gap
+                    shutil.rmtree(old, ignore_errors=True)
+                    os.replace(final, old)
+                    os.replace(tmp, final)
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    os.replace(tmp, final)
+                _fsync_dir(root)
+    except (OSError, PeerFailed):  # a full disk, a quota: the half-written save goes, the checkpoints stay
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             if old.exists() and not final.exists():
                 os.replace(old, final)
         raise
-    accelerator.wait_for_everyone()
     return final
 
 

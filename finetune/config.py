@@ -645,7 +645,8 @@ def resumed_run_recipe(overrides: list[str]) -> Path | None:
     else:
         run = Path(resume).expanduser().resolve().parent.parent
     saved = run / "config.yaml"
-    return saved if saved.is_file() else None
+    # Only a run's own: a folder of the user's that holds some config.yaml but no checkpoints is no run.
+    return saved if saved.is_file() and (run / "checkpoints").is_dir() else None
 
 
 def load_config(

@@ -43,6 +43,11 @@ class UserError(Exception):
         self.local = local
 
 
+class PeerFailed(UserError):
+    """Another process failed and says why (`runtime.main_process_first`): this one ends with exit
+    status 2 and prints nothing, so that the run shows one line."""
+
+
 class TrainingStopped(Exception):
     """The run stopped on purpose (a signal, a diverged loss): one line on stderr, `exit_code`."""
 
@@ -162,7 +167,9 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
             sys.exit(130)
         except _user_error_types() as e:
             _undo_after_failure()
-            if rank == "0" or getattr(e, "local", False):  # every process hits most; one says it
+            if isinstance(e, PeerFailed):
+                time.sleep(RANK_0_SPEAKS_S)  # as below: the process that failed is saying it
+            elif rank == "0" or getattr(e, "local", False):  # every process hits most; one says it
                 print(f"error: {where}{one_line(e)}", file=sys.stderr)
             else:  # process 0 says it: give it the time, or torchrun, which stops the other processes
                 time.sleep(RANK_0_SPEAKS_S)  # when one ends, could stop it first (seen on a loaded machine)

@@ -82,7 +82,7 @@ from finetune.problems import (
     scores,
     summary_line,
 )
-from finetune.runtime import data_workers, make_accelerator, pin_memory, quiet_libraries
+from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
 
 FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
@@ -574,7 +574,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
 
     model, preprocessor = load_model(target, cfg)
     tokenizer = preprocessor if cfg.task == "text-classification" else None
-    with accelerator.main_process_first():  # the main process fills datasets' cache, the others read it
+    with main_process_first(accelerator):  # the main process fills datasets' cache, the others read it
         if args.data is None:
             ds, name, info = run_split(cfg.data_args, args.split)
         else:

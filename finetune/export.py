@@ -20,6 +20,7 @@ from finetune.config import TrainConfig
 from finetune.errors import UserError, first_line, on_failure
 from finetune.lora import is_lora, merge_lora
 from finetune.plots import plot_training_curves
+from finetune.runtime import agreed
 
 RESULTS = "results.json"
 # What a run writes in its output_dir, besides Accelerate's tracker logs in <output_dir>/<its name>.
@@ -99,19 +100,19 @@ def export_run(
     export = out / "model"
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(model)  # every process: gathers shards under FSDP
-    if accelerator.is_main_process:
-        try:
-            _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict)
-        except OSError as e:  # a full disk, a quota: one line; the checkpoints are untouched
-            file = f" ({e.filename})" if e.filename else ""
-            raise UserError(
-                f"could not write the export in {out}: {e.strerror or first_line(e)}{file}; the run is not "
-                "finished; free some space, then run again (with resume_from_checkpoint=latest if it saved "
-                "checkpoints: a resume from the last step only evaluates and exports)"
-            ) from None
-        if cfg.push_to_hub_model_id:
-            accelerator.print(f"pushed to {push_to_hub(export, cfg.push_to_hub_model_id)}")
-    accelerator.wait_for_everyone()
+    with agreed(accelerator):
+        if accelerator.is_main_process:
+            try:
+                _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict)
+            except OSError as e:  # a full disk, a quota: one line; the checkpoints are untouched
+                file = f" ({e.filename})" if e.filename else ""
+                raise UserError(
+                    f"could not write the export in {out}: {e.strerror or first_line(e)}{file}; the run is "
+                    "not finished; free some space, then run again (with resume_from_checkpoint=latest if it "
+                    "saved checkpoints: a resume from the last step only evaluates and exports)"
+                ) from None
+            if cfg.push_to_hub_model_id:
+                accelerator.print(f"pushed to {push_to_hub(export, cfg.push_to_hub_model_id)}")
     return export
 
 

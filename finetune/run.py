@@ -69,12 +69,14 @@ from finetune.problems import SINGLE, headline, per_sample_loss, problem_type_of
 from finetune.runtime import (
     ScalerSkips,
     StopOnSignal,
+    agreed,
     check_shared_output_dir,
     configure_fsdp,
     data_workers,
     describe_parameters,
     injected_fault,
     local_processes,
+    main_process_first,
     make_accelerator,
     pin_memory,
     quiet_libraries,
@@ -195,10 +197,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     position = (epoch + 1, 0) if end_of_epoch else (epoch, samples_in_epoch)
                     saves = due(cfg.save_steps, step) or (cfg.save_at_epoch_end and end_of_epoch)
                     if saves or (evaluate and cfg.load_best_model_at_end):  # then every evaluation saves
-                        checkpointer.save(model, step, *position, eval_metrics)
+                        checkpointer.save(model, step, *position, eval_metrics if evaluate else None)
                     signum = stop.requested()  # every process gets the same answer
                     if signum:
-                        path = checkpointer.save(model, step, *position, eval_metrics)
+                        path = checkpointer.save(model, step, *position, eval_metrics if evaluate else None)
                         raise TrainingStopped(
                             f"received {signal.Signals(signum).name} during training; saved checkpoint {path} "
                             f"(optimizer step {step}); continue with resume_from_checkpoint=latest",
@@ -273,7 +275,7 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
     asked), its tokenizer or image processor, and the preprocessed splits. Preprocessing runs on the
     main process first; the others read its cache. Fills in `cfg.problem_type` from the labels."""
     text = cfg.task == "text-classification"
-    with accelerator.main_process_first():
+    with main_process_first(accelerator):
         raw, label_names = load_splits(cfg.data_args)
     cfg.resolve_problem(problem_type_of(raw["train"]))  # and the metric_for_best_model it implies
     tokenizer = load_preprocessor(cfg.model_args) if text else None
@@ -300,7 +302,7 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
     preprocessor = tokenizer if text else load_preprocessor(cfg.model_args, model.config)
     if not text and (notice := resize_notice(image_sizes(raw["train"], cfg.image_column), preprocessor)):
         accelerator.print(notice)
-    with accelerator.main_process_first():
+    with main_process_first(accelerator):
         splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3))
     return model, preprocessor, splits, label_names
 
@@ -453,13 +455,13 @@ def start_run(
 ):
     """A fresh run clears what `overwrite_output_dir` replaces; then the resolved config, the
     trackers and the start summary."""
-    if accelerator.is_main_process:
-        if not cfg.resume_from_checkpoint and cfg.overwrite_output_dir and out.exists() and holds_run(out):
-            # Only what a run writes, only where a run was; it comes back if this run fails early.
-            set_aside_previous_run(out)
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, out / "config.yaml")
-    accelerator.wait_for_everyone()
+    with agreed(accelerator):
+        if accelerator.is_main_process:
+            if not cfg.resume_from_checkpoint and cfg.overwrite_output_dir and out.exists() and holds_run(out):
+                # Only what a run writes, only where a run was; it comes back if this run fails early.
+                set_aside_previous_run(out)
+            out.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, out / "config.yaml")
     if cfg.report_to:
         scalars = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers(out.name, config=scalars)

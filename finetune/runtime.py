@@ -26,7 +26,7 @@ from accelerate.utils import (
 )
 
 from finetune.config import TrainConfig
-from finetune.errors import TrainingStopped, UserError
+from finetune.errors import PeerFailed, TrainingStopped, UserError
 
 FSDP_NEEDS_GPUS = (
     "the accelerate config asks for FSDP, which Accelerate runs on GPUs only; use a DDP config "
@@ -502,3 +502,46 @@ def check_shared_output_dir(accelerator: Accelerator, output_dir: str | Path) ->
             "checkpoint, so a checkpoint is only whole (and resumable) on a filesystem that every machine "
             "mounts at the same path (NFS, Lustre, GPFS...): put output_dir there"
         )
+
+
+
+@contextlib.contextmanager
+def agreed(accelerator: Accelerator):
+    """Run the block, then let every process know whether one failed in it: that one raises its error
+    and says it (whatever its rank), the others end quietly (`PeerFailed`). Where a process would
+    otherwise wait at a barrier that a failed one never reaches, die on a closed connection, and have
+    the launcher print its traceback after the one line. Every process enters the block (work for one
+    goes under `if accelerator.is_main_process`); the agreement is also a barrier."""
+    error = None
+    try:
+        yield
+    except Exception as e:  # a user's mistake, a full disk, or our bug: the others must hear of it
+        error = e
+    if accelerator.num_processes == 1:
+        if error is not None:
+            raise error
+        return
+    from accelerate.utils import gather_object
+
+    failed = gather_object([error is not None])
+    if not any(failed):
+        return
+    if error is not None and failed.index(True) == accelerator.process_index:
+        with contextlib.suppress(AttributeError):
+            error.local = True  # type: ignore[attr-defined]  # this process says it, whatever its rank
+        raise error
+    raise PeerFailed(f"process {failed.index(True)} failed")
+
+
+@contextlib.contextmanager
+def main_process_first(accelerator: Accelerator):
+    """`accelerator.main_process_first()` (the main process fills datasets' cache, the others then read
+    it), where a failure inside is one line for the whole run (`agreed`)."""
+    if not accelerator.is_main_process:
+        with agreed(accelerator):  # waits for the main process's turn
+            pass
+    with agreed(accelerator):
+        yield
+    if accelerator.is_main_process:
+        with agreed(accelerator):  # the others' turn
+            pass

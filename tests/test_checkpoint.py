@@ -168,3 +168,16 @@ def test_resume_needs_only_the_run_directory(small_text_data, tmp_path, capsys):
     )
     c = load_file(again / "model" / "model.safetensors")
     assert max((a[k] - c[k]).abs().max().item() for k in a) <= 1e-6
+
+
+def test_a_folder_with_a_config_yaml_but_no_checkpoints_is_not_read_as_a_run(tmp_path):
+    """A project folder of the user's that holds some config.yaml: `resume_from_checkpoint=latest
+    output_dir=<it>` does not take that file for the run's recipe."""
+    from finetune.config import resumed_run_recipe
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("database: postgres\n")
+    assert resumed_run_recipe(["resume_from_checkpoint=latest", f"output_dir={folder}"]) is None
+    (folder / ckpt.CHECKPOINTS).mkdir()
+    assert resumed_run_recipe(["resume_from_checkpoint=latest", f"output_dir={folder}"]) == folder / "config.yaml"

@@ -70,6 +70,17 @@ def test_a_user_error_under_two_processes_is_one_line_and_exit_2(tmp_path):
     assert "ChildFailedError" not in result.stderr and "exitcode" not in result.stderr, result.stderr[-2000:]
 
 
+def test_a_data_mistake_under_two_processes_is_one_line(small_text_data, tmp_path):
+    """A mistake found while the main process reads the data first (a wrong text_column) while the
+    other waits for it: one line from the process that met it, no gloo traceback from the other."""
+    out = tmp_path / "run"
+    args = tiny_text_args(small_text_data, out, "text_column=txt")
+    result = _run([*launch_command(2, launcher="finetune.launch"), "finetune/run.py", *args], tmp_path)
+    _one_error_line(result, "column 'txt' not found in the train data")
+    assert "gloo" not in result.stderr and "Connection closed" not in result.stderr, result.stderr[-2000:]
+    assert not (out / "config.yaml").exists()
+
+
 @pytest.fixture
 def started():
     """The long runs a test starts; whatever still runs at the end (a failed assert) is killed."""
@@ -149,3 +160,34 @@ def test_killing_a_plain_accelerate_launcher_still_saves_a_checkpoint(small_text
     stopped = [line for line in err.splitlines() if line.startswith("stopped:")]
     assert len(stopped) == 1 and "SIGTERM" in stopped[0], err[-2000:]
     assert len(ckpt.list_checkpoints(out)) == 1
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_agreed_the_first_process_that_failed_says_it_the_others_end_quietly(monkeypatch, rank):
+    """`runtime.agreed` on a process of two, given what the processes report (the gather, faked here;
+    the real one under two processes: the test above): its own error when it is the first that
+    failed, marked as its own to say; PeerFailed when another failed first; nothing when none did."""
+    import types
+
+    import accelerate.utils
+
+    from finetune.errors import PeerFailed, UserError
+    from finetune.runtime import agreed
+
+    accelerator = types.SimpleNamespace(num_processes=2, process_index=rank, is_main_process=rank == 0)
+
+    def run(reports: list[bool], fail: bool) -> None:
+        monkeypatch.setattr(accelerate.utils, "gather_object", lambda mine: reports)
+        with agreed(accelerator):
+            if fail:
+                raise UserError("the disk is full")
+
+    run([False, False], fail=False)  # none failed: the block's end is all
+    with pytest.raises(UserError, match="the disk is full") as own:
+        run([i == rank for i in range(2)], fail=True)
+    assert not isinstance(own.value, PeerFailed) and own.value.local
+    other = 1 - rank
+    with pytest.raises(PeerFailed, match=f"process {other} failed"):
+        run([i == other for i in range(2)], fail=False)
+    with pytest.raises(PeerFailed if rank == 1 else UserError):  # both failed: process 0 says it
+        run([True, True], fail=True)

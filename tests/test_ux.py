@@ -215,6 +215,25 @@ def test_load_best_model_at_end_exports_the_best_checkpoint(small_text_data, tmp
     assert best["step"] != last  # the setting above overfits: the test covers the interesting case
 
 
+def test_only_an_evaluated_checkpoint_carries_metrics_or_can_be_best(small_text_data, tmp_path):
+    """Checkpoints every 2 steps, evaluations every 3: a checkpoint at a step without an evaluation
+    (4) holds no metrics, so it cannot be named best on the strength of step 3's evaluation."""
+    from finetune import checkpoint as ckpt
+
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "num_train_epochs=2", "per_device_train_batch_size=8",
+                        "eval_steps=3", "save_steps=2", "save_total_limit=null"))  # fmt: skip
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evaluated = {e["step"] for e in lines if "eval_loss" in e}
+    saved = {int(p.name.split("-")[1]): p for p in ckpt.list_checkpoints(out)}
+    assert 4 in saved and 4 not in evaluated and 3 in evaluated  # the case this test is about
+    for step, path in saved.items():
+        metrics = json.loads((path / ckpt.MANIFEST).read_text())["metrics"]
+        assert bool(metrics) == (step in evaluated), step
+    best = json.loads((out / "results.json").read_text())["best"]
+    assert best["step"] in evaluated and best["step"] in saved
+
+
 @pytest.mark.parametrize(
     "setting, message",
     [
