@@ -207,8 +207,8 @@ class TrainConfig:
     save_total_limit: int | None = setting(2, "keep the last K checkpoints (the best is kept too; null: all)")
     metric_for_best_model: str | None = setting(
         None,
-        "the validation metric that picks the best checkpoint (null: accuracy; mse, micro_f1 for "
-        "regression, multi-label)",
+        "the validation metric that picks the best checkpoint (null: the first of its problem type's): "
+        + "; ".join(f"{problem}: {', '.join(metrics)}" for problem, metrics in METRICS.items()),
     )
     greater_is_better: bool | None = setting(
         None, "whether a larger metric_for_best_model is better (null: lower for loss, mse, mae)"

@@ -223,8 +223,15 @@ def check_columns(
     label_columns = [label_column] if isinstance(label_column, str) else list(label_column)
     for column in (*label_columns, *inputs):
         if column not in ds.column_names:
+            folders = (
+                "; an image folder labels each image by the folder it is in: <data_dir>/train/<class>/*.png "
+                "(and validation/, test/ beside train/)"
+                if not text and column in label_columns and ds.column_names == inputs
+                else ""
+            )
             raise UserError(
                 f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
+                + folders
             )
     if text:
         for column in inputs:

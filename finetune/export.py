@@ -116,6 +116,16 @@ def export_run(
     return export
 
 
+def _as_umask_allows(folder: Path) -> None:
+    """safetensors writes its files readable by their owner alone (0600); an export is for sharing, so
+    its files get the modes the user's umask gives any new file (0644 under the usual 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
+
+
 def _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict) -> None:
     """The main process's part of `export_run`."""
     out = Path(cfg.output_dir)
@@ -133,6 +143,7 @@ def _write_export(cfg, accelerator, model, preprocessor, results, label_names, b
         if device_map is not None:
             unwrapped.hf_device_map = device_map
     preprocessor.save_pretrained(export)
+    _as_umask_allows(export)
     results.update(
         {
             "model_dir": str(export),

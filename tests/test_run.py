@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -45,6 +46,9 @@ def test_text_run_exports_a_model_that_pipeline_loads(small_text_data, tmp_path)
     assert {p["label"] for p in predictions} <= {"0", "1"}
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["id2label"] == {"0": "0", "1": "1"}
+    umask = os.umask(0)
+    os.umask(umask)  # safetensors writes 0600: the export's files get what the umask gives a new file
+    assert {p.stat().st_mode & 0o777 for p in (out / "model").iterdir()} == {0o666 & ~umask}
 
 
 def test_frozen_embeddings_stay_as_built_and_the_rest_trains(small_text_data, tmp_path):

@@ -114,6 +114,10 @@ def test_help_lists_every_setting_with_type_default_help_and_the_recipes_value(c
         in out
     )
     assert out.index("\ndata:\n") < out.index("  train_file:") < out.index("\noptimisation:\n")
+    from finetune.config import METRICS
+
+    metric_help = out[out.index("  metric_for_best_model:") :].split("\n  greater_is_better")[0]
+    assert all(f"{p}: {', '.join(m)}" in " ".join(metric_help.split()) for p, m in METRICS.items())
 
 
 def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
@@ -247,3 +251,15 @@ def test_a_mistake_inside_model_config_is_one_line(tmp_path, capsys, setting, me
     recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")
     assert message in user_error(capsys, main, ["--config", recipe, setting, f"output_dir={tmp_path / 'o'}"])
     assert not (tmp_path / "o").exists()
+
+
+def test_an_image_folder_without_class_folders_says_how_to_lay_it_out(tmp_path, capsys):
+    """Images straight in data_dir: datasets finds no labels; the line says where the classes go."""
+    from conftest import user_error
+    from PIL import Image
+
+    for i in range(4):
+        Image.new("RGB", (20, 20), (60 * i, 0, 0)).save(tmp_path / f"{i}.png")
+    recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")
+    line = user_error(capsys, main, ["--config", recipe, f"data_dir={tmp_path}", f"output_dir={tmp_path / 'o'}"])
+    assert "column 'label' not found" in line and "<data_dir>/train/<class>/" in line
