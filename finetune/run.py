@@ -203,7 +203,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                         path = checkpointer.save(model, step, *position, eval_metrics if evaluate else None)
                         raise TrainingStopped(
                             f"received {signal.Signals(signum).name} during training; saved checkpoint {path} "
-                            f"(optimizer step {step}); continue with resume_from_checkpoint=latest",
+                            f"(optimizer step {step}); continue with resume_from_checkpoint=latest output_dir={out}",
                             128 + signum,
                         )
                     if step >= plan.total_steps or stale:
