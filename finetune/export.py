@@ -1,6 +1,6 @@
 """The end of a run: the model as an ordinary `save_pretrained` directory (safetensors, tokenizer or
-image processor, `id2label`; LoRA adapters merged into the weights), `results.json`, the training
-curves, the model card and, when asked, the upload to the Hub. And what a run writes in its output_dir:
+image processor, `id2label`; LoRA adapters merged into the weights), a LoRA run's adapter alone in
+peft's format, `results.json`, the training curves, the model card and, when asked, the upload to the Hub. And what a run writes in its output_dir:
 what `overwrite_output_dir` replaces, and how the run it replaces is kept until the new one is finished."""
 
 from __future__ import annotations
@@ -23,8 +23,17 @@ from finetune.plots import plot_training_curves
 from finetune.runtime import agreed
 
 RESULTS = "results.json"
+ADAPTER = "adapter"  # a LoRA run's adapters and head alone: peft's save_pretrained, before the merge
 # What a run writes in its output_dir, besides Accelerate's tracker logs in <output_dir>/<its name>.
-RUN_FILES = (ckpt.CHECKPOINTS, "model", "metrics.jsonl", RESULTS, "config.yaml", "training_curves.png")
+RUN_FILES = (
+    ckpt.CHECKPOINTS,
+    "model",
+    ADAPTER,
+    "metrics.jsonl",
+    RESULTS,
+    "config.yaml",
+    "training_curves.png",
+)
 PREVIOUS = ".previous-run"  # the run that an overwrite replaces, until the new one is finished
 
 
@@ -126,12 +135,22 @@ def _as_umask_allows(folder: Path) -> None:
             path.chmod(0o666 & ~umask)
 
 
+def save_adapter(model, folder: Path) -> None:
+    """peft's own adapter directory (adapter_config.json, adapter_model.safetensors: the LoRA matrices
+    and the trained head, `modules_to_save`), which `PeftModel.from_pretrained(base, folder)` puts back
+    on the model the run started from."""
+    model.save_pretrained(folder, safe_serialization=True)
+    _as_umask_allows(folder)
+
+
 def _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict) -> None:
     """The main process's part of `export_run`."""
     out = Path(cfg.output_dir)
     export = out / "model"
     unwrapped = accelerator.unwrap_model(model)
     if is_lora(unwrapped):  # an ordinary model: the adapters merged into their weights
+        save_adapter(unwrapped, out / ADAPTER)  # first: merge_lora works in place
+        results["adapter_dir"] = str(out / ADAPTER)
         unwrapped = merge_lora(unwrapped)
         state_dict = unwrapped.state_dict()
     # Model parallel: transformers reads "cpu" in hf_device_map as offloading and warns at save;

@@ -1,11 +1,14 @@
 """LoRA through peft (finetune/lora.py): only the adapters and the head train; the export is an ordinary
-merged model that pipeline() loads; a resume is exact; accumulation (and DDP, slow) equal one big batch."""
+merged model that pipeline() loads, and the adapter alone is saved beside it in peft's format; a resume is
+exact; accumulation (and DDP, slow) equal one big batch."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
+import torch
 from conftest import launch, tiny_text_args, user_error
 from safetensors.torch import load_file
 
@@ -46,6 +49,66 @@ def test_lora_trains_the_adapters_and_exports_a_merged_model(small_text_data, tm
         assert evaluated["loss"] == pytest.approx(results["validation"]["loss"], abs=1e-5), path
     [answer] = pipeline("text-classification", model=str(out / "model"))(["a gorgeous , witty movie ."])
     assert answer["label"] in ("0", "1")
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")  # peft asks transformers
+@pytest.mark.parametrize("base", ["model_config", "pretrained"])
+def test_the_adapter_alone_on_the_base_model_equals_the_merged_export(small_text_data, tmp_path, base):
+    """<output_dir>/adapter is peft's own format: put back on the model the run started from, it gives the
+    export's logits. A base built from model_config is rebuilt from the export's config.json with the
+    run's seed (as run.py builds it); a pretrained one (here a tiny BertModel saved without a head) is
+    loaded with the export's config and another seed: the new head comes from the adapter."""
+    from peft import PeftModel
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        BertConfig,
+        BertModel,
+    )
+
+    out, extra = tmp_path / "run", []
+    if base == "pretrained":
+        torch.manual_seed(0)
+        BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                             max_position_embeddings=128, vocab_size=30522, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0)).save_pretrained(tmp_path / "base")  # fmt: skip
+        extra = ["model_config=null", f"model_name_or_path={tmp_path / 'base'}"]
+    results = main(tiny_text_args(small_text_data, out, LORA, "per_device_train_batch_size=8", "num_train_epochs=1",
+                                  "learning_rate=1e-2", "seed=7", *extra))  # fmt: skip
+    adapter = out / "adapter"
+    assert results["adapter_dir"] == str(adapter)
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter.iterdir()}
+    saved = load_file(adapter / "adapter_model.safetensors")
+    assert sum(t.numel() for t in saved.values()) == LORA_TRAINED  # the adapters and the head, nothing frozen
+    assert "base_model.model.classifier.weight" in saved
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.stat().st_mode & 0o777 for p in adapter.iterdir()} == {0o666 & ~umask}  # as the export's files
+
+    tokenizer = AutoTokenizer.from_pretrained(out / "model")
+    inputs = tokenizer(["a gorgeous , witty movie .", "dull and far too long", "the best film of the year"],
+                       padding=True, return_tensors="pt")  # fmt: skip
+    config = AutoConfig.from_pretrained(out / "model")
+    if base == "model_config":
+        torch.manual_seed(7)
+        started = AutoModelForSequenceClassification.from_config(config)
+    else:
+        torch.manual_seed(8)
+        started = AutoModelForSequenceClassification.from_pretrained(tmp_path / "base", config=config)
+    merged = AutoModelForSequenceClassification.from_pretrained(out / "model").eval()
+    with torch.no_grad():
+        before, expected = started.eval()(**inputs).logits, merged(**inputs).logits
+        got = PeftModel.from_pretrained(started, adapter).eval()(**inputs).logits
+    assert (before - expected).abs().max() > 1e-3  # the adapters changed the model...
+    assert (got - expected).abs().max() < 1e-5  # ...and the adapter alone carries that change
+    if base == "pretrained":
+        return
+
+    # An overwrite by a run without LoRA leaves no adapter of the earlier run beside its model.
+    results = main(tiny_text_args(small_text_data, out, "max_steps=1", "overwrite_output_dir=true"))
+    assert not adapter.exists() and "adapter_dir" not in results
+    assert not (out / ".previous-run").exists()
 
 
 def test_lora_resume_is_exact(small_text_data, tmp_path):
