@@ -169,7 +169,8 @@ class TrainConfig:
         False, "recompute activations in backward: less memory, more compute"
     )
     # LoRA through peft (pip install peft): low-rank adapters on the target linear layers and the head
-    # train, every other weight stays frozen; the export has the adapters merged (finetune/lora.py).
+    # train, every other weight stays frozen; the export has the adapters merged, and <output_dir>/adapter
+    # holds them alone in peft's format (finetune/lora.py).
     peft: dict[str, Any] | None = setting(
         None,
         "LoRA instead of full fine-tuning: {r: 8, alpha: 16, dropout: 0.0, target_modules: [query, value]}",
@@ -399,8 +400,6 @@ class TrainConfig:
             from finetune.lora import check_spec
 
             self.peft = check_spec(self.peft)  # with the defaults filled in, as config.yaml saves it
-            if self.model_parallel:
-                raise UserError("peft (LoRA) and model_parallel do not go together; train LoRA with DDP")
         if self.pipeline_chunks > 1 and not self.model_parallel:
             raise UserError("pipeline_chunks needs model_parallel=true")
         if self.devices and not self.model_parallel:

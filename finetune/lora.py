@@ -13,8 +13,11 @@ else in the loop changes: the per-sample loss, its masking and scaling, DDP and 
 checkpoints (Accelerate saves the wrapped model's state, adapters included, so a resume is exact).
 
 The export is an ordinary model: `merge_lora` folds each B A into its W (peft's `merge_and_unload`)
-and takes the trained head, so `pipeline()` loads it without peft. A training-state checkpoint is
-evaluated the same way: the adapters put back on the built model, its state loaded, then merged.
+and takes the trained head, so `pipeline()` loads it without peft; before the merge, finetune/export.py
+saves the adapters and the head alone, in peft's format, to <output_dir>/adapter. A training-state
+checkpoint is evaluated the same way: the adapters put back on the built model, its state loaded, then
+merged. With model_parallel=true, LoRA comes first and the split places the model inside peft's wrapper
+(`get_base_model()`), the adapters with their layers (run.py's `split_model`).
 """
 
 from __future__ import annotations

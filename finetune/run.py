@@ -63,7 +63,7 @@ from finetune.data import (
 from finetune.errors import ArgumentParser, TrainingStopped, UserError, exit_on_user_error
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import RESULTS, check_files_in_the_way, export_run, set_aside_previous_run
-from finetune.lora import apply_lora
+from finetune.lora import apply_lora, is_lora
 from finetune.models import build_model, check_max_length, check_tokenizer, load_preprocessor
 from finetune.problems import SINGLE, headline, per_sample_loss, problem_type_of, summary_line
 from finetune.runtime import (
@@ -315,6 +315,7 @@ def model_parallel_plan(cfg: TrainConfig, accelerator: Accelerator, model):
     seq = cfg.max_length if cfg.task == "text-classification" else None  # ViT: patches + 1
     local = local_processes() if accelerator.num_processes > 1 else 1
     devices = process_devices(cfg.devices, accelerator.local_process_index, local)
+    model = _inside_lora(model)  # under LoRA, the wrapped model: its layers hold the adapters
     # GPipe keeps every chunk's activations until backward: plan for the whole batch.
     plan = plan_model_parallel(model, devices, micro_batch_size=cfg.per_device_train_batch_size, seq_len=seq,
                                max_memory=cfg.max_memory, mixed_precision=accelerator.mixed_precision,
@@ -326,7 +327,8 @@ def model_parallel_plan(cfg: TrainConfig, accelerator: Accelerator, model):
 
 
 def split_model(cfg: TrainConfig, accelerator: Accelerator, model):
-    """With `model_parallel=true`, the model with its layers on consecutive devices."""
+    """With `model_parallel=true`, the model with its layers on consecutive devices. Under LoRA the
+    model inside peft's wrapper is split, adapters and all, and the wrapper is returned."""
     if not cfg.model_parallel:
         return model
     from finetune.parallel import apply_model_parallel
@@ -335,7 +337,14 @@ def split_model(cfg: TrainConfig, accelerator: Accelerator, model):
     if len(plan.stages) == 1:
         accelerator.print("warning: model parallelism with one device: training unsplit")
         return model
-    return apply_model_parallel(model, plan)
+    apply_model_parallel(_inside_lora(model), plan)
+    return model
+
+
+def _inside_lora(model):
+    """The transformers model that LoRA wraps (its layers, with the adapters in them, are what the split
+    places; peft's wrapper calls it, so its hooks run), or the model itself without LoRA."""
+    return model.get_base_model() if is_lora(model) else model
 
 
 def make_loaders(cfg: TrainConfig, accelerator: Accelerator, splits, preprocessor):

@@ -1,4 +1,4 @@
-"""Model parallelism composes with accumulation, checkpoints, exact resume, evaluation and DDP."""
+"""Model parallelism composes with accumulation, checkpoints, exact resume, evaluation, DDP and LoRA."""
 
 from __future__ import annotations
 
@@ -45,6 +45,38 @@ def test_split_with_accumulation_equals_unsplit_and_resumes_exactly(small_text_d
     model = AutoModelForSequenceClassification.from_pretrained(split / "model")
     assert {p.device.type for p in model.parameters()} == {"cpu"}
     assert not hasattr(model, "hf_device_map") or len(set(model.hf_device_map.values())) == 1
+
+
+def test_lora_split_over_two_devices_equals_unsplit_lora(small_text_data, tmp_path, capsys, monkeypatch):
+    """LoRA, then the split of the model inside peft's wrapper: the adapters go with their layers. The
+    same losses, merged export and adapter as the unsplit LoRA run, within 1e-5."""
+    pytest.importorskip("peft")
+    import finetune.parallel as parallel
+
+    split_models, parallel_apply = [], parallel.apply_model_parallel
+
+    def apply_and_keep(model, plan):
+        split_models.append(parallel_apply(model, plan))
+        return split_models[-1]
+
+    monkeypatch.setattr(parallel, "apply_model_parallel", apply_and_keep)
+    lora = ("peft={r: 4, alpha: 8, target_modules: [query, value]}", "learning_rate=1e-2")
+    plain, split = tmp_path / "plain", tmp_path / "split"
+    main(tiny_text_args(small_text_data, plain, *COMMON, *lora, "adam_epsilon=1e-6"))
+    capsys.readouterr()
+    main(tiny_text_args(small_text_data, split, *COMMON, *SPLIT, *lora))
+    printed = capsys.readouterr().out
+    assert "1,090 of 996,718 weights trained (LoRA r=4 and the head)" in printed
+    assert "layer split into 2 stages in one process: cpu (" in printed
+    [model] = split_models
+    assert type(model).__name__ == "BertForSequenceClassification"  # the model inside peft's wrapper
+    assert model.mp_state.total_handoffs > 0  # peft's forward went through the split's hooks
+    assert _worst(_weights(plain), _weights(split)) < 1e-5
+    assert _losses(split) == pytest.approx(_losses(plain), rel=0, abs=1e-5)
+    adapters = [load_file(out / "adapter" / "adapter_model.safetensors") for out in (plain, split)]
+    assert _worst(*adapters) < 1e-5
+    lora_b = [t for k, t in adapters[1].items() if "lora_B" in k]
+    assert len(lora_b) == 4 and min(t.abs().max().item() for t in lora_b) > 0  # B starts at 0: they trained
 
 
 def _losses(out) -> list[float]:
