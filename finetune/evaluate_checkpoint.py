@@ -41,11 +41,18 @@ trained with model_parallel=true is evaluated whole in each process.
 
 from __future__ import annotations
 
+import os
+
+# Before torch loads OpenMP, which reads this once: its threads sleep when they wait instead of spinning.
+# On a CPU shared with another job, a spinning thread holds the core that the thread it waits for
+# needs, and each step took 3-4x as long as with one thread; sleeping costs nothing measurable on a
+# quiet machine (README, "CPU threads"). An OMP_WAIT_POLICY of the user's own is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import dataclasses
 import hashlib
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass

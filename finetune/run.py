@@ -29,9 +29,16 @@ for another process. Exit statuses are listed in finetune/errors.py.
 
 from __future__ import annotations
 
+import os
+
+# Before torch loads OpenMP, which reads this once: its threads sleep when they wait instead of spinning.
+# On a CPU shared with another job, a spinning thread holds the core that the thread it waits for
+# needs, and each step took 3-4x as long as with one thread; sleeping costs nothing measurable on a
+# quiet machine (README, "CPU threads"). An OMP_WAIT_POLICY of the user's own is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import json
 import math
-import os
 import signal
 import sys
 import time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import types
 from collections import Counter
 from pathlib import Path
@@ -263,3 +264,21 @@ def test_an_image_folder_without_class_folders_says_how_to_lay_it_out(tmp_path, 
     recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")
     line = user_error(capsys, main, ["--config", recipe, f"data_dir={tmp_path}", f"output_dir={tmp_path / 'o'}"])
     assert "column 'label' not found" in line and "<data_dir>/train/<class>/" in line
+
+
+@pytest.mark.parametrize("module", ["finetune.run", "finetune.evaluate_checkpoint"])
+def test_openmp_threads_sleep_when_they_wait_unless_the_user_says(module):
+    """The entry points set OMP_WAIT_POLICY=PASSIVE before torch loads libgomp, which then spins 0
+    times (its default: 300,000); a policy of the user's own is kept. libgomp prints what it read."""
+    import subprocess
+    import sys
+
+    def spincount(**env: str) -> str:
+        environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+        code = f"import {module}, torch; torch.ones(4).sum()"
+        run = subprocess.run([sys.executable, "-c", code], env={**environ, "OMP_DISPLAY_ENV": "VERBOSE", **env},
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        return next(line.split("=")[1].strip() for line in run.stderr.splitlines() if "GOMP_SPINCOUNT" in line)
+
+    assert spincount() == "'0'"
+    assert spincount(OMP_WAIT_POLICY="ACTIVE") != "'0'"
