@@ -299,9 +299,14 @@ def architecture_only(args: ModelArgs) -> ModelArgs:
     classification head as "MISSING ... newly initialized", which is not what is evaluated."""
     if args.model_config is not None or args.model_name_or_path is None:
         return args
-    config = _load_model_config(args.model_name_or_path, args.trust_remote_code).to_dict()
+    loaded = _load_model_config(args.model_name_or_path, args.trust_remote_code)
+    # Only the keys this version's config class knows: a legacy one (the bundled MiniLM's
+    # `gradient_checkpointing`) was stored and ignored by transformers, and model_config refuses it.
+    known = {*type(loaded)().to_dict(), "model_type"}
     spec = {
-        k: v for k, v in config.items() if k not in ("id2label", "label2id", "num_labels", "problem_type")
+        k: v
+        for k, v in loaded.to_dict().items()
+        if k in known and k not in ("id2label", "label2id", "num_labels", "problem_type")
     }
     return dataclasses.replace(args, model_config=spec)
 
