@@ -29,7 +29,7 @@ from datasets import Dataset as HFDataset
 from torch.utils.data import Sampler
 
 from finetune.config import DataArgs
-from finetune.errors import UserError, first_line
+from finetune.errors import TrainingStopped, UserError, first_line
 from finetune.problems import SINGLE, encode_splits, infer_problem_type
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv"}
@@ -127,6 +127,7 @@ def load_raw(
             try:
                 raw[split] = load_dataset(builder, data_files={split: path}, **kwargs)[split]
             except Exception as e:  # datasets raises many types for unreadable data
+                _reraise_a_stop(e)
                 if "corresponds to no data" in _root_cause(e):  # a header and no rows
                     raise UserError(f"the {split} data has no rows ({path}); check the file") from None
                 raise UserError(
@@ -141,12 +142,23 @@ def load_raw(
     return raw
 
 
+def _reraise_a_stop(e: BaseException) -> None:
+    """A signal while datasets parses a file (SIGTERM raises TrainingStopped there) comes back wrapped in
+    datasets' own error: it is a stop, not bad data."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, TrainingStopped):
+            raise seen from None
+        seen = seen.__cause__ or seen.__context__
+
+
 def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str | None) -> DatasetDict:
     try:
         if name in (None, "imagefolder") and data_dir:
             return load_dataset("imagefolder", data_dir=data_dir)
         return load_dataset(name, config_name, data_dir=data_dir)
     except Exception as e:  # datasets raises many types for unreadable data; the message is the help
+        _reraise_a_stop(e)
         cause = _root_cause(e)
         if name in (None, "imagefolder") and (
             "no data" in cause or "EmptyDataset" in cause or "doesn't contain any data" in cause

@@ -167,3 +167,24 @@ def test_sigterm_while_loading_an_overwrite_puts_the_earlier_run_back(
     ] and "Traceback" not in err
     assert digest(finished) == before
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_a_signal_while_datasets_parses_a_file_is_a_stop_not_bad_data(tmp_path, monkeypatch):
+    """SIGTERM raises TrainingStopped inside datasets' parsing, which wraps it in its own error (as
+    DatasetGenerationError does, `from` the original): load_raw gives back the stop, not 'not valid JSON'."""
+    import finetune.data
+    from finetune.errors import TrainingStopped
+
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"text": "a", "label": "x"}\n')
+
+    def parse(*args, **kwargs):
+        try:
+            raise TrainingStopped("received SIGTERM outside the training loop; nothing more was saved", 143)
+        except TrainingStopped as e:
+            raise RuntimeError("An error occurred while generating the dataset") from e
+
+    monkeypatch.setattr(finetune.data, "load_dataset", parse)
+    with pytest.raises(TrainingStopped) as stop:
+        finetune.data.load_raw({"train": str(path)}, None, None, None)
+    assert stop.value.exit_code == 143
