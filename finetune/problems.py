@@ -147,8 +147,19 @@ def label_names_for(train: HFDataset, args: DataArgs, problem: str) -> list[str]
         return given or list(args.label_columns)
     if given:
         return given
+    _check_no_null_in_lists(train, args.label_column, "train")
     name_of = _list_names(train.features[args.label_column])
     return sorted({name_of(v) for row in train[args.label_column] for v in row})
+
+
+def _check_no_null_in_lists(ds: HFDataset, column: str, split: str) -> None:
+    """A null inside a list of labels (["sports", null]) would become a class named "None"."""
+    for row, labels in enumerate(ds[column]):
+        if labels and any(v is None for v in labels):
+            raise UserError(
+                f"label column '{column}' in the {split} data has a null inside the list at row {row + 1}; "
+                "name every label, or drop the null"
+            )
 
 
 def _list_names(feature: Any):
@@ -201,6 +212,7 @@ def _encode_lists(ds: HFDataset, column: str, label_names: list[str], split: str
             f"label column '{column}' in the {split} data holds {feature}, not lists of labels; a multi-label "
             "run needs lists in every split"
         )
+    _check_no_null_in_lists(ds, column, split)
     name_of, to_id = _list_names(feature), {name: i for i, name in enumerate(label_names)}
     unknown: dict[str, int] = {}
     for row, labels in enumerate(ds[column]):

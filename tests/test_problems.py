@@ -241,6 +241,7 @@ def _texts(labels: list, column: str = "label") -> list[dict]:
         ),
         ([0.5, float("nan"), 1.5], [], "has 1 NaN or infinite target(s) (first at row 2: nan)"),
         ([["a"], [], ["b"]], [], "has an empty list at row 2; every sample needs a label"),
+        ([["a"], ["b", None], ["b"]], [], "has a null inside the list at row 2"),
         (
             [["a"], ["b", "c"]],
             ["label_names=[a,b]"],
