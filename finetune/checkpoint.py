@@ -357,12 +357,28 @@ def all_finite(model, accelerator) -> bool:
 
 
 def diverged(why: str, step: int, last_checkpoint: Path | None) -> TrainingStopped:
+    then = "then resume from that checkpoint or start again" if last_checkpoint else "then start again"
     kept = f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was saved"
     return TrainingStopped(
-        f"{why} (optimizer step {step}); {kept}; lower learning_rate or check the data, "
-        "then resume from that checkpoint or start again",
-        EXIT_DIVERGED,
+        f"{why} (optimizer step {step}); {kept}; lower learning_rate or check the data, {then}", EXIT_DIVERGED
     )
+
+
+def apply_learning_rate(optimizer, scheduler, manifest: dict[str, Any], learning_rate: float, say) -> None:
+    """A resume with another learning_rate (after a divergence: lower it, then resume) goes on with it:
+    the restored schedule is scaled by new / saved, so warmup and decay keep their shape."""
+    saved = (manifest.get("config") or {}).get("learning_rate")
+    if not isinstance(saved, (int, float)) or saved <= 0 or saved == learning_rate:
+        return
+    ratio = learning_rate / saved
+    inner = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper
+    inner.base_lrs = [lr * ratio for lr in inner.base_lrs]
+    inner._last_lr = [lr * ratio for lr in inner.get_last_lr()]
+    for group in optimizer.param_groups:
+        group["lr"] *= ratio
+        if "initial_lr" in group:
+            group["initial_lr"] *= ratio
+    say(f"learning_rate {saved:g} in the checkpoint, {learning_rate:g} from here: the schedule is scaled")
 
 
 def check_resume_compatible(

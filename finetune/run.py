@@ -123,6 +123,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     step, start_epoch, start_sample = 0, 0, 0
     if resume_path is not None:
         ckpt.load_checkpoint(accelerator, resume_path, exact=not cfg.resume_allow_topology_change)
+        ckpt.apply_learning_rate(optimizer, scheduler, manifest, cfg.learning_rate, accelerator.print)
         step, start_epoch, start_sample = manifest["step"], manifest["epoch"], manifest["samples_in_epoch"]
         checkpointer.best, checkpointer.last = manifest.get("best", {}), resume_path
         log.drop_after(step)

@@ -181,3 +181,23 @@ def test_a_folder_with_a_config_yaml_but_no_checkpoints_is_not_read_as_a_run(tmp
     assert resumed_run_recipe(["resume_from_checkpoint=latest", f"output_dir={folder}"]) is None
     (folder / ckpt.CHECKPOINTS).mkdir()
     assert resumed_run_recipe(["resume_from_checkpoint=latest", f"output_dir={folder}"]) == folder / "config.yaml"
+
+
+def test_a_resume_with_another_learning_rate_goes_on_with_it(small_text_data, tmp_path, capsys):
+    """After a divergence the line says: lower learning_rate, then resume. The resumed run's learning rate
+    is the uninterrupted run's schedule scaled by new / saved, from the first step after the checkpoint."""
+    full = tmp_path / "full"
+    main(_args(small_text_data, full))
+    resumed = tmp_path / "resumed"
+    first = ckpt.list_checkpoints(full)[0]
+    shutil.copytree(first, resumed / ckpt.CHECKPOINTS / first.name)
+    main(_args(small_text_data, resumed, "resume_from_checkpoint=latest", "learning_rate=5e-4"))
+    assert "learning_rate 0.001 in the checkpoint, 0.0005 from here" in capsys.readouterr().out
+
+    def rates(out):
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["learning_rate"] for r in records if "learning_rate" in r and r["step"] > 3}
+
+    before, after = rates(full), rates(resumed)
+    assert after and set(after) == set(before)
+    assert all(after[s] == pytest.approx(before[s] / 2, rel=1e-9, abs=1e-15) for s in after)
