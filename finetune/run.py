@@ -37,6 +37,17 @@ import os
 # quiet machine (README, "CPU threads"). An OMP_WAIT_POLICY of the user's own is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+if __name__ == "__main__":  # Ctrl-C or SIGTERM during the imports (seconds): one line, not a traceback
+    import signal as _signal
+
+    def _stopped_while_starting(signum, frame):
+        if os.environ.get("RANK", "0") == "0":
+            os.write(2, b"stopped: interrupted while starting; nothing was written\n")
+        os._exit(128 + signum)
+
+    for _sig in (_signal.SIGINT, _signal.SIGTERM):
+        _signal.signal(_sig, _stopped_while_starting)
+
 import json
 import math
 import signal

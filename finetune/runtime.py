@@ -408,6 +408,7 @@ def stop_outside_the_loop() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt (run.py's start: exit)
 
 
 def quiet_libraries(level: str) -> None:

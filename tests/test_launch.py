@@ -191,3 +191,18 @@ def test_agreed_the_first_process_that_failed_says_it_the_others_end_quietly(mon
         run([i == other for i in range(2)], fail=False)
     with pytest.raises(PeerFailed if rank == 1 else UserError):  # both failed: process 0 says it
         run([True, True], fail=True)
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_in_the_first_second_is_one_stopped_line(tmp_path, sig, status):
+    """Ctrl-C while Python still imports torch and transformers: one `stopped:` line, no
+    KeyboardInterrupt traceback, nothing written."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "finetune/run.py"), f"output_dir={tmp_path / 'o'}"],
+                            cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == status, err[-2000:]
+    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("stopped:")], err
+    assert not (tmp_path / "o").exists()
