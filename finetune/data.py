@@ -199,7 +199,11 @@ def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | 
         )
     unknown = present - set(names)
     if unknown:
-        raise UserError(f"training labels {sorted(unknown)} are not in label_names {names}")
+        raise UserError(
+            f"training labels {sorted(unknown)} are not in label_names {names}; list them all in label_names, "
+            "or set label_names=null to take them from the data (the recipe for your own files, "
+            "finetune/configs/bert_custom_files.yaml, does)"
+        )
     return names
 
 

@@ -283,3 +283,16 @@ def test_openmp_threads_sleep_when_they_wait_unless_the_user_says(module):
     assert spincount() == "'0'"
     if module == "finetune.run":
         assert spincount(OMP_WAIT_POLICY="ACTIVE") != "'0'"
+
+
+def test_own_labels_under_the_default_recipe_say_how_to_take_them_from_the_data(tmp_path, capsys):
+    """The default recipe names the bundled data's labels ("0", "1"); a user's own files with other
+    labels get a line that says label_names=null (or the recipe for one's own files)."""
+    from conftest import user_error, write_csv
+
+    rows = [{"text": f"text {i}", "label": ["pos", "neg"][i % 2]} for i in range(8)]
+    train = write_csv(tmp_path / "train.csv", rows)
+    line = user_error(capsys, main, [f"train_file={train}", "validation_file=null", "test_file=null",
+                                     f"output_dir={tmp_path / 'o'}"])  # fmt: skip
+    assert "training labels ['neg', 'pos'] are not in label_names ['0', '1']" in line
+    assert "label_names=null" in line and "bert_custom_files.yaml" in line
