@@ -169,11 +169,7 @@ def run_launcher(args) -> int:
         return first if first > 0 else 128 - first
     except SignalException as e:  # torchrun forwarded it and waited for the processes
         name = signal.Signals(e.sigval).name
-        if e.sigval in (signal.SIGTERM, signal.SIGINT):
-            print(f"stopped by {name}: processes that were training saved a checkpoint (torchrun waits "
-                  "30 s for them, then kills them); continue with resume_from_checkpoint=latest",
-                  file=sys.stderr)  # fmt: skip
-        else:
+        if e.sigval not in (signal.SIGTERM, signal.SIGINT):  # those: process 0's `stopped:` line says it
             print(
                 f"stopped by {name}: the training processes were ended without a checkpoint", file=sys.stderr
             )
