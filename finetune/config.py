@@ -393,7 +393,13 @@ class TrainConfig:
         if self.model_config is not None and "model_type" not in self.model_config:
             raise UserError("model_config needs a model_type, e.g. {model_type: bert, hidden_size: 32, ...}")
         if self.dataset_name is None and self.train_file is None and self.data_dir is None:
-            raise UserError("no training data: set train_file, data_dir or dataset_name")
+            resuming = (
+                "; a resume with --config reads that recipe, not the run's saved config.yaml: leave --config "
+                "out (resume_from_checkpoint=latest output_dir=<run> alone resumes with the run's own recipe)"
+                if self.resume_from_checkpoint
+                else ""
+            )
+            raise UserError(f"no training data: set train_file, data_dir or dataset_name{resuming}")
         if self.freeze_embeddings and self.task != "text-classification":
             raise UserError("freeze_embeddings is for text-classification (the word-embedding table)")
         if self.peft is not None:

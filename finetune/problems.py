@@ -248,7 +248,8 @@ def _encode_label_columns(ds: HFDataset, columns: list[str], split: str) -> HFDa
     for column in columns:
         kind = _kind(ds.features[column])
         values = list(ds[column])
-        stray = next((i for i, v in enumerate(values) if v not in (0, 1)), None)  # True == 1, 1.0 == 1
+        # True == 1, 1.0 == 1; "0"/"1": a CSV column where a stray word made every value a string
+        stray = next((i for i, v in enumerate(values) if v not in (0, 1, "0", "1")), None)
         if (
             kind not in ("int", "float", "class")
             or isinstance(ds.features[column], ClassLabel)

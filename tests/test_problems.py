@@ -12,6 +12,7 @@ import torch
 import yaml
 from conftest import (
     ANIMALS,
+    REPO,
     TINY_VIT,
     multi_label_rows,
     regression_rows,
@@ -272,6 +273,18 @@ def test_an_infinite_csv_target_and_a_stray_label_column_value(tmp_path, capsys)
     rows = [{"text": "x", "cat": 1, "dog": 0}, {"text": "y", "cat": 2, "dog": 1}]
     line = _bad(tmp_path, capsys, rows, "label_columns=[cat,dog]", suffix=".csv")
     assert "label column 'cat' in the train data holds 2 at row 2; each of label_columns holds 0 or 1" in line
+    # a word in a CSV column makes every value a string: the word is named, with its row
+    rows = [{"text": "x", "cat": 1, "dog": 0}, {"text": "y", "cat": 0, "dog": 1}, {"text": "z", "cat": "yes", "dog": 0}]
+    line = _bad(tmp_path, capsys, rows, "label_columns=[cat,dog]", suffix=".csv")
+    assert "label column 'cat' in the train data holds 'yes' at row 3" in line
+
+
+def test_no_training_data_on_a_resume_with_a_recipe_says_to_leave_the_recipe_out(tmp_path):
+    from finetune.config import load_config
+
+    recipe = REPO / "finetune/configs/bert_custom_files.yaml"
+    with pytest.raises(UserError, match="a resume with --config reads that recipe, not the run's saved"):
+        load_config(recipe, ["resume_from_checkpoint=latest", f"output_dir={tmp_path}"])
 
 
 def test_label_columns_refuse_another_problem_type():
