@@ -1,7 +1,8 @@
 """The end of a run: the model as an ordinary `save_pretrained` directory (safetensors, tokenizer or
 image processor, `id2label`; LoRA adapters merged into the weights), a LoRA run's adapter alone in
-peft's format, `results.json`, the training curves, the model card and, when asked, the upload to the Hub. And what a run writes in its output_dir:
-what `overwrite_output_dir` replaces, and how the run it replaces is kept until the new one is finished."""
+peft's format, `results.json`, the training curves, the model card and, when asked, the upload to the
+Hub. And what a run writes in its output_dir: what `overwrite_output_dir` replaces, and how the run it
+replaces is kept until the new one is finished."""
 
 from __future__ import annotations
 
