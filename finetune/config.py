@@ -444,9 +444,7 @@ class TrainConfig:
         self.problem_type = problem_type  # type: ignore[assignment]
         if self.metric_for_best_model is None:
             self.metric_for_best_model = METRICS[problem_type][0]
-        if self.greater_is_better is None:
-            self.greater_is_better = self.metric_for_best_model not in LOWER_IS_BETTER
-        self._validate_problem()
+        self._validate_problem()  # and greater_is_better, from that metric when it is null
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -45,10 +45,16 @@ def _builder_for(path: str) -> str:
     return FILE_BUILDERS[suffix]
 
 
+def _chain(e: BaseException):
+    """`e` and the errors it wraps, outermost first: datasets wraps the parser's error in its own."""
+    while e is not None:
+        yield e
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)  # type: ignore[assignment]
+
+
 def _root_cause(e: BaseException) -> str:
-    """The first line of the innermost exception: datasets wraps the parser's error in its own."""
-    while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
-        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    """The first line of the innermost exception."""
+    *_, e = _chain(e)
     first = first_line(e)
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
@@ -145,11 +151,9 @@ def load_raw(
 def _reraise_a_stop(e: BaseException) -> None:
     """A signal while datasets parses a file (SIGTERM raises TrainingStopped there) comes back wrapped in
     datasets' own error: it is a stop, not bad data."""
-    seen: BaseException | None = e
-    while seen is not None:
-        if isinstance(seen, TrainingStopped):
-            raise seen from None
-        seen = seen.__cause__ or seen.__context__
+    stop = next((inner for inner in _chain(e) if isinstance(inner, TrainingStopped)), None)
+    if stop is not None:
+        raise stop from None
 
 
 def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str | None) -> DatasetDict:

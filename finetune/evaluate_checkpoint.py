@@ -45,8 +45,8 @@ import os
 
 # Before torch loads OpenMP, which reads this once: its threads sleep when they wait instead of spinning.
 # On a CPU shared with another job, a spinning thread holds the core that the thread it waits for
-# needs, and each step took 3-4x as long as with one thread; sleeping costs nothing measurable on a
-# quiet machine (README, "CPU threads"). An OMP_WAIT_POLICY of the user's own is kept.
+# needs: beside a 2-thread job the default command took 7x its quiet time, 2x with sleeping threads,
+# which cost nothing measurable on a quiet machine (README, "CPU threads"). A user's own policy is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse

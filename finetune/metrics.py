@@ -122,16 +122,21 @@ def classification_report(predictions: Any, references: Any, label_names: Sequen
         "macro_precision": macro(precision),
         "macro_recall": macro(recall),
         "macro_f1": macro(f1),
-        "per_class": {
-            name: {
-                "precision": float(precision[i]),
-                "recall": float(recall[i]),
-                "f1": float(f1[i]),
-                "support": int(support[i]),
-            }
-            for i, name in enumerate(names)
-        },
+        "per_class": per_class(names, precision, recall, f1, support),
         "confusion_matrix": matrix.tolist(),
+    }
+
+
+def per_class(names: Sequence[str], precision: Any, recall: Any, f1: Any, support: Any) -> dict[str, dict]:
+    """{name: {precision, recall, f1, support}}, from per-label arrays in the order of `names`."""
+    return {
+        name: {
+            "precision": float(precision[i]),
+            "recall": float(recall[i]),
+            "f1": float(f1[i]),
+            "support": int(support[i]),
+        }
+        for i, name in enumerate(names)
     }
 
 

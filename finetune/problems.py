@@ -39,6 +39,7 @@ from datasets import Dataset as HFDataset
 
 from finetune.config import DataArgs
 from finetune.errors import UserError
+from finetune.metrics import classification_report, per_class
 
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 
@@ -364,15 +365,7 @@ def multi_label_report(
         "micro_recall": float(micro[1]),
         "macro_precision": float(np.mean(p)) if k else 0.0,
         "macro_recall": float(np.mean(r)) if k else 0.0,
-        "per_class": {
-            name: {
-                "precision": float(p[i]),
-                "recall": float(r[i]),
-                "f1": float(f1[i]),
-                "support": int(support[i]),
-            }
-            for i, name in enumerate(label_names)
-        },
+        "per_class": per_class(label_names, p, r, f1, support),
     }
 
 
@@ -388,8 +381,6 @@ def report(
         return regression_report(predictions, references)
     if problem_type == MULTI:
         return multi_label_report(predictions, references, label_names, threshold)
-    from finetune.metrics import classification_report
-
     return classification_report(_as_list(predictions), _as_list(references), label_names)
 
 

@@ -30,27 +30,26 @@ for another process. Exit statuses are listed in finetune/errors.py.
 from __future__ import annotations
 
 import os
+import signal
 
 # Before torch loads OpenMP, which reads this once: its threads sleep when they wait instead of spinning.
 # On a CPU shared with another job, a spinning thread holds the core that the thread it waits for
-# needs, and each step took 3-4x as long as with one thread; sleeping costs nothing measurable on a
-# quiet machine (README, "CPU threads"). An OMP_WAIT_POLICY of the user's own is kept.
+# needs: beside a 2-thread job the default command took 7x its quiet time, 2x with sleeping threads,
+# which cost nothing measurable on a quiet machine (README, "CPU threads"). A user's own policy is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if __name__ == "__main__":  # Ctrl-C or SIGTERM during the imports (seconds): one line, not a traceback
-    import signal as _signal
 
     def _stopped_while_starting(signum, frame):
         if os.environ.get("RANK", "0") == "0":
             os.write(2, b"stopped: interrupted while starting; nothing was written\n")
         os._exit(128 + signum)
 
-    for _sig in (_signal.SIGINT, _signal.SIGTERM):
-        _signal.signal(_sig, _stopped_while_starting)
+    for _sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_sig, _stopped_while_starting)
 
 import json
 import math
-import signal
 import sys
 import time
 from dataclasses import dataclass

@@ -513,15 +513,14 @@ def agreed(accelerator: Accelerator):
     otherwise wait at a barrier that a failed one never reaches, die on a closed connection, and have
     the launcher print its traceback after the one line. Every process enters the block (work for one
     goes under `if accelerator.is_main_process`); the agreement is also a barrier."""
+    if accelerator.num_processes == 1:  # no one to tell
+        yield
+        return
     error = None
     try:
         yield
     except Exception as e:  # a user's mistake, a full disk, or our bug: the others must hear of it
         error = e
-    if accelerator.num_processes == 1:
-        if error is not None:
-            raise error
-        return
     from accelerate.utils import gather_object
 
     failed = gather_object([error is not None])
