@@ -75,7 +75,11 @@ from finetune.data import load_splits, prepare_splits
 from finetune.errors import exit_on_user_error
 from finetune.models import build_model, load_preprocessor
 
-RECIPES = {"bert": CONFIGS_DIR / "bert_rotten_tomatoes.yaml", "vit": CONFIGS_DIR / "vit_fashion_mnist.yaml"}
+RECIPES = {
+    "bert": CONFIGS_DIR / "bert_rotten_tomatoes.yaml",
+    "bert_full": CONFIGS_DIR / "bert_rotten_tomatoes_full.yaml",
+    "vit": CONFIGS_DIR / "vit_fashion_mnist.yaml",
+}
 # --smoke: tiny models built from config on a slice of the bundled data (the test's run).
 SMOKE = {
     "bert": [
@@ -681,10 +685,10 @@ def all_reduce_seconds(accelerator: Accelerator, model: torch.nn.Module, reps: i
 def recipe_config(recipe: str, args: argparse.Namespace, out: Path, extra: list[str] = ()) -> TrainConfig:
     overrides = [f"output_dir={out}", "overwrite_output_dir=true", "report_to=[]"]
     if args.smoke:
-        overrides += SMOKE[recipe]
+        overrides += SMOKE[recipe.removesuffix("_full")]
     if args.steps:
         overrides.append(f"max_steps={args.steps}")
-    if args.seq_len and recipe == "bert":
+    if args.seq_len and recipe.startswith("bert"):
         overrides += [f"max_length={args.seq_len}", f"pad_to_multiple_of={args.seq_len}"]
     return load_config(RECIPES[recipe], overrides + list(args.override) + list(extra))
 
@@ -740,8 +744,8 @@ def bench_recipe(
 
 
 def cfg_overrides(recipe: str, args: argparse.Namespace) -> list[str]:
-    extra = SMOKE[recipe] if args.smoke else []
-    if args.seq_len and recipe == "bert":
+    extra = SMOKE[recipe.removesuffix("_full")] if args.smoke else []
+    if args.seq_len and recipe.startswith("bert"):
         extra = [*extra, f"max_length={args.seq_len}", f"pad_to_multiple_of={args.seq_len}"]
     return extra + ([f"max_steps={args.steps}"] if args.steps else []) + list(args.override)
 
@@ -756,15 +760,6 @@ def _adamw(**forced):
         return original(*a, **{**kw, **forced})
 
     return make
-
-
-def _eager_attention(orig):
-    def wrapper(*a, **kw):
-        model = orig(*a, **kw)
-        model.set_attn_implementation("eager")
-        return model
-
-    return wrapper
 
 
 LEVERS: dict[str, dict[str, Any]] = {
@@ -793,6 +788,21 @@ LEVERS: dict[str, dict[str, Any]] = {
         "overrides": ["per_device_train_batch_size=16", "learning_rate=1e-4"],
         "text": True,
         "steps_scale": 2,
+        "recipes": ["bert"],
+    },
+    "batch_64": {
+        "on": "per_device_train_batch_size=64, learning_rate=2e-4 (recipe)",
+        "off": "batch 32, learning_rate=1e-4 (the same samples in twice the steps)",
+        "overrides": ["per_device_train_batch_size=32", "learning_rate=1e-4"],
+        "text": True,
+        "steps_scale": 2,
+        "recipes": ["bert_full"],
+    },
+    "frozen_layers": {
+        "on": "freeze_layers=2 (recipe): backward stops at layer 2",
+        "off": "freeze_layers=0: only the word embeddings frozen",
+        "overrides": ["freeze_layers=0"],
+        "recipes": ["bert_full"],
     },
     "no_gradient_checkpointing": {
         "on": "activations kept for backward (gradient_checkpointing=false)",
@@ -804,10 +814,11 @@ LEVERS: dict[str, dict[str, Any]] = {
         "off": "read back and logged every step",
         "overrides": ["logging_steps=1"],
     },
-    "sdpa_attention": {
-        "on": "attn_implementation=sdpa (transformers' default)",
-        "off": "eager attention",
-        "patch": (app, "build_model", _eager_attention),
+    "attention_kernel": {
+        "on": "attn_implementation=null: eager under bf16/fp16 on a CPU, else SDPA",
+        "off": "the other kernel",
+        # the one the app did not choose: SDPA under reduced precision on a CPU, else eager
+        "overrides": lambda cpu_reduced: ["attn_implementation=" + ("sdpa" if cpu_reduced else "eager")],
     },
     "fused_adamw": {
         "on": "AdamW(fused=True)",
@@ -856,6 +867,17 @@ LEVERS: dict[str, dict[str, Any]] = {
 }
 
 
+def lever_overrides(spec: dict[str, Any]) -> list[str]:
+    """The overrides that turn a lever off; a callable one is asked whether this is reduced
+    precision on a CPU (the attention kernel's case)."""
+    overrides = spec.get("overrides", [])
+    if callable(overrides):
+        precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+        return overrides(on_cpu and precision in ("bf16", "fp16"))
+    return overrides
+
+
 @contextlib.contextmanager
 def lever_off(spec: dict[str, Any]) -> Iterator[None]:
     missing: list[str] = []
@@ -883,7 +905,9 @@ def bench_levers(
     rows = []
     short = ["max_eval_samples=64", "test_file=null"]
     for name, spec in LEVERS.items():
-        if (spec.get("optional") and not args.compile) or (spec.get("text") and recipe != "bert"):
+        if (spec.get("optional") and not args.compile) or (spec.get("text") and not recipe.startswith("bert")):
+            continue
+        if recipe not in spec.get("recipes", RECIPES):
             continue
         if (spec.get("cpu") and device.type != "cpu") or (spec.get("ddp") and processes < 2):
             continue
@@ -896,7 +920,7 @@ def bench_levers(
             recipe,
             args,
             tmp / f"lever-{name}",
-            short + [f"max_steps={off_steps}"] + spec.get("overrides", []),
+            short + [f"max_steps={off_steps}"] + lever_overrides(spec),
         )
         on_runs, off_runs = [], []
         for _ in range(args.lever_reps):
@@ -1110,7 +1134,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--recipe", choices=["bert", "vit", "both"], default="bert")
+    p.add_argument("--recipe", choices=[*RECIPES, "both"], default="bert", help="both: bert and vit")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     p.add_argument(
         "--reps", type=int, default=1, help="app/reference pairs, run alternately; medians reported"

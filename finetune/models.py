@@ -144,6 +144,23 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
     return model
 
 
+def freeze_layers(model: PreTrainedModel, n: int) -> None:
+    """Freeze the embeddings and the first `n` encoder layers (BERT-like models and ViT: the blocks the
+    layer split knows, finetune/parallel.py)."""
+    from finetune.parallel import ParallelError, find_blocks
+
+    try:
+        embeddings, layers, _ = find_blocks(model)
+    except ParallelError:
+        raise UserError(
+            f"freeze_layers: {type(model).__name__} has no embeddings and encoder layers that finetune can find"
+        ) from None
+    if n > len(layers):
+        raise UserError(f"freeze_layers={n} but {type(model).__name__} has {len(layers)} encoder layers")
+    for name in [*embeddings, *layers[:n]]:
+        model.get_submodule(name).requires_grad_(False)
+
+
 def _check_config_keys(config: PretrainedConfig, spec: dict[str, Any]) -> None:
     """A key the model's config class does not know (a typo: image_sise) would be stored and ignored."""
     import difflib

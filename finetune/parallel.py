@@ -179,7 +179,7 @@ class Block:
     activation_bytes: int  # kept for backward at the planned batch and sequence length
 
 
-def _find_blocks(model: nn.Module) -> tuple[list[str], list[str], list[str]]:
+def find_blocks(model: nn.Module) -> tuple[list[str], list[str], list[str]]:
     """Names of (embeddings, [encoder layers], [head modules]) for BERT-like models: a base model
     with `embeddings` and a ModuleList of layers at `encoder.layer` (BERT, RoBERTa), `layers` (ViT,
     DeiT in transformers 5) or `transformer.layer` (DistilBERT). The head is every other module:
@@ -300,7 +300,7 @@ def model_blocks(
     model: nn.Module, *, micro_batch_size: int, seq_len: int, mixed_precision: str = "no"
 ) -> list[Block]:
     """The ordered blocks of `model` with their training-memory estimates (see `_activation_bytes`)."""
-    embeddings, layers, head = _find_blocks(model)
+    embeddings, layers, head = find_blocks(model)
     e = _ACTIVATION_BYTES[mixed_precision]
     seen: set[int] = set()  # a parameter shared by two blocks (tied weights) is counted once
 
@@ -476,7 +476,7 @@ def plan_model_parallel(
         )
     if not devices:
         raise ParallelError("model parallelism needs at least one device")
-    _find_blocks(model)  # a clear error for a model we cannot split, before reading its config
+    find_blocks(model)  # a clear error for a model we cannot split, before reading its config
     seq_len = seq_len or default_seq_len(model.config)
     blocks = model_blocks(
         model, micro_batch_size=micro_batch_size, seq_len=seq_len, mixed_precision=mixed_precision

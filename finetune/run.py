@@ -77,11 +77,11 @@ from finetune.data import (
     resize_notice,
     window_sample_count,
 )
-from finetune.errors import ArgumentParser, TrainingStopped, UserError, exit_on_user_error
+from finetune.errors import ArgumentParser, TrainingStopped, UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import RESULTS, check_files_in_the_way, export_run, set_aside_previous_run
 from finetune.lora import apply_lora, is_lora
-from finetune.models import build_model, check_max_length, check_tokenizer, load_preprocessor
+from finetune.models import build_model, check_max_length, check_tokenizer, freeze_layers, load_preprocessor
 from finetune.problems import SINGLE, headline, per_sample_loss, problem_type_of, summary_line
 from finetune.runtime import (
     ScalerSkips,
@@ -302,8 +302,15 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
         check_max_length(model, cfg.max_length, cfg.pad_to_multiple_of)
         name = cfg.tokenizer_name or cfg.model_name_or_path
         check_tokenizer(tokenizer, model, name, cfg.max_length, pair=cfg.text_pair_column is not None)
+    if attn := attention_kernel(cfg.attn_implementation, accelerator):
+        try:
+            model.set_attn_implementation(attn)
+        except (ValueError, ImportError) as e:  # a model without that kernel
+            raise UserError(f"attn_implementation={attn}: {first_line(e)}") from None
     if cfg.freeze_embeddings:
         model.get_input_embeddings().requires_grad_(False)
+    if cfg.freeze_layers:
+        freeze_layers(model, cfg.freeze_layers)
     if cfg.gradient_checkpointing:
         if not model.supports_gradient_checkpointing:
             raise UserError(f"{type(model).__name__} does not support gradient_checkpointing")
@@ -323,6 +330,16 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
     with main_process_first(accelerator):
         splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3))
     return model, preprocessor, splits, label_names
+
+
+def attention_kernel(asked: str | None, accelerator: Accelerator) -> str | None:
+    """The attention implementation to set, or None for the model's default: what the config asks;
+    unasked, eager for reduced precision on a CPU (see TrainConfig.attn_implementation)."""
+    if asked is not None:
+        return asked
+    if accelerator.device.type == "cpu" and accelerator.mixed_precision in ("bf16", "fp16"):
+        return "eager"
+    return None
 
 
 def model_parallel_plan(cfg: TrainConfig, accelerator: Accelerator, model):

@@ -66,3 +66,18 @@ def test_seq_len_must_be_positive(bad, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["--smoke", "--seq-len", bad, "--out", str(tmp_path)])
     assert exit_info.value.code == 2 and not (tmp_path / "bench.json").exists()
+
+
+def test_smoke_levers_of_the_full_recipe(tmp_path):
+    """The full-data recipe's own levers run (frozen layers, batch 64) beside the attention kernel, whose
+    "off" is the kernel the app did not choose for this precision."""
+    from benchmarks.bench import LEVERS, lever_overrides
+
+    report = main([
+        "--smoke", "--recipe", "bert_full", "--steps", "2", "--levers", "--levers-only",
+        "frozen_layers", "batch_64", "attention_kernel", "batch_32", "--out", str(tmp_path),
+    ])  # fmt: skip
+    rows = {row["lever"]: row for row in report["levers"]}
+    assert set(rows) == {"frozen_layers", "batch_64", "attention_kernel"}  # batch_32 is the default recipe's
+    assert all(row["ratio"] > 0 for row in rows.values())
+    assert lever_overrides(LEVERS["attention_kernel"]) == ["attn_implementation=eager"]  # fp32 here: SDPA chosen

@@ -118,3 +118,25 @@ def test_fp16_on_cpu_is_refused(small_text_data, tmp_path, monkeypatch, capsys, 
         capsys, run.main, tiny_text_args(small_text_data, out, "max_steps=2")
     )
     assert not out.exists()
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="needs a CPU with native bf16")
+@pytest.mark.parametrize(
+    ("precision", "asked", "expected"),
+    [("bf16", None, "eager"), ("no", None, "sdpa"), ("bf16", "sdpa", "sdpa"), ("no", "eager", "eager")],
+)
+def test_attention_kernel_on_cpu(small_text_data, tmp_path, monkeypatch, precision, asked, expected):
+    """Unasked, bf16 on a CPU trains with eager attention (SDPA's CPU backward is slow in bf16); fp32
+    keeps transformers' default; an explicit attn_implementation wins either way."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", precision)
+    built = []
+    real_build = run.build_model
+
+    def build(*args, **kwargs):
+        built.append(real_build(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(run, "build_model", build)
+    extra = [f"attn_implementation={asked}"] if asked else []
+    run.train(load_config(None, tiny_text_args(small_text_data, tmp_path / "run", "max_steps=2", *extra)))
+    assert built[0].config._attn_implementation == expected

@@ -11,10 +11,11 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import REPO, TINY_VIT, rotten_rows, tiny_text_args, write_csv
+from conftest import REPO, TINY_VIT, rotten_rows, tiny_text_args, user_error, write_csv
 from safetensors.torch import load_file
 from transformers import get_scheduler, pipeline
 
+import finetune.run as run_module
 from finetune.config import CONFIGS_DIR, load_config
 from finetune.errors import UserError
 from finetune.run import main
@@ -335,3 +336,37 @@ def test_each_split_file_may_have_its_own_format(small_text_data, tmp_path):
     data = {"train": small_text_data["train"], "validation": validation}
     results = main(tiny_text_args(data, tmp_path / "run", "max_steps=2", f"test_file={test}"))
     assert results["validation"]["num_samples"] == 13 and results["test"]["num_samples"] == 9
+
+
+def test_freeze_layers_keeps_embeddings_and_lower_layers_as_loaded(small_text_data, tmp_path, monkeypatch):
+    initial = {}
+    real_build = run_module.build_model
+
+    def build(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        initial.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return model
+
+    monkeypatch.setattr(run_module, "build_model", build)
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "max_steps=3", "freeze_layers=1"))
+    trained = load_file(out / "model" / "model.safetensors")
+    changed = {k for k in trained if not torch.equal(trained[k], initial[k])}
+    frozen = {k for k in trained if k.startswith(("bert.embeddings.", "bert.encoder.layer.0."))}
+    assert frozen and not frozen & changed, frozen & changed
+    # the layer above and the head trained
+    assert any(k.startswith("bert.encoder.layer.1.") for k in changed) and "classifier.weight" in changed
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["freeze_layers=3"], "freeze_layers=3 but BertForSequenceClassification has 2 encoder layers"),
+        (["freeze_layers=-1"], "freeze_layers must be >= 0"),
+        (["freeze_layers=1", "peft={r: 4}"], "freeze_layers and peft together"),
+    ],
+)
+def test_freeze_layers_mistakes(small_text_data, tmp_path, capsys, extra, message):
+    out = tmp_path / "run"
+    assert message in user_error(capsys, main, tiny_text_args(small_text_data, out, "max_steps=1", *extra))
+    assert not out.exists()

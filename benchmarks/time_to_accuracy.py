@@ -1,0 +1,353 @@
+"""Time to accuracy: test accuracy against wall time, the app's full-data recipe against the textbook loop.
+
+    python -m benchmarks.time_to_accuracy --out runs/tta          # about 15 minutes on 2 cores
+    python -m benchmarks.time_to_accuracy --smoke --out /tmp/tta  # tiny models, a few steps: the test's run
+
+Writes `time_to_accuracy.json`, `time_to_accuracy.md` and `time_to_accuracy.png` (both curves in one
+plot) into --out. Where each number comes from:
+
+- **app**: the real `finetune.run.train(cfg)` on `finetune/configs/bert_rotten_tomatoes_full.yaml`,
+  under `--precision` (default bf16 where torch reports native bf16, as `cpu_bf16.yaml` runs it;
+  else fp32), with the recipe's test file as its validation split, evaluated every
+  `--app-eval-steps` optimizer steps and at the end. Nothing in the run depends on those
+  evaluations (no best-model choice, no early stopping), so its weights are the recipe's.
+- **reference**: transformers' `run_glue_no_trainer.py` at its documented defaults, written as a
+  loop here: batch 8, `AdamW(lr=5e-5)` with weight decay 0, no warm-up, linear decay, 3 epochs,
+  max_length 128, dynamic padding to the longest in the batch, the model's own dropout, every weight
+  trained, fp32. Same model files, data files and threads; evaluated on the test split every
+  `--reference-eval-steps` optimizer steps and at the end.
+- **the clock**: from the start of each run (data loading, tokenization and model building
+  included) to each evaluation, the evaluations themselves left out: they measure, neither run
+  needs them to train. Process start-up (imports) is not in it: the **command** row is the whole
+  README command for the recipe, run in a fresh process (`accelerate launch --config_file
+  accelerate_configs/cpu_bf16.yaml finetune/run.py --config <recipe>`), its wall time and the test
+  accuracy it printed (`--no-command` leaves it out).
+- **time to target**: the clock at the first evaluation at or above `--target` (0.81), or none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader
+from transformers import get_scheduler
+
+import finetune.run as app
+import finetune.runtime as runtime
+from benchmarks.bench import SMOKE, machine, pad_batch, reset_accelerate
+from finetune.config import CONFIGS_DIR, REPO_DIR, TrainConfig, load_config
+from finetune.data import load_splits, prepare_splits
+from finetune.errors import exit_on_user_error
+from finetune.models import build_model, load_preprocessor
+
+RECIPE = CONFIGS_DIR / "bert_rotten_tomatoes_full.yaml"
+ACCELERATE_CONFIG = REPO_DIR / "accelerate_configs" / "cpu_bf16.yaml"
+# run_glue_no_trainer.py's defaults (transformers/examples/pytorch/text-classification).
+REFERENCE = {"batch": 8, "learning_rate": 5e-5, "epochs": 3, "max_length": 128, "weight_decay": 0.0}
+SMOKE_SIZES = ["max_train_samples=64", "max_eval_samples=32", "max_test_samples=32"]
+
+
+class Clock:
+    """Seconds since the start, with the time spent inside `measuring()` left out."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.excluded = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start - self.excluded
+
+    @contextlib.contextmanager
+    def measuring(self) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - t
+
+
+def time_to(curve: list[dict[str, float]], target: float) -> float | None:
+    """The clock at the first point at or above `target`, or None."""
+    return next((p["seconds"] for p in curve if p["accuracy"] >= target), None)
+
+
+# --- the two runs ------------------------------------------------------------------------------------------
+
+
+def run_app(cfg: TrainConfig, precision: str) -> dict[str, Any]:
+    """`train(cfg)` with an accuracy point at every evaluation (the test file is its validation split)."""
+    curve: list[dict[str, float]] = []
+    steps = [0]
+    hook = register_optimizer_step_post_hook(lambda *a: steps.__setitem__(0, steps[0] + 1))
+    original = app.evaluate_model
+
+    def evaluate_model(model, loader, *args, **kwargs):
+        seconds = clock.now()
+        with clock.measuring():
+            metrics = original(model, loader, *args, **kwargs)
+        curve.append({"seconds": seconds, "step": steps[0], "accuracy": metrics["accuracy"]})
+        return metrics
+
+    reset_accelerate()
+    os.environ["ACCELERATE_MIXED_PRECISION"] = precision
+    app.evaluate_model = evaluate_model
+    try:
+        clock = Clock()
+        results = app.train(cfg)
+        wall = time.perf_counter() - clock.start
+    finally:
+        app.evaluate_model = original
+        hook.remove()
+        os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
+        reset_accelerate()
+    return {
+        "source": "finetune.run.train(cfg) on the recipe, the test file as its validation split",
+        "precision": precision,
+        "optimizer_steps": results["step"],
+        "train_wall_s": wall,
+        "curve": curve,
+    }
+
+
+def run_reference(cfg: TrainConfig, eval_steps: int, epochs: int) -> dict[str, Any]:
+    """run_glue_no_trainer.py's loop at its defaults, on the recipe's model and data files."""
+    reset_accelerate()
+    clock = Clock()
+    accelerator = Accelerator(mixed_precision="no")
+    set_seed(cfg.seed)
+    raw, label_names = load_splits(cfg.data_args)
+    tokenizer = load_preprocessor(cfg.model_args)
+    model = build_model(cfg.model_args, label_names, vocab_size=len(tokenizer))
+    splits = prepare_splits(cfg.data_args, raw, tokenizer)
+    drop = [c for c in ("length",) if c in splits["train"].column_names]
+    train_set, test_set = splits["train"].remove_columns(drop), splits["test"].remove_columns(drop)
+    collate = pad_batch(tokenizer)
+    train_dl = DataLoader(train_set, shuffle=True, batch_size=REFERENCE["batch"], collate_fn=collate)
+    test_dl = DataLoader(test_set, batch_size=cfg.per_device_eval_batch_size, collate_fn=collate)
+    no_decay = ["bias", "LayerNorm.weight"]
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
+         "weight_decay": REFERENCE["weight_decay"]},
+        {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
+    ]  # fmt: skip
+    optimizer = torch.optim.AdamW(groups, lr=REFERENCE["learning_rate"])
+    total = epochs * math.ceil(len(train_dl))
+    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=0, num_training_steps=total)
+    model, optimizer, train_dl, test_dl, scheduler = accelerator.prepare(
+        model, optimizer, train_dl, test_dl, scheduler
+    )
+    curve: list[dict[str, float]] = []
+
+    def evaluate(step: int) -> None:
+        seconds = clock.now()
+        with clock.measuring(), torch.no_grad():
+            model.eval()
+            correct = count = 0
+            for batch in test_dl:
+                preds, refs = accelerator.gather_for_metrics(
+                    (model(**batch).logits.argmax(-1), batch["labels"])
+                )
+                correct += int((preds == refs).sum())
+                count += len(refs)
+            model.train()
+        curve.append({"seconds": seconds, "step": step, "accuracy": correct / count})
+
+    step = 0
+    model.train()
+    for _ in range(epochs):
+        for batch in train_dl:
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            step += 1
+            if step % eval_steps == 0 and step < total:
+                evaluate(step)
+    evaluate(step)
+    wall = time.perf_counter() - clock.start
+    reset_accelerate()
+    return {
+        "source": "run_glue_no_trainer.py's loop at its defaults, in benchmarks/time_to_accuracy.py",
+        "settings": {**REFERENCE, "epochs": epochs, "precision": "no", "dropout": "the model's", "embeddings": "trained"},
+        "optimizer_steps": step,
+        "train_wall_s": wall,
+        "curve": curve,
+    }  # fmt: skip
+
+
+def run_command(recipe: Path, extra: list[str], out: Path) -> dict[str, Any]:
+    """The README command in a fresh process: whole wall time and the test accuracy it printed."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file", str(ACCELERATE_CONFIG),
+           str(REPO_DIR / "finetune" / "run.py"), "--config", str(recipe), f"output_dir={out}", *extra]  # fmt: skip
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_DIR)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"the command failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    found = re.search(r"^test accuracy ([0-9.]+)", proc.stdout, re.M)
+    shown = (
+        "accelerate launch --config_file accelerate_configs/cpu_bf16.yaml finetune/run.py --config "
+        + str(recipe.relative_to(REPO_DIR))
+    )
+    return {"command": shown, "wall_s": wall, "test_accuracy": float(found.group(1)) if found else None}
+
+
+# --- report -------------------------------------------------------------------------------------------------
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, style in (("app", "o-"), ("reference", "s--")):
+        run = report[name]
+        xs, ys = [p["seconds"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]]
+        ax.plot(xs, ys, style, markersize=3, label=f"{name}: {run['label']}")
+    ax.axhline(report["target"], color="grey", linewidth=0.8, linestyle=":")
+    ax.text(ax.get_xlim()[0], report["target"], f" {report['target']}", va="bottom", color="grey", fontsize=8)
+    if report.get("command"):
+        c = report["command"]
+        ax.plot([c["wall_s"]], [c["test_accuracy"]], "k*", markersize=9, label="app, whole command")
+    ax.set_xscale("log")
+    ax.set_xlabel("seconds (evaluations left out)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"Time to accuracy, {report['machine']['cpu_count']} CPU cores", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    target, m = report["target"], report["machine"]
+
+    def fmt(v: float | None, digits: int = 1) -> str:
+        return "–" if v is None else f"{v:,.{digits}f}"
+
+    a, r = report["app"], report["reference"]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads; torch {m['torch']}, "
+        f"transformers {m['transformers']}, accelerate {m['accelerate']}.",
+        f"Command: `{report['invocation']}`",
+        "",
+        f"| | app: {a['label']} | reference: {r['label']} |",
+        "|---|---:|---:|",
+        f"| time to test accuracy {target} (s) | {fmt(a['time_to_target_s'])} | {fmt(r['time_to_target_s'])} |",
+        f"| best test accuracy (at s) | {a['best']['accuracy']:.4f} ({fmt(a['best']['seconds'])}) | "
+        f"{r['best']['accuracy']:.4f} ({fmt(r['best']['seconds'])}) |",
+        f"| final test accuracy | {a['curve'][-1]['accuracy']:.4f} | {r['curve'][-1]['accuracy']:.4f} |",
+        f"| optimizer steps | {a['optimizer_steps']} | {r['optimizer_steps']} |",
+        f"| run wall time with its evaluations (s) | {fmt(a['train_wall_s'])} | {fmt(r['train_wall_s'])} |",
+    ]
+    if report.get("command"):
+        c = report["command"]
+        lines.append(
+            f"| whole command, fresh process (s) | {fmt(c['wall_s'])} (test accuracy "
+            f"{fmt(c['test_accuracy'], 4)}): `{c['command']}` | |"
+        )
+    lines += ["", "Curve points (seconds, accuracy):", ""]
+    for name in ("app", "reference"):
+        pts = ", ".join(f"{p['seconds']:.0f} s {p['accuracy']:.4f}" for p in report[name]["curve"])
+        lines.append(f"- {name}: {pts}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.time_to_accuracy", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--out", type=Path, default=Path("runs/time_to_accuracy"))
+    p.add_argument("--target", type=float, default=0.81, help="the test accuracy to time (default 0.81)")
+    p.add_argument(
+        "--precision",
+        choices=["no", "bf16", "fp16"],
+        default=None,
+        help="the app's mixed precision (default: bf16 where torch reports native bf16, else no)",
+    )
+    p.add_argument("--app-eval-steps", type=int, default=20)
+    p.add_argument("--reference-eval-steps", type=int, default=200)
+    p.add_argument("--reference-epochs", type=int, default=REFERENCE["epochs"])
+    p.add_argument("--no-command", action="store_true", help="leave out the whole-command run")
+    p.add_argument("--smoke", action="store_true", help="tiny models from config, a slice of the data")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra override of the app's recipe (repeatable)")  # fmt: skip
+    args = p.parse_args(argv)
+    for name in ("app_eval_steps", "reference_eval_steps", "reference_epochs"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not 0 < args.target <= 1:
+        p.error(f"--target is an accuracy in (0, 1], got {args.target}")
+    if args.smoke:
+        args.no_command = True
+        args.app_eval_steps, args.reference_eval_steps, args.reference_epochs = 2, 4, 1
+    return args
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    precision = args.precision or ("bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no")
+    threads = runtime.cpu_threads(None, 1)
+    torch.set_num_threads(threads)
+    base = [f"cpu_threads={threads}", "report_to=[]", "overwrite_output_dir=true"]
+    base += [*SMOKE["bert"], *SMOKE_SIZES] if args.smoke else []
+    with tempfile.TemporaryDirectory(prefix="finetune-tta-") as tmp:
+        recipe = load_config(RECIPE, [*base, f"output_dir={tmp}/app", *args.override])
+        app_cfg = load_config(RECIPE, [
+            *base, f"output_dir={tmp}/app", f"validation_file={recipe.test_file}", "test_file=null",
+            "max_eval_samples=null" if not args.smoke else "max_eval_samples=32",
+            f"eval_steps={args.app_eval_steps}", "load_best_model_at_end=false", "early_stopping_patience=null",
+            *args.override,
+        ])  # fmt: skip
+        ref_cfg = load_config(RECIPE, [
+            *base, f"output_dir={tmp}/reference", f"max_length={REFERENCE['max_length']}", "group_by_length=false",
+        ])  # fmt: skip
+        report: dict[str, Any] = {
+            "invocation": "python -m benchmarks.time_to_accuracy " + " ".join(sys.argv[1:] if argv is None else argv),
+            "recipe": str(RECIPE.relative_to(REPO_DIR)), "target": args.target, "machine": machine(),
+            "load_avg_start": os.getloadavg(),
+        }  # fmt: skip
+        report["app"] = run_app(app_cfg, precision)
+        report["app"]["label"] = f"{RECIPE.name}, {'fp32' if precision == 'no' else precision}"
+        report["reference"] = run_reference(ref_cfg, args.reference_eval_steps, args.reference_epochs)
+        report["reference"]["label"] = f"run_glue_no_trainer defaults, fp32, {args.reference_epochs} epochs"
+        if not args.no_command:
+            report["command"] = run_command(RECIPE, list(args.override), Path(tmp) / "command")
+    for name in ("app", "reference"):
+        run = report[name]
+        run["time_to_target_s"] = time_to(run["curve"], args.target)
+        run["best"] = max(run["curve"], key=lambda p: p["accuracy"])
+    report["load_avg_end"] = os.getloadavg()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "time_to_accuracy.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    plot(report, args.out / "time_to_accuracy.png")
+    table = markdown(report)
+    (args.out / "time_to_accuracy.md").write_text(table)
+    print(table)
+    return report
+
+
+if __name__ == "__main__":
+    main()

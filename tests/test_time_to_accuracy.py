@@ -1,0 +1,58 @@
+"""The time-to-accuracy benchmark's smoke run: tiny BERT from config on a slice of the full-data recipe,
+the app's loop and the textbook loop, each with its accuracy curve. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.time_to_accuracy import Clock, main, time_to
+
+
+def test_smoke_run_writes_both_curves_and_the_plot(tmp_path):
+    main(["--smoke", "--precision", "no", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "time_to_accuracy.json").read_text())
+    app, ref = report["app"], report["reference"]
+    # the app: 64 samples / batch of 8 = 8 steps, evaluated every 2 (the last step's is the end's)
+    assert [p["step"] for p in app["curve"]] == [2, 4, 6, 8], app["curve"]
+    # the reference: batch 8 over 64 samples, one epoch = 8 steps, evaluated at step 4 and at the end
+    assert [p["step"] for p in ref["curve"]] == [4, 8], ref["curve"]
+    for run in (app, ref):
+        seconds = [p["seconds"] for p in run["curve"]]
+        assert seconds == sorted(seconds) and seconds[0] > 0
+        assert all(0 <= p["accuracy"] <= 1 for p in run["curve"])
+        # the clock leaves the evaluations out: it is below the run's wall time
+        assert seconds[-1] < run["train_wall_s"]
+        assert run["best"]["accuracy"] == max(p["accuracy"] for p in run["curve"])
+    assert (tmp_path / "time_to_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (tmp_path / "time_to_accuracy.md").read_text()
+    assert "| time to test accuracy 0.81 (s) |" in table and "command" not in report
+
+
+def test_time_to_target_is_the_first_point_at_or_above_it():
+    curve = [
+        {"seconds": 1.0, "accuracy": 0.7},
+        {"seconds": 2.0, "accuracy": 0.81},
+        {"seconds": 3.0, "accuracy": 0.9},
+    ]
+    assert time_to(curve, 0.81) == 2.0
+    assert time_to(curve, 0.95) is None
+
+
+def test_clock_leaves_out_what_it_measures():
+    import time
+
+    clock = Clock()
+    with clock.measuring():
+        time.sleep(0.2)
+    assert clock.now() < 0.1 and clock.excluded >= 0.2
+
+
+@pytest.mark.parametrize(
+    "bad", [["--app-eval-steps", "0"], ["--target", "1.5"], ["--reference-epochs", "-1"]]
+)
+def test_bad_arguments_exit_2(bad, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*bad, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and not (tmp_path / "time_to_accuracy.json").exists()
