@@ -29,6 +29,9 @@ Writes `bench.json` and `bench.md` into --out. Where each number comes from:
   counts), L layers, H hidden size; 6*N is forward + backward of every weight matmul, 12*L*H*S the
   attention scores and weighted sums (QK^T and AV: 2 * 2*S*H per token per layer forward, x3).
   The pooler and classifier see one token per sequence, so 6*N overcounts them slightly (<2% here).
+  Frozen weights count forward only (2 per weight, and attention x1 in a frozen layer): the app
+  freezes the lowest layers (`freeze_layers`), below which backward does not go. Counted when the
+  first step starts, after the freezing.
   The peak is the best of `--gemm-reps` square GEMMs of `--gemm-size` in the training dtype,
   in the best of the layouts a training step uses (A@B, A@B^T, A^T@B), measured before, between
   and after the runs (the machine may be shared: the best is the hardware's limit).
@@ -111,9 +114,11 @@ def gemm_peak(dtype: torch.dtype, size: int, reps: int, device: torch.device, bu
 
     A linear layer's forward is x @ W^T, its backward dX = dY @ W and dW = dY^T @ X: three layouts,
     which BLAS libraries may serve at very different speeds (CPUs without native bf16 do: torch
-    falls back to its own loops, fast only where it can use a vectorised dot product). Each layout
-    is probed once at 512 (recorded), then the fastest one is timed at `size`; a layout slow enough
-    to blow `budget_s` stops after one repetition.
+    falls back to its own loops, fast only where it can use a vectorised dot product; with AMX,
+    oneDNN ran 2048^3 bf16 A@B at 2.3 TFLOP/s and A^T@B at 1.0). Each layout is timed at `size`
+    (all recorded) and the best is the peak; a layout slow enough to blow `budget_s` stops after
+    one repetition. (Choosing the layout by a probe at 512 picked A^T@B on some runs and halved
+    the peak.)
     """
     g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -142,14 +147,14 @@ def gemm_peak(dtype: torch.dtype, size: int, reps: int, device: torch.device, bu
                 break
         return 2 * n**3 / best
 
-    probe = {name: best_rate(fn, min(512, size), 1) for name, fn in layouts.items()}
-    layout = max(probe, key=probe.get)
+    rates = {name: best_rate(fn, size, reps) for name, fn in layouts.items()}
+    layout = max(rates, key=rates.get)
     return {
         "dtype": str(dtype).removeprefix("torch."),
         "size": size,
         "layout": layout,
-        "flops_per_s": best_rate(layouts[layout], size, reps),
-        "probe_512_flops_per_s": probe,
+        "flops_per_s": rates[layout],
+        "layouts_flops_per_s": rates,
     }
 
 
@@ -157,21 +162,42 @@ def gemm_peak(dtype: torch.dtype, size: int, reps: int, device: torch.device, bu
 
 
 def flop_model(model: torch.nn.Module) -> dict[str, Any]:
-    """N, L, H of `B*S*(6N + 12*L*H*S)`: parameters outside the embedding tables, layers, hidden size."""
+    """N, L, H of the FLOP count (see `token_flops`): parameters outside the embedding tables,
+    layers, hidden size; and how many of them are frozen (read when training starts)."""
     embedding = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     excluded = {"position_embeddings", "cls_token", "mask_token"}
-    n = sum(
-        p.numel()
+    counted = [
+        p
         for name, p in model.named_parameters()
         if id(p) not in embedding and name.rsplit(".", 1)[-1] not in excluded
-    )
+    ]
     cfg = model.config
+    try:
+        from finetune.parallel import find_blocks
+
+        _, layers, _ = find_blocks(model)
+        frozen_layers = sum(
+            not any(p.requires_grad for p in model.get_submodule(name).parameters()) for name in layers
+        )
+    except ValueError:  # a model the layer split does not know: no frozen layers counted
+        frozen_layers = 0
     return {
-        "non_embedding_params": n,
+        "non_embedding_params": sum(p.numel() for p in counted),
+        "frozen_non_embedding_params": sum(p.numel() for p in counted if not p.requires_grad),
         "layers": cfg.num_hidden_layers,
+        "frozen_layers": frozen_layers,
         "hidden": cfg.hidden_size,
         "params": sum(p.numel() for p in model.parameters()),
     }
+
+
+def token_flops(f: dict[str, Any], s: int) -> float:
+    """Training FLOPs per (padded) token at length s: 6 per trained weight (forward + two backward
+    matmuls), 2 per frozen one (the app freezes the lowest layers: backward stops above them), and
+    attention's QK^T and AV, 4*S*H a layer forward, x3 where the layer trains."""
+    n, frozen = f["non_embedding_params"], f["frozen_non_embedding_params"]
+    layers, frozen_layers = f["layers"], f["frozen_layers"]
+    return 6 * (n - frozen) + 2 * frozen + 4 * f["hidden"] * s * (3 * (layers - frozen_layers) + frozen_layers)
 
 
 def batch_counts(batch: dict[str, torch.Tensor], tokens_per_image: int | None) -> tuple[int, int, int, int]:
@@ -231,6 +257,7 @@ class Recorder:
         self.in_eval = False
         self.t_forward = self.t_backward_end = 0.0
         self.flops: dict[str, Any] | None = None
+        self.model: torch.nn.Module | None = None
         self.tokens_per_image: int | None = None
         self.start = time.perf_counter()
 
@@ -239,7 +266,7 @@ class Recorder:
         return time.perf_counter()
 
     def set_model(self, model: torch.nn.Module) -> None:
-        self.flops = flop_model(model)
+        self.model, self.flops = model, None  # counted at the first step: after freezing
         self.tokens_per_image = tokens_per_image(model.config)
 
     def fetched(self, seconds: float, batch: Any) -> None:
@@ -250,14 +277,16 @@ class Recorder:
         self.t_forward = self.now()
         if self.pending:
             seconds, (b, real, padded, s) = self.pending.popleft()
-            c, f = self.cur, self.flops or {"non_embedding_params": 0, "layers": 0, "hidden": 0}
+            if self.flops is None and self.model is not None:
+                self.flops = flop_model(self.model)
+            c = self.cur
             c.data += seconds
             c.samples, c.real_tokens, c.padded_tokens = (
                 c.samples + b,
                 c.real_tokens + real,
                 c.padded_tokens + padded,
             )
-            c.flops += padded * (6 * f["non_embedding_params"] + 12 * f["layers"] * f["hidden"] * s)
+            c.flops += padded * token_flops(self.flops, s) if self.flops else 0.0
 
     def backward_start(self) -> None:
         t = self.now()
@@ -1020,8 +1049,8 @@ def markdown(report: dict[str, Any]) -> str:
     p = report["peak"]
     lines.append(
         f"Matmul peak ({p['dtype']}, {p['size']}^3, {p['layout']}): best {p['flops_per_s'] / 1e9:.1f} "
-        f"GFLOP/s; probes at 512: "
-        + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in p["probe_512_flops_per_s"].items())
+        f"GFLOP/s; each layout: "
+        + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in p["layouts_flops_per_s"].items())
         + " GFLOP/s."
     )
     for name, r in report["recipes"].items():

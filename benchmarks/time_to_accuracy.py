@@ -223,8 +223,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         run = report[name]
         xs, ys = [p["seconds"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]]
         ax.plot(xs, ys, style, markersize=3, label=f"{name}: {run['label']}")
-    ax.axhline(report["target"], color="grey", linewidth=0.8, linestyle=":")
-    ax.text(ax.get_xlim()[0], report["target"], f" {report['target']}", va="bottom", color="grey", fontsize=8)
+    ax.axhline(report["target"], color="grey", linewidth=0.8, linestyle=":", label=f"target {report['target']}")
     if report.get("command"):
         c = report["command"]
         ax.plot([c["wall_s"]], [c["test_accuracy"]], "k*", markersize=9, label="app, whole command")

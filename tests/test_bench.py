@@ -81,3 +81,25 @@ def test_smoke_levers_of_the_full_recipe(tmp_path):
     assert set(rows) == {"frozen_layers", "batch_64", "attention_kernel"}  # batch_32 is the default recipe's
     assert all(row["ratio"] > 0 for row in rows.values())
     assert lever_overrides(LEVERS["attention_kernel"]) == ["attn_implementation=eager"]  # fp32 here: SDPA chosen
+
+
+def test_frozen_lower_layers_count_forward_only():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from benchmarks.bench import flop_model, token_flops
+
+    model = BertForSequenceClassification(
+        BertConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=37)
+    )
+    full = flop_model(model)
+    per_layer = sum(p.numel() for p in model.bert.encoder.layer[0].parameters())
+    model.bert.embeddings.requires_grad_(False)
+    for layer in model.bert.encoder.layer[:2]:
+        layer.requires_grad_(False)
+    frozen = flop_model(model)
+    assert frozen["frozen_layers"] == 2 and full["frozen_layers"] == 0
+    assert frozen["frozen_non_embedding_params"] == 2 * per_layer + 2 * 32  # two layers and the embedding LayerNorm
+    s = 16
+    # two layers' weights lose their 4 backward FLOPs per weight, and their attention 2 of its 3 passes
+    saved = 4 * (2 * per_layer + 2 * 32) + 2 * 4 * 32 * s * 2
+    assert token_flops(full, s) - token_flops(frozen, s) == saved
