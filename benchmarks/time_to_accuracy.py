@@ -50,17 +50,17 @@ from transformers import get_scheduler
 
 import finetune.run as app
 import finetune.runtime as runtime
-from benchmarks.bench import SMOKE, machine, pad_batch, reset_accelerate
+from benchmarks.bench import SMOKE, check_arguments, machine, pad_batch, reset_accelerate
 from finetune.config import CONFIGS_DIR, REPO_DIR, TrainConfig, load_config
 from finetune.data import load_splits, prepare_splits
-from finetune.errors import exit_on_user_error
+from finetune.errors import ArgumentParser, exit_on_user_error
 from finetune.models import build_model, load_preprocessor
 
 RECIPE = CONFIGS_DIR / "bert_rotten_tomatoes_full.yaml"
 ACCELERATE_CONFIG = REPO_DIR / "accelerate_configs" / "cpu_bf16.yaml"
 # run_glue_no_trainer.py's defaults (transformers/examples/pytorch/text-classification).
 REFERENCE = {"batch": 8, "learning_rate": 5e-5, "epochs": 3, "max_length": 128, "weight_decay": 0.0}
-SMOKE_SIZES = ["max_train_samples=64", "max_eval_samples=32", "max_test_samples=32"]
+SMOKE_SIZES = ["max_train_samples=64", "max_eval_samples=32", "max_test_samples=32", "max_steps=8"]
 
 
 class Clock:
@@ -223,7 +223,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
         run = report[name]
         xs, ys = [p["seconds"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]]
         ax.plot(xs, ys, style, markersize=3, label=f"{name}: {run['label']}")
-    ax.axhline(report["target"], color="grey", linewidth=0.8, linestyle=":", label=f"target {report['target']}")
+    ax.axhline(
+        report["target"], color="grey", linewidth=0.8, linestyle=":", label=f"target {report['target']}"
+    )
     if report.get("command"):
         c = report["command"]
         ax.plot([c["wall_s"]], [c["test_accuracy"]], "k*", markersize=9, label="app, whole command")
@@ -273,9 +275,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.time_to_accuracy", description=__doc__.split("\n")[0]
-    )
+    p = ArgumentParser(prog="python -m benchmarks.time_to_accuracy", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("runs/time_to_accuracy"))
     p.add_argument("--target", type=float, default=0.81, help="the test accuracy to time (default 0.81)")
     p.add_argument(
@@ -292,11 +292,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra override of the app's recipe (repeatable)")  # fmt: skip
     args = p.parse_args(argv)
-    for name in ("app_eval_steps", "reference_eval_steps", "reference_epochs"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if not 0 < args.target <= 1:
+    if not 0 < args.target <= 1:  # NaN fails both comparisons
         p.error(f"--target is an accuracy in (0, 1], got {args.target}")
+    check_arguments(p, args, ["app_eval_steps", "reference_eval_steps", "reference_epochs"])
     if args.smoke:
         args.no_command = True
         args.app_eval_steps, args.reference_eval_steps, args.reference_epochs = 2, 4, 1
@@ -339,7 +337,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run["time_to_target_s"] = time_to(run["curve"], args.target)
         run["best"] = max(run["curve"], key=lambda p: p["accuracy"])
     report["load_avg_end"] = os.getloadavg()
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "time_to_accuracy.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     plot(report, args.out / "time_to_accuracy.png")
     table = markdown(report)

@@ -32,8 +32,8 @@ PATH_KEYS = ("model_name_or_path", "tokenizer_name", "image_processor_name", "tr
 Task = Literal["text-classification", "image-classification"]
 SchedulerType = Literal["linear", "cosine", "constant"]
 LogLevel = Literal["debug", "info", "warning", "error"]
-# transformers' names (PretrainedConfig.problem_type): what the pipeline and the loss follow.
 AttnImplementation = Literal["eager", "sdpa"]
+# transformers' names (PretrainedConfig.problem_type): what the pipeline and the loss follow.
 ProblemType = Literal["single_label_classification", "multi_label_classification", "regression"]
 
 # The validation metrics each problem type reports (finetune/metrics.py, finetune/problems.py), the
@@ -165,19 +165,21 @@ class TrainConfig:
         False, "text: keep the word-embedding table as loaded (faster, less memory)"
     )
     # Freeze the embeddings and the first N encoder layers: backward stops above them (no gradient into
-    # them, none through them), so a step does less work. MiniLM, bf16, batch 64 x 32 tokens: 165 ms a step
-    # with N=2 against 235 ms with only the word embeddings frozen (bert_rotten_tomatoes_full.yaml).
-    freeze_layers: int = setting(0, "freeze the embeddings and the first N encoder layers (faster backward)")
+    # them, none through them), so a step does less work: bert_rotten_tomatoes_full.yaml in bf16 trained
+    # 1.35x the samples a second with N=2 as with N=0 (README, Benchmarks: `--levers-only frozen_layers`).
+    freeze_layers: int = setting(
+        0, "freeze all the embeddings (whatever freeze_embeddings says) and the first N encoder layers"
+    )
     # Keep only each layer's input during forward and recompute the rest in backward: less activation
     # memory for more compute (transformers' activation checkpointing; MiniLM, batch 32: 1.35x slower).
     gradient_checkpointing: bool = setting(
         False, "recompute activations in backward: less memory, more compute"
     )
-    # Attention kernel. On a CPU under bf16 autocast, SDPA's fused flash-attention backward took 15 ms a
-    # layer (MiniLM, batch 32 x 32 tokens, 2 AMX cores; 1.8 ms in fp32): a step took 222 ms against 142 ms
-    # with eager softmax(QK^T)V. In fp32 the two are a wash; on a GPU SDPA's kernels win.
+    # Attention kernel. On a CPU under bf16 autocast, SDPA's fused flash-attention backward is slow: eager
+    # softmax(QK^T)V trained 1.72x the samples a second (bert_rotten_tomatoes_full.yaml, 2 AMX cores;
+    # README, Benchmarks: `--levers-only attention_kernel`). In fp32 the two are a wash; on a GPU SDPA wins.
     attn_implementation: AttnImplementation | None = setting(
-        None, "attention kernel: eager, sdpa (null: eager for bf16/fp16 on a CPU, else transformers' default)"
+        None, "attention kernel: eager, sdpa (null: eager under bf16 on a CPU, else transformers' default)"
     )
     # LoRA through peft (pip install peft): low-rank adapters on the target linear layers and the head
     # train, every other weight stays frozen; the export has the adapters merged, and <output_dir>/adapter

@@ -156,7 +156,8 @@ def freeze_layers(model: PreTrainedModel, n: int) -> None:
             f"freeze_layers: {type(model).__name__} has no embeddings and encoder layers that finetune can find"
         ) from None
     if n > len(layers):
-        raise UserError(f"freeze_layers={n} but {type(model).__name__} has {len(layers)} encoder layers")
+        has = f"{len(layers)} encoder layer" + ("s" if len(layers) != 1 else "")
+        raise UserError(f"freeze_layers={n} but {type(model).__name__} has {has}")
     for name in [*embeddings, *layers[:n]]:
         model.get_submodule(name).requires_grad_(False)
 

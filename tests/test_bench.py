@@ -25,7 +25,7 @@ def test_smoke_bench_writes_a_sane_report(tmp_path):
         assert 0 < r["real_tokens"] <= r["padded_tokens"], side
         assert r["samples"] == 3 * 8, side  # 3 timed steps of the smoke batch of 8
         assert 0 < r["mfu"] < 1.5, side
-        assert r["samples_per_s"] > 0 and r["step_time_s"] > 0, side
+        assert r["samples_per_s"] > 0 and r["step_time_s"] > 0 and r["first_step_s"] > 0, side
         phases = r["phases_s"]
         assert {"data", "forward", "backward", "optimizer", "other"} <= set(phases), side
         assert all(phases[k] >= 0 for k in ("data", "forward", "backward", "optimizer")), side
@@ -103,3 +103,19 @@ def test_frozen_lower_layers_count_forward_only():
     # two layers' weights lose their 4 backward FLOPs per weight, and their attention 2 of its 3 passes
     saved = 4 * (2 * per_layer + 2 * 32) + 2 * 4 * 32 * s * 2
     assert token_flops(full, s) - token_flops(frozen, s) == saved
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--reps", "0"], "--reps must be positive"),
+        (["--levers-only", "nosuchlever"], "no lever named nosuchlever"),
+        (["--recipe", "bert_fulll"], "invalid choice"),
+        (["--override", "output_dir=/tmp/x"], "--override output_dir"),
+    ],
+)
+def test_bad_arguments_are_one_line(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--smoke", *argv, "--out", str(tmp_path / "report")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error:") and err.count("\n") == 1 and message in err, err

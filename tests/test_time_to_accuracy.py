@@ -56,3 +56,26 @@ def test_bad_arguments_exit_2(bad, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main([*bad, "--out", str(tmp_path)])
     assert exit_info.value.code == 2 and not (tmp_path / "time_to_accuracy.json").exists()
+
+
+def test_override_of_the_output_dir_is_refused_and_a_finished_run_kept(tmp_path, capsys):
+    """The benchmark trains in a temporary directory; an --override output_dir would aim its
+    overwrite_output_dir=true at a user's run."""
+    victim = tmp_path / "finished"
+    victim.mkdir()
+    (victim / "results.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--smoke", "--override", f"output_dir={victim}", "--out", str(tmp_path / "report")])
+    assert exit_info.value.code == 2 and "--override output_dir" in capsys.readouterr().err
+    assert (victim / "results.json").read_text() == "{}" and list(victim.iterdir()) == [victim / "results.json"]
+
+
+def test_out_that_is_a_file_is_refused_before_any_run(tmp_path, capsys, monkeypatch):
+    import benchmarks.time_to_accuracy as tta
+
+    monkeypatch.setattr(tta, "run_app", lambda *a, **k: pytest.fail("trained before checking --out"))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--smoke", "--out", str(tmp_path / "afile")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: --out"), err
