@@ -119,3 +119,13 @@ def test_bad_arguments_are_one_line(argv, message, tmp_path, capsys):
         main(["--smoke", *argv, "--out", str(tmp_path / "report")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith("error:") and err.count("\n") == 1 and message in err, err
+
+
+def test_profile_step_splits_the_step_into_groups(capsys):
+    from benchmarks.profile_step import main as profile_main
+
+    shares = profile_main(["--precision", "no", "--batch", "4", "--length", "8", "--steps", "1"])
+    assert shares["step_s"] > 0 and shares["weight GEMMs (mm, addmm)"] > 0
+    groups = [v for k, v in shares.items() if k != "step_s"]
+    assert all(v >= 0 for v in groups[:-1]) and abs(sum(groups) - 1) < 1e-9
+    assert "ms a step" in capsys.readouterr().out
