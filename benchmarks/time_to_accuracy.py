@@ -105,6 +105,7 @@ def run_app(cfg: TrainConfig, precision: str) -> dict[str, Any]:
         return metrics
 
     reset_accelerate()
+    saved = os.environ.get("ACCELERATE_MIXED_PRECISION")
     os.environ["ACCELERATE_MIXED_PRECISION"] = precision
     app.evaluate_model = evaluate_model
     try:
@@ -114,7 +115,10 @@ def run_app(cfg: TrainConfig, precision: str) -> dict[str, Any]:
     finally:
         app.evaluate_model = original
         hook.remove()
-        os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
+        if saved is None:
+            os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
+        else:
+            os.environ["ACCELERATE_MIXED_PRECISION"] = saved
         reset_accelerate()
     return {
         "source": "finetune.run.train(cfg) on the recipe, the test file as its validation split",

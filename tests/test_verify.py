@@ -51,6 +51,12 @@ def test_accumulation_agrees_with_one_big_batch(recipe, tmp_path, capsys):
     assert "hidden_dropout_prob: 0.0" in config or "dropout: 0.0" in config
 
 
+def test_frozen_lower_layers_agree_with_one_big_batch(recipe, tmp_path, capsys):
+    """freeze_layers (the full-data recipe's lever) keeps accumulation equal to one big batch."""
+    assert verify.main(["--config", str(recipe), "freeze_layers=1", "--keep", str(tmp_path / "runs")]) == 0
+    assert "freeze_layers: 1" in (tmp_path / "runs" / "one_big_batch" / "config.yaml").read_text()
+
+
 def test_a_broken_variant_is_detected(recipe, monkeypatch, capsys):
     """One variant trained with another learning rate must fail the check, with exit status 1."""
     original = verify.variant_args
