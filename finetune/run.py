@@ -302,11 +302,13 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
         check_max_length(model, cfg.max_length, cfg.pad_to_multiple_of)
         name = cfg.tokenizer_name or cfg.model_name_or_path
         check_tokenizer(tokenizer, model, name, cfg.max_length, pair=cfg.text_pair_column is not None)
-    if attn := attention_kernel(cfg.attn_implementation, accelerator):
+    if (attn := attention_kernel(cfg.attn_implementation, accelerator)) and hasattr(model, "set_attn_implementation"):
         try:
             model.set_attn_implementation(attn)
         except (ValueError, ImportError) as e:  # a model without that kernel
             raise UserError(f"attn_implementation={attn}: {first_line(e)}") from None
+    elif cfg.attn_implementation:  # transformers before set_attn_implementation: the unasked choice is skipped
+        raise UserError("attn_implementation needs a newer transformers (PreTrainedModel.set_attn_implementation)")
     if cfg.freeze_embeddings:
         model.get_input_embeddings().requires_grad_(False)
     if cfg.freeze_layers:
