@@ -75,7 +75,7 @@ import finetune.run as app
 import finetune.runtime as runtime
 from finetune.config import CONFIGS_DIR, REPO_DIR, TrainConfig, load_config
 from finetune.data import load_splits, prepare_splits
-from finetune.errors import ArgumentParser, exit_on_user_error
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error
 from finetune.models import build_model, load_preprocessor
 
 RECIPES = {
@@ -928,6 +928,21 @@ def lever_off(spec: dict[str, Any]) -> Iterator[None]:
                     os.environ[k] = v
 
 
+def lever_skipped(
+    spec: dict[str, Any], recipe: str, args: argparse.Namespace, device: torch.device, processes: int
+) -> str | None:
+    """Why a lever does not apply to this recipe and setup, or None."""
+    if spec.get("optional") and not args.compile:
+        return "it needs --compile"
+    if (spec.get("text") and not recipe.startswith("bert")) or recipe not in spec.get("recipes", RECIPES):
+        return f"it is not a lever of --recipe {recipe}"
+    if spec.get("cpu") and device.type != "cpu":
+        return "it is a CPU lever"
+    if spec.get("ddp") and processes < 2:
+        return "it needs several processes"
+    return None
+
+
 def bench_levers(
     recipe: str, args: argparse.Namespace, tmp: Path, device: torch.device, processes: int
 ) -> list[dict]:
@@ -936,11 +951,7 @@ def bench_levers(
     rows = []
     short = ["max_eval_samples=64", "test_file=null"]
     for name, spec in LEVERS.items():
-        if (spec.get("optional") and not args.compile) or (spec.get("text") and not recipe.startswith("bert")):
-            continue
-        if recipe not in spec.get("recipes", RECIPES):
-            continue
-        if (spec.get("cpu") and device.type != "cpu") or (spec.get("ddp") and processes < 2):
+        if lever_skipped(spec, recipe, args, device, processes):
             continue
         if args.levers_only and name not in args.levers_only:
             continue
@@ -1168,7 +1179,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 # Keys a benchmark sets itself: its runs train in a temporary directory, and only the report goes to --out.
-RESERVED_OVERRIDES = ("output_dir", "overwrite_output_dir")
+RESERVED_OVERRIDES = ("output_dir", "overwrite_output_dir", "resume_from_checkpoint")
 
 
 def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace, positive: list[str]) -> None:
@@ -1217,7 +1228,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gemm-size", type=int, default=2048)
     p.add_argument("--gemm-reps", type=int, default=5)
     p.add_argument("--levers", action="store_true", help="also measure each lever on/off")
-    p.add_argument("--levers-only", nargs="*", default=None, help="run only these levers (names)")
+    p.add_argument("--levers-only", nargs="*", default=None, help="run only these levers (none named: all)")
     p.add_argument("--lever-steps", type=int, default=30)
     p.add_argument("--lever-reps", type=int, default=2)
     p.add_argument("--compile", action="store_true", help="include the torch.compile lever (slow to compile)")
@@ -1274,6 +1285,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return peaks[-1]["flops_per_s"]
 
     recipes = ["bert", "vit"] if args.recipe == "both" else [args.recipe]
+    for name in args.levers_only or []:  # a named lever that would be skipped: say so before any run
+        if why := lever_skipped(LEVERS[name], recipes[0], args, device, processes):
+            raise UserError(f"--levers-only {name}: {why}")
     report: dict[str, Any] = {
         "command": "python -m benchmarks.bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": machine(), "precision": precision, "processes": processes,

@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from finetune.config import CONFIGS_DIR, load_config
 from finetune.data import load_splits
-from finetune.errors import ArgumentParser, exit_on_user_error
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error
 from finetune.models import build_model, load_preprocessor
 
 GROUPS = {
@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     tokenizer = load_preprocessor(cfg.model_args)
     torch.manual_seed(0)
     model = build_model(cfg.model_args, label_names, vocab_size=len(tokenizer))
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and args.length > limit:
+        raise UserError(f"--length {args.length} exceeds the model's position limit {limit}")
     model.set_attn_implementation(args.attention)
     model.get_input_embeddings().requires_grad_(False)
     model.train()

@@ -298,6 +298,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 < args.target <= 1:  # NaN fails both comparisons
         p.error(f"--target is an accuracy in (0, 1], got {args.target}")
+    for override in args.override:  # what the curve is made of
+        key = override.split("=", 1)[0].strip()
+        if key in ("test_file", "validation_file", "eval_steps", "resume_from_checkpoint"):
+            p.error(
+                f"--override {key}: the benchmark evaluates the recipe's test file every --app-eval-steps"
+            )
     check_arguments(p, args, ["app_eval_steps", "reference_eval_steps", "reference_epochs"])
     if args.smoke:
         args.no_command = True
@@ -333,7 +339,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["app"] = run_app(app_cfg, precision)
         report["app"]["label"] = f"{RECIPE.name}, {'fp32' if precision == 'no' else precision}"
         report["reference"] = run_reference(ref_cfg, args.reference_eval_steps, args.reference_epochs)
-        report["reference"]["label"] = f"run_glue_no_trainer defaults, fp32, {args.reference_epochs} epochs"
+        report["reference"]["label"] = (
+            f"run_glue_no_trainer defaults, fp32, {args.reference_epochs} epoch"
+            + ("s" if args.reference_epochs != 1 else "")
+        )
         if not args.no_command:
             report["command"] = run_command(RECIPE, list(args.override), Path(tmp) / "command")
     for name in ("app", "reference"):

@@ -27,6 +27,7 @@ file torch reads with plain pickle — resume those only from storage you trust.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shutil
@@ -365,20 +366,32 @@ def diverged(why: str, step: int, last_checkpoint: Path | None) -> TrainingStopp
 
 
 def apply_learning_rate(optimizer, scheduler, manifest: dict[str, Any], learning_rate: float, say) -> None:
-    """A resume with another learning_rate (after a divergence: lower it, then resume) goes on with it:
-    the restored schedule is scaled by new / saved, so warmup and decay keep their shape."""
-    saved = (manifest.get("config") or {}).get("learning_rate")
-    if not isinstance(saved, (int, float)) or saved <= 0 or saved == learning_rate:
-        return
-    ratio = learning_rate / saved
+    """A resumed run's learning rate is this run's: another learning_rate (after a divergence: lower it,
+    then resume) scales the restored schedule by new / saved, so warmup and decay keep their shape; and
+    the optimizer's rate is set from the schedule at the resumed step, so a changed plan (a larger
+    max_steps) applies from the first resumed step, not from the second (the checkpoint holds the old
+    plan's rate, 0 at its end). Unchanged, both give back exactly the saved rates."""
     inner = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper
-    inner.base_lrs = [lr * ratio for lr in inner.base_lrs]
-    inner._last_lr = [lr * ratio for lr in inner.get_last_lr()]
-    for group in optimizer.param_groups:
-        group["lr"] *= ratio
-        if "initial_lr" in group:
-            group["initial_lr"] *= ratio
-    say(f"learning_rate {saved:g} in the checkpoint, {learning_rate:g} from here: the schedule is scaled")
+    saved = (manifest.get("config") or {}).get("learning_rate")
+    if isinstance(saved, (int, float)) and saved > 0 and saved != learning_rate:
+        ratio = learning_rate / saved
+        inner.base_lrs = [lr * ratio for lr in inner.base_lrs]
+        inner._last_lr = [lr * ratio for lr in inner.get_last_lr()]
+        for group in optimizer.param_groups:
+            group["lr"] *= ratio
+            if "initial_lr" in group:
+                group["initial_lr"] *= ratio
+        say(f"learning_rate {saved:g} in the checkpoint, {learning_rate:g} from here: the schedule is scaled")
+    lambdas = getattr(inner, "lr_lambdas", None)  # transformers' schedules are LambdaLR
+    if lambdas is None:
+        return
+    planned = [base * fn(inner.last_epoch) for fn, base in zip(lambdas, inner.base_lrs, strict=True)]
+    restored = [group["lr"] for group in optimizer.param_groups]
+    if not all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(planned, restored, strict=True)):
+        for group, lr in zip(optimizer.param_groups, planned, strict=True):
+            group["lr"] = lr
+        inner._last_lr = planned
+        say(f"learning rate {restored[0]:.3g} in the checkpoint, {planned[0]:.3g} on this run's schedule from here")
 
 
 def check_resume_compatible(

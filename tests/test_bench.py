@@ -75,10 +75,10 @@ def test_smoke_levers_of_the_full_recipe(tmp_path):
 
     report = main([
         "--smoke", "--recipe", "bert_full", "--steps", "2", "--levers", "--levers-only",
-        "frozen_layers", "batch_64", "attention_kernel", "batch_32", "--out", str(tmp_path),
+        "frozen_layers", "batch_64", "attention_kernel", "--out", str(tmp_path),
     ])  # fmt: skip
     rows = {row["lever"]: row for row in report["levers"]}
-    assert set(rows) == {"frozen_layers", "batch_64", "attention_kernel"}  # batch_32 is the default recipe's
+    assert set(rows) == {"frozen_layers", "batch_64", "attention_kernel"}
     assert all(row["ratio"] > 0 for row in rows.values())
     assert lever_overrides(LEVERS["attention_kernel"]) == ["attn_implementation=eager"]  # fp32 here: SDPA chosen
 
@@ -112,6 +112,8 @@ def test_frozen_lower_layers_count_forward_only():
         (["--levers-only", "nosuchlever"], "no lever named nosuchlever"),
         (["--recipe", "bert_fulll"], "invalid choice"),
         (["--override", "output_dir=/tmp/x"], "--override output_dir"),
+        (["--recipe", "bert_full", "--levers-only", "batch_32"], "batch_32: it is not a lever of --recipe bert_full"),
+        (["--levers-only", "eager_mode"], "eager_mode: it needs --compile"),
     ],
 )
 def test_bad_arguments_are_one_line(argv, message, tmp_path, capsys):

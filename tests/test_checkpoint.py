@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from conftest import TINY_BERT, launch, tiny_text_args
 from safetensors.torch import load_file
 
@@ -181,6 +182,35 @@ def test_a_folder_with_a_config_yaml_but_no_checkpoints_is_not_read_as_a_run(tmp
     assert resumed_run_recipe(["resume_from_checkpoint=latest", f"output_dir={folder}"]) is None
     (folder / ckpt.CHECKPOINTS).mkdir()
     assert resumed_run_recipe(["resume_from_checkpoint=latest", f"output_dir={folder}"]) == folder / "config.yaml"
+
+
+@pytest.mark.parametrize("total_now", [6, 9])
+def test_a_resume_with_a_larger_max_steps_trains_its_first_step_on_the_new_schedule(total_now):
+    """The checkpoint of a finished 6-step run holds learning rate 0 (the end of its linear decay). Resumed
+    with max_steps=9, the first resumed step trains at the 9-step schedule's rate at step 6, not at 0;
+    resumed unchanged, the restored rates stay exactly as saved (exact resume)."""
+    from transformers import get_scheduler
+
+    def build(total):
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+        return optimizer, get_scheduler("linear", optimizer, num_warmup_steps=0, num_training_steps=total)
+
+    optimizer, scheduler = build(6)
+    for _ in range(6):
+        optimizer.step()
+        scheduler.step()
+    saved_rate = optimizer.param_groups[0]["lr"]
+    state = (optimizer.state_dict(), scheduler.state_dict())
+    optimizer, scheduler = build(total_now)
+    optimizer.load_state_dict(state[0])
+    scheduler.load_state_dict(state[1])
+    said = []
+    ckpt.apply_learning_rate(optimizer, scheduler, {"config": {"learning_rate": 1e-3}}, 1e-3, said.append)
+    if total_now == 6:
+        assert saved_rate == 0.0 and optimizer.param_groups[0]["lr"] == saved_rate and not said
+    else:
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 3 / 9, rel=1e-12) and said
+        assert scheduler.get_last_lr() == [optimizer.param_groups[0]["lr"]]
 
 
 def test_a_resume_with_another_learning_rate_goes_on_with_it(small_text_data, tmp_path, capsys):

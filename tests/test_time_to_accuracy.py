@@ -50,7 +50,15 @@ def test_clock_leaves_out_what_it_measures():
 
 
 @pytest.mark.parametrize(
-    "bad", [["--app-eval-steps", "0"], ["--target", "1.5"], ["--reference-epochs", "-1"]]
+    "bad",
+    [
+        ["--app-eval-steps", "0"],
+        ["--target", "1.5"],
+        ["--target", "nan"],
+        ["--reference-epochs", "-1"],
+        ["--override", "test_file=null"],
+        ["--override", "resume_from_checkpoint=latest"],
+    ],
 )
 def test_bad_arguments_exit_2(bad, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
