@@ -157,7 +157,7 @@ def freeze_layers(model: PreTrainedModel, n: int) -> None:
         ) from None
     if n > len(layers):
         has = f"{len(layers)} encoder layer" + ("s" if len(layers) != 1 else "")
-        raise UserError(f"freeze_layers={n} but {type(model).__name__} has {has}")
+        raise UserError(f"freeze_layers={n} but {type(model).__name__} has {has}: set freeze_layers={len(layers)} or less")
     for name in [*embeddings, *layers[:n]]:
         model.get_submodule(name).requires_grad_(False)
 

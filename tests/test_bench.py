@@ -131,3 +131,10 @@ def test_profile_step_splits_the_step_into_groups(capsys):
     groups = [v for k, v in shares.items() if k != "step_s"]
     assert all(v >= 0 for v in groups[:-1]) and abs(sum(groups) - 1) < 1e-9
     assert "ms a step" in capsys.readouterr().out
+
+
+def test_warmup_that_leaves_no_step_to_time_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--steps", "2", "--warmup", "5", "--out", str(tmp_path / "report")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "leaves none of --steps 2 to time" in err and err.count("\n") == 1
