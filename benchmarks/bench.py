@@ -848,8 +848,8 @@ LEVERS: dict[str, dict[str, Any]] = {
     "attention_kernel": {
         "on": "attn_implementation=null: eager under bf16/fp16 on a CPU, else SDPA",
         "off": "the other kernel",
-        # the one the app did not choose: SDPA under reduced precision on a CPU, else eager
-        "overrides": lambda cpu_reduced: ["attn_implementation=" + ("sdpa" if cpu_reduced else "eager")],
+        # the one the app does not choose (its choice: finetune.run.attention_kernel; None is SDPA)
+        "overrides": lambda chosen: ["attn_implementation=" + ("sdpa" if chosen == "eager" else "eager")],
     },
     "fused_adamw": {
         "on": "AdamW(fused=True)",
@@ -898,14 +898,13 @@ LEVERS: dict[str, dict[str, Any]] = {
 }
 
 
-def lever_overrides(spec: dict[str, Any]) -> list[str]:
-    """The overrides that turn a lever off; a callable one is asked whether this is reduced
-    precision on a CPU (the attention kernel's case)."""
+def lever_overrides(spec: dict[str, Any], device: torch.device) -> list[str]:
+    """The overrides that turn a lever off; a callable one is given the attention kernel the app
+    chooses unasked on this device and precision (the attention kernel's case)."""
     overrides = spec.get("overrides", [])
     if callable(overrides):
         precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-        on_cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
-        return overrides(on_cpu and precision in ("bf16", "fp16"))
+        return overrides(app.attention_kernel(None, device, precision))
     return overrides
 
 
@@ -962,7 +961,7 @@ def bench_levers(
             recipe,
             args,
             tmp / f"lever-{name}",
-            short + [f"max_steps={off_steps}"] + lever_overrides(spec),
+            short + [f"max_steps={off_steps}"] + lever_overrides(spec, device),
         )
         on_runs, off_runs = [], []
         for _ in range(args.lever_reps):
@@ -1178,21 +1177,30 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Keys a benchmark sets itself: its runs train in a temporary directory, and only the report goes to --out.
-RESERVED_OVERRIDES = ("output_dir", "overwrite_output_dir", "resume_from_checkpoint")
+# Keys a benchmark sets itself, and why: its runs train in a temporary directory, only the report goes to --out.
+RESERVED_OVERRIDES = dict.fromkeys(
+    ("output_dir", "overwrite_output_dir", "resume_from_checkpoint"),
+    "the benchmark trains in a temporary directory; --out says where its report goes",
+)
 
 
-def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace, positive: list[str]) -> None:
+def check_arguments(
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    positive: list[str],
+    reserved: Mapping[str, str] = RESERVED_OVERRIDES,
+) -> None:
     """Mistakes in a benchmark's arguments, found before any run: `positive` options must be > 0,
-    `--override` may not move a run's output, and --out must be a directory this user can write."""
+    `--override` may not set a `reserved` key (each with why), and --out must be a directory this
+    user can write."""
     for name in positive:
         value = getattr(args, name)
         if value is not None and value <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {value}")
     for override in args.override:
         key = override.split("=", 1)[0].strip()
-        if key in RESERVED_OVERRIDES:
-            p.error(f"--override {key}: the benchmark trains in a temporary directory; --out says where its report goes")
+        if key in reserved:
+            p.error(f"--override {key}: {reserved[key]}")
     out = args.out
     if out.exists() and not out.is_dir():
         p.error(f"--out {out} is a file; give a directory for the report")

@@ -50,7 +50,7 @@ from transformers import get_scheduler
 
 import finetune.run as app
 import finetune.runtime as runtime
-from benchmarks.bench import SMOKE, check_arguments, machine, pad_batch, reset_accelerate
+from benchmarks.bench import RESERVED_OVERRIDES, SMOKE, check_arguments, machine, pad_batch, reset_accelerate
 from finetune.config import CONFIGS_DIR, REPO_DIR, TrainConfig, load_config
 from finetune.data import load_splits, prepare_splits
 from finetune.errors import ArgumentParser, exit_on_user_error
@@ -298,13 +298,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 < args.target <= 1:  # NaN fails both comparisons
         p.error(f"--target is an accuracy in (0, 1], got {args.target}")
-    for override in args.override:  # what the curve is made of
-        key = override.split("=", 1)[0].strip()
-        if key in ("test_file", "validation_file", "eval_steps", "resume_from_checkpoint"):
-            p.error(
-                f"--override {key}: the benchmark evaluates the recipe's test file every --app-eval-steps"
-            )
-    check_arguments(p, args, ["app_eval_steps", "reference_eval_steps", "reference_epochs"])
+    curve = dict.fromkeys(  # what the curve is made of
+        ("test_file", "validation_file", "eval_steps"),
+        "the benchmark evaluates the recipe's test file every --app-eval-steps",
+    )
+    check_arguments(
+        p,
+        args,
+        ["app_eval_steps", "reference_eval_steps", "reference_epochs"],
+        {**RESERVED_OVERRIDES, **curve},
+    )
     if args.smoke:
         args.no_command = True
         args.app_eval_steps, args.reference_eval_steps, args.reference_epochs = 2, 4, 1

@@ -302,7 +302,8 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
         check_max_length(model, cfg.max_length, cfg.pad_to_multiple_of)
         name = cfg.tokenizer_name or cfg.model_name_or_path
         check_tokenizer(tokenizer, model, name, cfg.max_length, pair=cfg.text_pair_column is not None)
-    if (attn := attention_kernel(cfg.attn_implementation, accelerator)) and hasattr(model, "set_attn_implementation"):
+    attn = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision)
+    if attn and hasattr(model, "set_attn_implementation"):
         try:
             model.set_attn_implementation(attn)
         except (ValueError, ImportError) as e:  # a model without that kernel
@@ -334,12 +335,12 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
     return model, preprocessor, splits, label_names
 
 
-def attention_kernel(asked: str | None, accelerator: Accelerator) -> str | None:
+def attention_kernel(asked: str | None, device: torch.device, mixed_precision: str) -> str | None:
     """The attention implementation to set, or None for the model's default: what the config asks;
     unasked, eager for reduced precision on a CPU (see TrainConfig.attn_implementation)."""
     if asked is not None:
         return asked
-    if accelerator.device.type == "cpu" and accelerator.mixed_precision in ("bf16", "fp16"):
+    if device.type == "cpu" and mixed_precision in ("bf16", "fp16"):
         return "eager"
     return None
 

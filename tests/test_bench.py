@@ -71,6 +71,8 @@ def test_seq_len_must_be_positive(bad, tmp_path):
 def test_smoke_levers_of_the_full_recipe(tmp_path):
     """The full-data recipe's own levers run (frozen layers, batch 64) beside the attention kernel, whose
     "off" is the kernel the app did not choose for this precision."""
+    import torch
+
     from benchmarks.bench import LEVERS, lever_overrides
 
     report = main([
@@ -80,7 +82,8 @@ def test_smoke_levers_of_the_full_recipe(tmp_path):
     rows = {row["lever"]: row for row in report["levers"]}
     assert set(rows) == {"frozen_layers", "batch_64", "attention_kernel"}
     assert all(row["ratio"] > 0 for row in rows.values())
-    assert lever_overrides(LEVERS["attention_kernel"]) == ["attn_implementation=eager"]  # fp32 here: SDPA chosen
+    cpu = torch.device("cpu")
+    assert lever_overrides(LEVERS["attention_kernel"], cpu) == ["attn_implementation=eager"]  # fp32: SDPA chosen
 
 
 def test_frozen_lower_layers_count_forward_only():
