@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertForSequenceClassification
 
+from benchmarks.peak import synchronize as synchronize_device
 from finetune.parallel import (
     ParallelError,
     apply_model_parallel,
@@ -60,8 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def synchronize(devices: list[torch.device]) -> None:
-    for d in {d for d in devices if d.type == "cuda"}:
-        torch.cuda.synchronize(d)
+    for d in set(devices):
+        synchronize_device(d)
 
 
 def timed(step: Callable[[], None], warmup: int, steps: int, devices: list[torch.device]) -> float:

@@ -4,8 +4,9 @@
     python -m benchmarks.profile_step --attention sdpa         # SDPA's fused kernels instead
     python -m benchmarks.profile_step --precision no --batch 64 --length 32
 
-The step is the app's under its default recipe's choices (word embeddings frozen, dropout off, fused
-AdamW), on one fixed-shape batch of real sentences, after three warm-up steps. Prints the step time
+The step is the app's under its default recipe's choices: the model as `finetune.run.build_model_and_data`
+builds it (word embeddings frozen, dropout off, the asked attention kernel), fused AdamW, on one
+fixed-shape batch of real sentences (the recipe's first, collated by its task), after three warm-up steps. Prints the step time
 and the ops that took the most time, grouped: weight GEMMs (mm, addmm), attention matmuls (bmm),
 SDPA's kernels, autocast's casts (copy_, _to_copy), AdamW, and the rest.
 """
@@ -16,12 +17,16 @@ import argparse
 import time
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
 from torch.profiler import ProfilerActivity, profile
 
-from finetune.config import CONFIGS_DIR, load_config
-from finetune.data import load_splits
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error
-from finetune.models import build_model, load_preprocessor
+from benchmarks.recipes import RECIPES
+from benchmarks.runs import reset_accelerate
+from finetune.config import load_config
+from finetune.errors import ArgumentParser, exit_on_user_error
+from finetune.run import build_model_and_data
+from finetune.tasks import task_of
 
 GROUPS = {
     "weight GEMMs (mm, addmm)": ("aten::mm", "aten::addmm"),
@@ -50,27 +55,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
-    cfg = load_config(CONFIGS_DIR / "bert_rotten_tomatoes.yaml", ["output_dir=/nonexistent"])
-    raw, label_names = load_splits(cfg.data_args)
-    tokenizer = load_preprocessor(cfg.model_args)
-    torch.manual_seed(0)
-    model = build_model(cfg.model_args, label_names, vocab_size=len(tokenizer))
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and args.length > limit:
-        raise UserError(f"--length {args.length} exceeds the model's position limit {limit}")
-    model.set_attn_implementation(args.attention)
-    model.get_input_embeddings().requires_grad_(False)
+    cfg = load_config(RECIPES["bert"], [
+        "output_dir=/nonexistent", f"attn_implementation={args.attention}", f"max_train_samples={args.batch}",
+        "max_eval_samples=1", "test_file=null", f"max_length={args.length}", f"pad_to_multiple_of={args.length}",
+    ])  # fmt: skip
+    reset_accelerate()
+    accelerator = Accelerator(mixed_precision="bf16" if args.precision == "bf16" else "no")
+    set_seed(cfg.seed)
+    model, tokenizer, splits, _ = build_model_and_data(cfg, accelerator)
     model.train()
-    rows = raw["train"].select(range(args.batch)).to_dict()
-    batch = tokenizer(
-        rows["text"], padding="max_length", truncation=True, max_length=args.length, return_tensors="pt"
-    )
-    labels = torch.tensor(rows["labels"])
+    # `length` tokens each: truncated to max_length, padded to a multiple of it
+    batch = task_of(cfg.task).collator(tokenizer, args.length)(list(splits["train"]))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            loss = model(**batch, labels=labels).loss
+        with accelerator.autocast():
+            loss = model(**batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         for _ in range(args.steps):
             step()
         seconds = (time.perf_counter() - t) / args.steps
+    reset_accelerate()
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     shares = {

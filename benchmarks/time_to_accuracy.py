@@ -6,16 +6,19 @@
 Writes `time_to_accuracy.json`, `time_to_accuracy.md` and `time_to_accuracy.png` (both curves in one
 plot) into --out. Where each number comes from:
 
-- **app**: the real `finetune.run.train(cfg)` on `finetune/configs/bert_rotten_tomatoes_full.yaml`,
+- **app**: the real `finetune.run.train(cfg, hooks)` on `finetune/configs/bert_rotten_tomatoes_full.yaml`,
   under `--precision` (default bf16 where torch reports native bf16, as `cpu_bf16.yaml` runs it;
   else fp32), with the recipe's test file as its validation split, evaluated every
-  `--app-eval-steps` optimizer steps and at the end. Nothing in the run depends on those
-  evaluations (no best-model choice, no early stopping), so its weights are the recipe's.
+  `--app-eval-steps` optimizer steps and at the end; each accuracy is the one the run logged in its
+  metrics.jsonl, each time the hooks' clock when that evaluation started (`Curve`). Nothing in the
+  run depends on those evaluations (no best-model choice, no early stopping), so its weights are
+  the recipe's.
 - **reference**: transformers' `run_glue_no_trainer.py` at its documented defaults, written as a
-  loop here: batch 8, `AdamW(lr=5e-5)` with weight decay 0, no warm-up, linear decay, 3 epochs,
-  max_length 128, dynamic padding to the longest in the batch, the model's own dropout, every weight
-  trained, fp32. Same model files, data files and threads; evaluated on the test split every
-  `--reference-eval-steps` optimizer steps and at the end.
+  loop in benchmarks/reference.py: batch 8, `AdamW(lr=5e-5)` with weight decay 0, no warm-up, linear
+  decay, 3 epochs, max_length 128, dynamic padding to the longest in the batch, every weight
+  trained, fp32; dropout as the recipe sets it (`dropout: 0.0`: run_glue_no_trainer keeps the
+  model's 0.1; the report's `settings` say which ran). Same model files, data files and threads;
+  evaluated on the test split every `--reference-eval-steps` optimizer steps and at the end.
 - **the clock**: from the start of each run (data loading, tokenization and model building
   included) to each evaluation, the evaluations themselves left out: they measure, neither run
   needs them to train. Process start-up (imports) is not in it: the **command** row is the whole
@@ -30,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import re
 import subprocess
@@ -42,44 +44,61 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import set_seed
-from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.data import DataLoader
-from transformers import get_scheduler
 
-import finetune.run as app
-import finetune.runtime as runtime
-from benchmarks.bench import RESERVED_OVERRIDES, SMOKE, check_arguments, machine, pad_batch, reset_accelerate
-from finetune.config import CONFIGS_DIR, REPO_DIR, TrainConfig, load_config
-from finetune.data import load_splits, prepare_splits
+from benchmarks.recipes import RECIPES, RESERVED_OVERRIDES, SMOKE, check_arguments, recipe_task
+from benchmarks.reference import RUN_GLUE, run_glue
+from benchmarks.report import machine, machine_line, write_report
+from benchmarks.runs import environment, reset_accelerate
+from finetune.config import REPO_DIR, TrainConfig, load_config
 from finetune.errors import ArgumentParser, exit_on_user_error
-from finetune.models import build_model, load_preprocessor
+from finetune.run import Hooks, train
+from finetune.rundir import RunDir
+from finetune.runtime import cpu_threads
 
-RECIPE = CONFIGS_DIR / "bert_rotten_tomatoes_full.yaml"
+RECIPE = RECIPES["bert_full"]
 ACCELERATE_CONFIG = REPO_DIR / "accelerate_configs" / "cpu_bf16.yaml"
-# run_glue_no_trainer.py's defaults (transformers/examples/pytorch/text-classification).
-REFERENCE = {"batch": 8, "learning_rate": 5e-5, "epochs": 3, "max_length": 128, "weight_decay": 0.0}
 SMOKE_SIZES = ["max_train_samples=64", "max_eval_samples=32", "max_test_samples=32", "max_steps=8"]
 
 
-class Clock:
-    """Seconds since the start, with the time spent inside `measuring()` left out."""
+class Curve(Hooks):
+    """The clock of an accuracy curve, as hooks of a run: seconds since the start with the
+    evaluations (phase "evaluate") left out, read when each evaluation starts. A loop evaluates an
+    optimizer step before it marks the step done, so an evaluation belongs to the step after the last
+    "step" mark (the app's final one, after its last step, to none)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.start = time.perf_counter()
         self.excluded = 0.0
+        self.step = 0  # the last optimizer step marked done
+        self.at: dict[int, float] = {}  # optimizer step -> the clock when its evaluation started
 
     def now(self) -> float:
         return time.perf_counter() - self.start - self.excluded
 
+    def mark(self, name: str, value: Any = None) -> None:
+        if name == "step":
+            self.step = value
+
     @contextlib.contextmanager
-    def measuring(self) -> Iterator[None]:
+    def phase(self, name: str) -> Iterator[None]:
+        if name != "evaluate":
+            with super().phase(name):
+                yield
+            return
+        self.at.setdefault(self.step + 1, self.now())
         t = time.perf_counter()
         try:
-            yield
+            with super().phase(name):
+                yield
         finally:
             self.excluded += time.perf_counter() - t
+
+    def curve(self, evaluations: list[dict[str, Any]]) -> list[dict[str, float]]:
+        """Each evaluation ({"step", "accuracy"}) with the clock at its start."""
+        return [
+            {"seconds": self.at[e["step"]], "step": e["step"], "accuracy": e["accuracy"]} for e in evaluations
+        ]
 
 
 def time_to(curve: list[dict[str, float]], target: float) -> float | None:
@@ -90,109 +109,51 @@ def time_to(curve: list[dict[str, float]], target: float) -> float | None:
 # --- the two runs ------------------------------------------------------------------------------------------
 
 
+def logged_evaluations(cfg: TrainConfig) -> list[dict[str, float]]:
+    """The validation accuracy the run logged at each evaluation (its metrics.jsonl)."""
+    records = [json.loads(line) for line in RunDir(cfg.output_dir).metrics.read_text().splitlines() if line]
+    return [{"step": r["step"], "accuracy": r["eval_accuracy"]} for r in records if "eval_accuracy" in r]
+
+
 def run_app(cfg: TrainConfig, precision: str) -> dict[str, Any]:
-    """`train(cfg)` with an accuracy point at every evaluation (the test file is its validation split)."""
-    curve: list[dict[str, float]] = []
-    steps = [0]
-    hook = register_optimizer_step_post_hook(lambda *a: steps.__setitem__(0, steps[0] + 1))
-    original = app.evaluate_model
-
-    def evaluate_model(model, loader, *args, **kwargs):
-        seconds = clock.now()
-        with clock.measuring():
-            metrics = original(model, loader, *args, **kwargs)
-        curve.append({"seconds": seconds, "step": steps[0], "accuracy": metrics["accuracy"]})
-        return metrics
-
+    """`train(cfg, hooks)` with an accuracy point at every evaluation (the test file is its validation
+    split, evaluated every `eval_steps`; the accuracies from the run's log, the clock from its hooks)."""
     reset_accelerate()
-    saved = os.environ.get("ACCELERATE_MIXED_PRECISION")
-    os.environ["ACCELERATE_MIXED_PRECISION"] = precision
-    app.evaluate_model = evaluate_model
+    hooks = Curve()
     try:
-        clock = Clock()
-        results = app.train(cfg)
-        wall = time.perf_counter() - clock.start
+        with environment({"ACCELERATE_MIXED_PRECISION": precision}):
+            results = train(cfg, hooks)
+        wall = time.perf_counter() - hooks.start
     finally:
-        app.evaluate_model = original
-        hook.remove()
-        if saved is None:
-            os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
-        else:
-            os.environ["ACCELERATE_MIXED_PRECISION"] = saved
         reset_accelerate()
     return {
-        "source": "finetune.run.train(cfg) on the recipe, the test file as its validation split",
+        "source": "finetune.run.train(cfg, hooks) on the recipe, the test file as its validation split",
         "precision": precision,
         "optimizer_steps": results["step"],
         "train_wall_s": wall,
-        "curve": curve,
+        "phases_s": hooks.seconds,
+        "curve": hooks.curve(logged_evaluations(cfg)),
     }
 
 
 def run_reference(cfg: TrainConfig, eval_steps: int, epochs: int) -> dict[str, Any]:
-    """run_glue_no_trainer.py's loop at its defaults, on the recipe's model and data files."""
+    """run_glue_no_trainer.py's loop at its defaults (benchmarks/reference.py), on the recipe's model
+    and data files, timed by the same clock."""
     reset_accelerate()
-    clock = Clock()
-    accelerator = Accelerator(mixed_precision="no")
-    set_seed(cfg.seed)
-    raw, label_names = load_splits(cfg.data_args)
-    tokenizer = load_preprocessor(cfg.model_args)
-    model = build_model(cfg.model_args, label_names, vocab_size=len(tokenizer))
-    splits = prepare_splits(cfg.data_args, raw, tokenizer)
-    drop = [c for c in ("length",) if c in splits["train"].column_names]
-    train_set, test_set = splits["train"].remove_columns(drop), splits["test"].remove_columns(drop)
-    collate = pad_batch(tokenizer)
-    train_dl = DataLoader(train_set, shuffle=True, batch_size=REFERENCE["batch"], collate_fn=collate)
-    test_dl = DataLoader(test_set, batch_size=cfg.per_device_eval_batch_size, collate_fn=collate)
-    no_decay = ["bias", "LayerNorm.weight"]
-    groups = [
-        {"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
-         "weight_decay": REFERENCE["weight_decay"]},
-        {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
-    ]  # fmt: skip
-    optimizer = torch.optim.AdamW(groups, lr=REFERENCE["learning_rate"])
-    total = epochs * math.ceil(len(train_dl))
-    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=0, num_training_steps=total)
-    model, optimizer, train_dl, test_dl, scheduler = accelerator.prepare(
-        model, optimizer, train_dl, test_dl, scheduler
-    )
-    curve: list[dict[str, float]] = []
-
-    def evaluate(step: int) -> None:
-        seconds = clock.now()
-        with clock.measuring(), torch.no_grad():
-            model.eval()
-            correct = count = 0
-            for batch in test_dl:
-                preds, refs = accelerator.gather_for_metrics(
-                    (model(**batch).logits.argmax(-1), batch["labels"])
-                )
-                correct += int((preds == refs).sum())
-                count += len(refs)
-            model.train()
-        curve.append({"seconds": seconds, "step": step, "accuracy": correct / count})
-
-    step = 0
-    model.train()
-    for _ in range(epochs):
-        for batch in train_dl:
-            loss = model(**batch).loss
-            accelerator.backward(loss)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            step += 1
-            if step % eval_steps == 0 and step < total:
-                evaluate(step)
-    evaluate(step)
-    wall = time.perf_counter() - clock.start
-    reset_accelerate()
+    hooks = Curve()
+    try:
+        ran = run_glue(cfg, epochs, eval_steps, hooks)
+        wall = time.perf_counter() - hooks.start
+    finally:
+        reset_accelerate()
     return {
-        "source": "run_glue_no_trainer.py's loop at its defaults, in benchmarks/time_to_accuracy.py",
-        "settings": {**REFERENCE, "epochs": epochs, "precision": "no", "dropout": "the model's", "embeddings": "trained"},
-        "optimizer_steps": step,
+        "source": "run_glue_no_trainer.py's loop at its defaults, in benchmarks/reference.py",
+        "settings": {**RUN_GLUE, "epochs": epochs, "precision": "no", "embeddings": "trained",
+                     "dropout": "the model's" if cfg.dropout is None else cfg.dropout},
+        "optimizer_steps": ran["optimizer_steps"],
         "train_wall_s": wall,
-        "curve": curve,
+        "phases_s": hooks.seconds,
+        "curve": hooks.curve(ran["evaluations"]),
     }  # fmt: skip
 
 
@@ -245,15 +206,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    target, m = report["target"], report["machine"]
+    target = report["target"]
 
     def fmt(v: float | None, digits: int = 1) -> str:
         return "–" if v is None else f"{v:,.{digits}f}"
 
     a, r = report["app"], report["reference"]
     lines = [
-        f"Machine: {m['cpu']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads; torch {m['torch']}, "
-        f"transformers {m['transformers']}, accelerate {m['accelerate']}.",
+        machine_line(report["machine"]) + ".",
         f"Command: `{report['invocation']}`",
         "",
         f"| | app: {a['label']} | reference: {r['label']} |",
@@ -290,7 +250,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--app-eval-steps", type=int, default=20)
     p.add_argument("--reference-eval-steps", type=int, default=200)
-    p.add_argument("--reference-epochs", type=int, default=REFERENCE["epochs"])
+    p.add_argument("--reference-epochs", type=int, default=RUN_GLUE["epochs"])
     p.add_argument("--no-command", action="store_true", help="leave out the whole-command run")
     p.add_argument("--smoke", action="store_true", help="tiny models from config, a slice of the data")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
@@ -319,10 +279,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     precision = args.precision or ("bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no")
-    threads = runtime.cpu_threads(None, 1)
+    threads = cpu_threads(None, 1)
     torch.set_num_threads(threads)
     base = [f"cpu_threads={threads}", "report_to=[]", "overwrite_output_dir=true"]
-    base += [*SMOKE["bert"], *SMOKE_SIZES] if args.smoke else []
+    base += [*SMOKE[recipe_task("bert_full").modality], *SMOKE_SIZES] if args.smoke else []
     with tempfile.TemporaryDirectory(prefix="finetune-tta-") as tmp:
         recipe = load_config(RECIPE, [*base, f"output_dir={tmp}/app", *args.override])
         app_cfg = load_config(RECIPE, [
@@ -332,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             *args.override,
         ])  # fmt: skip
         ref_cfg = load_config(RECIPE, [
-            *base, f"output_dir={tmp}/reference", f"max_length={REFERENCE['max_length']}", "group_by_length=false",
+            *base, f"output_dir={tmp}/reference", f"max_length={RUN_GLUE['max_length']}", "group_by_length=false",
         ])  # fmt: skip
         report: dict[str, Any] = {
             "invocation": "python -m benchmarks.time_to_accuracy " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -353,11 +313,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run["time_to_target_s"] = time_to(run["curve"], args.target)
         run["best"] = max(run["curve"], key=lambda p: p["accuracy"])
     report["load_avg_end"] = os.getloadavg()
-    (args.out / "time_to_accuracy.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     plot(report, args.out / "time_to_accuracy.png")
-    table = markdown(report)
-    (args.out / "time_to_accuracy.md").write_text(table)
-    print(table)
+    write_report(args.out, "time_to_accuracy", report, markdown(report))
     return report
 
 

@@ -36,6 +36,9 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.config import REPO_DIR, DataArgs
 from finetune.errors import REDACTED, SECRET_VALUE, UserError, first_line
+from finetune.metrics import METRICS, PROBLEMS, SINGLE
+from finetune.rundir import is_hub_name
+from finetune.tasks import DEFAULT_TASK, TASKS, task_of
 
 CARD = "README.md"
 TEMPLATE = Path(__file__).with_name("templates") / "model_card.md"  # Jinja, rendered by ModelCard
@@ -50,29 +53,6 @@ SECRET_KEY = re.compile(
 
 # dataset_name values that name a loader, not a dataset on the Hub.
 BUILDERS = {"imagefolder", "audiofolder", "csv", "json", "parquet", "text", "arrow", "webdataset"}
-
-# Per problem type (finetune/problems.py): the metrics of the results that go into the card's
-# model-index (key, metric type, name, args), and the columns of its metrics table (key, header).
-EVAL_METRICS = {
-    "single_label_classification": [
-        ("accuracy", "accuracy", "accuracy", None),
-        ("macro_f1", "f1", "macro F1", {"average": "macro"}),
-    ],
-    "multi_label_classification": [
-        ("micro_f1", "f1", "micro F1", {"average": "micro"}),
-        ("macro_f1", "f1", "macro F1", {"average": "macro"}),
-    ],
-    "regression": [("mse", "mse", "MSE", None), ("pearson", "pearsonr", "Pearson r", None)],
-}
-TABLE_METRICS = {
-    "single_label_classification": [("accuracy", "accuracy"), ("macro_f1", "macro F1")],
-    "multi_label_classification": [
-        ("micro_f1", "micro F1"),
-        ("macro_f1", "macro F1"),
-        ("subset_accuracy", "subset accuracy"),
-    ],
-    "regression": [("mse", "MSE"), ("mae", "MAE"), ("pearson", "Pearson r"), ("spearman", "Spearman rho")],
-}
 
 # The hyperparameters a reader looks for first, in this order; everything is in the full config.
 HYPERPARAMETERS = [
@@ -130,15 +110,6 @@ def _public_config(config: dict[str, Any]) -> dict[str, Any]:
     return {k: _display_path(v) for k, v in redact(config).items()}
 
 
-def _is_hub_id(name: str | None) -> bool:
-    """A Hub model id ("bert-base-uncased", "org/name"), not a local directory."""
-    return (
-        bool(name)
-        and not Path(name).expanduser().exists()
-        and bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", name))
-    )
-
-
 def _license_of(base_model: str | None) -> str | None:
     """The licence in a local base model's own card, when it has one. Only a file on disk is read:
     `ModelCard.load` of anything else would download it."""
@@ -163,11 +134,8 @@ def describe_data(data: DataArgs) -> str:
     else:
         subset = f" (config `{data.dataset_config_name}`)" if data.dataset_config_name else ""
         source = f"the Hub dataset `{data.dataset_name}`{subset}"
-    if data.task == "text-classification":
-        columns = " paired with ".join(f"`{c}`" for c in data.text_columns)
-        columns = f"text column {columns}"
-    else:
-        columns = f"image column `{data.image_column}`"
+    task = task_of(data.task)
+    columns = f"{task.modality} column " + " paired with ".join(f"`{c}`" for c in task.input_columns(data))
     labels = ", ".join(f"`{c}`" for c in data.label_sources)
     problem = {"regression": " (regression targets)", "multi_label_classification": " (multi-label)"}.get(
         data.problem_type or "", ""
@@ -219,7 +187,7 @@ def _cells(rows: list[list[Any]]) -> list[list[str]]:
 
 def _what(task: str, problem: str, label_names: list[str]) -> str:
     """The card's first words: "A 2-class text classifier", "A 5-label multi-label image classifier"..."""
-    modality = "text" if task == "text-classification" else "image"
+    modality = task_of(task).modality
     if problem == "regression":
         return f"A {modality} regression model"
     if problem == "multi_label_classification":
@@ -228,7 +196,7 @@ def _what(task: str, problem: str, label_names: list[str]) -> str:
 
 
 def _eval_results(task: str, source: str, config_name: str | None, splits: dict, metrics: list) -> list:
-    """The model-index entries: each split's metrics of the problem type, where recorded."""
+    """The model-index entries: each split's value of each metric (finetune/metrics.py), where recorded."""
     return [
         EvalResult(
             task_type=task,
@@ -236,14 +204,14 @@ def _eval_results(task: str, source: str, config_name: str | None, splits: dict,
             dataset_name=source,
             dataset_split=split,
             dataset_config=config_name,
-            metric_type=metric,
-            metric_name=shown,
-            metric_args=args,
-            metric_value=float(m[key]),
+            metric_type=metric.card_type,
+            metric_name=metric.name,
+            metric_args=metric.card_args,
+            metric_value=float(values[metric.key]),
         )
-        for split, m in splits.items()
-        for key, metric, shown, args in metrics
-        if m.get(key) is not None
+        for split, values in splits.items()
+        for metric in metrics
+        if values.get(metric.key) is not None
     ]
 
 
@@ -279,19 +247,20 @@ def write_model_card(
 
     export_dir = Path(export_dir)
     public = _public_config(config)
-    task = public.get("task", "text-classification")
-    hub_base = base_model if _is_hub_id(base_model) else None
+    task = public.get("task", DEFAULT_TASK)
+    hub_base = base_model if is_hub_name(base_model) else None
     try:
         model_type = json.loads((export_dir / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
         model_type = None
     dataset = public.get("dataset_name")
-    hub_dataset = dataset if dataset not in BUILDERS and _is_hub_id(dataset) else None
+    hub_dataset = dataset if dataset not in BUILDERS and is_hub_name(dataset) else None
     # model-index wants a dataset type: the Hub id, else the loader (imagefolder, csv, ...).
     source = dataset or Path(public.get("train_file") or "").suffix.lstrip(".") or "local"
     splits = {s: m for s in ("validation", "test") if isinstance(m := results.get(s), dict)}
-    problem = public.get("problem_type") or "single_label_classification"
-    evals = _eval_results(task, source, public.get("dataset_config_name"), splits, EVAL_METRICS[problem])
+    problem = public.get("problem_type") or SINGLE
+    shown = [METRICS[key] for key in PROBLEMS[problem].shown]  # the card's table; those with a type: model-index
+    evals = _eval_results(task, source, public.get("dataset_config_name"), splits, [m for m in shown if m.card_type])
     name = repo_id.split("/")[-1] if repo_id else export_dir.parent.name
     data = ModelCardData(
         model_name=name if evals else None,  # the model-index's name; no key of its own
@@ -301,13 +270,13 @@ def write_model_card(
         license=license or _license_of(base_model),
         tags=[t for t in ("finetune", task, model_type) if t],
         datasets=[hub_dataset] if hub_dataset else None,
-        metrics=sorted({metric for _, metric, _, _ in EVAL_METRICS[problem]}),
+        metrics=sorted({m.card_type for m in shown if m.card_type}),
         eval_results=evals or None,
     )
 
     rows = [[k, _setting(public[k])] for k in HYPERPARAMETERS if public.get(k) is not None]
-    if task != "text-classification":
-        rows = [r for r in rows if r[0] not in ("max_length", "group_by_length", "freeze_embeddings")]
+    others = {name for t in TASKS.values() if t.name != task for name in t.own_settings}
+    rows = [r for r in rows if r[0] not in others - task_of(task).own_settings]
     batch, accumulation = public.get("per_device_train_batch_size"), public.get("gradient_accumulation_steps")
     if num_processes is not None and batch and accumulation:
         rows += [["processes", num_processes], ["global batch size", num_processes * batch * accumulation]]
@@ -320,6 +289,10 @@ def write_model_card(
     per_class = (results.get(per_class_split) or {}).get("per_class") or {}
     stats = ("precision", "recall", "f1", "support") if per_class else ()
     command = command or _launch_command()
+    where = repo_id or _display_path(str(export_dir))
+    if where.startswith("/"):  # outside the repository and home: no machine's absolute path in a card
+        where = f"{export_dir.parent.name}/{export_dir.name}"
+    data_args = DataArgs(**{f.name: public.get(f.name, f.default) for f in dataclasses.fields(DataArgs)})
 
     card = ModelCard.from_template(
         data,
@@ -332,24 +305,17 @@ def write_model_card(
         data_description=data_description,
         hyperparameters=_cells(rows),
         config_yaml=yaml.safe_dump(public, sort_keys=False).strip(),
-        metrics_header=["split", *(h for _, h in TABLE_METRICS[problem]), "loss", "samples"],
+        metrics_header=["split", *(m.name for m in shown), "loss", "samples"],
         metrics=_cells(
-            [
-                [s, *(m.get(k) for k, _ in TABLE_METRICS[problem]), m.get("loss"), m.get("num_samples")]
-                for s, m in splits.items()
-            ]
+            [[s, *(r.get(m.key) for m in shown), r.get("loss"), r.get("num_samples")] for s, r in splits.items()]
         ),
-        pipeline_args={
-            "regression": ', function_to_apply="none"',
-            "multi_label_classification": ", top_k=None",
-        }.get(problem, ""),
+        usage=task_of(task).usage_example(where, problem, data_args),
         best={**best, "value": _number(best.get("value"))} if best.get("metric") is not None else None,
         exported=(results.get("exported") or {}).get("why"),
         per_class_split=per_class_split if per_class else None,
         labels=_cells(
             [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(label_names)]
         ),
-        where=repo_id or str(export_dir),
         finetune_version=finetune.__version__,
         versions=", ".join(f"{k} {v}" for k, v in (results.get("versions") or {}).items()),
         command=SECRET_VALUE.sub(REDACTED, command) if command else None,

@@ -40,9 +40,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from finetune.errors import EXIT_DIVERGED, PeerFailed, TrainingStopped, UserError, first_line
+from finetune.rundir import CHECKPOINTS
 from finetune.runtime import agreed
 
-CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 COMPLETE = "COMPLETE"
 PREFIX = "step-"

@@ -2,6 +2,14 @@
 
     accelerate launch finetune/run.py --config finetune/configs/vit_fashion_mnist.yaml learning_rate=3e-4
 
+One flat recipe (transformers' TrainingArguments names), declared in sections: `TaskArgs` (what to
+train), `ModelArgs`, `DataArgs`, `OptimArgs`, `RunArgs` (evaluation, output, checkpoints, faults,
+processes) and `ParallelArgs` (the layer split). Each section holds its fields and the checks of
+those fields; `TrainConfig` is all of them, plus the checks that read several sections. A builder
+sees only its section: `cfg.data_args` is a `DataArgs`, `cfg.model_args` a `ModelArgs`. The field
+list is the dataclasses' own (`dataclasses.fields(TrainConfig)`); a field's metadata holds its
+one-line help and whether an evaluation may change it (`EVAL_KEYS`).
+
 Hardware (processes, devices, mixed precision, machines) is NOT here: it belongs to the accelerate
 config and is read back from the `Accelerator`. Unknown keys and wrong types are errors that name
 the key and the nearest valid one.
@@ -11,15 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
 from finetune.errors import UserError
+from finetune.metrics import METRICS, PROBLEMS
+from finetune.tasks import DEFAULT_TASK, TASK_NAMES, task_of
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -29,38 +41,81 @@ DEFAULT_RECIPE = CONFIGS_DIR / "bert_rotten_tomatoes.yaml"
 PATH_KEYS = ("model_name_or_path", "tokenizer_name", "image_processor_name", "train_file", "validation_file",
              "test_file", "data_dir")  # fmt: skip
 
-Task = Literal["text-classification", "image-classification"]
+TaskName = Literal[TASK_NAMES]  # type: ignore[valid-type]  # finetune/tasks.py
 SchedulerType = Literal["linear", "cosine", "constant"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 AttnImplementation = Literal["eager", "sdpa"]
 # transformers' names (PretrainedConfig.problem_type): what the pipeline and the loss follow.
-ProblemType = Literal["single_label_classification", "multi_label_classification", "regression"]
-
-# The validation metrics each problem type reports (finetune/metrics.py, finetune/problems.py), the
-# first being the default metric_for_best_model; of them, lower is better for these:
-METRICS: dict[str, tuple[str, ...]] = {
-    "single_label_classification": ("accuracy", "macro_f1", "macro_precision", "macro_recall", "loss"),
-    "multi_label_classification": ("micro_f1", "macro_f1", "subset_accuracy", "micro_precision",
-                                   "micro_recall", "macro_precision", "macro_recall", "loss"),
-    "regression": ("mse", "mae", "r2", "pearson", "spearman", "loss"),
-}  # fmt: skip
-LOWER_IS_BETTER = ("loss", "mse", "mae")
+ProblemType = Literal[tuple(PROBLEMS)]  # type: ignore[valid-type]  # finetune/metrics.py
 
 
-def setting(default: Any = None, help: str = "", *, factory: Any = None) -> Any:
-    """A TrainConfig field with its one-line help, as transformers' `field(metadata={"help": ...})`."""
+def setting(default: Any = None, help: str = "", *, factory: Any = None, evaluation: bool = False) -> Any:
+    """A field with its one-line help, as transformers' `field(metadata={"help": ...})`; `evaluation`:
+    `evaluate_checkpoint.py` may change it (how data is read and batched, how processes run)."""
+    metadata = {"help": help, "evaluation": evaluation}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _finite(section: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and not math.isfinite(value):
+            raise UserError(f"{name} must be a finite number, got {value}")
+
+
+def _positive(section: Any, *names: str, allow_null: bool = False) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value is None and allow_null:
+            continue
+        if value <= 0:
+            kind = "positive (or null)" if allow_null else "a positive integer"
+            raise UserError(f"{name} must be {kind}, got {value}")
+
+
+# --- the sections ---------------------------------------------------------------------------------
 
 
 @dataclass
-class TrainConfig:
-    """Every setting of a run. Names follow transformers' TrainingArguments where one exists; each
-    field's help is what `run.py --help` prints (the longer reasons are in the comments)."""
+class TaskArgs:
+    """What to train: read by the model and the data builders alike."""
 
-    # --- what to train --------------------------------------------------------------------------
-    task: Task = setting("text-classification", "what the model predicts")
+    TITLE: ClassVar[str] = "what to train"
+
+    task: TaskName = setting(DEFAULT_TASK, "what the model predicts")
+    # null: from train's label column: class names or integer ids -> single_label_classification,
+    # numbers with decimals -> regression, lists of names -> multi_label_classification.
+    problem_type: ProblemType | None = setting(
+        None, "single_label_classification, multi_label_classification or regression (null: from the labels)"
+    )
+    label_names: list[str] | None = setting(
+        None, "the label set and its order (default: the sorted labels of train)"
+    )
+    seed: int = setting(
+        42, "seed of the weights' initialisation, the data order, dropout and the held-out split"
+    )
+
+    def _check_task(self) -> None:
+        if not 0 <= self.seed < 2**32:  # numpy's seeds; torch's and Python's take them too
+            raise UserError(f"seed must be in [0, {2**32 - 1}], got {self.seed}")
+        if self.label_names is not None:
+            if not self.label_names:
+                raise UserError(
+                    "label_names is empty; list the labels, or leave it null to take them from the data"
+                )
+            repeated = sorted({n for n in self.label_names if self.label_names.count(n) > 1})
+            if repeated:
+                raise UserError(f"label_names lists {repeated[0]!r} twice; name each label once")
+
+
+@dataclass
+class ModelArgs(TaskArgs):
+    """The model: where its weights or architecture come from, and what of it trains."""
+
+    TITLE: ClassVar[str] = "the model"
+
     # A hub name or a local directory. With `model_config`, only its tokenizer/processor is used.
     model_name_or_path: str | None = setting(None, "pretrained model: a hub name or a local directory")
     # Build the model from a config instead of pretrained weights, e.g. a tiny BERT for tests:
@@ -80,8 +135,63 @@ class TrainConfig:
     allow_pickle_weights: bool = setting(
         False, "also load pytorch_model.bin weights (a pickle, which can run code)"
     )
+    dropout: float | None = setting(None, "set every dropout probability of the model (0 turns dropout off)")
+    # Text: keep the word-embedding table as loaded (no gradient, no optimizer state). For MiniLM it
+    # is half of the weights, so half of AdamW's memory traffic and no dense 30522 x 384 gradient.
+    freeze_embeddings: bool = setting(
+        False, "text: keep the word-embedding table as loaded (faster, less memory)"
+    )
+    # Freeze the embeddings and the first N encoder layers: backward stops above them (no gradient into
+    # them, none through them), so a step does less work (benchmarks/README.md: `--levers-only
+    # frozen_layers`).
+    freeze_layers: int = setting(
+        0, "freeze all the embeddings (whatever freeze_embeddings says) and the first N encoder layers"
+    )
+    # Keep only each layer's input during forward and recompute the rest in backward: less activation
+    # memory for more compute (transformers' activation checkpointing).
+    gradient_checkpointing: bool = setting(
+        False, "recompute activations in backward: less memory, more compute"
+    )
+    # Attention kernel. On a CPU under bf16 autocast, SDPA's fused flash-attention backward is slow:
+    # eager softmax(QK^T)V trains faster there (benchmarks/README.md: `--levers-only attention_kernel`).
+    # In fp32 the two are a wash; on a GPU SDPA wins.
+    attn_implementation: AttnImplementation | None = setting(
+        None, "attention kernel: eager, sdpa (null: eager under bf16 on a CPU, else transformers' default)"
+    )
+    # LoRA through peft (pip install peft): low-rank adapters on the target linear layers and the head
+    # train, every other weight stays frozen; the export has the adapters merged, and <output_dir>/adapter
+    # holds them alone in peft's format (finetune/lora.py).
+    peft: dict[str, Any] | None = setting(
+        None,
+        "LoRA instead of full fine-tuning: {r: 8, alpha: 16, dropout: 0.0, target_modules: [query, value]}",
+    )
 
-    # --- data -------------------------------------------------------------------------------------
+    def _check_model(self) -> None:
+        _finite(self, "dropout")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise UserError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.freeze_layers < 0:
+            raise UserError(f"freeze_layers must be >= 0, got {self.freeze_layers}")
+        if self.freeze_layers and self.peft is not None:
+            raise UserError("freeze_layers and peft together: LoRA already freezes every weight but its adapters")
+        if self.model_name_or_path is None and self.model_config is None:
+            raise UserError("set model_name_or_path (a hub name or a local directory) or model_config")
+        if self.model_config is not None and "model_type" not in self.model_config:
+            raise UserError("model_config needs a model_type, e.g. {model_type: bert, hidden_size: 32, ...}")
+        if self.freeze_embeddings and not task_of(self.task).has_word_embeddings:
+            raise UserError(f"freeze_embeddings is for models with a word-embedding table, not {self.task}")
+        if self.peft is not None:
+            from finetune.lora import check_spec
+
+            self.peft = check_spec(self.peft)  # with the defaults filled in, as config.yaml saves it
+
+
+@dataclass
+class DataArgs(TaskArgs):
+    """The data: where it is, which columns hold what, how it is cut and batched."""
+
+    TITLE: ClassVar[str] = "data"
+
     # A hub dataset name or a builder ("imagefolder", "csv", "json", "parquet"); or give files.
     dataset_name: str | None = setting(None, "a hub dataset, or a builder (imagefolder, csv, json, parquet)")
     dataset_config_name: str | None = setting(None, "the hub dataset's configuration (e.g. sst2 of glue)")
@@ -93,24 +203,21 @@ class TrainConfig:
         None, "validation data (default: a stratified share of train is held out)"
     )
     test_file: str | None = setting(None, "test data, scored once at the end")
-    text_column: str = setting("text", "text: the column holding the text")
-    text_pair_column: str | None = setting(None, "text: the second sentence's column, for sentence pairs")
-    image_column: str = setting("image", "images: the column holding the image")
-    label_column: str = setting("label", "the column holding the label")
-    # null: from train's label column: class names or integer ids -> single_label_classification,
-    # numbers with decimals -> regression, lists of names -> multi_label_classification.
-    problem_type: ProblemType | None = setting(
-        None, "single_label_classification, multi_label_classification or regression (null: from the labels)"
+    text_column: str = setting("text", "text: the column holding the text", evaluation=True)
+    text_pair_column: str | None = setting(
+        None, "text: the second sentence's column, for sentence pairs", evaluation=True
     )
+    image_column: str = setting("image", "images: the column holding the image", evaluation=True)
+    label_column: str = setting("label", "the column holding the label", evaluation=True)
     # Multi-label as several 0/1 columns, one per label (named by its column), instead of a column of lists.
     label_columns: list[str] | None = setting(
-        None, "multi-label: the 0/1 columns, one per label (instead of label_column)"
+        None, "multi-label: the 0/1 columns, one per label (instead of label_column)", evaluation=True
     )
-    max_length: int = setting(128, "text: tokens per sample; longer texts are truncated")
+    max_length: int = setting(128, "text: tokens per sample; longer texts are truncated", evaluation=True)
     # Text batches are padded to their longest sequence, rounded up to a multiple of this (8 suits
     # tensor cores; max_length pads every batch to one fixed length). null: no rounding.
     pad_to_multiple_of: int | None = setting(
-        8, "text: round each batch's padded length up to a multiple of this"
+        8, "text: round each batch's padded length up to a multiple of this", evaluation=True
     )
     # When the data has no validation split: the share of train held out, stratified and seeded.
     validation_split_percentage: float = setting(
@@ -125,29 +232,80 @@ class TrainConfig:
     random_flip: bool = setting(
         False, "images: random horizontal flip of training images (for mirror-invariant classes)"
     )
-    # Worker processes that collate batches. null: 2 for text on a GPU (collating BERT-base batches of
-    # 128 in the training process took 17-21 ms of a 72 ms step on an H100), else 0 (on a CPU a worker
-    # competes for the cores; image workers would draw random flips from seeds a resume cannot restore).
+    # Worker processes that collate batches. null: the task's choice (finetune/tasks.py: 2 for text on
+    # a GPU, else 0: on a CPU a worker competes for the cores).
     dataloader_num_workers: int | None = setting(
-        None, "processes that collate batches (default: 2 for text on a GPU, else 0)"
+        None, "processes that collate batches (default: 2 for text on a GPU, else 0)", evaluation=True
     )
     # GPU: batches in page-locked memory, copied to the device without blocking the host (no effect on CPU).
-    dataloader_pin_memory: bool = setting(True, "GPU: batches in page-locked memory for non-blocking copies")
-    # Torch threads per process when training on CPU. None: the cores this process may use (affinity,
-    # container quota), divided by the processes on this machine, whatever OMP_NUM_THREADS says
-    # (`accelerate launch` sets it to 1 unless told otherwise: a GPU default that idles a CPU's cores).
-    cpu_threads: int | None = setting(
-        None, "CPU: torch threads per process (default: this machine's cores / processes)"
+    dataloader_pin_memory: bool = setting(
+        True, "GPU: batches in page-locked memory for non-blocking copies", evaluation=True
     )
 
-    # --- optimisation -----------------------------------------------------------------------------
-    seed: int = setting(
-        42, "seed of the weights' initialisation, the data order, dropout and the held-out split"
-    )
+    @property
+    def files(self) -> dict[str, str]:
+        """The split files given, by split name."""
+        named = (("train", self.train_file), ("validation", self.validation_file), ("test", self.test_file))
+        return {split: path for split, path in named if path}
+
+    @property
+    def text_columns(self) -> list[str]:
+        """The text column, and the pair column when there is one."""
+        return [c for c in (self.text_column, self.text_pair_column) if c]
+
+    @property
+    def label_sources(self) -> list[str]:
+        """The columns the labels come from: label_columns (multi-label 0/1 columns), else label_column."""
+        return list(self.label_columns) if self.label_columns else [self.label_column]
+
+    @property
+    def input_columns(self) -> list[str]:
+        return task_of(self.task).input_columns(self)
+
+    def _check_data(self) -> None:
+        _finite(self, "validation_split_percentage")
+        _positive(self, "max_length")
+        _positive(self, "max_train_samples", "max_eval_samples", "max_test_samples", "pad_to_multiple_of",
+                  allow_null=True)  # fmt: skip
+        if not 0 < self.validation_split_percentage < 100:
+            raise UserError(
+                f"validation_split_percentage must be in (0, 100), got {self.validation_split_percentage}"
+            )
+        if self.dataloader_num_workers is not None and self.dataloader_num_workers < 0:
+            raise UserError("dataloader_num_workers must be >= 0")
+        if self.label_column in self.input_columns:
+            modality = task_of(self.task).modality
+            raise UserError(
+                f"'{self.label_column}' is both the label column and a{'n' * (modality[0] in 'aeiou')} {modality} "
+                f"column: the model would read the answer; set {modality}_column (or label_column) to another column"
+            )
+        if self.text_pair_column is not None and self.text_pair_column == self.text_column:
+            raise UserError(
+                "text_pair_column is the text_column: each sentence would be paired with itself; "
+                "set text_pair_column to the second sentence's column, or null"
+            )
+        if self.label_columns is not None:
+            if not self.label_columns or len(set(self.label_columns)) != len(self.label_columns):
+                raise UserError(f"label_columns must name distinct columns, got {self.label_columns}")
+            if self.problem_type not in (None, "multi_label_classification"):
+                raise UserError(
+                    f"label_columns (0/1 columns, one per label) is multi-label data, but problem_type is "
+                    f"{self.problem_type}; set problem_type=multi_label_classification or null"
+                )
+
+
+@dataclass
+class OptimArgs:
+    """Optimisation: how long, in which batches, with which optimizer and schedule."""
+
+    TITLE: ClassVar[str] = "optimisation"
+
     num_train_epochs: int = setting(3, "passes over the training data")
     max_steps: int | None = setting(None, "optimizer steps to train; overrides num_train_epochs")
     per_device_train_batch_size: int = setting(32, "training samples per process per micro-batch")
-    per_device_eval_batch_size: int = setting(64, "evaluation samples per process per batch")
+    per_device_eval_batch_size: int = setting(
+        64, "evaluation samples per process per batch", evaluation=True
+    )
     gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step")
     learning_rate: float = setting(5e-5, "AdamW's peak learning rate")
     weight_decay: float = setting(0.01, "AdamW's decoupled weight decay (not on biases and LayerNorm)")
@@ -158,38 +316,42 @@ class TrainConfig:
     warmup_ratio: float = setting(0.0, "share of the optimizer steps spent warming up")
     warmup_steps: int | None = setting(None, "optimizer steps spent warming up; overrides warmup_ratio")
     max_grad_norm: float | None = setting(1.0, "clip the gradients' global norm to this (null: no clipping)")
-    dropout: float | None = setting(None, "set every dropout probability of the model (0 turns dropout off)")
-    # Text: keep the word-embedding table as loaded (no gradient, no optimizer state). For MiniLM it
-    # is half of the weights, so half of AdamW's memory traffic and no dense 30522 x 384 gradient.
-    freeze_embeddings: bool = setting(
-        False, "text: keep the word-embedding table as loaded (faster, less memory)"
-    )
-    # Freeze the embeddings and the first N encoder layers: backward stops above them (no gradient into
-    # them, none through them), so a step does less work: bert_rotten_tomatoes_full.yaml in bf16 trained
-    # 1.35x the samples a second with N=2 as with N=0 (README, Benchmarks: `--levers-only frozen_layers`).
-    freeze_layers: int = setting(
-        0, "freeze all the embeddings (whatever freeze_embeddings says) and the first N encoder layers"
-    )
-    # Keep only each layer's input during forward and recompute the rest in backward: less activation
-    # memory for more compute (transformers' activation checkpointing; MiniLM, batch 32: 1.35x slower).
-    gradient_checkpointing: bool = setting(
-        False, "recompute activations in backward: less memory, more compute"
-    )
-    # Attention kernel. On a CPU under bf16 autocast, SDPA's fused flash-attention backward is slow: eager
-    # softmax(QK^T)V trained 1.72x the samples a second (bert_rotten_tomatoes_full.yaml, 2 AMX cores;
-    # README, Benchmarks: `--levers-only attention_kernel`). In fp32 the two are a wash; on a GPU SDPA wins.
-    attn_implementation: AttnImplementation | None = setting(
-        None, "attention kernel: eager, sdpa (null: eager under bf16 on a CPU, else transformers' default)"
-    )
-    # LoRA through peft (pip install peft): low-rank adapters on the target linear layers and the head
-    # train, every other weight stays frozen; the export has the adapters merged, and <output_dir>/adapter
-    # holds them alone in peft's format (finetune/lora.py).
-    peft: dict[str, Any] | None = setting(
-        None,
-        "LoRA instead of full fine-tuning: {r: 8, alpha: 16, dropout: 0.0, target_modules: [query, value]}",
-    )
 
-    # --- evaluation, logging, output --------------------------------------------------------------
+    def _check_optim(self) -> None:
+        _finite(self, "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
+                "max_grad_norm", "warmup_ratio")  # fmt: skip
+        _positive(self, "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                  "num_train_epochs")  # fmt: skip
+        _positive(self, "max_steps", allow_null=True)
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise UserError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.adam_epsilon > 0:  # 0: 0/0 for a weight whose gradients have all been 0
+            raise UserError(f"adam_epsilon must be > 0, got {self.adam_epsilon}")
+        if not self.weight_decay >= 0:
+            raise UserError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm is not None and not self.max_grad_norm >= 0:  # negative: flips the gradients
+            raise UserError(f"max_grad_norm must be >= 0 (0 or null: no clipping), got {self.max_grad_norm}")
+        if not self.learning_rate > 0:
+            raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise UserError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise UserError(f"warmup_steps must be positive (or null), got {self.warmup_steps}")
+        if self.warmup_steps is not None and self.max_steps is not None and self.warmup_steps > self.max_steps:
+            raise UserError(
+                f"warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}: the learning rate would "
+                "never reach learning_rate; lower warmup_steps"
+            )
+
+
+@dataclass
+class RunArgs:
+    """The run around the loop: evaluation and logging, the output, checkpoints and resume, faults,
+    and how the processes work together."""
+
+    TITLE: ClassVar[str] = "the run: evaluation, output, checkpoints, faults, processes"
+
     output_dir: str = setting(
         "runs/bert-rotten-tomatoes", "where checkpoints, metrics and the exported model go"
     )
@@ -199,7 +361,7 @@ class TrainConfig:
     # The libraries' own console output (transformers' load report, datasets' "Generating split" and
     # map bars, accelerate's notices): shown from this level up; "info" also shows their progress bars.
     log_level: LogLevel = setting(
-        "error", "what transformers, datasets and accelerate print (info: everything)"
+        "error", "what transformers, datasets and accelerate print (info: everything)", evaluation=True
     )
     logging_steps: int = setting(10, "optimizer steps between logged losses")
     eval_steps: int | None = setting(
@@ -208,21 +370,16 @@ class TrainConfig:
     report_to: list[str] = setting(
         help="trackers beside metrics.jsonl (tensorboard, wandb, ...)", factory=list
     )
-    label_names: list[str] | None = setting(
-        None, "the label set and its order (default: the sorted labels of train)"
-    )
     multi_label_threshold: float = setting(
-        0.5, "multi-label: a label is predicted when its probability is at least this"
+        0.5, "multi-label: a label is predicted when its probability is at least this", evaluation=True
     )
-
-    # --- checkpoints ------------------------------------------------------------------------------
     save_steps: int | None = setting(None, "optimizer steps between training-state checkpoints")
     save_at_epoch_end: bool = setting(False, "also write a checkpoint at each epoch's end")
     save_total_limit: int | None = setting(2, "keep the last K checkpoints (the best is kept too; null: all)")
     metric_for_best_model: str | None = setting(
         None,
         "the validation metric that picks the best checkpoint (null: the first of its problem type's): "
-        + "; ".join(f"{problem}: {', '.join(metrics)}" for problem, metrics in METRICS.items()),
+        + "; ".join(f"{problem}: {', '.join(m.reported)}" for problem, m in PROBLEMS.items()),
     )
     greater_is_better: bool | None = setting(
         None, "whether a larger metric_for_best_model is better (null: lower for loss, mse, mae)"
@@ -245,8 +402,6 @@ class TrainConfig:
     push_to_hub_model_id: str | None = setting(
         None, "after training, upload the export to this hub repo (needs the network)"
     )
-
-    # --- faults -------------------------------------------------------------------------------------
     # Stop (exit status 3) when the loss is NaN or infinite for this many optimizer steps in a row;
     # checked at logging steps. Single fp16 overflow steps, which the gradient scaler skips, are fine.
     max_nonfinite_loss_steps: int = setting(
@@ -254,7 +409,9 @@ class TrainConfig:
     )
     # Seconds a process waits in a collective (all-reduce, barrier) for the others before the job
     # fails instead of hanging. Raise it when the main process alone does long work (tokenizing).
-    ddp_timeout: int = setting(1800, "seconds a process waits for the others before the job fails")
+    ddp_timeout: int = setting(
+        1800, "seconds a process waits for the others before the job fails", evaluation=True
+    )
     # DDP options of torch's DistributedDataParallel, passed through Accelerate's kwargs handler:
     # static_graph (the same parameters get gradients every step) and gradient_as_bucket_view (the
     # gradients are views of the all-reduce buckets: one copy fewer, less memory).
@@ -262,8 +419,43 @@ class TrainConfig:
     ddp_gradient_as_bucket_view: bool = setting(
         False, "DDP: gradients are views of the all-reduce buckets (less memory)"
     )
+    # Torch threads per process when training on CPU. None: the cores this process may use (affinity,
+    # container quota), divided by the processes on this machine, whatever OMP_NUM_THREADS says
+    # (`accelerate launch` sets it to 1 unless told otherwise: a GPU default that idles a CPU's cores).
+    cpu_threads: int | None = setting(
+        None, "CPU: torch threads per process (default: this machine's cores / processes)", evaluation=True
+    )
 
-    # --- model parallelism (one process, consecutive layers on consecutive devices) -----------------
+    def _check_run(self) -> None:
+        _positive(self, "logging_steps", "max_nonfinite_loss_steps", "ddp_timeout")
+        _positive(self, "eval_steps", "save_steps", "save_total_limit", "early_stopping_patience", "cpu_threads",
+                  allow_null=True)  # fmt: skip
+        if self.ddp_timeout > 7 * 24 * 3600:  # past a week: the timeouts of torch's backends overflow
+            raise UserError(f"ddp_timeout must be at most 604800 seconds (a week), got {self.ddp_timeout}")
+        most_threads = max(1024, os.cpu_count() or 1)  # not this machine's count: saved configs travel
+        if self.cpu_threads is not None and self.cpu_threads > most_threads:  # OpenMP crashes at 100000
+            raise UserError(
+                f"cpu_threads={self.cpu_threads} is more threads than any machine has cores (this one has "
+                f"{os.cpu_count()}); use at most {most_threads}, or null for this process's share of the cores"
+            )
+        if not 0 < self.multi_label_threshold < 1:
+            raise UserError(f"multi_label_threshold must be in (0, 1), got {self.multi_label_threshold}")
+        from accelerate.utils import LoggerType
+
+        trackers = {t.value for t in LoggerType}
+        for name in self.report_to:
+            if name not in trackers:
+                raise UserError(
+                    f"report_to: unknown tracker {name!r}; Accelerate's trackers are {', '.join(sorted(trackers))}"
+                )
+
+
+@dataclass
+class ParallelArgs:
+    """The layer split: one process, consecutive layers on consecutive devices (finetune/parallel.py)."""
+
+    TITLE: ClassVar[str] = "model parallelism (one process, consecutive layers on consecutive devices)"
+
     model_parallel: bool = setting(False, "split the model's layers over devices, in one process")
     devices: str | None = setting(
         None, 'model_parallel: the devices in order, e.g. "cuda:0,cuda:1" (default: every GPU)'
@@ -275,154 +467,8 @@ class TrainConfig:
         1, "model_parallel: >1 pipelines this many micro-batches through the stages"
     )
 
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Every setting's range, then the checks that read several settings together."""
-        self._check_ranges()
-        self._check_together()
-
-    def _check_ranges(self) -> None:
-        """One setting at a time: its range (a line naming the key, the value and the range)."""
-        import math
-        import os
-
-        for name in ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
-                     "warmup_ratio", "validation_split_percentage", "dropout"):  # fmt: skip
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                raise UserError(f"{name} must be a finite number, got {value}")
-        if not 0 <= self.seed < 2**32:  # numpy's seeds; torch's and Python's take them too
-            raise UserError(f"seed must be in [0, {2**32 - 1}], got {self.seed}")
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise UserError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if not self.adam_epsilon > 0:  # 0: 0/0 for a weight whose gradients have all been 0
-            raise UserError(f"adam_epsilon must be > 0, got {self.adam_epsilon}")
-        if not self.weight_decay >= 0:
-            raise UserError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.max_grad_norm is not None and not self.max_grad_norm >= 0:  # negative: flips the gradients
-            raise UserError(f"max_grad_norm must be >= 0 (0 or null: no clipping), got {self.max_grad_norm}")
-        if self.ddp_timeout > 7 * 24 * 3600:  # past a week: the timeouts of torch's backends overflow
-            raise UserError(f"ddp_timeout must be at most 604800 seconds (a week), got {self.ddp_timeout}")
-        most_threads = max(1024, os.cpu_count() or 1)  # not this machine's count: saved configs travel
-        if self.cpu_threads is not None and self.cpu_threads > most_threads:  # OpenMP crashes at 100000
-            raise UserError(
-                f"cpu_threads={self.cpu_threads} is more threads than any machine has cores (this one has "
-                f"{os.cpu_count()}); use at most {most_threads}, or null for this process's share of the cores"
-            )
-        for name in (
-            "per_device_train_batch_size",
-            "per_device_eval_batch_size",
-            "gradient_accumulation_steps",
-            "num_train_epochs",
-            "logging_steps",
-            "max_length",
-            "pipeline_chunks",
-            "max_nonfinite_loss_steps",
-            "ddp_timeout",
-        ):
-            if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        for name in (
-            "max_steps",
-            "eval_steps",
-            "save_steps",
-            "max_train_samples",
-            "max_eval_samples",
-            "max_test_samples",
-            "save_total_limit",
-            "warmup_steps",
-            "pad_to_multiple_of",
-        ):
-            value = getattr(self, name)
-            if value is not None and value <= 0 and not (name == "warmup_steps" and value == 0):
-                raise UserError(f"{name} must be positive (or null), got {value}")
-        if self.dropout is not None and not 0 <= self.dropout < 1:
-            raise UserError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.early_stopping_patience is not None and self.early_stopping_patience <= 0:
-            raise UserError(
-                f"early_stopping_patience must be positive (or null), got {self.early_stopping_patience}"
-            )
-        if not self.learning_rate > 0:
-            raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise UserError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if not 0 < self.validation_split_percentage < 100:
-            raise UserError(
-                f"validation_split_percentage must be in (0, 100), got {self.validation_split_percentage}"
-            )
-        if self.cpu_threads is not None and self.cpu_threads <= 0:
-            raise UserError(f"cpu_threads must be positive (or null), got {self.cpu_threads}")
-        if self.freeze_layers < 0:
-            raise UserError(f"freeze_layers must be >= 0, got {self.freeze_layers}")
-        if self.freeze_layers and self.peft is not None:
-            raise UserError("freeze_layers and peft together: LoRA already freezes every weight but its adapters")
-        if self.dataloader_num_workers is not None and self.dataloader_num_workers < 0:
-            raise UserError("dataloader_num_workers must be >= 0")
-
-    def _check_together(self) -> None:
-        """Settings that must agree, and choices checked against what the app knows."""
-        if self.label_names is not None:
-            if not self.label_names:
-                raise UserError(
-                    "label_names is empty; list the labels, or leave it null to take them from the data"
-                )
-            repeated = sorted({n for n in self.label_names if self.label_names.count(n) > 1})
-            if repeated:
-                raise UserError(f"label_names lists {repeated[0]!r} twice; name each label once")
-        if (
-            self.warmup_steps is not None
-            and self.max_steps is not None
-            and self.warmup_steps > self.max_steps
-        ):
-            raise UserError(
-                f"warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}: the learning rate would "
-                "never reach learning_rate; lower warmup_steps"
-            )
-        texts = (
-            [c for c in (self.text_column, self.text_pair_column) if c]
-            if self.task == "text-classification"
-            else []
-        )
-        if self.label_column in texts:
-            raise UserError(
-                f"'{self.label_column}' is both the label column and a text column: the model would read "
-                "the answer; set text_column (or label_column) to another column"
-            )
-        if self.text_pair_column is not None and self.text_pair_column == self.text_column:
-            raise UserError(
-                "text_pair_column is the text_column: each sentence would be paired with itself; "
-                "set text_pair_column to the second sentence's column, or null"
-            )
-        self._validate_problem()
-        from accelerate.utils import LoggerType
-
-        trackers = {t.value for t in LoggerType}
-        for name in self.report_to:
-            if name not in trackers:
-                raise UserError(
-                    f"report_to: unknown tracker {name!r}; Accelerate's trackers are {', '.join(sorted(trackers))}"
-                )
-        if self.model_name_or_path is None and self.model_config is None:
-            raise UserError("set model_name_or_path (a hub name or a local directory) or model_config")
-        if self.model_config is not None and "model_type" not in self.model_config:
-            raise UserError("model_config needs a model_type, e.g. {model_type: bert, hidden_size: 32, ...}")
-        if self.dataset_name is None and self.train_file is None and self.data_dir is None:
-            resuming = (
-                "; a resume with --config reads that recipe, not the run's saved config.yaml: leave --config "
-                "out (resume_from_checkpoint=latest output_dir=<run> alone resumes with the run's own recipe)"
-                if self.resume_from_checkpoint
-                else ""
-            )
-            raise UserError(f"no training data: set train_file, data_dir or dataset_name{resuming}")
-        if self.freeze_embeddings and self.task != "text-classification":
-            raise UserError("freeze_embeddings is for text-classification (the word-embedding table)")
-        if self.peft is not None:
-            from finetune.lora import check_spec
-
-            self.peft = check_spec(self.peft)  # with the defaults filled in, as config.yaml saves it
+    def _check_parallel(self) -> None:
+        _positive(self, "pipeline_chunks")
         if self.pipeline_chunks > 1 and not self.model_parallel:
             raise UserError("pipeline_chunks needs model_parallel=true")
         if self.devices and not self.model_parallel:
@@ -431,40 +477,70 @@ class TrainConfig:
                 "accelerate config (accelerate launch --gpu_ids ...)"
             )
 
+
+SECTIONS: tuple[type, ...] = (TaskArgs, ModelArgs, DataArgs, OptimArgs, RunArgs, ParallelArgs)
+
+
+def section_fields(section: type) -> list[dataclasses.Field]:
+    """The fields a section declares itself (not those it inherits), in order."""
+    own = section.__dict__.get("__annotations__", {})
+    return [f for f in dataclasses.fields(section) if f.name in own]
+
+
+@dataclass
+class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
+    """Every setting of a run, section by section (the bases in reverse: dataclasses collect fields
+    from the last base first, so the fields come in SECTIONS' order). Names follow transformers'
+    TrainingArguments where one exists; each field's help is what `run.py --help` prints (the longer
+    reasons are comments)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Each section's checks, then the checks that read several sections."""
+        self._check_task()
+        self._check_optim()
+        self._check_run()
+        self._check_parallel()
+        self._check_model()
+        self._check_data()
+        if self.dataset_name is None and self.train_file is None and self.data_dir is None:
+            resuming = (
+                "; a resume with --config reads that recipe, not the run's saved config.yaml: leave --config "
+                "out (resume_from_checkpoint=latest output_dir=<run> alone resumes with the run's own recipe)"
+                if self.resume_from_checkpoint
+                else ""
+            )
+            raise UserError(f"no training data: set train_file, data_dir or dataset_name{resuming}")
+        self._validate_problem()
+
     def _validate_problem(self) -> None:
-        """The problem type's settings: the metric is one this problem reports, label_columns fit."""
+        """The problem type's settings: the metric is one this problem reports; greater_is_better."""
         problem = self.problem_type
         if self.metric_for_best_model is not None and self.greater_is_better is None:
-            self.greater_is_better = self.metric_for_best_model not in LOWER_IS_BETTER
-        metrics = (
-            METRICS[problem] if problem else tuple(dict.fromkeys(m for ms in METRICS.values() for m in ms))
+            metric = METRICS.get(self.metric_for_best_model)
+            self.greater_is_better = metric.greater_is_better if metric else True
+        metrics = PROBLEMS[problem].reported if problem else tuple(
+            dict.fromkeys(m for p in PROBLEMS.values() for m in p.reported)
         )
         if self.metric_for_best_model is not None and self.metric_for_best_model not in metrics:
             raise UserError(
                 f"metric_for_best_model must be one of {', '.join(metrics)}"
                 f"{f' for {problem}' if problem else ''}, got {self.metric_for_best_model!r}"
             )
-        if not 0 < self.multi_label_threshold < 1:
-            raise UserError(f"multi_label_threshold must be in (0, 1), got {self.multi_label_threshold}")
-        if self.label_columns is not None:
-            if not self.label_columns or len(set(self.label_columns)) != len(self.label_columns):
-                raise UserError(f"label_columns must name distinct columns, got {self.label_columns}")
-            if problem not in (None, "multi_label_classification"):
-                raise UserError(
-                    f"label_columns (0/1 columns, one per label) is multi-label data, but problem_type is "
-                    f"{problem}; set problem_type=multi_label_classification or null"
-                )
 
     def resolve_problem(self, problem_type: str) -> None:
         """Once the labels are read: the problem type, and the defaults that follow from it
         (metric_for_best_model, greater_is_better), checked; the saved config holds them resolved."""
         self.problem_type = problem_type  # type: ignore[assignment]
         if self.metric_for_best_model is None:
-            self.metric_for_best_model = METRICS[problem_type][0]
+            self.metric_for_best_model = PROBLEMS[problem_type].reported[0]
         self._validate_problem()  # and greater_is_better, from that metric when it is null
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Section by section, as config.yaml shows it."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @property
     def data_args(self) -> DataArgs:
@@ -477,76 +553,25 @@ class TrainConfig:
         return _view(ModelArgs, self)
 
 
-# --- the sections the builders take ------------------------------------------------------------
-# The recipe stays one flat mapping (YAML keys and `key=value` are TrainingArguments' flat names), but
-# a builder sees only its section, as run_glue's builders see DataTrainingArguments/ModelArguments:
-# data.py cannot read an optimizer setting, models.py cannot read a data path.
-
-
-@dataclass(frozen=True)
-class DataArgs:
-    """What the data builders read. Field names and meanings are TrainConfig's."""
-
-    task: Task
-    dataset_name: str | None
-    dataset_config_name: str | None
-    data_dir: str | None
-    train_file: str | None
-    validation_file: str | None
-    test_file: str | None
-    text_column: str
-    text_pair_column: str | None
-    image_column: str
-    label_column: str
-    label_names: list[str] | None
-    problem_type: ProblemType | None
-    label_columns: list[str] | None
-    max_length: int
-    validation_split_percentage: float
-    seed: int
-    max_train_samples: int | None
-    max_eval_samples: int | None
-    max_test_samples: int | None
-    random_flip: bool
-
-    @property
-    def files(self) -> dict[str, str]:
-        """The split files given, by split name."""
-        named = (("train", self.train_file), ("validation", self.validation_file), ("test", self.test_file))
-        return {split: path for split, path in named if path}
-
-    @property
-    def text_columns(self) -> list[str]:
-        """The text column, and the pair column when there is one."""
-        return [c for c in (self.text_column, self.text_pair_column) if c]
-
-    @property
-    def label_sources(self) -> list[str]:
-        """The columns the labels come from: label_columns (multi-label 0/1 columns), else label_column."""
-        return list(self.label_columns) if self.label_columns else [self.label_column]
-
-    @property
-    def input_columns(self) -> list[str]:
-        return self.text_columns if self.task == "text-classification" else [self.image_column]
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    """What the model builders read. Field names and meanings are TrainConfig's."""
-
-    task: Task
-    model_name_or_path: str | None
-    model_config: dict[str, Any] | None
-    tokenizer_name: str | None
-    image_processor_name: str | None
-    trust_remote_code: bool
-    allow_pickle_weights: bool
-    dropout: float | None
-    problem_type: ProblemType | None
+def _plain(value: Any) -> Any:
+    """A copy of a value of the config: lists and mappings are not shared with it."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _view(section: type, cfg: TrainConfig):
-    return section(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(section)})
+    """`section` holding cfg's values (not checked again: they were, as a whole config)."""
+    view = object.__new__(section)
+    for f in dataclasses.fields(section):
+        object.__setattr__(view, f.name, getattr(cfg, f.name))
+    return view
+
+
+# What `key=value` may change at evaluation time (finetune/evaluate_checkpoint.py).
+EVAL_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata["evaluation"])
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -652,21 +677,13 @@ def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
 
 
 def resumed_run_recipe(overrides: list[str]) -> Path | None:
-    """The saved config.yaml of the run that `overrides` resume, for a command that names no recipe:
-    with `resume_from_checkpoint=latest`, the run in output_dir (the default recipe's when not given);
-    with a checkpoint directory, the run that holds it (<run>/checkpoints/<step>)."""
+    """The saved config.yaml of the run that `overrides` resume (`resume_from_checkpoint=latest`, in
+    output_dir or the default recipe's; or a checkpoint directory), for a command that names no recipe."""
+    from finetune.rundir import resumed_run_config
+
     given = dict(parse_override(item) for item in overrides)
-    resume = given.get("resume_from_checkpoint")
-    if not isinstance(resume, str) or not resume:
-        return None
-    if resume == "latest":
-        default = (yaml.safe_load(DEFAULT_RECIPE.read_text()) or {}).get("output_dir", "")
-        run = Path(str(given.get("output_dir") or default)).expanduser()
-    else:
-        run = Path(resume).expanduser().resolve().parent.parent
-    saved = run / "config.yaml"
-    # Only a run's own: a folder of the user's that holds some config.yaml but no checkpoints is no run.
-    return saved if saved.is_file() and (run / "checkpoints").is_dir() else None
+    default = (yaml.safe_load(DEFAULT_RECIPE.read_text()) or {}).get("output_dir", "")
+    return resumed_run_config(given.get("resume_from_checkpoint"), given.get("output_dir") or default)
 
 
 def load_config(
@@ -723,18 +740,6 @@ def save_config(config: TrainConfig, path: str | Path) -> None:
 
 # --- --help -------------------------------------------------------------------------------------
 
-# The first setting of each group, in TrainConfig's order, and the group's title.
-SECTIONS = {
-    "task": "what to train",
-    "dataset_name": "data",
-    "seed": "optimisation",
-    "output_dir": "evaluation, logging, output",
-    "save_steps": "checkpoints",
-    "max_nonfinite_loss_steps": "faults",
-    "model_parallel": "model parallelism (one process, consecutive layers on consecutive devices)",
-}
-
-
 def _type_name(hint: Any) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -767,14 +772,15 @@ def settings_help(recipe: str | Path | None = None, names: typing.Collection[str
     values = values if isinstance(values, dict) else {}
     hints = _field_types()
     lines = [f"settings (key=value, or in a recipe; 'recipe:' is what {path.name} sets):"]
-    for f in dataclasses.fields(TrainConfig):
-        if names is not None and f.name not in names:
-            continue
-        if f.name in SECTIONS and names is None:
-            lines += ["", f"{SECTIONS[f.name]}:"]
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        line = f"  {f.name}: {_type_name(hints[f.name])} = {_shown(default)}"
-        if f.name in values and values[f.name] != default:
-            line += f"    (recipe: {_shown(values[f.name])})"
-        lines += [line, f"      {f.metadata['help']}"]
+    for section in SECTIONS:
+        if names is None:
+            lines += ["", f"{section.TITLE}:"]
+        for f in section_fields(section):
+            if names is not None and f.name not in names:
+                continue
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            line = f"  {f.name}: {_type_name(hints[f.name])} = {_shown(default)}"
+            if f.name in values and values[f.name] != default:
+                line += f"    (recipe: {_shown(values[f.name])})"
+            lines += [line, f"      {f.metadata['help']}"]
     return "\n".join(lines)

@@ -119,25 +119,13 @@ def on_failure(step: Callable[[], None]) -> None:
 
 
 def _undo_after_failure() -> None:
-    """The registered undo steps, with SIGTERM and SIGINT ignored meanwhile (a restore cut short would
-    lose what it restores); then back to Python's defaults: the process is ending, and a SIGTERM now
-    (torchrun stopping the other processes while they give process 0 time to speak) ends it silently
-    instead of raising inside this handler."""
-    import signal
-    import threading
+    """The registered undo steps, with SIGTERM and SIGINT masked meanwhile (finetune/signals.py)."""
+    from finetune.signals import masked
 
-    main = threading.current_thread() is threading.main_thread()
-    if main:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
-    while _failure_steps:
-        with contextlib.suppress(
-            Exception
-        ):  # an undo that fails leaves things as they are; never a 2nd error
-            _failure_steps.pop()()
-    if main:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own: KeyboardInterrupt
+    with masked():
+        while _failure_steps:
+            with contextlib.suppress(Exception):  # an undo that fails leaves things as they are; never a 2nd error
+                _failure_steps.pop()()
 
 
 def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:

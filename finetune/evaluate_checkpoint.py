@@ -4,7 +4,7 @@
     accelerate launch finetune/evaluate_checkpoint.py runs/bert-rotten-tomatoes/model --split validation
     accelerate launch finetune/evaluate_checkpoint.py runs/bert-rotten-tomatoes/model --data reviews.csv --predictions
     accelerate launch --multi_gpu --num_processes 2 finetune/evaluate_checkpoint.py <checkpoint>      # CPU DDP too
-    python -m finetune.evaluate_checkpoint <hub-model-or-folder> --data test.csv [--task text-classification]
+    python -m finetune.evaluate_checkpoint <hub-model-or-folder> --data test.csv [--task <task>]
     finetune-evaluate <checkpoint> --data other.csv text_column=review per_device_eval_batch_size=16
 
 What is evaluated, and on what:
@@ -64,56 +64,35 @@ import torch
 import yaml
 from accelerate import Accelerator
 from datasets import Dataset as HFDataset
-from datasets import DatasetDict, Image, load_dataset
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
-from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+from transformers import AutoConfig
 
 from finetune import checkpoint as ckpt
-from finetune.config import DataArgs, ModelArgs, TrainConfig, config_from_dict, parse_override, settings_help
-from finetune.data import FILE_BUILDERS, Collator, check_columns, encode_labels, load_splits, prepare_splits
+from finetune.config import (
+    EVAL_KEYS,
+    DataArgs,
+    ModelArgs,
+    TrainConfig,
+    config_from_dict,
+    parse_override,
+    settings_help,
+)
+from finetune.data import check_columns, encode_split, load_path, load_splits
 from finetune.errors import UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model
-from finetune.export import RESULTS
 from finetune.lora import apply_lora, merge_lora
-from finetune.metrics import classification_report, plot_confusion_matrix
-from finetune.models import AUTO_MODELS, build_model, check_max_length, load_preprocessor
-from finetune.problems import (
-    MULTI,
-    REGRESSION,
-    SINGLE,
-    encode,
-    infer_problem_type,
-    problem_type_of,
-    scores,
-    summary_line,
-)
+from finetune.metrics import MULTI, REGRESSION, SINGLE, classification_report, summary_line
+from finetune.models import build_model
+from finetune.plots import plot_confusion_matrix
+from finetune.problems import infer_problem_type, problem_type_of, scores
+from finetune.rundir import RunDir, is_hub_name, kind_of
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
+from finetune.tasks import TASK_NAMES, task_of, task_of_model
 
 FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
-TASKS = tuple(AUTO_MODELS)
-# What `key=value` may change at evaluation time: how the data is read and batched and how the
-# processes run, nothing else -- every setting this evaluation reads that does not define the model.
-EVAL_KEYS = (
-    "text_column",
-    "text_pair_column",
-    "image_column",
-    "label_column",
-    "label_columns",
-    "multi_label_threshold",
-    "max_length",
-    "pad_to_multiple_of",
-    "per_device_eval_batch_size",
-    "dataloader_num_workers",
-    "dataloader_pin_memory",
-    "cpu_threads",
-    "ddp_timeout",
-    "log_level",
-)
-
-
 # --- what is evaluated ----------------------------------------------------------------------------
 
 
@@ -139,11 +118,6 @@ class Target:
         return "/".join(self.path.parts[-3:] if self.kind == "training-state" else self.path.parts[-2:])
 
 
-def _looks_local(spec: str) -> bool:
-    # A hub name is "name" or "org/name"; anything else is a path that does not exist.
-    return spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec
-
-
 def _run_config(raw: Any, where: str) -> TrainConfig:
     if not isinstance(raw, dict):
         raise UserError(f"{where} holds no run config; was it written by finetune.run?")
@@ -155,22 +129,6 @@ def _run_config(raw: Any, where: str) -> TrainConfig:
 
 def _model_labels(config) -> list[str]:
     return [str(config.id2label[i]) for i in range(config.num_labels)]
-
-
-def _model_task(config, spec: str, task: str | None) -> str:
-    if task is not None:
-        return task
-    architectures = getattr(config, "architectures", None) or []
-    for name, suffix in (
-        ("image-classification", "ForImageClassification"),
-        ("text-classification", "ForSequenceClassification"),
-    ):
-        if any(a.endswith(suffix) for a in architectures):
-            return name
-    raise UserError(
-        f"cannot tell the task of {spec} from its config (architectures {architectures}); "
-        f"pass --task {' or --task '.join(TASKS)}"
-    )
 
 
 def _load_model_config(spec: str, trust_remote_code: bool = False):
@@ -185,7 +143,7 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
     """Tell a training-state checkpoint, an export and a hub name apart; read their config and labels."""
     path = Path(spec).expanduser()
     if not path.exists():
-        if _looks_local(spec) or not have_data:
+        if not is_hub_name(spec) or not have_data:
             raise UserError(
                 f"checkpoint not found: {spec}; give <run>/checkpoints/step-N, <run>/model, "
                 "or a hub model name with --data"
@@ -198,11 +156,8 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
             "an export (<run>/model) or a hub model name"
         )
 
-    if (
-        (path / ckpt.MANIFEST).exists()
-        or (path / ckpt.COMPLETE).exists()
-        or path.name.startswith((ckpt.PREFIX, f".tmp-{ckpt.PREFIX}"))
-    ):
+    kind = kind_of(path)
+    if kind == "checkpoint":
         if not ckpt.is_complete(path):
             raise UserError(
                 f"{spec} is not a complete checkpoint (no {ckpt.COMPLETE} marker or manifest); it "
@@ -220,11 +175,11 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
             raise UserError(f"{path / ckpt.MANIFEST} has no label_names; it was not written by finetune.run")
         return Target(spec, "training-state", cfg, [str(n) for n in labels], manifest.get("step"))
 
-    if (path / "config.json").is_file():
+    if kind == "export":
         config = _load_model_config(str(path))
         labels = _model_labels(config)
-        run_dir = path.resolve().parent
-        results_file, config_file = run_dir / RESULTS, run_dir / "config.yaml"
+        run = RunDir(path.resolve().parent)
+        results_file, config_file = run.results, run.config
         if results_file.is_file() and config_file.is_file():
             # Only a run whose results name this export's labels is its run: an export copied
             # next to some unrelated config.yaml is evaluated alone.
@@ -244,10 +199,11 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
             )
         return Target(spec, "export", None, labels)
 
-    if (path / ckpt.CHECKPOINTS).is_dir() or (path / "model").is_dir():
+    if kind == "run":
+        run = RunDir(path)
         raise UserError(
-            f"{spec} is a run directory; evaluate {path / 'model'} (the final export) or one of "
-            f"{path / ckpt.CHECKPOINTS}/{ckpt.PREFIX}N"
+            f"{spec} is a run directory; evaluate {run.model} (the final export) or one of "
+            f"{run.checkpoints}/{ckpt.PREFIX}N"
         )
     raise UserError(
         f"{spec} is neither a training-state checkpoint (manifest.json, {ckpt.COMPLETE}, {WEIGHTS}) "
@@ -262,7 +218,7 @@ def eval_config(target: Target, task: str | None, data: str | None, overrides: l
         raw = target.cfg.to_dict()
     else:
         config = _load_model_config(target.spec)
-        model_task = _model_task(config, target.spec, task)
+        model_task = task_of_model(config, target.spec, task).name
         source = {"data_dir": data} if data is not None and Path(data).is_dir() else {"train_file": data}
         # The model's problem type (transformers' reading: one output is a regression); null: from the data.
         problem = getattr(config, "problem_type", None) or ("regression" if config.num_labels == 1 else None)
@@ -312,14 +268,11 @@ def architecture_only(args: ModelArgs) -> ModelArgs:
 
 
 def load_model(target: Target, cfg: TrainConfig):
-    """The model and its tokenizer (text) or image processor (images), on CPU, in eval mode."""
+    """The model and its preprocessor (a tokenizer, an image processor), on CPU, in eval mode."""
+    task = task_of(cfg.task)
     if target.kind == "training-state":
-        tokenizer = load_preprocessor(cfg.model_args) if cfg.task == "text-classification" else None
-        model = build_model(
-            architecture_only(cfg.model_args),
-            target.label_names,
-            vocab_size=len(tokenizer) if tokenizer is not None else None,
-        )
+        tokenizer = task.load_preprocessor(cfg.model_args) if task.preprocessor_first else None
+        model = build_model(architecture_only(cfg.model_args), target.label_names, task.vocab_size(tokenizer))
         weights = target.path / WEIGHTS
         if not weights.is_file():
             found = sorted(p.name for p in target.path.iterdir())
@@ -340,20 +293,17 @@ def load_model(target: Target, cfg: TrainConfig):
                 f"{missing[:3]}, unexpected {unexpected[:3]}"
             )
         model = merge_lora(model)
-        preprocessor = tokenizer if tokenizer is not None else load_preprocessor(cfg.model_args, model.config)
+        preprocessor = tokenizer if tokenizer is not None else task.load_preprocessor(cfg.model_args, model.config)
     else:
         source = str(target.path) if target.path is not None else target.spec
         local = target.path is not None
         try:
-            model = AUTO_MODELS[cfg.task].from_pretrained(source, use_safetensors=True if local else None)
-            preprocessor = (
-                AutoTokenizer if cfg.task == "text-classification" else AutoImageProcessor
-            ).from_pretrained(source)
+            model = task.auto_model().from_pretrained(source, use_safetensors=True if local else None)
+            preprocessor = task.load_saved_preprocessor(source)
         except (OSError, ValueError) as e:
             first = first_line(e)
             raise UserError(f"could not load the {cfg.task} model '{target.spec}': {first}") from None
-    if cfg.task == "text-classification":
-        check_max_length(model, cfg.max_length, cfg.pad_to_multiple_of)
+    task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
     return model.eval(), preprocessor
 
 
@@ -426,31 +376,15 @@ def run_split(args: DataArgs, split: str | None) -> tuple[HFDataset, str, dict[s
 def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
     """A file, or a folder (an image folder, or data files named by split), with the run's columns."""
     path = Path(data).expanduser()  # it exists: checked with the other arguments
-    if path.is_file():
-        if path.suffix.lower() not in FILE_BUILDERS:
-            raise UserError(
-                f"{data}: unsupported file type '{path.suffix}'; use .csv, .json, .jsonl or .parquet"
-            )
-        if path.stat().st_size == 0:
-            raise UserError(f"--data file is empty: {data}")
-    try:
-        if path.is_file():
-            loaded = load_dataset(FILE_BUILDERS[path.suffix.lower()], data_files={"data": str(path)})
-        else:
-            loaded = load_dataset(str(path))
-    except Exception as e:  # datasets raises many types for unreadable data; the message is the help
-        first = first_line(e)
-        raise UserError(f"could not load --data {data}: {type(e).__name__}: {first}") from None
+    loaded = load_path(path)  # training's own loader: the same formats, the same one-line errors
     name = "data" if path.is_file() else _pick_split(list(loaded), split, f"--data {data}")
     what = f"--data {data}" + (f" [{name}]" if path.is_dir() else "")
     ds = loaded[name]
-    check_columns(ds, what, args.label_sources, args.input_columns, text=args.task == "text-classification")
+    if len(ds) == 0:
+        raise UserError(f"{what} has no rows; check the file")
+    check_columns(ds, what, args)
     # By name, whatever the file's order or type; a label the model does not know is a UserError.
-    problem = infer_problem_type(ds, args)
-    if problem == SINGLE:
-        ds = encode_labels(ds, args.label_column, list(args.label_names or []), what)
-    else:
-        ds = encode(ds, args, problem, list(args.label_names or []), what)
+    ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)
     info = {
         "split": None if path.is_file() else name,
         "data": str(path.resolve()),
@@ -521,20 +455,6 @@ class RecordProbabilities(torch.nn.Module):
         return output
 
 
-def sample_inputs(ds: HFDataset, args: DataArgs) -> list[dict[str, Any]]:
-    """What each sample of the split was, for predictions.jsonl: {"text"} (and "text_pair" for
-    sentence pairs), or {"image"}: the file's path (an image folder, a column of paths) or the name
-    stored with the image's bytes (parquet), None when it has none -- then `index`, the row of the
-    evaluated split, is what tells it."""
-    if args.task == "text-classification":
-        columns = {"text": args.text_column, "text_pair": args.text_pair_column}
-        values = {key: ds[column] for key, column in columns.items() if column}
-        return [dict(zip(values, row, strict=True)) for row in zip(*values.values(), strict=True)]
-    # Undecoded: {"bytes", "path"} as stored, without decoding a single image.
-    images = ds.select_columns([args.image_column]).cast_column(args.image_column, Image(decode=False))
-    return [{"image": (value or {}).get("path") or None} for value in images[args.image_column]]
-
-
 def write_predictions(
     path: Path,
     probabilities: torch.Tensor,
@@ -585,7 +505,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
 
     model, preprocessor = load_model(target, cfg)
-    tokenizer = preprocessor if cfg.task == "text-classification" else None
+    task = task_of(cfg.task)
     with main_process_first(accelerator):  # the main process fills datasets' cache, the others read it
         if args.data is None:
             ds, name, info = run_split(cfg.data_args, args.split)
@@ -593,9 +513,8 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
             ds, name, info = data_split(cfg.data_args, args.data, args.split)
         if len(ds) == 0:
             raise UserError(f"no samples to evaluate in {info['data']} [{info['split'] or 'data'}]")
-        # Keyed "eval", never "train": prepare_splits would add the training-time random flips.
-        channels = getattr(model.config, "num_channels", 3)
-        prepared = prepare_splits(cfg.data_args, DatasetDict({"eval": ds}), preprocessor, channels)["eval"]
+        # As split "eval", never "train": that would add the training-time augmentation.
+        prepared = task.prepare(ds, preprocessor, cfg.data_args, "eval", getattr(model.config, "num_channels", 3))
 
     if args.output is not None:
         metrics_file = Path(args.output).expanduser()
@@ -611,7 +530,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     loader = DataLoader(
         prepared,
         batch_size=cfg.per_device_eval_batch_size,
-        collate_fn=Collator(tokenizer, cfg.pad_to_multiple_of),
+        collate_fn=task.collator(preprocessor, cfg.pad_to_multiple_of),
         num_workers=data_workers(cfg, accelerator),
         pin_memory=pin_memory(cfg, accelerator),
     )
@@ -674,7 +593,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
             elif replaced:
                 png.unlink(missing_ok=True)  # a previous single-label evaluation's, now stale
             if recorder is not None:
-                inputs = sample_inputs(ds, cfg.data_args)
+                inputs = task.sample_inputs(ds, cfg.data_args)
                 write_predictions(jsonl, probabilities, labels, target.label_names, inputs, problem,
                                   cfg.multi_label_threshold)  # fmt: skip
             elif replaced:
@@ -735,7 +654,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="a folder for the outputs, or the .json file for metrics (default: <checkpoint>/eval/<split>/)",
     )
     parser.add_argument("--predictions", action="store_true", help="also write predictions.jsonl")
-    parser.add_argument("--task", choices=TASKS, help="the task of a model evaluated without its run")
+    parser.add_argument("--task", choices=TASK_NAMES, help="the task of a model evaluated without its run")
     return parser.parse_intermixed_args(argv)
 
 

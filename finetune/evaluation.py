@@ -1,7 +1,6 @@
 """The evaluation loop, shared by training (validation and test splits) and
 finetune/evaluate_checkpoint.py: logits (through model-parallel stages when asked), gathered over
-processes without Accelerate's duplicated samples, reported by finetune/metrics.py (classes) or
-finetune/problems.py (regression, multi-label).
+processes without Accelerate's duplicated samples, reported by finetune/metrics.py.
 """
 
 from __future__ import annotations
@@ -9,7 +8,8 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
-from finetune.problems import per_sample_loss, predictions, report
+from finetune.metrics import report
+from finetune.problems import per_sample_loss, predictions
 
 
 def longest_first(lengths: list[int]) -> list[int]:

@@ -17,22 +17,20 @@ accelerate's own launchers; what it changes is what a person or a scheduler sees
   launcher does not forward SIGTERM; its multi-process one, torchrun, does, then raises.)
 
 Plain `accelerate launch` stays supported: the training process also asks the kernel for SIGTERM
-when its launcher dies (`finetune.run.stop_with_launcher`), so killing that launcher still saves a
+when its launcher dies (`finetune.signals.stop_with_launcher`), so killing that launcher still saves a
 checkpoint, but the launcher has already exited by then.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import psutil  # accelerate's own dependency
-
 from finetune.errors import EXIT_DIVERGED, EXIT_USER_ERROR, UserError, exit_on_user_error
+from finetune.signals import forwarded_to_children
 
 # Exit statuses after which the training process has printed its own one-line reason.
 EXPLAINED = {EXIT_USER_ERROR, EXIT_DIVERGED, 128 + signal.SIGINT, 128 + signal.SIGTERM}
@@ -120,17 +118,6 @@ def check_launch_values(args, config, path: Path | None) -> None:
         )
 
 
-def _forward_to_children(signum: int, frame) -> None:
-    """Pass the signal to the launched process (accelerate's one-process launcher waits on it);
-    before there is one, stop launching."""
-    children = psutil.Process().children()
-    if not children:
-        raise SystemExit(128 + signum)
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            child.send_signal(signum)
-
-
 def run_launcher(args) -> int:
     """accelerate's `launch_command`, returning the training processes' exit status."""
     from accelerate.commands.launch import launch_command
@@ -142,9 +129,9 @@ def run_launcher(args) -> int:
     # torchrun's log lines about a failed rank repeat what the rank said; the summary below replaces them.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args.quiet = False  # quiet makes accelerate exit 1 instead of raising with the status
-    previous = {sig: signal.signal(sig, _forward_to_children) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        launch_command(args)
+        with forwarded_to_children():
+            launch_command(args)
         return 0
     except subprocess.CalledProcessError as e:  # the one-process launcher
         if e.returncode > 0:  # the process said why (or printed its traceback)
@@ -174,9 +161,6 @@ def run_launcher(args) -> int:
                 f"stopped by {name}: the training processes were ended without a checkpoint", file=sys.stderr
             )
         return 128 + int(e.sigval)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @exit_on_user_error

@@ -1,50 +1,140 @@
-"""Classification metrics, computed locally with scikit-learn (no download, works offline).
+"""The metric table, and how every reported number is computed (scikit-learn and scipy, offline).
 
-    from finetune.metrics import classification_report, plot_confusion_matrix
+    from finetune.metrics import METRICS, PROBLEMS, report, summary_line
 
-    report = classification_report(predictions, references, label_names)
-    plot_confusion_matrix(report["confusion_matrix"], label_names, output_dir / "confusion_matrix.png")
+    metrics = report(problem_type, predictions, references, label_names, threshold)
+    print(summary_line(problem_type, metrics))     # "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples"
 
-Training (`finetune/run.py`) and `finetune/evaluate_checkpoint.py` gather every prediction with
-`accelerator.gather_for_metrics` and call `classification_report` once. The classes are
-`labels = range(len(label_names))`, class `i` named `label_names[i]`, all of them always reported,
-also a class absent from the data. How each number is computed (y_true = references,
-y_pred = predictions):
+`METRICS` is the one table of metric names: each metric's key (in results.json, manifests and
+metrics.jsonl as `eval_<key>`), the name people read, whether higher is better, whether the training
+curves draw it, and its type in the model card's model-index. `PROBLEMS` says, per problem type, which
+metrics it reports (the first is the default `metric_for_best_model`), which it shows (the console, the
+card's table) and which end a run's last line. The config (`metric_for_best_model`,
+`greater_is_better`), the card and the plots read these two tables and nothing else.
 
-- accuracy: `sklearn.metrics.accuracy_score(y_true, y_pred)`, the fraction of y_pred == y_true.
-- per-class precision, recall, F1, support:
-  `sklearn.metrics.precision_recall_fscore_support(y_true, y_pred, labels=labels, zero_division=0)`,
-  i.e. precision = TP / (TP + FP), recall = TP / (TP + FN), F1 = 2TP / (2TP + FP + FN) (equal to
-  2PR / (P + R) wherever both are defined), support = TP + FN (the class's count in y_true).
-  Zero division gives 0.0, with no warning: the precision of a class never predicted, the recall of
-  a class absent from the references, the F1 of a class absent from both.
-- macro precision, recall, F1: the unweighted mean of the per-class values over all `labels`,
-  a class absent from the data counting as 0.0 (what `average="macro"` with `labels=labels` gives).
-- confusion matrix: `sklearn.metrics.confusion_matrix(y_true, y_pred, labels=labels)`, indexed
-  [true][predicted]: rows are true labels, columns predicted labels.
-- num_samples: the number of predictions.
+How each number is computed (y_true = references, y_pred = predictions):
 
-`evaluate.load("accuracy")`, `evaluate.load("f1")` and friends call these same scikit-learn
-functions, but fetch their scripts from the Hugging Face Hub at run time, which fails offline.
+- classes (`classification_report`): accuracy is `sklearn.metrics.accuracy_score`; per-class
+  precision, recall, F1, support `precision_recall_fscore_support(labels=range(K), zero_division=0)`
+  (a class absent from the data counts, as 0.0, in the macro means); the confusion matrix is
+  `confusion_matrix(labels=range(K))`, indexed [true][predicted]. A class id outside the labels is
+  an error (a label-mapping mismatch), not dropped as scikit-learn would. No samples: every number 0.
+- label sets (`multi_label_report`): a label is predicted at probability >= the threshold; micro and
+  macro precision/recall/F1 and per-label values over the (N, K) 0/1 matrices, subset accuracy.
+- numbers (`regression_report`): mse, mae, r2 (scikit-learn), Pearson's and Spearman's r (scipy); an
+  undefined correlation or r2 (constant predictions, fewer than 2 samples) is None, never made up.
 
-Before scikit-learn sees them, inputs are checked: 1-D integer class ids (lists, numpy arrays,
-CPU or CUDA torch tensors) of equal length, all in `labels`. A class id outside `labels` is an
-error, not dropped silently as scikit-learn would: here it means a label-mapping mismatch. With no
-samples (which scikit-learn rejects) every number is 0 and the matrix is all zeros.
+`evaluate.load("accuracy")` and friends call these same scikit-learn functions, but fetch their
+scripts from the Hub at run time, which fails offline.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["classification_report", "plot_confusion_matrix"]
+SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # results.json, manifests; `eval_<key>` in metrics.jsonl
+    name: str  # what people read: console, card, plots
+    greater_is_better: bool = True
+    plotted: bool = False  # drawn in training_curves.png's validation panel
+    card_type: str | None = None  # its type in the card's model-index (the Hub's metric names)
+    card_args: dict | None = None
+
+
+METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in (
+        Metric("accuracy", "accuracy", plotted=True, card_type="accuracy"),
+        Metric("macro_f1", "macro F1", plotted=True, card_type="f1", card_args={"average": "macro"}),
+        Metric("macro_precision", "macro precision"),
+        Metric("macro_recall", "macro recall"),
+        Metric("micro_f1", "micro F1", plotted=True, card_type="f1", card_args={"average": "micro"}),
+        Metric("micro_precision", "micro precision"),
+        Metric("micro_recall", "micro recall"),
+        Metric("subset_accuracy", "subset accuracy"),
+        Metric("mse", "mse", greater_is_better=False, card_type="mse"),
+        Metric("mae", "mae", greater_is_better=False),
+        Metric("r2", "r2"),
+        Metric("pearson", "pearson", plotted=True, card_type="pearsonr"),
+        Metric("spearman", "spearman"),
+        Metric("loss", "loss", greater_is_better=False),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ProblemMetrics:
+    reported: tuple[str, ...]  # every metric of the problem; the first is the default metric_for_best_model
+    shown: tuple[str, ...]  # the console's validation line, the card's table and model-index
+    headline: tuple[str, ...]  # the run's last line
+
+
+PROBLEMS: dict[str, ProblemMetrics] = {
+    SINGLE: ProblemMetrics(
+        ("accuracy", "macro_f1", "macro_precision", "macro_recall", "loss"), ("accuracy", "macro_f1"), ("accuracy",)
+    ),
+    MULTI: ProblemMetrics(
+        ("micro_f1", "macro_f1", "subset_accuracy", "micro_precision", "micro_recall", "macro_precision",
+         "macro_recall", "loss"),
+        ("micro_f1", "macro_f1", "subset_accuracy"),
+        ("micro_f1",),
+    ),
+    REGRESSION: ProblemMetrics(
+        ("mse", "mae", "r2", "pearson", "spearman", "loss"), ("mse", "mae", "pearson", "spearman"), ("mse", "pearson")
+    ),
+}  # fmt: skip
+
+
+def greater_is_better(key: str) -> bool:
+    return METRICS[key].greater_is_better
+
+
+def problem_of(metrics: dict[str, Any]) -> str:
+    """The problem type whose metrics these are (by the first metric each reports)."""
+    return next((p for p, m in PROBLEMS.items() if m.reported[0] in metrics), SINGLE)
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"
+
+
+def _named(keys: tuple[str, ...], metrics: dict[str, Any]) -> str:
+    return ", ".join(f"{METRICS[k].name} {_shown(metrics.get(k))}" for k in keys)
+
+
+def summary_line(metrics: dict[str, Any]) -> str:
+    """One line for the console: "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples"."""
+    shown = PROBLEMS[problem_of(metrics)].shown
+    return f"{_named(shown, metrics)}, loss {_shown(metrics.get('loss'))} on {metrics['num_samples']} samples"
+
+
+def headline(metrics: dict[str, Any]) -> str:
+    """The end of a run in a few words: "accuracy 0.7955 on 1066 samples"."""
+    return f"{_named(PROBLEMS[problem_of(metrics)].headline, metrics)} on {metrics['num_samples']} samples"
+
+
+# --- how each number is computed ----------------------------------------------------------------------
+
+
+def report(
+    problem_type: str | None, predictions: Any, references: Any, label_names: list[str], threshold: float = 0.5
+) -> dict[str, Any]:
+    """The metrics of the problem type (without the loss, which the caller adds)."""
+    if problem_type == REGRESSION:
+        return regression_report(predictions, references)
+    if problem_type == MULTI:
+        return multi_label_report(predictions, references, label_names, threshold)
+    as_list = [v.tolist() if hasattr(v, "tolist") else v for v in (predictions, references)]
+    return classification_report(*as_list, label_names)
 
 
 def _as_label_array(values: Any, what: str) -> np.ndarray:
@@ -140,83 +230,64 @@ def per_class(names: Sequence[str], precision: Any, recall: Any, f1: Any, suppor
     }
 
 
-def plot_confusion_matrix(
-    matrix: Any, label_names: Sequence[str], path: str | os.PathLike[str], title: str | None = None
-) -> Path:
-    """Write a confusion matrix as a PNG: counts in the cells, colour = fraction of the true class.
+def _array(values: Any) -> np.ndarray:
+    if hasattr(values, "detach"):
+        values = values.detach().cpu().numpy()
+    return np.asarray(values, dtype=np.float64)
 
-    Colour is row-normalised (each true class sums to 1, i.e. per-class recall on the diagonal) so
-    that a rare class's mistakes are as visible as a frequent one's; the cells still show counts.
-    The figure grows with the number of classes and the length of the names, so names are never
-    cut. Past 40 classes the cell counts are left out (they would not be legible); the colours stay.
 
-    Uses matplotlib's object API on an Agg canvas, not pyplot: no global figure state, no backend
-    switch for the rest of the process, safe without a display. Returns the path written.
-    """
-    # Imported here so that computing metrics does not pay for importing matplotlib.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def regression_report(predictions: Any, references: Any) -> dict[str, Any]:
+    """mse, mae, r2 (scikit-learn), pearson, spearman (scipy); a correlation or r2 that is undefined
+    (fewer than 2 samples, or constant predictions or references) is None."""
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
 
-    counts = np.asarray(matrix)
-    names = [str(name) for name in label_names]
-    n = len(names)
-    if counts.ndim != 2 or counts.shape != (n, n):
-        raise ValueError(f"matrix must be {n} x {n} to match label_names, got shape {counts.shape}")
-    row_sums = counts.sum(axis=1, keepdims=True).astype(np.float64)
-    colour = np.divide(counts.astype(np.float64), row_sums, out=np.zeros(counts.shape), where=row_sums != 0)
+    y_pred, y_true = _array(predictions).reshape(-1), _array(references).reshape(-1)
+    if y_pred.shape != y_true.shape:
+        raise ValueError(f"predictions and references differ in length: {len(y_pred)} != {len(y_true)}")
+    n = len(y_true)
+    varies = n >= 2 and np.ptp(y_true) > 0
+    correlated = varies and np.ptp(y_pred) > 0
+    return {
+        "num_samples": n,
+        "mse": float(mean_squared_error(y_true, y_pred)) if n else 0.0,
+        "mae": float(mean_absolute_error(y_true, y_pred)) if n else 0.0,
+        "r2": float(r2_score(y_true, y_pred)) if varies else None,
+        "pearson": float(pearsonr(y_pred, y_true).statistic) if correlated else None,
+        "spearman": float(spearmanr(y_pred, y_true).statistic) if correlated else None,
+    }
 
-    # Size: ~0.6 in per cell (more for a few classes), plus room for the names (about 0.075 in per
-    # character at 9 pt; the x names are rotated 45 degrees so they need ~0.7 of that vertically).
-    longest = max((len(name) for name in names), default=1)
-    cell = 0.6 if n > 4 else 1.1
-    grid = max(n * cell, 2.4)
-    name_width = 0.075 * longest
-    name_room = name_width + 0.3
-    fig = Figure(figsize=(grid + name_room + 2.0, grid + 0.7 * name_room + 1.2), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    image = ax.imshow(colour, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="equal")
-    colorbar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    colorbar.set_label("fraction of true class")
 
-    if name_width > 0.9 * cell:  # names wider than a cell would overlap: slant them
-        ax.set_xticks(np.arange(n), labels=names, rotation=45, ha="right", rotation_mode="anchor", fontsize=9)
+def multi_label_report(
+    probabilities: Any, references: Any, label_names: list[str], threshold: float = 0.5
+) -> dict[str, Any]:
+    """A label is predicted when its probability is >= `threshold`. scikit-learn on the (N, K) 0/1
+    matrices: micro (every sample-label pair pooled) and macro (the mean over labels) precision,
+    recall and F1, subset accuracy (the share of samples whose whole label set is right), and per
+    label precision, recall, F1 and support (its count in the references). Zero division gives 0."""
+    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+
+    k = len(label_names)
+    y_prob = _array(probabilities).reshape(-1, k)
+    y_true = (_array(references).reshape(-1, k) >= 0.5).astype(np.int64)
+    y_pred = (y_prob >= threshold).astype(np.int64)
+    n = len(y_true)
+    if n:
+        p, r, f1, support = precision_recall_fscore_support(y_true, y_pred, average=None, zero_division=0)
+        micro = precision_recall_fscore_support(y_true, y_pred, average="micro", zero_division=0)[:3]
+        subset = float(accuracy_score(y_true, y_pred))
     else:
-        ax.set_xticks(np.arange(n), labels=names, fontsize=9)
-    ax.set_yticks(np.arange(n), labels=names, fontsize=9)
-    ax.set_xlabel("predicted label")
-    ax.set_ylabel("true label")
-    # Thin white lines between cells make large matrices easier to read along a row.
-    ax.set_xticks(np.arange(n + 1) - 0.5, minor=True)
-    ax.set_yticks(np.arange(n + 1) - 0.5, minor=True)
-    ax.grid(which="minor", color="white", linewidth=1.0)
-    ax.tick_params(which="minor", length=0)
-
-    if n <= 40:
-        is_integer = np.issubdtype(counts.dtype, np.integer) or bool(np.all(counts == np.round(counts)))
-        texts = [[f"{int(v)}" if is_integer else f"{v:.2g}" for v in row] for row in counts.tolist()]
-        widest = max((len(text) for row in texts for text in row), default=1)
-        # A cell is cell*72 pt wide; a digit is ~0.6 of the font size.
-        fontsize = float(np.clip(0.8 * cell * 72 / (0.6 * max(widest, 2)), 5, 12))
-        for i in range(n):
-            for j in range(n):
-                ax.text(
-                    j,
-                    i,
-                    texts[i][j],
-                    ha="center",
-                    va="center",
-                    fontsize=fontsize,
-                    color="white" if colour[i, j] > 0.5 else "black",
-                )
-
-    if title is None:
-        total = counts.sum()
-        accuracy = np.trace(counts) / total if total else math.nan
-        title = f"Confusion matrix ({total:,.0f} samples, accuracy {accuracy:.3f})"
-    ax.set_title(title)
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+        p = r = f1 = support = np.zeros(k)
+        micro, subset = (0.0, 0.0, 0.0), 0.0
+    return {
+        "num_samples": n,
+        "threshold": threshold,
+        "micro_f1": float(micro[2]),
+        "macro_f1": float(np.mean(f1)) if k else 0.0,
+        "subset_accuracy": subset,
+        "micro_precision": float(micro[0]),
+        "micro_recall": float(micro[1]),
+        "macro_precision": float(np.mean(p)) if k else 0.0,
+        "macro_recall": float(np.mean(r)) if k else 0.0,
+        "per_class": per_class(label_names, p, r, f1, support),
+    }

@@ -1,7 +1,7 @@
 """build_model: the one place where config meets the model.
 
-Any `AutoModelForSequenceClassification` / `AutoModelForImageClassification` checkpoint by hub name
-or local directory, or a model built from a config (tiny models for tests, a small ViT offline).
+Any checkpoint of the task's auto class (finetune/tasks.py) by hub name or local directory, or a model
+built from a config (tiny models for tests, a small ViT offline).
 Models know nothing of the runtime: no devices, ranks or dtypes here; Accelerate places them.
 """
 
@@ -11,31 +11,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers import (
-    AutoConfig,
-    AutoImageProcessor,
-    AutoModelForImageClassification,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from finetune.config import ModelArgs
 from finetune.errors import UserError, first_line
-
-AUTO_MODELS = {
-    "text-classification": AutoModelForSequenceClassification,
-    "image-classification": AutoModelForImageClassification,
-}
+from finetune.rundir import is_hub_name
+from finetune.tasks import task_of
 
 
-def _looks_local(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or Path(name).exists()
-
-
-def _load_error(what: str, name: str, e: Exception) -> UserError:
-    if _looks_local(name) and not Path(name).expanduser().exists():
+def load_error(what: str, name: str, e: Exception) -> UserError:
+    """One line for a model, tokenizer or image processor that does not load."""
+    if not is_hub_name(name) and not Path(name).expanduser().exists():
         return UserError(f"{what} path does not exist: {name}")
     first = first_line(e)
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
@@ -44,31 +30,8 @@ def _load_error(what: str, name: str, e: Exception) -> UserError:
 
 
 def load_preprocessor(args: ModelArgs, model_config: PretrainedConfig | None = None):
-    """The tokenizer (text) or image processor (images) that goes with the model."""
-    if args.task == "text-classification":
-        name = args.tokenizer_name or args.model_name_or_path
-        if name is None:
-            raise UserError("a text model built from model_config needs tokenizer_name")
-        try:
-            return AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
-        except (OSError, ValueError) as e:
-            raise _load_error("tokenizer", name, e) from None
-    name = args.image_processor_name or (args.model_name_or_path if args.model_config is None else None)
-    if name is None:
-        # A ViT built from a config: resize to its image size, scale to [-1, 1].
-        size = getattr(model_config, "image_size", 224)
-        channels = getattr(model_config, "num_channels", 3)
-        try:  # the PIL backend: no torchvision needed, and no warning about its absence
-            from transformers import ViTImageProcessorPil as ViTImageProcessor
-        except ImportError:
-            from transformers import ViTImageProcessor
-        return ViTImageProcessor(
-            size={"height": size, "width": size}, image_mean=[0.5] * channels, image_std=[0.5] * channels
-        )
-    try:
-        return AutoImageProcessor.from_pretrained(name, trust_remote_code=args.trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise _load_error("image processor", name, e) from None
+    """The tokenizer or image processor that goes with the model (the task's, finetune/tasks.py)."""
+    return task_of(args.task).load_preprocessor(args, model_config)
 
 
 def set_dropout(config: PretrainedConfig, p: float | None) -> None:
@@ -94,12 +57,12 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         # What the pipeline applies to the outputs (softmax, sigmoid, none); null: transformers' default.
         **({"problem_type": args.problem_type} if args.problem_type else {}),
     }
-    auto = AUTO_MODELS[args.task]
+    auto = task_of(args.task).auto_model()
     if args.model_config is not None:
         # The labels and problem type are the data's, whatever the config (a saved model's) says.
         spec = {k: v for k, v in args.model_config.items() if k not in labels}
         model_type = spec.pop("model_type")
-        if args.task == "text-classification" and vocab_size is not None:
+        if vocab_size is not None:  # the tokenizer's: a model built for text
             spec.setdefault("vocab_size", vocab_size)
         try:
             config = AutoConfig.for_model(model_type, **spec, **labels)
@@ -131,7 +94,7 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
                 f"'{name}' is not a model that {auto.__name__} can load for {args.task}; "
                 f"choose a model type that has a {args.task} head (e.g. bert, vit)"
             ) from None
-        raise _load_error("model", name, e) from None
+        raise load_error("model", name, e) from None
     except OSError as e:
         if not args.allow_pickle_weights and _has_pickle_weights_only(name):
             raise UserError(
@@ -139,7 +102,7 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
                 "when loaded; convert it to safetensors, or pass allow_pickle_weights=true if "
                 "you trust its source"
             ) from None
-        raise _load_error("model", name, e) from None
+        raise load_error("model", name, e) from None
     _check_image_config(model.config)
     return model
 

@@ -1,4 +1,5 @@
-"""Training curves from a run's metrics.jsonl: loss, evaluation metrics and learning rate vs step.
+"""The run's pictures: training curves from metrics.jsonl (loss, evaluation metrics and learning rate
+vs step) and an evaluation's confusion matrix.
 
     python -m finetune.plots runs/bert-rotten-tomatoes/metrics.jsonl      # -> training_curves.png beside it
     python -m finetune.plots runs/x/metrics.jsonl curves.png
@@ -22,20 +23,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from finetune import checkpoint as ckpt
+import numpy as np
 
-# The evaluation metrics drawn in the middle panel, when present, with their legend names.
-# Multi-label runs report micro F1 too, regressions Pearson's r (in [-1, 1]; their mse is the loss).
-EVAL_METRICS = {
-    "eval_accuracy": "accuracy",
-    "eval_micro_f1": "micro F1",
-    "eval_macro_f1": "macro F1",
-    "eval_pearson": "Pearson r",
-}
+from finetune import checkpoint as ckpt
+from finetune.metrics import METRICS
+from finetune.rundir import RunDir
+
+# The evaluation metrics drawn in the middle panel, when present, with their legend names: those the
+# metric table marks as plotted (a regression's mse is its loss; Pearson's r is in [-1, 1]).
+EVAL_METRICS = {f"eval_{m.key}": m.name for m in METRICS.values() if m.plotted}
 # One look per series, told apart by colour, line style AND marker (hollow where a line may lie on
 # top of another: balanced binary data gives accuracy == macro F1 at every evaluation), so that they
 # stay distinct in grey print and for colour-blind readers. The first of two series that may
@@ -103,7 +105,7 @@ def _epoch_ends(records: list[dict[str, Any]]) -> list[tuple[int, int]]:
 def recorded_best(run_dir: Path) -> dict[str, Any]:
     """The best checkpoint a run recorded: results.json's "best" (a finished run), else the newest
     complete checkpoint's manifest (a run still going); {} when neither names one."""
-    candidates = [Path(run_dir) / "results.json"]
+    candidates = [RunDir(run_dir).results]
     checkpoints = ckpt.list_checkpoints(run_dir)
     if checkpoints:
         candidates.append(checkpoints[-1] / ckpt.MANIFEST)
@@ -270,13 +272,96 @@ def mark_best(ax_of: dict[str, Any], axes, best: dict[str, Any], evals: list[dic
         label = "_nolegend_"
 
 
+
+def plot_confusion_matrix(
+    matrix: Any, label_names: Sequence[str], path: str | os.PathLike[str], title: str | None = None
+) -> Path:
+    """Write a confusion matrix as a PNG: counts in the cells, colour = fraction of the true class.
+
+    Colour is row-normalised (each true class sums to 1, i.e. per-class recall on the diagonal) so
+    that a rare class's mistakes are as visible as a frequent one's; the cells still show counts.
+    The figure grows with the number of classes and the length of the names, so names are never
+    cut. Past 40 classes the cell counts are left out (they would not be legible); the colours stay.
+
+    Uses matplotlib's object API on an Agg canvas, not pyplot: no global figure state, no backend
+    switch for the rest of the process, safe without a display. Returns the path written.
+    """
+    # Imported here so that computing metrics does not pay for importing matplotlib.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    counts = np.asarray(matrix)
+    names = [str(name) for name in label_names]
+    n = len(names)
+    if counts.ndim != 2 or counts.shape != (n, n):
+        raise ValueError(f"matrix must be {n} x {n} to match label_names, got shape {counts.shape}")
+    row_sums = counts.sum(axis=1, keepdims=True).astype(np.float64)
+    colour = np.divide(counts.astype(np.float64), row_sums, out=np.zeros(counts.shape), where=row_sums != 0)
+
+    # Size: ~0.6 in per cell (more for a few classes), plus room for the names (about 0.075 in per
+    # character at 9 pt; the x names are rotated 45 degrees so they need ~0.7 of that vertically).
+    longest = max((len(name) for name in names), default=1)
+    cell = 0.6 if n > 4 else 1.1
+    grid = max(n * cell, 2.4)
+    name_width = 0.075 * longest
+    name_room = name_width + 0.3
+    fig = Figure(figsize=(grid + name_room + 2.0, grid + 0.7 * name_room + 1.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(colour, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="equal")
+    colorbar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    colorbar.set_label("fraction of true class")
+
+    if name_width > 0.9 * cell:  # names wider than a cell would overlap: slant them
+        ax.set_xticks(np.arange(n), labels=names, rotation=45, ha="right", rotation_mode="anchor", fontsize=9)
+    else:
+        ax.set_xticks(np.arange(n), labels=names, fontsize=9)
+    ax.set_yticks(np.arange(n), labels=names, fontsize=9)
+    ax.set_xlabel("predicted label")
+    ax.set_ylabel("true label")
+    # Thin white lines between cells make large matrices easier to read along a row.
+    ax.set_xticks(np.arange(n + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(n + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.0)
+    ax.tick_params(which="minor", length=0)
+
+    if n <= 40:
+        is_integer = np.issubdtype(counts.dtype, np.integer) or bool(np.all(counts == np.round(counts)))
+        texts = [[f"{int(v)}" if is_integer else f"{v:.2g}" for v in row] for row in counts.tolist()]
+        widest = max((len(text) for row in texts for text in row), default=1)
+        # A cell is cell*72 pt wide; a digit is ~0.6 of the font size.
+        fontsize = float(np.clip(0.8 * cell * 72 / (0.6 * max(widest, 2)), 5, 12))
+        for i in range(n):
+            for j in range(n):
+                ax.text(
+                    j,
+                    i,
+                    texts[i][j],
+                    ha="center",
+                    va="center",
+                    fontsize=fontsize,
+                    color="white" if colour[i, j] > 0.5 else "black",
+                )
+
+    if title is None:
+        total = counts.sum()
+        accuracy = np.trace(counts) / total if total else math.nan
+        title = f"Confusion matrix ({total:,.0f} samples, accuracy {accuracy:.3f})"
+    ax.set_title(title)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help") or len(args) > 2:
         print(__doc__)
         sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
     metrics = Path(args[0])
-    out = Path(args[1]) if len(args) > 1 else metrics.parent / "training_curves.png"
+    out = Path(args[1]) if len(args) > 1 else RunDir(metrics.parent).curves
     print(plot_training_curves(metrics, out))
 
 

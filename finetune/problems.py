@@ -1,7 +1,7 @@
-"""The three problems a classifier head is asked to solve: their labels, loss and metrics.
+"""The three problems a classifier head is asked to solve: their labels, loss and predictions.
 
     problem_type                  labels of a sample           outputs  loss per sample          metrics
-    single_label_classification   one class name or id         K        cross-entropy            accuracy, macro F1 (metrics.py)
+    single_label_classification   one class name or id         K        cross-entropy            accuracy, macro F1
     multi_label_classification    a list of names, or 0/1      K        BCE with logits, mean    micro/macro F1, subset accuracy,
                                   columns (`label_columns`)             over the K labels        per-label F1 at a threshold
     regression                    one number                   1        squared error            mse, mae, r2, pearson, spearman
@@ -18,7 +18,7 @@ multi-hot vector of K (multi-label). A regression model has one output named aft
 (its `id2label`), so `pipeline(..., function_to_apply="none")` returns the number under that name.
 
 The per-sample loss is what finetune/run.py masks to real samples and scales by the window's sample
-count (the README's "exact equivalence" math), so accumulation and DDP equal one big batch for every
+count (docs/topologies.md: the math of exact accumulation), so accumulation and DDP equal one big batch for every
 problem type: transformers' BCEWithLogitsLoss and MSELoss are the mean of these per-sample values.
 
 Bad labels are one-line errors (exit 2): NaN or infinite regression targets, an empty label list, a
@@ -34,15 +34,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from datasets import ClassLabel, DatasetDict, Sequence, Value
+from datasets import ClassLabel, Sequence, Value
 from datasets import Dataset as HFDataset
 
 from finetune.config import DataArgs
 from finetune.errors import UserError
-from finetune.metrics import classification_report, per_class
-
-SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
-
+from finetune.metrics import MULTI, REGRESSION, SINGLE
 
 # --- which problem ---------------------------------------------------------------------------------
 
@@ -270,12 +267,6 @@ def _encode_label_columns(ds: HFDataset, columns: list[str], split: str) -> HFDa
     )
 
 
-def encode_splits(raw: DatasetDict, args: DataArgs, problem: str) -> tuple[DatasetDict, list[str]]:
-    """Every split of a regression or multi-label run encoded; the label names."""
-    names = label_names_for(raw["train"], args, problem)
-    return DatasetDict({s: encode(d, args, problem, names, s) for s, d in raw.items()}), names
-
-
 # --- loss and predictions ------------------------------------------------------------------------------
 
 
@@ -301,118 +292,3 @@ def predictions(logits: torch.Tensor, problem_type: str | None) -> torch.Tensor:
 def scores(logits: torch.Tensor, problem_type: str | None) -> torch.Tensor:
     """What predictions.jsonl shows: softmax probabilities, sigmoid ones, or the predicted number."""
     return logits.float().softmax(-1) if problem_type in (None, SINGLE) else predictions(logits, problem_type)
-
-
-# --- metrics -------------------------------------------------------------------------------------------
-
-
-def _array(values: Any) -> np.ndarray:
-    if hasattr(values, "detach"):
-        values = values.detach().cpu().numpy()
-    return np.asarray(values, dtype=np.float64)
-
-
-def regression_report(predictions: Any, references: Any) -> dict[str, Any]:
-    """mse, mae, r2 (scikit-learn), pearson, spearman (scipy); a correlation or r2 that is undefined
-    (fewer than 2 samples, or constant predictions or references) is None."""
-    from scipy.stats import pearsonr, spearmanr
-    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
-
-    y_pred, y_true = _array(predictions).reshape(-1), _array(references).reshape(-1)
-    if y_pred.shape != y_true.shape:
-        raise ValueError(f"predictions and references differ in length: {len(y_pred)} != {len(y_true)}")
-    n = len(y_true)
-    varies = n >= 2 and np.ptp(y_true) > 0
-    correlated = varies and np.ptp(y_pred) > 0
-    return {
-        "num_samples": n,
-        "mse": float(mean_squared_error(y_true, y_pred)) if n else 0.0,
-        "mae": float(mean_absolute_error(y_true, y_pred)) if n else 0.0,
-        "r2": float(r2_score(y_true, y_pred)) if varies else None,
-        "pearson": float(pearsonr(y_pred, y_true).statistic) if correlated else None,
-        "spearman": float(spearmanr(y_pred, y_true).statistic) if correlated else None,
-    }
-
-
-def multi_label_report(
-    probabilities: Any, references: Any, label_names: list[str], threshold: float = 0.5
-) -> dict[str, Any]:
-    """A label is predicted when its probability is >= `threshold`. scikit-learn on the (N, K) 0/1
-    matrices: micro (every sample-label pair pooled) and macro (the mean over labels) precision,
-    recall and F1, subset accuracy (the share of samples whose whole label set is right), and per
-    label precision, recall, F1 and support (its count in the references). Zero division gives 0."""
-    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
-
-    k = len(label_names)
-    y_prob = _array(probabilities).reshape(-1, k)
-    y_true = (_array(references).reshape(-1, k) >= 0.5).astype(np.int64)
-    y_pred = (y_prob >= threshold).astype(np.int64)
-    n = len(y_true)
-    if n:
-        p, r, f1, support = precision_recall_fscore_support(y_true, y_pred, average=None, zero_division=0)
-        micro = precision_recall_fscore_support(y_true, y_pred, average="micro", zero_division=0)[:3]
-        subset = float(accuracy_score(y_true, y_pred))
-    else:
-        p = r = f1 = support = np.zeros(k)
-        micro, subset = (0.0, 0.0, 0.0), 0.0
-    return {
-        "num_samples": n,
-        "threshold": threshold,
-        "micro_f1": float(micro[2]),
-        "macro_f1": float(np.mean(f1)) if k else 0.0,
-        "subset_accuracy": subset,
-        "micro_precision": float(micro[0]),
-        "micro_recall": float(micro[1]),
-        "macro_precision": float(np.mean(p)) if k else 0.0,
-        "macro_recall": float(np.mean(r)) if k else 0.0,
-        "per_class": per_class(label_names, p, r, f1, support),
-    }
-
-
-def report(
-    problem_type: str | None,
-    predictions: Any,
-    references: Any,
-    label_names: list[str],
-    threshold: float = 0.5,
-) -> dict[str, Any]:
-    """The metrics of the problem type (without the loss, which the caller adds)."""
-    if problem_type == REGRESSION:
-        return regression_report(predictions, references)
-    if problem_type == MULTI:
-        return multi_label_report(predictions, references, label_names, threshold)
-    return classification_report(_as_list(predictions), _as_list(references), label_names)
-
-
-def _as_list(values: Any) -> Any:
-    return values.tolist() if hasattr(values, "tolist") else values
-
-
-def _shown(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"
-
-
-def summary_line(metrics: dict) -> str:
-    """One line for the console: "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples", or
-    the regression / multi-label equivalent."""
-    if "mse" in metrics:
-        head = f"mse {_shown(metrics['mse'])}, mae {_shown(metrics['mae'])}, pearson {_shown(metrics['pearson'])}"
-    elif "micro_f1" in metrics:
-        head = (
-            f"micro F1 {_shown(metrics['micro_f1'])}, macro F1 {_shown(metrics['macro_f1'])}, "
-            f"subset accuracy {_shown(metrics['subset_accuracy'])}"
-        )
-    else:
-        head = f"accuracy {_shown(metrics['accuracy'])}, macro F1 {_shown(metrics['macro_f1'])}"
-    return f"{head}, loss {_shown(metrics.get('loss'))} on {metrics['num_samples']} samples"
-
-
-def headline(metrics: dict) -> str:
-    """The end of a run in a few words: "accuracy 0.7955 on 1066 samples" (or mse and pearson, micro F1)."""
-    if "mse" in metrics:
-        head = f"mse {_shown(metrics['mse'])}, pearson {_shown(metrics['pearson'])}"
-    elif "micro_f1" in metrics:
-        head = f"micro F1 {_shown(metrics['micro_f1'])}"
-    else:
-        head = f"accuracy {_shown(metrics['accuracy'])}"
-    return f"{head} on {metrics['num_samples']} samples"

@@ -12,44 +12,27 @@
 
 Processes, devices and mixed precision come from the accelerate config (or `accelerate launch`
 flags) and are read back from the Accelerator (finetune/runtime.py); hyperparameters come from the
-recipe (finetune/config.py). `train()` reads build -> loop -> finish.
-
-The math of a step: the loss of an optimizer step is the sum of the per-sample losses of every
-REAL sample in its window (all micro-batches, all processes) divided by the number of those
-samples. Accelerate divides by the accumulation steps and DDP averages over processes, so each
-micro-batch's summed loss is scaled by (processes * accumulation / real samples in window). That
-makes 1 process x batch 8, accumulation, and DDP the same gradient, also for the last, partial
-window and with the duplicated samples Accelerate adds to even out the last batch (masked out).
-
-Faults: SIGTERM/SIGINT finish the optimizer step, save a checkpoint and exit 143/130 (`StopOnSignal`);
-a loss that stays NaN/inf for `max_nonfinite_loss_steps` steps, or weights that turn NaN at a save,
-stop the run with exit status 3 and keep the last good checkpoint; `ddp_timeout` bounds every wait
-for another process. Exit statuses are listed in finetune/errors.py.
+recipe (finetune/config.py). `train()` reads build -> resume -> the loop -> finish; each piece of
+set-up is a named function below it. The loss of a step is `steps.step_loss`'s (the math of exact
+accumulation and DDP); faults and signals are finetune/errors.py's and finetune/signals.py's.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 
 # Before torch loads OpenMP, which reads this once: its threads sleep when they wait instead of spinning.
 # On a CPU shared with another job, a spinning thread holds the core that the thread it waits for
-# needs: beside a 2-thread job the default command took 7x its quiet time, 2x with sleeping threads,
-# which cost nothing measurable on a quiet machine (README, "CPU threads"). A user's own policy is kept.
+# needs (benchmarks/README.md, "CPU threads"). A user's own policy is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if __name__ == "__main__":  # Ctrl-C or SIGTERM during the imports (seconds): one line, not a traceback
+    from finetune.signals import stop_while_starting
 
-    def _stopped_while_starting(signum, frame):
-        if os.environ.get("RANK", "0") == "0":
-            os.write(2, b"stopped: interrupted while starting; nothing was written\n")
-        os._exit(128 + signum)
+    stop_while_starting()
 
-    for _sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(_sig, _stopped_while_starting)
-
+import contextlib
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -66,28 +49,18 @@ from transformers import get_scheduler
 from finetune import checkpoint as ckpt
 from finetune.card import check_hub_access
 from finetune.config import TrainConfig, load_config, resumed_run_recipe, save_config, settings_help
-from finetune.data import (
-    Collator,
-    EpochSampler,
-    batches_per_process,
-    image_sizes,
-    load_splits,
-    prepare_splits,
-    real_sample_mask,
-    resize_notice,
-    window_sample_count,
-)
-from finetune.errors import ArgumentParser, TrainingStopped, UserError, exit_on_user_error, first_line
+from finetune.data import load_splits, prepare_splits
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model, forward, longest_first
-from finetune.export import RESULTS, check_files_in_the_way, export_run, set_aside_previous_run
+from finetune.export import export_run
 from finetune.lora import apply_lora, is_lora
-from finetune.models import build_model, check_max_length, check_tokenizer, freeze_layers, load_preprocessor
-from finetune.problems import SINGLE, headline, per_sample_loss, problem_type_of, summary_line
+from finetune.metrics import headline, summary_line
+from finetune.models import build_model, freeze_layers
+from finetune.problems import SINGLE, per_sample_loss, problem_type_of
+from finetune.rundir import RunDir, check_output_dir, check_shared_output_dir, set_aside_previous_run
 from finetune.runtime import (
     ScalerSkips,
-    StopOnSignal,
     agreed,
-    check_shared_output_dir,
     configure_fsdp,
     data_workers,
     describe_parameters,
@@ -97,27 +70,202 @@ from finetune.runtime import (
     make_accelerator,
     pin_memory,
     quiet_libraries,
-    stop_outside_the_loop,
-    stop_with_launcher,
 )
+from finetune.signals import StopOnSignal, stop_outside_the_loop, stop_with_launcher
+from finetune.steps import EpochSampler, StepPlan, Stream, plan_steps, step_loss
+from finetune.tasks import task_of
 
 # --- the loop -------------------------------------------------------------------------------------
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Build, prepare, loop over epochs and batches, evaluate, export. Returns the final metrics."""
-    # Build: the Accelerator, data, model, loaders, the step plan, optimizer and schedule.
+def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
+    """Build, resume, loop over epochs and batches, evaluate, export. Returns the final metrics."""
+    hooks = hooks or Hooks()
+    with hooks.phase("start-up"):
+        run = setup(cfg, hooks)  # the Accelerator, data, model, loaders, the step plan, optimizer, schedule
+        hooks.mark("prepared", run)
+        accelerator, model, optimizer, scheduler, plan = run.accelerator, run.model, run.optimizer, run.scheduler, run.plan
+        processes, accumulation = accelerator.num_processes, cfg.gradient_accumulation_steps
+        # Resume (weights, optimizer, scheduler, RNG; the position from the manifest) or start afresh.
+        step, start_epoch, start_sample = resume(cfg, run)
+        start_run(cfg, run)
+    losses, evaluations = LossWatch(accelerator, cfg, run.log), Evaluations(cfg, run, hooks)
+    fault, scaler_skipped = injected_fault(), ScalerSkips(accelerator.scaler)
+    model.train()
+    progress = tqdm(total=plan.total_steps, initial=step, disable=not accelerator.is_local_main_process,
+                    desc="training", unit="step")  # fmt: skip
+    with StopOnSignal(processes, cfg.ddp_timeout) as stop:  # until the export is written
+        with progress, hooks.phase("train"):  # the bar ends its line on any exit
+            for epoch in range(start_epoch, plan.num_epochs):
+                if step >= plan.total_steps or evaluations.stale:  # also a resume from the last step's checkpoint
+                    break
+                start = start_sample if epoch == start_epoch else 0
+                run.sampler.reset(epoch, start)
+                stream = Stream(plan.samples - start, cfg.per_device_train_batch_size, processes, accumulation)
+                for k, batch in enumerate(run.train_loader):
+                    hooks.mark("batch", batch)
+                    with accelerator.accumulate(model):
+                        logits = forward(model, batch, cfg.pipeline_chunks)
+                        labels = batch["labels"].to(logits.device)
+                        real = stream.real_rows(k, accelerator.process_index, len(labels), logits.device)
+                        loss_sum = (per_sample_loss(logits, labels, cfg.problem_type) * real).sum()
+                        hooks.mark("backward")
+                        accelerator.backward(step_loss(loss_sum, stream.window_count(k), processes, accumulation))
+                        losses.add(loss_sum.detach(), real)
+                        hooks.mark("optimizer")
+                        if accelerator.sync_gradients and cfg.max_grad_norm:
+                            accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                    hooks.mark("micro-batch done")
+                    if not accelerator.sync_gradients:
+                        continue
+
+                    # One optimizer step is done (or skipped by fp16's scaler: then the schedule waits).
+                    if not scaler_skipped() and not accelerator.optimizer_step_was_skipped:
+                        scheduler.step()
+                    step += 1
+                    samples_in_epoch = start + stream.samples_done(k)
+                    progress.update(1)
+                    losses.step_done()
+                    if fault:
+                        fault(step, accelerator.process_index)
+                    if due(cfg.logging_steps, step) or step == plan.total_steps:
+                        losses.log(step, epoch, samples_in_epoch + epoch * plan.samples, scheduler.get_last_lr()[0],
+                                   progress, run.checkpointer.last)  # fmt: skip
+                    end_of_epoch = k == stream.batches - 1
+                    if evaluated := due(cfg.eval_steps, step) or end_of_epoch or step == plan.total_steps:
+                        evaluations.evaluate(step, epoch)
+                    # A checkpoint at the end of an epoch points at the start of the next one.
+                    position = (epoch + 1, 0) if end_of_epoch else (epoch, samples_in_epoch)
+                    metrics = evaluations.last if evaluated else None
+                    saves = due(cfg.save_steps, step) or (cfg.save_at_epoch_end and end_of_epoch)
+                    if saves or (evaluated and cfg.load_best_model_at_end):  # then every evaluation saves
+                        run.checkpointer.save(model, step, *position, metrics)
+                    if stop.requested():  # every process gets the same answer
+                        raise stop.stopped(run.checkpointer.save(model, step, *position, metrics), step, cfg.output_dir)
+                    hooks.mark("step", step)
+                    if step >= plan.total_steps or evaluations.stale:
+                        break
+        if evaluations.stale:
+            accelerator.print(
+                f"early stop at step {step}: {cfg.metric_for_best_model} did not improve for "
+                f"{cfg.early_stopping_patience} evaluations"
+            )
+        # Finish: the final evaluation and the export (a signal now is only recorded: the run is done in
+        # seconds, and an export cut short would look finished without its card).
+        results = finish(cfg, run, step, evaluations, hooks)
+    final, split = results.get("test", results["validation"]), "test" if "test" in results else "validation"
+    accelerator.print(f"model saved to {run.dir.model} ({results['exported']['why']})")
+    accelerator.print(f"{split} {headline(final)}")
+    accelerator.print("seconds: " + ", ".join(f"{name} {s:.1f}" for name, s in sorted(hooks.seconds.items(), key=_phase_order)))
+    accelerator.end_training()
+    # A signal during the final evaluation or the export: they were let finish; now it ends the process.
+    stop.stop_if_received(f"the run is finished ({run.dir.model}, {run.dir.results})")
+    return results
+
+
+PHASES = ("start-up", "data", "build", "train", "evaluate", "export")
+
+
+def _phase_order(item: tuple[str, float]) -> int:
+    return PHASES.index(item[0]) if item[0] in PHASES else len(PHASES)
+
+
+def due(every: int | None, step: int) -> bool:
+    """Whether a cadence of `every` optimizer steps (None: never) falls on `step`."""
+    return bool(every) and step % every == 0
+
+
+# --- what a tool sees of the loop ------------------------------------------------------------------
+
+
+class Hooks:
+    """What a tool (benchmarks/, a profiler) sees of `train()`: named moments. Pass a subclass as
+    `train(cfg, hooks)`; the app's own timing of its phases is this class.
+
+    phase(name)      a context around a phase: "start-up" (imports excluded), "data", "build", "train",
+                     "evaluate", "export"; `seconds` holds each one's own time (a phase inside another
+                     is not counted in the outer one), and results.json and the run's last line show them
+    mark(name, x)    a moment of the run: "built" (x: the model, before Accelerate wraps it),
+                     "prepared" (x: the `Run`: the Accelerator, the prepared model, loaders...),
+                     "batch" (x: a micro-batch, just fetched), "backward" (forward and loss done),
+                     "optimizer" (backward done), "micro-batch done" (optimizer step and zero_grad
+                     done, or skipped while accumulating), "step" (x: the optimizer step just done,
+                     with its logging, evaluation and checkpoint), "evaluated" (x: (step, the
+                     validation metrics), after each evaluation)
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._open: list[list] = []  # [name, started, seconds of the phases inside it]
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        frame = [name, time.perf_counter(), 0.0]
+        self._open.append(frame)
+        try:
+            yield
+        finally:
+            self._open.pop()
+            took = time.perf_counter() - frame[1]
+            self.seconds[name] = self.seconds.get(name, 0.0) + took - frame[2]
+            if self._open:  # the enclosing phase's own time excludes this one
+                self._open[-1][2] += took
+
+    def so_far(self) -> dict[str, float]:
+        """Each phase's own seconds until now, the open ones included."""
+        now, seconds = time.perf_counter(), dict(self.seconds)
+        for i, (name, started, inside) in enumerate(self._open):
+            inner = now - self._open[i + 1][1] if i + 1 < len(self._open) else 0.0
+            seconds[name] = seconds.get(name, 0.0) + now - started - inside - inner
+        return seconds
+
+    def mark(self, name: str, value: Any = None) -> None:
+        pass
+
+
+# --- building a run -------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """What `setup` builds and the loop uses."""
+
+    accelerator: Accelerator
+    dir: RunDir
+    model: Any
+    preprocessor: Any
+    splits: Any
+    label_names: list[str]
+    train_loader: DataLoader
+    sampler: EpochSampler
+    eval_loaders: dict[str, DataLoader]
+    plan: StepPlan
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    trained: int  # weights that train
+    resume_path: Path | None
+    manifest: dict | None
+    log: MetricsLog
+    checkpointer: ckpt.Checkpointer
+
+
+def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
+    """Everything the loop needs, in order: the Accelerator and the output folder's checks, data and
+    model, the layer split, loaders, what a resume continues, the step plan, optimizer and schedule,
+    then Accelerate's `prepare`."""
     accelerator = make_accelerator(cfg)
-    check_output_dir(cfg)
-    check_shared_output_dir(accelerator, cfg.output_dir)  # multi-node: before anything reads or writes it
+    out = RunDir(cfg.output_dir)
+    check_output_dir(out.root, cfg.overwrite_output_dir, bool(cfg.resume_from_checkpoint), bool(cfg.report_to))
+    check_shared_output_dir(accelerator, out.root)  # multi-node: before anything reads or writes it
     set_seed(cfg.seed)
-    out = Path(cfg.output_dir)
-    model, preprocessor, splits, label_names = build_model_and_data(cfg, accelerator)
+    model, preprocessor, splits, label_names = build_model_and_data(cfg, accelerator, hooks)
     model = split_model(cfg, accelerator, model)
     train_loader, sampler, eval_loaders = make_loaders(cfg, accelerator, splits, preprocessor)
     resume_path, manifest = resume_target(cfg, out)
     plan = plan_steps(cfg, accelerator.num_processes, len(splits["train"]), manifest, label_names)
-    optimizer, trainable = make_optimizer(cfg, model, accelerator)
+    optimizer, trained = make_optimizer(cfg, model, accelerator)
     scheduler = make_scheduler(cfg, optimizer, plan)
     if cfg.push_to_hub_model_id:
         check_hub_access(cfg.push_to_hub_model_id)  # fail now, offline, not after training
@@ -126,182 +274,56 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
     eval_loaders = {k: accelerator.prepare(v) for k, v in eval_loaders.items()}
     assert len(train_loader) == plan.batches, (len(train_loader), plan.batches)
+    log = MetricsLog(accelerator, out.metrics)
+    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names)
+    return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, eval_loaders,
+               plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer)  # fmt: skip
 
-    # Resume (weights, optimizer, scheduler, RNG; the position from the manifest) or start afresh.
-    log = MetricsLog(accelerator, out / "metrics.jsonl")
-    checkpointer = ckpt.Checkpointer(accelerator, cfg, out, label_names)
-    step, start_epoch, start_sample = 0, 0, 0
-    if resume_path is not None:
-        ckpt.load_checkpoint(accelerator, resume_path, exact=not cfg.resume_allow_topology_change)
-        ckpt.apply_learning_rate(optimizer, scheduler, manifest, cfg.learning_rate, accelerator.print)
-        step, start_epoch, start_sample = manifest["step"], manifest["epoch"], manifest["samples_in_epoch"]
-        checkpointer.best, checkpointer.last = manifest.get("best", {}), resume_path
-        log.drop_after(step)
-        accelerator.print(
-            f"resumed from {resume_path} at step {step} (epoch {start_epoch}, sample {start_sample})"
-        )
-    start_run(cfg, accelerator, out, model, splits, plan, trainable)
 
-    def run_eval(epoch: int) -> dict:
-        metrics = evaluate_split(cfg, model, eval_loaders["validation"], accelerator, label_names)
-        log.log(
-            {"epoch": epoch, **{f"eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}},
-            step,
-        )
-        if accelerator.is_main_process:  # above the training bar
-            tqdm.write(f"step {step} (epoch {epoch + 1}): validation {summary_line(metrics)}")
-        return metrics
-
-    # The loop.
-    P, B, GA, N = (
-        accelerator.num_processes,
-        cfg.per_device_train_batch_size,
-        cfg.gradient_accumulation_steps,
-        plan.N,
+def resume(cfg: TrainConfig, run: Run) -> tuple[int, int, int]:
+    """Restore the checkpoint's weights, optimizer, scheduler and RNG; returns where the run stands:
+    (optimizer step, epoch, samples consumed in that epoch), (0, 0, 0) for a fresh run."""
+    if run.resume_path is None:
+        return 0, 0, 0
+    manifest = run.manifest
+    ckpt.load_checkpoint(run.accelerator, run.resume_path, exact=not cfg.resume_allow_topology_change)
+    ckpt.apply_learning_rate(run.optimizer, run.scheduler, manifest, cfg.learning_rate, run.accelerator.print)
+    run.checkpointer.best, run.checkpointer.last = manifest.get("best", {}), run.resume_path
+    run.log.drop_after(manifest["step"])
+    run.accelerator.print(
+        f"resumed from {run.resume_path} at step {manifest['step']} (epoch {manifest['epoch']}, "
+        f"sample {manifest['samples_in_epoch']})"
     )
-    losses = LossWatch(accelerator, cfg, log)
-    fault, scaler_skipped = injected_fault(), ScalerSkips(accelerator.scaler)
-    eval_metrics: dict = {}
-    early_stop, stale = EarlyStop(cfg.early_stopping_patience, cfg.greater_is_better), False
-    model.train()
-    progress = tqdm(total=plan.total_steps, initial=step, disable=not accelerator.is_local_main_process,
-                    desc="training", unit="step")  # fmt: skip
-    with StopOnSignal(P, cfg.ddp_timeout) as stop:  # until the export is written (see Finish)
-        with progress:  # the bar ends its line on any exit
-            for epoch in range(start_epoch, plan.num_epochs):
-                if step >= plan.total_steps or stale:  # also a resume from a checkpoint of the last step
-                    break
-                start = start_sample if epoch == start_epoch else 0
-                sampler.reset(epoch, start)
-                Ne = N - start  # samples in this (possibly resumed) epoch's stream
-                nbe = batches_per_process(Ne, B, P)
-                for k, batch in enumerate(train_loader):
-                    with accelerator.accumulate(model):
-                        logits = forward(model, batch, cfg.pipeline_chunks)
-                        labels = batch["labels"].to(logits.device)
-                        real = real_sample_mask(
-                            Ne, k, B, P, accelerator.process_index, len(labels), logits.device
-                        )
-                        per_sample = per_sample_loss(logits, labels, cfg.problem_type)  # (B,)
-                        loss_sum = (per_sample * real).sum()
-                        accelerator.backward(
-                            loss_sum * (P * GA / window_sample_count(Ne, k // GA, GA, nbe, B, P))
-                        )
-                        losses.add(loss_sum.detach(), real)
-                        if accelerator.sync_gradients and cfg.max_grad_norm:
-                            accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                        optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-                    if not accelerator.sync_gradients:
-                        continue
-
-                    # One optimizer step is done (or skipped by fp16's scaler: then the schedule waits).
-                    if not scaler_skipped() and not accelerator.optimizer_step_was_skipped:
-                        scheduler.step()
-                    step += 1
-                    samples_in_epoch = min(start + (k + 1) * P * B, N)
-                    progress.update(1)
-                    losses.step_done()
-                    if fault:
-                        fault(step, accelerator.process_index)
-                    if step % cfg.logging_steps == 0 or step == plan.total_steps:
-                        losses.log(step, epoch, samples_in_epoch + epoch * N, scheduler.get_last_lr()[0], progress,
-                                   checkpointer.last)  # fmt: skip
-                    end_of_epoch = k == nbe - 1
-                    if evaluate := due(cfg.eval_steps, step) or end_of_epoch or step == plan.total_steps:
-                        eval_metrics = run_eval(epoch)
-                        stale = early_stop.update(eval_metrics.get(cfg.metric_for_best_model))
-                    # A checkpoint at the end of an epoch points at the start of the next one.
-                    position = (epoch + 1, 0) if end_of_epoch else (epoch, samples_in_epoch)
-                    saves = due(cfg.save_steps, step) or (cfg.save_at_epoch_end and end_of_epoch)
-                    if saves or (evaluate and cfg.load_best_model_at_end):  # then every evaluation saves
-                        checkpointer.save(model, step, *position, eval_metrics if evaluate else None)
-                    signum = stop.requested()  # every process gets the same answer
-                    if signum:
-                        path = checkpointer.save(model, step, *position, eval_metrics if evaluate else None)
-                        raise TrainingStopped(
-                            f"received {signal.Signals(signum).name} during training; saved checkpoint {path} "
-                            f"(optimizer step {step}); continue with resume_from_checkpoint=latest output_dir={out}",
-                            128 + signum,
-                        )
-                    if step >= plan.total_steps or stale:
-                        break
-        if stale:
-            accelerator.print(
-                f"early stop at step {step}: {cfg.metric_for_best_model} did not improve for "
-                f"{cfg.early_stopping_patience} evaluations"
-            )
-
-        # Finish: the final evaluation and the export (a signal now is only recorded: the run is done in
-        # seconds, and an export cut short would look finished without its card).
-        if not ckpt.all_finite(model, accelerator):
-            raise ckpt.diverged("the weights became NaN or infinite", step, checkpointer.last)
-        results: dict[str, Any] = {"step": step, "validation": eval_metrics or run_eval(plan.num_epochs - 1)}
-        results["exported"] = choose_export(
-            cfg, accelerator, model, checkpointer.best, step, results, eval_loaders["validation"], label_names
-        )
-        if "test" in eval_loaders:
-            results["test"] = evaluate_split(cfg, model, eval_loaders["test"], accelerator, label_names)
-        export_run(cfg, accelerator, model, preprocessor, results, label_names, checkpointer.best)
-    final, split = results.get("test", results["validation"]), "test" if "test" in results else "validation"
-    accelerator.print(f"model saved to {out / 'model'} ({results['exported']['why']})")
-    accelerator.print(f"{split} {headline(final)}")
-    accelerator.end_training()
-    # A signal during the final evaluation or the export: they were let finish; now it ends the process.
-    stop.stop_if_received(f"the run is finished ({out / 'model'}, {out / RESULTS})")
-    return results
+    return manifest["step"], manifest["epoch"], manifest["samples_in_epoch"]
 
 
-def evaluate_split(cfg: TrainConfig, model, loader, accelerator: Accelerator, label_names: list[str]) -> dict:
-    """The metrics of the run's problem type on one split (finetune/evaluation.py)."""
-    return evaluate_model(model, loader, accelerator, label_names, cfg.pipeline_chunks, cfg.problem_type,
-                          cfg.multi_label_threshold)  # fmt: skip
-
-
-def due(every: int | None, step: int) -> bool:
-    """Whether a cadence of `every` optimizer steps (None: never) falls on `step`."""
-    return bool(every) and step % every == 0
-
-
-def choose_export(cfg, accelerator, model, best: dict, step: int, results: dict, loader, label_names) -> dict:
-    """Which weights the export holds: the last step's, or with load_best_model_at_end the best
-    checkpoint's, loaded here (its validation metrics replace the last step's in `results`)."""
-    metric, value = best.get("metric", cfg.metric_for_best_model), best.get("value")
-    if not cfg.load_best_model_at_end or not best.get("path") or best.get("step") == step:
-        why = f"the last step, {step}"
-        if best.get("step") == step and value is not None:
-            why += f", also the best by validation {metric} {value:.4f}"
-        elif value is not None:
-            why += (
-                f"; the best validation {metric} was {value:.4f} at step {best['step']}: "
-                "load_best_model_at_end=true exports that one"
-            )
-        return {"step": step, "why": why}
-    ckpt.load_checkpoint(accelerator, Path(best["path"]))
-    results["validation"] = evaluate_split(cfg, model, loader, accelerator, label_names)
-    return {
-        "step": best["step"],
-        "why": f"the best checkpoint, step {best['step']}, by validation {metric} {value:.4f}",
-    }
-
-
-# --- building a run -------------------------------------------------------------------------------
-
-
-def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
-    """The raw splits and label names, the model (frozen embeddings and activation checkpointing as
-    asked), its tokenizer or image processor, and the preprocessed splits. Preprocessing runs on the
-    main process first; the others read its cache. Fills in `cfg.problem_type` from the labels."""
-    text = cfg.task == "text-classification"
-    with main_process_first(accelerator):
+def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator, hooks: Hooks | None = None):
+    """The raw splits and label names, the model (frozen layers, attention kernel, activation
+    checkpointing, LoRA as asked), its preprocessor, and the prepared splits. Data preparation runs on
+    the main process first; the others read its cache. Fills in `cfg.problem_type` from the labels."""
+    hooks = hooks or Hooks()
+    task = task_of(cfg.task)
+    with hooks.phase("data"), main_process_first(accelerator):
         raw, label_names = load_splits(cfg.data_args)
     cfg.resolve_problem(problem_type_of(raw["train"]))  # and the metric_for_best_model it implies
-    tokenizer = load_preprocessor(cfg.model_args) if text else None
-    model = build_model(cfg.model_args, label_names, vocab_size=len(tokenizer) if text else None)
-    if text:
-        check_max_length(model, cfg.max_length, cfg.pad_to_multiple_of)
-        name = cfg.tokenizer_name or cfg.model_name_or_path
-        check_tokenizer(tokenizer, model, name, cfg.max_length, pair=cfg.text_pair_column is not None)
+    with hooks.phase("build"):
+        model, preprocessor = build_for_training(cfg, accelerator, label_names)
+    hooks.mark("built", model)
+    if notice := task.notice(raw["train"], preprocessor, cfg.data_args):
+        accelerator.print(notice)
+    with hooks.phase("data"), main_process_first(accelerator):
+        splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3))
+    return model, preprocessor, splits, label_names
+
+
+def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: list[str]):
+    """The model as training wants it, and its preprocessor, checked against each other."""
+    task = task_of(cfg.task)
+    # A tokenizer's vocabulary sizes a model built from a config; an image processor follows the model's size.
+    preprocessor = task.load_preprocessor(cfg.model_args) if task.preprocessor_first else None
+    model = build_model(cfg.model_args, label_names, vocab_size=task.vocab_size(preprocessor))
+    preprocessor = preprocessor or task.load_preprocessor(cfg.model_args, model.config)
+    task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
     attn = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision)
     if attn and hasattr(model, "set_attn_implementation"):
         try:
@@ -327,12 +349,7 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator):
         if accelerator.distributed_type == DistributedType.FSDP:
             raise UserError("peft (LoRA) trains with one process or DDP, not FSDP; choose another accelerate config")
         model = apply_lora(model, cfg.peft)
-    preprocessor = tokenizer if text else load_preprocessor(cfg.model_args, model.config)
-    if not text and (notice := resize_notice(image_sizes(raw["train"], cfg.image_column), preprocessor)):
-        accelerator.print(notice)
-    with main_process_first(accelerator):
-        splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3))
-    return model, preprocessor, splits, label_names
+    return model, preprocessor
 
 
 def attention_kernel(asked: str | None, device: torch.device, mixed_precision: str) -> str | None:
@@ -350,14 +367,12 @@ def model_parallel_plan(cfg: TrainConfig, accelerator: Accelerator, model):
     process splits its own replica over the devices of its local rank (`process_devices`)."""
     from finetune.parallel import plan_model_parallel, process_devices
 
-    seq = cfg.max_length if cfg.task == "text-classification" else None  # ViT: patches + 1
     local = local_processes() if accelerator.num_processes > 1 else 1
     devices = process_devices(cfg.devices, accelerator.local_process_index, local)
-    model = _inside_lora(model)  # under LoRA, the wrapped model: its layers hold the adapters
     # GPipe keeps every chunk's activations until backward: plan for the whole batch.
-    plan = plan_model_parallel(model, devices, micro_batch_size=cfg.per_device_train_batch_size, seq_len=seq,
-                               max_memory=cfg.max_memory, mixed_precision=accelerator.mixed_precision,
-                               local_processes=local)  # fmt: skip
+    plan = plan_model_parallel(_inside_lora(model), devices, micro_batch_size=cfg.per_device_train_batch_size,
+                               seq_len=task_of(cfg.task).sequence_length(cfg.data_args), max_memory=cfg.max_memory,
+                               mixed_precision=accelerator.mixed_precision, local_processes=local)  # fmt: skip
     if accelerator.num_processes > 1:
         accelerator.print(f"each of the {accelerator.num_processes} processes splits its replica; process 0:")
     accelerator.print(plan.format_table())
@@ -387,90 +402,35 @@ def _inside_lora(model):
 
 def make_loaders(cfg: TrainConfig, accelerator: Accelerator, splits, preprocessor):
     """The training loader over the epoch sampler (length groups of one optimizer step; padded to whole
-    global batches under DDP) and the evaluation loaders, text read longest first."""
-    P, B, GA = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
-    train_set = splits["train"]
-    # A list: a datasets Column reads one row per index.
-    grouped = cfg.group_by_length and "length" in train_set.column_names
-    lengths = list(train_set["length"]) if grouped else None
-    sampler = EpochSampler(
-        len(train_set), cfg.seed, group_size=P * B * GA, lengths=lengths, pad_to=P * B if P > 1 else 1
-    )
-    tokenizer = preprocessor if cfg.task == "text-classification" else None
-    collate = Collator(tokenizer, cfg.pad_to_multiple_of)
+    global batches under DDP) and the evaluation loaders, longest first where samples have lengths."""
+    processes, batch = accelerator.num_processes, cfg.per_device_train_batch_size
+    task, train_set = task_of(cfg.task), splits["train"]
+    lengths = task.lengths(train_set) if cfg.group_by_length else None
+    sampler = EpochSampler(len(train_set), cfg.seed, group_size=processes * batch * cfg.gradient_accumulation_steps,
+                           lengths=lengths, pad_to=processes * batch if processes > 1 else 1)  # fmt: skip
+    collate = task.collator(preprocessor, cfg.pad_to_multiple_of)
     workers, pin = data_workers(cfg, accelerator), pin_memory(cfg, accelerator)
-    train_loader = DataLoader(train_set, batch_size=B, sampler=sampler, collate_fn=collate, num_workers=workers,
+    train_loader = DataLoader(train_set, batch_size=batch, sampler=sampler, collate_fn=collate, num_workers=workers,
                               pin_memory=pin, generator=torch.Generator().manual_seed(cfg.seed))  # fmt: skip
-    # Evaluation reads text longest first: each batch is padded to nearly its own length (the
-    # metrics do not depend on the order). The default recipe's 1,566 evaluation sentences in
-    # batches of 128: 1.32 padded tokens per real one instead of 2.21.
-    eval_loaders = {
-        split: DataLoader(
-            splits[split],
-            batch_size=cfg.per_device_eval_batch_size,
-            sampler=longest_first(list(splits[split]["length"]))
-            if "length" in splits[split].column_names
-            else None,
-            collate_fn=collate,
-            num_workers=workers,
-            pin_memory=pin,
-        )
-        for split in ("validation", "test")
-        if split in splits
-    }
+    # Evaluation reads text longest first: each batch is padded to nearly its own length (the metrics
+    # do not depend on the order): 1.32 padded tokens per real one instead of 2.21 for the default recipe.
+    eval_loaders = {}
+    for split in ("validation", "test"):
+        if split in splits:
+            lengths = task.lengths(splits[split])
+            eval_loaders[split] = DataLoader(
+                splits[split], batch_size=cfg.per_device_eval_batch_size, collate_fn=collate, num_workers=workers,
+                sampler=longest_first(lengths) if lengths else None, pin_memory=pin,
+            )  # fmt: skip
     return train_loader, sampler, eval_loaders
 
 
-def resume_target(cfg: TrainConfig, out: Path) -> tuple[Path | None, dict | None]:
+def resume_target(cfg: TrainConfig, out: RunDir) -> tuple[Path | None, dict | None]:
     """The checkpoint to resume from and its manifest, or (None, None)."""
     if not cfg.resume_from_checkpoint:
         return None, None
-    path = ckpt.resolve_checkpoint(cfg.resume_from_checkpoint, out)
+    path = ckpt.resolve_checkpoint(cfg.resume_from_checkpoint, out.root)
     return path, ckpt.read_manifest(path)
-
-
-@dataclass
-class StepPlan:
-    """Optimizer steps are the unit: the schedule is planned in them, for any processes and accumulation."""
-
-    N: int  # training samples
-    batches: int  # per process, per epoch
-    steps_per_epoch: int
-    total_steps: int
-    num_epochs: int
-    warmup: int
-
-
-def plan_steps(cfg: TrainConfig, P: int, N: int, manifest: dict | None, label_names: list[str]) -> StepPlan:
-    B, GA = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
-    nb = batches_per_process(N, B, P)
-    if GA > nb:
-        raise UserError(
-            f"gradient_accumulation_steps={GA} exceeds the {nb} batches per process in an epoch; "
-            "lower gradient_accumulation_steps or per_device_train_batch_size"
-        )
-    steps_per_epoch = math.ceil(nb / GA)
-    total_steps = cfg.max_steps or steps_per_epoch * cfg.num_train_epochs
-    if (
-        manifest is not None
-        and ckpt.check_resume_compatible(manifest, cfg, P, label_names)
-        and not cfg.max_steps
-    ):
-        # Another topology: the steps taken, plus the rest of the data in this run's steps.
-        rest = math.ceil(batches_per_process(N - manifest["samples_in_epoch"], B, P) / GA)
-        total_steps = (
-            manifest["step"] + rest + (cfg.num_train_epochs - manifest["epoch"] - 1) * steps_per_epoch
-        )
-    num_epochs = (
-        cfg.num_train_epochs if cfg.max_steps is None else math.ceil(total_steps / steps_per_epoch) + 1
-    )
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else math.ceil(cfg.warmup_ratio * total_steps)
-    if warmup > total_steps:
-        raise UserError(
-            f"warmup_steps={warmup} exceeds the {total_steps} optimizer steps of the run: the learning rate "
-            "would never reach learning_rate; lower warmup_steps"
-        )
-    return StepPlan(N, nb, steps_per_epoch, total_steps, num_epochs, warmup)
 
 
 def make_optimizer(cfg: TrainConfig, model, accelerator: Accelerator):
@@ -497,74 +457,110 @@ def make_scheduler(cfg: TrainConfig, optimizer, plan: StepPlan):
     return get_scheduler(name, optimizer, num_warmup_steps=plan.warmup, num_training_steps=plan.total_steps)
 
 
-def start_run(
-    cfg: TrainConfig, accelerator: Accelerator, out: Path, model, splits, plan: StepPlan, trained: int
-):
-    """A fresh run clears what `overwrite_output_dir` replaces; then the resolved config, the
+def start_run(cfg: TrainConfig, run: Run) -> None:
+    """A fresh run sets aside what `overwrite_output_dir` replaces; then the resolved config, the
     trackers and the start summary."""
+    accelerator, plan = run.accelerator, run.plan
     with agreed(accelerator):
         if accelerator.is_main_process:
-            if not cfg.resume_from_checkpoint and cfg.overwrite_output_dir and out.exists() and holds_run(out):
+            if not cfg.resume_from_checkpoint and cfg.overwrite_output_dir and run.dir.root.exists() and run.dir.holds_run():
                 # Only what a run writes, only where a run was; it comes back if this run fails early.
-                set_aside_previous_run(out)
-            out.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, out / "config.yaml")
+                set_aside_previous_run(run.dir)
+            run.dir.root.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, run.dir.config)
     if cfg.report_to:
         scalars = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
-        accelerator.init_trackers(out.name, config=scalars)
-    P, B, GA = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+        accelerator.init_trackers(run.dir.root.name, config=scalars)
+    processes, batch, accumulation = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     threads = f" x {torch.get_num_threads()} threads" if accelerator.device.type == "cpu" else ""
-    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = accelerator.unwrap_model(run.model)
     total = sum(p.numel() for p in unwrapped.parameters())  # DTensor: global
     base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # under LoRA
     name = type(base).__name__.removeprefix("FSDP")  # fully_shard's subclass
     problem = f" ({cfg.problem_type})" if cfg.problem_type not in (None, SINGLE) else ""
     accelerator.print(
-        f"{cfg.task}{problem}: {name}, train {plan.N} / validation "
-        f"{len(splits['validation'])} samples, {P} process(es) on {accelerator.device}{threads} "
+        f"{cfg.task}{problem}: {name}, train {plan.samples} / validation "
+        f"{len(run.splits['validation'])} samples, {processes} process(es) on {accelerator.device}{threads} "
         f"({accelerator.distributed_type}), precision {accelerator.mixed_precision}, global batch "
-        f"{P * B * GA} ({P} x {B} x {GA} accumulation), {plan.total_steps} optimizer steps, "
-        f"{trained:,} of {total:,} weights trained" + (f" (LoRA r={cfg.peft['r']} and the head)" if cfg.peft else "")
+        f"{processes * batch * accumulation} ({processes} x {batch} x {accumulation} accumulation), "
+        f"{plan.total_steps} optimizer steps, {run.trained:,} of {total:,} weights trained"
+        + (f" (LoRA r={cfg.peft['r']} and the head)" if cfg.peft else "")
     )
-    accelerator.print(describe_parameters(accelerator, model, cfg.pipeline_chunks))
-
-
-def holds_run(out: Path) -> str | None:
-    """'a finished run', 'a started run' (checkpoints or a log), or None."""
-    if (out / RESULTS).exists():
-        return "a finished run"
-    if ckpt.list_checkpoints(out) or (out / "metrics.jsonl").exists():
-        return "a started run"
-    return None
-
-
-def check_output_dir(cfg: TrainConfig) -> None:
-    """Refuse to write over a run, or into a folder of other files, unless told to overwrite it or to
-    resume it; refuse a path that cannot become a folder before anything runs."""
-    out = Path(cfg.output_dir)
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir():
-        raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
-    if cfg.overwrite_output_dir and not cfg.resume_from_checkpoint and out.is_dir() and not holds_run(out):
-        check_files_in_the_way(out, trackers=bool(cfg.report_to))  # the user's config.yaml: not written over
-    if cfg.resume_from_checkpoint or not out.exists() or cfg.overwrite_output_dir:
-        return
-    state = holds_run(out)
-    if state:
-        raise UserError(
-            f"output_dir {out} already holds {state}; pass overwrite_output_dir=true to replace "
-            "it, resume_from_checkpoint=latest to continue it, or choose another output_dir"
-        )
-    if any(out.iterdir()):
-        raise UserError(
-            f"output_dir {out} holds files that are not a run of this app; choose an empty or new "
-            "output_dir, or pass overwrite_output_dir=true to write into it (nothing there is deleted)"
-        )
+    accelerator.print(describe_parameters(accelerator, run.model, cfg.pipeline_chunks))
 
 
 # --- what the loop keeps track of -----------------------------------------------------------------
+
+
+class Evaluations:
+    """The validation evaluations of a run: logged, printed, the last kept, and early stopping counted
+    (evaluations without improvement of metric_for_best_model, `early_stopping_patience`)."""
+
+    def __init__(self, cfg: TrainConfig, run: Run, hooks: Hooks):
+        self.cfg, self.run, self.hooks = cfg, run, hooks
+        self.last: dict = {}
+        self.best: float | None = None
+        self.without_improvement, self.stale = 0, False
+
+    def evaluate(self, step: int, epoch: int) -> dict:
+        with self.hooks.phase("evaluate"):
+            self.last = evaluate_split(self.cfg, self.run, "validation")
+        scalars = {f"eval_{k}": v for k, v in self.last.items() if isinstance(v, (int, float))}
+        self.run.log.log({"epoch": epoch, **scalars}, step)
+        if self.run.accelerator.is_main_process:  # above the training bar
+            tqdm.write(f"step {step} (epoch {epoch + 1}): validation {summary_line(self.last)}")
+        self.hooks.mark("evaluated", (step, self.last))
+        value = self.last.get(self.cfg.metric_for_best_model)
+        if self.cfg.early_stopping_patience is not None and value is not None:
+            sign = 1 if self.cfg.greater_is_better else -1
+            if self.best is None or sign * (value - self.best) > 0:
+                self.best, self.without_improvement = value, 0
+            else:
+                self.without_improvement += 1
+            self.stale = self.without_improvement >= self.cfg.early_stopping_patience
+        return self.last
+
+
+def evaluate_split(cfg: TrainConfig, run: Run, split: str) -> dict:
+    """The metrics of the run's problem type on one split (finetune/evaluation.py)."""
+    return evaluate_model(run.model, run.eval_loaders[split], run.accelerator, run.label_names, cfg.pipeline_chunks,
+                          cfg.problem_type, cfg.multi_label_threshold)  # fmt: skip
+
+
+def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hooks: Hooks) -> dict[str, Any]:
+    """The weights checked, the last evaluation (or one now), the weights to export chosen, the test
+    split scored, the export written."""
+    if not ckpt.all_finite(run.model, run.accelerator):
+        raise ckpt.diverged("the weights became NaN or infinite", step, run.checkpointer.last)
+    results: dict[str, Any] = {"step": step, "validation": evaluations.last or evaluations.evaluate(step, run.plan.num_epochs - 1)}
+    with hooks.phase("evaluate"):
+        results["exported"] = choose_export(cfg, run, step, results)
+        if "test" in run.eval_loaders:
+            results["test"] = evaluate_split(cfg, run, "test")
+    with hooks.phase("export"):
+        export_run(cfg, run.accelerator, run.model, run.preprocessor, results, run.label_names, run.checkpointer.best,
+                   seconds=hooks.so_far)  # fmt: skip
+    return results
+
+
+def choose_export(cfg: TrainConfig, run: Run, step: int, results: dict) -> dict:
+    """Which weights the export holds: the last step's, or with load_best_model_at_end the best
+    checkpoint's, loaded here (its validation metrics replace the last step's in `results`)."""
+    best = run.checkpointer.best
+    metric, value = best.get("metric", cfg.metric_for_best_model), best.get("value")
+    if not cfg.load_best_model_at_end or not best.get("path") or best.get("step") == step:
+        why = f"the last step, {step}"
+        if best.get("step") == step and value is not None:
+            why += f", also the best by validation {metric} {value:.4f}"
+        elif value is not None:
+            why += (
+                f"; the best validation {metric} was {value:.4f} at step {best['step']}: "
+                "load_best_model_at_end=true exports that one"
+            )
+        return {"step": step, "why": why}
+    ckpt.load_checkpoint(run.accelerator, Path(best["path"]))
+    results["validation"] = evaluate_split(cfg, run, "validation")
+    return {"step": best["step"], "why": f"the best checkpoint, step {best['step']}, by validation {metric} {value:.4f}"}
 
 
 class MetricsLog:
@@ -640,43 +636,27 @@ class LossWatch:
         self.nonfinite[1] = 0
 
 
-class EarlyStop:
-    """Counts evaluations without improvement of the chosen metric; `update` says when to stop."""
-
-    def __init__(self, patience: int | None, greater_is_better: bool):
-        self.patience, self.sign = patience, 1 if greater_is_better else -1
-        self.best: float | None = None
-        self.stale = 0
-
-    def update(self, value: float | None) -> bool:
-        if self.patience is None or value is None:
-            return False
-        if self.best is None or self.sign * (value - self.best) > 0:
-            self.best, self.stale = value, 0
-        else:
-            self.stale += 1
-        return self.stale >= self.patience
-
-
 # --- the modes that do not train --------------------------------------------------------------------
 
 
 def dry_run(cfg: TrainConfig) -> dict[str, Any]:
     """What a run would do, without doing it: printed on the main process and returned."""
     accelerator = make_accelerator(cfg)
-    check_output_dir(cfg)
+    out = RunDir(cfg.output_dir)
+    check_output_dir(out.root, cfg.overwrite_output_dir, bool(cfg.resume_from_checkpoint), bool(cfg.report_to))
     set_seed(cfg.seed)
     model, _, splits, label_names = build_model_and_data(cfg, accelerator)
-    P, B, GA = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
-    _, manifest = resume_target(cfg, Path(cfg.output_dir))
-    plan = plan_steps(cfg, P, len(splits["train"]), manifest, label_names)
+    processes, batch, accumulation = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+    _, manifest = resume_target(cfg, out)
+    plan = plan_steps(cfg, processes, len(splits["train"]), manifest, label_names)
     optimizer, _ = make_optimizer(cfg, model, accelerator)
     lam = make_scheduler(cfg, optimizer, plan).lr_lambdas[0]
     summary = {
-        "devices": str(accelerator.device), "processes": P, "distributed_type": str(accelerator.distributed_type),
+        "devices": str(accelerator.device), "processes": processes, "distributed_type": str(accelerator.distributed_type),
         **({"cpu_threads_per_process": torch.get_num_threads()} if accelerator.device.type == "cpu" else {}),
-        "mixed_precision": accelerator.mixed_precision, "train_samples": plan.N,
-        "per_device_train_batch_size": B, "gradient_accumulation_steps": GA, "global_batch_size": P * B * GA,
+        "mixed_precision": accelerator.mixed_precision, "train_samples": plan.samples,
+        "per_device_train_batch_size": batch, "gradient_accumulation_steps": accumulation,
+        "global_batch_size": processes * batch * accumulation,
         "batches_per_process_per_epoch": plan.batches, "optimizer_steps_per_epoch": plan.steps_per_epoch,
         "total_optimizer_steps": plan.total_steps, "warmup_steps": plan.warmup,
         "first_learning_rate": cfg.learning_rate * lam(0),
@@ -724,7 +704,8 @@ def parse_args(argv: list[str]):
 
 
 @exit_on_user_error
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
+    """The entry point: `argv` as the command line gives it; `hooks` for a tool that observes the run."""
     stop_outside_the_loop()
     cfg, args = parse_args(sys.argv[1:] if argv is None else argv)
     quiet_libraries(cfg.log_level)
@@ -732,7 +713,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return plan_only(cfg)
     if args.dry_run:
         return dry_run(cfg)
-    return train(cfg)
+    return train(cfg, hooks)
 
 
 def cli() -> None:

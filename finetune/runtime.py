@@ -1,16 +1,14 @@
 """The runtime: the Accelerator from the user's accelerate config, CPU threads, FSDP units, the
 devices of each process of a DDP x layer split, the start summary's parameter layout, data workers,
-signals, launcher death and fp16's skipped steps. Everything that depends on the hardware
-or the process around the loop lives here; the loop (finetune/run.py) asks these functions.
+how processes agree on a failure, fp16's skipped steps and the libraries' logging. What depends on
+the hardware or the processes around the loop lives here; the loop (finetune/run.py) asks these
+functions. Signals are finetune/signals.py's, the output folder finetune/rundir.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -26,7 +24,8 @@ from accelerate.utils import (
 )
 
 from finetune.config import TrainConfig
-from finetune.errors import PeerFailed, TrainingStopped, UserError
+from finetune.errors import PeerFailed, UserError
+from finetune.tasks import task_of
 
 FSDP_NEEDS_GPUS = (
     "the accelerate config asks for FSDP, which Accelerate runs on GPUs only; use a DDP config "
@@ -228,10 +227,10 @@ def describe_parameters(accelerator: Accelerator, model: torch.nn.Module, pipeli
 
 
 def data_workers(cfg: TrainConfig, accelerator: Accelerator) -> int:
-    """`dataloader_num_workers`, or by default 2 for text on a GPU and 0 otherwise (see TrainConfig)."""
+    """`dataloader_num_workers`, or by default the task's choice for this device (finetune/tasks.py)."""
     if cfg.dataloader_num_workers is not None:
         return cfg.dataloader_num_workers
-    return 2 if accelerator.device.type == "cuda" and cfg.task == "text-classification" else 0
+    return task_of(cfg.task).default_workers(accelerator.device.type)
 
 
 def pin_memory(cfg: TrainConfig, accelerator: Accelerator) -> bool:
@@ -264,69 +263,6 @@ def available_cores() -> int:
     except (OSError, ValueError):  # no cgroup v2, or no quota file
         pass
     return cores
-
-
-class StopOnSignal:
-    """SIGTERM or SIGINT during training: finish the optimizer step, save a checkpoint, exit 143/130.
-
-    The handler only records the signal; the loop asks `requested()` after every optimizer step. All
-    processes must stop at the same step (saving is collective), but they may receive the signal at
-    different steps — torchrun forwards it to every worker, a scheduler signals each task — so under
-    DDP the flags are combined every step by an all-reduce (MAX) of one CPU integer over a gloo group
-    of its own: a host-side exchange that never waits on a GPU stream, also in NCCL jobs. Measured
-    between 2 CPU processes on the 2-core dev machine: 0.4 ms a step, against ~70 ms for a step of
-    the tests' tiny BERT (0.6%) and seconds for MiniLM. (Checking only at logging steps would save
-    that but stop up to `logging_steps` steps late, past the grace period torchrun or a scheduler
-    gives before SIGKILL.) A second signal ends the process at once, the default way — unless it
-    comes within `SAME_REQUEST_S` of the first: Ctrl-C reaches the whole process group, and a
-    launcher that forwards it (torchrun, finetune-launch) delivers that one request a second time.
-    """
-
-    SAME_REQUEST_S = 2.0
-
-    def __init__(self, num_processes: int, timeout_s: int):
-        self.signum, self.previous, self.first_at = 0, {}, 0.0
-        self.group = None
-        if num_processes > 1:  # every process creates the group, in the same order
-            self.group = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-
-    def __enter__(self) -> StopOnSignal:
-        if threading.current_thread() is threading.main_thread():  # Python delivers signals there only
-            self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        if self.group is not None:  # local to this process: no collective, so safe on any exit path
-            torch.distributed.destroy_process_group(self.group)
-            self.group = None
-
-    def _handle(self, signum: int, frame) -> None:
-        now = time.monotonic()
-        if not self.signum:
-            self.signum, self.first_at = signum, now
-        elif now - self.first_at > self.SAME_REQUEST_S:  # a second request: no more waiting
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    def stop_if_received(self, finished: str) -> None:
-        """After the block: a signal that came when the loop was over (in the final evaluation or the
-        export, which were let finish) still ends the process with its status, 130/143, saying `finished`."""
-        if self.signum:
-            raise TrainingStopped(
-                f"received {signal.Signals(self.signum).name} after training, during the final evaluation "
-                f"or export, which were completed: {finished}",
-                128 + self.signum,
-            )
-
-    def requested(self) -> int:
-        """The signal that every process agrees to stop on now, or 0."""
-        if self.group is None:
-            return self.signum
-        flag = torch.tensor([self.signum])
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.group)
-        return int(flag)
 
 
 def injected_fault() -> Callable[[int, int], None] | None:
@@ -375,42 +311,6 @@ class ScalerSkips:
         return self.scale < before
 
 
-def stop_with_launcher() -> None:
-    """Ask Linux for SIGTERM when the launcher that started this process dies.
-
-    `accelerate launch` with one process does not forward SIGTERM: killed, it exits and leaves the
-    training process running with nobody waiting for it. With PR_SET_PDEATHSIG the process then gets
-    SIGTERM, which `StopOnSignal` turns into a checkpoint and exit 143. Only under a launcher
-    (accelerate's sets ACCELERATE_MIXED_PRECISION, torchrun TORCHELASTIC_RUN_ID), on Linux.
-    """
-    launched = "ACCELERATE_MIXED_PRECISION" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
-    if not (launched and sys.platform.startswith("linux")):
-        return
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    # (A launcher killed in the second before this line leaves the process to run on: its parent is
-    # then init, which cannot be told from a launcher that is itself PID 1 in a container.)
-    with contextlib.suppress(OSError, AttributeError):  # no prctl: keep the default
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-
-
-def stop_outside_the_loop() -> None:
-    """SIGTERM outside the training loop (loading, building, before the first step) ends the process
-    as Ctrl-C does there: one `stopped:` line, exit 143, and what the start registered to undo on a
-    failure (an earlier run set aside by overwrite_output_dir) is put back. The loop and the export
-    install their own handler (`StopOnSignal`), which saves instead, and restore this one after."""
-
-    def _raise(signum, frame):
-        raise TrainingStopped(
-            "received SIGTERM outside the training loop; nothing more was saved", 128 + signum
-        )
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt (run.py's start: exit)
-
-
 def quiet_libraries(level: str) -> None:
     """The libraries' logging at `level` ("debug", "info", "warning", "error"); their progress bars
     (datasets' "Generating split", map and cast bars; transformers' shard loading) only at info and
@@ -430,80 +330,6 @@ def quiet_libraries(level: str) -> None:
     else:
         transformers.utils.logging.disable_progress_bar()
         datasets.disable_progress_bars()
-
-
-SHARED_PROBE_PREFIX = ".finetune-shared-probe-"
-
-
-def check_shared_output_dir(accelerator: Accelerator, output_dir: str | Path) -> None:
-    """Refuse, before anything is written, an output_dir that the machines of a multi-node run do not
-    share: one line naming every process that cannot see the main process's file there.
-
-    Every process writes its own RNG state into each checkpoint (`random_states_<rank>.pkl`) and the
-    main process marks it COMPLETE. With an output_dir local to each machine, the main machine's
-    checkpoints look complete but lack the other machines' files, and a resume fails on them. So when
-    the processes span several machines (torchrun's LOCAL_WORLD_SIZE below the world size), the main
-    process writes a random token into a probe file in output_dir, or in the nearest existing folder
-    above it when output_dir does not exist yet; every process reads the file of that name in its own
-    output_dir (as it resolved it), or the same number of levels above; the answers are gathered, and
-    the main process deletes the probe. On one machine this returns at once.
-    """
-    import secrets
-    import socket
-
-    from accelerate.utils import broadcast_object_list, gather_object
-
-    world = accelerator.num_processes
-    if world == 1 or int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world:
-        return
-    out = Path(output_dir)
-    folders = (out, *out.parents)  # output_dir, then the folders above it
-    probe: Path | None = None
-    sent: list = [None, 0, None, None]  # probe's name, levels above output_dir, token, why it was not written
-    if accelerator.is_main_process:
-        up = next(i for i, folder in enumerate(folders) if folder.exists())
-        token = secrets.token_hex(16)
-        name = f"{SHARED_PROBE_PREFIX}{token[:12]}"
-        try:
-            with open(folders[up] / name, "x") as f:
-                probe = folders[up] / name
-                f.write(token)
-                f.flush()
-                os.fsync(f.fileno())
-            sent = [name, up, token, None]
-        except OSError as e:
-            sent = [None, up, None, f"cannot write a probe file in {folders[up]} ({e.strerror or e})"]
-    try:
-        name, up, token, failed = broadcast_object_list(sent, from_process=0)  # also: written before read
-        if failed:
-            raise UserError(f"output_dir {out}: {failed}; choose another output_dir")
-        try:
-            seen = up < len(folders) and (folders[up] / name).read_text() == token
-        except (OSError, ValueError):  # no such file; not text
-            seen = False
-        machine = os.environ.get("GROUP_RANK", "?")  # torchrun: the machine's rank
-        answers = gather_object([(accelerator.process_index, machine, socket.gethostname(), seen)])
-    finally:
-        if probe is not None:  # every process has read it (the gather) or the run is failing anyway
-            probe.unlink(missing_ok=True)
-    blind: dict[tuple[str, str], list[int]] = {}
-    for index, machine, host, ok in answers:
-        if not ok:
-            blind.setdefault((machine, host), []).append(index)
-    if blind:
-        who = "; ".join(
-            f"process{'es' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} on machine {machine} ({host})"
-            for (machine, host), ranks in sorted(blind.items(), key=lambda item: item[1][0])
-        )
-        main_host = next(host for index, _, host, _ in answers if index == 0)
-        where = "output_dir" if up == 0 else f"{folders[up]} (output_dir does not exist yet)"
-        raise UserError(
-            f"output_dir {out} is not shared by all machines: {who} cannot see the probe file {name} that "
-            f"process 0 on {main_host} wrote in {where}; every process writes its own RNG state into each "
-            "checkpoint, so a checkpoint is only whole (and resumable) on a filesystem that every machine "
-            "mounts at the same path (NFS, Lustre, GPFS...): put output_dir there"
-        )
-
 
 
 @contextlib.contextmanager

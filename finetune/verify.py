@@ -59,6 +59,7 @@ from typing import Any
 
 from finetune.config import TrainConfig, load_config
 from finetune.errors import ArgumentParser, UserError, exit_on_user_error
+from finetune.rundir import RunDir
 
 DEFAULT_STEPS = 3
 DEFAULT_TOLERANCE = 1e-5
@@ -163,15 +164,8 @@ def fixed_randomness(cfg: TrainConfig, processes: int) -> list[str]:
         )
     if getattr(cfg, "peft", None) and cfg.peft.get("dropout"):  # LoRA's own dropout
         overrides.append("peft.dropout=0.0")
-    if cfg.task == "image-classification":
-        if "random_flip" in keys:
-            overrides.append("random_flip=false")
-        elif processes > 1:
-            raise UserError(
-                "under DDP each process flips its images with its own random draws, so DDP cannot "
-                "match one process; this version has no way to turn the flip off (a `random_flip` "
-                "config key); verify image recipes with one process"
-            )
+    if cfg.random_flip:  # each process would flip its images with its own random draws
+        overrides.append("random_flip=false")
     return overrides
 
 
@@ -231,7 +225,7 @@ def run_single_process(runs: list[list[str]]) -> None:
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    records = [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines() if line]
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
@@ -239,13 +233,13 @@ def compare(reference_dir: Path, run_dir: Path, variant: Variant) -> Comparison:
     """How far `run_dir`'s exported weights and logged losses are from the reference run's."""
     from safetensors.torch import load_file
 
-    ref = load_file(reference_dir / "model" / "model.safetensors")
-    got = load_file(run_dir / "model" / "model.safetensors")
+    ref = load_file(RunDir(reference_dir).model / "model.safetensors")
+    got = load_file(RunDir(run_dir).model / "model.safetensors")
     if ref.keys() != got.keys():
         raise RuntimeError(
             f"{variant.name} exported other tensors than the reference: {sorted(ref.keys() ^ got.keys())[:5]}"
         )
-    steps = json.loads((run_dir / "results.json").read_text())["step"]
+    steps = json.loads(RunDir(run_dir).results.read_text())["step"]
     result = Comparison(variant, steps)
     for name, r in ref.items():
         if not r.numel():
@@ -402,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             for v in variants:
                 run_in_process(args[v])
         comparisons = [compare(root / reference.dirname, root / v.dirname, v) for v in variants[1:]]
-        reference_steps = json.loads((root / reference.dirname / "results.json").read_text())["step"]
+        reference_steps = json.loads(RunDir(root / reference.dirname).results.read_text())["step"]
         ok = report(comparisons, reference, reference_steps, opts.tolerance, cfg.learning_rate)
     finally:
         if not opts.keep:

@@ -17,7 +17,7 @@ the process group is kept: `Accelerator.end_training` would destroy it, and a se
 and the group is destroyed once, at the end.
 
 What the app's loop does not return is recorded per process and run in record_dir/<name>-<rank>.json
-(a spy on `finetune.run.start_run`, called right after `accelerator.prepare`): the distributed type,
+(a `finetune.run.Hooks` whose "prepared" mark comes right after `accelerator.prepare`): the distributed type,
 the wrapper (DDP and its device_ids), a layer split's stages and hand-offs, each parameter's class,
 global shape and local shape, and the gradient norms that
 `accelerator.clip_grad_norm_` returned (before clipping), and the run's wall time.
@@ -38,12 +38,19 @@ from accelerate.state import AcceleratorState, GradientState
 import finetune.run as run
 
 
-def spy_on_start_run(record: dict) -> None:
-    original = run.start_run
+class Spy(run.Hooks):
+    """Records what the run's prepared objects are: the app's own hook, right after `accelerator.prepare`."""
 
-    def start_run(cfg, accelerator, out, model, *args, **kwargs):
+    def __init__(self, record: dict):
+        super().__init__()
+        self.record = record
+
+    def mark(self, name, value=None) -> None:
+        if name != "prepared":
+            return
         from torch.distributed.tensor import DTensor
 
+        record, accelerator, model = self.record, value.accelerator, value.model
         record["distributed_type"] = accelerator.distributed_type.value
         record["process_index"] = accelerator.process_index
         record["num_processes"] = accelerator.num_processes
@@ -71,26 +78,18 @@ def spy_on_start_run(record: dict) -> None:
             record["grad_norms"].append(float(norm))
             return norm
 
-        accelerator.clip_grad_norm_ = clip_grad_norm_
-        return original(cfg, accelerator, out, model, *args, **kwargs)
-
-    run.start_run = start_run
+        accelerator.clip_grad_norm_ = clip_grad_norm_  # this run's Accelerator only
 
 
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
     record_dir = Path(plan["record_dir"])
     Accelerator.end_training = lambda self: [t.finish() for t in self.trackers] and None
-    original_start_run = run.start_run
     for spec in plan["runs"]:
         os.environ["ACCELERATE_USE_FSDP"] = "true" if spec["fsdp"] else "false"
         record: dict = {}
-        spy_on_start_run(record)
         start = time.perf_counter()
-        try:
-            run.main(spec["argv"])
-        finally:
-            run.start_run = original_start_run
+        run.main(spec["argv"], hooks=Spy(record))
         record["seconds"] = time.perf_counter() - start
         if "_split" in record:
             record["handoffs"] = record.pop("_split").total_handoffs

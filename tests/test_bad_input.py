@@ -386,7 +386,7 @@ CASES: dict[str, tuple[Callable[[Files], list[str]], str]] = {
     ),
     "freeze_embeddings_for_images": (
         lambda f: _text(f, "task=image-classification", "freeze_embeddings=true"),
-        "freeze_embeddings is for text-classification",
+        "freeze_embeddings is for models with a word-embedding table",
     ),
 }
 

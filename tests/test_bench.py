@@ -1,7 +1,8 @@
 """The benchmark's smoke run: tiny BERT from config, a few steps of the app's loop and the reference.
 
-Checks the report's fields and that its values are sane; no timing assertions (a shared CPU makes
-timings noise in a test)."""
+Checks the report's fields and that its values are sane, and that the hooks of both loops recorded
+every phase; no timing assertions on real runs (a shared CPU makes timings noise in a test): the
+recorder's arithmetic is checked on a loop with a clock of its own."""
 
 from __future__ import annotations
 
@@ -26,14 +27,53 @@ def test_smoke_bench_writes_a_sane_report(tmp_path):
         assert r["samples"] == 3 * 8, side  # 3 timed steps of the smoke batch of 8
         assert 0 < r["mfu"] < 1.5, side
         assert r["samples_per_s"] > 0 and r["step_time_s"] > 0 and r["first_step_s"] > 0, side
+        # every mark of the loop arrived: each phase of the step has time in it
         phases = r["phases_s"]
         assert {"data", "forward", "backward", "optimizer", "other"} <= set(phases), side
-        assert all(phases[k] >= 0 for k in ("data", "forward", "backward", "optimizer")), side
+        assert all(phases[k] > 0 for k in ("data", "forward", "backward", "optimizer")), (side, phases)
         assert 0 <= r["eval_accuracy"] <= 1 and r["eval_split"] == "test" and r["eval_samples"] == 32, side
         assert r["peak_rss_mib"] > 0, side
-        assert r["instrumentation_missing"] == [], side
-    flop_model = bert["app"]["flop_model"]
-    assert 0 < flop_model["non_embedding_params"] < flop_model["params"]
+        assert r["evals_s"] and all(s > 0 for s in r["evals_s"]), side  # the evaluations, timed apart
+        flops = r["flop_model"]  # counted from the model the "built" mark gave
+        assert 0 < flops["non_embedding_params"] < flops["params"], side
+    # the app's own phases, as its hooks report them
+    assert list(bert["app"]["stages_s"]) == ["start-up", "data", "build", "train", "evaluate", "export"]
+    assert all(s > 0 for s in bert["app"]["stages_s"].values()), bert["app"]["stages_s"]
+    assert {"data", "build", "train", "evaluate"} <= set(bert["reference"]["stages_s"])
+    assert "instrumentation_missing" not in json.dumps(report)
+
+
+def test_recorder_splits_a_step_by_its_marks():
+    """Which mark ends which phase, an evaluation left out of its step, and the batch's counts, on a
+    loop with a clock of its own."""
+    import torch
+
+    from benchmarks.recorder import Recorder
+
+    class Clocked(Recorder):
+        t = 0.0
+
+        def now(self) -> float:
+            return self.t
+
+    rec = Clocked(torch.device("cpu"))
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    with rec.phase("train"):
+        for step in (1, 2, 3):
+            for name, seconds, value in [("batch", 1, {"attention_mask": mask}), ("backward", 2, None),
+                                         ("optimizer", 3, None), ("micro-batch done", 4, None)]:  # fmt: skip
+                rec.t += seconds
+                rec.mark(name, value)
+            with rec.phase("evaluate"):
+                rec.t += 100
+            rec.t += 5  # scheduler, logging, checkpoint
+            rec.mark("step", step)
+    s = rec.summary(warmup=1)
+    assert s["steps_recorded"] == 3 and s["steps_timed"] == 2
+    assert s["phases_s"] == {"data": 1, "forward": 2, "backward": 3, "optimizer": 4, "other": 5}
+    assert s["step_time_s"] == 15 and s["evals_s"] == [100] * 3
+    assert (s["samples"], s["real_tokens"], s["padded_tokens"]) == (4, 10, 16)
+    assert set(s["stages_s"]) == {"train", "evaluate"}
 
 
 def test_peak_memory_is_the_runs_own(tmp_path):
@@ -44,7 +84,7 @@ def test_peak_memory_is_the_runs_own(tmp_path):
 
     import torch
 
-    from benchmarks.bench import RunMonitor
+    from benchmarks.recorder import RunMonitor
 
     def touch(mib: int, hold: float = 0.0) -> None:
         m = mmap.mmap(-1, mib * 2**20)  # anonymous memory, whatever malloc keeps
@@ -73,7 +113,7 @@ def test_smoke_levers_of_the_full_recipe(tmp_path):
     "off" is the kernel the app did not choose for this precision."""
     import torch
 
-    from benchmarks.bench import LEVERS, lever_overrides
+    from benchmarks.levers import LEVERS, lever_overrides
 
     report = main([
         "--smoke", "--recipe", "bert_full", "--steps", "2", "--levers", "--levers-only",
@@ -89,7 +129,7 @@ def test_smoke_levers_of_the_full_recipe(tmp_path):
 def test_frozen_lower_layers_count_forward_only():
     from transformers import BertConfig, BertForSequenceClassification
 
-    from benchmarks.bench import flop_model, token_flops
+    from benchmarks.flops import flop_model, token_flops
 
     model = BertForSequenceClassification(
         BertConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=37)

@@ -679,7 +679,7 @@ def test_16_bit_images_keep_their_contrast(tmp_path, fmt):
     gradient became 99.6% white. It must give what its 8-bit version gives."""
     from transformers import ViTImageProcessor
 
-    from finetune.data import ImageTransform
+    from finetune.images import ImageTransform
 
     wide = (np.arange(28 * 28, dtype=np.uint32).reshape(28, 28) * 83).astype(np.uint16)
     Image.fromarray(wide).save(tmp_path / f"wide.{fmt}")

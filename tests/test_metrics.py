@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import sklearn.metrics as sklearn_metrics
 
-from finetune.metrics import classification_report, plot_confusion_matrix
+from finetune.metrics import classification_report
+from finetune.plots import plot_confusion_matrix
 
 # A fixed set worked out by hand: 10 samples, 3 classes, "bird" (2) is never predicted.
 NAMES = ["cat", "dog", "bird"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import huggingface_hub
@@ -183,7 +184,7 @@ def _card(tiny_run, config_extra=None, **kwargs):
         label_names=results["label_names"],
         results=results,
         # the data section as written (config_extra plants secrets no validation would let through)
-        data_description=describe_data(DataArgs(**{k: config.get(k) for k in DataArgs.__dataclass_fields__})),
+        data_description=describe_data(DataArgs(**{f.name: config.get(f.name) for f in dataclasses.fields(DataArgs)})),
         **kwargs,
     )
 

@@ -23,7 +23,7 @@ from conftest import (
 )
 from datasets import ClassLabel, Dataset, Features, Sequence, Value
 
-from finetune import problems
+from finetune import metrics, problems
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.evaluate_checkpoint import main as evaluate_main
@@ -46,13 +46,13 @@ def test_per_sample_losses_average_to_transformers_losses():
 
 
 def test_regression_report_matches_scipy_and_hand_values():
-    report = problems.regression_report([1.0, 2.0, 4.0], [1.0, 3.0, 3.0])
+    report = metrics.regression_report([1.0, 2.0, 4.0], [1.0, 3.0, 3.0])
     assert report["mse"] == pytest.approx(2 / 3) and report["mae"] == pytest.approx(2 / 3)
     assert report["pearson"] == pytest.approx(np.corrcoef([1, 2, 4], [1, 3, 3])[0, 1])
     assert report["spearman"] == pytest.approx(0.8660254)
     assert report["r2"] == pytest.approx(1 - 2 / (8 / 3))
     # Constant predictions: no correlation is defined, and none is made up.
-    flat = problems.regression_report([2.0, 2.0], [1.0, 3.0])
+    flat = metrics.regression_report([2.0, 2.0], [1.0, 3.0])
     assert flat["pearson"] is None and flat["spearman"] is None and flat["mse"] == 1.0
     json.dumps(report)
 
@@ -61,13 +61,13 @@ def test_multi_label_report_at_a_threshold():
     names = ["a", "b", "c"]
     refs = [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
     probs = [[0.9, 0.2, 0.1], [0.8, 0.45, 0.0], [0.1, 0.1, 0.3]]
-    report = problems.multi_label_report(probs, refs, names, threshold=0.5)
+    report = metrics.multi_label_report(probs, refs, names, threshold=0.5)
     # Predicted sets: {a}, {a}, {}: 2 true positives, 0 false positives, 2 false negatives.
     assert report["micro_precision"] == 1.0 and report["micro_recall"] == 0.5
     assert report["micro_f1"] == pytest.approx(2 / 3)
     assert report["per_class"]["a"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 2}
     assert report["macro_f1"] == pytest.approx(1 / 3) and report["subset_accuracy"] == pytest.approx(1 / 3)
-    lower = problems.multi_label_report(probs, refs, names, threshold=0.25)
+    lower = metrics.multi_label_report(probs, refs, names, threshold=0.25)
     assert lower["subset_accuracy"] == 1.0 and lower["micro_f1"] == 1.0 and lower["threshold"] == 0.25
 
 

@@ -115,10 +115,11 @@ def test_help_lists_every_setting_with_type_default_help_and_the_recipes_value(c
         in out
     )
     assert out.index("\ndata:\n") < out.index("  train_file:") < out.index("\noptimisation:\n")
-    from finetune.config import METRICS
+    from finetune.metrics import PROBLEMS
 
     metric_help = out[out.index("  metric_for_best_model:") :].split("\n  greater_is_better")[0]
-    assert all(f"{p}: {', '.join(m)}" in " ".join(metric_help.split()) for p, m in METRICS.items())
+    flat = " ".join(metric_help.split())
+    assert all(f"{p}: {', '.join(m.reported)}" in flat for p, m in PROBLEMS.items())
 
 
 def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
@@ -159,7 +160,7 @@ def test_resized_images_are_noticed_once(tmp_path, capsys):
     """32x32 images into a ViT built for 28: one line says so and how to change it; 28x28: silence."""
     from PIL import Image
 
-    from finetune.data import resize_notice
+    from finetune.images import resize_notice
     from finetune.models import load_preprocessor
 
     for label in ("a", "b"):

@@ -1,0 +1,85 @@
+"""The FLOP model: how many model FLOPs a training batch costs, for MFU (model FLOPs per second over
+the matmul peak of benchmarks/peak.py).
+
+Training FLOPs of a batch of B sequences padded to S tokens (padding is computed, so padded tokens
+count): `B*S * (6*N + 12*L*H*S)`, N = parameters outside the embedding tables (word, position and
+token type embeddings, ViT's position embedding and [CLS]; the ViT patch projection is a matmul and
+counts), L layers, H hidden size; 6*N is forward + backward of every weight matmul, 12*L*H*S the
+attention scores and weighted sums (QK^T and AV: 2 * 2*S*H per token per layer forward, x3). The
+pooler and classifier see one token per sequence, so 6*N overcounts them slightly (<2% here).
+Frozen weights count forward only (2 per weight, and attention x1 in a frozen layer): the app
+freezes the lowest layers (`freeze_layers`), below which backward does not go. The recorder counts
+them when the first step starts, after the freezing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def flop_model(model: torch.nn.Module) -> dict[str, Any]:
+    """N, L, H of the FLOP count (see `token_flops`): parameters outside the embedding tables,
+    layers, hidden size; and how many of them are frozen (read when training starts)."""
+    embedding = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    excluded = {"position_embeddings", "cls_token", "mask_token"}
+    counted = [
+        p
+        for name, p in model.named_parameters()
+        if id(p) not in embedding and name.rsplit(".", 1)[-1] not in excluded
+    ]
+    cfg = model.config
+    try:
+        from finetune.parallel import find_blocks
+
+        _, layers, _ = find_blocks(model)
+        frozen_layers = sum(
+            not any(p.requires_grad for p in model.get_submodule(name).parameters()) for name in layers
+        )
+    except ValueError:  # a model the layer split does not know: no frozen layers counted
+        frozen_layers = 0
+    return {
+        "non_embedding_params": sum(p.numel() for p in counted),
+        "frozen_non_embedding_params": sum(p.numel() for p in counted if not p.requires_grad),
+        "layers": cfg.num_hidden_layers,
+        "frozen_layers": frozen_layers,
+        "hidden": cfg.hidden_size,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def token_flops(f: dict[str, Any], s: int) -> float:
+    """Training FLOPs per (padded) token at length s: 6 per trained weight (forward + two backward
+    matmuls), 2 per frozen one (the app freezes the lowest layers: backward stops above them), and
+    attention's QK^T and AV, 4*S*H a layer forward, x3 where the layer trains."""
+    n, frozen = f["non_embedding_params"], f["frozen_non_embedding_params"]
+    layers, frozen_layers = f["layers"], f["frozen_layers"]
+    return (
+        6 * (n - frozen) + 2 * frozen + 4 * f["hidden"] * s * (3 * (layers - frozen_layers) + frozen_layers)
+    )
+
+
+def batch_counts(batch: dict[str, torch.Tensor], tokens_per_image: int | None) -> tuple[int, int, int, int]:
+    """(samples, real tokens, padded tokens, padded length) of a collated batch."""
+    if "attention_mask" in batch:
+        mask = batch["attention_mask"]
+        return mask.shape[0], int(mask.sum()), mask.numel(), mask.shape[1]
+    if "input_ids" in batch:
+        ids = batch["input_ids"]
+        return ids.shape[0], ids.numel(), ids.numel(), ids.shape[1]
+    b = batch["pixel_values"].shape[0]
+    t = tokens_per_image or 1
+    return b, b * t, b * t, t
+
+
+def tokens_per_image(config) -> int | None:
+    """A ViT's sequence length: its patches and [CLS]; None for a model without patches."""
+    if getattr(config, "image_size", None) and getattr(config, "patch_size", None):
+        return (config.image_size // config.patch_size) ** 2 + 1
+    return None
+
+
+def mfu(model_flops_per_s: float, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilisation: the share of the measured matmul peak the model's FLOPs reach."""
+    return model_flops_per_s / peak_flops_per_s

@@ -1,0 +1,135 @@
+"""Image files: decoding (any mode, 16-bit too), checking before training, and the transform that
+turns a batch of images into the model's `pixel_values` (finetune/tasks.py's image task uses them).
+
+The image column is cast to `Image(decode=False)` ({"bytes", "path"}) and decoded here, so that a
+file that fails to decode is named in the error.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import random
+from typing import Any
+
+import PIL.Image
+from datasets import Dataset as HFDataset
+from datasets import Image
+
+from finetune.errors import UserError
+
+
+def _image_name(value: dict[str, Any], index: int | None = None) -> str:
+    if value.get("path"):
+        return str(value["path"])
+    return f"#{index}" if index is not None else "(an image stored in the data file)"
+
+
+def _image_source(value: dict[str, Any]):
+    """What PIL opens for an `Image(decode=False)` value: its bytes, else its path."""
+    return io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
+
+
+def open_image(value: dict[str, Any], index: int | None = None) -> PIL.Image.Image:
+    """Decode one image of an `Image(decode=False)` column ({"bytes", "path"}), naming it on failure."""
+    try:
+        image = PIL.Image.open(_image_source(value))
+        image.load()
+        return image
+    except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
+        raise UserError(
+            f"cannot read image {_image_name(value, index)}: {e}; remove or replace the file", local=True
+        ) from None
+
+
+def undecoded(ds: HFDataset, column: str, split: str) -> HFDataset:
+    try:
+        return ds.cast_column(column, Image(decode=False))
+    except (ValueError, TypeError) as e:
+        raise UserError(
+            f"column '{column}' in the {split} data does not hold images ({ds.features[column]}): "
+            f"{e}; set image_column"
+        ) from None
+
+
+def verify_images(ds: HFDataset, column: str, split: str) -> None:
+    """Check every image's container before training starts, so a corrupt file stops the run before it
+    writes anything. PIL's `verify()` reads the file without decoding the pixels (~40 us for a small
+    PNG): it catches garbage, truncated PNGs and bad headers; pixel data cut short inside a JPEG is
+    only found when decoded, by `open_image` in the training transform, which names the file too."""
+    ds = undecoded(ds, column, split).select_columns([column])
+    for start, batch in enumerate(ds.iter(batch_size=256)):
+        for offset, value in enumerate(batch[column]):
+            index = start * 256 + offset
+            if value is None:
+                raise UserError(f"the {split} data has no image in row {index + 1}; drop that row")
+            try:
+                with PIL.Image.open(_image_source(value)) as image:
+                    image.verify()
+            except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
+                raise UserError(
+                    f"cannot read image {_image_name(value, index)} in the {split} data: {e}; "
+                    "remove or replace the file"
+                ) from None
+
+
+def image_sizes(ds: HFDataset, column: str, limit: int = 256) -> collections.Counter:
+    """Width x height of the first `limit` images (headers only), counted."""
+    sizes: collections.Counter = collections.Counter()
+    for value in undecoded(ds.select(range(min(limit, len(ds)))), column, "train")[column]:
+        with PIL.Image.open(_image_source(value)) as image:  # the header: no pixels decoded
+            sizes[image.size] += 1
+    return sizes
+
+
+def resize_notice(sizes: collections.Counter, processor) -> str | None:
+    """One line when the image processor resizes the images, or None when they already fit."""
+    size = getattr(processor, "size", None) or {}
+    target = (size.get("width"), size.get("height"))
+    if None in target or not sizes or set(sizes) == {target}:
+        return None
+    seen = ", ".join(f"{w}x{h}" for (w, h), _ in sizes.most_common(3)) + (", ..." if len(sizes) > 3 else "")
+    return (
+        f"note: the training images ({seen}) are resized to {target[0]}x{target[1]} by the image processor; "
+        "for a model built from model_config, model_config.image_size sets the size it takes"
+    )
+
+
+def _to_8_bit(image: PIL.Image.Image) -> PIL.Image.Image:
+    """16-bit images (PIL modes I;16*, and I, as some decoders give 16-bit PNGs) scaled to 8 bits.
+    PIL's convert() to L or RGB clips every value above 255 instead: a 16-bit gradient came out 99.6%
+    white. An I image whose values all fit in 8 bits is left as it is."""
+    if not (image.mode.startswith("I;16") or image.mode == "I"):
+        return image
+    import numpy as np
+
+    values = np.asarray(image).astype(np.int64)
+    if image.mode == "I" and values.max(initial=0) <= 255:
+        return image
+    return PIL.Image.fromarray((values.clip(0, 65535) >> 8).astype(np.uint8))
+
+
+class ImageTransform:
+    """Images → `pixel_values` through the image processor; random horizontal flip in training.
+
+    The transform decodes the images itself (the column is cast to `Image(decode=False)`), so that a
+    file that fails to decode is named in the error. Every image is converted to the model's channel
+    count first, so grayscale, palette and RGBA files mixed with RGB just work; images of any size,
+    even smaller than a patch, are resized by the processor. The flip draws from Python's `random`,
+    whose state Accelerate's checkpoints keep, so a resumed run flips the same images.
+    """
+
+    def __init__(self, processor, column: str, num_channels: int, train: bool):
+        self.processor, self.column, self.train = processor, column, train
+        self.mode = "RGB" if num_channels == 3 else "L"
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, Any]:
+        images = []
+        for value in batch[self.column]:
+            image = value if isinstance(value, PIL.Image.Image) else open_image(value)
+            image = _to_8_bit(image).convert(self.mode)
+            if self.train and random.random() < 0.5:
+                image = image.transpose(PIL.Image.Transpose.FLIP_LEFT_RIGHT)
+            images.append(image)
+        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
+        return {"pixel_values": pixels, "labels": batch["labels"]}

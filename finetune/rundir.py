@@ -1,0 +1,282 @@
+"""The run directory: its layout, the output-dir policy, and what kind of path a user gave.
+
+    <output_dir>/
+        config.yaml          the resolved config (what `resume_from_checkpoint` reruns)
+        metrics.jsonl        one record per logged step and per evaluation
+        checkpoints/step-N/  training state (finetune/checkpoint.py: the format inside)
+        model/               the export: save_pretrained, with its tokenizer or image processor and card
+        adapter/             a LoRA run's adapters alone, in peft's format
+        training_curves.png  loss, validation metrics and learning rate against the step
+        results.json         written last: a run with it is finished
+        .previous-run/       the run an overwrite replaces, until the new one is finished
+
+The policy: a run never writes over another run or over files it did not write. A folder that
+holds a run is refused unless `overwrite_output_dir=true` (the old run is set aside, renamed, and
+comes back if the new one fails before its first checkpoint) or `resume_from_checkpoint` (continue
+it); a folder of other files is refused unless `overwrite_output_dir=true`, and then nothing there
+is deleted. The machines of a multi-node run must share the folder (`check_shared_output_dir`).
+
+This is the only module that spells these names; the others ask `RunDir`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune.errors import UserError, on_failure
+
+CONFIG = "config.yaml"
+METRICS_LOG = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+MODEL = "model"
+ADAPTER = "adapter"
+CURVES = "training_curves.png"
+RESULTS = "results.json"
+PREVIOUS = ".previous-run"
+# What a run writes in its output_dir, besides Accelerate's tracker logs in <output_dir>/<its name>.
+RUN_FILES = (CHECKPOINTS, MODEL, ADAPTER, METRICS_LOG, RESULTS, CONFIG, CURVES)
+SHARED_PROBE_PREFIX = ".finetune-shared-probe-"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory."""
+
+    root: Path
+
+    def __init__(self, root: str | Path):
+        object.__setattr__(self, "root", Path(root))
+
+    config = property(lambda self: self.root / CONFIG)
+    metrics = property(lambda self: self.root / METRICS_LOG)
+    checkpoints = property(lambda self: self.root / CHECKPOINTS)
+    model = property(lambda self: self.root / MODEL)
+    adapter = property(lambda self: self.root / ADAPTER)
+    curves = property(lambda self: self.root / CURVES)
+    results = property(lambda self: self.root / RESULTS)
+    previous = property(lambda self: self.root / PREVIOUS)
+
+    def holds_run(self) -> str | None:
+        """'a finished run', 'a started run' (checkpoints or a log), or None."""
+        from finetune.checkpoint import list_checkpoints
+
+        if self.results.exists():
+            return "a finished run"
+        if list_checkpoints(self.root) or self.metrics.exists():
+            return "a started run"
+        return None
+
+    def is_run(self) -> bool:
+        """A run's folder: its config beside its checkpoints, or a finished run."""
+        return (self.config.is_file() and self.checkpoints.is_dir()) or self.results.is_file()
+
+    def run_files(self) -> list[str]:
+        """What a run writes here, the trackers' folder (named after the output_dir) included."""
+        return [*RUN_FILES, self.root.name]
+
+
+# --- the output-dir policy -------------------------------------------------------------------------
+
+
+def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: bool) -> None:
+    """Refuse to write over a run, or into a folder of other files, unless told to overwrite it or to
+    resume it; refuse a path that cannot become a folder before anything runs."""
+    run = RunDir(out)
+    existing = next(p for p in (run.root, *run.root.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
+    if overwrite and not resume and run.root.is_dir() and not run.holds_run():
+        check_files_in_the_way(run, trackers)  # the user's config.yaml: not written over
+    if resume or not run.root.exists() or overwrite:
+        return
+    state = run.holds_run()
+    if state:
+        raise UserError(
+            f"output_dir {out} already holds {state}; pass overwrite_output_dir=true to replace "
+            "it, resume_from_checkpoint=latest to continue it, or choose another output_dir"
+        )
+    if any(run.root.iterdir()):
+        raise UserError(
+            f"output_dir {out} holds files that are not a run of this app; choose an empty or new "
+            "output_dir, or pass overwrite_output_dir=true to write into it (nothing there is deleted)"
+        )
+
+
+def check_files_in_the_way(run: RunDir, trackers: bool) -> None:
+    """overwrite_output_dir=true into a folder that holds no run writes into it and deletes nothing: so a
+    file there with the name of one a run writes (the user's config.yaml, model/) is refused."""
+    names = run.run_files() if trackers else RUN_FILES
+    found = [name + ("/" if (run.root / name).is_dir() else "") for name in names if (run.root / name).exists()]
+    if found:
+        raise UserError(
+            f"output_dir {run.root} holds {', '.join(found)}, which no run of this app wrote there; a run would "
+            "write over them: move them, or choose another output_dir (overwrite_output_dir=true replaces "
+            "only a run)"
+        )
+
+
+def _remove(root: Path, names: list[str]) -> None:
+    for name in names:
+        target = root / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+
+
+def set_aside_previous_run(run: RunDir) -> None:
+    """overwrite_output_dir=true over a run: its files move to <output_dir>/.previous-run (renames, no
+    copy) until this run is finished, when `finish_overwrite` deletes them. If this run fails before it
+    has a checkpoint of its own (a mistake found mid-run, a full disk, a diverged loss), they come back.
+    An earlier overwrite that never finished left the last finished run there: it stays, the unfinished
+    run's files go. Main process only."""
+    names, aside = run.run_files(), run.previous
+    if aside.is_dir():
+        _remove(run.root, names)
+    else:
+        moving = run.root / f"{PREVIOUS}.tmp"  # a kill while moving leaves this: the next overwrite goes on
+        moving.mkdir(exist_ok=True)
+        for name in names:
+            if (run.root / name).exists() or (run.root / name).is_symlink():
+                os.replace(run.root / name, moving / name)
+        os.replace(moving, aside)
+    on_failure(functools.partial(restore_previous_run, run))
+
+
+def restore_previous_run(run: RunDir) -> None:
+    """After a failed overwrite: the run that was there comes back, unless this one left a checkpoint to
+    resume from (a signal, a diverged loss after a save): then both stay, the earlier one set aside."""
+    from finetune.checkpoint import list_checkpoints
+
+    if not run.previous.is_dir() or list_checkpoints(run.root):
+        return
+    _remove(run.root, run.run_files())
+    for path in run.previous.iterdir():
+        os.replace(path, run.root / path.name)
+    run.previous.rmdir()
+
+
+def finish_overwrite(run: RunDir) -> None:
+    """The run this one replaced, now replaced: deleted once this run is finished."""
+    shutil.rmtree(run.previous, ignore_errors=True)
+
+
+# --- a multi-node run's output_dir ----------------------------------------------------------------
+
+
+def check_shared_output_dir(accelerator, output_dir: str | Path) -> None:
+    """Refuse, before anything is written, an output_dir that the machines of a multi-node run do not
+    share: one line naming every process that cannot see the main process's file there.
+
+    Every process writes its own RNG state into each checkpoint (`random_states_<rank>.pkl`) and the
+    main process marks it COMPLETE. With an output_dir local to each machine, the main machine's
+    checkpoints look complete but lack the other machines' files, and a resume fails on them. So when
+    the processes span several machines (torchrun's LOCAL_WORLD_SIZE below the world size), the main
+    process writes a random token into a probe file in output_dir, or in the nearest existing folder
+    above it when output_dir does not exist yet; every process reads the file of that name in its own
+    output_dir (as it resolved it), or the same number of levels above; the answers are gathered, and
+    the main process deletes the probe. On one machine this returns at once.
+    """
+    import secrets
+    import socket
+
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    world = accelerator.num_processes
+    if world == 1 or int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world:
+        return
+    out = Path(output_dir)
+    folders = (out, *out.parents)  # output_dir, then the folders above it
+    probe: Path | None = None
+    sent: list = [None, 0, None, None]  # probe's name, levels above output_dir, token, why it was not written
+    if accelerator.is_main_process:
+        up = next(i for i, folder in enumerate(folders) if folder.exists())
+        token = secrets.token_hex(16)
+        name = f"{SHARED_PROBE_PREFIX}{token[:12]}"
+        try:
+            with open(folders[up] / name, "x") as f:
+                probe = folders[up] / name
+                f.write(token)
+                f.flush()
+                os.fsync(f.fileno())
+            sent = [name, up, token, None]
+        except OSError as e:
+            sent = [None, up, None, f"cannot write a probe file in {folders[up]} ({e.strerror or e})"]
+    try:
+        name, up, token, failed = broadcast_object_list(sent, from_process=0)  # also: written before read
+        if failed:
+            raise UserError(f"output_dir {out}: {failed}; choose another output_dir")
+        try:
+            seen = up < len(folders) and (folders[up] / name).read_text() == token
+        except (OSError, ValueError):  # no such file; not text
+            seen = False
+        machine = os.environ.get("GROUP_RANK", "?")  # torchrun: the machine's rank
+        answers = gather_object([(accelerator.process_index, machine, socket.gethostname(), seen)])
+    finally:
+        if probe is not None:  # every process has read it (the gather) or the run is failing anyway
+            probe.unlink(missing_ok=True)
+    blind: dict[tuple[str, str], list[int]] = {}
+    for index, machine, host, ok in answers:
+        if not ok:
+            blind.setdefault((machine, host), []).append(index)
+    if blind:
+        who = "; ".join(
+            f"process{'es' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} on machine {machine} ({host})"
+            for (machine, host), ranks in sorted(blind.items(), key=lambda item: item[1][0])
+        )
+        main_host = next(host for index, _, host, _ in answers if index == 0)
+        where = "output_dir" if up == 0 else f"{folders[up]} (output_dir does not exist yet)"
+        raise UserError(
+            f"output_dir {out} is not shared by all machines: {who} cannot see the probe file {name} that "
+            f"process 0 on {main_host} wrote in {where}; every process writes its own RNG state into each "
+            "checkpoint, so a checkpoint is only whole (and resumable) on a filesystem that every machine "
+            "mounts at the same path (NFS, Lustre, GPFS...): put output_dir there"
+        )
+
+
+# --- what a user's path is ------------------------------------------------------------------------
+
+
+def resumed_run_config(resume: str | None, output_dir: str | Path) -> Path | None:
+    """The saved config.yaml of the run that a resume continues, for a command that names no recipe:
+    with `latest`, the run in `output_dir`; with a checkpoint directory, the run that holds it
+    (<run>/checkpoints/<step>). None when there is no such run: a folder of the user's that holds some
+    config.yaml but no checkpoints is no run."""
+    if not isinstance(resume, str) or not resume:
+        return None
+    run = RunDir(Path(str(output_dir)).expanduser() if resume == "latest" else
+                 Path(resume).expanduser().resolve().parent.parent)  # fmt: skip
+    return run.config if run.config.is_file() and run.checkpoints.is_dir() else None
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def is_hub_name(spec: str | None) -> bool:
+    """A hub repo id ("bert-base-uncased", "org/name") and not a local path: at most one slash, no
+    leading ".", "/" or "~", nothing that exists on disk."""
+    return bool(spec) and not Path(spec).expanduser().exists() and bool(_HUB_ID.fullmatch(spec))
+
+
+def kind_of(path: Path) -> str | None:
+    """What an existing folder is: "checkpoint" (training state), "export" (a save_pretrained model),
+    "run" (a run directory), or None."""
+    from finetune.checkpoint import COMPLETE, MANIFEST, PREFIX
+
+    if not path.is_dir():
+        return None
+    if (path / MANIFEST).exists() or (path / COMPLETE).exists() or path.name.startswith((PREFIX, f".tmp-{PREFIX}")):
+        return "checkpoint"
+    if (path / "config.json").is_file():
+        return "export"
+    run = RunDir(path)
+    if run.checkpoints.is_dir() or run.model.is_dir() or run.results.is_file():
+        return "run"
+    return None

@@ -1,0 +1,349 @@
+"""The tasks: what a model predicts from what. Each task says everything about itself here.
+
+    task                   inputs              auto class                          preprocessor     pipeline tag
+    text-classification    a text, or a pair   AutoModelForSequenceClassification  tokenizer        text-classification
+    image-classification   an image            AutoModelForImageClassification     image processor  image-classification
+
+A task names its auto model class (and the `architectures` of a saved model it recognises), loads
+its preprocessor and checks it against the model, names and checks its input columns, prepares a
+split for the model (tokenized once; images decoded on the fly) and collates batches, says how many
+data workers it wants on a GPU, what the layer-split planner takes as a sample's sequence length,
+what predictions.jsonl shows of a sample, and the model card's usage example. No other module
+compares task names: the rest of the app asks `task_of(cfg.task)`. Adding a task is a class here and
+its entry in `TASKS` (docs/development.md).
+
+Heavy libraries (transformers, datasets, PIL) are imported where they are used, so that reading the
+config (and `--help`) does not load them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from finetune.errors import UserError
+
+if TYPE_CHECKING:
+    from finetune.config import DataArgs, ModelArgs
+
+
+class Task:
+    """The interface every task fills in; the text task is the default behaviour."""
+
+    name: str
+    modality: str  # the card's words: "a 2-class text classifier"
+    auto_class: str  # transformers' auto class
+    architecture_suffix: str  # a saved model's `architectures` entry ends with it
+    # Settings only this task reads: the card's hyperparameter table leaves them out for the others.
+    own_settings: frozenset[str] = frozenset()
+    has_word_embeddings = False  # freeze_embeddings applies
+    preprocessor_first = False  # loaded before the model (a tokenizer's vocabulary sizes a model from a config)
+
+    @property
+    def pipeline_tag(self) -> str:
+        return self.name
+
+    def auto_model(self):
+        import transformers
+
+        return getattr(transformers, self.auto_class)
+
+    # --- data -------------------------------------------------------------------------------------
+    def input_columns(self, data: DataArgs) -> list[str]:
+        raise NotImplementedError
+
+    def check_inputs(self, ds, split: str, data: DataArgs) -> None:
+        """The input columns hold what the task reads (the columns exist: checked before)."""
+
+    def missing_label_hint(self) -> str:
+        """Said after "column 'label' not found" when the data has only the input columns."""
+        return ""
+
+    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
+        """One split as the model reads it, with `labels` kept; training augmentation for "train"."""
+        raise NotImplementedError
+
+    def collator(self, preprocessor, pad_to_multiple_of: int | None):
+        raise NotImplementedError
+
+    def lengths(self, ds) -> list[int] | None:
+        """Each prepared sample's length, for length-grouped batches and longest-first evaluation."""
+        return list(ds["length"]) if "length" in ds.column_names else None
+
+    def default_workers(self, device_type: str) -> int:
+        """Data-loader workers when `dataloader_num_workers` is null."""
+        return 0
+
+    def sample_inputs(self, ds, data: DataArgs) -> list[dict[str, Any]]:
+        """What each sample was, for predictions.jsonl."""
+        raise NotImplementedError
+
+    # --- model --------------------------------------------------------------------------------------
+    def load_preprocessor(self, args: ModelArgs, model_config=None):
+        raise NotImplementedError
+
+    def load_saved_preprocessor(self, source: str):
+        """The preprocessor saved beside a model (an export, a hub model)."""
+        raise NotImplementedError
+
+    def vocab_size(self, preprocessor) -> int | None:
+        return None
+
+    def check_model(self, model, preprocessor, args: ModelArgs, data: DataArgs) -> None:
+        """After the model is built: what would train garbage or fail mid-run (a wrong tokenizer)."""
+
+    def notice(self, raw_train, preprocessor, data: DataArgs) -> str | None:
+        """One line worth saying before training (images resized), or None."""
+        return None
+
+    def sequence_length(self, data: DataArgs) -> int | None:
+        """Tokens per sample for the layer-split planner; None: from the model's config."""
+        return None
+
+    # --- the model card ---------------------------------------------------------------------------
+    def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
+        raise NotImplementedError
+
+
+# --- text ---------------------------------------------------------------------------------------------
+
+
+class TextClassification(Task):
+    name = "text-classification"
+    modality = "text"
+    auto_class = "AutoModelForSequenceClassification"
+    architecture_suffix = "ForSequenceClassification"
+    own_settings = frozenset({"max_length", "group_by_length", "freeze_embeddings", "pad_to_multiple_of"})
+    has_word_embeddings = True
+    preprocessor_first = True
+
+    def input_columns(self, data: DataArgs) -> list[str]:
+        return data.text_columns
+
+    def check_inputs(self, ds, split: str, data: DataArgs) -> None:
+        from datasets import Value
+
+        for column in self.input_columns(data):
+            feature = ds.features[column]
+            if not (isinstance(feature, Value) and feature.dtype in ("string", "large_string")):
+                raise UserError(
+                    f"text column '{column}' in the {split} data holds {feature}, not text; "
+                    "set text_column to a column of strings"
+                )
+            texts = ds[column]
+            if any(v is None for v in texts):
+                raise UserError(f"text column '{column}' in the {split} data has empty (null) values")
+            if len(texts) and all(not v.strip() for v in texts):  # it would train on the special tokens alone
+                raise UserError(
+                    f"text column '{column}' in the {split} data holds only empty strings; set text_column to "
+                    "the column that holds the texts"
+                )
+
+    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
+        """Tokenized once (datasets caches it), without padding (the collator pads each batch); `length`
+        kept for grouping."""
+        columns, max_length = self.input_columns(data), data.max_length
+
+        def tokenize(batch):
+            enc = preprocessor(*[batch[c] for c in columns], truncation=True, max_length=max_length)
+            enc["length"] = [len(ids) for ids in enc["input_ids"]]
+            return enc
+
+        drop = [c for c in ds.column_names if c != "labels"]
+        return ds.map(tokenize, batched=True, remove_columns=drop, desc="tokenizing")
+
+    def collator(self, preprocessor, pad_to_multiple_of: int | None):
+        return PadText(preprocessor, pad_to_multiple_of)
+
+    def default_workers(self, device_type: str) -> int:
+        # Collating BERT-base batches of 128 in the training process took 17-21 ms of a 72 ms step on
+        # an H100; on a CPU a worker competes with training for the cores.
+        return 2 if device_type == "cuda" else 0
+
+    def sample_inputs(self, ds, data: DataArgs) -> list[dict[str, Any]]:
+        columns = {"text": data.text_column, "text_pair": data.text_pair_column}
+        values = {key: ds[column] for key, column in columns.items() if column}
+        return [dict(zip(values, row, strict=True)) for row in zip(*values.values(), strict=True)]
+
+    def load_preprocessor(self, args: ModelArgs, model_config=None):
+        from transformers import AutoTokenizer
+
+        from finetune.models import load_error
+
+        name = args.tokenizer_name or args.model_name_or_path
+        if name is None:
+            raise UserError("a text model built from model_config needs tokenizer_name")
+        try:
+            return AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise load_error("tokenizer", name, e) from None
+
+    def load_saved_preprocessor(self, source: str):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source)
+
+    def vocab_size(self, preprocessor) -> int | None:
+        return len(preprocessor) if preprocessor is not None else None
+
+    def check_model(self, model, preprocessor, args: ModelArgs, data: DataArgs) -> None:
+        from finetune.models import check_max_length, check_tokenizer
+
+        check_max_length(model, data.max_length, data.pad_to_multiple_of)
+        name = args.tokenizer_name or args.model_name_or_path
+        check_tokenizer(preprocessor, model, name, data.max_length, pair=data.text_pair_column is not None)
+
+    def sequence_length(self, data: DataArgs) -> int | None:
+        return data.max_length
+
+    def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
+        from finetune.metrics import MULTI, REGRESSION
+
+        arguments = {REGRESSION: ', function_to_apply="none"', MULTI: ", top_k=None"}.get(problem, "")
+        returns = {
+            REGRESSION: "the predicted number, as the score of the one label",
+            MULTI: "every label with its probability",
+        }.get(problem, "the most likely label and its probability")
+        if data.text_pair_column:
+            call = 'classify({"text": "the first sentence", "text_pair": "the second sentence"})'
+        else:
+            call = f'classify("a text like those of the `{data.text_column}` column")'
+        return (
+            f'classify = pipeline("{self.pipeline_tag}", model="{where}"{arguments})\n'
+            f"{call}  # {returns}"
+        )
+
+
+class PadText:
+    """Pads a text batch to its longest sample, rounded up to `pad_to_multiple_of` (tensor cores)."""
+
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None = 8):
+        self.tokenizer, self.pad_to_multiple_of = tokenizer, pad_to_multiple_of
+
+    def __call__(self, features: list[dict[str, Any]]):
+        features = [{k: v for k, v in f.items() if k != "length"} for f in features]
+        return self.tokenizer.pad(
+            features, padding=True, pad_to_multiple_of=self.pad_to_multiple_of, return_tensors="pt"
+        )
+
+
+# --- images -------------------------------------------------------------------------------------------
+
+
+class ImageClassification(Task):
+    name = "image-classification"
+    modality = "image"
+    auto_class = "AutoModelForImageClassification"
+    architecture_suffix = "ForImageClassification"
+    own_settings = frozenset({"random_flip", "image_processor_name"})
+
+    def input_columns(self, data: DataArgs) -> list[str]:
+        return [data.image_column]
+
+    def check_inputs(self, ds, split: str, data: DataArgs) -> None:
+        from finetune.images import verify_images
+
+        verify_images(ds, data.image_column, split)
+
+    def missing_label_hint(self) -> str:
+        return (
+            "; an image folder labels each image by the folder it is in: <data_dir>/train/<class>/*.png "
+            "(and validation/, test/ beside train/)"
+        )
+
+    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
+        """Decoded and run through the image processor on the fly (a transform), with the random flip
+        in training when the recipe asks for it."""
+        from finetune.images import ImageTransform, undecoded
+
+        column = data.image_column
+        ds = ds.remove_columns([c for c in ds.column_names if c not in (column, "labels")])
+        ds = undecoded(ds, column, split)
+        flip = split == "train" and data.random_flip
+        return ds.with_transform(ImageTransform(preprocessor, column, num_channels, train=flip))
+
+    def collator(self, preprocessor, pad_to_multiple_of: int | None):
+        return stack_images
+
+    def sample_inputs(self, ds, data: DataArgs) -> list[dict[str, Any]]:
+        """The image's file path (an image folder, a column of paths) or the name stored with its bytes
+        (parquet), None when it has none: then `index`, its row, tells it."""
+        from datasets import Image
+
+        images = ds.select_columns([data.image_column]).cast_column(data.image_column, Image(decode=False))
+        return [{"image": (value or {}).get("path") or None} for value in images[data.image_column]]
+
+    def load_preprocessor(self, args: ModelArgs, model_config=None):
+        from transformers import AutoImageProcessor
+
+        from finetune.models import load_error
+
+        name = args.image_processor_name or (args.model_name_or_path if args.model_config is None else None)
+        if name is None:  # a ViT built from a config: resize to its image size, scale to [-1, 1]
+            size = getattr(model_config, "image_size", 224)
+            channels = getattr(model_config, "num_channels", 3)
+            try:  # the PIL backend: no torchvision needed, and no warning about its absence
+                from transformers import ViTImageProcessorPil as ViTImageProcessor
+            except ImportError:
+                from transformers import ViTImageProcessor
+            return ViTImageProcessor(
+                size={"height": size, "width": size}, image_mean=[0.5] * channels, image_std=[0.5] * channels
+            )
+        try:
+            return AutoImageProcessor.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise load_error("image processor", name, e) from None
+
+    def load_saved_preprocessor(self, source: str):
+        from transformers import AutoImageProcessor
+
+        return AutoImageProcessor.from_pretrained(source)
+
+    def notice(self, raw_train, preprocessor, data: DataArgs) -> str | None:
+        from finetune.images import image_sizes, resize_notice
+
+        return resize_notice(image_sizes(raw_train, data.image_column), preprocessor)
+
+    def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
+        from finetune.metrics import MULTI
+
+        arguments = ", top_k=None" if problem == MULTI else ""
+        return (
+            f'classify = pipeline("{self.pipeline_tag}", model="{where}"{arguments})\n'
+            'classify("path/to/image.png")  # a path, URL or PIL image'
+        )
+
+
+def stack_images(features: list[dict[str, Any]]):
+    """An image batch: pixel values stacked; labels as class ids (int64), numbers or multi-hot vectors."""
+    import torch
+
+    return {
+        "pixel_values": torch.stack([torch.as_tensor(f["pixel_values"]) for f in features]),
+        "labels": torch.tensor([f["labels"] for f in features]),
+    }
+
+
+# --- the registry -------------------------------------------------------------------------------------
+
+TASKS: dict[str, Task] = {task.name: task for task in (TextClassification(), ImageClassification())}
+TASK_NAMES = tuple(TASKS)
+DEFAULT_TASK = TextClassification.name
+
+
+def task_of(name: str) -> Task:
+    return TASKS[name]
+
+
+def task_of_model(config, spec: str, asked: str | None = None) -> Task:
+    """The task of a saved model, from its config's `architectures` (or `asked`, from --task)."""
+    if asked is not None:
+        return task_of(asked)
+    architectures = getattr(config, "architectures", None) or []
+    for task in TASKS.values():
+        if any(a.endswith(task.architecture_suffix) for a in architectures):
+            return task
+    raise UserError(
+        f"cannot tell the task of {spec} from its config (architectures {architectures}); "
+        f"pass --task {' or --task '.join(TASK_NAMES)}"
+    )
+
