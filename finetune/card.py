@@ -36,7 +36,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from finetune.config import REPO_DIR, DataArgs
 from finetune.errors import REDACTED, SECRET_VALUE, UserError, first_line
-from finetune.metrics import METRICS, PROBLEMS, SINGLE
+from finetune.metrics import METRICS, PROBLEMS, SINGLE, TOKENS
 from finetune.rundir import is_hub_name
 from finetune.tasks import DEFAULT_TASK, TASKS, task_of
 
@@ -46,7 +46,7 @@ TEMPLATE = Path(__file__).with_name("templates") / "model_card.md"  # Jinja, ren
 # Config keys whose values are credentials. Matched as whole words of a snake_case name, so
 # `tokenizer_name` is kept and `hub_token`, `push_to_hub_token`, `wandb_api_key` are not.
 SECRET_KEY = re.compile(
-    r"(^|_)(token|tokens|secret|secrets|password|passwd|credential|credentials|api_key|apikey|auth|"
+    r"(^|_)(token|secret|secrets|password|passwd|credential|credentials|api_key|apikey|auth|"
     r"private_key|access_key)($|_)",
     re.IGNORECASE,
 )
@@ -192,6 +192,8 @@ def _what(task: str, problem: str, label_names: list[str]) -> str:
         return f"A {modality} regression model"
     if problem == "multi_label_classification":
         return f"A {len(label_names)}-label multi-label {modality} classifier"
+    if problem == TOKENS:
+        return f"A word tagger ({len(label_names)} tags)"
     return f"A {len(label_names)}-class {modality} classifier"
 
 

@@ -31,7 +31,7 @@ import yaml
 
 from finetune.errors import UserError
 from finetune.metrics import METRICS, PROBLEMS
-from finetune.tasks import DEFAULT_TASK, TASK_NAMES, task_of
+from finetune.tasks import TASK_NAMES, task_of
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -84,11 +84,16 @@ class TaskArgs:
 
     TITLE: ClassVar[str] = "what to train"
 
-    task: TaskName = setting(DEFAULT_TASK, "what the model predicts")
+    # null: from the data: an image folder or an image column -> image-classification; a column of word
+    # lists with a column of tag lists (tokens_column, tags_column; or a CoNLL file) -> token-classification;
+    # else text-classification. The saved config holds the task resolved.
+    task: TaskName | None = setting(None, "what the model predicts (null: from the data)")
     # null: from train's label column: class names or integer ids -> single_label_classification,
     # numbers with decimals -> regression, lists of names -> multi_label_classification.
     problem_type: ProblemType | None = setting(
-        None, "single_label_classification, multi_label_classification or regression (null: from the labels)"
+        None,
+        "single_label_classification, multi_label_classification or regression (null: from the labels; "
+        "token_classification for token-classification)",
     )
     label_names: list[str] | None = setting(
         None, "the label set and its order (default: the sorted labels of train)"
@@ -98,6 +103,11 @@ class TaskArgs:
     )
 
     def _check_task(self) -> None:
+        if self.task and self.problem_type and self.problem_type not in task_of(self.task).problems:
+            raise UserError(
+                f"problem_type={self.problem_type} is not a problem of {self.task}, which solves "
+                f"{', '.join(task_of(self.task).problems)}; set problem_type to one of those, or null"
+            )
         if not 0 <= self.seed < 2**32:  # numpy's seeds; torch's and Python's take them too
             raise UserError(f"seed must be in [0, {2**32 - 1}], got {self.seed}")
         if self.label_names is not None:
@@ -178,7 +188,7 @@ class ModelArgs(TaskArgs):
             raise UserError("set model_name_or_path (a hub name or a local directory) or model_config")
         if self.model_config is not None and "model_type" not in self.model_config:
             raise UserError("model_config needs a model_type, e.g. {model_type: bert, hidden_size: 32, ...}")
-        if self.freeze_embeddings and not task_of(self.task).has_word_embeddings:
+        if self.freeze_embeddings and self.task and not task_of(self.task).has_word_embeddings:
             raise UserError(f"freeze_embeddings is for models with a word-embedding table, not {self.task}")
         if self.peft is not None:
             from finetune.lora import check_spec
@@ -208,6 +218,16 @@ class DataArgs(TaskArgs):
         None, "text: the second sentence's column, for sentence pairs", evaluation=True
     )
     image_column: str = setting("image", "images: the column holding the image", evaluation=True)
+    tokens_column: str = setting("tokens", "token classification: the column of word lists", evaluation=True)
+    tags_column: str = setting(
+        "ner_tags", "token classification: the column of tag lists, one tag per word", evaluation=True
+    )
+    # Token classification: the first subword of each word carries the word's tag, the others are ignored;
+    # true also trains the others on it (a B- tag becomes I- after the first subword). Scores count each
+    # word once either way (its first subword's prediction).
+    label_all_tokens: bool = setting(
+        False, "token classification: train every subword of a word on its tag, not only the first"
+    )
     label_column: str = setting("label", "the column holding the label", evaluation=True)
     # Multi-label as several 0/1 columns, one per label (named by its column), instead of a column of lists.
     label_columns: list[str] | None = setting(
@@ -255,12 +275,16 @@ class DataArgs(TaskArgs):
 
     @property
     def label_sources(self) -> list[str]:
-        """The columns the labels come from: label_columns (multi-label 0/1 columns), else label_column."""
+        """The columns the labels come from: the task's (tags_column for tags), label_columns
+        (multi-label 0/1 columns), else label_column."""
+        if self.task:
+            return task_of(self.task).label_columns(self)
         return list(self.label_columns) if self.label_columns else [self.label_column]
 
     @property
     def input_columns(self) -> list[str]:
-        return task_of(self.task).input_columns(self)
+        """The task's input columns ([] before the task is known)."""
+        return task_of(self.task).input_columns(self) if self.task else []
 
     def _check_data(self) -> None:
         _finite(self, "validation_split_percentage")
@@ -273,7 +297,7 @@ class DataArgs(TaskArgs):
             )
         if self.dataloader_num_workers is not None and self.dataloader_num_workers < 0:
             raise UserError("dataloader_num_workers must be >= 0")
-        if self.label_column in self.input_columns:
+        if self.task and self.label_column in self.input_columns:
             modality = task_of(self.task).modality
             raise UserError(
                 f"'{self.label_column}' is both the label column and a{'n' * (modality[0] in 'aeiou')} {modality} "
@@ -529,6 +553,11 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
                 f"metric_for_best_model must be one of {', '.join(metrics)}"
                 f"{f' for {problem}' if problem else ''}, got {self.metric_for_best_model!r}"
             )
+
+    def resolve_task(self, task: str) -> None:
+        """Once the data is read: the task it holds (when the config left it null), checked."""
+        self.task = task  # type: ignore[assignment]
+        self.validate()
 
     def resolve_problem(self, problem_type: str) -> None:
         """Once the labels are read: the problem type, and the defaults that follow from it

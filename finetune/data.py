@@ -30,9 +30,11 @@ from datasets import Dataset as HFDataset
 from finetune.config import DataArgs
 from finetune.errors import TrainingStopped, UserError, first_line
 from finetune.problems import SINGLE, encode, infer_problem_type, label_names_for
-from finetune.tasks import task_of
+from finetune.tasks import task_for_data, task_of
 
-FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv"}
+FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv",
+                 ".conll": "conll", ".iob2": "conll", ".iob": "conll", ".bio": "conll", ".txt": "conll"}  # fmt: skip
+KINDS = ".csv, .tsv, .json, .jsonl, .parquet, or CoNLL (.conll, .iob2, .txt)"
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -41,7 +43,7 @@ FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "
 def _builder_for(path: str) -> str:
     suffix = Path(path).suffix.lower()
     if suffix not in FILE_BUILDERS:
-        raise UserError(f"{path}: unsupported file type '{suffix}'; use .csv, .json, .jsonl or .parquet")
+        raise UserError(f"{path}: unsupported file type '{suffix}'; use {KINDS}")
     return FILE_BUILDERS[suffix]
 
 
@@ -116,6 +118,7 @@ def load_raw(
     dataset_config_name: str | None,
     data_dir: str | None,
     require_train: bool = True,
+    conll_columns: tuple[str, str] = ("tokens", "ner_tags"),
 ) -> DatasetDict:
     """Load train (and validation/test when present) from files (by split), an image folder or the hub.
 
@@ -133,6 +136,9 @@ def load_raw(
         raw = DatasetDict()
         for split, path in files.items():  # each with its own builder: a .csv train, a .jsonl test
             builder = _builder_for(path)
+            if builder == "conll":  # datasets has no builder for it
+                raw[split] = read_conll(path, split, *conll_columns)
+                continue
             kwargs = {"sep": "\t"} if Path(path).suffix.lower() == ".tsv" else {}
             try:
                 raw[split] = load_dataset(builder, data_files={split: path}, **kwargs)[split]
@@ -246,6 +252,9 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs) -> None:
     for column in (*label_columns, *inputs):
         if column not in ds.column_names:
             hint = task.missing_label_hint() if column in label_columns and ds.column_names == inputs else ""
+            other = task_for_data(ds.features, args)
+            if other != args.task:  # the columns of another task's data
+                hint += f"; these look like {other} data: set task={other} (or task=null to read it from the data)"
             raise UserError(
                 f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
                 + hint
@@ -264,7 +273,8 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs) -> None:
 def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     """Raw splits with encoded `labels` (class ids; numbers or multi-hot vectors, finetune/problems.py);
     a seeded validation split (stratified by class) when there is none."""
-    raw = load_raw(args.files, args.dataset_name, args.dataset_config_name, args.data_dir)
+    raw = load_raw(args.files, args.dataset_name, args.dataset_config_name, args.data_dir,
+                   conll_columns=(args.tokens_column, args.tags_column))  # fmt: skip
     for split in raw:
         if len(raw[split]) == 0:
             raise UserError(f"the {split} data has no rows; check the file or folder")
@@ -308,16 +318,68 @@ def prepare_splits(args: DataArgs, raw: DatasetDict, preprocessor, num_channels:
     return DatasetDict({s: task.prepare(d, preprocessor, args, s, num_channels) for s, d in raw.items()})
 
 
-def load_path(path: Path) -> DatasetDict:
+def load_path(path: Path, args: DataArgs) -> DatasetDict:
     """What `--data` names: a file (one split, "data"), a folder of data files named by split
     (train.csv, test.jsonl, ...), or an image folder (<dir>/<split>/<label>/<image>)."""
+    columns = (args.tokens_column, args.tags_column)
     if path.is_file():
-        return load_raw({"data": str(path)}, None, None, None, require_train=False)
+        return load_raw({"data": str(path)}, None, None, None, require_train=False, conll_columns=columns)
     named = {
         re.sub(r"\W", "_", p.stem): str(p)  # datasets' split names are words
         for p in sorted(path.iterdir())
         if p.is_file() and p.suffix.lower() in FILE_BUILDERS
     }
     if named:
-        return load_raw(named, None, None, None, require_train=False)
+        return load_raw(named, None, None, None, require_train=False, conll_columns=columns)
     return load_raw({}, None, None, str(path), require_train=False)
+
+
+def infer_task(args: DataArgs) -> str:
+    """The task the training data holds, for a config that leaves `task` null (finetune/tasks.py)."""
+    train = {"train": args.train_file} if args.train_file else {}
+    raw = load_raw(train, args.dataset_name, args.dataset_config_name, args.data_dir,
+                   conll_columns=(args.tokens_column, args.tags_column))  # fmt: skip
+    return task_for_data(raw["train"].features, args)
+
+
+def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> HFDataset:
+    """A CoNLL/IOB2 text file as sentences: {tokens_column: [words], tags_column: [tags]}.
+
+    One token per line (tab- or space-separated columns), a blank line between sentences, `#` comments
+    and `-DOCSTART-` lines skipped. The word is the first column, or the second when the first is a
+    running index (UD and UNER files); the tag is the last column of the first token line that reads
+    as a tag (O, or B-/I-/E-/S- and a type: CoNLL-2003's chunk tags stand before its NER tags). A line with another number of
+    columns than the file's first token line is refused with its line number; so is a file that is not
+    UTF-8. Read by hand: datasets has no CoNLL builder (its hub scripts are gone)."""
+    sentences, words, tags, columns, tag_at = [], [], [], None, -1
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                text = line.rstrip("\r\n")
+                if not text.strip():
+                    if words:
+                        sentences.append((words, tags))
+                        words, tags = [], []
+                    continue
+                fields = text.split("\t") if "\t" in text else text.split()
+                if (text.startswith("#") and not text.startswith("#\t")) or fields[0] == "-DOCSTART-":
+                    continue
+                if columns is None:
+                    columns = len(fields)
+                    looks = [i for i, f in enumerate(fields) if i and re.fullmatch(r"O|[BIES]-\S+", f)]
+                    tag_at = looks[-1] if looks else -1
+                if columns < 2 or len(fields) != columns:
+                    what = f"the file's first token line has {columns}" if columns >= 2 else "a token and its tag"
+                    raise UserError(
+                        f"{split} file {path} line {number} has {len(fields)} column(s), {what}; each line holds "
+                        "a token and its tag (the tag last), a blank line between sentences"
+                    )
+                words.append(fields[1] if columns > 2 and fields[0].isdigit() else fields[0])
+                tags.append(fields[tag_at])
+    except UnicodeDecodeError as e:
+        raise UserError(f"{split} file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    if words:
+        sentences.append((words, tags))
+    if not sentences:
+        raise UserError(f"the {split} data has no rows ({path}): no token lines; check the file")
+    return HFDataset.from_dict({tokens_column: [w for w, _ in sentences], tags_column: [t for _, t in sentences]})

@@ -83,7 +83,7 @@ from finetune.data import check_columns, encode_split, load_path, load_splits
 from finetune.errors import UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model
 from finetune.lora import apply_lora, merge_lora
-from finetune.metrics import MULTI, REGRESSION, SINGLE, classification_report, summary_line
+from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_report, summary_line
 from finetune.models import build_model
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import infer_problem_type, problem_type_of, scores
@@ -376,7 +376,7 @@ def run_split(args: DataArgs, split: str | None) -> tuple[HFDataset, str, dict[s
 def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
     """A file, or a folder (an image folder, or data files named by split), with the run's columns."""
     path = Path(data).expanduser()  # it exists: checked with the other arguments
-    loaded = load_path(path)  # training's own loader: the same formats, the same one-line errors
+    loaded = load_path(path, args)  # training's own loader: the same formats, the same one-line errors
     name = "data" if path.is_file() else _pick_split(list(loaded), split, f"--data {data}")
     what = f"--data {data}" + (f" [{name}]" if path.is_dir() else "")
     ds = loaded[name]
@@ -457,7 +457,7 @@ class RecordProbabilities(torch.nn.Module):
 
 def write_predictions(
     path: Path,
-    probabilities: torch.Tensor,
+    probabilities: torch.Tensor | list,
     labels: list,
     names: list[str],
     inputs: list[dict[str, Any]] | None = None,
@@ -466,12 +466,16 @@ def write_predictions(
 ) -> None:
     """One line per sample, in dataset order: index, its input (`sample_inputs`), then
     single-label: label, prediction, per-class probabilities; regression: label, prediction (numbers);
-    multi-label: labels, predictions (the names at or above `threshold`), per-label probabilities."""
+    multi-label: labels, predictions (the names at or above `threshold`), per-label probabilities;
+    tags: one line per sentence, its words, their gold tags (`labels`) and predicted tags (`predictions`)."""
     inputs = inputs if inputs is not None else [{} for _ in labels]
+    rows = probabilities.tolist() if isinstance(probabilities, torch.Tensor) else probabilities
     with path.open("w") as f:
-        for i, (p, label, given) in enumerate(zip(probabilities.tolist(), labels, inputs, strict=True)):
+        for i, (p, label, given) in enumerate(zip(rows, labels, inputs, strict=True)):
             record: dict[str, Any] = {"index": i, **given}
-            if problem_type == REGRESSION:
+            if problem_type == TOKENS:
+                record.update(labels=[names[t] for t in label], predictions=[names[t] for t in p])
+            elif problem_type == REGRESSION:
                 record.update(label=label, prediction=p)
             elif problem_type == MULTI:
                 record.update(
@@ -515,16 +519,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(f"no samples to evaluate in {info['data']} [{info['split'] or 'data'}]")
         # As split "eval", never "train": that would add the training-time augmentation.
         prepared = task.prepare(ds, preprocessor, cfg.data_args, "eval", getattr(model.config, "num_channels", 3))
-
-    if args.output is not None:
-        metrics_file = Path(args.output).expanduser()
-        # A folder (existing, ending in "/", or a name without a suffix), or the .json file itself.
-        if metrics_file.is_dir() or args.output.endswith("/") or not metrics_file.suffix:
-            metrics_file = metrics_file / "metrics.json"
-    elif target.path is not None:
-        metrics_file = target.path / "eval" / name / "metrics.json"
-    else:
-        metrics_file = Path("eval") / target.spec.replace("/", "__") / name / "metrics.json"
+    metrics_file = metrics_path(args.output, target, name)
     check_output(metrics_file, target)
 
     loader = DataLoader(
@@ -538,21 +533,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     model = accelerator.prepare_model(model, evaluation_mode=True)
     loader = accelerator.prepare_data_loader(loader)
     problem = problem_type_of(ds)
-    recorder = RecordProbabilities(model, accelerator, problem) if args.predictions else None
-    report = evaluate_model(
-        recorder if recorder is not None else model, loader, accelerator, target.label_names,
-        problem_type=problem, threshold=cfg.multi_label_threshold,
-    )  # fmt: skip
-
-    labels = list(ds["labels"])
-    if recorder is not None:
-        probabilities = torch.cat(recorder.probabilities)
-        agrees = len(probabilities) == len(labels)
-        if problem == SINGLE:
-            check = classification_report(probabilities.argmax(-1).tolist(), labels, target.label_names)
-            agrees = check["confusion_matrix"] == report["confusion_matrix"]
-        if not agrees:  # our bug, not the user's
-            raise RuntimeError("the gathered predictions disagree with the gathered metrics")
+    report, predictions = evaluate_with_predictions(model, loader, accelerator, target, cfg, problem, args.predictions)
 
     record: dict[str, Any] = {
         "format": FORMAT,
@@ -577,37 +558,76 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     }
     replaced = False
     if accelerator.is_main_process:
-        png, jsonl = output_paths(metrics_file)
-        replaced = metrics_file.exists()
-        try:
-            metrics_file.parent.mkdir(parents=True, exist_ok=True)
-            metrics_file.write_text(json.dumps(record, indent=2) + "\n")
-            if problem == SINGLE:  # a confusion matrix is for classes
-                plot_confusion_matrix(
-                    report["confusion_matrix"],
-                    target.label_names,
-                    png,
-                    title=f"{target.short_name} on {name}\naccuracy {report['accuracy']:.3f}, "
-                    f"{report['num_samples']:,} samples",
-                )
-            elif replaced:
-                png.unlink(missing_ok=True)  # a previous single-label evaluation's, now stale
-            if recorder is not None:
-                inputs = task.sample_inputs(ds, cfg.data_args)
-                write_predictions(jsonl, probabilities, labels, target.label_names, inputs, problem,
-                                  cfg.multi_label_threshold)  # fmt: skip
-            elif replaced:
-                jsonl.unlink(missing_ok=True)  # the previous evaluation's, now stale
-        except OSError as e:
-            raise UserError(
-                f"cannot write the evaluation to {metrics_file.parent}: {e.strerror}; choose another --output"
-            ) from None
+        replaced = write_outputs(metrics_file, record, predictions, ds, cfg, target, name)
     accelerator.print(
         f"{name}: {summary_line(report)} -> {metrics_file}"
         + (" (replaced the previous one)" if replaced else "")
     )
     accelerator.end_training()
     return {**record, "metrics_file": str(metrics_file)}
+
+
+def metrics_path(output: str | None, target: Target, name: str) -> Path:
+    """Where metrics.json goes: `--output` (a folder: existing, ending in "/", or a name without a
+    suffix; else the .json file itself), or beside the checkpoint, or under ./eval for a hub model."""
+    if output is not None:
+        metrics_file = Path(output).expanduser()
+        if metrics_file.is_dir() or output.endswith("/") or not metrics_file.suffix:
+            metrics_file = metrics_file / "metrics.json"
+        return metrics_file
+    if target.path is not None:
+        return target.path / "eval" / name / "metrics.json"
+    return Path("eval") / target.spec.replace("/", "__") / name / "metrics.json"
+
+
+def evaluate_with_predictions(model, loader, accelerator, target: Target, cfg: TrainConfig, problem: str, keep: bool):
+    """The metrics, and with `keep` what predictions.jsonl needs: per sample, the gathered probabilities
+    (or numbers); per sentence, the predicted tag ids."""
+    if problem == TOKENS:
+        report = evaluate_model(model, loader, accelerator, target.label_names, problem_type=problem, word_predictions=keep)
+        return report, report.pop("word_predictions", None)
+    recorder = RecordProbabilities(model, accelerator, problem) if keep else None
+    report = evaluate_model(
+        recorder if recorder is not None else model, loader, accelerator, target.label_names,
+        problem_type=problem, threshold=cfg.multi_label_threshold,
+    )  # fmt: skip
+    if recorder is None:
+        return report, None
+    probabilities = torch.cat(recorder.probabilities)
+    agrees = len(probabilities) == len(loader.dataset)
+    if problem == SINGLE:
+        labels = list(loader.dataset["labels"])
+        check = classification_report(probabilities.argmax(-1).tolist(), labels, target.label_names)
+        agrees = check["confusion_matrix"] == report["confusion_matrix"]
+    if not agrees:  # our bug, not the user's
+        raise RuntimeError("the gathered predictions disagree with the gathered metrics")
+    return report, probabilities
+
+
+def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainConfig, target: Target, name: str) -> bool:
+    """metrics.json, the confusion matrix (classes) and predictions.jsonl (when asked); a previous
+    evaluation's files there are replaced, and its now stale ones removed. Returns whether it replaced one."""
+    png, jsonl = output_paths(metrics_file)
+    replaced, problem = metrics_file.exists(), record["problem_type"]
+    try:
+        metrics_file.parent.mkdir(parents=True, exist_ok=True)
+        metrics_file.write_text(json.dumps(record, indent=2) + "\n")
+        if problem == SINGLE:  # a confusion matrix is for classes
+            title = f"{target.short_name} on {name}\naccuracy {record['accuracy']:.3f}, {record['num_samples']:,} samples"
+            plot_confusion_matrix(record["confusion_matrix"], target.label_names, png, title=title)
+        elif replaced:
+            png.unlink(missing_ok=True)  # a previous single-label evaluation's, now stale
+        if predictions is not None:
+            inputs = task_of(cfg.task).sample_inputs(ds, cfg.data_args)
+            write_predictions(jsonl, predictions, list(ds["labels"]), target.label_names, inputs, problem,
+                              cfg.multi_label_threshold)  # fmt: skip
+        elif replaced:
+            jsonl.unlink(missing_ok=True)  # the previous evaluation's, now stale
+    except OSError as e:
+        raise UserError(
+            f"cannot write the evaluation to {metrics_file.parent}: {e.strerror}; choose another --output"
+        ) from None
+    return replaced
 
 
 # --- command line ---------------------------------------------------------------------------------

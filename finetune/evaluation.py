@@ -1,6 +1,10 @@
 """The evaluation loop, shared by training (validation and test splits) and
 finetune/evaluate_checkpoint.py: logits (through model-parallel stages when asked), gathered over
 processes without Accelerate's duplicated samples, reported by finetune/metrics.py.
+
+A batch may carry `meta` (what its rows are, for the metrics; the model does not read it): word
+windows say which sentence and first word they hold, so that tags are put back into sentences and
+each word of the data is scored once, whatever the batching and the processes.
 """
 
 from __future__ import annotations
@@ -8,8 +12,10 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
-from finetune.metrics import report
-from finetune.problems import per_sample_loss, predictions
+from finetune.metrics import TOKENS, report
+from finetune.problems import loss_weights, per_sample_loss, predictions
+
+NOT_INPUTS = ("labels", "meta")  # batch keys the model does not take
 
 
 def longest_first(lengths: list[int]) -> list[int]:
@@ -19,7 +25,7 @@ def longest_first(lengths: list[int]) -> list[int]:
 
 def forward(model, batch: dict[str, torch.Tensor], chunks: int = 1) -> torch.Tensor:
     """Logits of a batch; with `chunks` > 1, GPipe-style micro-batches through model-parallel stages."""
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    inputs = {k: v for k, v in batch.items() if k not in NOT_INPUTS}
     if chunks > 1:
         from finetune.parallel import pipelined_forward
 
@@ -36,10 +42,17 @@ def evaluate_model(
     chunks: int = 1,
     problem_type: str | None = None,
     threshold: float = 0.5,
+    word_predictions: bool = False,
 ) -> dict:
-    """The problem type's metrics (finetune/problems.py: accuracy and per-class metrics; mse,
-    pearson...; micro F1 at `threshold`...) and loss over exactly the dataset: `gather_for_metrics`
-    drops the samples Accelerate duplicated to even out the last batch, and the count is asserted."""
+    """The problem type's metrics (finetune/metrics.py) and loss over exactly the dataset:
+    `gather_for_metrics` drops the samples Accelerate duplicated to even out the last batch, and the
+    count is asserted. The loss is the mean over the loss's terms (samples; labelled tokens for tags).
+    For tags, `word_predictions=True` adds each sentence's predicted tag ids, in the data's order."""
+    if problem_type == TOKENS:
+        metrics = _evaluate_tags(model, loader, accelerator, label_names, chunks)
+        if not word_predictions:
+            metrics.pop("word_predictions")
+        return metrics
     model.eval()
     preds, refs, losses = [], [], []
     for batch in loader:
@@ -57,4 +70,40 @@ def evaluate_model(
         raise RuntimeError(f"evaluated {len(refs_t)} samples, the dataset has {expected}")
     metrics = report(problem_type, preds_t, refs_t, label_names, threshold)
     metrics["loss"] = torch.cat(losses).mean().item()
+    return metrics
+
+
+def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[str], chunks: int) -> dict:
+    """Tags: each window's first-subword predictions (labels other than -100), gathered over processes
+    (padded to one length first: windows differ in length), put back into their sentences."""
+    model.eval()
+    pieces: dict[int, list[tuple[int, list[int], list[int]]]] = {}  # sentence -> (first word, preds, gold)
+    loss_sum, terms, rows = 0.0, 0, 0
+    for batch in loader:
+        logits = forward(model, batch, chunks)
+        labels = batch["labels"].to(logits.device)
+        loss, weight = per_sample_loss(logits, labels, TOKENS), loss_weights(labels, TOKENS)
+        preds = accelerator.pad_across_processes(logits.argmax(-1), dim=1, pad_index=-100)
+        labels = accelerator.pad_across_processes(labels, dim=1, pad_index=-100)
+        meta = batch["meta"]
+        gathered = accelerator.gather_for_metrics((preds, labels, loss, weight, meta["sentence"], meta["first_word"]))
+        preds, labels, loss, weight, sentence, first_word = (t.cpu() for t in gathered)
+        loss_sum, terms, rows = loss_sum + loss.double().sum().item(), terms + int(weight.sum()), rows + len(labels)
+        for p, g, s, w in zip(preds, labels, sentence.tolist(), first_word.tolist(), strict=True):
+            scored = g != -100
+            pieces.setdefault(s, []).append((w, p[scored].tolist(), g[scored].tolist()))
+    model.train()
+    if rows != len(loader.dataset):
+        raise RuntimeError(f"evaluated {rows} windows, the dataset has {len(loader.dataset)}")
+    sentences = sorted(pieces)
+    if sentences != list(range(len(sentences))):
+        raise RuntimeError("the evaluated windows do not cover every sentence once")
+    predicted, gold = [], []
+    for s in sentences:
+        windows = sorted(pieces[s])
+        predicted.append([tag for _, p, _ in windows for tag in p])
+        gold.append([tag for _, _, g in windows for tag in g])
+    metrics = report(TOKENS, predicted, gold, label_names)
+    metrics["loss"] = loss_sum / max(terms, 1)
+    metrics["word_predictions"] = predicted
     return metrics

@@ -23,6 +23,10 @@ How each number is computed (y_true = references, y_pred = predictions):
   macro precision/recall/F1 and per-label values over the (N, K) 0/1 matrices, subset accuracy.
 - numbers (`regression_report`): mse, mae, r2 (scikit-learn), Pearson's and Spearman's r (scipy); an
   undefined correlation or r2 (constant predictions, fewer than 2 samples) is None, never made up.
+- tags (`token_report`): seqeval's entity-level precision, recall and F1 in strict IOB2 mode (an
+  entity is a B-X followed by its I-X; an I-X after O or another type starts none), micro over all
+  entities and per entity type; word accuracy is the share of words whose tag is right. Each word
+  of the data counts once (`num_words`), each sentence once (`num_sentences`, `num_samples`).
 
 `evaluate.load("accuracy")` and friends call these same scikit-learn functions, but fetch their
 scripts from the Hub at run time, which fails offline.
@@ -38,6 +42,7 @@ from typing import Any
 import numpy as np
 
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
+TOKENS = "token_classification"  # a tag per word (finetune/tasks.py's token task); not a transformers problem_type
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,10 @@ METRICS: dict[str, Metric] = {
         Metric("r2", "r2"),
         Metric("pearson", "pearson", plotted=True, card_type="pearsonr"),
         Metric("spearman", "spearman"),
+        Metric("entity_f1", "entity F1", plotted=True, card_type="f1", card_args={"mode": "strict", "scheme": "IOB2"}),
+        Metric("entity_precision", "entity precision", card_type="precision"),
+        Metric("entity_recall", "entity recall", card_type="recall"),
+        Metric("word_accuracy", "word accuracy", plotted=True, card_type="accuracy"),
         Metric("loss", "loss", greater_is_better=False),
     )
 }
@@ -91,6 +100,11 @@ PROBLEMS: dict[str, ProblemMetrics] = {
     REGRESSION: ProblemMetrics(
         ("mse", "mae", "r2", "pearson", "spearman", "loss"), ("mse", "mae", "pearson", "spearman"), ("mse", "pearson")
     ),
+    TOKENS: ProblemMetrics(
+        ("entity_f1", "entity_precision", "entity_recall", "word_accuracy", "loss"),
+        ("entity_f1", "entity_precision", "entity_recall", "word_accuracy"),
+        ("entity_f1",),
+    ),
 }  # fmt: skip
 
 
@@ -111,15 +125,21 @@ def _named(keys: tuple[str, ...], metrics: dict[str, Any]) -> str:
     return ", ".join(f"{METRICS[k].name} {_shown(metrics.get(k))}" for k in keys)
 
 
+def _counted(metrics: dict[str, Any]) -> str:
+    if "num_words" in metrics:
+        return f"{metrics['num_sentences']} sentences ({metrics['num_words']} words)"
+    return f"{metrics['num_samples']} samples"
+
+
 def summary_line(metrics: dict[str, Any]) -> str:
     """One line for the console: "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples"."""
     shown = PROBLEMS[problem_of(metrics)].shown
-    return f"{_named(shown, metrics)}, loss {_shown(metrics.get('loss'))} on {metrics['num_samples']} samples"
+    return f"{_named(shown, metrics)}, loss {_shown(metrics.get('loss'))} on {_counted(metrics)}"
 
 
 def headline(metrics: dict[str, Any]) -> str:
     """The end of a run in a few words: "accuracy 0.7955 on 1066 samples"."""
-    return f"{_named(PROBLEMS[problem_of(metrics)].headline, metrics)} on {metrics['num_samples']} samples"
+    return f"{_named(PROBLEMS[problem_of(metrics)].headline, metrics)} on {_counted(metrics)}"
 
 
 # --- how each number is computed ----------------------------------------------------------------------
@@ -133,6 +153,8 @@ def report(
         return regression_report(predictions, references)
     if problem_type == MULTI:
         return multi_label_report(predictions, references, label_names, threshold)
+    if problem_type == TOKENS:  # per sentence: lists of tag ids
+        return token_report(predictions, references, label_names)
     as_list = [v.tolist() if hasattr(v, "tolist") else v for v in (predictions, references)]
     return classification_report(*as_list, label_names)
 
@@ -290,4 +312,37 @@ def multi_label_report(
         "macro_precision": float(np.mean(p)) if k else 0.0,
         "macro_recall": float(np.mean(r)) if k else 0.0,
         "per_class": per_class(label_names, p, r, f1, support),
+    }
+
+
+def token_report(predictions: list[list[int]], references: list[list[int]], label_names: Sequence[str]) -> dict[str, Any]:
+    """Entity-level precision, recall, F1 (seqeval, strict IOB2), micro and per entity type, and word
+    accuracy, over sentences given as lists of tag ids (one per word, in `label_names`)."""
+    from seqeval.metrics.v1 import precision_recall_fscore_support, unique_labels
+    from seqeval.scheme import IOB2
+
+    names = [str(n) for n in label_names]
+    y_true = [[names[i] for i in sentence] for sentence in references]
+    y_pred = [[names[i] for i in sentence] for sentence in predictions]
+    if [len(s) for s in y_true] != [len(s) for s in y_pred]:
+        raise ValueError("predictions and references differ in their sentences' lengths")
+    words = sum(len(s) for s in y_true)
+    right = sum(t == p for ts, ps in zip(y_true, y_pred, strict=True) for t, p in zip(ts, ps, strict=True))
+    with warnings.catch_warnings():  # seqeval warns of entity types absent from the references
+        warnings.simplefilter("ignore")
+        micro = precision_recall_fscore_support(y_true, y_pred, average="micro", scheme=IOB2, zero_division=0)
+        p, r, f1, support = precision_recall_fscore_support(y_true, y_pred, average=None, scheme=IOB2, zero_division=0)
+        types = unique_labels(y_true, y_pred, IOB2)
+    # Per entity type: every type of the tag set, one absent from both sides with zeros.
+    scores, zero = per_class(types, p, r, f1, support), {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}
+    kinds = sorted({n[2:] for n in names if n[:2] in ("B-", "I-")} | set(types))
+    return {
+        "num_samples": len(y_true),
+        "num_sentences": len(y_true),
+        "num_words": words,
+        "entity_f1": float(micro[2]),
+        "entity_precision": float(micro[0]),
+        "entity_recall": float(micro[1]),
+        "word_accuracy": right / words if words else 0.0,
+        "per_class": {kind: scores.get(kind, zero) for kind in kinds},
     }

@@ -15,6 +15,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from finetune.config import ModelArgs
 from finetune.errors import UserError, first_line
+from finetune.metrics import MULTI, REGRESSION, SINGLE
 from finetune.rundir import is_hub_name
 from finetune.tasks import task_of
 
@@ -54,8 +55,9 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         "num_labels": len(label_names),
         "id2label": dict(enumerate(label_names)),
         "label2id": {name: i for i, name in enumerate(label_names)},
-        # What the pipeline applies to the outputs (softmax, sigmoid, none); null: transformers' default.
-        **({"problem_type": args.problem_type} if args.problem_type else {}),
+        # What the pipeline applies to the outputs (softmax, sigmoid, none); null: transformers' default
+        # (transformers knows no problem_type for tags).
+        **({"problem_type": args.problem_type} if args.problem_type in (SINGLE, MULTI, REGRESSION) else {}),
     }
     auto = task_of(args.task).auto_model()
     if args.model_config is not None:

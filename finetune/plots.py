@@ -49,6 +49,8 @@ STYLES: dict[str, dict[str, Any]] = {
     "eval_macro_f1": {"color": "tab:purple", "linestyle": "--", "marker": "D", "markerfacecolor": "none"},
     "eval_micro_f1": {"color": "tab:cyan", "marker": "^", "linewidth": 2.6, "markersize": 6},
     "eval_pearson": {"color": "tab:brown", "marker": "v"},
+    "eval_entity_f1": {"color": "tab:olive", "marker": "P", "linewidth": 2.6, "markersize": 6},
+    "eval_word_accuracy": {"color": "tab:gray", "linestyle": "--", "marker": "X", "markerfacecolor": "none"},
     "learning_rate": {"color": "tab:red", "marker": ".", "linewidth": 1.4},
 }
 BEST_STYLE: dict[str, Any] = {
@@ -163,7 +165,7 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None, best: 
     fig.suptitle(title if title is not None else f"training curves: {metrics_jsonl.parent.name}")
 
     def draw(ax, steps, values, label, key):
-        style = {"markersize": 5, **STYLES[key]}
+        style = {"markersize": 5, **STYLES.get(key, {"marker": "o"})}  # a metric without a style: matplotlib's colours
         if len(steps) > MARKERS_UP_TO:  # a marker on every point of a long run is a thick smear
             style["marker"] = None
         ax.plot(steps, values, label=label, **style)

@@ -39,7 +39,8 @@ from datasets import Dataset as HFDataset
 
 from finetune.config import DataArgs
 from finetune.errors import UserError
-from finetune.metrics import MULTI, REGRESSION, SINGLE
+from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS
+from finetune.tasks import task_of
 
 # --- which problem ---------------------------------------------------------------------------------
 
@@ -67,6 +68,8 @@ def _kind(feature: Any) -> str | None:
 def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
     """`args.problem_type` checked against train's labels, or read from them when it is null."""
     given = args.problem_type
+    if task_of(args.task).problems == (TOKENS,):  # a tag per word: the task's one problem
+        return TOKENS
     if args.label_columns:
         return MULTI  # TrainConfig refuses another problem_type beside label_columns
     column = args.label_column
@@ -122,6 +125,8 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
 def problem_type_of(ds: HFDataset) -> str:
     """The problem type of a split whose `labels` are encoded (by `encode` or data.encode_labels)."""
     feature = ds.features["labels"]
+    if _is_list(feature) and isinstance(getattr(feature, "feature", None), ClassLabel):
+        return TOKENS  # a tag id per word
     return SINGLE if isinstance(feature, ClassLabel) else MULTI if _is_list(feature) else REGRESSION
 
 
@@ -132,6 +137,8 @@ def label_names_for(train: HFDataset, args: DataArgs, problem: str) -> list[str]
     """Regression: the one output's name (label_names, else the label column's name). Multi-label: the
     label columns, or `label_names`, else the sorted distinct names in train's lists."""
     given = list(args.label_names) if args.label_names else None
+    if problem == TOKENS:
+        return tag_names(train, args.tags_column, given)
     if problem == REGRESSION:
         if given and len(given) != 1:
             raise UserError(f"a regression model has one output; label_names names it, got {given}")
@@ -173,6 +180,8 @@ def encode(ds: HFDataset, args: DataArgs, problem: str, label_names: list[str], 
     vector in `label_names` order. Single-label splits go through data.encode_labels."""
     if problem == REGRESSION:
         return _encode_regression(ds, args.label_column, split)
+    if problem == TOKENS:
+        return encode_tags(ds, args, label_names, split)
     if args.label_columns:  # the columns in label_names order
         if label_names and sorted(label_names) != sorted(args.label_columns):
             raise UserError(
@@ -267,12 +276,107 @@ def _encode_label_columns(ds: HFDataset, columns: list[str], split: str) -> HFDa
     )
 
 
+# --- tags (token classification) ----------------------------------------------------------------------
+
+
+def _check_tag_lists(ds: HFDataset, args: DataArgs, split: str) -> None:
+    """Each row's tags: a list, one per word."""
+    column, words_column = args.tags_column, args.tokens_column
+    feature = ds.features[column]
+    if not _is_list(feature):
+        raise UserError(
+            f"tags column '{column}' in the {split} data holds {feature}, not lists of tags; each row needs one tag "
+            'per word, as a list ("ner_tags": ["B-PER", "O", ...])'
+        )
+    for row, (tags, words) in enumerate(zip(ds[column], ds[words_column], strict=True)):
+        if tags is None or len(tags) != len(words):
+            got = "no tags" if tags is None else f"{len(tags)} tag(s)"
+            raise UserError(
+                f"the {split} data has {len(words)} word(s) but {got} at row {row + 1}; give each word its tag"
+            )
+        if any(t is None for t in tags):
+            raise UserError(f"the {split} data has an empty (null) tag at row {row + 1}, word {tags.index(None) + 1}")
+
+
+def tag_names(train: HFDataset, column: str, given: list[str] | None) -> list[str]:
+    """The tag set in id order: `label_names`; a ClassLabel's names; else train's tags, "O" first then
+    sorted by entity type, B- before I- (integer tags need `label_names`)."""
+    inner = getattr(train.features[column], "feature", None)
+    if given:
+        return given
+    if isinstance(inner, ClassLabel):
+        return list(inner.names)
+    if _kind(inner) == "int":
+        raise UserError(
+            f"tags column '{column}' holds integer ids; set label_names to the tag of each id, in order "
+            '(e.g. label_names=["O","B-PER","I-PER"])'
+        )
+    tags = {str(t) for row in train[column] for t in row}
+    return sorted(tags, key=lambda t: (t != "O", t[2:], t[:2]))
+
+
+def encode_tags(ds: HFDataset, args: DataArgs, tag_set: list[str], split: str) -> HFDataset:
+    """Each row's tags into `labels`: a list of tag ids, one per word, by name (integer tags through
+    `label_names`); a tag outside the tag set is refused with its row and word."""
+    _check_tag_lists(ds, args, split)
+    inner = getattr(ds.features[args.tags_column], "feature", None)
+    if isinstance(inner, ClassLabel):
+        def name_of(v):  # noqa: E306
+            return inner.names[v]
+    elif _kind(inner) == "int":
+        def name_of(v):  # noqa: E306
+            if not 0 <= v < len(tag_set):
+                raise KeyError(v)
+            return tag_set[v]
+    else:
+        name_of = str
+    to_id = {name: i for i, name in enumerate(tag_set)}
+    for row, tags in enumerate(ds[args.tags_column]):
+        for word, tag in enumerate(tags):
+            try:
+                known = name_of(tag) in to_id
+            except KeyError:
+                known = False
+            if not known:
+                where = "is not in label_names" if args.label_names or split != "train" else "is unknown"
+                raise UserError(
+                    f"the {split} data's tag {tag!r} at row {row + 1}, word {word + 1} {where} (tags: "
+                    f"{', '.join(tag_set)}); fix the tag, or list it in label_names"
+                )
+    return _replace_labels(
+        ds,
+        [args.tags_column],
+        lambda b: [[to_id[name_of(t)] for t in tags] for tags in b[args.tags_column]],
+        Sequence(ClassLabel(names=tag_set)),
+        split,
+    )
+
+
+def invalid_iob2(tag_rows: list[list[int]], tag_set: list[str]) -> tuple[int, tuple[int, int] | None]:
+    """I-X tags that follow neither B-X nor I-X (IOB2 has them start no entity): how many, and the
+    (row, word) of the first, both 1-based."""
+    count, first = 0, None
+    for row, tags in enumerate(tag_rows):
+        previous = "O"
+        for word, tag_id in enumerate(tags):
+            tag = tag_set[tag_id]
+            if tag.startswith("I-") and previous[2:] != tag[2:]:
+                count += 1
+                first = first or (row + 1, word + 1)
+            previous = tag if tag[:2] in ("B-", "I-") else "O"
+    return count, first
+
+
 # --- loss and predictions ------------------------------------------------------------------------------
 
 
 def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type: str | None) -> torch.Tensor:
-    """(B,) losses in fp32: cross-entropy; squared error; BCE with logits averaged over the K labels."""
+    """(B,) losses in fp32: cross-entropy; squared error; BCE with logits averaged over the K labels;
+    for tags, the cross-entropy SUMMED over a sample's labelled tokens (-100: not labelled), which
+    `loss_weights` counts: the loop divides by the labelled tokens of the whole optimizer step."""
     logits = logits.float()
+    if problem_type == TOKENS:  # (B, T, K), (B, T)
+        return F.cross_entropy(logits.transpose(1, 2), labels, reduction="none", ignore_index=-100).sum(-1)
     if problem_type == REGRESSION:
         return (logits.squeeze(-1) - labels.float()) ** 2
     if problem_type == MULTI:
@@ -280,8 +384,16 @@ def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type: st
     return F.cross_entropy(logits, labels, reduction="none")
 
 
+def loss_weights(labels: torch.Tensor, problem_type: str | None) -> torch.Tensor:
+    """(B,) how many terms each sample's loss sums: its labelled tokens for tags, else 1."""
+    if problem_type == TOKENS:
+        return (labels != -100).sum(-1)
+    return torch.ones(len(labels), dtype=torch.long, device=labels.device)
+
+
 def predictions(logits: torch.Tensor, problem_type: str | None) -> torch.Tensor:
-    """What the metrics read: class ids (B,); predicted numbers (B,); label probabilities (B, K)."""
+    """What the metrics read: class ids (B,); predicted numbers (B,); label probabilities (B, K);
+    tag ids (B, T) for tags."""
     if problem_type == REGRESSION:
         return logits.float().squeeze(-1)
     if problem_type == MULTI:
@@ -291,4 +403,4 @@ def predictions(logits: torch.Tensor, problem_type: str | None) -> torch.Tensor:
 
 def scores(logits: torch.Tensor, problem_type: str | None) -> torch.Tensor:
     """What predictions.jsonl shows: softmax probabilities, sigmoid ones, or the predicted number."""
-    return logits.float().softmax(-1) if problem_type in (None, SINGLE) else predictions(logits, problem_type)
+    return logits.float().softmax(-1) if problem_type in (None, SINGLE, TOKENS) else predictions(logits, problem_type)

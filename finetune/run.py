@@ -49,14 +49,14 @@ from transformers import get_scheduler
 from finetune import checkpoint as ckpt
 from finetune.card import check_hub_access
 from finetune.config import TrainConfig, load_config, resumed_run_recipe, save_config, settings_help
-from finetune.data import load_splits, prepare_splits
+from finetune.data import infer_task, load_splits, prepare_splits
 from finetune.errors import ArgumentParser, UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import export_run
 from finetune.lora import apply_lora, is_lora
 from finetune.metrics import headline, summary_line
 from finetune.models import build_model, freeze_layers
-from finetune.problems import SINGLE, per_sample_loss, problem_type_of
+from finetune.problems import SINGLE, loss_weights, per_sample_loss, problem_type_of
 from finetune.rundir import RunDir, check_output_dir, check_shared_output_dir, set_aside_previous_run
 from finetune.runtime import (
     ScalerSkips,
@@ -101,7 +101,8 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
                     break
                 start = start_sample if epoch == start_epoch else 0
                 run.sampler.reset(epoch, start)
-                stream = Stream(plan.samples - start, cfg.per_device_train_batch_size, processes, accumulation)
+                stream = Stream(plan.samples - start, cfg.per_device_train_batch_size, processes, accumulation,
+                                run.sampler.weights(run.sample_weights))  # fmt: skip
                 for k, batch in enumerate(run.train_loader):
                     hooks.mark("batch", batch)
                     with accelerator.accumulate(model):
@@ -111,7 +112,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
                         loss_sum = (per_sample_loss(logits, labels, cfg.problem_type) * real).sum()
                         hooks.mark("backward")
                         accelerator.backward(step_loss(loss_sum, stream.window_count(k), processes, accumulation))
-                        losses.add(loss_sum.detach(), real)
+                        losses.add(loss_sum.detach(), loss_weights(labels, cfg.problem_type) * real)
                         hooks.mark("optimizer")
                         if accelerator.sync_gradients and cfg.max_grad_norm:
                             accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -240,6 +241,7 @@ class Run:
     label_names: list[str]
     train_loader: DataLoader
     sampler: EpochSampler
+    sample_weights: list[int] | None  # each training sample's count in its step's loss (None: one each)
     eval_loaders: dict[str, DataLoader]
     plan: StepPlan
     optimizer: torch.optim.Optimizer
@@ -276,7 +278,8 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
     assert len(train_loader) == plan.batches, (len(train_loader), plan.batches)
     log = MetricsLog(accelerator, out.metrics)
     checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names)
-    return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, eval_loaders,
+    weights = task_of(cfg.task).sample_weights(splits["train"])
+    return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, eval_loaders,
                plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer)  # fmt: skip
 
 
@@ -302,14 +305,16 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator, hooks: Hook
     checkpointing, LoRA as asked), its preprocessor, and the prepared splits. Data preparation runs on
     the main process first; the others read its cache. Fills in `cfg.problem_type` from the labels."""
     hooks = hooks or Hooks()
-    task = task_of(cfg.task)
     with hooks.phase("data"), main_process_first(accelerator):
+        if cfg.task is None:  # the config leaves it to the data
+            cfg.resolve_task(infer_task(cfg.data_args))
         raw, label_names = load_splits(cfg.data_args)
     cfg.resolve_problem(problem_type_of(raw["train"]))  # and the metric_for_best_model it implies
+    task = task_of(cfg.task)
     with hooks.phase("build"):
         model, preprocessor = build_for_training(cfg, accelerator, label_names)
     hooks.mark("built", model)
-    if notice := task.notice(raw["train"], preprocessor, cfg.data_args):
+    for notice in task.notices(raw, preprocessor, cfg.data_args):
         accelerator.print(notice)
     with hooks.phase("data"), main_process_first(accelerator):
         splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3))

@@ -89,6 +89,12 @@ class EpochSampler(Sampler[int]):
         shuffle = torch.randperm(len(batches), generator=g).tolist()
         return [j for b in [batches[i] for i in shuffle] + tail for j in b]
 
+    def weights(self, sample_weights: list[int] | None) -> list[int] | None:
+        """Each sample's weight in the order of the current epoch's stream (from its start), or None."""
+        if sample_weights is None:
+            return None
+        return [sample_weights[i] for i in self.order(self.epoch)[self.start :]]
+
     def _padding(self) -> int:
         return -(self.num_samples - self.start) % self.pad_to
 
@@ -118,6 +124,7 @@ class Stream:
     batch: int  # per process
     processes: int
     accumulation: int
+    weights: list[int] | None = None  # each stream position's count in the loss (None: one each)
 
     @property
     def batches(self) -> int:
@@ -131,13 +138,14 @@ class Stream:
         return (torch.arange(batch_len, device=device) + first) < self.samples
 
     def window_count(self, k: int) -> int:
-        """Real samples, over all processes, in the optimizer step that micro-batch k belongs to."""
-        window = k // self.accumulation
-        total = 0
-        for b in range(window * self.accumulation, min((window + 1) * self.accumulation, self.batches)):
-            first = b * self.processes * self.batch
-            total += max(0, min(self.samples - first, self.processes * self.batch))
-        return total
+        """Real samples, over all processes, in the optimizer step that micro-batch k belongs to: or with
+        `weights`, the sum of their weights (a tagging step's labelled tokens)."""
+        window, per_batch = k // self.accumulation, self.processes * self.batch
+        first = window * self.accumulation * per_batch
+        last = min((window + 1) * self.accumulation * per_batch, self.samples)  # padding is not counted
+        if self.weights is None:
+            return max(0, last - first)
+        return sum(self.weights[first:last])
 
     def samples_done(self, k: int) -> int:
         """Samples of the stream consumed after micro-batch k, on all processes."""

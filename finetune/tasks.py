@@ -1,8 +1,9 @@
 """The tasks: what a model predicts from what. Each task says everything about itself here.
 
-    task                   inputs              auto class                          preprocessor     pipeline tag
-    text-classification    a text, or a pair   AutoModelForSequenceClassification  tokenizer        text-classification
-    image-classification   an image            AutoModelForImageClassification     image processor  image-classification
+    task                   inputs              auto class                          preprocessor     labels
+    text-classification    a text, or a pair   AutoModelForSequenceClassification  tokenizer        per text
+    image-classification   an image            AutoModelForImageClassification     image processor  per image
+    token-classification   a list of words     AutoModelForTokenClassification     tokenizer        a tag per word
 
 A task names its auto model class (and the `architectures` of a saved model it recognises), loads
 its preprocessor and checks it against the model, names and checks its input columns, prepares a
@@ -35,6 +36,7 @@ class Task:
     architecture_suffix: str  # a saved model's `architectures` entry ends with it
     # Settings only this task reads: the card's hyperparameter table leaves them out for the others.
     own_settings: frozenset[str] = frozenset()
+    problems: tuple[str, ...] = ("single_label_classification", "multi_label_classification", "regression")
     has_word_embeddings = False  # freeze_embeddings applies
     preprocessor_first = False  # loaded before the model (a tokenizer's vocabulary sizes a model from a config)
 
@@ -50,6 +52,15 @@ class Task:
     # --- data -------------------------------------------------------------------------------------
     def input_columns(self, data: DataArgs) -> list[str]:
         raise NotImplementedError
+
+    def label_columns(self, data: DataArgs) -> list[str]:
+        """The columns the labels come from: label_columns (multi-label 0/1 columns), else label_column."""
+        return list(data.label_columns) if data.label_columns else [data.label_column]
+
+    def holds(self, features, data: DataArgs) -> bool:
+        """Whether training data with these columns (datasets' `features`) is this task's, for a config
+        that leaves `task` null; the text task takes what no other task claims."""
+        return False
 
     def check_inputs(self, ds, split: str, data: DataArgs) -> None:
         """The input columns hold what the task reads (the columns exist: checked before)."""
@@ -91,8 +102,12 @@ class Task:
     def check_model(self, model, preprocessor, args: ModelArgs, data: DataArgs) -> None:
         """After the model is built: what would train garbage or fail mid-run (a wrong tokenizer)."""
 
-    def notice(self, raw_train, preprocessor, data: DataArgs) -> str | None:
-        """One line worth saying before training (images resized), or None."""
+    def notices(self, raw, preprocessor, data: DataArgs) -> list[str]:
+        """Lines worth saying before training (images resized, doubtful tags), from the raw splits."""
+        return []
+
+    def sample_weights(self, ds) -> list[int] | None:
+        """Each prepared sample's count in its optimizer step's loss; None: one each."""
         return None
 
     def sequence_length(self, data: DataArgs) -> int | None:
@@ -239,6 +254,11 @@ class ImageClassification(Task):
     def input_columns(self, data: DataArgs) -> list[str]:
         return [data.image_column]
 
+    def holds(self, features, data: DataArgs) -> bool:
+        from datasets import Image
+
+        return isinstance(features.get(data.image_column), Image)
+
     def check_inputs(self, ds, split: str, data: DataArgs) -> None:
         from finetune.images import verify_images
 
@@ -298,10 +318,11 @@ class ImageClassification(Task):
 
         return AutoImageProcessor.from_pretrained(source)
 
-    def notice(self, raw_train, preprocessor, data: DataArgs) -> str | None:
+    def notices(self, raw, preprocessor, data: DataArgs) -> list[str]:
         from finetune.images import image_sizes, resize_notice
 
-        return resize_notice(image_sizes(raw_train, data.image_column), preprocessor)
+        notice = resize_notice(image_sizes(raw["train"], data.image_column), preprocessor)
+        return [notice] if notice else []
 
     def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
         from finetune.metrics import MULTI
@@ -323,15 +344,195 @@ def stack_images(features: list[dict[str, Any]]):
     }
 
 
+# --- tags: a label per word ---------------------------------------------------------------------------
+
+WORD_META = ("sentence", "first_word")  # what a window row says of where its words come from
+
+
+class TokenClassification(TextClassification):
+    """A tag per word (named entities, parts of speech), scored on words.
+
+    Labelling: each word is tokenized on its own; the first subword carries the word's tag, the
+    others are ignored (-100), or with `label_all_tokens` (training only) carry it too (a B- tag
+    becomes its I- tag after the first subword). Evaluation reads the first subword's prediction, so
+    each word is scored once whatever `label_all_tokens` says.
+
+    A sentence longer than `max_length` is not cut: it is split at word boundaries into consecutive
+    windows that each fit, without overlap, so every word is trained on and scored exactly once (the
+    price: a word at a window's start sees no left context). A single word longer than a window keeps
+    its first subwords. Each window row records its sentence and first word (`WORD_META`), so that
+    evaluation puts the sentences back together whatever the batching and processes.
+    """
+
+    name = "token-classification"
+    auto_class = "AutoModelForTokenClassification"
+    architecture_suffix = "ForTokenClassification"
+    own_settings = TextClassification.own_settings | {"tokens_column", "tags_column", "label_all_tokens"}
+    problems = ("token_classification",)
+
+    def input_columns(self, data: DataArgs) -> list[str]:
+        return [data.tokens_column]
+
+    def label_columns(self, data: DataArgs) -> list[str]:
+        return [data.tags_column]
+
+    def holds(self, features, data: DataArgs) -> bool:
+        return data.tags_column in features and _word_lists(features.get(data.tokens_column))
+
+    def check_inputs(self, ds, split: str, data: DataArgs) -> None:
+        column, feature = data.tokens_column, ds.features[data.tokens_column]
+        if not _word_lists(feature):
+            raise UserError(
+                f"tokens column '{column}' in the {split} data holds {feature}, not lists of words; give each row "
+                'its words as a list ("tokens": ["Ada", "lived", "in", "London"]), or a CoNLL file'
+            )
+        for row, words in enumerate(ds[column]):
+            if not words:
+                raise UserError(f"the {split} data has an empty sentence (no words) at row {row + 1}; drop that row")
+            blank = next((i for i, w in enumerate(words) if w is None or not w.strip()), None)
+            if blank is not None:
+                raise UserError(f"the {split} data has an empty word at row {row + 1}, word {blank + 1}; give it its text")
+
+    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
+        """Sentences into windows of subwords with their labels (see the class docstring)."""
+        tokenizer, column, max_length = preprocessor, data.tokens_column, data.max_length
+        budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
+        names = ds.features["labels"].feature.names
+        # label_all_tokens: the I- tag for the later subwords of a B- word (the word's own tag otherwise)
+        later = {i: names.index(f"I-{n[2:]}") for i, n in enumerate(names) if n[:2] == "B-" and f"I-{n[2:]}" in names}
+        all_subwords = split == "train" and data.label_all_tokens
+
+        def windows(batch, rows):
+            flat = [w for words in batch[column] for w in words]
+            sizes = iter(len(p) for p in tokenizer(flat, add_special_tokens=False)["input_ids"])
+            spans = []  # (sentence, first word, end word): words that fit a window by their subword counts
+            for row, words in zip(rows, batch[column], strict=True):
+                counts = [next(sizes) for _ in words]
+                if 0 in counts:
+                    word = counts.index(0)
+                    raise UserError(
+                        f"the {split} data's word {words[word]!r} at row {row + 1}, word {word + 1} is no token for "
+                        "this tokenizer (a control character, or a symbol it drops); remove or replace it",
+                        local=True,
+                    )
+                start = 0
+                while start < len(words):
+                    end, used = start + 1, counts[start]
+                    while end < len(words) and used + counts[end] <= budget:
+                        used, end = used + counts[end], end + 1
+                    spans.append((row, start, end))
+                    start = end
+            out: dict[str, list] = {"labels": [], "sentence": [], "first_word": [], "length": []}
+            words_of = {row: (words, tags) for row, words, tags in zip(rows, batch[column], batch["labels"], strict=True)}
+            while spans:
+                encoded = tokenizer([words_of[s][0][a:b] for s, a, b in spans], is_split_into_words=True,
+                                    truncation=True, max_length=max_length)  # fmt: skip
+                again = []
+                for i, (row, start, end) in enumerate(spans):
+                    word_ids = encoded.word_ids(i)
+                    kept = max((w for w in word_ids if w is not None), default=-1) + 1
+                    if kept < end - start:  # its words tokenized longer together: the rest makes a window of its own
+                        again.append((row, start + max(kept, 1), end))
+                        end = start + max(kept, 1)
+                    tags, labels, previous = words_of[row][1], [], None
+                    for w in word_ids:
+                        if w is None or w + start >= end:
+                            labels.append(-100)
+                        elif w != previous:
+                            labels.append(tags[start + w])
+                        else:
+                            labels.append(later.get(tags[start + w], tags[start + w]) if all_subwords else -100)
+                        previous = w
+                    for key, value in encoded.items():
+                        out.setdefault(key, []).append(value[i])
+                    out["labels"].append(labels)
+                    out["sentence"].append(row)
+                    out["first_word"].append(start)
+                    out["length"].append(len(labels))
+                spans = again
+            return out
+
+        return ds.map(windows, batched=True, with_indices=True, remove_columns=ds.column_names, desc="tokenizing words")
+
+    def collator(self, preprocessor, pad_to_multiple_of: int | None):
+        return PadWords(preprocessor, pad_to_multiple_of)
+
+    def sample_weights(self, ds) -> list[int] | None:
+        """Each row's labelled subwords: what its summed loss adds to its optimizer step's count."""
+        return [sum(label != -100 for label in labels) for labels in ds["labels"]]
+
+    def notices(self, raw, preprocessor, data: DataArgs) -> list[str]:
+        """Invalid IOB2 in the gold tags (an I-X after O or another type): counted and named, not repaired."""
+        from finetune.problems import invalid_iob2
+
+        lines = []
+        for split, ds in raw.items():
+            count, first = invalid_iob2(ds["labels"], ds.features["labels"].feature.names)
+            if count:
+                lines.append(
+                    f"warning: the {split} data has {count} I- tag(s) that follow no B- or I- of their type (first at "
+                    f"row {first[0]}, word {first[1]}); strict IOB2 scoring starts no entity there: fix the tags "
+                    "(an entity starts with B-) or leave them and know they count as O"
+                )
+        return lines
+
+    def sample_inputs(self, ds, data: DataArgs) -> list[dict[str, Any]]:
+        return [{"words": words} for words in ds[data.tokens_column]]
+
+    def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
+        # Trained on first subwords only, a word's tag is its first subword's ("first"); trained on every
+        # subword, adjacent subwords agree and "simple" groups them.
+        strategy = "simple" if data.label_all_tokens else "first"
+        return (
+            f'tag = pipeline("{self.pipeline_tag}", model="{where}", aggregation_strategy="{strategy}")\n'
+            'tag("Ada Lovelace was born in London.")  # each entity: its type, words, score and character span'
+        )
+
+
+class PadWords:
+    """Pads a batch of word windows (labels with -100) through transformers' token-classification
+    collator; the rows' sentence and first word go in `batch["meta"]`, which the model does not read."""
+
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None = 8):
+        from transformers import DataCollatorForTokenClassification
+
+        self.pad = DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+
+    def __call__(self, features: list[dict[str, Any]]):
+        import torch
+
+        meta = {key: torch.tensor([f[key] for f in features]) for key in WORD_META}
+        batch = self.pad([{k: v for k, v in f.items() if k not in (*WORD_META, "length")} for f in features])
+        batch["meta"] = meta
+        return batch
+
+
+def _word_lists(feature) -> bool:
+    """A datasets feature that holds lists of strings."""
+    from finetune.problems import _is_list
+
+    inner = feature[0] if isinstance(feature, list) else getattr(feature, "feature", None)
+    return _is_list(feature) and getattr(inner, "dtype", None) in ("string", "large_string")
+
+
 # --- the registry -------------------------------------------------------------------------------------
 
-TASKS: dict[str, Task] = {task.name: task for task in (TextClassification(), ImageClassification())}
+# In the order `task_for_data` asks them whether the data is theirs.
+TASKS: dict[str, Task] = {
+    task.name: task for task in (TokenClassification(), ImageClassification(), TextClassification())
+}
 TASK_NAMES = tuple(TASKS)
 DEFAULT_TASK = TextClassification.name
 
 
 def task_of(name: str) -> Task:
     return TASKS[name]
+
+
+def task_for_data(features, data: DataArgs) -> str:
+    """The task whose data this is (datasets' `features` of the training split): the first task that
+    claims it, else text classification."""
+    return next((t.name for t in TASKS.values() if t.holds(features, data)), DEFAULT_TASK)
 
 
 def task_of_model(config, spec: str, asked: str | None = None) -> Task:

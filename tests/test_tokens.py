@@ -1,0 +1,357 @@
+"""Token classification: a tag per word, scored on words, exact under accumulation, DDP and resume.
+
+Synthetic tagging data (people, places, organisations from small word lists, in IOB2), a few
+sentences longer than a window of `max_length` subwords, and the tiny BERT of conftest.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import DATA, TINY_BERT, TOKENIZER, launch, user_error
+from datasets import ClassLabel, Dataset, Sequence
+from safetensors.torch import load_file
+
+from finetune import checkpoint as ckpt
+from finetune.config import load_config
+from finetune.data import load_raw, read_conll
+from finetune.errors import UserError
+from finetune.evaluate_checkpoint import main as evaluate
+from finetune.metrics import token_report
+from finetune.models import load_preprocessor
+from finetune.problems import invalid_iob2
+from finetune.run import main
+from finetune.tasks import task_of
+
+TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"]
+PEOPLE = [["ada", "lovelace"], ["alan", "turing"], ["grace"], ["marie", "curie"]]
+PLACES = [["london"], ["new", "york"], ["paris"], ["buenos", "aires"]]
+ORGS = [["the", "royal", "society"], ["acme"], ["united", "nations"]]
+FILLER = "the a of in and was said went to met with near from by for".split()
+
+
+def sentence(rng: random.Random, length: int) -> dict:
+    words, tags = [], []
+    while len(words) < length:
+        kind = rng.random()
+        if kind < 0.15:
+            entity, label = rng.choice(PEOPLE), "PER"
+        elif kind < 0.25:
+            entity, label = rng.choice(PLACES), "LOC"
+        elif kind < 0.3:
+            entity, label = rng.choice(ORGS), "ORG"
+        else:
+            words.append(rng.choice(FILLER))
+            tags.append("O")
+            continue
+        words += entity
+        tags += [f"B-{label}"] + [f"I-{label}"] * (len(entity) - 1)
+    return {"tokens": words, "ner_tags": tags}
+
+
+def write_tagging(path: Path, n: int, seed: int, long_every: int = 9) -> Path:
+    """n sentences; every `long_every`-th one has 40 words (more subwords than a 32-token window)."""
+    rng = random.Random(seed)
+    rows = [sentence(rng, 40 if i % long_every == 4 else rng.randint(1, 12)) for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def tagging(tmp_path) -> dict[str, Path]:
+    return {
+        "train": write_tagging(tmp_path / "train.jsonl", 37, seed=0),
+        "validation": write_tagging(tmp_path / "validation.jsonl", 13, seed=1),
+    }
+
+
+def tagging_args(data: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    return [
+        "task=token-classification",
+        f"model_config={TINY_BERT}",
+        f"tokenizer_name={TOKENIZER}",
+        f"train_file={data['train']}",
+        f"validation_file={data['validation']}",
+        "test_file=null",
+        "max_train_samples=null",
+        "max_eval_samples=null",
+        "freeze_embeddings=false",  # the default recipe freezes them and turns dropout off: tests choose
+        "dropout=null",
+        f"label_names={json.dumps(TAGS)}",
+        "max_length=32",
+        "learning_rate=1e-3",
+        "warmup_ratio=0.2",
+        "logging_steps=1",
+        f"output_dir={out}",
+        *extra,
+    ]
+
+
+def _counts(path: Path) -> tuple[int, int]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return len(rows), sum(len(r["tokens"]) for r in rows)
+
+
+# --- data and labels ---------------------------------------------------------------------------------
+
+
+def test_conll_files_read_with_comments_docstart_and_an_index_column(tmp_path):
+    plain = tmp_path / "a.conll"
+    plain.write_text("-DOCSTART- -X- -X- O\n\nAda B-PER\nLovelace I-PER\nwrote O\n\n# a comment\nLondon B-LOC\n")
+    ds = read_conll(str(plain), "train", "tokens", "ner_tags")
+    assert ds["tokens"] == [["Ada", "Lovelace", "wrote"], ["London"]]
+    assert ds["ner_tags"] == [["B-PER", "I-PER", "O"], ["B-LOC"]]
+    ud = tmp_path / "b.iob2"  # UNER's layout: index, word, tag, and two more columns
+    ud.write_text("# sent_id = 1\n1\tAda\tB-PER\t-\tx\n2\tsaid\tO\t-\t-\n\n1\t#\tO\t-\t-\n")
+    ds = read_conll(str(ud), "train", "words", "tags")
+    assert ds["words"] == [["Ada", "said"], ["#"]] and ds["tags"] == [["B-PER", "O"], ["O"]]
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("Ada B-PER\nsaid O extra\n", "line 2 has 3 column(s), the file's first token line has 2"),
+        ("Ada\n", "line 1 has 1 column(s), a token and its tag"),
+        ("# only a comment\n\n", "no token lines"),
+    ],
+)
+def test_a_damaged_conll_file_is_one_line_with_its_line(tmp_path, text, fragment):
+    path = tmp_path / "bad.txt"
+    path.write_text(text)
+    with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        load_raw({"train": str(path)}, None, None, None)
+
+
+def test_first_subword_carries_the_tag_and_long_sentences_become_windows(tmp_path):
+    """Every word is labelled exactly once, on its first subword, whatever the windows; with
+    label_all_tokens the later subwords of a B- word train on its I- tag."""
+    words = ["ada", "lovelace", "visited", "unbelievably", "londonderry"] * 12  # 60 words
+    tags = ["B-PER", "I-PER", "O", "O", "B-LOC"] * 12
+    ds = Dataset.from_dict({"tokens": [words], "labels": [[TAGS.index(t) for t in tags]]})
+    ds = ds.cast_column("labels", Sequence(ClassLabel(names=TAGS)))
+    cfg = load_config(None, ["task=token-classification", f"tokenizer_name={TOKENIZER}", f"model_config={TINY_BERT}",
+                             "max_length=24", f"train_file={DATA / 'rotten_tomatoes' / 'train.csv'}"])  # fmt: skip
+    tokenizer = load_preprocessor(cfg.model_args)
+    task = task_of("token-classification")
+    prepared = task.prepare(ds, tokenizer, cfg.data_args, "validation", 3)
+    assert len(prepared) > 1 and all(n <= 24 for n in prepared["length"])  # windows that fit
+    assert prepared["sentence"] == [0] * len(prepared)
+    windows = sorted(zip(prepared["first_word"], prepared["labels"], strict=True))
+    labelled = [label for _, labels in windows for label in labels if label != -100]
+    assert labelled == [TAGS.index(t) for t in tags]  # each word once, in order
+    assert task.sample_weights(prepared) == [sum(label != -100 for label in ls) for ls in prepared["labels"]]
+
+    cfg.label_all_tokens = True
+    trained = task.prepare(ds, tokenizer, cfg.data_args, "train", 3)
+    pieces = tokenizer(["lovelace", "londonderry"], add_special_tokens=False)["input_ids"]
+    assert len(pieces[1]) > 1  # londonderry is several subwords: its later ones get I-LOC
+    first = sorted(zip(trained["first_word"], trained["labels"], strict=True))[0][1]
+    assert TAGS.index("I-LOC") in first and -100 not in first[1:-1]
+
+
+def test_task_is_read_from_the_data_when_null(tagging, tmp_path):
+    cfg = load_config(None, ["task=null", f"train_file={tagging['train']}"])
+    from finetune.data import infer_task
+
+    assert infer_task(cfg.data_args) == "token-classification"
+    cfg = load_config(None, ["task=null"])  # the default recipe's sentences
+    assert infer_task(cfg.data_args) == "text-classification"
+
+
+def test_invalid_iob2_is_counted_and_seqeval_strict_scores_on_entities():
+    ids = {t: i for i, t in enumerate(TAGS)}
+    gold = [[ids[t] for t in s] for s in (["O", "I-PER", "O"], ["B-LOC", "I-LOC", "I-PER"])]
+    assert invalid_iob2(gold, TAGS) == (2, (1, 2))
+    predicted = [[ids[t] for t in s] for s in (["O", "B-PER", "O"], ["B-LOC", "I-LOC", "O"])]
+    report = token_report(predicted, gold, TAGS)
+    # strict IOB2: the gold entities are LOC only (an I- after O or another type starts none)
+    assert report["per_class"]["LOC"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 1}
+    assert report["entity_precision"] == 0.5 and report["entity_recall"] == 1.0
+    assert report["num_words"] == 6 and report["num_sentences"] == 2
+    assert report["word_accuracy"] == pytest.approx(4 / 6)
+
+
+# --- runs ----------------------------------------------------------------------------------------------
+
+
+def _weights(out: Path) -> dict:
+    return load_file(out / "model" / "model.safetensors")
+
+
+def _worst(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def test_tagging_accumulation_and_ddp_equal_one_big_batch_and_count_every_word(tagging, tmp_path):
+    """The loss is divided by the labelled tokens of the whole step, across processes and
+    accumulation: 1 x 8, 1 x 2 x 4 and 2 processes x 2 x 2 give the same weights; every word and
+    sentence of the validation file is scored once under DDP (uneven last batch, windows)."""
+    common = ("num_train_epochs=2", "max_grad_norm=null", "dropout=0.0")
+    main(tagging_args(tagging, tmp_path / "a", "per_device_train_batch_size=8", *common))
+    main(tagging_args(tagging, tmp_path / "b", "per_device_train_batch_size=2", "gradient_accumulation_steps=4",
+                      *common))  # fmt: skip
+    result = launch(tagging_args(tagging, tmp_path / "d", "per_device_train_batch_size=2",
+                                 "gradient_accumulation_steps=2", *common), num_processes=2)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    reference = _weights(tmp_path / "a")
+    assert _worst(_weights(tmp_path / "b"), reference) < 1e-5
+    assert _worst(_weights(tmp_path / "d"), reference) < 1e-5
+    sentences, words = _counts(tagging["validation"])
+    for run in ("a", "d"):
+        validation = json.loads((tmp_path / run / "results.json").read_text())["validation"]
+        assert (validation["num_sentences"], validation["num_words"]) == (sentences, words)
+    logged = [json.loads(line) for line in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval_num_words"] for r in logged if "eval_num_words" in r] == [words, words]
+
+
+def test_tagging_resumes_mid_epoch_exactly(tagging, tmp_path):
+    dropout = TINY_BERT.replace("hidden_dropout_prob: 0.0", "hidden_dropout_prob: 0.1")
+    args = ("per_device_train_batch_size=4", "num_train_epochs=2", "save_steps=3", "save_total_limit=null",
+            f"model_config={dropout}")  # fmt: skip
+    main(tagging_args(tagging, tmp_path / "full", *args))
+    first = ckpt.list_checkpoints(tmp_path / "full")[0]
+    assert 0 < ckpt.read_manifest(first)["samples_in_epoch"]
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(first, resumed / "checkpoints" / first.name)
+    main(tagging_args(tagging, resumed, *args, "resume_from_checkpoint=latest"))
+    assert _worst(_weights(resumed), _weights(tmp_path / "full")) <= 1e-6
+
+
+@pytest.mark.parametrize("all_subwords, strategy", [(False, "first"), (True, "simple")])
+def test_the_export_tags_in_a_pipeline_and_evaluates_word_by_word(all_subwords, strategy, tagging, tmp_path):
+    """An overfit tiny tagger: the pipeline's entity spans with the aggregation its card names (first
+    subwords trained: "first"; every subword: "simple"), and predictions.jsonl's words and tags."""
+    out = tmp_path / "run"
+    main(tagging_args(tagging, out, "num_train_epochs=12", "per_device_train_batch_size=8", "learning_rate=3e-3",
+                      f"validation_file={tagging['train']}", "dropout=0.0", f"label_all_tokens={all_subwords}"))  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert results["validation"]["entity_f1"] > 0.9, results["validation"]
+    assert f'aggregation_strategy="{strategy}"' in (out / "model" / "README.md").read_text()
+
+    from transformers import pipeline
+
+    tag = pipeline("token-classification", model=str(out / "model"), aggregation_strategy=strategy)
+    text = "ada lovelace went to paris"
+    entities = tag(text)
+    assert [(e["entity_group"], text[e["start"] : e["end"]]) for e in entities] == [
+        ("PER", "ada lovelace"),
+        ("LOC", "paris"),
+    ]
+    evaluate([str(out / "model"), "--data", str(tagging["validation"]), "--predictions", "--output", str(tmp_path / "ev")])
+    lines = [json.loads(line) for line in (tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in tagging["validation"].read_text().splitlines()]
+    assert [r["words"] for r in lines] == [r["tokens"] for r in rows]
+    assert [r["labels"] for r in lines] == [r["ner_tags"] for r in rows]
+    metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    right = sum(p == g for r in lines for p, g in zip(r["predictions"], r["labels"], strict=True))
+    assert metrics["word_accuracy"] == pytest.approx(right / metrics["num_words"])
+
+
+def test_tagging_with_the_layer_split_lora_and_bf16(tagging, tmp_path, monkeypatch):
+    """The layer split (two CPU stages, pipelined chunks) trains the unsplit run's weights; LoRA trains
+    adapters and exports a merged tagger with its adapter; bf16 autocast trains and scores words."""
+    common = ("per_device_train_batch_size=8", "num_train_epochs=1", "dropout=0.0")
+    main(tagging_args(tagging, tmp_path / "whole", *common))
+    main(tagging_args(tagging, tmp_path / "split", *common, "model_parallel=true", "devices=cpu,cpu",
+                      "pipeline_chunks=2"))  # fmt: skip
+    assert _worst(_weights(tmp_path / "split"), _weights(tmp_path / "whole")) < 1e-5
+
+    pytest.importorskip("peft")
+    main(tagging_args(tagging, tmp_path / "lora", *common, "peft={r: 4, target_modules: [query, value]}"))
+    assert (tmp_path / "lora" / "adapter" / "adapter_config.json").is_file()
+    assert not any("lora" in k for k in _weights(tmp_path / "lora"))  # merged into an ordinary tagger
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    results = main(tagging_args(tagging, tmp_path / "bf16", *common))
+    assert results["validation"]["num_words"] == _counts(tagging["validation"])[1]
+
+
+@pytest.mark.slow  # one launch of 2 processes running FSDP and DDP, ~60 s on 2 cores
+def test_tagging_under_fsdp_equals_ddp(tagging, tmp_path):
+    from conftest import REPO, launch_runs
+
+    argv = {name: tagging_args(tagging, tmp_path / name, "per_device_train_batch_size=4", "num_train_epochs=1",
+                               "dropout=0.0", "max_grad_norm=0.5") for name in ("fsdp", "ddp")}  # fmt: skip
+    runs = [{"name": name, "fsdp": name == "fsdp", "argv": args} for name, args in argv.items()]
+    launch_runs(REPO / "accelerate_configs/fsdp.yaml", runs, tmp_path, env={"FINETUNE_TEST_FSDP_ON_CPU": "1"})
+    assert _worst(_weights(tmp_path / "fsdp"), _weights(tmp_path / "ddp")) < 1e-5
+    for name in ("fsdp", "ddp"):
+        validation = json.loads((tmp_path / name / "results.json").read_text())["validation"]
+        assert validation["num_words"] == _counts(tagging["validation"])[1]
+
+
+def test_verify_checks_a_tagging_recipe(tagging, tmp_path, capsys, monkeypatch):
+    from finetune import verify
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # verify sets it: put back after the test
+    args = [*tagging_args(tagging, tmp_path / "unused"), "per_device_train_batch_size=4",
+            "gradient_accumulation_steps=2", "--steps", "3", "--keep", str(tmp_path / "verify")]  # fmt: skip
+    code = verify.main(args)
+    out = capsys.readouterr().out
+    assert code == 0, out[-2000:]
+    assert "OK: every variant agrees with one big batch" in out
+
+
+def test_invalid_iob2_in_the_gold_tags_is_one_warning_line(tmp_path, capsys):
+    rows = [{"tokens": ["ada", "went", "home"], "ner_tags": ["O", "I-PER", "O"]},
+            {"tokens": ["paris"], "ner_tags": ["B-LOC"]}] * 6  # fmt: skip
+    data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows[:2])}
+    main(tagging_args(data, tmp_path / "run", "num_train_epochs=1"))
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: the train data has 6 I- tag(s) that follow no B- or I- of their type (first at row 1, word 2); "
+        "strict IOB2 scoring starts no entity there: fix the tags (an entity starts with B-) or leave them and "
+        "know they count as O",
+        "warning: the validation data has 1 I- tag(s) that follow no B- or I- of their type (first at row 1, "
+        "word 2); strict IOB2 scoring starts no entity there: fix the tags (an entity starts with B-) or leave "
+        "them and know they count as O",
+    ]
+
+
+# --- bad input -----------------------------------------------------------------------------------------
+
+
+def _rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize(
+    "rows, fragment",
+    [
+        ([{"tokens": ["a", "b"], "ner_tags": ["O"]}], "has 2 word(s) but 1 tag(s) at row 2"),
+        ([{"tokens": [], "ner_tags": []}], "empty sentence (no words) at row 2"),
+        ([{"tokens": ["ada"], "ner_tags": ["B-PERSON"]}], "tag 'B-PERSON' at row 2, word 1 is not in label_names"),
+        ([{"tokens": ["ada", "\u200b"], "ner_tags": ["O", "O"]}], "at row 2, word 2 is no token for this tokenizer"),
+        ([{"tokens": "ada said", "ner_tags": ["O", "O"]}], "not lists of words"),
+        ([{"tokens": ["ada"], "ner_tags": "O"}], "not lists of tags"),
+    ],
+)
+def test_bad_tagging_data_is_one_line_with_its_row(rows, fragment, tmp_path, capsys):
+    good = {"tokens": ["ada", "lovelace"], "ner_tags": ["B-PER", "I-PER"]}
+    data = {"train": _rows(tmp_path / "train.jsonl", [good, *rows, good]), "validation": _rows(tmp_path / "v.jsonl", [good])}
+    out = tmp_path / "run"
+    line = user_error(capsys, main, tagging_args(data, out))
+    assert fragment in line
+    assert not out.exists()  # nothing written
+
+
+def test_a_wrong_column_count_in_a_conll_train_file_is_one_line(tmp_path, capsys):
+    train = tmp_path / "train.conll"
+    train.write_text("Ada B-PER\nLovelace I-PER\n\nsaid O O\n")
+    data = {"train": train, "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])}
+    assert "line 4 has 3 column(s)" in user_error(capsys, main, tagging_args(data, tmp_path / "run"))
+
+
+def test_a_tags_column_is_checked_before_a_text_run_trains_on_it(tmp_path, capsys):
+    """Word and tag lists given to a text-classification run: not trained on silently."""
+    data = {"train": _rows(tmp_path / "t.jsonl", [{"tokens": ["a", "b"], "ner_tags": ["O", "B-PER"]}] * 4)}
+    line = user_error(capsys, main, [*tagging_args({**data, "validation": data["train"]}, tmp_path / "run"),
+                                     "task=text-classification", "label_names=null"])  # fmt: skip
+    assert "token-classification" in line
