@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from finetune.errors import EXIT_DIVERGED, PeerFailed, TrainingStopped, UserError, first_line
+from finetune.errors import EXIT_DIVERGED, PeerFailed, TrainingStopped, UserError, first_line, write_failure
 from finetune.rundir import CHECKPOINTS
 from finetune.runtime import agreed
 
@@ -111,11 +111,16 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, manifest: di
                 else:
                     os.replace(tmp, final)
                 _fsync_dir(root)
-    except (OSError, PeerFailed):  # a full disk, a quota: the half-written save goes, the checkpoints stay
+    except Exception as e:  # a full disk, a quota: the half-written save goes, the checkpoints stay
+        failure = None if isinstance(e, PeerFailed) else write_failure(e, tmp)
+        if failure is None and not isinstance(e, PeerFailed):
+            raise
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             if old.exists() and not final.exists():
                 os.replace(old, final)
+        if failure is not None:
+            raise failure from None
         raise
     return final
 
@@ -188,6 +193,8 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         raise UserError(
             f"{file} is not a manifest written by finetune.run (it holds a {type(manifest).__name__}); {ANOTHER}"
         )
+    # How the state was saved (older manifests do not say): FSDP's sharded files, or whole.
+    manifest.setdefault("state", "sharded" if any(Path(path).glob("pytorch_model_fsdp_*")) else "whole")
     for key in MANIFEST_COUNTS:
         if key not in manifest:
             raise UserError(f"{file} lacks '{key}': it is damaged or not written by finetune.run; {ANOTHER}")
@@ -256,6 +263,20 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
     path = Path(spec)
     if not path.is_dir():
         raise UserError(f"checkpoint not found: {spec}")
+    from finetune.rundir import RunDir, kind_of
+
+    kind = kind_of(path)
+    if kind == "export":
+        raise UserError(
+            f"{spec} is an exported model, not a training-state checkpoint: resume from "
+            "resume_from_checkpoint=latest (or <run>/checkpoints/step-N), or start a new run from its weights "
+            f"with model_name_or_path={spec}"
+        )
+    if kind == "run":
+        raise UserError(
+            f"{spec} is a run directory; resume it with resume_from_checkpoint=latest output_dir={spec}, or name "
+            f"one of {RunDir(path).checkpoints}/{PREFIX}N"
+        )
     if not (path / COMPLETE).is_file():
         raise UserError(
             f"{spec} is not a complete checkpoint (no {COMPLETE} marker); "
@@ -289,10 +310,11 @@ class Checkpointer:
     """Writes a run's checkpoints: the manifest, the best one by `metric_for_best_model`, retention.
     Remembers the last good checkpoint, which a run that must stop names."""
 
-    def __init__(self, accelerator, cfg, output_dir: Path, label_names: list[str], best=None, last=None):
+    def __init__(self, accelerator, cfg, output_dir: Path, label_names: list[str], train_samples: int):
         self.accelerator, self.cfg, self.out, self.label_names = accelerator, cfg, output_dir, label_names
-        self.best: dict[str, Any] = best or {}
-        self.last: Path | None = last
+        self.train_samples = train_samples
+        self.best: dict[str, Any] = {}
+        self.last: Path | None = None
 
     def save(self, model, step: int, epoch: int, samples_in_epoch: int, metrics: dict | None = None) -> Path:
         cfg, accelerator = self.cfg, self.accelerator
@@ -320,6 +342,9 @@ class Checkpointer:
             "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
             "per_device_train_batch_size": cfg.per_device_train_batch_size,
             "mixed_precision": accelerator.mixed_precision,
+            "distributed_type": str(accelerator.distributed_type.value),
+            "state": "sharded" if sharded_state(accelerator) else "whole",
+            "train_samples": self.train_samples,
             "task": cfg.task,
             "label_names": self.label_names,
             "metrics": metrics or {},
@@ -347,6 +372,16 @@ class Checkpointer:
             prune_checkpoints(self.out, cfg.save_total_limit, best_path)
         accelerator.print(f"saved checkpoint {path}")
         return path
+
+
+def sharded_state(accelerator) -> bool:
+    """Whether this run's checkpoints hold the state in shards (FSDP with SHARDED_STATE_DICT)."""
+    from accelerate.utils import DistributedType
+
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    return accelerator.distributed_type == DistributedType.FSDP and "SHARDED" in str(
+        getattr(plugin, "state_dict_type", "")
+    )
 
 
 def all_finite(model, accelerator) -> bool:
@@ -394,46 +429,66 @@ def apply_learning_rate(optimizer, scheduler, manifest: dict[str, Any], learning
         say(f"learning rate {restored[0]:.3g} in the checkpoint, {planned[0]:.3g} on this run's schedule from here")
 
 
+# What makes a run what it is: the data order (seed, grouping, the samples), the weights that train
+# (freezing, LoRA), the loss and labels (task, problem type, subword labels). A resume keeps them all;
+# one that differs is named, with the checkpoint's value. The topology (processes, batch, accumulation)
+# may change only with resume_allow_topology_change.
+FIXED_ON_RESUME = ("task", "problem_type", "seed", "group_by_length", "freeze_embeddings", "freeze_layers", "peft",
+                   "label_all_tokens")  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def check_resume_compatible(
-    manifest: dict[str, Any], cfg, num_processes: int, label_names: list[str] | None = None
+    manifest: dict[str, Any], cfg, num_processes: int, label_names: list[str], train_samples: int, fsdp: bool
 ) -> bool:
-    """A resumed run must split the data the way the saved one did, or the order and LR change;
-    returns whether the topology changed (allowed only with resume_allow_topology_change)."""
+    """A resumed run must be the run that saved the checkpoint (FIXED_ON_RESUME, the labels, the number
+    of training samples, how the state was saved) and split the data the same way; returns whether
+    the topology changed (allowed only with resume_allow_topology_change)."""
+    saved_config = manifest.get("config") or {}
+    for key in FIXED_ON_RESUME:
+        saved, now = saved_config.get(key), getattr(cfg, key)
+        if key not in saved_config:  # a manifest of an older version: the setting's default then
+            continue
+        if key == "problem_type" and saved is None:
+            saved = "single_label_classification"
+        if saved != now:
+            raise UserError(
+                f"the checkpoint was trained with {key}={_shown(saved)}, this run has {key}={_shown(now)}; resume with "
+                f"{key}={_shown(saved)}, or start a new run without resume_from_checkpoint"
+            )
+    if manifest.get("label_names") != label_names:
+        raise UserError(
+            f"the checkpoint was trained on the labels {manifest.get('label_names')}, this run's data has "
+            f"{label_names}; resume it with its own data, or set label_names to match"
+        )
+    if manifest.get("train_samples") not in (None, train_samples):
+        raise UserError(
+            f"the checkpoint's run trained on {manifest['train_samples']} samples an epoch, this run has {train_samples} "
+            "(another max_train_samples, or other training data); resume with the run's own data and settings"
+        )
+    sharded = manifest.get("state") == "sharded"
+    if sharded != fsdp:
+        how = f"sharded by FSDP over {manifest['world_size']} processes" if sharded else "whole (one process or DDP)"
+        config = "the FSDP accelerate config (accelerate_configs/fsdp.yaml)" if sharded else "a non-FSDP accelerate config"
+        raise UserError(
+            f"the checkpoint holds its state {how}; this run {'uses FSDP' if fsdp else 'does not use FSDP'}: resume it "
+            f"with {config} and {manifest['world_size']} process(es), or start a new run"
+        )
     saved = (
         manifest["world_size"],
         manifest["gradient_accumulation_steps"],
         manifest["per_device_train_batch_size"],
     )
     now = (num_processes, cfg.gradient_accumulation_steps, cfg.per_device_train_batch_size)
-    if saved != now and not cfg.resume_allow_topology_change:
+    if saved != now and (not cfg.resume_allow_topology_change or sharded):
+        allow = "" if sharded else (
+            ", or pass resume_allow_topology_change=true to continue without repeating consumed samples"
+        )
         raise UserError(
             f"the checkpoint was saved with processes x batch x accumulation = {saved[0]} x {saved[2]} x "
-            f"{saved[1]}, this run has {now[0]} x {now[2]} x {now[1]}; resume with the same settings, "
-            "or pass resume_allow_topology_change=true to continue without repeating consumed samples"
-        )
-    if manifest.get("task") != cfg.task or manifest.get("label_names") is None:
-        raise UserError(
-            f"the checkpoint is from a {manifest.get('task')} run, this one is {cfg.task}; "
-            "resume it with its own recipe, or start this run without resume_from_checkpoint"
-        )
-    if label_names is not None and manifest["label_names"] != label_names:
-        raise UserError(
-            f"the checkpoint was trained on the labels {manifest['label_names']}, this run's data "
-            f"has {label_names}; resume it with its own data, or set label_names to match"
-        )
-    saved_problem = manifest.get("config", {}).get("problem_type") or "single_label_classification"
-    if cfg.problem_type is not None and saved_problem != cfg.problem_type:  # another loss on the same head
-        raise UserError(
-            f"the checkpoint was trained as {saved_problem}, this run's labels make it {cfg.problem_type}; "
-            "resume it with its own data and problem_type"
-        )
-    lora = manifest.get("config", {}).get("peft")
-    if lora != cfg.peft:  # the model holds other weights, the optimizer other parameters
-        raise UserError(f"the checkpoint was trained with peft={lora}; resume it with the same peft setting")
-    frozen = bool(manifest.get("config", {}).get("freeze_embeddings", False))
-    if frozen != cfg.freeze_embeddings:  # the optimizer state holds other parameters
-        raise UserError(
-            f"the checkpoint was trained with freeze_embeddings={str(frozen).lower()}; resume it with "
-            "the same setting"
+            f"{saved[1]}, this run has {now[0]} x {now[2]} x {now[1]}; resume with the same settings{allow}"
         )
     return saved != now

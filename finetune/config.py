@@ -46,6 +46,7 @@ SchedulerType = Literal["linear", "cosine", "constant"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 AttnImplementation = Literal["eager", "sdpa"]
 # transformers' names (PretrainedConfig.problem_type): what the pipeline and the loss follow.
+AUGMENT_OPS = ("crop", "color", "trivial")  # finetune/images.py, Augment
 ProblemType = Literal[tuple(PROBLEMS)]  # type: ignore[valid-type]  # finetune/metrics.py
 
 
@@ -252,6 +253,12 @@ class DataArgs(TaskArgs):
     random_flip: bool = setting(
         False, "images: random horizontal flip of training images (for mirror-invariant classes)"
     )
+    # Images: training augmentation ops, seeded by (seed, epoch, sample) so a resume stays exact
+    # (finetune/images.py, Augment): crop (random resized crop), color (brightness, contrast,
+    # saturation), trivial (one TrivialAugment-Wide op a sample).
+    augment: list[str] = setting(
+        help="images: training augmentation: any of crop, color, trivial (random_flip adds the flip)", factory=list
+    )
     # Worker processes that collate batches. null: the task's choice (finetune/tasks.py: 2 for text on
     # a GPU, else 0: on a CPU a worker competes for the cores).
     dataloader_num_workers: int | None = setting(
@@ -297,6 +304,9 @@ class DataArgs(TaskArgs):
             )
         if self.dataloader_num_workers is not None and self.dataloader_num_workers < 0:
             raise UserError("dataloader_num_workers must be >= 0")
+        unknown = [op for op in self.augment if op not in AUGMENT_OPS]
+        if unknown:
+            raise UserError(f"augment: unknown op(s) {unknown}; the ops are {', '.join(AUGMENT_OPS)}")
         if self.task and self.label_column in self.input_columns:
             modality = task_of(self.task).modality
             raise UserError(
@@ -725,11 +735,18 @@ def load_config(
         what = "is a folder, not a recipe file" if recipe.is_dir() else "not found"
         raise UserError(f"config file {what}: {recipe}")
     try:
-        raw = yaml.safe_load(recipe.read_text()) or {}
+        text = recipe.read_text()
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise UserError(f"{recipe} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{recipe} is not a text file (UTF-8); a recipe is a YAML file of settings") from None
+    if raw is None:
+        raise UserError(
+            f"{recipe} is empty; a recipe is a YAML mapping of settings (finetune/configs/ has examples)"
+        )
     if not isinstance(raw, dict):
         raise UserError(f"{recipe} must hold a mapping of config keys, got {type(raw).__name__}")
 

@@ -95,6 +95,21 @@ def _diagnose_file(split: str, path: str) -> str | None:
     return None
 
 
+def _not_a_file(path: Path) -> str:
+    """Why a path the user gave as a data file is none, in their words."""
+    if path.is_symlink() and not path.exists():
+        try:
+            path.resolve(strict=True)
+        except RuntimeError:  # Python reports a symlink loop this way
+            return "is a symlink loop; point it at the data file"
+        except OSError:
+            pass
+        return f"is a symlink to {os.readlink(path)}, which does not exist"
+    if path.is_dir():
+        return "is a folder, not a file; give a data file (an image folder goes in data_dir)"
+    return "not found"
+
+
 def _check_readable_and_separated(split: str, path: str) -> None:
     """Before `datasets` reads the file: that it may be read, and that a .csv is comma-separated. A file
     separated by semicolons (a spreadsheet's export in many locales) reads as one column, or as rows of
@@ -126,7 +141,8 @@ def load_raw(
     column's type is inferred per file (labels are matched by name across splits anyway)."""
     for split, path in files.items():
         if not Path(path).is_file():
-            raise UserError(f"{split} file not found: {path}")
+            why = _not_a_file(Path(path))
+            raise UserError(f"{split} file not found: {path}" if why == "not found" else f"{split} file {path} {why}")
         if Path(path).stat().st_size == 0:
             raise UserError(f"{split} file is empty: {path}")
         _check_readable_and_separated(split, path)
@@ -211,6 +227,13 @@ def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | 
             f"label column '{column}' has a single class ({', '.join(present) or 'none'}); "
             "a classifier needs at least two"
         )
+    _check_label_texts(train, column, present)
+    if isinstance(feature, ClassLabel) and not label_names and (absent := [n for n in names if n not in present]):
+        raise UserError(
+            f"class {absent[0]!r} of label column '{column}' has no training sample (an image folder: no "
+            f"train/{absent[0]}/ images, or max_train_samples left them out): the model could not learn it; "
+            "give it training samples, or remove it from the other splits"
+        )
     unknown = present - set(names)
     if unknown:
         raise UserError(
@@ -219,6 +242,27 @@ def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | 
             "finetune/configs/bert_custom_files.yaml, does)"
         )
     return names
+
+
+def _check_label_texts(train: HFDataset, column: str, present: set[str]) -> None:
+    """Class names that probably mean something else: lists written as text ("['art', 'film']", a
+    multi-label set saved by a CSV writer), and names that differ only by surrounding spaces."""
+    listy = next((v for v in sorted(present) if re.fullmatch(r"\s*\[\s*(['\"].*['\"]\s*)?\]\s*", v)), None)
+    if listy is not None:
+        row = next(i for i, v in enumerate(train[column]) if str(v) == listy)
+        raise UserError(
+            f"label column '{column}' holds a list written as text ({listy!r} at row {row + 1}); for several labels a "
+            'sample, give real lists (JSON Lines: "label": ["art", "film"]) or 0/1 columns (label_columns); for '
+            "one label a sample, remove the brackets and quotes"
+        )
+    stripped: dict[str, str] = {}
+    for name in sorted(present):
+        twin = stripped.setdefault(name.strip(), name)
+        if twin != name:
+            raise UserError(
+                f"label column '{column}' holds {twin!r} and {name!r}, which differ only by spaces and would be two "
+                "classes; strip the spaces in the data"
+            )
 
 
 def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str) -> HFDataset:

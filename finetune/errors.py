@@ -24,6 +24,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -102,7 +103,44 @@ ENVIRONMENT_ERRORS = {
     errno.EROFS: "that file system is read-only; write elsewhere",
     errno.EACCES: "check its permissions",
     errno.EPERM: "check its permissions",
+    errno.EIO: "the disk failed a read or write: check it (dmesg), or write elsewhere",
 }
+
+
+def write_failure(e: BaseException, where: str | os.PathLike | None = None) -> OSError | None:
+    """The machine's error behind a failed write or read, as an OSError (ENVIRONMENT_ERRORS), or None
+    for anything else. Not every library raises OSError: safetensors raises SafetensorError with
+    Rust's "(os error 28)" in its message, torch's writer a RuntimeError without the cause; for
+    those the errno is read from the message, or found by writing a probe file in `where`."""
+    if isinstance(e, OSError):
+        return e if e.errno in ENVIRONMENT_ERRORS else None
+    text = str(e)
+    found = re.search(r"os error (\d+)", text)
+    code = int(found.group(1)) if found else next((c for c in ENVIRONMENT_ERRORS if os.strerror(c) in text), None)
+    # torch's zip writer: "PytorchStreamWriter failed writing file", "[enforce fail at inline_container.cc]
+    # unexpected pos 576 vs 534" (a short write): no errno in either
+    if code is None and where is not None and re.search(r"PytorchStreamWriter|file write failed|inline_container", text):
+        code = _probe_write(Path(where))
+    if code not in ENVIRONMENT_ERRORS:
+        return None
+    return OSError(code, os.strerror(code), str(where) if where is not None else None)
+
+
+def _probe_write(folder: Path) -> int:
+    """Why writing in `folder` fails (torch's writer does not say): the errno of writing a small file
+    there, else ENOSPC when the disk has almost no room left, else EIO."""
+    import shutil
+    import tempfile
+
+    folder = next((p for p in (folder, *folder.parents) if p.is_dir()), folder)
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder) as f:
+            f.write(b"\0" * 65536)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return e.errno or errno.EIO
+    return errno.ENOSPC if shutil.disk_usage(folder).free < 16 * 2**20 else errno.EIO
 
 # How long another process waits, after a mistake that every process meets, for process 0 to say it.
 # When process 0 ends first (the usual case), the launcher stops the waiting ones at once.
@@ -162,17 +200,15 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
             else:  # process 0 says it: give it the time, or torchrun, which stops the other processes
                 time.sleep(RANK_0_SPEAKS_S)  # when one ends, could stop it first (seen on a loaded machine)
             sys.exit(EXIT_USER_ERROR)
-        except OSError as e:
+        except Exception as e:
             _undo_after_failure()
-            if e.errno not in ENVIRONMENT_ERRORS:
+            failure = write_failure(e)  # a full disk, a quota, a read-only or failing one: not our bug
+            if failure is None:
                 raise
-            path = f": {e.filename}" if e.filename else ""  # met by this process: it says so
-            message = f"{e.strerror or os.strerror(e.errno)}{path}; {ENVIRONMENT_ERRORS[e.errno]}"
+            path = f": {failure.filename}" if failure.filename else ""  # met by this process: it says so
+            message = f"{failure.strerror or os.strerror(failure.errno)}{path}; {ENVIRONMENT_ERRORS[failure.errno]}"
             print(f"error: {where}{SECRET_VALUE.sub(REDACTED, message)}", file=sys.stderr)
             sys.exit(EXIT_USER_ERROR)
-        except Exception:
-            _undo_after_failure()
-            raise
         finally:
             _failure_steps.clear()
 

@@ -80,7 +80,7 @@ from finetune.config import (
     settings_help,
 )
 from finetune.data import check_columns, encode_split, load_path, load_splits
-from finetune.errors import UserError, exit_on_user_error, first_line
+from finetune.errors import UserError, exit_on_user_error, first_line, write_failure
 from finetune.evaluation import evaluate_model
 from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_report, summary_line
@@ -273,23 +273,13 @@ def load_model(target: Target, cfg: TrainConfig):
     if target.kind == "training-state":
         tokenizer = task.load_preprocessor(cfg.model_args) if task.preprocessor_first else None
         model = build_model(architecture_only(cfg.model_args), target.label_names, task.vocab_size(tokenizer))
-        weights = target.path / WEIGHTS
-        if not weights.is_file():
-            found = sorted(p.name for p in target.path.iterdir())
-            raise UserError(
-                f"{target.spec} holds no {WEIGHTS} (found: {', '.join(found)}); only safetensors "
-                "weights of an unsharded model are read — a sharded FSDP state must be merged first"
-            )
-        try:
-            state = load_file(weights)  # Accelerate saves the registered, unwrapped module: plain names
-        except SafetensorError as e:
-            raise UserError(f"{weights} is not a readable safetensors file: {e}") from None
+        state = read_weights(target)
         if cfg.peft is not None:  # a LoRA run's state: the adapters on the model, merged once loaded
             model = apply_lora(model, cfg.peft)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise UserError(
-                f"the weights in {weights} do not fit the model its config builds: missing "
+                f"the weights in {target.path} do not fit the model its config builds: missing "
                 f"{missing[:3]}, unexpected {unexpected[:3]}"
             )
         model = merge_lora(model)
@@ -300,11 +290,37 @@ def load_model(target: Target, cfg: TrainConfig):
         try:
             model = task.auto_model().from_pretrained(source, use_safetensors=True if local else None)
             preprocessor = task.load_saved_preprocessor(source)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, SafetensorError) as e:
             first = first_line(e)
-            raise UserError(f"could not load the {cfg.task} model '{target.spec}': {first}") from None
+            damaged = " (its weights file is damaged: replace it)" if isinstance(e, SafetensorError) else ""
+            raise UserError(f"could not load the {cfg.task} model '{target.spec}'{damaged}: {first}") from None
     task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
     return model.eval(), preprocessor
+
+
+def read_weights(target: Target) -> dict[str, torch.Tensor]:
+    """A training-state checkpoint's weights: model.safetensors (Accelerate saves the registered, unwrapped
+    module: plain names), or an FSDP checkpoint's shards merged on the fly with Accelerate's own
+    `merge_fsdp_weights` (into a temporary folder, deleted after)."""
+    import tempfile
+
+    weights = target.path / WEIGHTS
+    shards = sorted(target.path.glob("pytorch_model_fsdp_*"))
+    try:
+        if weights.is_file():
+            return load_file(weights)
+        if shards:
+            from accelerate.utils import merge_fsdp_weights
+
+            with tempfile.TemporaryDirectory(prefix="finetune-merge-") as merged:
+                merge_fsdp_weights(str(shards[0]), merged, safe_serialization=True)
+                return load_file(Path(merged) / WEIGHTS)
+    except SafetensorError as e:
+        raise UserError(f"{weights} is not a readable safetensors file: {first_line(e)}") from None
+    except (OSError, RuntimeError, ValueError) as e:  # torch.distributed.checkpoint on damaged shards
+        raise UserError(f"the FSDP shards in {shards[0]} do not merge: {first_line(e)}") from None
+    found = sorted(p.name for p in target.path.iterdir())
+    raise UserError(f"{target.spec} holds no {WEIGHTS} and no FSDP shards (found: {', '.join(found)})")
 
 
 # --- the data -------------------------------------------------------------------------------------
@@ -623,9 +639,12 @@ def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainC
                               cfg.multi_label_threshold)  # fmt: skip
         elif replaced:
             jsonl.unlink(missing_ok=True)  # the previous evaluation's, now stale
-    except OSError as e:
+    except Exception as e:
+        failure = write_failure(e, metrics_file.parent)
+        if failure is None:
+            raise
         raise UserError(
-            f"cannot write the evaluation to {metrics_file.parent}: {e.strerror}; choose another --output"
+            f"cannot write the evaluation to {metrics_file.parent}: {failure.strerror}; choose another --output"
         ) from None
     return replaced
 

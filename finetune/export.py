@@ -16,7 +16,7 @@ from accelerate import Accelerator
 from finetune import checkpoint as ckpt
 from finetune.card import describe_data, push_to_hub, write_model_card
 from finetune.config import TrainConfig
-from finetune.errors import UserError, first_line
+from finetune.errors import UserError, write_failure
 from finetune.lora import is_lora, merge_lora
 from finetune.plots import plot_training_curves
 from finetune.rundir import RunDir, finish_overwrite
@@ -42,10 +42,13 @@ def export_run(
         if accelerator.is_main_process:
             try:
                 _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds)
-            except OSError as e:  # a full disk, a quota: one line; the checkpoints are untouched
-                file = f" ({e.filename})" if e.filename else ""
+            except Exception as e:  # a full disk, a quota: one line; the checkpoints are untouched
+                failure = write_failure(e, run.model)
+                if failure is None:
+                    raise
+                file = f" ({failure.filename})" if failure.filename else ""
                 raise UserError(
-                    f"could not write the export in {run.root}: {e.strerror or first_line(e)}{file}; the run is "
+                    f"could not write the export in {run.root}: {failure.strerror}{file}; the run is "
                     "not finished; free some space, then run again (with resume_from_checkpoint=latest if it "
                     "saved checkpoints: a resume from the last step only evaluates and exports)"
                 ) from None

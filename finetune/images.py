@@ -109,27 +109,120 @@ def _to_8_bit(image: PIL.Image.Image) -> PIL.Image.Image:
     return PIL.Image.fromarray((values.clip(0, 65535) >> 8).astype(np.uint8))
 
 
+class Augment:
+    """Training augmentation of one image, drawn from a generator seeded by (seed, epoch, row): the same
+    draws whatever the data workers, the processes or a resume in the middle of an epoch.
+
+    Ops (PIL only; torchvision's transforms are not installable beside the CPU build of torch here):
+        flip     horizontal flip, half the time (`random_flip`: only for mirror-invariant classes)
+        crop     a random resized crop (8%..100% of the area, aspect 3/4..4/3, as torchvision's
+                 RandomResizedCrop; here 35%..100%: small images keep their object), back to the size
+        color    brightness, contrast and saturation each by a factor in [0.6, 1.4]
+        trivial  one op of TrivialAugment-Wide (Müller & Hutter 2021) at a uniform random strength:
+                 identity, shear, translate, rotate, brightness, colour, contrast, sharpness,
+                 posterize, solarize, autocontrast, equalize
+    """
+
+    OPS = ("crop", "color", "trivial")
+
+    def __init__(self, seed: int, flip: bool, ops: list[str]):
+        self.seed, self.flip, self.ops = seed, flip, list(ops)
+
+    def __bool__(self) -> bool:
+        return self.flip or bool(self.ops)
+
+    def __call__(self, image: PIL.Image.Image, epoch: int, row: int) -> PIL.Image.Image:
+        rng = random.Random(f"{self.seed}:{epoch}:{row}")
+        if "crop" in self.ops:
+            image = _random_resized_crop(image, rng)
+        if self.flip and rng.random() < 0.5:
+            image = image.transpose(PIL.Image.Transpose.FLIP_LEFT_RIGHT)
+        if "color" in self.ops:
+            from PIL import ImageEnhance
+
+            for enhance in (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color):
+                image = enhance(image).enhance(rng.uniform(0.6, 1.4))
+        if "trivial" in self.ops:
+            image = _trivial_augment(image, rng)
+        return image
+
+
+def _random_resized_crop(image: PIL.Image.Image, rng: random.Random) -> PIL.Image.Image:
+    import math
+
+    width, height = image.size
+    for _ in range(10):  # torchvision's rejection sampling of a box that fits
+        area = width * height * rng.uniform(0.35, 1.0)
+        ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        w, h = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
+        if 0 < w <= width and 0 < h <= height:
+            left, top = rng.randint(0, width - w), rng.randint(0, height - h)
+            return image.resize((width, height), PIL.Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+    return image
+
+
+def _trivial_augment(image: PIL.Image.Image, rng: random.Random) -> PIL.Image.Image:
+    """One op at a uniform random strength m in [0, 1], the wide ranges of TrivialAugment-Wide."""
+    from PIL import ImageEnhance, ImageOps
+
+    op, m = rng.choice(TRIVIAL_OPS), rng.random()
+    sign = rng.choice((-1, 1))
+    width, height = image.size
+    if op == "shear_x":
+        return image.transform(image.size, PIL.Image.Transform.AFFINE, (1, sign * 0.99 * m, 0, 0, 1, 0))
+    if op == "shear_y":
+        return image.transform(image.size, PIL.Image.Transform.AFFINE, (1, 0, 0, sign * 0.99 * m, 1, 0))
+    if op == "translate_x":
+        return image.transform(image.size, PIL.Image.Transform.AFFINE, (1, 0, sign * m * width / 3, 0, 1, 0))
+    if op == "translate_y":
+        return image.transform(image.size, PIL.Image.Transform.AFFINE, (1, 0, 0, 0, 1, sign * m * height / 3))
+    if op == "rotate":
+        return image.rotate(sign * 135 * m)
+    if op in ("brightness", "color", "contrast", "sharpness"):
+        enhance = {"brightness": ImageEnhance.Brightness, "color": ImageEnhance.Color,
+                   "contrast": ImageEnhance.Contrast, "sharpness": ImageEnhance.Sharpness}[op]  # fmt: skip
+        return enhance(image).enhance(1 + sign * 0.99 * m)
+    if op == "posterize":
+        return ImageOps.posterize(image, 8 - round(6 * m))
+    if op == "solarize":
+        return ImageOps.solarize(image, round(255 * (1 - m)))
+    if op == "autocontrast":
+        return ImageOps.autocontrast(image)
+    if op == "equalize":
+        return ImageOps.equalize(image)
+    return image  # identity
+
+
+TRIVIAL_OPS = ("identity", "shear_x", "shear_y", "translate_x", "translate_y", "rotate", "brightness", "color",
+               "contrast", "sharpness", "posterize", "solarize", "autocontrast", "equalize")  # fmt: skip
+
+
 class ImageTransform:
-    """Images → `pixel_values` through the image processor; random horizontal flip in training.
+    """Images → `pixel_values` through the image processor; the training augmentation (`Augment`).
 
     The transform decodes the images itself (the column is cast to `Image(decode=False)`), so that a
     file that fails to decode is named in the error. Every image is converted to the model's channel
     count first, so grayscale, palette and RGBA files mixed with RGB just work; images of any size,
-    even smaller than a patch, are resized by the processor. The flip draws from Python's `random`,
-    whose state Accelerate's checkpoints keep, so a resumed run flips the same images.
+    even smaller than a patch, are resized by the processor. The augmentation's draws are seeded by
+    (seed, epoch, row): `set_epoch` is called as each epoch starts (the epoch sampler does it), and
+    the dataset holds each sample's `row`.
     """
 
-    def __init__(self, processor, column: str, num_channels: int, train: bool):
-        self.processor, self.column, self.train = processor, column, train
+    def __init__(self, processor, column: str, num_channels: int, augment: Augment | None = None):
+        self.processor, self.column, self.augment = processor, column, augment
         self.mode = "RGB" if num_channels == 3 else "L"
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __call__(self, batch: dict[str, list]) -> dict[str, Any]:
         images = []
-        for value in batch[self.column]:
+        for i, value in enumerate(batch[self.column]):
             image = value if isinstance(value, PIL.Image.Image) else open_image(value)
             image = _to_8_bit(image).convert(self.mode)
-            if self.train and random.random() < 0.5:
-                image = image.transpose(PIL.Image.Transpose.FLIP_LEFT_RIGHT)
+            if self.augment:
+                image = self.augment(image, self.epoch, batch["row"][i])
             images.append(image)
         pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
         return {"pixel_values": pixels, "labels": batch["labels"]}

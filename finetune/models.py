@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from finetune.config import ModelArgs
@@ -79,6 +80,11 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
             raise UserError(f"cannot build a {args.task} model from model_config: {e}") from None
     name = args.model_name_or_path
     assert name is not None  # TrainConfig.validate guarantees a name or a config
+    if Path(name).expanduser().is_file():
+        raise UserError(
+            f"model_name_or_path {name} is a file; give the folder that holds config.json and the weights "
+            f"({Path(name).parent}, if that is the model's), or a hub name"
+        )
     try:
         # safetensors only, unless the user opts in: a pytorch_model.bin is a pickle that can run code
         # when loaded (transformers loads it with weights_only=True, still a wider surface).
@@ -105,6 +111,8 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
                 "you trust its source"
             ) from None
         raise load_error("model", name, e) from None
+    except SafetensorError as e:
+        raise UserError(f"the weights of model '{name}' are damaged ({first_line(e)}): replace them") from None
     _check_image_config(model.config)
     return model
 

@@ -266,7 +266,11 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
     model = split_model(cfg, accelerator, model)
     train_loader, sampler, eval_loaders = make_loaders(cfg, accelerator, splits, preprocessor)
     resume_path, manifest = resume_target(cfg, out)
-    plan = plan_steps(cfg, accelerator.num_processes, len(splits["train"]), manifest, label_names)
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    moved = manifest is not None and ckpt.check_resume_compatible(
+        manifest, cfg, accelerator.num_processes, label_names, len(splits["train"]), fsdp
+    )  # before anything is written: a resume that would change the run is refused now
+    plan = plan_steps(cfg, accelerator.num_processes, len(splits["train"]), manifest, moved)
     optimizer, trained = make_optimizer(cfg, model, accelerator)
     scheduler = make_scheduler(cfg, optimizer, plan)
     if cfg.push_to_hub_model_id:
@@ -277,7 +281,7 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
     eval_loaders = {k: accelerator.prepare(v) for k, v in eval_loaders.items()}
     assert len(train_loader) == plan.batches, (len(train_loader), plan.batches)
     log = MetricsLog(accelerator, out.metrics)
-    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names)
+    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, len(splits["train"]))
     weights = task_of(cfg.task).sample_weights(splits["train"])
     return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, eval_loaders,
                plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer)  # fmt: skip
@@ -412,7 +416,8 @@ def make_loaders(cfg: TrainConfig, accelerator: Accelerator, splits, preprocesso
     task, train_set = task_of(cfg.task), splits["train"]
     lengths = task.lengths(train_set) if cfg.group_by_length else None
     sampler = EpochSampler(len(train_set), cfg.seed, group_size=processes * batch * cfg.gradient_accumulation_steps,
-                           lengths=lengths, pad_to=processes * batch if processes > 1 else 1)  # fmt: skip
+                           lengths=lengths, pad_to=processes * batch if processes > 1 else 1,
+                           listener=task.epoch_listener(train_set))  # fmt: skip
     collate = task.collator(preprocessor, cfg.pad_to_multiple_of)
     workers, pin = data_workers(cfg, accelerator), pin_memory(cfg, accelerator)
     train_loader = DataLoader(train_set, batch_size=batch, sampler=sampler, collate_fn=collate, num_workers=workers,
@@ -653,7 +658,10 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
     model, _, splits, label_names = build_model_and_data(cfg, accelerator)
     processes, batch, accumulation = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     _, manifest = resume_target(cfg, out)
-    plan = plan_steps(cfg, processes, len(splits["train"]), manifest, label_names)
+    moved = manifest is not None and ckpt.check_resume_compatible(
+        manifest, cfg, processes, label_names, len(splits["train"]), accelerator.distributed_type == DistributedType.FSDP
+    )
+    plan = plan_steps(cfg, processes, len(splits["train"]), manifest, moved)
     optimizer, _ = make_optimizer(cfg, model, accelerator)
     lam = make_scheduler(cfg, optimizer, plan).lr_lambdas[0]
     summary = {

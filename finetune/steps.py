@@ -64,15 +64,19 @@ class EpochSampler(Sampler[int]):
         lengths: list[int] | None = None,
         megabatch_mult: int = 50,
         pad_to: int = 1,
+        listener=None,
     ):
         self.num_samples, self.seed, self.group_size = num_samples, seed, group_size
         self.lengths, self.megabatch_mult, self.pad_to = lengths, megabatch_mult, pad_to
+        self.listener = listener  # told each epoch's number as it starts (a seeded augmentation)
         self.epoch, self.start = 0, 0
 
     def reset(self, epoch: int, start: int = 0) -> None:
         if not 0 <= start <= self.num_samples:
             raise ValueError(f"start {start} outside the epoch of {self.num_samples} samples")
         self.epoch, self.start = epoch, start
+        if self.listener is not None:
+            self.listener(epoch)
 
     def order(self, epoch: int) -> list[int]:
         g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
@@ -164,11 +168,9 @@ class StepPlan:
     warmup: int
 
 
-def plan_steps(cfg, processes: int, samples: int, manifest: dict | None, label_names: list[str]) -> StepPlan:
-    """The run's steps: per epoch, in all, and warm-up; a resume onto another topology (allowed by
-    resume_allow_topology_change) takes the steps done plus the rest of the data in this run's steps."""
-    from finetune.checkpoint import check_resume_compatible
-
+def plan_steps(cfg, processes: int, samples: int, manifest: dict | None = None, moved: bool = False) -> StepPlan:
+    """The run's steps: per epoch, in all, and warm-up; a resume onto another topology (`moved`, allowed
+    by resume_allow_topology_change) takes the steps done plus the rest of the data in this run's steps."""
     batch, accumulation = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     batches = batches_per_process(samples, batch, processes)
     if accumulation > batches:
@@ -178,7 +180,7 @@ def plan_steps(cfg, processes: int, samples: int, manifest: dict | None, label_n
         )
     steps_per_epoch = math.ceil(batches / accumulation)
     total_steps = cfg.max_steps or steps_per_epoch * cfg.num_train_epochs
-    if manifest is not None and check_resume_compatible(manifest, cfg, processes, label_names) and not cfg.max_steps:
+    if manifest is not None and moved and not cfg.max_steps:
         rest = math.ceil(batches_per_process(samples - manifest["samples_in_epoch"], batch, processes) / accumulation)
         total_steps = manifest["step"] + rest + (cfg.num_train_epochs - manifest["epoch"] - 1) * steps_per_epoch
     num_epochs = cfg.num_train_epochs if cfg.max_steps is None else math.ceil(total_steps / steps_per_epoch) + 1

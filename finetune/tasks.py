@@ -76,6 +76,10 @@ class Task:
     def collator(self, preprocessor, pad_to_multiple_of: int | None):
         raise NotImplementedError
 
+    def epoch_listener(self, ds):
+        """What the epoch sampler tells each epoch's number (an augmentation seeded by it), or None."""
+        return getattr(ds, "epoch_listener", None)
+
     def lengths(self, ds) -> list[int] | None:
         """Each prepared sample's length, for length-grouped batches and longest-first evaluation."""
         return list(ds["length"]) if "length" in ds.column_names else None
@@ -203,8 +207,17 @@ class TextClassification(Task):
     def check_model(self, model, preprocessor, args: ModelArgs, data: DataArgs) -> None:
         from finetune.models import check_max_length, check_tokenizer
 
-        check_max_length(model, data.max_length, data.pad_to_multiple_of)
         name = args.tokenizer_name or args.model_name_or_path
+        if model.config.pad_token_id is None:  # GPT-2 and kin: batches need a padding token
+            if preprocessor.pad_token_id is None and preprocessor.eos_token is not None:
+                preprocessor.pad_token = preprocessor.eos_token  # as transformers' examples do for GPT-2
+            if preprocessor.pad_token_id is None:
+                raise UserError(
+                    f"the tokenizer of {name} has no padding token and no end-of-text token to pad with; "
+                    "use a tokenizer that has one (tokenizer_name)"
+                )
+            model.config.pad_token_id = preprocessor.pad_token_id
+        check_max_length(model, data.max_length, data.pad_to_multiple_of)
         check_tokenizer(preprocessor, model, name, data.max_length, pair=data.text_pair_column is not None)
 
     def sequence_length(self, data: DataArgs) -> int | None:
@@ -249,7 +262,7 @@ class ImageClassification(Task):
     modality = "image"
     auto_class = "AutoModelForImageClassification"
     architecture_suffix = "ForImageClassification"
-    own_settings = frozenset({"random_flip", "image_processor_name"})
+    own_settings = frozenset({"random_flip", "augment", "image_processor_name"})
 
     def input_columns(self, data: DataArgs) -> list[str]:
         return [data.image_column]
@@ -271,15 +284,18 @@ class ImageClassification(Task):
         )
 
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
-        """Decoded and run through the image processor on the fly (a transform), with the random flip
-        in training when the recipe asks for it."""
-        from finetune.images import ImageTransform, undecoded
+        """Decoded and run through the image processor on the fly (a transform), with the training
+        augmentation the recipe asks for (drawn per epoch and row: `epoch_listener`)."""
+        from finetune.images import Augment, ImageTransform, undecoded
 
         column = data.image_column
         ds = ds.remove_columns([c for c in ds.column_names if c not in (column, "labels")])
-        ds = undecoded(ds, column, split)
-        flip = split == "train" and data.random_flip
-        return ds.with_transform(ImageTransform(preprocessor, column, num_channels, train=flip))
+        ds = undecoded(ds, column, split).add_column("row", list(range(len(ds))))
+        augment = Augment(data.seed, data.random_flip, data.augment) if split == "train" else None
+        transform = ImageTransform(preprocessor, column, num_channels, augment)
+        prepared = ds.with_transform(transform)
+        prepared.epoch_listener = transform.set_epoch if augment else None
+        return prepared
 
     def collator(self, preprocessor, pad_to_multiple_of: int | None):
         return stack_images

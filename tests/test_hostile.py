@@ -686,7 +686,7 @@ def test_16_bit_images_keep_their_contrast(tmp_path, fmt):
     Image.fromarray((wide >> 8).astype(np.uint8)).save(tmp_path / "narrow.png")
     assert Image.open(tmp_path / f"wide.{fmt}").mode.startswith("I")
     processor = ViTImageProcessor(size={"height": 28, "width": 28}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    transform = ImageTransform(processor, "image", num_channels=3, train=False)
+    transform = ImageTransform(processor, "image", num_channels=3)
 
     def pixels(name: str) -> torch.Tensor:
         return transform({"image": [{"path": str(tmp_path / name), "bytes": None}], "labels": [0]})[
