@@ -94,7 +94,8 @@ def redact(value: Any) -> Any:
 
 
 def _display_path(value: Any) -> Any:
-    """An absolute local path as the reader can use it: relative to the repository, or to ~."""
+    """An absolute local path as the reader can use it: relative to the repository, or to ~; anywhere
+    else only its last two parts (a card travels: the machine's layout is no one's business)."""
     if not isinstance(value, str) or not value.startswith("/"):
         return value
     path = Path(value)
@@ -103,7 +104,7 @@ def _display_path(value: Any) -> Any:
             return prefix + str(path.relative_to(root))
         except ValueError:
             continue
-    return value
+    return str(Path(*path.parts[-2:]))
 
 
 def _public_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -161,12 +162,18 @@ def describe_data(data: DataArgs) -> str:
     return text
 
 
-def _launch_command() -> str | None:
-    """The command of this process, when it is the training entry point."""
+def launch_command() -> str | None:
+    """The command of this process, when it is the training entry point (local paths shown as the
+    card shows them)."""
     script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
     if script not in ("run.py", "finetune-train"):
         return None
-    return " ".join(["accelerate launch finetune/run.py", *map(shlex.quote, sys.argv[1:])]).strip()
+
+    def shown(arg: str) -> str:
+        key, eq, value = arg.partition("=")
+        return f"{key}={_display_path(value)}" if eq and "/" not in key else _display_path(arg)
+
+    return " ".join(["accelerate launch finetune/run.py", *(shlex.quote(shown(a)) for a in sys.argv[1:])]).strip()
 
 
 def _number(value: Any) -> str:
@@ -183,6 +190,19 @@ def _setting(value: Any) -> str:
 
 def _cells(rows: list[list[Any]]) -> list[list[str]]:
     return [[_number(v) for v in row] for row in rows]
+
+
+def _learned_line(learned: dict | None) -> str | None:
+    """The run's verdict against the trivial baseline (a model that predicts the same for every input)."""
+    if not learned or learned.get("value") is None or learned.get("baseline") is None:
+        return None
+    shown = METRICS[learned["metric"]].name
+    if learned["verdict"] is False:
+        return f"**Warning:** {learned['said']}."
+    return (
+        f"Against a trivial baseline (the same prediction for every input, from the training labels alone): "
+        f"validation {shown} {learned['value']:.4f} vs {learned['baseline']:.4f}."
+    )
 
 
 def _what(task: str, problem: str, label_names: list[str]) -> str:
@@ -290,7 +310,7 @@ def write_model_card(
     per_class_split = "test" if "test" in splits else "validation"
     per_class = (results.get(per_class_split) or {}).get("per_class") or {}
     stats = ("precision", "recall", "f1", "support") if per_class else ()
-    command = command or _launch_command()
+    command = command or launch_command()
     where = repo_id or _display_path(str(export_dir))
     if where.startswith("/"):  # outside the repository and home: no machine's absolute path in a card
         where = f"{export_dir.parent.name}/{export_dir.name}"
@@ -314,6 +334,7 @@ def write_model_card(
         usage=task_of(task).usage_example(where, problem, data_args),
         best={**best, "value": _number(best.get("value"))} if best.get("metric") is not None else None,
         exported=(results.get("exported") or {}).get("why"),
+        learned=_learned_line(results.get("learned")),
         per_class_split=per_class_split if per_class else None,
         labels=_cells(
             [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(label_names)]

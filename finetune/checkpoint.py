@@ -310,9 +310,10 @@ class Checkpointer:
     """Writes a run's checkpoints: the manifest, the best one by `metric_for_best_model`, retention.
     Remembers the last good checkpoint, which a run that must stop names."""
 
-    def __init__(self, accelerator, cfg, output_dir: Path, label_names: list[str], train_samples: int):
+    def __init__(self, accelerator, cfg, output_dir: Path, label_names: list[str], train_samples: int,
+                 command: str | None = None):  # fmt: skip
         self.accelerator, self.cfg, self.out, self.label_names = accelerator, cfg, output_dir, label_names
-        self.train_samples = train_samples
+        self.train_samples, self.command = train_samples, command  # the run's first launch command
         self.best: dict[str, Any] = {}
         self.last: Path | None = None
 
@@ -345,6 +346,7 @@ class Checkpointer:
             "distributed_type": str(accelerator.distributed_type.value),
             "state": "sharded" if sharded_state(accelerator) else "whole",
             "train_samples": self.train_samples,
+            "command": self.command,
             "task": cfg.task,
             "label_names": self.label_names,
             "metrics": metrics or {},

@@ -334,7 +334,7 @@ class OptimArgs:
 
     TITLE: ClassVar[str] = "optimisation"
 
-    num_train_epochs: int = setting(3, "passes over the training data")
+    num_train_epochs: float = setting(3.0, "passes over the training data (1.5: one and a half)")
     max_steps: int | None = setting(None, "optimizer steps to train; overrides num_train_epochs")
     per_device_train_batch_size: int = setting(32, "training samples per process per micro-batch")
     per_device_eval_batch_size: int = setting(
@@ -354,8 +354,10 @@ class OptimArgs:
     def _check_optim(self) -> None:
         _finite(self, "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
                 "max_grad_norm", "warmup_ratio")  # fmt: skip
-        _positive(self, "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                  "num_train_epochs")  # fmt: skip
+        _positive(self, "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+        _finite(self, "num_train_epochs")
+        if not self.num_train_epochs > 0:
+            raise UserError(f"num_train_epochs must be positive, got {self.num_train_epochs}")
         _positive(self, "max_steps", allow_null=True)
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
@@ -686,6 +688,28 @@ def _unknown_key(key: str, known: list[str]) -> UserError:
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     hint = f"; did you mean {close[0]}?" if close else ""
     return UserError(f"unknown config key '{key}'{hint}")
+
+
+def settings_from_flags(argv: list[str], keys: typing.Collection[str] | None = None) -> list[str]:
+    """transformers' habit beside ours: `--num_train_epochs 2` and `--num_train_epochs=2` become
+    `num_train_epochs=2` (a bare `--group_by_length`: `=true`), for the setting names in `keys`
+    (default: every setting); anything else is left as it is."""
+    names = set(keys if keys is not None else (f.name for f in dataclasses.fields(TrainConfig)))
+    out, i = [], 0
+    while i < len(argv):
+        token = argv[i]
+        name, eq, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        if name.split(".")[0] not in names:
+            out.append(token)
+        elif eq:
+            out.append(f"{name}={value}")
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--") and "=" not in argv[i + 1]:
+            out.append(f"{name}={argv[i + 1]}")
+            i += 1
+        else:
+            out.append(f"{name}=true")
+        i += 1
+    return out
 
 
 def parse_override(item: str) -> tuple[str, Any]:

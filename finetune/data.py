@@ -110,12 +110,34 @@ def _not_a_file(path: Path) -> str:
     return "not found"
 
 
+def _check_utf8(split: str, path: str) -> None:
+    """A text data file must be UTF-8: datasets reads other bytes into its tables and fails only when a
+    value is read, deep in training's preparation. Decoded in chunks of 1 MiB (about a millisecond each)."""
+    import codecs
+
+    decoder, line, offset = codecs.getincrementaldecoder("utf-8")(), 1, 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as e:
+                bad = offset + e.start
+                line += chunk[: e.start].count(b"\n")
+                raise UserError(
+                    f"{split} file {path} is not UTF-8 text (line {line}, byte {bad}); save it as UTF-8"
+                ) from None
+            line += chunk.count(b"\n")
+            offset += len(chunk)
+
+
 def _check_readable_and_separated(split: str, path: str) -> None:
     """Before `datasets` reads the file: that it may be read, and that a .csv is comma-separated. A file
     separated by semicolons (a spreadsheet's export in many locales) reads as one column, or as rows of
     the wrong length: say what it is instead."""
     if not os.access(path, os.R_OK):
         raise UserError(f"{split} file {path} is not readable (permission denied); check its permissions")
+    if Path(path).suffix.lower() != ".parquet":
+        _check_utf8(split, path)
     if Path(path).suffix.lower() != ".csv":
         return
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -290,9 +312,20 @@ def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str
     return ds.cast_column("labels", ClassLabel(names=label_names))
 
 
-def check_columns(ds: HFDataset, split: str, args: DataArgs) -> None:
-    """The label column(s) and the task's input columns exist and hold what they should; no label is null."""
-    task, label_columns, inputs = task_of(args.task), args.label_sources, args.input_columns
+def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = True) -> None:
+    """The label column(s) (unless the data is `labelled=False`: predictions only) and the task's input
+    columns exist and hold what they should; no label is null."""
+    try:
+        _check_columns(ds, split, args, labelled)
+    except UnicodeDecodeError as e:  # a parquet file's strings: read only when a value is
+        raise UserError(
+            f"the {split} data holds text that is not UTF-8 ({e.reason}); the file is damaged or in another "
+            "encoding: save it again as UTF-8"
+        ) from None
+
+
+def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool) -> None:
+    task, label_columns, inputs = task_of(args.task), args.label_sources if labelled else [], args.input_columns
     for column in (*label_columns, *inputs):
         if column not in ds.column_names:
             hint = task.missing_label_hint() if column in label_columns and ds.column_names == inputs else ""

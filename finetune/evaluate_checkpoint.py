@@ -77,6 +77,7 @@ from finetune.config import (
     TrainConfig,
     config_from_dict,
     parse_override,
+    settings_from_flags,
     settings_help,
 )
 from finetune.data import check_columns, encode_split, load_path, load_splits
@@ -86,7 +87,7 @@ from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_report, summary_line
 from finetune.models import build_model
 from finetune.plots import plot_confusion_matrix
-from finetune.problems import infer_problem_type, problem_type_of, scores
+from finetune.problems import infer_problem_type, placeholder_labels, problem_type_of, scores
 from finetune.rundir import RunDir, is_hub_name, kind_of
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
 from finetune.tasks import TASK_NAMES, task_of, task_of_model
@@ -398,13 +399,19 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     ds = loaded[name]
     if len(ds) == 0:
         raise UserError(f"{what} has no rows; check the file")
-    check_columns(ds, what, args)
-    # By name, whatever the file's order or type; a label the model does not know is a UserError.
-    ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)
+    # No label column at all: data to predict, not to score.
+    labelled = any(column in ds.column_names for column in args.label_sources)
+    check_columns(ds, what, args, labelled)
+    if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError
+        ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)
+    else:
+        problem = args.problem_type or task_of(args.task).problems[0]
+        ds = placeholder_labels(ds, args, problem, list(args.label_names or []))
     info = {
         "split": None if path.is_file() else name,
         "data": str(path.resolve()),
         "data_sha256": sha256_of(path),
+        "labelled": labelled,
     }
     stem = path.stem if path.is_file() or len(loaded) == 1 else f"{path.name}-{name}"
     return ds, f"{stem}-{info['data_sha256'][:8]}", info
@@ -414,12 +421,8 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
 
 
 def output_paths(metrics_file: Path) -> tuple[Path, Path]:
-    """The confusion-matrix PNG and predictions.jsonl beside metrics.json (prefixed by another name)."""
-    prefix = "" if metrics_file.stem == "metrics" else f"{metrics_file.stem}."
-    return (
-        metrics_file.with_name(f"{prefix}confusion_matrix.png"),
-        metrics_file.with_name(f"{prefix}predictions.jsonl"),
-    )
+    """The confusion-matrix PNG and predictions.jsonl beside metrics.json."""
+    return metrics_file.with_name("confusion_matrix.png"), metrics_file.with_name("predictions.jsonl")
 
 
 def _is_ours(metrics_file: Path) -> bool:
@@ -549,7 +552,11 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     model = accelerator.prepare_model(model, evaluation_mode=True)
     loader = accelerator.prepare_data_loader(loader)
     problem = problem_type_of(ds)
-    report, predictions = evaluate_with_predictions(model, loader, accelerator, target, cfg, problem, args.predictions)
+    labelled = info.get("labelled", True)
+    keep = args.predictions or not labelled  # data without labels: predictions are the output
+    report, predictions = evaluate_with_predictions(model, loader, accelerator, target, cfg, problem, keep)
+    if not labelled:  # the placeholder labels score nothing: only what was predicted, and how much
+        report = {k: v for k, v in report.items() if k in ("num_samples", "num_sentences", "num_words")}
 
     record: dict[str, Any] = {
         "format": FORMAT,
@@ -561,7 +568,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         **info,
         "label_names": target.label_names,
         **report,
-        "predictions": output_paths(metrics_file)[1].name if args.predictions else None,
+        "predictions": output_paths(metrics_file)[1].name if keep else None,
         "runtime": {
             "num_processes": accelerator.num_processes,
             "distributed_type": str(accelerator.distributed_type),
@@ -575,25 +582,24 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     replaced = False
     if accelerator.is_main_process:
         replaced = write_outputs(metrics_file, record, predictions, ds, cfg, target, name)
-    accelerator.print(
-        f"{name}: {summary_line(report)} -> {metrics_file}"
-        + (" (replaced the previous one)" if replaced else "")
-    )
+    said = summary_line(report) if labelled else f"predictions for {report['num_samples']} samples (no labels to score)"
+    accelerator.print(f"{name}: {said} -> {metrics_file.parent}" + (" (replaced the previous one)" if replaced else ""))
     accelerator.end_training()
     return {**record, "metrics_file": str(metrics_file)}
 
 
 def metrics_path(output: str | None, target: Target, name: str) -> Path:
-    """Where metrics.json goes: `--output` (a folder: existing, ending in "/", or a name without a
-    suffix; else the .json file itself), or beside the checkpoint, or under ./eval for a hub model."""
+    """Where metrics.json goes: in the folder `--output`, else outside what is evaluated (an export is
+    shared; the evaluated data, in predictions.jsonl, is the user's): the run's `eval/` folder for an
+    export or a checkpoint of a run, else ./eval/<the model's name>/."""
     if output is not None:
-        metrics_file = Path(output).expanduser()
-        if metrics_file.is_dir() or output.endswith("/") or not metrics_file.suffix:
-            metrics_file = metrics_file / "metrics.json"
-        return metrics_file
-    if target.path is not None:
-        return target.path / "eval" / name / "metrics.json"
-    return Path("eval") / target.spec.replace("/", "__") / name / "metrics.json"
+        return Path(output).expanduser() / "metrics.json"
+    if target.kind == "training-state":  # <run>/checkpoints/step-N
+        return target.path.parent.parent / "eval" / f"{target.path.name}-{name}" / "metrics.json"
+    if target.kind == "export" and target.cfg is not None:  # <run>/model
+        return target.path.parent / "eval" / name / "metrics.json"
+    model = target.path.name if target.path is not None else target.spec.replace("/", "__")
+    return Path("eval") / model / name / "metrics.json"
 
 
 def evaluate_with_predictions(model, loader, accelerator, target: Target, cfg: TrainConfig, problem: str, keep: bool):
@@ -690,11 +696,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--output",
-        help="a folder for the outputs, or the .json file for metrics (default: <checkpoint>/eval/<split>/)",
+        help="the folder for the outputs (default: <run>/eval/<split>/, or ./eval/<model>/<data>/)",
     )
     parser.add_argument("--predictions", action="store_true", help="also write predictions.jsonl")
     parser.add_argument("--task", choices=TASK_NAMES, help="the task of a model evaluated without its run")
-    return parser.parse_intermixed_args(argv)
+    return parser.parse_intermixed_args(settings_from_flags(argv, EVAL_KEYS))
 
 
 @exit_on_user_error

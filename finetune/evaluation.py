@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
-from finetune.metrics import TOKENS, report
+from finetune.metrics import TOKENS, baseline_report, report
 from finetune.problems import loss_weights, per_sample_loss, predictions
 
 NOT_INPUTS = ("labels", "meta")  # batch keys the model does not take
@@ -43,13 +43,17 @@ def evaluate_model(
     problem_type: str | None = None,
     threshold: float = 0.5,
     word_predictions: bool = False,
+    trivial=None,
 ) -> dict:
     """The problem type's metrics (finetune/metrics.py) and loss over exactly the dataset:
     `gather_for_metrics` drops the samples Accelerate duplicated to even out the last batch, and the
     count is asserted. The loss is the mean over the loss's terms (samples; labelled tokens for tags).
-    For tags, `word_predictions=True` adds each sentence's predicted tag ids, in the data's order."""
+    For tags, `word_predictions=True` adds each sentence's predicted tag ids, in the data's order. With
+    `trivial` (problems.trivial_prediction), `baseline` holds the metrics of always predicting it."""
     if problem_type == TOKENS:
-        metrics = _evaluate_tags(model, loader, accelerator, label_names, chunks)
+        metrics, gold = _evaluate_tags(model, loader, accelerator, label_names, chunks)
+        if trivial is not None:
+            metrics["baseline"] = baseline_report(TOKENS, trivial, gold, label_names)
         if not word_predictions:
             metrics.pop("word_predictions")
         return metrics
@@ -70,6 +74,8 @@ def evaluate_model(
         raise RuntimeError(f"evaluated {len(refs_t)} samples, the dataset has {expected}")
     metrics = report(problem_type, preds_t, refs_t, label_names, threshold)
     metrics["loss"] = torch.cat(losses).mean().item()
+    if trivial is not None:
+        metrics["baseline"] = baseline_report(problem_type, trivial, refs_t, label_names, threshold)
     return metrics
 
 
@@ -106,4 +112,4 @@ def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[st
     metrics = report(TOKENS, predicted, gold, label_names)
     metrics["loss"] = loss_sum / max(terms, 1)
     metrics["word_predictions"] = predicted
-    return metrics
+    return metrics, gold

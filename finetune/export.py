@@ -114,6 +114,7 @@ def _write_export(cfg, accelerator, model, preprocessor, results, label_names, b
         num_processes=accelerator.num_processes,
         mixed_precision=accelerator.mixed_precision,
         repo_id=cfg.push_to_hub_model_id,
+        command=results.get("command"),
     )
     if seconds is not None:  # each phase's own seconds, this export's until now
         results["seconds"] = {name: round(value, 3) for name, value in seconds().items()}

@@ -34,6 +34,7 @@ scripts from the Hub at run time, which fails offline.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -134,12 +135,49 @@ def _counted(metrics: dict[str, Any]) -> str:
 def summary_line(metrics: dict[str, Any]) -> str:
     """One line for the console: "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples"."""
     shown = PROBLEMS[problem_of(metrics)].shown
-    return f"{_named(shown, metrics)}, loss {_shown(metrics.get('loss'))} on {_counted(metrics)}"
+    line = f"{_named(shown, metrics)}, loss {_shown(metrics.get('loss'))} on {_counted(metrics)}"
+    if metrics.get("baseline"):  # what predicting the same for every input scores
+        line += f" (trivial baseline: {_named(shown[:1], metrics['baseline'])})"
+    return line
 
 
 def headline(metrics: dict[str, Any]) -> str:
     """The end of a run in a few words: "accuracy 0.7955 on 1066 samples"."""
     return f"{_named(PROBLEMS[problem_of(metrics)].headline, metrics)} on {_counted(metrics)}"
+
+
+def baseline_report(problem: str | None, constant, references, label_names: list[str], threshold: float = 0.5) -> dict:
+    """The metrics of predicting `constant` (finetune/problems.py, trivial_prediction) for every sample
+    of `references` (lists of tag ids per sentence, for tags): the numbers a model must beat."""
+    import torch
+
+    if problem == TOKENS:
+        predictions = [[constant] * len(sentence) for sentence in references]
+    elif problem == MULTI:
+        predictions = torch.as_tensor(constant).expand(len(references), -1)
+    else:
+        predictions = torch.full((len(references),), constant)
+    reported = report(problem, predictions, references, label_names, threshold)
+    return {k: v for k, v in reported.items() if k in METRICS}
+
+
+def learned(key: str, value: float | None, baseline: float | None, n: int) -> bool | None:
+    """Whether `value` of metric `key`, on `n` samples (words, for word accuracy), is clearly better than
+    the trivial baseline's. The rule: for a rate (accuracy, F1, precision, recall), more than two
+    standard errors of the baseline's rate above it, and at least 0.02 (a binomial proportion's 95%
+    margin); for Pearson's or Spearman's r, above 2 / sqrt(n) (the baseline predicts a constant: r is
+    undefined, 0 in effect); for r2, above 0.05; for mse or mae, at least 10% below the baseline's.
+    None when it cannot be told (no value)."""
+    if value is None or (baseline is None and key not in ("pearson", "spearman")) or n <= 0:
+        return None
+    if key in ("pearson", "spearman"):
+        return value > 2 / math.sqrt(n)
+    if key == "r2":
+        return value > 0.05
+    if key in ("mse", "mae", "loss"):
+        return value < 0.9 * baseline
+    margin = max(0.02, 2 * math.sqrt(max(baseline, 0.01) * max(1 - baseline, 0.01) / n))
+    return value > baseline + margin
 
 
 # --- how each number is computed ----------------------------------------------------------------------

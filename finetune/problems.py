@@ -404,3 +404,36 @@ def predictions(logits: torch.Tensor, problem_type: str | None) -> torch.Tensor:
 def scores(logits: torch.Tensor, problem_type: str | None) -> torch.Tensor:
     """What predictions.jsonl shows: softmax probabilities, sigmoid ones, or the predicted number."""
     return logits.float().softmax(-1) if problem_type in (None, SINGLE, TOKENS) else predictions(logits, problem_type)
+
+
+def placeholder_labels(ds: HFDataset, args: DataArgs, problem: str, label_names: list[str]) -> HFDataset:
+    """Data without labels (predictions only) given a `labels` column of the problem's type, all zero,
+    so that it goes through the same preparation and evaluation loop; no metric is read from it."""
+    if problem == TOKENS:
+        feature, value = Sequence(ClassLabel(names=label_names)), lambda b: [[0] * len(w) for w in b[args.tokens_column]]
+    elif problem == MULTI:
+        feature = Sequence(Value("float32"), length=len(label_names))
+        value = lambda b: [[0.0] * len(label_names)] * len(next(iter(b.values())))  # noqa: E731
+    elif problem == REGRESSION:
+        feature, value = Value("float32"), lambda b: [0.0] * len(next(iter(b.values())))
+    else:
+        feature, value = ClassLabel(names=label_names), lambda b: [0] * len(next(iter(b.values())))
+    ds = ds.map(lambda b: {"labels": value(b)}, batched=True, desc="placeholder labels")
+    return ds.cast_column("labels", feature)
+
+
+def trivial_prediction(train_labels, problem: str):
+    """What a model that learned nothing from the inputs predicts, from the training labels alone: the
+    majority class (single-label), the most frequent tag (tags), the mean target (regression), each
+    label's frequency as its probability (multi-label). The baseline every evaluation reports beside
+    the model's metrics (finetune/metrics.py, `learned`)."""
+    if problem == TOKENS:
+        tags = [t for row in list(train_labels) for t in row if t != -100]
+        return max(set(tags), key=lambda t: (tags.count(t), -t)) if tags else 0
+    values = torch.as_tensor(list(train_labels), dtype=torch.float32)
+    if problem == REGRESSION:
+        return float(values.mean())
+    if problem == MULTI:
+        return values.mean(0)
+    counts = torch.bincount(values.long())
+    return int(counts.argmax())  # the first of the most frequent

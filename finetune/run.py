@@ -47,16 +47,23 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from finetune import checkpoint as ckpt
-from finetune.card import check_hub_access
-from finetune.config import TrainConfig, load_config, resumed_run_recipe, save_config, settings_help
+from finetune.card import check_hub_access, launch_command
+from finetune.config import (
+    TrainConfig,
+    load_config,
+    resumed_run_recipe,
+    save_config,
+    settings_from_flags,
+    settings_help,
+)
 from finetune.data import infer_task, load_splits, prepare_splits
 from finetune.errors import ArgumentParser, UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import export_run
 from finetune.lora import apply_lora, is_lora
-from finetune.metrics import headline, summary_line
+from finetune.metrics import METRICS, PROBLEMS, headline, learned, summary_line
 from finetune.models import build_model, freeze_layers
-from finetune.problems import SINGLE, loss_weights, per_sample_loss, problem_type_of
+from finetune.problems import SINGLE, loss_weights, per_sample_loss, problem_type_of, trivial_prediction
 from finetune.rundir import RunDir, check_output_dir, check_shared_output_dir, set_aside_previous_run
 from finetune.runtime import (
     ScalerSkips,
@@ -242,6 +249,7 @@ class Run:
     train_loader: DataLoader
     sampler: EpochSampler
     sample_weights: list[int] | None  # each training sample's count in its step's loss (None: one each)
+    trivial: Any  # what a model that learned nothing predicts (problems.trivial_prediction): the baseline
     eval_loaders: dict[str, DataLoader]
     plan: StepPlan
     optimizer: torch.optim.Optimizer
@@ -281,9 +289,11 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
     eval_loaders = {k: accelerator.prepare(v) for k, v in eval_loaders.items()}
     assert len(train_loader) == plan.batches, (len(train_loader), plan.batches)
     log = MetricsLog(accelerator, out.metrics)
-    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, len(splits["train"]))
+    command = (manifest or {}).get("command") or launch_command()  # a resume keeps the run's first command
+    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, len(splits["train"]), command)
     weights = task_of(cfg.task).sample_weights(splits["train"])
-    return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, eval_loaders,
+    trivial = trivial_prediction(splits["train"].with_format(None)["labels"], cfg.problem_type)
+    return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial, eval_loaders,
                plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer)  # fmt: skip
 
 
@@ -516,7 +526,7 @@ class Evaluations:
         with self.hooks.phase("evaluate"):
             self.last = evaluate_split(self.cfg, self.run, "validation")
         scalars = {f"eval_{k}": v for k, v in self.last.items() if isinstance(v, (int, float))}
-        self.run.log.log({"epoch": epoch, **scalars}, step)
+        self.run.log.log({"epoch": epoch + 1, **scalars}, step)  # counted from 1, as the console does
         if self.run.accelerator.is_main_process:  # above the training bar
             tqdm.write(f"step {step} (epoch {epoch + 1}): validation {summary_line(self.last)}")
         self.hooks.mark("evaluated", (step, self.last))
@@ -534,7 +544,7 @@ class Evaluations:
 def evaluate_split(cfg: TrainConfig, run: Run, split: str) -> dict:
     """The metrics of the run's problem type on one split (finetune/evaluation.py)."""
     return evaluate_model(run.model, run.eval_loaders[split], run.accelerator, run.label_names, cfg.pipeline_chunks,
-                          cfg.problem_type, cfg.multi_label_threshold)  # fmt: skip
+                          cfg.problem_type, cfg.multi_label_threshold, trivial=run.trivial)  # fmt: skip
 
 
 def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hooks: Hooks) -> dict[str, Any]:
@@ -542,15 +552,41 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
     split scored, the export written."""
     if not ckpt.all_finite(run.model, run.accelerator):
         raise ckpt.diverged("the weights became NaN or infinite", step, run.checkpointer.last)
-    results: dict[str, Any] = {"step": step, "validation": evaluations.last or evaluations.evaluate(step, run.plan.num_epochs - 1)}
+    results: dict[str, Any] = {"step": step, "command": run.checkpointer.command,
+                               "validation": evaluations.last or evaluations.evaluate(step, run.plan.num_epochs - 1)}  # fmt: skip
     with hooks.phase("evaluate"):
         results["exported"] = choose_export(cfg, run, step, results)
         if "test" in run.eval_loaders:
             results["test"] = evaluate_split(cfg, run, "test")
+    results["learned"] = judge(cfg, results["validation"], run.checkpointer.best)
+    if results["learned"]["verdict"] is False:
+        run.accelerator.print(f"warning: {results['learned']['said']}")
     with hooks.phase("export"):
         export_run(cfg, run.accelerator, run.model, run.preprocessor, results, run.label_names, run.checkpointer.best,
                    seconds=hooks.so_far)  # fmt: skip
     return results
+
+
+def judge(cfg: TrainConfig, validation: dict, best: dict) -> dict:
+    """Whether the model learned: the best validation value of the problem's main metric (or of
+    metric_for_best_model) against the trivial baseline's (metrics.learned states the rule)."""
+    problem_metrics = PROBLEMS[cfg.problem_type].reported
+    key = cfg.metric_for_best_model if cfg.metric_for_best_model != "loss" else problem_metrics[0]
+    value = best.get("value") if best.get("metric") == key else validation.get(key)
+    baseline = (validation.get("baseline") or {}).get(key)
+    n = validation.get("num_words") if key == "word_accuracy" else validation.get("num_samples", 0)
+    verdict = learned(key, value, baseline, n or 0)
+    shown = METRICS[key].name
+    said = (
+        f"the model did not learn beyond a trivial baseline: best validation {shown} {value:.4f}, against "
+        f"{baseline if baseline is None else round(baseline, 4)} for a model that predicts the same for every "
+        f"input (the training labels' {'mean' if cfg.problem_type == 'regression' else 'most frequent answer'}); "
+        "try more epochs or more data, a learning_rate 3-10x higher or lower, or a larger pretrained model "
+        "(docs/your-own-data.md)"
+        if verdict is False
+        else f"validation {shown} {value} against the trivial baseline's {baseline}"
+    )
+    return {"metric": key, "value": value, "baseline": baseline, "verdict": verdict, "said": said}
 
 
 def choose_export(cfg: TrainConfig, run: Run, step: int, results: dict) -> dict:
@@ -633,8 +669,8 @@ class LossWatch:
         rate = (samples_seen - self.last_samples) / max(now - self.last_time, 1e-9)
         self.last_time, self.last_samples = now, samples_seen
         loss = (stats[:, 0].sum() / stats[:, 1].sum().clamp(min=1)).item()
-        self.metrics_log.log(
-            {"epoch": epoch, "loss": loss, "learning_rate": lr, "samples_per_second": rate}, step
+        self.metrics_log.log(  # the epoch counted from 1, as the console does
+            {"epoch": epoch + 1, "loss": loss, "learning_rate": lr, "samples_per_second": rate}, step
         )
         progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{rate:.0f}")
         self.running.zero_()
@@ -706,7 +742,7 @@ def parse_args(argv: list[str]):
     )
     parser.add_argument("--plan-only", action="store_true", help="print the model-parallel plan and exit")
     parser.add_argument("settings", nargs="*", metavar="key=value", help="override any setting of the recipe")
-    args = parser.parse_intermixed_args(argv)  # key=value before and after the flags
+    args = parser.parse_intermixed_args(settings_from_flags(argv))  # key=value before and after the flags
     if args.help:
         print(f"{parser.format_help()}\n{settings_help(args.config)}")
         raise SystemExit(0)

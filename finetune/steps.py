@@ -179,11 +179,14 @@ def plan_steps(cfg, processes: int, samples: int, manifest: dict | None = None, 
             "lower gradient_accumulation_steps or per_device_train_batch_size"
         )
     steps_per_epoch = math.ceil(batches / accumulation)
-    total_steps = cfg.max_steps or steps_per_epoch * cfg.num_train_epochs
+    total_steps = cfg.max_steps or math.ceil(steps_per_epoch * cfg.num_train_epochs - 1e-9)  # 1.5 epochs: half the 2nd
     if manifest is not None and moved and not cfg.max_steps:
         rest = math.ceil(batches_per_process(samples - manifest["samples_in_epoch"], batch, processes) / accumulation)
-        total_steps = manifest["step"] + rest + (cfg.num_train_epochs - manifest["epoch"] - 1) * steps_per_epoch
-    num_epochs = cfg.num_train_epochs if cfg.max_steps is None else math.ceil(total_steps / steps_per_epoch) + 1
+        later = max(0.0, cfg.num_train_epochs - manifest["epoch"] - 1)  # whole or part epochs after this one
+        total_steps = manifest["step"] + rest + math.ceil(later * steps_per_epoch - 1e-9)
+    num_epochs = (
+        math.ceil(cfg.num_train_epochs) if cfg.max_steps is None else math.ceil(total_steps / steps_per_epoch) + 1
+    )
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else math.ceil(cfg.warmup_ratio * total_steps)
     if warmup > total_steps:
         raise UserError(
