@@ -350,6 +350,13 @@ class OptimArgs:
     warmup_ratio: float = setting(0.0, "share of the optimizer steps spent warming up")
     warmup_steps: int | None = setting(None, "optimizer steps spent warming up; overrides warmup_ratio")
     max_grad_norm: float | None = setting(1.0, "clip the gradients' global norm to this (null: no clipping)")
+    # Single-label: the cross-entropy's label smoothing (transformers' label_smoothing_factor).
+    label_smoothing: float = setting(0.0, "single-label: label smoothing of the cross-entropy, in [0, 1)")
+    # Rare classes weigh more: balanced is n / (K * n_k) per class (scikit-learn's class_weight="balanced")
+    # for single-label, and (n - n_k) / n_k (at most 100) as BCE's pos_weight for multi-label.
+    class_weights: Literal["balanced"] | None = setting(
+        None, "balanced: weigh each class (single-label) or label's positives (multi-label) by its rarity"
+    )
 
     def _check_optim(self) -> None:
         _finite(self, "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
@@ -372,6 +379,9 @@ class OptimArgs:
             raise UserError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0 <= self.warmup_ratio < 1:
             raise UserError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        _finite(self, "label_smoothing")
+        if not 0 <= self.label_smoothing < 1:
+            raise UserError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise UserError(f"warmup_steps must be positive (or null), got {self.warmup_steps}")
         if self.warmup_steps is not None and self.max_steps is not None and self.warmup_steps > self.max_steps:
@@ -408,6 +418,12 @@ class RunArgs:
     )
     multi_label_threshold: float = setting(
         0.5, "multi-label: a label is predicted when its probability is at least this", evaluation=True
+    )
+    # Multi-label: after training, the threshold that maximizes validation micro F1 (global), or each
+    # label's that maximizes its F1 (per_label), replaces multi_label_threshold for the test split, the
+    # export (config.json's multi_label_thresholds) and its evaluations.
+    tune_threshold: Literal["off", "global", "per_label"] = setting(
+        "global", "multi-label: tune the threshold on validation after training (off, global, per_label)"
     )
     save_steps: int | None = setting(None, "optimizer steps between training-state checkpoints")
     save_at_epoch_end: bool = setting(False, "also write a checkpoint at each epoch's end")

@@ -481,7 +481,7 @@ def write_predictions(
     names: list[str],
     inputs: list[dict[str, Any]] | None = None,
     problem_type: str = SINGLE,
-    threshold: float = 0.5,
+    threshold: float | list[float] = 0.5,
 ) -> None:
     """One line per sample, in dataset order: index, its input (`sample_inputs`), then
     single-label: label, prediction, per-class probabilities; regression: label, prediction (numbers);
@@ -489,6 +489,7 @@ def write_predictions(
     tags: one line per sentence, its words, their gold tags (`labels`) and predicted tags (`predictions`)."""
     inputs = inputs if inputs is not None else [{} for _ in labels]
     rows = probabilities.tolist() if isinstance(probabilities, torch.Tensor) else probabilities
+    per_label = threshold if isinstance(threshold, list) else [threshold] * len(names)
     with path.open("w") as f:
         for i, (p, label, given) in enumerate(zip(rows, labels, inputs, strict=True)):
             record: dict[str, Any] = {"index": i, **given}
@@ -499,7 +500,7 @@ def write_predictions(
             elif problem_type == MULTI:
                 record.update(
                     labels=[n for n, y in zip(names, label, strict=True) if y >= 0.5],
-                    predictions=[n for n, q in zip(names, p, strict=True) if q >= threshold],
+                    predictions=[n for n, q, t in zip(names, p, per_label, strict=True) if q >= t],
                     probabilities=dict(zip(names, p, strict=True)),
                 )
             else:
@@ -554,7 +555,11 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     problem = problem_type_of(ds)
     labelled = info.get("labelled", True)
     keep = args.predictions or not labelled  # data without labels: predictions are the output
-    report, predictions = evaluate_with_predictions(model, loader, accelerator, target, cfg, problem, keep)
+    # The thresholds tuned on the run's validation split (the export's config.json), unless asked otherwise.
+    tuned = getattr(accelerator.unwrap_model(model).config, "multi_label_thresholds", None)
+    asked = any(parse_override(item)[0] == "multi_label_threshold" for item in args.overrides)
+    threshold = tuned if tuned and not asked else cfg.multi_label_threshold
+    report, predictions = evaluate_with_predictions(model, loader, accelerator, target, problem, keep, threshold)
     if not labelled:  # the placeholder labels score nothing: only what was predicted, and how much
         report = {k: v for k, v in report.items() if k in ("num_samples", "num_sentences", "num_words")}
 
@@ -602,16 +607,16 @@ def metrics_path(output: str | None, target: Target, name: str) -> Path:
     return Path("eval") / model / name / "metrics.json"
 
 
-def evaluate_with_predictions(model, loader, accelerator, target: Target, cfg: TrainConfig, problem: str, keep: bool):
+def evaluate_with_predictions(model, loader, accelerator, target: Target, problem: str, keep: bool, threshold):
     """The metrics, and with `keep` what predictions.jsonl needs: per sample, the gathered probabilities
     (or numbers); per sentence, the predicted tag ids."""
     if problem == TOKENS:
-        report = evaluate_model(model, loader, accelerator, target.label_names, problem_type=problem, word_predictions=keep)
-        return report, report.pop("word_predictions", None)
+        report = evaluate_model(model, loader, accelerator, target.label_names, problem_type=problem, keep_predictions=keep)
+        return report, report.pop("predictions", None)
     recorder = RecordProbabilities(model, accelerator, problem) if keep else None
     report = evaluate_model(
         recorder if recorder is not None else model, loader, accelerator, target.label_names,
-        problem_type=problem, threshold=cfg.multi_label_threshold,
+        problem_type=problem, threshold=threshold,
     )  # fmt: skip
     if recorder is None:
         return report, None
@@ -642,7 +647,7 @@ def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainC
         if predictions is not None:
             inputs = task_of(cfg.task).sample_inputs(ds, cfg.data_args)
             write_predictions(jsonl, predictions, list(ds["labels"]), target.label_names, inputs, problem,
-                              cfg.multi_label_threshold)  # fmt: skip
+                              record.get("threshold", cfg.multi_label_threshold))  # fmt: skip
         elif replaced:
             jsonl.unlink(missing_ok=True)  # the previous evaluation's, now stale
     except Exception as e:

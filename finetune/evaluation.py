@@ -41,21 +41,22 @@ def evaluate_model(
     label_names: list[str],
     chunks: int = 1,
     problem_type: str | None = None,
-    threshold: float = 0.5,
-    word_predictions: bool = False,
+    threshold: float | list[float] = 0.5,
+    keep_predictions: bool = False,
     trivial=None,
 ) -> dict:
     """The problem type's metrics (finetune/metrics.py) and loss over exactly the dataset:
     `gather_for_metrics` drops the samples Accelerate duplicated to even out the last batch, and the
     count is asserted. The loss is the mean over the loss's terms (samples; labelled tokens for tags).
-    For tags, `word_predictions=True` adds each sentence's predicted tag ids, in the data's order. With
-    `trivial` (problems.trivial_prediction), `baseline` holds the metrics of always predicting it."""
+    `keep_predictions=True` adds `predictions` and `references` (for tags each sentence's predicted tag
+    ids), in the data's order. With `trivial` (problems.trivial_prediction), `baseline` holds the
+    metrics of always predicting it."""
     if problem_type == TOKENS:
         metrics, gold = _evaluate_tags(model, loader, accelerator, label_names, chunks)
         if trivial is not None:
             metrics["baseline"] = baseline_report(TOKENS, trivial, gold, label_names)
-        if not word_predictions:
-            metrics.pop("word_predictions")
+        if not keep_predictions:
+            metrics.pop("predictions")
         return metrics
     model.eval()
     preds, refs, losses = [], [], []
@@ -76,6 +77,8 @@ def evaluate_model(
     metrics["loss"] = torch.cat(losses).mean().item()
     if trivial is not None:
         metrics["baseline"] = baseline_report(problem_type, trivial, refs_t, label_names, threshold)
+    if keep_predictions:
+        metrics["predictions"], metrics["references"] = preds_t, refs_t
     return metrics
 
 
@@ -111,5 +114,5 @@ def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[st
         gold.append([tag for _, _, g in windows for tag in g])
     metrics = report(TOKENS, predicted, gold, label_names)
     metrics["loss"] = loss_sum / max(terms, 1)
-    metrics["word_predictions"] = predicted
+    metrics["predictions"] = predicted
     return metrics, gold

@@ -319,7 +319,7 @@ def regression_report(predictions: Any, references: Any) -> dict[str, Any]:
 
 
 def multi_label_report(
-    probabilities: Any, references: Any, label_names: list[str], threshold: float = 0.5
+    probabilities: Any, references: Any, label_names: list[str], threshold: float | Sequence[float] = 0.5
 ) -> dict[str, Any]:
     """A label is predicted when its probability is >= `threshold`. scikit-learn on the (N, K) 0/1
     matrices: micro (every sample-label pair pooled) and macro (the mean over labels) precision,
@@ -330,7 +330,7 @@ def multi_label_report(
     k = len(label_names)
     y_prob = _array(probabilities).reshape(-1, k)
     y_true = (_array(references).reshape(-1, k) >= 0.5).astype(np.int64)
-    y_pred = (y_prob >= threshold).astype(np.int64)
+    y_pred = (y_prob >= np.asarray(threshold, dtype=np.float64)).astype(np.int64)  # one, or one per label
     n = len(y_true)
     if n:
         p, r, f1, support = precision_recall_fscore_support(y_true, y_pred, average=None, zero_division=0)
@@ -341,7 +341,7 @@ def multi_label_report(
         micro, subset = (0.0, 0.0, 0.0), 0.0
     return {
         "num_samples": n,
-        "threshold": threshold,
+        "threshold": threshold if isinstance(threshold, (int, float)) else [float(t) for t in threshold],
         "micro_f1": float(micro[2]),
         "macro_f1": float(np.mean(f1)) if k else 0.0,
         "subset_accuracy": subset,
@@ -384,3 +384,33 @@ def token_report(predictions: list[list[int]], references: list[list[int]], labe
         "word_accuracy": right / words if words else 0.0,
         "per_class": {kind: scores.get(kind, zero) for kind in kinds},
     }
+
+
+def tune_thresholds(probabilities: Any, references: Any, per_label: bool) -> list[float]:
+    """The multi-label decision threshold(s) that score best on these (validation) predictions, among
+    0.05, 0.10, ..., 0.95: one for every label, maximizing micro F1; or each label's own, maximizing
+    its F1 (ties: the one nearest 0.5). A list of one threshold per label either way."""
+    from sklearn.metrics import f1_score
+
+    y_prob, y_true = _array(probabilities), (_array(references) >= 0.5).astype(np.int64)
+    k = y_prob.shape[1]
+    candidates = sorted(np.round(np.arange(0.05, 0.951, 0.05), 2), key=lambda t: abs(t - 0.5))
+    if not per_label:
+        best = max(candidates, key=lambda t: f1_score(y_true, (y_prob >= t).astype(np.int64), average="micro",
+                                                      zero_division=0))  # fmt: skip
+        return [float(best)] * k
+    return [
+        float(max(candidates, key=lambda t: f1_score(y_true[:, j], (y_prob[:, j] >= t).astype(np.int64), zero_division=0)))
+        for j in range(k)
+    ]
+
+
+def never_predicted(metrics: dict[str, Any], predictions: Any, label_names: list[str], threshold: Any) -> list[str]:
+    """The classes (or labels) these predictions never chose: what a lopsided model looks like."""
+    if "confusion_matrix" in metrics:
+        matrix = np.asarray(metrics["confusion_matrix"])
+        return [label_names[j] for j in range(len(label_names)) if matrix[:, j].sum() == 0]
+    if "micro_f1" in metrics and predictions is not None:
+        chosen = (_array(predictions) >= np.asarray(threshold, dtype=np.float64)).sum(0)
+        return [label_names[j] for j in range(len(label_names)) if chosen[j] == 0]
+    return []

@@ -370,18 +370,45 @@ def invalid_iob2(tag_rows: list[list[int]], tag_set: list[str]) -> tuple[int, tu
 # --- loss and predictions ------------------------------------------------------------------------------
 
 
-def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type: str | None) -> torch.Tensor:
+def per_sample_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    problem_type: str | None,
+    class_weights: torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
     """(B,) losses in fp32: cross-entropy; squared error; BCE with logits averaged over the K labels;
     for tags, the cross-entropy SUMMED over a sample's labelled tokens (-100: not labelled), which
-    `loss_weights` counts: the loop divides by the labelled tokens of the whole optimizer step."""
+    `loss_weights` counts: the loop divides by the labelled tokens of the whole optimizer step.
+    `class_weights` (`class_weights_of`) weigh each class's cross-entropy, or each label's positives
+    in BCE (its pos_weight); `label_smoothing` is the cross-entropy's. Evaluation reports the plain loss."""
     logits = logits.float()
+    weight = class_weights.to(logits.device) if class_weights is not None else None
     if problem_type == TOKENS:  # (B, T, K), (B, T)
-        return F.cross_entropy(logits.transpose(1, 2), labels, reduction="none", ignore_index=-100).sum(-1)
+        return F.cross_entropy(logits.transpose(1, 2), labels, weight=weight, reduction="none", ignore_index=-100,
+                               label_smoothing=label_smoothing).sum(-1)  # fmt: skip
     if problem_type == REGRESSION:
         return (logits.squeeze(-1) - labels.float()) ** 2
     if problem_type == MULTI:
-        return F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="none").mean(-1)
-    return F.cross_entropy(logits, labels, reduction="none")
+        return F.binary_cross_entropy_with_logits(logits, labels.float(), pos_weight=weight, reduction="none").mean(-1)
+    return F.cross_entropy(logits, labels, weight=weight, reduction="none", label_smoothing=label_smoothing)
+
+
+def class_weights_of(train_labels, problem: str, num_labels: int, how: str | None) -> torch.Tensor | None:
+    """`class_weights=balanced`: single-label (and tags) n / (K * n_k) per class, as scikit-learn's
+    class_weight="balanced" (a class absent from training: 1); multi-label (n - n_k) / n_k for each
+    label's positives, BCE's pos_weight, at most 100 (a label absent from training: 1). None otherwise."""
+    if how is None or problem == REGRESSION:
+        return None
+    rows = list(train_labels)
+    if problem == MULTI:
+        positives = torch.as_tensor(rows, dtype=torch.float32).sum(0)
+        weights = (len(rows) - positives) / positives.clamp(min=1)
+        return torch.where(positives > 0, weights.clamp(max=100.0), torch.ones_like(weights))
+    ids = [t for row in rows for t in row if t != -100] if problem == TOKENS else rows
+    counts = torch.bincount(torch.as_tensor(ids, dtype=torch.long), minlength=num_labels).float()
+    weights = len(ids) / (num_labels * counts.clamp(min=1))
+    return torch.where(counts > 0, weights, torch.ones_like(weights))
 
 
 def loss_weights(labels: torch.Tensor, problem_type: str | None) -> torch.Tensor:

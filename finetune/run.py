@@ -61,9 +61,25 @@ from finetune.errors import ArgumentParser, UserError, exit_on_user_error, first
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import export_run
 from finetune.lora import apply_lora, is_lora
-from finetune.metrics import METRICS, PROBLEMS, headline, learned, summary_line
+from finetune.metrics import (
+    METRICS,
+    MULTI,
+    PROBLEMS,
+    headline,
+    learned,
+    never_predicted,
+    summary_line,
+    tune_thresholds,
+)
 from finetune.models import build_model, freeze_layers
-from finetune.problems import SINGLE, loss_weights, per_sample_loss, problem_type_of, trivial_prediction
+from finetune.problems import (
+    SINGLE,
+    class_weights_of,
+    loss_weights,
+    per_sample_loss,
+    problem_type_of,
+    trivial_prediction,
+)
 from finetune.rundir import RunDir, check_output_dir, check_shared_output_dir, set_aside_previous_run
 from finetune.runtime import (
     ScalerSkips,
@@ -116,7 +132,8 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
                         logits = forward(model, batch, cfg.pipeline_chunks)
                         labels = batch["labels"].to(logits.device)
                         real = stream.real_rows(k, accelerator.process_index, len(labels), logits.device)
-                        loss_sum = (per_sample_loss(logits, labels, cfg.problem_type) * real).sum()
+                        per_sample = per_sample_loss(logits, labels, cfg.problem_type, run.class_weights, cfg.label_smoothing)
+                        loss_sum = (per_sample * real).sum()
                         hooks.mark("backward")
                         accelerator.backward(step_loss(loss_sum, stream.window_count(k), processes, accumulation))
                         losses.add(loss_sum.detach(), loss_weights(labels, cfg.problem_type) * real)
@@ -250,6 +267,7 @@ class Run:
     sampler: EpochSampler
     sample_weights: list[int] | None  # each training sample's count in its step's loss (None: one each)
     trivial: Any  # what a model that learned nothing predicts (problems.trivial_prediction): the baseline
+    class_weights: torch.Tensor | None  # class_weights=balanced (problems.class_weights_of)
     eval_loaders: dict[str, DataLoader]
     plan: StepPlan
     optimizer: torch.optim.Optimizer
@@ -292,8 +310,11 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
     command = (manifest or {}).get("command") or launch_command()  # a resume keeps the run's first command
     checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, len(splits["train"]), command)
     weights = task_of(cfg.task).sample_weights(splits["train"])
-    trivial = trivial_prediction(splits["train"].with_format(None)["labels"], cfg.problem_type)
-    return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial, eval_loaders,
+    train_labels = splits["train"].with_format(None)["labels"]  # without an image transform's decoding
+    trivial = trivial_prediction(train_labels, cfg.problem_type)
+    balance = class_weights_of(train_labels, cfg.problem_type, len(label_names), cfg.class_weights)
+    return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial,
+               balance, eval_loaders,
                plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer)  # fmt: skip
 
 
@@ -541,10 +562,12 @@ class Evaluations:
         return self.last
 
 
-def evaluate_split(cfg: TrainConfig, run: Run, split: str) -> dict:
-    """The metrics of the run's problem type on one split (finetune/evaluation.py)."""
+def evaluate_split(cfg: TrainConfig, run: Run, split: str, threshold=None, keep_predictions: bool = False) -> dict:
+    """The metrics of the run's problem type on one split (finetune/evaluation.py); multi-label at
+    `threshold` (default multi_label_threshold: one, or one per label)."""
+    threshold = cfg.multi_label_threshold if threshold is None else threshold
     return evaluate_model(run.model, run.eval_loaders[split], run.accelerator, run.label_names, cfg.pipeline_chunks,
-                          cfg.problem_type, cfg.multi_label_threshold, trivial=run.trivial)  # fmt: skip
+                          cfg.problem_type, threshold, keep_predictions, trivial=run.trivial)  # fmt: skip
 
 
 def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hooks: Hooks) -> dict[str, Any]:
@@ -556,15 +579,42 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
                                "validation": evaluations.last or evaluations.evaluate(step, run.plan.num_epochs - 1)}  # fmt: skip
     with hooks.phase("evaluate"):
         results["exported"] = choose_export(cfg, run, step, results)
+        threshold, never = tune_on_validation(cfg, run, results)
         if "test" in run.eval_loaders:
-            results["test"] = evaluate_split(cfg, run, "test")
+            results["test"] = evaluate_split(cfg, run, "test", threshold)
     results["learned"] = judge(cfg, results["validation"], run.checkpointer.best)
-    if results["learned"]["verdict"] is False:
-        run.accelerator.print(f"warning: {results['learned']['said']}")
+    for warning in (results["learned"]["said"] if results["learned"]["verdict"] is False else None, never):
+        if warning:
+            run.accelerator.print(f"warning: {warning}")
     with hooks.phase("export"):
         export_run(cfg, run.accelerator, run.model, run.preprocessor, results, run.label_names, run.checkpointer.best,
                    seconds=hooks.so_far)  # fmt: skip
     return results
+
+
+def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, str | None]:
+    """Multi-label with tune_threshold: the threshold(s) that score best on validation (the test split
+    and the export use them: config.json's `multi_label_thresholds`); and which classes or labels the
+    validation predictions never chose, in one line (or None)."""
+    threshold, validation = cfg.multi_label_threshold, results["validation"]
+    if cfg.problem_type == MULTI:
+        scored = evaluate_split(cfg, run, "validation", keep_predictions=True)
+        predictions = scored.pop("predictions")
+        if cfg.tune_threshold != "off":
+            threshold = tune_thresholds(predictions, scored.pop("references"), cfg.tune_threshold == "per_label")
+            results["validation_tuned"] = validation = evaluate_split(cfg, run, "validation", threshold)
+            run.accelerator.unwrap_model(run.model).config.multi_label_thresholds = threshold
+        never = never_predicted(validation, predictions, run.label_names, threshold)
+    else:
+        never = never_predicted(validation, None, run.label_names, threshold)
+    if not never:
+        return threshold, None
+    what = "labels" if cfg.problem_type == MULTI else "classes"
+    shown = ", ".join(map(repr, never[:5])) + (", ..." if len(never) > 5 else "")
+    return threshold, (
+        f"{len(never)} of {len(run.label_names)} {what} were never predicted on validation ({shown}); rare ones "
+        "need more examples, class_weights=balanced, or more training"
+    )
 
 
 def judge(cfg: TrainConfig, validation: dict, best: dict) -> dict:
