@@ -492,7 +492,9 @@ class RunArgs:
             )
         if not 0 < self.multi_label_threshold < 1:
             raise UserError(f"multi_label_threshold must be in (0, 1), got {self.multi_label_threshold}")
-        from accelerate.utils import LoggerType
+        if not self.report_to:
+            return
+        from accelerate.utils import LoggerType  # accelerate imports torch: only when trackers are named
 
         trackers = {t.value for t in LoggerType}
         for name in self.report_to:

@@ -57,19 +57,6 @@ class TrainingStopped(Exception):
         self.exit_code = exit_code
 
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [UserError]
-    # finetune.parallel defines its own user-error type (a ValueError subclass); import it lazily so
-    # that a failure there cannot hide the original error.
-    try:
-        from finetune.parallel import ParallelError
-
-        types.append(ParallelError)
-    except ImportError:
-        pass
-    return tuple(types)
-
-
 # Values that look like credentials wherever they appear: Hugging Face, OpenAI, GitHub, AWS and Slack
 # tokens, and URLs that carry a user:password. Never printed in an error line, never put in a card.
 SECRET_VALUE = re.compile(
@@ -191,7 +178,7 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
                     file=sys.stderr,
                 )
             sys.exit(130)
-        except _user_error_types() as e:
+        except UserError as e:
             _undo_after_failure()
             if isinstance(e, PeerFailed):
                 time.sleep(RANK_0_SPEAKS_S)  # as below: the process that failed is saying it

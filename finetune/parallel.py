@@ -37,8 +37,10 @@ import psutil  # an accelerate dependency
 import torch
 from torch import nn
 
+from finetune.errors import UserError
 
-class ParallelError(ValueError):
+
+class ParallelError(UserError, ValueError):
     """A user mistake in the model-parallel settings: printed as one line, exit status 2."""
 
 

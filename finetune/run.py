@@ -26,10 +26,14 @@ import os
 # needs (benchmarks/README.md, "CPU threads"). A user's own policy is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-if __name__ == "__main__":  # Ctrl-C or SIGTERM during the imports (seconds): one line, not a traceback
+if __name__ == "__main__":
+    import sys
+
+    from finetune.cli import answer_early
     from finetune.signals import stop_while_starting
 
-    stop_while_starting()
+    stop_while_starting()  # Ctrl-C or SIGTERM during the imports (seconds): one line, not a traceback
+    answer_early(sys.argv[1:])  # --help and setting mistakes: before torch is imported
 
 import contextlib
 import json
@@ -44,20 +48,14 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 from finetune import checkpoint as ckpt
+from finetune import steps
 from finetune.card import check_hub_access, launch_command
-from finetune.config import (
-    TrainConfig,
-    load_config,
-    resumed_run_recipe,
-    save_config,
-    settings_from_flags,
-    settings_help,
-)
+from finetune.cli import parse_args
+from finetune.config import TrainConfig, save_config
 from finetune.data import infer_task, load_splits, prepare_splits
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error, first_line
+from finetune.errors import UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import export_run
 from finetune.lora import apply_lora, is_lora
@@ -494,8 +492,7 @@ def make_optimizer(cfg: TrainConfig, model, accelerator: Accelerator):
 
 
 def make_scheduler(cfg: TrainConfig, optimizer, plan: StepPlan):
-    name = cfg.lr_scheduler_type if cfg.lr_scheduler_type != "constant" else "constant_with_warmup"
-    return get_scheduler(name, optimizer, num_warmup_steps=plan.warmup, num_training_steps=plan.total_steps)
+    return steps.make_scheduler(cfg.lr_scheduler_type, optimizer, plan.warmup, plan.total_steps)
 
 
 def start_run(cfg: TrainConfig, run: Run) -> None:
@@ -778,35 +775,13 @@ def plan_only(cfg: TrainConfig) -> dict[str, Any]:
 # --- command line ---------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str]):
-    """The config (recipe + key=value) and the mode flags."""
-    hint = "options are --config PATH, --dry-run and --plan-only; settings are key=value (--help lists them)"
-    usage = __doc__.split("\n\n")[0]  # the commands; the settings follow from the typed config
-    parser = ArgumentParser(prog="finetune/run.py", description=usage, hint=hint, add_help=False)
-    parser.add_argument(
-        "-h", "--help", action="store_true", help="this help; with --config, the recipe's values"
-    )
-    parser.add_argument("--config", metavar="PATH", help="a recipe YAML (default: the MiniLM recipe)")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="print the plan (devices, steps, learning rates) and exit"
-    )
-    parser.add_argument("--plan-only", action="store_true", help="print the model-parallel plan and exit")
-    parser.add_argument("settings", nargs="*", metavar="key=value", help="override any setting of the recipe")
-    args = parser.parse_intermixed_args(settings_from_flags(argv))  # key=value before and after the flags
-    if args.help:
-        print(f"{parser.format_help()}\n{settings_help(args.config)}")
-        raise SystemExit(0)
-    saved = resumed_run_recipe(args.settings) if args.config is None else None
-    if saved is not None and os.environ.get("RANK", "0") == "0":
-        print(f"resuming with the run's own recipe {saved} (--config chooses another)")
-    return load_config(saved or args.config, args.settings, saved=saved is not None), args
-
-
 @exit_on_user_error
 def main(argv: list[str] | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
     """The entry point: `argv` as the command line gives it; `hooks` for a tool that observes the run."""
     stop_outside_the_loop()
-    cfg, args = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg, args, saved = parse_args(sys.argv[1:] if argv is None else argv)
+    if saved is not None and os.environ.get("RANK", "0") == "0":
+        print(f"resuming with the run's own recipe {saved} (--config chooses another)")
     quiet_libraries(cfg.log_level)
     if args.plan_only:
         return plan_only(cfg)

@@ -1,0 +1,66 @@
+"""The command line of finetune/run.py: parsed, and `--help` and setting mistakes answered, before
+torch is imported (finetune/config.py and what it reads import no deep-learning library).
+
+    finetune-train --help                       # the settings, their types, defaults and meanings
+    python finetune/run.py learning_rat=1e-4    # error: unknown config key 'learning_rat'; did you mean learning_rate?
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from finetune.config import TrainConfig, load_config, resumed_run_recipe, settings_from_flags, settings_help
+from finetune.errors import ArgumentParser, exit_on_user_error
+
+USAGE = """Fine-tune a text, token or image classifier: one loop, every topology through Accelerate.
+
+    accelerate launch finetune/run.py                                   # MiniLM on rotten_tomatoes
+    accelerate launch finetune/run.py --config finetune/configs/vit_fashion_mnist.yaml
+    accelerate launch finetune/run.py --config <recipe.yaml> learning_rate=3e-5 num_train_epochs=1
+    accelerate launch finetune/run.py --dry-run                         # the plan, without training
+    accelerate launch --config_file accelerate_configs/cpu_ddp.yaml finetune/run.py
+    accelerate launch --config_file accelerate_configs/model_parallel.yaml finetune/run.py \\
+        model_parallel=true devices=cuda:0,cpu pipeline_chunks=4 [--plan-only]"""
+
+
+def parse_args(argv: list[str]):
+    """(the config: recipe + key=value, the mode flags, the run's own saved recipe when a resume names
+    no --config). `--key value` and `--key=value` work as `key=value`."""
+    hint = "options are --config PATH, --dry-run and --plan-only; settings are key=value (--help lists them)"
+    parser = ArgumentParser(prog="finetune/run.py", description=USAGE, hint=hint, add_help=False)
+    parser.add_argument("-h", "--help", action="store_true", help="this help; with --config, the recipe's values")
+    parser.add_argument("--config", metavar="PATH", help="a recipe YAML (default: the MiniLM recipe)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (devices, steps, learning rates) and exit")
+    parser.add_argument("--plan-only", action="store_true", help="print the model-parallel plan and exit")
+    parser.add_argument("settings", nargs="*", metavar="key=value", help="override any setting of the recipe")
+    args = parser.parse_intermixed_args(settings_from_flags(argv))  # key=value before and after the flags
+    if args.help:
+        print(f"{parser.format_help()}\n{settings_help(args.config)}")
+        raise SystemExit(0)
+    saved = resumed_run_recipe(args.settings) if args.config is None else None
+    cfg: TrainConfig = load_config(saved or args.config, args.settings, saved=saved is not None)
+    return cfg, args, saved
+
+
+@exit_on_user_error
+def answer_early(argv: list[str]) -> None:
+    """`--help`, and a mistake in the options or settings: answered (one line, exit 2) before the
+    training module imports torch; a command that parses goes on to finetune.run."""
+    parse_args(argv)
+
+
+def train() -> None:
+    """The `finetune-train` console script."""
+    from finetune.signals import stop_while_starting
+
+    stop_while_starting()
+    answer_early(sys.argv[1:])
+    from finetune import run
+
+    run.cli()
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m finetune.cli is finetune-train
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    train()
