@@ -157,11 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     probe = Accelerator()  # the device and process layout, as the runs will see them
     device, processes, is_main = probe.device, probe.num_processes, probe.is_main_process
     reset_accelerate()
-    if processes > 1:
-        # train() ends with accelerator.end_training(), which destroys the process group; the next
-        # run in this process would build it again from the same store, and that can hang. One group
-        # serves every run here, destroyed at the end.
-        Accelerator.end_training = lambda self: [tracker.finish() for tracker in self.trackers] and None
+    # train() leaves the process group to its entry point: one group serves every run here, destroyed at the end.
     if device.type == "cpu":  # both loops with the threads the app takes (train() sets them too)
         threads = cpu_threads(args.threads, processes)
         torch.set_num_threads(threads)

@@ -639,7 +639,7 @@ def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainC
     try:
         metrics_file.parent.mkdir(parents=True, exist_ok=True)
         metrics_file.write_text(json.dumps(record, indent=2) + "\n")
-        if problem == SINGLE:  # a confusion matrix is for classes
+        if problem == SINGLE and "confusion_matrix" in record:  # a confusion matrix is for classes, with labels
             title = f"{target.short_name} on {name}\naccuracy {record['accuracy']:.3f}, {record['num_samples']:,} samples"
             plot_confusion_matrix(record["confusion_matrix"], target.label_names, png, title=title)
         elif replaced:

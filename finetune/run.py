@@ -85,6 +85,7 @@ from finetune.runtime import (
     configure_fsdp,
     data_workers,
     describe_parameters,
+    end_processes,
     injected_fault,
     local_processes,
     main_process_first,
@@ -182,7 +183,8 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
     accelerator.print(f"model saved to {run.dir.model} ({results['exported']['why']})")
     accelerator.print(f"{split} {headline(final)}")
     accelerator.print("seconds: " + ", ".join(f"{name} {s:.1f}" for name, s in sorted(hooks.seconds.items(), key=_phase_order)))
-    accelerator.end_training()
+    for tracker in accelerator.trackers:  # the process group stays: main() ends it (a search runs more trials)
+        tracker.finish()
     # A signal during the final evaluation or the export: they were let finish; now it ends the process.
     stop.stop_if_received(f"the run is finished ({run.dir.model}, {run.dir.results})")
     return results
@@ -787,7 +789,9 @@ def main(argv: list[str] | None = None, hooks: Hooks | None = None) -> dict[str,
         return plan_only(cfg)
     if args.dry_run:
         return dry_run(cfg)
-    return train(cfg, hooks)
+    results = train(cfg, hooks)
+    end_processes()
+    return results
 
 
 def cli() -> None:

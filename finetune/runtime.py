@@ -371,3 +371,12 @@ def main_process_first(accelerator: Accelerator):
     if accelerator.is_main_process:
         with agreed(accelerator):  # the others' turn
             pass
+
+
+def end_processes() -> None:
+    """Leave the process group a run formed (Accelerate's `end_training` does this too, with the
+    trackers): at the end of an entry point, not of each `train()`, which a search calls many times."""
+    from accelerate.state import PartialState
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        PartialState().destroy_process_group()
