@@ -45,6 +45,7 @@ import yaml
 
 from finetune.config import TrainConfig, load_config, settings_from_flags
 from finetune.errors import ArgumentParser, UserError, exit_on_user_error
+from finetune.rundir import RunDir
 
 SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "warmup_ratio", "freeze_layers",
          "tune_threshold")  # fmt: skip
@@ -228,8 +229,9 @@ def _keep_only_the_best(out: Path, study) -> None:
     best = study.best_trial.number if complete else None
     for trial_dir in out.glob("trial-*"):
         if trial_dir.name != f"trial-{best}":
-            for heavy in ("model", "checkpoints", "adapter", ".previous-run"):
-                shutil.rmtree(trial_dir / heavy, ignore_errors=True)
+            run = RunDir(trial_dir)
+            for heavy in (run.model, run.checkpoints, run.adapter, run.previous):
+                shutil.rmtree(heavy, ignore_errors=True)
 
 
 def _finish(out: Path, study, recipe: str | None, overrides: list[str], started: float) -> dict:
@@ -249,15 +251,15 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
         f"# The best of {len(study.trials)} trials of finetune.search (trial {best.number}, validation value "
         f"{best.value:.4f}): the recipe with the trial's settings.\n" + yaml.safe_dump(settings, sort_keys=False)
     )
-    best_model = out / f"trial-{best.number}" / "model"
+    best_model, model = RunDir(out / f"trial-{best.number}").model, RunDir(out).model
     if best_model.is_dir():
-        shutil.rmtree(out / "model", ignore_errors=True)
-        shutil.copytree(best_model, out / "model")
+        shutil.rmtree(model, ignore_errors=True)
+        shutil.copytree(best_model, model)
     record = {"best_trial": best.number, "value": best.value, "params": best.params, "trials": len(study.trials),
               "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
               "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
     (out / "search.json").write_text(json.dumps(record, indent=2))
-    print(f"best: trial {best.number}, validation {best.value:.4f} with {best.params}; model in {out / 'model'}, "
+    print(f"best: trial {best.number}, validation {best.value:.4f} with {best.params}; model in {model}, "
           f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {record['seconds']} s)")
     return record
 
