@@ -94,7 +94,10 @@ def fake_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         for tool, text in FAKES.items():
             (bin_dir / tool).write_text(text)
             (bin_dir / tool).chmod(0o755)
-        (bin_dir / "python3").symlink_to(sys.executable)  # the requeue check runs this interpreter
+        # The requeue check runs `python3`: this interpreter, through a script (a symlink to a venv's
+        # interpreter starts the base interpreter, outside the venv, where the app is not installed).
+        (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        (bin_dir / "python3").chmod(0o755)
     knobs = (
         "ACCELERATE_CONFIG",
         "GPUS_PER_NODE",
