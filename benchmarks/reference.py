@@ -4,15 +4,20 @@
   batches, dynamic padding to the longest in the batch, `AdamW(model.parameters(), lr)` with default
   arguments, `accelerator.prepare/backward`, the recipe's LR schedule, nothing else;
 - `run_glue` (python -m benchmarks.time_to_accuracy): transformers'
-  `examples/pytorch/text-classification/run_glue_no_trainer.py` at its documented defaults (`RUN_GLUE`).
+  `examples/pytorch/text-classification/run_glue_no_trainer.py` at its documented defaults (`RUN_GLUE`);
+- `run_ner` (python -m benchmarks.ner_peer): transformers'
+  `examples/pytorch/token-classification/run_ner_no_trainer.py` at its documented defaults
+  (`RUN_NER`), scored as `evaluate`'s seqeval metric scores (`seqeval_scores`).
 
-Both take the recipe's model and data as the app builds them before its own choices
+The first two take the recipe's model and data as the app builds them before its own choices
 (`model_and_data`: same seed, so the same initial weights; nothing frozen; the model's default
 attention kernel; the recipe's `dropout`, which `build_model` applies), batches collated by the
 task's collator without a multiple (for text that is `tokenizer.pad(padding="longest")`, the
 sources' own collate function), one loop (`textbook_steps`) and one evaluation (`accuracy`). The
 loop calls the marks of `finetune.run.Hooks` where the app's loop does, so benchmarks/recorder.py
-times both loops by one rule.
+times both loops by one rule. `run_ner` takes only the recipe's files, training split and model name
+and does the rest the script's own way (its label list, tokenization, truncation, model loading),
+since those are what the app's token task does differently.
 """
 
 from __future__ import annotations
@@ -181,3 +186,136 @@ def all_reduce_seconds(accelerator: Accelerator, model: torch.nn.Module, reps: i
         synchronize(accelerator.device)
         best = min(best, time.perf_counter() - t)
     return best
+
+
+# --- token classification: run_ner_no_trainer.py --------------------------------------------------------
+
+# run_ner_no_trainer.py's defaults (examples/pytorch/token-classification): batch 8 for training and
+# evaluation, AdamW at 5e-5 without weight decay, linear decay without warm-up, 3 epochs, truncation
+# at 128 subwords, no `--label_all_tokens` (first subwords labelled, the rest -100).
+RUN_NER = {
+    "batch": 8, "eval_batch": 8, "learning_rate": 5e-5, "epochs": 3, "max_length": 128,
+    "weight_decay": 0.0, "num_warmup_steps": 0, "label_all_tokens": False,
+}  # fmt: skip
+
+
+def seqeval_scores(predictions: list[list[str]], references: list[list[str]]) -> dict[str, float]:
+    """What `evaluate.load("seqeval").compute(predictions, references)` returns overall, at its default
+    config (no scheme, no mode: seqeval's conlleval-style default, where an I-X after O still starts
+    an entity; zero_division "warn", which scores 0), computed with seqeval directly: `evaluate`
+    fetches its metric scripts from the Hub at run time, which fails offline."""
+    import warnings
+
+    from seqeval.metrics import accuracy_score, classification_report
+
+    with warnings.catch_warnings():  # "warn" warns of a zero division and scores it 0
+        warnings.simplefilter("ignore")
+        report = classification_report(
+            y_true=references, y_pred=predictions, suffix=False, output_dict=True, scheme=None, mode=None,
+            sample_weight=None, zero_division="warn",
+        )  # fmt: skip
+    overall = report["micro avg"]
+    return {
+        "overall_precision": float(overall["precision"]),
+        "overall_recall": float(overall["recall"]),
+        "overall_f1": float(overall["f1-score"]),
+        "overall_accuracy": float(accuracy_score(y_true=references, y_pred=predictions)),
+    }
+
+
+def run_ner(cfg: TrainConfig, epochs: int, eval_steps: int, hooks: Hooks) -> dict[str, Any]:
+    """run_ner_no_trainer.py at its defaults (`RUN_NER`) on the recipe's model and data: the training
+    split is the app's (`load_splits`: the recipe's files, its seeded held-out share removed), the
+    test split is scored. Its own steps, as the script takes them: label list sorted from the training
+    tags, `AutoModelForTokenClassification.from_pretrained` with the model's own dropout and attention
+    kernel, every sentence tokenized whole and truncated at 128 subwords, first subwords labelled,
+    `DataCollatorForTokenClassification` without a multiple (fp32), shuffled batches of 8, AdamW at
+    5e-5 (its two parameter groups both without decay), linear decay without warm-up, fp32.
+    Evaluated on the test split every `eval_steps` optimizer steps and at the end, each inside phase
+    "evaluate"; each evaluation keeps the word-level tag names of every sentence (labels other than
+    -100, as the script's `get_labels`)."""
+    from transformers import (
+        AutoConfig,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+        DataCollatorForTokenClassification,
+    )
+
+    accelerator = Accelerator(mixed_precision="no")
+    set_seed(cfg.seed)
+    column = cfg.tokens_column
+    with hooks.phase("data"):
+        raw, names = load_splits(cfg.data_args)
+        raw = {split: raw[split].map(lambda row: {"tags": [names[i] for i in row["labels"]]}, remove_columns=["labels"])
+               for split in ("train", "test")}  # fmt: skip
+        label_list = sorted({tag for tags in raw["train"]["tags"] for tag in tags})  # get_label_list
+        label_to_id = {label: i for i, label in enumerate(label_list)}
+    with hooks.phase("build"):
+        name, spec = cfg.model_name_or_path, dict(cfg.model_config or {})
+        tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_name or name, use_fast=True)
+        if spec:  # the script's --model_type path, for a tiny model (--smoke)
+            spec.setdefault("vocab_size", len(tokenizer))
+            config = AutoConfig.for_model(spec.pop("model_type"), **spec, num_labels=len(label_list))
+            model = AutoModelForTokenClassification.from_config(config)
+        else:
+            config = AutoConfig.from_pretrained(name, num_labels=len(label_list))
+            model = AutoModelForTokenClassification.from_pretrained(name, config=config)
+        model.config.label2id = dict(label_to_id)
+        model.config.id2label = dict(enumerate(label_list))
+    hooks.mark("built", model)
+
+    def tokenize_and_align_labels(examples):
+        tokenized = tokenizer(examples[column], max_length=RUN_NER["max_length"], padding=False,
+                              truncation=True, is_split_into_words=True)  # fmt: skip
+        labels = []
+        for i, tags in enumerate(examples["tags"]):
+            previous, ids = None, []
+            for word in tokenized.word_ids(batch_index=i):
+                ids.append(-100 if word is None or word == previous else label_to_id[tags[word]])
+                previous = word
+            labels.append(ids)
+        tokenized["labels"] = labels
+        return tokenized
+
+    with hooks.phase("data"):
+        processed = {split: raw[split].map(tokenize_and_align_labels, batched=True,
+                                           remove_columns=raw[split].column_names, desc="tokenizing")
+                     for split in ("train", "test")}  # fmt: skip
+    collate = DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=None)
+    train_dl = DataLoader(processed["train"], shuffle=True, collate_fn=collate, batch_size=RUN_NER["batch"])
+    test_dl = DataLoader(processed["test"], collate_fn=collate, batch_size=RUN_NER["eval_batch"])
+    no_decay = ["bias", "LayerNorm.weight"]
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
+         "weight_decay": RUN_NER["weight_decay"]},
+        {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
+    ]  # fmt: skip
+    optimizer = torch.optim.AdamW(groups, lr=RUN_NER["learning_rate"])
+    total = epochs * len(train_dl)
+    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=RUN_NER["num_warmup_steps"], num_training_steps=total)
+    model, optimizer, train_dl, test_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, test_dl, scheduler)
+    evaluations = []
+    for step in textbook_steps(accelerator, model, optimizer, scheduler, train_dl, total, hooks):
+        if step % eval_steps == 0 or step == total:
+            with hooks.phase("evaluate"):
+                predicted, gold = tag_names(model, test_dl, accelerator, label_list)
+            evaluations.append({"step": step, "predictions": predicted, "references": gold})
+    return {"optimizer_steps": total, "label_list": label_list, "evaluations": evaluations}
+
+
+@torch.no_grad()
+def tag_names(model, loader, accelerator: Accelerator, label_list: list[str]) -> tuple[list[list[str]], list[list[str]]]:
+    """run_ner_no_trainer.py's evaluation: argmax per subword, predictions and labels padded across
+    processes and gathered, then per sentence the tag names where the label is not -100."""
+    model.eval()
+    predicted, gold = [], []
+    for batch in loader:
+        predictions = model(**batch).logits.argmax(dim=-1)
+        predictions = accelerator.pad_across_processes(predictions, dim=1, pad_index=-100)
+        labels = accelerator.pad_across_processes(batch["labels"], dim=1, pad_index=-100)
+        predictions, labels = accelerator.gather_for_metrics((predictions, labels))
+        for pred, ref in zip(predictions.tolist(), labels.tolist(), strict=True):
+            predicted.append([label_list[p] for p, r in zip(pred, ref, strict=True) if r != -100])
+            gold.append([label_list[r] for r in ref if r != -100])
+    model.train()
+    return predicted, gold

@@ -449,7 +449,8 @@ def check_resume_compatible(
     """A resumed run must be the run that saved the checkpoint (FIXED_ON_RESUME, the labels, the number
     of training samples, how the state was saved) and split the data the same way; returns whether
     the topology changed (allowed only with resume_allow_topology_change)."""
-    saved_config = manifest.get("config") or {}
+    # The manifest's own top-level task and seed (written since the first version) over its config copy.
+    saved_config = {**(manifest.get("config") or {}), **{k: manifest[k] for k in ("task", "seed") if k in manifest}}
     for key in FIXED_ON_RESUME:
         saved, now = saved_config.get(key), getattr(cfg, key)
         if key not in saved_config:  # a manifest of an older version: the setting's default then

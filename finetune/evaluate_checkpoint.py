@@ -21,17 +21,18 @@ had one, else `validation`, held out exactly as in training; `--split` picks ano
 another file, or a folder (an image folder, or files named by split), with the same columns; its
 labels are matched to the model's `id2label` BY NAME, whatever their order or type.
 
-Outputs (main process only), by default in `<checkpoint>/eval/<split>/` (for `--data`,
-`eval/<name>-<sha256[:8]>/`): metrics.json (accuracy, macro and per-class precision/recall/F1,
-loss, confusion matrix [true][predicted], num_samples, the checkpoint, the data and the sha256 of
-its bytes), confusion_matrix.png, and with `--predictions` predictions.jsonl (one line per sample:
-index, its input -- text, and text_pair for sentence pairs, or the image's file path or name --,
-label, prediction, per-class probabilities; for a regression the label and predicted numbers, for
-multi-label the label names, the names predicted at `multi_label_threshold` and per-label
-probabilities, and no confusion matrix). `--output DIR` puts them in another folder (a name
-without a suffix is a folder); `--output NAME.json` is the metrics file, the others beside it as
-NAME.confusion_matrix.png, NAME.predictions.jsonl. A previous evaluation's outputs are replaced;
-any other existing file is never touched.
+Outputs (main process only), by default outside what is evaluated (an export is shared, and the
+evaluated data is the user's): `<run>/eval/<split>/` for a run's export, `<run>/eval/step-N-<split>/`
+for a training-state checkpoint, `./eval/<model>/<split>/` for any other model (for `--data`, the
+split's name is `<name>-<sha256[:8]>`): metrics.json (accuracy, macro and per-class
+precision/recall/F1, loss, confusion matrix [true][predicted], num_samples, the checkpoint, the data
+and the sha256 of its bytes), confusion_matrix.png, and with `--predictions` predictions.jsonl (one
+line per sample: index, its input -- text, and text_pair for sentence pairs, or the image's file
+path or name --, label, prediction, per-class probabilities; for a regression the label and
+predicted numbers, for multi-label the label names, the names predicted at the threshold and
+per-label probabilities, and no confusion matrix). `--output DIR` is always a folder and holds the
+same three files. A previous evaluation's outputs are replaced; any other existing file is never
+touched.
 
 Metrics come from `finetune.run.evaluate_model`, the same loop training evaluates with: batches are
 sharded over the processes and `gather_for_metrics` drops the samples Accelerate duplicates to
@@ -434,6 +435,12 @@ def _is_ours(metrics_file: Path) -> bool:
 
 def check_output(metrics_file: Path, target: Target) -> None:
     """Write only into the eval outputs we own: never over a checkpoint's or anyone else's files."""
+    folder = metrics_file.parent
+    for above in (folder, *folder.parents):
+        if above.exists() or above.is_symlink():
+            if not above.is_dir():
+                raise UserError(f"--output {folder}: {above} is a file, not a folder; --output names a folder")
+            break
     if target.path is not None and metrics_file.parent.resolve() == target.path:
         raise UserError(
             f"--output {metrics_file} would write into the checkpoint folder itself; "

@@ -5,16 +5,17 @@
 
 PLAN.json: {"record_dir": ..., "runs": [{"name": ..., "fsdp": true|false, "argv": [...]}, ...]}.
 tests/test_parallel_run.py launches it with accelerate_configs/ddp_model_parallel.yaml for one run.
-Each run is the real entry point (`finetune.run.main(argv)`) with the launcher's environment; a run
+Each run is the real loop (`finetune.run.train` on the command line's config, as `main(argv)` parses
+it) with the launcher's environment; a run
 with "fsdp": false is the same processes as plain DDP (ACCELERATE_USE_FSDP=false while it builds its
 Accelerator). Why one launch for several runs: starting two processes costs ~15 s of imports on the
 2-core dev machine and a tiny run ~3 s, so six launches would take minutes.
 
 Between runs the Accelerate state is reset, as tests/conftest.py does between in-process runs, but
-the process group is kept: `Accelerator.end_training` would destroy it, and a second
-`init_process_group` through torchrun's store then connects to the first group's stale addresses
-(gloo "Connection refused", seen here). So in this worker `end_training` finishes trackers only,
-and the group is destroyed once, at the end.
+the process group is kept: `main()` (`runtime.end_processes`) and `Accelerator.end_training` would
+destroy it, and a second `init_process_group` through torchrun's store then connects to the first
+group's stale addresses (gloo "Connection refused", or a hang). So this worker calls `train()`, and
+`end_training` finishes trackers only; the group is destroyed once, at the end.
 
 What the app's loop does not return is recorded per process and run in record_dir/<name>-<rank>.json
 (a `finetune.run.Hooks` whose "prepared" mark comes right after `accelerator.prepare`): the distributed type,
@@ -36,6 +37,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
 import finetune.run as run
+from finetune.cli import parse_args
 
 
 class Spy(run.Hooks):
@@ -89,7 +91,10 @@ def main() -> None:
         os.environ["ACCELERATE_USE_FSDP"] = "true" if spec["fsdp"] else "false"
         record: dict = {}
         start = time.perf_counter()
-        run.main(spec["argv"], hooks=Spy(record))
+        # train(), not main(): main() ends the process group at its end, and the next run would have to
+        # form it again on the same port (gloo's second rendezvous hangs); a search keeps it the same way.
+        cfg, _, _ = parse_args(spec["argv"])
+        run.train(cfg, hooks=Spy(record))
         record["seconds"] = time.perf_counter() - start
         if "_split" in record:
             record["handoffs"] = record.pop("_split").total_handoffs

@@ -113,7 +113,7 @@ def files(tmp_path_factory) -> Files:
         '{"text": "a fine film", "label": 1}\n{"text": "a dull film", "label": \n'
     )
     (root / "broken.json").write_text('[{"text": "a fine film", "label": 1}, {"text": ')
-    (root / "train.txt").write_text("text,label\n")
+    (root / "train.docx").write_text("text,label\n")
     (root / "bad.yaml").write_text("learning_rate: 1e-4\n  per_device_train_batch_size: [8\n")
     (root / "list.yaml").write_text("- learning_rate\n- 1e-4\n")
     (root / "typo.yaml").write_text(
@@ -191,8 +191,8 @@ CASES: dict[str, tuple[Callable[[Files], list[str]], str]] = {
         "the train data has no rows",
     ),
     "unsupported_type": (
-        lambda f: _text(f, f"train_file={f.root / 'train.txt'}"),
-        "unsupported file type '.txt'",
+        lambda f: _text(f, f"train_file={f.root / 'train.docx'}"),
+        "unsupported file type '.docx'",
     ),
     "csv_ragged_more": (
         lambda f: _text(f, f"train_file={f.root / 'ragged_more.csv'}"),
@@ -275,7 +275,7 @@ CASES: dict[str, tuple[Callable[[Files], list[str]], str]] = {
     # checkpoints
     "checkpoint_other_task": (
         lambda f: _resume(f, "other_task"),
-        "the checkpoint is from a image-classification",
+        "the checkpoint was trained with task=image-classification, this run has task=text-classification",
     ),
     "checkpoint_other_labels": (
         lambda f: _resume(f, "other_labels"),

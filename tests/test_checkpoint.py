@@ -116,7 +116,10 @@ def test_changed_topology_on_resume_is_refused(small_text_data, tmp_path, capsys
     with pytest.raises(SystemExit) as exit_info:  # other trainable weights: another optimizer state
         main(_args(small_text_data, out, "resume_from_checkpoint=latest", "freeze_embeddings=true"))
     assert exit_info.value.code == 2
-    assert "trained with freeze_embeddings=false; resume it with the same setting" in capsys.readouterr().err
+    assert (
+        "trained with freeze_embeddings=false, this run has freeze_embeddings=true; resume with "
+        "freeze_embeddings=false" in capsys.readouterr().err
+    )
 
 
 def test_allowed_topology_change_continues_without_repeating_samples(small_text_data, tmp_path):

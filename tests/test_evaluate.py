@@ -111,7 +111,9 @@ def test_evaluation_matches_a_hand_count(run, kind):
     predicted, probabilities = _predict(run["dir"], [r["text"] for r in rows], weights)
     correct = sum(p == t for p, t in zip(predicted, labels, strict=True))
 
-    metrics_file = target / "eval" / "test" / "metrics.json"
+    # outside what is evaluated: the run's eval/ folder, named by the split (and the step for a checkpoint)
+    name = "test" if kind == "export" else f"{target.name}-test"
+    metrics_file = run["dir"] / "eval" / name / "metrics.json"
     assert result["metrics_file"] == str(metrics_file)
     record = json.loads(metrics_file.read_text())
     assert record["checkpoint_kind"] == kind and record["step"] == (5 if kind == "export" else 2)
@@ -141,10 +143,10 @@ def test_evaluation_matches_a_hand_count(run, kind):
 
 
 def test_one_and_two_processes_give_identical_metrics(run, tmp_path):
-    one, two = tmp_path / "one" / "metrics.json", tmp_path / "two" / "metrics.json"
-    evaluate([str(run["checkpoint"]), "--output", str(one), "--predictions"])
+    one, two = tmp_path / "one" / "metrics.json", tmp_path / "two" / "metrics.json"  # --output: a folder
+    evaluate([str(run["checkpoint"]), "--output", str(one.parent), "--predictions"])
     result = launch(
-        [str(run["checkpoint"]), "--output", str(two), "--predictions"],
+        [str(run["checkpoint"]), "--output", str(two.parent), "--predictions"],
         num_processes=2,
         script="finetune/evaluate_checkpoint.py",
     )
@@ -190,7 +192,7 @@ def test_other_data_is_mapped_by_label_name(run, tmp_path):
         digest = hashlib.sha256(data.read_bytes()).hexdigest()
         assert result["data_sha256"] == digest
         assert result["metrics_file"] == str(
-            run["dir"] / "model" / "eval" / f"{data.stem}-{digest[:8]}" / "metrics.json"
+            run["dir"] / "eval" / f"{data.stem}-{digest[:8]}" / "metrics.json"
         )
 
 
@@ -203,9 +205,8 @@ def test_predictions_carry_the_text_and_its_pair(run, tmp_path):
             for a, b in zip(first, second, strict=True)
         ],
     )
-    metrics_file = tmp_path / "eval" / "metrics.json"
     evaluate(
-        [str(run["dir"] / "model"), "--data", str(data), "--predictions", "--output", str(metrics_file)]
+        [str(run["dir"] / "model"), "--data", str(data), "--predictions", "--output", str(tmp_path / "eval")]
         + ["text_column=premise", "text_pair_column=hypothesis"]
     )
     lines = [json.loads(line) for line in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]
@@ -284,7 +285,7 @@ def test_image_predictions_name_their_files(vit_model, tmp_path):
             str(tmp_path / "images"),
             "--predictions",
             "--output",
-            str(tmp_path / "folder"),  # a name without a suffix: a folder, as --help says
+            str(tmp_path / "folder"),  # --output is a folder
         ]
     )
     lines = [
@@ -315,7 +316,7 @@ def test_image_predictions_name_their_files(vit_model, tmp_path):
             str(parquet),
             "--predictions",
             "--output",
-            str(tmp_path / "parquet" / "metrics.json"),
+            str(tmp_path / "parquet"),
         ]
     )
     lines = [
@@ -359,6 +360,7 @@ def _incomplete(run, tmp_path):
         ("run_dir", "is a run directory"),
         ("unknown_split", "unknown split 'bogus'"),
         ("missing_data", "--data not found"),
+        ("output_is_a_file", "is a file, not a folder; --output names a folder"),
         ("foreign_output", "is not a metrics.json written by finetune.evaluate"),
         (
             "training_setting",
@@ -367,13 +369,16 @@ def _incomplete(run, tmp_path):
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "metrics.json").write_text('{"accuracy": 1.0}\n')
     args = {
         "missing": [str(tmp_path / "nope" / "checkpoints" / "step-00000001")],
         "incomplete": [_incomplete(run, tmp_path)],
         "run_dir": [str(run["dir"])],
         "unknown_split": [str(run["checkpoint"]), "--split", "bogus"],
         "missing_data": [str(run["checkpoint"]), "--data", str(tmp_path / "nope.csv")],
-        "foreign_output": [str(run["checkpoint"]), "--output", str(run["dir"] / "results.json")],
+        "output_is_a_file": [str(run["checkpoint"]), "--output", str(run["dir"] / "results.json")],
+        "foreign_output": [str(run["checkpoint"]), "--output", str(tmp_path / "foreign")],  # its metrics.json is not ours
         "training_setting": [str(run["checkpoint"]), "learning_rate=1e-3"],
     }[case]
     with pytest.raises(SystemExit) as exit_info:

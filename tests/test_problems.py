@@ -75,7 +75,7 @@ def test_multi_label_report_at_a_threshold():
 
 
 def _args(**kwargs):
-    cfg = TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv", **kwargs)
+    cfg = TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv", **{"task": "text-classification", **kwargs})
     return cfg.data_args
 
 
@@ -156,10 +156,11 @@ def test_regression_trains_evaluates_and_loads_in_a_pipeline(tmp_path, capsys):
     assert evaluated["problem_type"] == "regression" and evaluated["num_samples"] == 16
     assert evaluated["mse"] == pytest.approx(validation["mse"], abs=1e-5)
     first = json.loads(
-        (out / "model" / "eval" / "validation" / "predictions.jsonl").read_text().splitlines()[0]
+        (out / "eval" / "validation" / "predictions.jsonl").read_text().splitlines()[0]
     )
     assert first["label"] == regression_rows(16, seed=1)[0]["score"]
-    assert not (out / "model" / "eval" / "validation" / "confusion_matrix.png").exists()
+    assert not (out / "eval" / "validation" / "confusion_matrix.png").exists()
+    assert not (out / "model" / "eval").exists()  # evaluations go beside the export, not into it
     # A training-state checkpoint evaluates the same way, rebuilt from its manifest.
     step5 = evaluate_main([str(out / "checkpoints" / "step-00000005")])
     assert step5["problem_type"] == "regression" and step5["mse"] == pytest.approx(
@@ -201,7 +202,7 @@ def test_multi_label_trains_evaluates_and_loads_in_a_pipeline(tmp_path, capsys):
     assert evaluated["problem_type"] == "multi_label_classification"
     for key in ("micro_f1", "macro_f1", "subset_accuracy", "loss"):
         assert evaluated[key] == pytest.approx(validation[key], abs=1e-5), key
-    predictions = (tmp_path / "run" / "model" / "eval").glob("animals-*/predictions.jsonl")
+    predictions = (tmp_path / "run" / "eval").glob("animals-*/predictions.jsonl")
     first = json.loads(next(predictions).read_text().splitlines()[0])
     assert first["labels"] == sorted(multi_label_rows(16, seed=1)[0]["labels"])
 

@@ -303,7 +303,8 @@ def test_invalid_iob2_in_the_gold_tags_is_one_warning_line(tmp_path, capsys):
             {"tokens": ["paris"], "ner_tags": ["B-LOC"]}] * 6  # fmt: skip
     data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows[:2])}
     main(tagging_args(data, tmp_path / "run", "num_train_epochs=1"))
-    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    # (a model of 12 sentences also gets the trivial-baseline warning: not this test's concern)
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:") and " I- " in line]
     assert warnings == [
         "warning: the train data has 6 I- tag(s) that follow no B- or I- of their type (first at row 1, word 2); "
         "strict IOB2 scoring starts no entity there: fix the tags (an entity starts with B-) or leave them and "

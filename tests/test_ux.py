@@ -111,7 +111,8 @@ def test_help_lists_every_setting_with_type_default_help_and_the_recipes_value(c
         assert f"  {f.name}: " in out and f.metadata["help"] in out, f.name
     assert "  learning_rate: float = 5e-05" in out
     assert (
-        "task: text-classification | image-classification = text-classification    (recipe: image-classification)"
+        "task: token-classification | image-classification | text-classification | null = null    "
+        "(recipe: image-classification)"
         in out
     )
     assert out.index("\ndata:\n") < out.index("  train_file:") < out.index("\noptimisation:\n")
