@@ -80,6 +80,7 @@ def bench_recipe(
         peaks.append(peak())
     for r in apps + refs:
         r["mfu"] = mfu(r["model_flops_per_s"], max(peaks))
+        r["mfu_real"] = mfu(r["model_flops_real_per_s"], max(peaks))
     app_r, ref_r = median_run(apps), median_run(refs)
     return {
         "recipe": str(RECIPES[recipe].relative_to(REPO_DIR)),

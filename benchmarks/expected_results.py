@@ -11,12 +11,13 @@ number comes from:
 
 - **the data**: the bundled sets in data/, and the tasks `python scripts/public_tasks.py` builds
   from public data (sentence pairs from rotten_tomatoes, an entity count and entity types from
-  UNER English-EWT, patches of scikit-image's photographs); its docstring says how and under which
-  licence. They are built afresh into --data (default `runs/public_tasks`) before the runs, and each
-  built folder's manifest (counts, a sha256 over its files) goes into the report.
+  UNER English-EWT, patches of the photographs scikit-learn and matplotlib ship); its docstring
+  says how and under which licence. They are built afresh into --data (default `runs/public_tasks`)
+  before the runs, and each built folder's manifest (counts, a sha256 over its files) goes into the
+  report.
 - **the run**: `accelerate launch --config_file accelerate_configs/<file> finetune/run.py --config
   <recipe> key=value ...` in a subprocess from the repository root (as `accelerate launch -q`, with
-  HF_HUB_OFFLINE=1), training into a temporary output_dir. Text tasks run under `cpu_bf16.yaml`
+  HF_HUB_OFFLINE=1), training into a temporary output_dir. Text tasks run under `cpu_bf16.yaml` where the CPU has native bf16 (else `cpu.yaml`)
   (native bf16, as the full-data recipe is tuned for), the ViTs under `cpu.yaml` (fp32, as their
   recipes were measured). `TASKS` lists each task's recipe and settings and how they were chosen:
   on the validation split, never the test split.
@@ -51,6 +52,7 @@ from benchmarks.recipes import SMOKE
 from benchmarks.report import machine, machine_line, write_report
 from finetune.config import CONFIGS_DIR, REPO_DIR
 from finetune.errors import ArgumentParser, exit_on_user_error
+from finetune.runtime import native_bf16
 
 BUILDER = REPO_DIR / "scripts" / "public_tasks.py"
 SMOKE_STEPS = ["max_steps=4", "logging_steps=2"]
@@ -138,8 +140,8 @@ TASKS = (
     ),
     Task(
         "images: photos", "image classification, a ViT from scratch",
-        "photos: 32x32 patches of 10 real photographs (scikit-image's samples), test patches from regions "
-        "no training patch touches; 2,000 / 500 / 500",
+        "photos: 32x32 patches of 3 photographs that scikit-learn and matplotlib ship (a pagoda, a dahlia, "
+        "Grace Hopper), a class each; test patches from regions no training patch touches; 1,200 / 300 / 300",
         "vit_photos.yaml", "cpu.yaml", settings=("data_dir={data}/photos",), built="photos", modality="image",
         chosen="augmentations and epochs on validation accuracy (finetune/configs/vit_photos.yaml says which)",
         settings_shown=IMAGE_SHOWN,
@@ -172,6 +174,14 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
+def accelerate_config_file(task: Task) -> Path:
+    """The task's accelerate config; bf16 only where the CPU computes it natively (AMX, AVX512-BF16):
+    emulated it is many times slower than fp32 (finetune.runtime.native_bf16), so cpu.yaml runs then.
+    The row's command says which ran."""
+    name = task.accelerate_config if task.accelerate_config != "cpu_bf16.yaml" or native_bf16() else "cpu.yaml"
+    return REPO_DIR / "accelerate_configs" / name
+
+
 def task_settings(task: Task, data: Path) -> list[str]:
     return [s.replace("{data}", shown_path(data)) for s in task.settings]
 
@@ -181,7 +191,7 @@ def run_task(task: Task, data: Path, out: Path, smoke: bool) -> dict[str, Any]:
     settings = task_settings(task, data)
     extra = [*SMOKE[task.modality], *SMOKE_STEPS] if smoke else []
     recipe = CONFIGS_DIR / task.recipe
-    config_file = REPO_DIR / "accelerate_configs" / task.accelerate_config
+    config_file = accelerate_config_file(task)
     shown = ["accelerate", "launch", "--config_file", shown_path(config_file), "finetune/run.py", "--config",
              shown_path(recipe), *settings]  # fmt: skip
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file", str(config_file),

@@ -7,6 +7,7 @@ token type embeddings, ViT's position embedding and [CLS]; the ViT patch project
 counts), L layers, H hidden size; 6*N is forward + backward of every weight matmul, 12*L*H*S the
 attention scores and weighted sums (QK^T and AV: 2 * 2*S*H per token per layer forward, x3). The
 pooler and classifier see one token per sequence, so 6*N overcounts them slightly (<2% here).
+`real_flops` counts the same at each sample's real length (MFU at real lengths: padding is no work).
 Frozen weights count forward only (2 per weight, and attention x1 in a frozen layer): the app
 freezes the lowest layers (`freeze_layers`), below which backward does not go. The recorder counts
 them when the first step starts, after the freezing.
@@ -78,6 +79,15 @@ def tokens_per_image(config) -> int | None:
     if getattr(config, "image_size", None) and getattr(config, "patch_size", None):
         return (config.image_size // config.patch_size) ** 2 + 1
     return None
+
+
+def real_flops(batch: dict[str, torch.Tensor], f: dict[str, Any]) -> float:
+    """Training FLOPs of a text batch at each sample's real length (its attention mask's count), as if
+    nothing were padded: what MFU "at real lengths" counts, so that padding (a length bucket's, or the
+    rows that fill a compiled model's batch) never reads as useful work."""
+    if "attention_mask" not in batch:
+        return 0.0
+    return float(sum(n * token_flops(f, n) for n in batch["attention_mask"].sum(1).tolist()))
 
 
 def mfu(model_flops_per_s: float, peak_flops_per_s: float) -> float:

@@ -124,8 +124,27 @@ LEVERS: dict[str, dict[str, Any]] = {
     },
     "eager_mode": {
         "on": "no torch.compile",
-        "off": "torch.compile (ACCELERATE_DYNAMO_BACKEND=INDUCTOR)",
+        "off": "Accelerate's whole-model torch.compile (ACCELERATE_DYNAMO_BACKEND=INDUCTOR), per-batch padding",
         "env": {"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"},
+        "optional": True,
+    },
+    "per_batch_padding": {
+        "on": "length_buckets=null: each batch padded to its own longest",
+        "off": "length_buckets=4: each batch padded to one of 4 lengths (eager)",
+        "overrides": ["length_buckets=4"],
+        "task": lambda task: "length_buckets" in task.own_settings,
+    },
+    "eager_vs_compiled_buckets": {
+        "on": "no torch.compile",
+        "off": "torch_compile=true length_buckets=4: regional compile, static shapes (warm-up outside the timing)",
+        "overrides": ["torch_compile=true", "length_buckets=4"],
+        "task": lambda task: "length_buckets" in task.own_settings,
+        "optional": True,
+    },
+    "eager_vs_compiled_dynamic": {
+        "on": "no torch.compile",
+        "off": "torch_compile=true: regional compile, dynamic shapes (warm-up outside the timing)",
+        "overrides": ["torch_compile=true"],
         "optional": True,
     },
 }

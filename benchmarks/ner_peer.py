@@ -73,7 +73,7 @@ from finetune.errors import ArgumentParser, exit_on_user_error
 from finetune.evaluation import evaluate_model
 from finetune.metrics import TOKENS, token_report
 from finetune.run import Hooks, due, train
-from finetune.runtime import cpu_threads
+from finetune.runtime import cpu_threads, native_bf16
 
 RECIPE = CONFIGS_DIR / "bert_ner.yaml"
 ACCELERATE_CONFIGS = {"bf16": REPO_DIR / "accelerate_configs" / "cpu_bf16.yaml",
@@ -388,7 +388,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    precision = args.precision or ("bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no")
+    precision = args.precision or ("bf16" if native_bf16() else "no")
     threads = cpu_threads(None, 1)
     torch.set_num_threads(threads)
     base = [f"cpu_threads={threads}", "report_to=[]", "overwrite_output_dir=true"]

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.flops import batch_counts, flop_model, token_flops, tokens_per_image
+from benchmarks.flops import batch_counts, flop_model, real_flops, token_flops, tokens_per_image
 from benchmarks.peak import synchronize
 from finetune.run import PHASES, Hooks
 
@@ -54,6 +54,7 @@ class Step:
     real_tokens: int = 0
     padded_tokens: int = 0
     flops: float = 0.0
+    flops_real: float = 0.0  # at each sample's real length (text); images: as `flops`
     end: float = 0.0
     cpu_end: float = 0.0  # this process's CPU time (all its threads) when the step ended
     eval_cpu: float = 0.0
@@ -109,7 +110,9 @@ class Recorder(Hooks):
             c.real_tokens + real,
             c.padded_tokens + padded,
         )
-        c.flops += padded * token_flops(self.flops, s) if self.flops else 0.0
+        added = padded * token_flops(self.flops, s) if self.flops else 0.0
+        c.flops += added
+        c.flops_real += (real_flops(batch, self.flops) or added) if self.flops else 0.0
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -148,6 +151,7 @@ class Recorder(Hooks):
             "real_tokens",
             "padded_tokens",
             "flops",
+            "flops_real",
         )
         total = {k: sum(getattr(s, k) for s in timed) for k in keys}
         n = len(timed)
@@ -171,6 +175,7 @@ class Recorder(Hooks):
             "phases_s": phases,
             "model_flops": total["flops"],
             "model_flops_per_s": total["flops"] / seconds,
+            "model_flops_real_per_s": total["flops_real"] / seconds,
             "flop_model": self.flops,
             # the run's own phases (start-up, data, build, train, evaluate, export), each without those inside it
             "stages_s": dict(

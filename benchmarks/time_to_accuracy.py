@@ -23,7 +23,7 @@ plot) into --out. Where each number comes from:
   included) to each evaluation, the evaluations themselves left out: they measure, neither run
   needs them to train. Process start-up (imports) is not in it: the **command** row is the whole
   README command for the recipe, run in a fresh process (`accelerate launch --config_file
-  accelerate_configs/cpu_bf16.yaml finetune/run.py --config <recipe>`), its wall time and the test
+  accelerate_configs/cpu_bf16.yaml finetune/run.py --config <recipe>`; `cpu.yaml` at --precision no), its wall time and the test
   accuracy it printed (`--no-command` leaves it out).
 - **time to target**: the clock at the first evaluation at or above `--target` (0.81), or none.
 """
@@ -53,10 +53,10 @@ from finetune.config import REPO_DIR, TrainConfig, load_config
 from finetune.errors import ArgumentParser, exit_on_user_error
 from finetune.run import Hooks, train
 from finetune.rundir import RunDir
-from finetune.runtime import cpu_threads
+from finetune.runtime import cpu_threads, native_bf16
 
 RECIPE = RECIPES["bert_full"]
-ACCELERATE_CONFIG = REPO_DIR / "accelerate_configs" / "cpu_bf16.yaml"
+ACCELERATE_CONFIGS = {"bf16": "cpu_bf16.yaml", "no": "cpu.yaml"}  # the command's, by --precision
 SMOKE_SIZES = ["max_train_samples=64", "max_eval_samples=32", "max_test_samples=32", "max_steps=8"]
 
 
@@ -157,21 +157,49 @@ def run_reference(cfg: TrainConfig, eval_steps: int, epochs: int) -> dict[str, A
     }  # fmt: skip
 
 
-def run_command(recipe: Path, extra: list[str], out: Path) -> dict[str, Any]:
-    """The README command in a fresh process: whole wall time and the test accuracy it printed."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file", str(ACCELERATE_CONFIG),
+def run_command(recipe: Path, extra: list[str], out: Path, precision: str = "bf16") -> dict[str, Any]:
+    """The README command in a fresh process: whole wall time, the test accuracy it printed, the phase
+    seconds of its last line (start-up, data, build, compile, train, evaluate, export; imports and the
+    launcher are the wall time's rest) and, compiled, its graphs compiled in and after the warm-up."""
+    config = ACCELERATE_CONFIGS.get(precision, "cpu.yaml")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file",
+           str(REPO_DIR / "accelerate_configs" / config),
            str(REPO_DIR / "finetune" / "run.py"), "--config", str(recipe), f"output_dir={out}", *extra]  # fmt: skip
+    load = os.getloadavg()
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_DIR)
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         raise RuntimeError(f"the command failed ({proc.returncode}): {proc.stderr[-2000:]}")
     found = re.search(r"^test accuracy ([0-9.]+)", proc.stdout, re.M)
-    shown = (
-        "accelerate launch --config_file accelerate_configs/cpu_bf16.yaml finetune/run.py --config "
-        + str(recipe.relative_to(REPO_DIR))
+    seconds = re.search(r"^seconds: (.*)$", proc.stdout, re.M)
+    phases = dict((k, float(v)) for k, v in re.findall(r"([a-z-]+) ([0-9.]+)", seconds.group(1))) if seconds else {}
+    compiled = re.search(r"^torch_compile: (\d+) graphs compiled in the warm-up, (\d+) after it", proc.stdout, re.M)
+    shown = " ".join(
+        [f"accelerate launch --config_file accelerate_configs/{config} finetune/run.py --config",
+         str(recipe.relative_to(REPO_DIR)), *extra]  # fmt: skip
     )
-    return {"command": shown, "wall_s": wall, "test_accuracy": float(found.group(1)) if found else None}
+    return {
+        "command": shown, "wall_s": wall, "test_accuracy": float(found.group(1)) if found else None,
+        "phases_s": phases, "outside_phases_s": wall - sum(phases.values()), "load_avg_start": load,
+        **({"graphs_compiled_in_warm_up": int(compiled.group(1)), "graphs_compiled_after_warm_up": int(compiled.group(2))}
+           if compiled else {}),
+    }  # fmt: skip
+
+
+def command_rows(recipe: Path, extra: list[str], seeds: list[int] | None, out: Path, precision: str) -> dict[str, Any]:
+    """The whole command once per seed (the recipe's when none are given): each run, and the means."""
+    runs = [
+        run_command(recipe, [*extra, *([f"seed={seed}"] if seed is not None else [])], out / f"seed-{seed}", precision)
+        for seed in (seeds or [None])
+    ]
+    accuracies = [r["test_accuracy"] for r in runs if r["test_accuracy"] is not None]
+    return {
+        **runs[0],
+        "runs": runs,
+        "mean_wall_s": sum(r["wall_s"] for r in runs) / len(runs),
+        "mean_test_accuracy": sum(accuracies) / len(accuracies) if accuracies else None,
+    }
 
 
 # --- report -------------------------------------------------------------------------------------------------
@@ -231,6 +259,19 @@ def markdown(report: dict[str, Any]) -> str:
             f"| whole command, fresh process (s) | {fmt(c['wall_s'])} (test accuracy "
             f"{fmt(c['test_accuracy'], 4)}): `{c['command']}` | |"
         )
+        if len(c["runs"]) > 1:
+            each = ", ".join(f"{fmt(r['test_accuracy'], 4)} in {fmt(r['wall_s'])} s" for r in c["runs"])
+            lines.append(
+                f"| whole command over {len(c['runs'])} seeds: mean test accuracy, mean seconds | "
+                f"{fmt(c['mean_test_accuracy'], 4)}, {fmt(c['mean_wall_s'])} ({each}) | |"
+            )
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in c["phases_s"].items())
+        lines.append(f"| the command's phases (s) | {phases}; imports and launcher {fmt(c['outside_phases_s'])} | |")
+        if "graphs_compiled_after_warm_up" in c:
+            lines.append(
+                f"| graphs compiled in / after the warm-up | {c['graphs_compiled_in_warm_up']} / "
+                f"{c['graphs_compiled_after_warm_up']} | |"
+            )
     lines += ["", "Curve points (seconds, accuracy):", ""]
     for name in ("app", "reference"):
         pts = ", ".join(f"{p['seconds']:.0f} s {p['accuracy']:.4f}" for p in report[name]["curve"])
@@ -252,6 +293,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reference-eval-steps", type=int, default=200)
     p.add_argument("--reference-epochs", type=int, default=RUN_GLUE["epochs"])
     p.add_argument("--no-command", action="store_true", help="leave out the whole-command run")
+    p.add_argument("--command-seeds", type=int, nargs="+", default=None,
+                   help="run the whole command once per seed (default: once, at the recipe's seed)")  # fmt: skip
     p.add_argument("--smoke", action="store_true", help="tiny models from config, a slice of the data")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra override of the app's recipe (repeatable)")  # fmt: skip
@@ -278,7 +321,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    precision = args.precision or ("bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no")
+    precision = args.precision or ("bf16" if native_bf16() else "no")
     threads = cpu_threads(None, 1)
     torch.set_num_threads(threads)
     base = [f"cpu_threads={threads}", "report_to=[]", "overwrite_output_dir=true"]
@@ -307,7 +350,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             + ("s" if args.reference_epochs != 1 else "")
         )
         if not args.no_command:
-            report["command"] = run_command(RECIPE, list(args.override), Path(tmp) / "command")
+            report["command"] = command_rows(RECIPE, list(args.override), args.command_seeds, Path(tmp) / "command",
+                                             precision)  # fmt: skip
     for name in ("app", "reference"):
         run = report[name]
         run["time_to_target_s"] = time_to(run["curve"], args.target)

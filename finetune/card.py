@@ -205,6 +205,37 @@ def _learned_line(learned: dict | None) -> str | None:
     )
 
 
+def _usage(example: str, problem: str, model_json: dict, public: dict[str, Any]) -> str:
+    """The task's `pipeline()` example; for multi-label, with the model's decision rule after it: a
+    pipeline returns every label's probability and applies no threshold, so the example applies the
+    thresholds tuned on validation (config.json's `multi_label_thresholds`, what evaluation uses) or,
+    without them, the run's fixed `multi_label_threshold`."""
+    if problem != "multi_label_classification":
+        return example
+    # `classify(x)  # ...` -> `[scores] = classify([x])`: with top_k=None a pipeline gives one list per
+    # input, and for a single text transformers 5 nests it in another list (an image's it does not).
+    *first, call = example.splitlines()
+    code, _, comment = call.partition("  # ")
+    function, _, argument = code.partition("(")
+    lines = [*first, f"[scores] = {function}([{argument.removesuffix(')')}])  # {comment}".rstrip(" #")]
+    if model_json.get("multi_label_thresholds") is not None:
+        lines += [
+            "# A label is predicted at or above its threshold, tuned on validation and kept in config.json",
+            "config = classify.model.config",
+            "labels = [s[\"label\"] for s in scores if s[\"score\"] >= config.multi_label_thresholds[config.label2id[s[\"label\"]]]]",
+        ]
+    else:
+        fixed = public.get("multi_label_threshold", 0.5)
+        if isinstance(fixed, list):  # one per label, in id order
+            lines += [
+                f"thresholds = {fixed}  # the run's multi_label_threshold, one per label id",
+                "labels = [s[\"label\"] for s in scores if s[\"score\"] >= thresholds[classify.model.config.label2id[s[\"label\"]]]]",
+            ]
+        else:
+            lines += [f"labels = [s[\"label\"] for s in scores if s[\"score\"] >= {fixed}]  # the run's multi_label_threshold"]
+    return "\n".join(lines)
+
+
 def _what(task: str, problem: str, label_names: list[str]) -> str:
     """The card's first words: "A 2-class text classifier", "A 5-label multi-label image classifier"..."""
     modality = task_of(task).modality
@@ -272,9 +303,10 @@ def write_model_card(
     task = public.get("task", DEFAULT_TASK)
     hub_base = base_model if is_hub_name(base_model) else None
     try:
-        model_type = json.loads((export_dir / "config.json").read_text()).get("model_type")
+        model_json = json.loads((export_dir / "config.json").read_text())
+        model_type = model_json.get("model_type")
     except (OSError, ValueError, AttributeError):
-        model_type = None
+        model_json, model_type = {}, None
     dataset = public.get("dataset_name")
     hub_dataset = dataset if dataset not in BUILDERS and is_hub_name(dataset) else None
     # model-index wants a dataset type: the Hub id, else the loader (imagefolder, csv, ...).
@@ -331,14 +363,21 @@ def write_model_card(
         metrics=_cells(
             [[s, *(r.get(m.key) for m in shown), r.get("loss"), r.get("num_samples")] for s, r in splits.items()]
         ),
-        usage=task_of(task).usage_example(where, problem, data_args),
+        usage=_usage(task_of(task).usage_example(where, problem, data_args), problem, model_json, public),
         best={**best, "value": _number(best.get("value"))} if best.get("metric") is not None else None,
         exported=(results.get("exported") or {}).get("why"),
         learned=_learned_line(results.get("learned")),
-        per_class_split=per_class_split if per_class else None,
+        per_class_split=per_class_split if per_class and problem != TOKENS else None,
+        # a tagger's metrics are per entity type (PER, LOC), not per tag (B-PER, I-PER, O)
         labels=_cells(
-            [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(label_names)]
+            [[i, f"`{n}`"] for i, n in enumerate(label_names)]
+            if problem == TOKENS
+            else [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(label_names)]
         ),
+        entity_split=per_class_split if per_class and problem == TOKENS else None,
+        entities=_cells([[f"`{t}`", *(v.get(k) for k in stats)] for t, v in per_class.items()])
+        if problem == TOKENS
+        else None,
         finetune_version=finetune.__version__,
         versions=", ".join(f"{k} {v}" for k, v in (results.get("versions") or {}).items()),
         command=SECRET_VALUE.sub(REDACTED, command) if command else None,

@@ -26,6 +26,7 @@ file torch reads with plain pickle — resume those only from storage you trust.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -39,7 +40,15 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from finetune.errors import EXIT_DIVERGED, PeerFailed, TrainingStopped, UserError, first_line, write_failure
+from finetune.errors import (
+    EXIT_DIVERGED,
+    PeerFailed,
+    TrainingStopped,
+    UserError,
+    first_line,
+    remedy,
+    write_failure,
+)
 from finetune.rundir import CHECKPOINTS
 from finetune.runtime import agreed
 
@@ -73,6 +82,12 @@ def _fsync_tree(path: Path) -> None:
             with open(os.path.join(root, name), "rb") as f:
                 os.fsync(f.fileno())
     _fsync_dir(path)
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush every file under `path`, and the folder, to disk: where a failing disk (EIO) or a network
+    file system's quota (EDQUOT) shows, before anything is marked whole (the export uses it too)."""
+    _fsync_tree(path)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -316,6 +331,18 @@ class Checkpointer:
         self.train_samples, self.command = train_samples, command  # the run's first launch command
         self.best: dict[str, Any] = {}
         self.last: Path | None = None
+        self.resumed_with: list[dict[str, Any]] = []  # the settings each resume changed (resume_changes)
+
+    def resumed_from(self, path: Path, manifest: dict[str, Any], say) -> None:
+        """A resume from `path`: its best and history carried on, and the settings this resume changes said
+        in one line and added to the history, which every later manifest and results.json hold."""
+        self.best, self.last = manifest.get("best") or {}, path
+        self.resumed_with = list(manifest.get("resumed_with") or [])
+        changed = resume_changes(manifest, self.cfg)
+        if changed:
+            self.resumed_with.append({"step": manifest["step"], "changed": changed})
+            say("resumed with changed settings: " + ", ".join(
+                f"{key} {_shown(old)} -> {_shown(new)}" for key, (old, new) in changed.items()))  # fmt: skip
 
     def save(self, model, step: int, epoch: int, samples_in_epoch: int, metrics: dict | None = None) -> Path:
         cfg, accelerator = self.cfg, self.accelerator
@@ -351,6 +378,7 @@ class Checkpointer:
             "label_names": self.label_names,
             "metrics": metrics or {},
             "best": self.best,
+            "resumed_with": self.resumed_with,
             "versions": package_versions(),
             "config": cfg.to_dict(),
         }
@@ -358,11 +386,14 @@ class Checkpointer:
             path = save_checkpoint(accelerator, self.out, step, manifest)
         except OSError as e:
             file = f" ({e.filename})" if e.filename else ""
-            if self.last:
-                kept = f"the last checkpoint, {self.last}, is intact; free some space, then continue with " \
+            if self.last and e.errno in (errno.EROFS, errno.EIO):  # this output_dir is no place to go on in
+                kept = (f"the last checkpoint, {self.last}, is intact; {remedy(e.errno)}, then continue from it "
+                        f"there: resume_from_checkpoint={self.last} output_dir=<the other folder>")  # fmt: skip
+            elif self.last:
+                kept = f"the last checkpoint, {self.last}, is intact; {remedy(e.errno)}, then continue with " \
                        "resume_from_checkpoint=latest"  # fmt: skip
             else:
-                kept = "no checkpoint was saved before; free some space and run again"
+                kept = f"no checkpoint was saved before; {remedy(e.errno)}, and run again"
             raise UserError(
                 f"could not save the checkpoint of step {step}: {e.strerror or first_line(e)}{file}; the "
                 f"partial save was removed and {kept}",
@@ -431,15 +462,60 @@ def apply_learning_rate(optimizer, scheduler, manifest: dict[str, Any], learning
         say(f"learning rate {restored[0]:.3g} in the checkpoint, {planned[0]:.3g} on this run's schedule from here")
 
 
-# What makes a run what it is: the data order (seed, grouping, the samples), the weights that train
-# (freezing, LoRA), the loss and labels (task, problem type, subword labels). A resume keeps them all;
-# one that differs is named, with the checkpoint's value. The topology (processes, batch, accumulation)
-# may change only with resume_allow_topology_change.
+# What makes a run what it is: the data order (seed, grouping, the samples), what a sample is (its
+# columns, max_length, the held-out share, the image augmentation), the weights that train (freezing,
+# LoRA), the loss and labels (task, problem type, subword labels, label smoothing, class weights) and
+# what "best" means. A resume keeps them all; one that differs is named, with the checkpoint's value.
+# The topology (processes, batch, accumulation) may change only with resume_allow_topology_change.
 FIXED_ON_RESUME = ("task", "problem_type", "seed", "group_by_length", "freeze_embeddings", "freeze_layers", "peft",
-                   "label_all_tokens")  # fmt: skip
+                   "label_all_tokens", "max_length", "text_column", "text_pair_column", "image_column",
+                   "tokens_column", "tags_column", "label_column", "label_columns", "validation_split_percentage",
+                   "random_flip", "augment", "label_smoothing", "class_weights", "metric_for_best_model",
+                   "greater_is_better")  # fmt: skip
+# Settings that say where and how the processes run, not what is trained (or that are checked apart:
+# label_names with the labels, the samples by their count): a resume changes them without a word.
+# Any other setting may change on a resume (learning_rate, weight_decay, dropout, max_steps, the cadences
+# ...): the resume says each change in one line, and the manifest's `resumed_with` (then results.json)
+# keeps them, so that config.yaml, which holds the last values, is not read as the whole run's.
+UNNOTED_ON_RESUME = ("resume_from_checkpoint", "resume_allow_topology_change", "overwrite_output_dir", "output_dir",
+                     "log_level", "dataloader_num_workers", "dataloader_pin_memory", "ddp_timeout", "cpu_threads",
+                     "push_to_hub_model_id", "report_to", "label_names", "model_parallel", "devices", "max_memory",
+                     "pipeline_chunks")  # fmt: skip
+
+
+def resume_changes(manifest: dict[str, Any], cfg) -> dict[str, list]:
+    """The settings this resume changes that a resume may change: {name: [the checkpoint's, this run's]}."""
+    saved, now = manifest.get("config") or {}, cfg.to_dict()
+    skip = (*FIXED_ON_RESUME, *UNNOTED_ON_RESUME)
+    return {key: [saved[key], value] for key, value in now.items()
+            if key in saved and key not in skip and saved[key] != value}  # fmt: skip
+
+
+def check_resume_fits(manifest: dict[str, Any] | None, path: Path | None, total_steps: int, cfg) -> None:
+    """A resume starts at the checkpoint's step: a run planned shorter (a smaller max_steps or
+    num_train_epochs) would export the checkpoint's weights under settings that say otherwise."""
+    if manifest is None or manifest["step"] <= total_steps:
+        return
+    plan = f"max_steps={cfg.max_steps}" if cfg.max_steps else f"num_train_epochs={cfg.num_train_epochs:g}"
+    raise UserError(
+        f"the checkpoint is at optimizer step {manifest['step']}, past the {total_steps} steps of this run ({plan}); "
+        f"resume with max_steps={manifest['step']} or more (or more num_train_epochs), or evaluate the checkpoint "
+        f"as it is: finetune/evaluate_checkpoint.py {path}"
+    )
+
+
+def apply_optimizer_settings(optimizer, cfg) -> None:
+    """A restored optimizer holds the checkpoint's weight decay, betas and epsilon (torch's load_state_dict
+    takes the saved param groups' values): this run's settings replace them (unchanged: the same values).
+    The groups are run.make_optimizer's: [decayed weights, biases and LayerNorm (no decay)]."""
+    for i, group in enumerate(optimizer.param_groups):
+        group["weight_decay"] = cfg.weight_decay if i == 0 else 0.0
+        group["betas"], group["eps"] = (cfg.adam_beta1, cfg.adam_beta2), cfg.adam_epsilon
 
 
 def _shown(value: Any) -> str:
+    if value is None:
+        return "null"
     return json.dumps(value) if isinstance(value, (dict, list)) else str(value).lower() if isinstance(value, bool) else str(value)
 
 

@@ -248,6 +248,11 @@ class DataArgs(TaskArgs):
     max_eval_samples: int | None = setting(None, "use only the first N validation samples")
     max_test_samples: int | None = setting(None, "use only the first N test samples")
     group_by_length: bool = setting(False, "text: batch similar lengths together (less padding)")
+    # Pad every text batch to the smallest of K lengths chosen from the data (finetune/shapes.py), not
+    # to its own longest: the few shapes a compiled model (torch_compile) compiles once. null: per batch.
+    length_buckets: int | None = setting(
+        None, "text: pad each batch to one of this many lengths chosen from the data (for torch_compile)"
+    )
     # Off unless the recipe says its images keep their class when mirrored: a flip turns digits, text
     # and many medical images into something else.
     random_flip: bool = setting(
@@ -296,6 +301,8 @@ class DataArgs(TaskArgs):
     def _check_data(self) -> None:
         _finite(self, "validation_split_percentage")
         _positive(self, "max_length")
+        if self.length_buckets is not None and not 1 <= self.length_buckets <= 32:
+            raise UserError(f"length_buckets must be between 1 and 32 (or null), got {self.length_buckets}")
         _positive(self, "max_train_samples", "max_eval_samples", "max_test_samples", "pad_to_multiple_of",
                   allow_null=True)  # fmt: skip
         if not 0 < self.validation_split_percentage < 100:
@@ -434,7 +441,10 @@ class RunArgs:
         + "; ".join(f"{problem}: {', '.join(m.reported)}" for problem, m in PROBLEMS.items()),
     )
     greater_is_better: bool | None = setting(
-        None, "whether a larger metric_for_best_model is better (null: lower for loss, mse, mae)"
+        None,
+        "whether a larger metric_for_best_model is better (null: as the metric says; lower is better for "
+        + ", ".join(key for key, m in METRICS.items() if not m.greater_is_better)
+        + ")",
     )
     # A checkpoint at every evaluation, and at the end the best one's weights are evaluated and exported
     # (transformers' name); false: the export is the last step's weights, and the end says which was best.
@@ -477,6 +487,10 @@ class RunArgs:
     cpu_threads: int | None = setting(
         None, "CPU: torch threads per process (default: this machine's cores / processes)", evaluation=True
     )
+    # torch.compile (inductor) of the model's blocks, in place, warmed once per shape before the first
+    # step (finetune/shapes.py): static shapes with length_buckets, dynamic ones without. One process or
+    # DDP; not FSDP or the layer split. The compile counts go into the run's summary and results.json.
+    torch_compile: bool = setting(False, "compile the model with torch.compile (with length_buckets: static shapes)")
 
     def _check_run(self) -> None:
         _positive(self, "logging_steps", "max_nonfinite_loss_steps", "ddp_timeout")
@@ -559,6 +573,8 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
         self._check_parallel()
         self._check_model()
         self._check_data()
+        if self.torch_compile and self.model_parallel:
+            raise UserError("torch_compile does not work with model_parallel=true (stages move tensors between devices)")
         if self.dataset_name is None and self.train_file is None and self.data_dir is None:
             resuming = (
                 "; a resume with --config reads that recipe, not the run's saved config.yaml: leave --config "
@@ -658,6 +674,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
                 errors.append(str(e))
         raise UserError(errors[0] if errors else f"{key}: bad value {value!r}")
     if origin is Literal:
+        if isinstance(value, bool) and ("off" if value is False else "on") in args:
+            value = "off" if value is False else "on"  # YAML 1.1 reads a bare off / on as a boolean
         if value not in args:
             raise UserError(f"{key} must be one of {', '.join(map(str, args))}, got {value!r}")
         return value
@@ -703,6 +721,10 @@ MODE_FLAGS = {"dry_run": "--dry-run", "plan_only": "--plan-only"}
 def _unknown_key(key: str, known: list[str]) -> UserError:
     if key in MODE_FLAGS:
         return UserError(f"{key} is not a setting; pass the flag {MODE_FLAGS[key]}")
+    head, dot, sub = key.partition(".")
+    if dot and head in known:  # model_config.hidden_size written in a recipe: the command line's form
+        return UserError(f"unknown config key '{key}': in a recipe write {head}: {{{sub}: ...}} (KEY.SUBKEY=value "
+                         "is the command line's form)")  # fmt: skip
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     hint = f"; did you mean {close[0]}?" if close else ""
     return UserError(f"unknown config key '{key}'{hint}")
@@ -767,6 +789,22 @@ def resumed_run_recipe(overrides: list[str]) -> Path | None:
     return resumed_run_config(given.get("resume_from_checkpoint"), given.get("output_dir") or default)
 
 
+FILE_KEYS, FOLDER_KEYS = ("train_file", "validation_file", "test_file"), ("data_dir", "dataset_name", "dataset_config_name")
+
+
+def _data_source_from_command_line(raw: dict[str, Any], given: dict[str, Any]) -> None:
+    """The data comes from files or from a folder (or the hub), not both: the loader reads the files when
+    there are any and ignores data_dir, and an imagefolder or hub dataset_name ignores the files. So a
+    command line that names one source (data_dir=..., or train_file=...) and no value for the other's keys
+    replaces the recipe's other source: `task=image-classification data_dir=imgs` over the default
+    (text) recipe reads imgs, not the recipe's CSV files. Chosen over a refusal because the command line
+    is the more specific layer and its meaning is not in doubt; config.yaml shows the result."""
+    for source, other in (("data_dir", FILE_KEYS), ("train_file", FOLDER_KEYS)):
+        if given.get(source) is not None and all(given.get(key) is None for key in other):
+            for key in other:
+                raw.pop(key, None)
+
+
 def load_config(
     path: str | Path | None = None, overrides: list[str] | None = None, saved: bool = False
 ) -> TrainConfig:
@@ -799,6 +837,8 @@ def load_config(
         if isinstance(value, str) and value.startswith(("data/", "./data/")):
             raw[key] = str(REPO_DIR / value)
 
+    given = dict(parse_override(item) for item in overrides or [])
+    _data_source_from_command_line(raw, given)
     for item in overrides or []:
         _apply_override(raw, *parse_override(item))
     # Saved configs must work from any directory: local paths become absolute.

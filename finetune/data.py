@@ -21,6 +21,7 @@ import csv
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -249,12 +250,21 @@ def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | 
             f"label column '{column}' has a single class ({', '.join(present) or 'none'}); "
             "a classifier needs at least two"
         )
-    _check_label_texts(train, column, present)
-    if isinstance(feature, ClassLabel) and not label_names and (absent := [n for n in names if n not in present]):
+    _check_label_texts(train, column, present, label_names)
+    absent = [n for n in names if n not in present]
+    if isinstance(feature, ClassLabel) and not label_names and absent:
         raise UserError(
             f"class {absent[0]!r} of label column '{column}' has no training sample (an image folder: no "
             f"train/{absent[0]}/ images, or max_train_samples left them out): the model could not learn it; "
             "give it training samples, or remove it from the other splits"
+        )
+    if absent and os.environ.get("RANK", "0") == "0":  # named in label_names: the user asked for them
+        shown = ", ".join(map(repr, absent[:5])) + (", ..." if len(absent) > 5 else "")
+        print(
+            f"warning: {len(absent)} of the {len(names)} classes in label_names have no training sample ({shown}; "
+            "an image folder: no train/<class>/ images): the model cannot learn to predict them; give them "
+            "training samples, or leave them out of label_names",
+            file=sys.stderr,
         )
     unknown = present - set(names)
     if unknown:
@@ -266,16 +276,18 @@ def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | 
     return names
 
 
-def _check_label_texts(train: HFDataset, column: str, present: set[str]) -> None:
+def _check_label_texts(train: HFDataset, column: str, present: set[str], label_names: list[str] | None) -> None:
     """Class names that probably mean something else: lists written as text ("['art', 'film']", a
-    multi-label set saved by a CSV writer), and names that differ only by surrounding spaces."""
-    listy = next((v for v in sorted(present) if re.fullmatch(r"\s*\[\s*(['\"].*['\"]\s*)?\]\s*", v)), None)
+    multi-label set saved by a CSV writer, or "[art, film]" without quotes; a class listed in label_names
+    is the user's own name), and names that differ only by surrounding spaces."""
+    named = set(label_names or [])
+    listy = next((v for v in sorted(present) if re.fullmatch(r"\s*\[.*\]\s*", v, re.S) and v not in named), None)
     if listy is not None:
         row = next(i for i, v in enumerate(train[column]) if str(v) == listy)
         raise UserError(
             f"label column '{column}' holds a list written as text ({listy!r} at row {row + 1}); for several labels a "
             'sample, give real lists (JSON Lines: "label": ["art", "film"]) or 0/1 columns (label_columns); for '
-            "one label a sample, remove the brackets and quotes"
+            "one label a sample, remove the brackets and quotes (or, if that is a class's name, list it in label_names)"
         )
     stripped: dict[str, str] = {}
     for name in sorted(present):
@@ -301,15 +313,27 @@ def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str
     seen = {name_of(v) for v in set(ds[column])}
     unseen = sorted(seen - set(to_id))
     if unseen:
-        raise UserError(
-            f"{split} labels {unseen[:5]} were not seen in training (known: {', '.join(label_names)})"
-        )
+        raise UserError(f"{split} labels {unseen[:5]} were not seen in training (known: {', '.join(label_names)})"
+                        + _near_misses(unseen, label_names))  # fmt: skip
     ds = ds.map(
         lambda b: {"labels": [to_id[name_of(v)] for v in b[column]]}, batched=True, desc=f"labels ({split})"
     )
     if column != "labels":
         ds = ds.remove_columns(column)
     return ds.cast_column("labels", ClassLabel(names=label_names))
+
+
+def _near_misses(unseen: list[str], known: list[str]) -> str:
+    """For labels another split has that train lacks: those that are a known label but for surrounding
+    spaces or letter case, named (they are the same class written differently), with the fix."""
+    by_form = {form(k): k for k in known for form in (str.strip, lambda t: t.strip().casefold())}
+    twins = [(u, by_form.get(u.strip()) or by_form.get(u.strip().casefold())) for u in unseen]
+    twins = [(u, k) for u, k in twins if k is not None]
+    if not twins:
+        return ""
+    what = " and ".join(sorted({"surrounding spaces" if u.strip() == k.strip() else "letter case" for u, k in twins}))
+    pairs = ", ".join(f"{u!r} (train: {k!r})" for u, k in twins[:3])
+    return f"; {pairs} differ from the training labels only by {what}: write each label the same way in every split"
 
 
 def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = True) -> None:
@@ -369,7 +393,11 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
         try:
             parts = raw["train"].train_test_split(test_size=held_out, seed=args.seed, **stratify)
         except ValueError as e:
-            raise UserError(f"cannot hold out a stratified validation split: {e}") from None
+            raise UserError(
+                f"cannot hold out a stratified validation split: {first_line(e)}; give a validation_file, or "
+                "enough samples of every class (2 or more) and a validation_split_percentage whose share holds "
+                "one of each"
+            ) from None
         raw["train"], raw["validation"] = parts["train"], parts["test"]
     for split, limit in (
         ("train", args.max_train_samples),

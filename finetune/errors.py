@@ -94,6 +94,22 @@ ENVIRONMENT_ERRORS = {
 }
 
 
+def remedy(code: int | None, setting: str = "output_dir") -> str:
+    """What to do about a failed write, by its errno, for a message that goes on with how to carry on:
+    a full disk or quota wants space, a read-only one another `setting` (the folder written to), a
+    failing one a look at the device. Never "free some space" for a disk that is not full."""
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        quota = " under your disk quota" if code == errno.EDQUOT else ""
+        return f"free some space{quota} (or choose another {setting})"
+    if code == errno.EROFS:
+        return f"that file system is read-only: choose another {setting} (or remount it read-write)"
+    if code == errno.EIO:
+        return f"the disk reported a device error (EIO): check it (dmesg) and choose another {setting}"
+    if code in (errno.EACCES, errno.EPERM):
+        return f"check the folder's permissions, or choose another {setting}"
+    return f"check the disk, or choose another {setting}"
+
+
 def write_failure(e: BaseException, where: str | os.PathLike | None = None) -> OSError | None:
     """The machine's error behind a failed write or read, as an OSError (ENVIRONMENT_ERRORS), or None
     for anything else. Not every library raises OSError: safetensors raises SafetensorError with

@@ -51,6 +51,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -82,7 +83,7 @@ from finetune.config import (
     settings_help,
 )
 from finetune.data import check_columns, encode_split, load_path, load_splits
-from finetune.errors import UserError, exit_on_user_error, first_line, write_failure
+from finetune.errors import UserError, exit_on_user_error, first_line, remedy, write_failure
 from finetune.evaluation import evaluate_model
 from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_report, summary_line
@@ -568,7 +569,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     threshold = tuned if tuned and not asked else cfg.multi_label_threshold
     report, predictions = evaluate_with_predictions(model, loader, accelerator, target, problem, keep, threshold)
     if not labelled:  # the placeholder labels score nothing: only what was predicted, and how much
-        report = {k: v for k, v in report.items() if k in ("num_samples", "num_sentences", "num_words")}
+        report = {k: v for k, v in report.items() if k in ("num_samples", "num_sentences", "num_words", "threshold")}
 
     record: dict[str, Any] = {
         "format": FORMAT,
@@ -639,31 +640,58 @@ def evaluate_with_predictions(model, loader, accelerator, target: Target, proble
 
 
 def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainConfig, target: Target, name: str) -> bool:
-    """metrics.json, the confusion matrix (classes) and predictions.jsonl (when asked); a previous
-    evaluation's files there are replaced, and its now stale ones removed. Returns whether it replaced one."""
+    """metrics.json, the confusion matrix (classes) and predictions.jsonl (when asked), whole or not at
+    all: each is written under a hidden temporary name and flushed, then all are renamed into place (a
+    previous evaluation's files there replaced, its now stale ones removed). A write that fails (a full or
+    read-only disk, a device error) removes the temporary files and leaves the folder as it was.
+    Returns whether it replaced an evaluation."""
+    folder = metrics_file.parent
     png, jsonl = output_paths(metrics_file)
     replaced, problem = metrics_file.exists(), record["problem_type"]
+    created = next((p for p in reversed((folder, *folder.parents)) if not p.exists()), None)  # the first made
+    written: dict[Path, Path] = {}  # final path: its temporary file
+
+    def temporary(final: Path) -> Path:  # the suffix kept: matplotlib reads the format from it
+        written[final] = final.with_name(f".tmp-{final.name}")
+        return written[final]
+
     try:
-        metrics_file.parent.mkdir(parents=True, exist_ok=True)
-        metrics_file.write_text(json.dumps(record, indent=2) + "\n")
+        folder.mkdir(parents=True, exist_ok=True)
+        temporary(metrics_file).write_text(json.dumps(record, indent=2) + "\n")
         if problem == SINGLE and "confusion_matrix" in record:  # a confusion matrix is for classes, with labels
             title = f"{target.short_name} on {name}\naccuracy {record['accuracy']:.3f}, {record['num_samples']:,} samples"
-            plot_confusion_matrix(record["confusion_matrix"], target.label_names, png, title=title)
-        elif replaced:
-            png.unlink(missing_ok=True)  # a previous single-label evaluation's, now stale
+            plot_confusion_matrix(record["confusion_matrix"], target.label_names, temporary(png), title=title)
         if predictions is not None:
             inputs = task_of(cfg.task).sample_inputs(ds, cfg.data_args)
-            write_predictions(jsonl, predictions, list(ds["labels"]), target.label_names, inputs, problem,
+            write_predictions(temporary(jsonl), predictions, list(ds["labels"]), target.label_names, inputs, problem,
                               record.get("threshold", cfg.multi_label_threshold))  # fmt: skip
-        elif replaced:
-            jsonl.unlink(missing_ok=True)  # the previous evaluation's, now stale
+        for tmp in written.values():
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())  # a failing disk says so now (EIO), not after the files look whole
     except Exception as e:
-        failure = write_failure(e, metrics_file.parent)
+        for tmp in written.values():
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        if created is not None:  # the folders this evaluation made, now empty
+            with contextlib.suppress(OSError):
+                for made in (folder, *folder.parents):
+                    made.rmdir()
+                    if made == created:
+                        break
+        failure = write_failure(e, folder)
         if failure is None:
             raise
+        file = f" ({failure.filename})" if failure.filename else ""
         raise UserError(
-            f"cannot write the evaluation to {metrics_file.parent}: {failure.strerror}; choose another --output"
+            f"cannot write the evaluation to {folder}: {failure.strerror}{file}; nothing of it was left there; "
+            f"{remedy(failure.errno, '--output')}"
         ) from None
+    for final, tmp in written.items():
+        os.replace(tmp, final)
+    if replaced:  # a previous evaluation's files that this one does not write, now stale
+        for stale in (png, jsonl):
+            if stale not in written:
+                stale.unlink(missing_ok=True)
     return replaced
 
 

@@ -23,14 +23,21 @@ def longest_first(lengths: list[int]) -> list[int]:
     return sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
 
-def forward(model, batch: dict[str, torch.Tensor], chunks: int = 1) -> torch.Tensor:
-    """Logits of a batch; with `chunks` > 1, GPipe-style micro-batches through model-parallel stages."""
+def forward(model, batch: dict[str, torch.Tensor], chunks: int = 1, rows: int | None = None) -> torch.Tensor:
+    """Logits of a batch; with `chunks` > 1, GPipe-style micro-batches through model-parallel stages;
+    with `rows`, a shorter batch is filled to that many rows for the model and its logits cut back
+    (finetune/shapes.py: the shapes a compiled model sees)."""
     inputs = {k: v for k, v in batch.items() if k not in NOT_INPUTS}
     if chunks > 1:
         from finetune.parallel import pipelined_forward
 
         return pipelined_forward(model, inputs, chunks)
-    return model(**inputs).logits
+    if rows is None:
+        return model(**inputs).logits
+    from finetune.shapes import fill_rows
+
+    inputs, real = fill_rows(inputs, rows)
+    return model(**inputs).logits[:real]
 
 
 @torch.no_grad()
@@ -44,15 +51,16 @@ def evaluate_model(
     threshold: float | list[float] = 0.5,
     keep_predictions: bool = False,
     trivial=None,
+    rows: int | None = None,
 ) -> dict:
     """The problem type's metrics (finetune/metrics.py) and loss over exactly the dataset:
     `gather_for_metrics` drops the samples Accelerate duplicated to even out the last batch, and the
     count is asserted. The loss is the mean over the loss's terms (samples; labelled tokens for tags).
     `keep_predictions=True` adds `predictions` and `references` (for tags each sentence's predicted tag
     ids), in the data's order. With `trivial` (problems.trivial_prediction), `baseline` holds the
-    metrics of always predicting it."""
+    metrics of always predicting it. `rows`: each batch filled to that many rows for the model (`forward`)."""
     if problem_type == TOKENS:
-        metrics, gold = _evaluate_tags(model, loader, accelerator, label_names, chunks)
+        metrics, gold = _evaluate_tags(model, loader, accelerator, label_names, chunks, rows)
         if trivial is not None:
             metrics["baseline"] = baseline_report(TOKENS, trivial, gold, label_names)
         if not keep_predictions:
@@ -61,7 +69,7 @@ def evaluate_model(
     model.eval()
     preds, refs, losses = [], [], []
     for batch in loader:
-        logits = forward(model, batch, chunks)
+        logits = forward(model, batch, chunks, rows)
         labels = batch["labels"].to(logits.device)
         loss = per_sample_loss(logits, labels, problem_type)
         p, r, lo = accelerator.gather_for_metrics((predictions(logits, problem_type), labels, loss))
@@ -82,14 +90,14 @@ def evaluate_model(
     return metrics
 
 
-def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[str], chunks: int) -> dict:
+def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[str], chunks: int, rows: int | None) -> dict:
     """Tags: each window's first-subword predictions (labels other than -100), gathered over processes
     (padded to one length first: windows differ in length), put back into their sentences."""
     model.eval()
     pieces: dict[int, list[tuple[int, list[int], list[int]]]] = {}  # sentence -> (first word, preds, gold)
     loss_sum, terms, rows = 0.0, 0, 0
     for batch in loader:
-        logits = forward(model, batch, chunks)
+        logits = forward(model, batch, chunks, rows)
         labels = batch["labels"].to(logits.device)
         loss, weight = per_sample_loss(logits, labels, TOKENS), loss_weights(labels, TOKENS)
         preds = accelerator.pad_across_processes(logits.argmax(-1), dim=1, pad_index=-100)

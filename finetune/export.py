@@ -5,8 +5,10 @@ Hub (the run directory's layout: finetune/rundir.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from accelerate import Accelerator
 from finetune import checkpoint as ckpt
 from finetune.card import describe_data, push_to_hub, write_model_card
 from finetune.config import TrainConfig
-from finetune.errors import UserError, write_failure
+from finetune.errors import UserError, remedy, write_failure
 from finetune.lora import is_lora, merge_lora
 from finetune.plots import plot_training_curves
 from finetune.rundir import RunDir, finish_overwrite
@@ -43,14 +45,19 @@ def export_run(
             try:
                 _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds)
             except Exception as e:  # a full disk, a quota: one line; the checkpoints are untouched
-                failure = write_failure(e, run.model)
+                failure = write_failure(e, run.root)
                 if failure is None:
                     raise
                 file = f" ({failure.filename})" if failure.filename else ""
+                then = (
+                    "then run again with resume_from_checkpoint=latest (a resume from the last step only evaluates "
+                    "and exports; in another output_dir: resume_from_checkpoint=<its last checkpoint>)"
+                    if ckpt.list_checkpoints(run.root)
+                    else "then run again"
+                )
                 raise UserError(
-                    f"could not write the export in {run.root}: {failure.strerror}{file}; the run is "
-                    "not finished; free some space, then run again (with resume_from_checkpoint=latest if it "
-                    "saved checkpoints: a resume from the last step only evaluates and exports)"
+                    f"could not write the export in {run.root}: {failure.strerror}{file}; nothing of it was left "
+                    f"there and the run is not finished; {remedy(failure.errno)}, {then}"
                 ) from None
             if cfg.push_to_hub_model_id:
                 accelerator.print(f"pushed to {push_to_hub(run.model, cfg.push_to_hub_model_id)}")
@@ -76,12 +83,77 @@ def save_adapter(model, folder: Path) -> None:
 
 
 def _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds) -> None:
-    """The main process's part of `export_run`."""
+    """The main process's part of `export_run`, whole or not at all: the model (and a LoRA run's adapter)
+    and the curves are written into a hidden folder and flushed to disk, then moved into place (an earlier
+    export set aside meanwhile), the card written into the export, and results.json last. A failure
+    anywhere (a full or read-only disk, a device error: the flush reports those) removes what this export
+    wrote and puts the earlier one back, so the run directory is as it was."""
     run = RunDir(cfg.output_dir)
-    export = run.model
+    staged = Staged(run)
+    try:
+        _stage_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds, staged)
+    except BaseException:  # noqa: BLE001 - any failure, a signal's KeyboardInterrupt too: nothing half-written
+        staged.undo()
+        raise
+    staged.done()
+    finish_overwrite(run)  # the run this one replaced, now replaced
+
+
+class Staged:
+    """An export written aside and moved into place; `undo` removes it and puts back what it replaced."""
+
+    def __init__(self, run: RunDir):
+        self.run, self.stage, self.aside = run, run.export_stage, run.export_aside
+        self.moved: list[str] = []  # names now in place, whose earlier version (if any) is aside
+        for folder in (self.stage, self.aside):  # a kill during an earlier export left them
+            if folder == self.aside and folder.is_dir():  # a kill while moving: the earlier export goes back
+                for path in folder.iterdir():
+                    if not (run.root / path.name).exists():
+                        os.replace(path, run.root / path.name)
+            shutil.rmtree(folder, ignore_errors=True)
+        self.stage.mkdir(parents=True)
+
+    def path(self, final: Path) -> Path:
+        """Where `final` (a path in the run directory) is written until it is moved into place."""
+        return self.stage / final.name
+
+    def move_into_place(self) -> None:
+        self.aside.mkdir()
+        for path in sorted(self.stage.iterdir()):
+            final = self.run.root / path.name
+            if final.exists():
+                os.replace(final, self.aside / path.name)
+            self.moved.append(path.name)
+            os.replace(path, final)
+
+    def undo(self) -> None:
+        """Best effort (a read-only disk refuses even this): never a second error over the first."""
+        for name in reversed(self.moved):
+            final = self.run.root / name
+            with contextlib.suppress(OSError):
+                if final.is_dir():
+                    shutil.rmtree(final)
+                else:
+                    final.unlink(missing_ok=True)
+                if (self.aside / name).exists():
+                    os.replace(self.aside / name, final)
+        for folder in (self.stage, self.aside):
+            shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.run.results.with_name(f".{self.run.results.name}.tmp").unlink(missing_ok=True)
+
+    def done(self) -> None:
+        for folder in (self.stage, self.aside):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stage_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds,
+                  staged: Staged) -> None:  # fmt: skip
+    run = staged.run
+    export = staged.path(run.model)
     unwrapped = accelerator.unwrap_model(model)
     if is_lora(unwrapped):  # an ordinary model: the adapters merged into their weights
-        save_adapter(unwrapped, run.adapter)  # first: merge_lora works in place
+        save_adapter(unwrapped, staged.path(run.adapter))  # first: merge_lora works in place
         results["adapter_dir"] = str(run.adapter)
         unwrapped = merge_lora(unwrapped)
         state_dict = unwrapped.state_dict()
@@ -97,15 +169,18 @@ def _write_export(cfg, accelerator, model, preprocessor, results, label_names, b
     _as_umask_allows(export)
     results.update(
         {
-            "model_dir": str(export),
+            "model_dir": str(run.model),
             "label_names": label_names,
             "best": best,
             "versions": ckpt.package_versions(),
         }
     )
-    plot_training_curves(run.metrics, run.curves, best=best)
-    write_model_card(
-        export,
+    plot_training_curves(run.metrics, staged.path(run.curves), best=best)
+    ckpt.fsync_tree(staged.stage)  # a failing disk says so here (EIO), not after the run says it is finished
+    staged.move_into_place()
+    # The card in place: it names the export by its path (written elsewhere, it would name the hidden folder).
+    card = write_model_card(
+        run.model,
         config=cfg.to_dict(),
         label_names=label_names,
         results=results,
@@ -116,10 +191,14 @@ def _write_export(cfg, accelerator, model, preprocessor, results, label_names, b
         repo_id=cfg.push_to_hub_model_id,
         command=results.get("command"),
     )
+    with open(card, "rb") as f:
+        os.fsync(f.fileno())
     if seconds is not None:  # each phase's own seconds, this export's until now
         results["seconds"] = {name: round(value, 3) for name, value in seconds().items()}
     # Last, and whole or not at all: results.json is what marks the run as finished.
     tmp = run.results.with_name(f".{run.results.name}.tmp")
-    tmp.write_text(json.dumps(results, indent=2))
+    with open(tmp, "w") as f:
+        f.write(json.dumps(results, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, run.results)
-    finish_overwrite(run)  # the run this one replaced, now replaced

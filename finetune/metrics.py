@@ -7,7 +7,8 @@
 
 `METRICS` is the one table of metric names: each metric's key (in results.json, manifests and
 metrics.jsonl as `eval_<key>`), the name people read, whether higher is better, whether the training
-curves draw it, and its type in the model card's model-index. `PROBLEMS` says, per problem type, which
+curves draw it, its type in the model card's model-index, and how `learned` tells a model from the
+trivial baseline by it. `PROBLEMS` says, per problem type, which
 metrics it reports (the first is the default `metric_for_best_model`), which it shows (the console, the
 card's table) and which end a run's last line. The config (`metric_for_best_model`,
 `greater_is_better`), the card and the plots read these two tables and nothing else.
@@ -46,14 +47,26 @@ SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classifi
 TOKENS = "token_classification"  # a tag per word (finetune/tasks.py's token task); not a transformers problem_type
 
 
+# How `learned` judges a metric against the trivial baseline's (its docstring states each rule).
+RATE, CORRELATION, R2 = "rate", "correlation", "r2"
+BASELINE_RULES = (RATE, CORRELATION, R2)
+
+
 @dataclass(frozen=True)
 class Metric:
     key: str  # results.json, manifests; `eval_<key>` in metrics.jsonl
     name: str  # what people read: console, card, plots
-    greater_is_better: bool = True
+    greater_is_better: bool = True  # also metric_for_best_model's default direction
     plotted: bool = False  # drawn in training_curves.png's validation panel
     card_type: str | None = None  # its type in the card's model-index (the Hub's metric names)
     card_args: dict | None = None
+    # For a greater-is-better metric: a share in [0, 1] (RATE), Pearson's or Spearman's r (CORRELATION)
+    # or r2 (R2). A lower-is-better one is an error, judged by the ratio to the baseline's.
+    baseline_rule: str = RATE
+
+    def __post_init__(self):
+        if self.baseline_rule not in BASELINE_RULES:
+            raise ValueError(f"metric {self.key}: baseline_rule must be one of {BASELINE_RULES}")
 
 
 METRICS: dict[str, Metric] = {
@@ -69,9 +82,9 @@ METRICS: dict[str, Metric] = {
         Metric("subset_accuracy", "subset accuracy"),
         Metric("mse", "mse", greater_is_better=False, card_type="mse"),
         Metric("mae", "mae", greater_is_better=False),
-        Metric("r2", "r2"),
-        Metric("pearson", "pearson", plotted=True, card_type="pearsonr"),
-        Metric("spearman", "spearman"),
+        Metric("r2", "r2", baseline_rule=R2),
+        Metric("pearson", "pearson", plotted=True, card_type="pearsonr", baseline_rule=CORRELATION),
+        Metric("spearman", "spearman", baseline_rule=CORRELATION),
         Metric("entity_f1", "entity F1", plotted=True, card_type="f1", card_args={"mode": "strict", "scheme": "IOB2"}),
         Metric("entity_precision", "entity precision", card_type="precision"),
         Metric("entity_recall", "entity recall", card_type="recall"),
@@ -163,19 +176,23 @@ def baseline_report(problem: str | None, constant, references, label_names: list
 
 def learned(key: str, value: float | None, baseline: float | None, n: int) -> bool | None:
     """Whether `value` of metric `key`, on `n` samples (words, for word accuracy), is clearly better than
-    the trivial baseline's. The rule: for a rate (accuracy, F1, precision, recall), more than two
-    standard errors of the baseline's rate above it, and at least 0.02 (a binomial proportion's 95%
-    margin); for Pearson's or Spearman's r, above 2 / sqrt(n) (the baseline predicts a constant: r is
-    undefined, 0 in effect); for r2, above 0.05; for mse or mae, at least 10% below the baseline's.
-    None when it cannot be told (no value)."""
-    if value is None or (baseline is None and key not in ("pearson", "spearman")) or n <= 0:
+    the trivial baseline's. The rule comes from the metric's row in `METRICS`: a lower-is-better metric
+    (`greater_is_better=False`: mse, mae, loss) must be at least 10% below the baseline's; otherwise by
+    its `baseline_rule`: a RATE (accuracy, F1, precision, recall) more than two standard errors of the
+    baseline's rate above it, and at least 0.02 (a binomial proportion's 95% margin); a CORRELATION
+    (Pearson's or Spearman's r) above 2 / sqrt(n) (the baseline predicts a constant: r is undefined, 0
+    in effect, so no baseline value is needed); R2 above 0.05. None when it cannot be told (no value,
+    no baseline, no samples)."""
+    metric = METRICS[key]
+    rule = metric.baseline_rule if metric.greater_is_better else None
+    if value is None or (baseline is None and rule != CORRELATION) or n <= 0:
         return None
-    if key in ("pearson", "spearman"):
-        return value > 2 / math.sqrt(n)
-    if key == "r2":
-        return value > 0.05
-    if key in ("mse", "mae", "loss"):
+    if rule is None:
         return value < 0.9 * baseline
+    if rule == CORRELATION:
+        return value > 2 / math.sqrt(n)
+    if rule == R2:
+        return value > 0.05
     margin = max(0.02, 2 * math.sqrt(max(baseline, 0.01) * max(1 - baseline, 0.01) / n))
     return value > baseline + margin
 

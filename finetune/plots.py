@@ -255,7 +255,9 @@ def mark_best(ax_of: dict[str, Any], axes, best: dict[str, Any], evals: list[dic
     if not isinstance(value, (int, float)):  # a best without its value: the logged evaluation's
         value = next((r.get(f"eval_{metric}") for r in evals if r["step"] == step), None)
     label = f"{BEST_LABEL}: step {step}" + (
-        f", {metric.replace('_', ' ')} {value:.4g}" if isinstance(value, (int, float)) else ""
+        f", {METRICS[metric].name if metric in METRICS else metric.replace('_', ' ')} {value:.4g}"
+        if isinstance(value, (int, float))
+        else ""
     )
     # A regression's mse is its validation loss, drawn in the loss panel.
     drawn_on = {

@@ -93,6 +93,7 @@ from finetune.runtime import (
     pin_memory,
     quiet_libraries,
 )
+from finetune.shapes import Shapes, check_compile, compile_model, plan_shapes, warm_up
 from finetune.signals import StopOnSignal, stop_outside_the_loop, stop_with_launcher
 from finetune.steps import EpochSampler, StepPlan, Stream, plan_steps, step_loss
 from finetune.tasks import task_of
@@ -111,6 +112,9 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
         # Resume (weights, optimizer, scheduler, RNG; the position from the manifest) or start afresh.
         step, start_epoch, start_sample = resume(cfg, run)
         start_run(cfg, run)
+    if cfg.torch_compile:  # every shape of the run compiled now, not at its first batch
+        with hooks.phase("compile"):
+            warm_up(model, accelerator, optimizer, forward, run.shapes)
     losses, evaluations = LossWatch(accelerator, cfg, run.log), Evaluations(cfg, run, hooks)
     fault, scaler_skipped = injected_fault(), ScalerSkips(accelerator.scaler)
     model.train()
@@ -128,7 +132,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
                 for k, batch in enumerate(run.train_loader):
                     hooks.mark("batch", batch)
                     with accelerator.accumulate(model):
-                        logits = forward(model, batch, cfg.pipeline_chunks)
+                        logits = forward(model, batch, cfg.pipeline_chunks, run.rows("train"))
                         labels = batch["labels"].to(logits.device)
                         real = stream.real_rows(k, accelerator.process_index, len(labels), logits.device)
                         per_sample = per_sample_loss(logits, labels, cfg.problem_type, run.class_weights, cfg.label_smoothing)
@@ -183,6 +187,10 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
     accelerator.print(f"model saved to {run.dir.model} ({results['exported']['why']})")
     accelerator.print(f"{split} {headline(final)}")
     accelerator.print("seconds: " + ", ".join(f"{name} {s:.1f}" for name, s in sorted(hooks.seconds.items(), key=_phase_order)))
+    if cfg.torch_compile:
+        compiled = results["shapes"]
+        accelerator.print(f"torch_compile: {compiled['graphs_compiled_in_warm_up']} graphs compiled in the warm-up, "
+                          f"{compiled['graphs_compiled_after_warm_up']} after it")  # fmt: skip
     for tracker in accelerator.trackers:  # the process group stays: main() ends it (a search runs more trials)
         tracker.finish()
     # A signal during the final evaluation or the export: they were let finish; now it ends the process.
@@ -190,7 +198,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
     return results
 
 
-PHASES = ("start-up", "data", "build", "train", "evaluate", "export")
+PHASES = ("start-up", "data", "build", "compile", "train", "evaluate", "export")
 
 
 def _phase_order(item: tuple[str, float]) -> int:
@@ -269,6 +277,7 @@ class Run:
     trivial: Any  # what a model that learned nothing predicts (problems.trivial_prediction): the baseline
     class_weights: torch.Tensor | None  # class_weights=balanced (problems.class_weights_of)
     eval_loaders: dict[str, DataLoader]
+    shapes: Shapes | None  # length buckets, a compiled model's full batches (finetune/shapes.py)
     plan: StepPlan
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -277,6 +286,12 @@ class Run:
     manifest: dict | None
     log: MetricsLog
     checkpointer: ckpt.Checkpointer
+
+    def rows(self, kind: str) -> int | None:
+        """The rows every "train" or "eval" batch is filled to for a compiled model, or None."""
+        if self.shapes is None:
+            return None
+        return self.shapes.train_rows if kind == "train" else self.shapes.eval_rows
 
 
 def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
@@ -290,13 +305,17 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
     set_seed(cfg.seed)
     model, preprocessor, splits, label_names = build_model_and_data(cfg, accelerator, hooks)
     model = split_model(cfg, accelerator, model)
-    train_loader, sampler, eval_loaders = make_loaders(cfg, accelerator, splits, preprocessor)
+    train_loader, sampler, eval_loaders, shapes = make_loaders(cfg, accelerator, splits, preprocessor)
+    if cfg.torch_compile:
+        check_compile(accelerator)
+        compile_model(model, dynamic=shapes.dynamic)
     resume_path, manifest = resume_target(cfg, out)
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     moved = manifest is not None and ckpt.check_resume_compatible(
         manifest, cfg, accelerator.num_processes, label_names, len(splits["train"]), fsdp
     )  # before anything is written: a resume that would change the run is refused now
     plan = plan_steps(cfg, accelerator.num_processes, len(splits["train"]), manifest, moved)
+    ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)  # a max_steps short of the checkpoint
     optimizer, trained = make_optimizer(cfg, model, accelerator)
     scheduler = make_scheduler(cfg, optimizer, plan)
     if cfg.push_to_hub_model_id:
@@ -314,7 +333,7 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
     trivial = trivial_prediction(train_labels, cfg.problem_type)
     balance = class_weights_of(train_labels, cfg.problem_type, len(label_names), cfg.class_weights)
     return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial,
-               balance, eval_loaders,
+               balance, eval_loaders, shapes,
                plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer)  # fmt: skip
 
 
@@ -325,8 +344,9 @@ def resume(cfg: TrainConfig, run: Run) -> tuple[int, int, int]:
         return 0, 0, 0
     manifest = run.manifest
     ckpt.load_checkpoint(run.accelerator, run.resume_path, exact=not cfg.resume_allow_topology_change)
+    ckpt.apply_optimizer_settings(run.optimizer, cfg)  # the checkpoint's weight decay and betas: this run's
     ckpt.apply_learning_rate(run.optimizer, run.scheduler, manifest, cfg.learning_rate, run.accelerator.print)
-    run.checkpointer.best, run.checkpointer.last = manifest.get("best", {}), run.resume_path
+    run.checkpointer.resumed_from(run.resume_path, manifest, run.accelerator.print)  # says what this resume changes
     run.log.drop_after(manifest["step"])
     run.accelerator.print(
         f"resumed from {run.resume_path} at step {manifest['step']} (epoch {manifest['epoch']}, "
@@ -442,7 +462,8 @@ def _inside_lora(model):
 
 def make_loaders(cfg: TrainConfig, accelerator: Accelerator, splits, preprocessor):
     """The training loader over the epoch sampler (length groups of one optimizer step; padded to whole
-    global batches under DDP) and the evaluation loaders, longest first where samples have lengths."""
+    global batches under DDP), the evaluation loaders, longest first where samples have lengths, and
+    the run's shapes (length buckets, a compiled model's full batches: finetune/shapes.py) or None."""
     processes, batch = accelerator.num_processes, cfg.per_device_train_batch_size
     task, train_set = task_of(cfg.task), splits["train"]
     lengths = task.lengths(train_set) if cfg.group_by_length else None
@@ -450,6 +471,10 @@ def make_loaders(cfg: TrainConfig, accelerator: Accelerator, splits, preprocesso
                            lengths=lengths, pad_to=processes * batch if processes > 1 else 1,
                            listener=task.epoch_listener(train_set))  # fmt: skip
     collate = task.collator(preprocessor, cfg.pad_to_multiple_of)
+    eval_lengths = [task.lengths(splits[split]) for split in ("validation", "test") if split in splits]
+    shapes, collate = plan_shapes(cfg.length_buckets, cfg.torch_compile, cfg.pad_to_multiple_of, batch,
+                                  cfg.per_device_eval_batch_size, (sampler.order(0), task.lengths(train_set)),
+                                  eval_lengths, collate, train_set)  # fmt: skip
     workers, pin = data_workers(cfg, accelerator), pin_memory(cfg, accelerator)
     train_loader = DataLoader(train_set, batch_size=batch, sampler=sampler, collate_fn=collate, num_workers=workers,
                               pin_memory=pin, generator=torch.Generator().manual_seed(cfg.seed))  # fmt: skip
@@ -463,7 +488,7 @@ def make_loaders(cfg: TrainConfig, accelerator: Accelerator, splits, preprocesso
                 splits[split], batch_size=cfg.per_device_eval_batch_size, collate_fn=collate, num_workers=workers,
                 sampler=longest_first(lengths) if lengths else None, pin_memory=pin,
             )  # fmt: skip
-    return train_loader, sampler, eval_loaders
+    return train_loader, sampler, eval_loaders, shapes
 
 
 def resume_target(cfg: TrainConfig, out: RunDir) -> tuple[Path | None, dict | None]:
@@ -527,6 +552,8 @@ def start_run(cfg: TrainConfig, run: Run) -> None:
         + (f" (LoRA r={cfg.peft['r']} and the head)" if cfg.peft else "")
     )
     accelerator.print(describe_parameters(accelerator, run.model, cfg.pipeline_chunks))
+    if run.shapes is not None:
+        accelerator.print(run.shapes.describe())
 
 
 # --- what the loop keeps track of -----------------------------------------------------------------
@@ -566,7 +593,8 @@ def evaluate_split(cfg: TrainConfig, run: Run, split: str, threshold=None, keep_
     `threshold` (default multi_label_threshold: one, or one per label)."""
     threshold = cfg.multi_label_threshold if threshold is None else threshold
     return evaluate_model(run.model, run.eval_loaders[split], run.accelerator, run.label_names, cfg.pipeline_chunks,
-                          cfg.problem_type, threshold, keep_predictions, trivial=run.trivial)  # fmt: skip
+                          cfg.problem_type, threshold, keep_predictions, trivial=run.trivial,
+                          rows=run.rows("eval"))  # fmt: skip
 
 
 def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hooks: Hooks) -> dict[str, Any]:
@@ -576,12 +604,16 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
         raise ckpt.diverged("the weights became NaN or infinite", step, run.checkpointer.last)
     results: dict[str, Any] = {"step": step, "command": run.checkpointer.command,
                                "validation": evaluations.last or evaluations.evaluate(step, run.plan.num_epochs - 1)}  # fmt: skip
+    if run.checkpointer.resumed_with:  # the settings resumes changed: config.yaml holds only the last values
+        results["resumed_with"] = run.checkpointer.resumed_with
     with hooks.phase("evaluate"):
         results["exported"] = choose_export(cfg, run, step, results)
         threshold, never = tune_on_validation(cfg, run, results)
         if "test" in run.eval_loaders:
             results["test"] = evaluate_split(cfg, run, "test", threshold)
-    results["learned"] = judge(cfg, results["validation"], run.checkpointer.best)
+    if run.shapes is not None:
+        results["shapes"] = run.shapes.record()
+    results["learned"] = judge(cfg, results["validation"], run.checkpointer.best, results.get("validation_tuned"))
     for warning in (results["learned"]["said"] if results["learned"]["verdict"] is False else None, never):
         if warning:
             run.accelerator.print(f"warning: {warning}")
@@ -616,20 +648,29 @@ def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, 
     )
 
 
-def judge(cfg: TrainConfig, validation: dict, best: dict) -> dict:
+def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = None) -> dict:
     """Whether the model learned: the best validation value of the problem's main metric (or of
-    metric_for_best_model) against the trivial baseline's (metrics.learned states the rule)."""
+    metric_for_best_model) against the trivial baseline's (metrics.learned states the rule). With
+    `tuned` (multi-label, the threshold tuned on validation: `results["validation_tuned"]`), the
+    export's validation value at that threshold against the baseline's at the same threshold: those
+    are the decisions the export makes (the periodic evaluations' best used the fixed threshold)."""
     problem_metrics = PROBLEMS[cfg.problem_type].reported
     key = cfg.metric_for_best_model if cfg.metric_for_best_model != "loss" else problem_metrics[0]
-    value = best.get("value") if best.get("metric") == key else validation.get(key)
+    if tuned is not None:
+        validation, value = tuned, tuned.get(key)
+    else:
+        value = best.get("value") if best.get("metric") == key else validation.get(key)
     baseline = (validation.get("baseline") or {}).get(key)
     n = validation.get("num_words") if key == "word_accuracy" else validation.get("num_samples", 0)
     verdict = learned(key, value, baseline, n or 0)
     shown = METRICS[key].name
+    trivial = {"regression": "mean", MULTI: "frequency of each label, as its probability"}.get(
+        cfg.problem_type, "most frequent answer"
+    )
     said = (
         f"the model did not learn beyond a trivial baseline: best validation {shown} {value:.4f}, against "
         f"{baseline if baseline is None else round(baseline, 4)} for a model that predicts the same for every "
-        f"input (the training labels' {'mean' if cfg.problem_type == 'regression' else 'most frequent answer'}); "
+        f"input (the training labels' {trivial}); "
         "try more epochs or more data, a learning_rate 3-10x higher or lower, or a larger pretrained model "
         "(docs/your-own-data.md)"
         if verdict is False
@@ -742,11 +783,12 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
     set_seed(cfg.seed)
     model, _, splits, label_names = build_model_and_data(cfg, accelerator)
     processes, batch, accumulation = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
-    _, manifest = resume_target(cfg, out)
+    resume_path, manifest = resume_target(cfg, out)
     moved = manifest is not None and ckpt.check_resume_compatible(
         manifest, cfg, processes, label_names, len(splits["train"]), accelerator.distributed_type == DistributedType.FSDP
     )
     plan = plan_steps(cfg, processes, len(splits["train"]), manifest, moved)
+    ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)
     optimizer, _ = make_optimizer(cfg, model, accelerator)
     lam = make_scheduler(cfg, optimizer, plan).lr_lambdas[0]
     summary = {

@@ -9,6 +9,8 @@
         training_curves.png  loss, validation metrics and learning rate against the step
         results.json         written last: a run with it is finished
         .previous-run/       the run an overwrite replaces, until the new one is finished
+        .export-new/         the export being written (model/, adapter/, the curves), until it is whole
+        .export-old/         an earlier export, while the new one moves into place (finetune/export.py)
 
 The policy: a run never writes over another run or over files it did not write. A folder that
 holds a run is refused unless `overwrite_output_dir=true` (the old run is set aside, renamed, and
@@ -38,6 +40,7 @@ ADAPTER = "adapter"
 CURVES = "training_curves.png"
 RESULTS = "results.json"
 PREVIOUS = ".previous-run"
+EXPORT_STAGE, EXPORT_ASIDE = ".export-new", ".export-old"
 # What a run writes in its output_dir, besides Accelerate's tracker logs in <output_dir>/<its name>.
 RUN_FILES = (CHECKPOINTS, MODEL, ADAPTER, METRICS_LOG, RESULTS, CONFIG, CURVES)
 SHARED_PROBE_PREFIX = ".finetune-shared-probe-"
@@ -60,6 +63,8 @@ class RunDir:
     curves = property(lambda self: self.root / CURVES)
     results = property(lambda self: self.root / RESULTS)
     previous = property(lambda self: self.root / PREVIOUS)
+    export_stage = property(lambda self: self.root / EXPORT_STAGE)
+    export_aside = property(lambda self: self.root / EXPORT_ASIDE)
 
     def holds_run(self) -> str | None:
         """'a finished run', 'a started run' (checkpoints or a log), or None."""

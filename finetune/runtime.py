@@ -96,7 +96,21 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         )
     if accelerator.device.type == "cpu":
         torch.set_num_threads(cpu_threads(cfg.cpu_threads, accelerator.num_processes))
+        if accelerator.mixed_precision == "bf16" and not native_bf16():
+            accelerator.print(
+                f"warning: bf16 on a CPU without native bf16 (this one: {torch.backends.cpu.get_cpu_capability()}) "
+                "is emulated and several times slower than fp32; use accelerate_configs/cpu.yaml here "
+                "(cpu_bf16.yaml is for CPUs with AMX or AVX512-BF16)"
+            )
     return accelerator
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AMX, AVX512-BF16): else bf16 matmuls are emulated."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def local_processes() -> int:

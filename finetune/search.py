@@ -16,14 +16,22 @@ asks optuna and tells the others). The search space (`--space` picks a part of i
     freeze_layers               0 .. half the model's layers (models whose layers the app can find)
     tune_threshold              global or per_label (multi-label)
 
-A trial evaluates on validation about four times and reports metric_for_best_model to optuna; its
-median pruner stops a trial that falls behind the trials before it at the same step (after the first
-two trials and the first evaluation). No trial starts once the budget's seconds are spent or would be
-by a trial as long as the median one so far; the trial in progress finishes. The study lives in
-`<output_dir>/study.db` (SQLite): the same command again continues it, with a new budget. At the end,
-`<output_dir>/model` is the best trial's export and `<output_dir>/best_recipe.yaml` the recipe with
-its settings (train with it again: `accelerate launch finetune/run.py --config <output_dir>/best_recipe.yaml`);
-the other trials keep their logs, not their weights.
+A trial evaluates on validation about four times (and at each epoch's end) and reports
+metric_for_best_model to optuna; its median pruner stops a trial that falls behind the trials before
+it at the same step (after the first two trials and the first evaluation). A finished trial's value is
+its final validation score, with the multi-label threshold tuned on validation where `tune_threshold`
+tunes one (`results["validation_tuned"]`: the decisions its export makes), else at the fixed one.
+
+The budget is wall-clock seconds from the start of the command: no trial starts once they are spent,
+or would be by a trial as long as the median one so far; a trial that is running when they are spent
+is stopped (pruned) at its next evaluation before its last step. So the search overruns the budget by
+at most one evaluation interval and the start of the next evaluation; the summary line and
+`search.json` say how long it took against the budget, and how many trials the budget cut.
+
+The study lives in `<output_dir>/study.db` (SQLite): the same command again continues it, with a new
+budget. At the end, `<output_dir>/model` is the best trial's export and `<output_dir>/best_recipe.yaml`
+the recipe with its settings (train with it again: `accelerate launch finetune/run.py --config
+<output_dir>/best_recipe.yaml`); the other trials keep their logs, not their weights.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "wa
          "tune_threshold")  # fmt: skip
 STUDY = "study.db"
 BEST_RECIPE = "best_recipe.yaml"
+CUT = "cut_at_budget"  # a pruned trial's user attribute in the study: the budget stopped it, not the pruner
 
 
 def suggest(trial, cfg: TrainConfig, space: list[str], layers: int) -> dict[str, Any]:
@@ -74,32 +83,44 @@ def suggest(trial, cfg: TrainConfig, space: list[str], layers: int) -> dict[str,
 
 
 class Pruning:
-    """The trial's reports to optuna at each evaluation, and its pruner's decision, the same on every
-    process (process 0 decides, the others hear it). Raises optuna.TrialPruned out of train()."""
+    """The trial's reports to optuna at each evaluation, and whether to stop it there: its pruner's
+    decision, or the budget spent (`deadline`, time.monotonic(), passed before the trial's last step).
+    The same on every process (process 0 decides, the others hear it). Raises optuna.TrialPruned out
+    of train(); `cut` says whether the budget was the reason."""
 
-    def __init__(self, trial, metric: str):
+    def __init__(self, trial, metric: str, deadline: float = math.inf):
         from finetune.run import Hooks
 
         class Report(Hooks):
             def mark(hooks, name, value=None):  # noqa: N805 - the enclosing Pruning is `self`
-                if name == "evaluated":
+                if name == "prepared":
+                    self.total_steps = value.plan.total_steps
+                elif name == "evaluated":
                     self.evaluated(*value)
 
-        self.trial, self.metric, self.hooks = trial, metric, Report()
+        self.trial, self.metric, self.deadline, self.hooks = trial, metric, deadline, Report()
+        self.total_steps: int | None = None
+        self.cut = False
 
     def evaluated(self, step: int, metrics: dict) -> None:
         import optuna
         from accelerate.utils import broadcast_object_list
 
         value = metrics.get(self.metric)
-        prune = False
-        if self.trial is not None and isinstance(value, (int, float)) and math.isfinite(value):
-            self.trial.report(value, step)
-            prune = self.trial.should_prune()
+        verdict = None  # None: go on; "pruned" or "cut"
+        if self.trial is not None:
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self.trial.report(value, step)
+                verdict = "pruned" if self.trial.should_prune() else None
+            last = self.total_steps is not None and step >= self.total_steps  # only the export is left
+            if verdict is None and not last and time.monotonic() >= self.deadline:
+                verdict = "cut"
         if _processes() > 1:
-            prune = broadcast_object_list([prune], from_process=0)[0]
-        if prune:
-            raise optuna.TrialPruned(f"{self.metric} {value} at step {step}")
+            verdict = broadcast_object_list([verdict], from_process=0)[0]
+        if verdict is not None:
+            self.cut = verdict == "cut"
+            why = "the budget is spent" if self.cut else f"{self.metric} {value} fell behind"
+            raise optuna.TrialPruned(f"{why} at step {step}")
 
 
 def _processes() -> int:
@@ -114,10 +135,13 @@ def _share(value: Any) -> Any:
     """Process 0's value on every process (under DDP)."""
     if _processes() == 1:
         return value
+    import torch
     from accelerate.state import PartialState
     from accelerate.utils import broadcast_object_list
 
-    PartialState()  # the process group, formed once and kept for every trial
+    # The process group, formed once and kept for every trial; without a GPU one gloo group (as
+    # finetune/runtime.py's make_accelerator forms it), not P processes that each run alone.
+    PartialState(cpu=not torch.cuda.is_available())
     return broadcast_object_list([value], from_process=0)[0]
 
 
@@ -160,13 +184,14 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
                                    *_evaluations(chosen, base, samples), f"output_dir={run_dir}",
                                    "overwrite_output_dir=true", "push_to_hub_model_id=null"])  # fmt: skip
         began = time.monotonic()
-        pruning = Pruning(trial, metric)
+        pruning = Pruning(trial, metric, deadline=started + budget)
         try:
             results = train(cfg, pruning.hooks)
-            value = results["validation"].get(metric)
+            # The decisions the export makes: at the tuned multi-label threshold, where one was tuned.
+            value = (results.get("validation_tuned") or results["validation"]).get(metric)
             state = "complete"
         except optuna.TrialPruned:
-            results, value, state = None, None, "pruned"
+            results, value, state = None, None, "cut at the budget" if pruning.cut else "pruned"
         finally:
             AcceleratorState._reset_state(True)  # the next trial builds its Accelerator afresh
             GradientState._reset_state()
@@ -176,11 +201,12 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             if state == "complete" and isinstance(value, (int, float)) and math.isfinite(value):
                 study.tell(trial, value)
             else:
+                trial.set_user_attr(CUT, pruning.cut)
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             print(f"trial {number}: {chosen} -> {state}" + (f", validation {metric} {value:.4f}"
                                                              if state == "complete" else ""), flush=True)  # fmt: skip
             _keep_only_the_best(out, study)
-    return _finish(out, study, recipe, overrides, started) if study is not None else {}
+    return _finish(out, study, recipe, overrides, started, budget) if study is not None else {}
 
 
 def _resolved(cfg: TrainConfig) -> tuple[TrainConfig, int]:
@@ -234,13 +260,15 @@ def _keep_only_the_best(out: Path, study) -> None:
                 shutil.rmtree(heavy, ignore_errors=True)
 
 
-def _finish(out: Path, study, recipe: str | None, overrides: list[str], started: float) -> dict:
+def _finish(out: Path, study, recipe: str | None, overrides: list[str], started: float, budget: float) -> dict:
     import optuna
 
+    seconds = round(time.monotonic() - started, 1)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
         raise UserError(
-            f"no trial finished within the budget ({len(study.trials)} started); give a larger --budget"
+            f"no trial finished within the budget ({len(study.trials)} started; wall time {seconds} s of a "
+            f"{budget:g} s budget); give a larger --budget"
         )
     best = study.best_trial
     source = load_config(recipe, overrides).to_dict()
@@ -255,12 +283,15 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
     if best_model.is_dir():
         shutil.rmtree(model, ignore_errors=True)
         shutil.copytree(best_model, model)
+    cut = sum(bool(t.user_attrs.get(CUT)) for t in study.trials)
     record = {"best_trial": best.number, "value": best.value, "params": best.params, "trials": len(study.trials),
               "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
-              "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+              "cut_at_budget": cut, "seconds": seconds, "budget_s": budget,
+              "over_budget_s": round(max(0.0, seconds - budget), 1)}  # fmt: skip
     (out / "search.json").write_text(json.dumps(record, indent=2))
     print(f"best: trial {best.number}, validation {best.value:.4f} with {best.params}; model in {model}, "
-          f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {record['seconds']} s)")
+          f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {cut} of them cut "
+          f"at the budget; wall time {seconds} s of a {budget:g} s budget)")
     return record
 
 

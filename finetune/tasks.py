@@ -19,6 +19,7 @@ config (and `--help`) does not load them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from finetune.errors import UserError
@@ -131,7 +132,8 @@ class TextClassification(Task):
     modality = "text"
     auto_class = "AutoModelForSequenceClassification"
     architecture_suffix = "ForSequenceClassification"
-    own_settings = frozenset({"max_length", "group_by_length", "freeze_embeddings", "pad_to_multiple_of"})
+    own_settings = frozenset({"max_length", "group_by_length", "freeze_embeddings", "pad_to_multiple_of",
+                              "length_buckets"})  # fmt: skip
     has_word_embeddings = True
     preprocessor_first = True
 
@@ -208,15 +210,20 @@ class TextClassification(Task):
         from finetune.models import check_max_length, check_tokenizer
 
         name = args.tokenizer_name or args.model_name_or_path
-        if model.config.pad_token_id is None:  # GPT-2 and kin: batches need a padding token
-            if preprocessor.pad_token_id is None and preprocessor.eos_token is not None:
-                preprocessor.pad_token = preprocessor.eos_token  # as transformers' examples do for GPT-2
-            if preprocessor.pad_token_id is None:
+        # Batches are padded by the tokenizer, whatever the model's config says: a tokenizer without a
+        # padding token (GPT-2's and kin) pads with its end-of-text token, as transformers' examples do
+        # (else its unknown token), and the model is told that id (GPT-2's classifier reads the last token
+        # that is not padding). Checked here, before anything is written, not at the first batch.
+        if preprocessor.pad_token_id is None:
+            fallback = next((t for t in (preprocessor.eos_token, preprocessor.unk_token) if t is not None), None)
+            if fallback is None:
                 raise UserError(
-                    f"the tokenizer of {name} has no padding token and no end-of-text token to pad with; "
-                    "use a tokenizer that has one (tokenizer_name)"
+                    f"the tokenizer of {name} has no padding token, and no end-of-text or unknown token to pad "
+                    "with; use a tokenizer that has one (tokenizer_name), or add a pad_token to its "
+                    "tokenizer_config.json / special_tokens_map.json"
                 )
-            model.config.pad_token_id = preprocessor.pad_token_id
+            preprocessor.pad_token = fallback
+        model.config.pad_token_id = preprocessor.pad_token_id
         check_max_length(model, data.max_length, data.pad_to_multiple_of)
         check_tokenizer(preprocessor, model, name, data.max_length, pair=data.text_pair_column is not None)
 
@@ -252,6 +259,11 @@ class PadText:
         return self.tokenizer.pad(
             features, padding=True, pad_to_multiple_of=self.pad_to_multiple_of, return_tensors="pt"
         )
+
+    def pad_to(self, features: list[dict[str, Any]], length: int):
+        """The batch padded to exactly `length` tokens (a length bucket, finetune/shapes.py)."""
+        features = [{k: v for k, v in f.items() if k != "length"} for f in features]
+        return self.tokenizer.pad(features, padding="max_length", max_length=length, return_tensors="pt")
 
 
 # --- images -------------------------------------------------------------------------------------------
@@ -514,13 +526,21 @@ class PadWords:
 
         self.pad = DataCollatorForTokenClassification(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
-    def __call__(self, features: list[dict[str, Any]]):
+    def __call__(self, features: list[dict[str, Any]], length: int | None = None):
         import torch
 
         meta = {key: torch.tensor([f[key] for f in features]) for key in WORD_META}
-        batch = self.pad([{k: v for k, v in f.items() if k not in (*WORD_META, "length")} for f in features])
+        words = [{k: v for k, v in f.items() if k not in (*WORD_META, "length")} for f in features]
+        if length is None:
+            batch = self.pad(words)
+        else:  # exactly `length` tokens, labels padded with -100 alike (a length bucket, finetune/shapes.py)
+            pad = dataclasses.replace(self.pad, padding="max_length", max_length=length, pad_to_multiple_of=None)
+            batch = pad(words)
         batch["meta"] = meta
         return batch
+
+    def pad_to(self, features: list[dict[str, Any]], length: int):
+        return self(features, length)
 
 
 def _word_lists(feature) -> bool:

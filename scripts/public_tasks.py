@@ -22,16 +22,22 @@ the same, and a manifest.json with its counts and the sha256 of every file):
   derived files are CC BY-SA 4.0 too). It has no train split: train and validation are a seeded
   85/15 split of its validation file (1,701 / 300 sentences), test is its test file (2,077).
 - `photos/{train,validation,test}/<photo>/<n>.png`, image classification from scratch: 32x32 RGB
-  patches of ten real photographs that scikit-image ships inside its wheel (`skimage.data`, no
-  download; `pip install scikit-image`), each public domain or CC0 as its docstring says (PHOTOS
-  below). The class is the photo a patch was cut from. Each photo is scaled to a shorter side of 256
-  px and cut into 64x64 blocks; blocks with almost no texture (grey-level std < 8: the sky of the
-  rocket and the camera photos, the black border of the retina) are dropped, and each photo's
-  remaining blocks are dealt, in a seeded shuffle, 20% to test, 20% to validation and the rest to
-  train, so no pixel of a test patch was ever in a training patch. A sample is a random square of
-  32-64 px inside a block of its split, turned by a random multiple of 90 degrees and scaled to
-  32x32: 200 per class in train, 50 in validation and 50 in test. Grey photos are stored as RGB.
-  The folder is an `imagefolder` (`data_dir=`): folder names are the labels.
+  patches of three real photographs that allowed packages ship inside their wheels (no download):
+  scikit-learn's `china.jpg` and `flower.jpg` (`sklearn/datasets/images`, CC BY 2.0, as its
+  README.txt states) and matplotlib's `grace_hopper.jpg` (`mpl-data/sample_data`, the official U.S.
+  Navy portrait, public domain: its JPEG comment names Wikimedia Commons' File:Grace_Hopper.jpg).
+  `PHOTOS` below gives each one's author and licence, and so does the SOURCE.md written beside the
+  data; the derived patches of the CC BY photos are CC BY 2.0 too. Left out: the rest of
+  matplotlib's sample data (an icon, a logo, an MRI slice, elevation grids: not photographs, or no
+  stated licence). The class is the photo a patch was cut from. Each photo is scaled to a shorter
+  side of 384 px and cut into 48x48 blocks; blocks with almost no texture (grey-level std < 8: flat
+  sky, out-of-focus background) are dropped, and each photo's remaining blocks are dealt, in a seeded
+  shuffle, 20% to test, 20% to validation and the rest to train, so no pixel of a test patch was ever
+  in a training patch. A sample is a random square of 32-48 px inside a block of its split, turned by
+  a random multiple of 90 degrees and scaled to 32x32: 400 per class in train, 100 in validation and
+  100 in test. The folder is an `imagefolder` (`data_dir=`): folder names are the labels. The bytes
+  are the same wherever the same Pillow decodes the same wheels' photos (the manifest records each
+  source file's sha256 and the Pillow version).
 """
 
 from __future__ import annotations
@@ -51,23 +57,25 @@ SPLITS = ("train", "validation", "test")
 TASKS = ("rt_pairs", "uner_entity_count", "uner_entity_types", "photos")
 ENTITY_TYPES = ("LOC", "ORG", "PER")
 UNER_VALIDATION_SHARE = 0.15
+BUILT_BY = "scripts/public_tasks.py"
 
-# scikit-image's bundled photographs, each with the licence its `skimage.data` docstring states.
+# The photographs that allowed packages ship, each: (package, path inside it, what it is and its licence).
 PHOTOS = {
-    "astronaut": "Eileen Collins, NASA Great Images database: public domain",
-    "brick": "a brick wall, CC0Textures (Bricks25), perspective-corrected by scikit-image: CC0",
-    "camera": "a cameraman, by Lav Varshney: CC0",
-    "chelsea": "Chelsea the cat, by Stefan van der Walt: CC0",
-    "coffee": "a coffee cup, by Rachel Michetti (Pikolo Espresso Bar): CC0",
-    "grass": "grass, DeviantArt linolafett Grass-01, cropped and greyed by scikit-image: CC0",
-    "gravel": "gravel, CC0Textures (Gravel04), rescaled and greyed by scikit-image: CC0",
-    "hubble_deep_field": "the Hubble eXtreme Deep Field, NASA / HubbleSite: public domain",
-    "retina": "a fundus photograph of a left eye, Mikael Häggström, Wikimedia Commons: CC0",
-    "rocket": "DSCOVR's launch on a Falcon 9, SpaceX photos: public domain",
-}
-SHORT_SIDE, BLOCK, PATCH = 256, 64, 32
+    "china": ("sklearn", "datasets/images/china.jpg",
+              "a pagoda above a lake and trees; by danielbuechele on Flickr "
+              "(flickr.com/photos/danielbuechele/6061409035), CC BY 2.0, as scikit-learn's "
+              "datasets/images/README.txt states"),
+    "flower": ("sklearn", "datasets/images/flower.jpg",
+               "a dahlia; by vultilion on Flickr (flickr.com/photos/vultilion/6056698931; the JPEG's own "
+               "metadata names www.vultilion.de), CC BY 2.0, as scikit-learn's datasets/images/README.txt states"),
+    "grace_hopper": ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg",
+                     "Commodore Grace M. Hopper, her official U.S. Navy portrait: public domain, a work "
+                     "of the U.S. federal government; the JPEG's comment names its source, "
+                     "commons.wikimedia.org/wiki/File:Grace_Hopper.jpg"),
+}  # fmt: skip
+SHORT_SIDE, BLOCK, PATCH = 384, 48, 32
 MIN_BLOCK_STD = 8.0  # grey levels: a block flatter than this belongs to no photo in particular
-PHOTO_SAMPLES = {"train": 200, "validation": 50, "test": 50}  # per class
+PHOTO_SAMPLES = {"train": 400, "validation": 100, "test": 100}  # per class
 PHOTO_BLOCK_SHARE = {"test": 0.2, "validation": 0.2}  # of each photo's blocks; train gets the rest
 
 
@@ -133,14 +141,24 @@ def uner_entity_types(sentence: dict) -> dict:
 # --- the photos --------------------------------------------------------------------------------------------
 
 
+def photo_file(name: str) -> Path:
+    """Where the installed package keeps the photo (importlib finds the package; nothing is imported
+    from it)."""
+    import importlib.util
+
+    package, inside, _ = PHOTOS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise SystemExit(f"error: the photos task needs {package} installed (pip install {package})")
+    return Path(spec.origin).parent / inside
+
+
 def photo(name: str):
     """The photo as an 8-bit RGB PIL image, scaled to a shorter side of SHORT_SIDE."""
-    import numpy as np
     import PIL.Image
-    import skimage.data
 
-    pixels = getattr(skimage.data, name)()
-    image = PIL.Image.fromarray(np.asarray(pixels, dtype=np.uint8)).convert("RGB")
+    with PIL.Image.open(photo_file(name)) as opened:
+        image = opened.convert("RGB")
     w, h = image.size
     scale = SHORT_SIDE / min(w, h)
     return image.resize((round(w * scale), round(h * scale)), PIL.Image.Resampling.LANCZOS)
@@ -186,7 +204,8 @@ def build_photos(root: Path) -> dict:
     for name in PHOTOS:
         image = photo(name)
         blocks = photo_blocks(name, image)
-        kept[name] = {"scaled_size": list(image.size), "blocks": {s: len(b) for s, b in blocks.items()}}
+        kept[name] = {"file": f"{PHOTOS[name][0]}/{PHOTOS[name][1]}", "sha256": sha256(photo_file(name)),
+                      "scaled_size": list(image.size), "blocks": {s: len(b) for s, b in blocks.items()}}  # fmt: skip
         for split in SPLITS:
             folder = root / split / name
             folder.mkdir(parents=True, exist_ok=True)
@@ -204,8 +223,9 @@ SOURCES = {
     "CC BY-SA 4.0; this derived file is shared under CC BY-SA 4.0 as well. Sentence -> number of entities.",
     "uner_entity_types": "data/uner_english_ewt (Universal NER, English-EWT; Mayhew et al., NAACL 2024): "
     "CC BY-SA 4.0; this derived file is shared under CC BY-SA 4.0 as well. Sentence -> entity types present.",
-    "photos": "scikit-image's bundled sample photographs (skimage.data), each public domain or CC0: "
-    + "; ".join(f"{k}: {v}" for k, v in PHOTOS.items()) + ".",
+    "photos": "three photographs shipped inside scikit-learn's and matplotlib's wheels, one class each:\n\n"
+    + "".join(f"- `{k}` ({package}/{path}): {what}.\n" for k, (package, path, what) in PHOTOS.items())
+    + "\nThe patches of the CC BY 2.0 photos are shared under CC BY 2.0, with the same attribution.",
 }  # fmt: skip
 
 
@@ -213,10 +233,24 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def clear(folder: Path) -> None:
+    """An earlier build of the task goes (a stale class folder would be a class); anything else is refused."""
+    import shutil
+
+    if not folder.exists():
+        return
+    manifest = folder / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text()).get("built_by") == BUILT_BY:
+        shutil.rmtree(folder)
+    elif any(folder.iterdir()):
+        raise SystemExit(f"error: {folder} holds files this script did not build; give another output folder")
+
+
 def build(task: str, out: Path) -> dict:
     """Write one task into `out`/`task` and return its manifest (also written as manifest.json)."""
     folder = out / task
-    manifest: dict = {"task": task, "source": SOURCES[task], "built_by": "scripts/public_tasks.py"}
+    clear(folder)
+    manifest: dict = {"task": task, "source": SOURCES[task], "built_by": BUILT_BY}
     if task == "rt_pairs":
         for split in SPLITS:
             rows = rt_pairs(split)
@@ -234,7 +268,9 @@ def build(task: str, out: Path) -> dict:
                 label for r in rows for label in r["labels"])  # fmt: skip
             manifest[split] = {"rows": len(rows), "labels": {str(k): v for k, v in sorted(counted.items())}}
     elif task == "photos":
-        manifest["photos"] = build_photos(folder)
+        import PIL
+
+        manifest["photos"], manifest["pillow"] = build_photos(folder), PIL.__version__
         for split in SPLITS:
             manifest[split] = {"rows": PHOTO_SAMPLES[split] * len(PHOTOS), "per_class": PHOTO_SAMPLES[split]}
     else:
@@ -245,7 +281,7 @@ def build(task: str, out: Path) -> dict:
     manifest["sha256_of_files"] = hashlib.sha256(
         "".join(f"{p.relative_to(folder)} {sha256(p)}\n" for p in files).encode()
     ).hexdigest()
-    (folder / "SOURCE.md").write_text(f"# {task}\n\nBuilt by `python scripts/public_tasks.py` from {SOURCES[task]}\n"
+    (folder / "SOURCE.md").write_text(f"# {task}\n\nBuilt by `python scripts/public_tasks.py` from {SOURCES[task]}\n\n"
                                       "See that script's docstring for how.\n")  # fmt: skip
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

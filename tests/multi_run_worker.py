@@ -3,7 +3,9 @@
     FINETUNE_TEST_FSDP_ON_CPU=1 accelerate launch --config_file accelerate_configs/fsdp.yaml \
         --num_processes 2 tests/multi_run_worker.py PLAN.json
 
-PLAN.json: {"record_dir": ..., "runs": [{"name": ..., "fsdp": true|false, "argv": [...]}, ...]}.
+PLAN.json: {"record_dir": ..., "runs": [{"name": ..., "fsdp": true|false, "argv": [...]}, ...]}; a run with
+"expect_error": true is one the app must refuse (a UserError, which every process meets alike): its
+message is recorded as "error", and the next run goes on in the same processes.
 tests/test_parallel_run.py launches it with accelerate_configs/ddp_model_parallel.yaml for one run.
 Each run is the real loop (`finetune.run.train` on the command line's config, as `main(argv)` parses
 it) with the launcher's environment; a run
@@ -38,6 +40,7 @@ from accelerate.state import AcceleratorState, GradientState
 
 import finetune.run as run
 from finetune.cli import parse_args
+from finetune.errors import UserError
 
 
 class Spy(run.Hooks):
@@ -93,8 +96,13 @@ def main() -> None:
         start = time.perf_counter()
         # train(), not main(): main() ends the process group at its end, and the next run would have to
         # form it again on the same port (gloo's second rendezvous hangs); a search keeps it the same way.
-        cfg, _, _ = parse_args(spec["argv"])
-        run.train(cfg, hooks=Spy(record))
+        try:
+            cfg, _, _ = parse_args(spec["argv"])
+            run.train(cfg, hooks=Spy(record))
+        except UserError as e:
+            if not spec.get("expect_error"):
+                raise
+            record["error"] = str(e)
         record["seconds"] = time.perf_counter() - start
         if "_split" in record:
             record["handoffs"] = record.pop("_split").total_handoffs

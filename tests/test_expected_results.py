@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.expected_results import BY_NAME, main
+import pytest
+
+from benchmarks.expected_results import BUILDER, BY_NAME, main
+from finetune.runtime import native_bf16
 
 
 def test_smoke_run_writes_the_report(tmp_path):
@@ -19,9 +22,9 @@ def test_smoke_run_writes_the_report(tmp_path):
     assert row["exit_status"] == 0, row.get("error")
     assert row["key"] == "multi_label" and row["recipe"] == "finetune/configs/bert_multi_label.yaml"
     # the command a user types: accelerate launch with the recipe and the built files, nothing of the smoke
-    assert row["command"].startswith(
-        "accelerate launch --config_file accelerate_configs/cpu_bf16.yaml finetune/run.py"
-    )
+    # (bf16 where this CPU computes it natively, else fp32: emulated bf16 is many times slower)
+    config = "cpu_bf16.yaml" if native_bf16() else "cpu.yaml"
+    assert row["command"].startswith(f"accelerate launch --config_file accelerate_configs/{config} finetune/run.py")
     assert (
         f"train_file={data}/uner_entity_types/train.jsonl" in row["command"]
         and "model_config" not in row["command"]
@@ -43,3 +46,36 @@ def test_smoke_run_writes_the_report(tmp_path):
         "| task | data | recipe + key settings | command | test metric | trivial baseline (test) |" in table
     )
     assert "| multi-label (" in table and "micro f1 " in table
+
+
+def test_the_public_tasks_build_the_same_bytes_twice_without_scikit_image(tmp_path, monkeypatch):
+    """Two builds of every task, in two folders: the same sha256 over each task's files. The photos come
+    from scikit-learn's and matplotlib's wheels (scikit-image, not an allowed dependency, is kept out)."""
+    import sys
+
+    sys.path.insert(0, str(BUILDER.parent))
+    try:
+        import public_tasks
+    finally:
+        sys.path.remove(str(BUILDER.parent))
+    monkeypatch.setitem(sys.modules, "skimage", None)  # any import of scikit-image fails
+    first = public_tasks.main([str(tmp_path / "a")])
+    second = public_tasks.main([str(tmp_path / "b")])
+    assert set(first) == set(public_tasks.TASKS)
+    for task in public_tasks.TASKS:
+        assert first[task]["sha256_of_files"] == second[task]["sha256_of_files"], task
+    photos = first["photos"]
+    assert sorted(photos["photos"]) == ["china", "flower", "grace_hopper"]
+    assert [photos[s]["rows"] for s in ("train", "validation", "test")] == [1200, 300, 300]
+    assert sorted(p.name for p in (tmp_path / "a" / "photos" / "test").iterdir()) == ["china", "flower", "grace_hopper"]
+    source = (tmp_path / "a" / "photos" / "SOURCE.md").read_text()
+    assert source.count("CC BY 2.0") >= 2 and "public domain" in source
+    # a rebuild replaces its own earlier build (a stale class folder would be a class); a folder it did not
+    # build is refused
+    (tmp_path / "a" / "photos" / "train" / "stale").mkdir()
+    public_tasks.main([str(tmp_path / "a"), "--tasks", "photos"])
+    assert not (tmp_path / "a" / "photos" / "train" / "stale").exists()
+    (tmp_path / "c" / "photos").mkdir(parents=True)
+    (tmp_path / "c" / "photos" / "mine.txt").write_text("x")
+    with pytest.raises(SystemExit, match="did not build"):
+        public_tasks.main([str(tmp_path / "c"), "--tasks", "photos"])

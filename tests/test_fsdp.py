@@ -111,17 +111,18 @@ def _argv(kind: str, data: dict[str, Path], out: Path, *extra: str) -> list[str]
     return ["--config", str(REPO / "finetune/configs/vit_fashion_mnist.yaml"), f"model_config={TINY_VIT}",
             "max_train_samples=37", "max_eval_samples=13", "test_file=null", "learning_rate=1e-3",
             "warmup_ratio=0.2", "logging_steps=1", f"output_dir={out}", *common,
-            # The flip draws from Python's `random`, whose state Accelerate saves after its data loader
-            # has already fetched the next batch (it reads one ahead): a resumed run flips other images,
-            # with or without FSDP. Off here, so that the resume checks FSDP's part exactly.
-            "random_flip=false"]  # fmt: skip
+            # Augmentation on: its draws are seeded by (seed, epoch, row) (finetune/images.py), so FSDP equals
+            # DDP and a resumed run, FSDP's or DDP's, equals the uninterrupted one, flips and crops included.
+            "random_flip=true", "augment=[crop,color,trivial]"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def fsdp_runs(tmp_path_factory) -> dict:
     """ONE launch of accelerate_configs/fsdp.yaml with 2 processes on the CPU, which runs, for tiny
-    BERT and tiny ViT: FSDP with checkpoints every 2 steps; FSDP resumed from its step-2 checkpoint;
-    the same processes as plain DDP. (tests/multi_run_worker.py says why one launch runs six.)
+    BERT and tiny ViT (with image augmentation): FSDP with checkpoints every 2 steps; FSDP resumed from
+    its step-2 checkpoint; the same processes as plain DDP; then a DDP checkpoint resumed under FSDP
+    (refused), ViT's DDP run resumed under DDP, and load_best_model_at_end under FSDP.
+    (tests/multi_run_worker.py says why one launch runs nine.)
 
     How FSDP runs on a CPU: Accelerate makes a group FSDP only where it found an accelerator, and
     without one the app refuses the FSDP config (tested above). FINETUNE_TEST_FSDP_ON_CPU=1, a test
@@ -143,6 +144,21 @@ def fsdp_runs(tmp_path_factory) -> dict:
              "argv": _argv(kind, text, root / f"{kind}_fsdp_resumed", f"resume_from_checkpoint={first}")},
             {"name": f"{kind}_ddp", "fsdp": False, "argv": _argv(kind, text, root / f"{kind}_ddp")},
         ]  # fmt: skip
+    ddp_first = root / "{}_ddp" / "checkpoints" / "step-00000002"
+    runs += [
+        # A DDP checkpoint resumed under FSDP: refused in one line that names how each saved the state.
+        {"name": "bert_ddp_under_fsdp", "fsdp": True, "expect_error": True,
+         "argv": _argv("bert", text, root / "bert_ddp_under_fsdp", f"resume_from_checkpoint={str(ddp_first).format('bert')}")},
+        # The images' augmentation resumed under 2-process DDP (FSDP's resume above has it too).
+        {"name": "vit_ddp_resumed", "fsdp": False,
+         "argv": _argv("vit", text, root / "vit_ddp_resumed", f"resume_from_checkpoint={str(ddp_first).format('vit')}")},
+        # load_best_model_at_end under FSDP: the best checkpoint, saved by these processes, loaded by them
+        # (accelerate #3896: load_state right after save_state with sharded state dicts). The "best" is the
+        # highest loss, so that it is an earlier checkpoint than the last step's.
+        {"name": "bert_fsdp_best", "fsdp": True,
+         "argv": _argv("bert", text, root / "bert_fsdp_best", "load_best_model_at_end=true", "eval_steps=2",
+                       "metric_for_best_model=loss", "greater_is_better=true", "save_total_limit=null")},
+    ]  # fmt: skip
     records, output = launch_runs(REPO / "accelerate_configs/fsdp.yaml", runs, root,
                                   env={"FINETUNE_TEST_FSDP_ON_CPU": "1"})  # fmt: skip
     return {"root": root, "output": output, "records": records}
@@ -217,3 +233,54 @@ def test_fsdp_equals_ddp_and_exports_one_device_model(fsdp_runs, kind):
     model = auto.from_pretrained(root / f"{kind}_fsdp" / "model")
     assert {type(p).__name__ for p in model.parameters()} == {"Parameter"}
     assert {p.device.type for p in model.parameters()} == {"cpu"}
+
+
+# --- resumes across topologies, merged shards, the best checkpoint loaded back -----------------------------
+
+
+def test_a_ddp_checkpoint_resumed_under_fsdp_is_one_line(fsdp_runs):
+    error = fsdp_runs["records"][("bert_ddp_under_fsdp", 0)]["error"]
+    assert error.startswith("the checkpoint holds its state whole (one process or DDP); this run uses FSDP: resume "
+                            "it with a non-FSDP accelerate config and 2 process(es)"), error  # fmt: skip
+    assert not (fsdp_runs["root"] / "bert_ddp_under_fsdp").exists()  # refused before anything was written
+
+
+def test_an_fsdp_checkpoint_resumed_by_one_process_is_one_line(fsdp_runs, tmp_path, capsys):
+    root = fsdp_runs["root"]
+    first = root / "bert_fsdp" / "checkpoints" / "step-00000002"
+    text = {"train": root / "train.csv", "validation": root / "validation.csv"}
+    line = user_error(capsys, run.main, _argv("bert", text, tmp_path / "one", f"resume_from_checkpoint={first}"))
+    assert "the checkpoint holds its state sharded by FSDP over 2 processes; this run does not use FSDP: resume it " \
+           "with the FSDP accelerate config (accelerate_configs/fsdp.yaml) and 2 process(es)" in line  # fmt: skip
+    assert not (tmp_path / "one").exists()
+
+
+def test_image_augmentation_resumes_exactly_under_ddp(fsdp_runs):
+    root = fsdp_runs["root"]
+    whole, resumed = _export(root, "vit_ddp"), _export(root, "vit_ddp_resumed")
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+def test_load_best_model_at_end_under_fsdp_loads_the_best_sharded_checkpoint(fsdp_runs):
+    """Saved and loaded back by the same FSDP processes (accelerate #3896): the export is the best step's
+    weights, and its validation loss is the one that made it best."""
+    results = json.loads((fsdp_runs["root"] / "bert_fsdp_best" / "results.json").read_text())
+    best = results["best"]
+    assert results["exported"]["step"] == best["step"] < results["step"], results["exported"]
+    assert results["validation"]["loss"] == pytest.approx(best["value"], abs=1e-6)
+
+
+def test_evaluating_an_fsdp_checkpoint_merges_its_shards_and_gives_the_export_s_loss(fsdp_runs, tmp_path):
+    """evaluate_checkpoint on a training-state checkpoint of sharded state, in one process: the shards are
+    merged with Accelerate's merge_fsdp_weights; the loss is the export's (the best step's, exported)."""
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    out = fsdp_runs["root"] / "bert_fsdp_best"
+    results = json.loads((out / "results.json").read_text())
+    checkpoint = out / "checkpoints" / f"step-{results['exported']['step']:08d}"
+    assert (checkpoint / "pytorch_model_fsdp_0").is_dir() and not (checkpoint / "model.safetensors").exists()
+    of_checkpoint = evaluate([str(checkpoint), "--output", str(tmp_path / "checkpoint")])
+    of_export = evaluate([str(out / "model"), "--output", str(tmp_path / "export")])
+    assert of_checkpoint["num_samples"] == of_export["num_samples"] == 13
+    assert of_checkpoint["loss"] == pytest.approx(of_export["loss"], abs=1e-5)
+    assert of_export["loss"] == pytest.approx(results["validation"]["loss"], abs=1e-5)

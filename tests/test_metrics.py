@@ -1,8 +1,10 @@
-"""Tests for finetune/metrics.py: hand-computed values, scikit-learn as a reference, the plot.
+"""Tests for finetune/metrics.py: hand-computed values, scikit-learn as a reference, the metric table
+(what `learned` and the config read from it), the plot.
 
 python -m pytest tests/test_metrics.py -q
 """
 
+import dataclasses
 import json
 import warnings
 
@@ -10,7 +12,16 @@ import numpy as np
 import pytest
 import sklearn.metrics as sklearn_metrics
 
-from finetune.metrics import classification_report
+from finetune.config import TrainConfig
+from finetune.metrics import (
+    BASELINE_RULES,
+    CORRELATION,
+    METRICS,
+    PROBLEMS,
+    Metric,
+    classification_report,
+    learned,
+)
 from finetune.plots import plot_confusion_matrix
 
 # A fixed set worked out by hand: 10 samples, 3 classes, "bird" (2) is never predicted.
@@ -30,6 +41,8 @@ MACRO_F1 = 7 / 18  # (2/3 + 1/2 + 0) / 3 = (7/6) / 3
 
 
 def test_classification_report_matches_hand_computed_values():
+    """Pins the report's exact keys, in order: a metric added to classification_report changes this
+    list too (docs/development.md, "A metric", says so)."""
     report = classification_report(PREDICTIONS, REFERENCES, NAMES)
     assert list(report) == [
         "num_samples",
@@ -216,3 +229,47 @@ def test_plot_confusion_matrix_draws_counts_coloured_by_true_class(tmp_path, mon
 def test_plot_confusion_matrix_rejects_a_mismatched_matrix(tmp_path):
     with pytest.raises(ValueError, match="3 x 3"):
         plot_confusion_matrix([[1, 0], [0, 1]], NAMES, tmp_path / "cm.png")
+
+
+# --- the metric table: a new metric is one row --------------------------------------------------
+
+
+def test_every_reported_metric_has_a_row_and_a_verdict():
+    """Each problem's metrics are rows of METRICS, and `learned` judges each by its row alone."""
+    for problem, chosen in PROBLEMS.items():
+        assert set(chosen.shown) | set(chosen.headline) <= set(chosen.reported), problem
+        for key in chosen.reported:
+            metric = METRICS[key]
+            assert metric.baseline_rule in BASELINE_RULES
+            better, worse = (0.9, 0.01) if metric.greater_is_better else (0.1, 0.9)
+            assert (
+                learned(key, better, 0.5 if metric.baseline_rule != CORRELATION else None, 10_000) is True
+            ), key
+            assert learned(key, worse, 0.5, 10_000) is False, key
+            assert learned(key, None, 0.5, 100) is None and learned(key, better, 0.5, 0) is None
+
+
+def test_learned_reads_direction_and_rule_from_the_table(monkeypatch):
+    """No metric name in `learned`: a new row is judged by its own greater_is_better and rule."""
+    monkeypatch.setitem(METRICS, "toy_error", Metric("toy_error", "toy error", greater_is_better=False))
+    monkeypatch.setitem(METRICS, "toy_rate", Metric("toy_rate", "toy rate"))
+    monkeypatch.setitem(METRICS, "toy_r", Metric("toy_r", "toy r", baseline_rule=CORRELATION))
+    assert learned("toy_error", 0.8, 1.0, 100) is True and learned("toy_error", 0.95, 1.0, 100) is False
+    assert learned("toy_rate", 0.56, 0.50, 1000) is True and learned("toy_rate", 0.52, 0.50, 1000) is False
+    assert learned("toy_r", 0.5, None, 100) is True and learned("toy_r", 0.1, None, 100) is False
+    assert learned("toy_rate", 0.9, None, 100) is None  # a rate needs the baseline's
+    # and an existing row whose direction flips is judged the other way, with no code changed
+    monkeypatch.setitem(METRICS, "accuracy", Metric("accuracy", "accuracy", greater_is_better=False))
+    assert learned("accuracy", 0.4, 0.5, 1000) is True
+    assert not set(METRICS) & set(learned.__code__.co_consts)  # no metric's key spelled in the rule
+
+
+def test_a_row_with_an_unknown_baseline_rule_is_refused():
+    with pytest.raises(ValueError, match="baseline_rule must be one of"):
+        Metric("toy", "toy", baseline_rule="corelation")
+
+
+def test_the_greater_is_better_help_is_built_from_the_table():
+    (field,) = [f for f in dataclasses.fields(TrainConfig) if f.name == "greater_is_better"]
+    lower = [key for key, metric in METRICS.items() if not metric.greater_is_better]
+    assert lower and f"lower is better for {', '.join(lower)})" in field.metadata["help"]

@@ -54,7 +54,9 @@ def test_an_export_cut_short_does_not_look_finished(small_text_data, tmp_path, m
     out = tmp_path / "cut"
     with pytest.raises(RuntimeError, match="killed"):
         _run(small_text_data, out)
-    assert (out / "model/model.safetensors").exists() and not (out / "results.json").exists()
+    # Nothing of the export is left (it is written aside and moved into place whole), no results.json
+    assert not (out / "model").exists() and not (out / "results.json").exists()
+    assert not (out / ".export-new").exists() and not (out / ".export-old").exists()
     monkeypatch.undo()
     capsys.readouterr()
     assert "already holds a started run" in _user_error(

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shutil
+import sys
+from pathlib import Path
 
 import huggingface_hub
 import pytest
 import yaml
-from conftest import rotten_rows, tiny_text_args, write_csv
+from conftest import REPO, TINY_BERT, TOKENIZER, rotten_rows, tiny_text_args, write_csv
 from PIL import Image
 
 from finetune.card import check_hub_access, describe_data, push_to_hub, redact, write_model_card
@@ -390,3 +394,99 @@ def test_describe_data_names_an_image_folder_and_the_held_out_split():
     described = describe_data(text.data_args)
     assert "text column `text` paired with `b`" in described and "stratified 10.0%" in described
     assert "train 9" in described
+
+
+# --- the card's usage example and command ------------------------------------------------------------
+
+
+def usage_code(card_text: str) -> str:
+    """The Python block under "## How to use"."""
+    return card_text.split("## How to use", 1)[1].split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ({"text_pair_column": "hypothesis"},
+         ['classify({"text": "the first sentence", "text_pair": "the second sentence"})']),
+        ({"problem_type": "regression", "label_column": "score"},
+         ['function_to_apply="none")', "the predicted number"]),
+        ({"problem_type": "multi_label_classification", "multi_label_threshold": 0.3},
+         ["top_k=None)", "[scores] = classify([", 'labels = [s["label"] for s in scores if s["score"] >= 0.3]']),
+        ({"task": "image-classification", "image_column": "image", "text_column": None},
+         ['pipeline("image-classification"', 'classify("path/to/image.png")']),
+        ({"task": "token-classification", "problem_type": "token_classification", "label_all_tokens": False},
+         ['pipeline("token-classification"', 'aggregation_strategy="first"', 'tag("Ada Lovelace']),
+    ],
+    ids=["sentence pair", "regression", "multi-label", "image", "tokens"],
+)  # fmt: skip
+def test_the_usage_example_fits_the_task(tiny_run, extra, expected):
+    code = usage_code(_card(tiny_run, config_extra=extra, base_model=None).read_text())
+    for piece in expected:
+        assert piece in code, code
+    if "task" not in extra and "problem_type" not in extra:  # the movie-review line is for single texts only
+        assert "a text like those of" not in code
+    compile(code, "usage", "exec")  # it is Python
+
+
+@pytest.mark.parametrize("extra", [{"text_pair_column": "hypothesis"}, {"problem_type": "regression"}],
+                         ids=["sentence pair", "regression"])  # fmt: skip
+def test_the_usage_example_runs_on_the_export(tiny_run, extra, monkeypatch):
+    """The card's own code, as a reader copies it, loads the export and calls it (the tiny model is a
+    2-class one: the call runs, whatever the head means)."""
+    out, _ = tiny_run
+    code = usage_code(_card(tiny_run, config_extra=extra, base_model=None).read_text())
+    monkeypatch.chdir(out.parent)  # the card names an export outside the repository as "run/model"
+    namespace: dict = {}
+    exec(code.replace("classify(", "result = classify(").replace("result = classify = ", "classify = "),
+         namespace)  # fmt: skip
+    assert namespace["result"], code
+
+
+def _no_machine_paths(text: str, *roots) -> None:
+    for root in (*roots, REPO, Path.home()):
+        assert str(root) not in text, f"{root} in the card"
+    # no absolute path of any machine: a "/" right after a space, quote, "=" or "(" starts one
+    assert not re.findall(r"(?:^|[\s`'\"=(\[])/[A-Za-z0-9_.~-]", text, flags=re.MULTILINE), re.findall(
+        r"(?:^|[\s`'\"=(\[])/[^\s`'\"]*", text, flags=re.MULTILINE)
+
+
+def test_the_card_holds_no_absolute_path_and_keeps_the_first_command_after_a_resume(tmp_path, monkeypatch):
+    """Data files, a local base model and the command, all given as absolute paths outside the repository:
+    the card names none of them absolutely. A run stopped after its step-2 checkpoint and resumed with
+    another command line: the card shows the first command, which trained the model."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    base = tmp_path / "base-bert"  # a local pretrained model, as a user's own folder
+    config = BertConfig(**yaml.safe_load(TINY_BERT.replace("model_type: bert, ", "")), vocab_size=30522)
+    BertForSequenceClassification(config).save_pretrained(base)
+    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"):
+        if (TOKENIZER / name).exists():
+            shutil.copy(TOKENIZER / name, base / name)
+    data = {"train": write_csv(tmp_path / "train.csv", rotten_rows(37)),
+            "validation": write_csv(tmp_path / "validation.csv", rotten_rows(13, start=100))}  # fmt: skip
+    out = tmp_path / "run"
+    first = [*tiny_text_args(data, out), "model_config=null", f"model_name_or_path={base}", "tokenizer_name=null",
+             "max_steps=4", "save_steps=2", "per_device_train_batch_size=8"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["finetune/run.py", *first])
+    monkeypatch.setenv("FINETUNE_TEST_FAIL_RANK", "0")
+    monkeypatch.setenv("FINETUNE_TEST_FAIL_STEP", "3")  # a crash after step 3: the step-2 checkpoint is kept
+    with pytest.raises(RuntimeError, match="injected failure"):
+        main(first)
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    monkeypatch.delenv("FINETUNE_TEST_FAIL_RANK")
+    monkeypatch.delenv("FINETUNE_TEST_FAIL_STEP")
+    again = [*first, "resume_from_checkpoint=latest"]
+    monkeypatch.setattr(sys, "argv", ["finetune/run.py", *again])
+    results = main(again)
+    assert results["step"] == 4
+    text = (out / "model" / "README.md").read_text()
+    launched = text.split("Launched as:", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
+    assert launched.startswith("accelerate launch finetune/run.py task=text-classification")
+    assert "resume_from_checkpoint" not in launched and "save_steps=2" in launched
+    assert "train_file=run/train.csv" not in launched and f"train_file={tmp_path.name}/train.csv" in launched
+    assert f"the local model `{tmp_path.name}/base-bert`" in text
+    _no_machine_paths(text, tmp_path)

@@ -12,13 +12,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import DATA, TINY_BERT, TOKENIZER, launch, user_error
+import yaml
+from conftest import DATA, REPO, TINY_BERT, TOKENIZER, launch, user_error
 from datasets import ClassLabel, Dataset, Sequence
 from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
 from finetune.config import load_config
-from finetune.data import load_raw, read_conll
+from finetune.data import infer_task, load_raw, load_splits, read_conll
 from finetune.errors import UserError
 from finetune.evaluate_checkpoint import main as evaluate
 from finetune.metrics import token_report
@@ -155,11 +156,38 @@ def test_first_subword_carries_the_tag_and_long_sentences_become_windows(tmp_pat
 
 def test_task_is_read_from_the_data_when_null(tagging, tmp_path):
     cfg = load_config(None, ["task=null", f"train_file={tagging['train']}"])
-    from finetune.data import infer_task
-
     assert infer_task(cfg.data_args) == "token-classification"
     cfg = load_config(None, ["task=null"])  # the default recipe's sentences
     assert infer_task(cfg.data_args) == "text-classification"
+
+
+def test_tags_from_parquet_json_and_integer_ids_with_label_names(tmp_path):
+    """The same sentences from parquet, from a .json array and from JSON Lines of integer tag ids
+    (with label_names naming each id) load as the same tags, and each is recognised as tagging data."""
+    rows = [json.loads(line) for line in write_tagging(tmp_path / "s.jsonl", 12, seed=3).read_text().splitlines()]
+    Dataset.from_list(rows).to_parquet(tmp_path / "tags.parquet")
+    (tmp_path / "tags.json").write_text(json.dumps(rows))  # one JSON array of records, not lines
+    ids = [{"tokens": r["tokens"], "ner_tags": [TAGS.index(t) for t in r["ner_tags"]]} for r in rows]
+    _rows(tmp_path / "ids.jsonl", ids)
+    Dataset.from_list(ids).to_parquet(tmp_path / "ids.parquet")
+    validation = _rows(tmp_path / "v.jsonl", rows[:2])
+
+    def load(train: str, label_names: list[str] | None):
+        cfg = load_config(None, ["task=null", f"train_file={tmp_path / train}", f"validation_file={validation}",
+                                 "test_file=null", f"label_names={json.dumps(label_names)}"])  # fmt: skip
+        cfg.resolve_task(infer_task(cfg.data_args))
+        assert cfg.task == "token-classification", train
+        return load_splits(cfg.data_args)
+
+    for train, given in (("tags.parquet", None), ("tags.json", None), ("ids.jsonl", TAGS), ("ids.parquet", TAGS)):
+        raw, names = load(train, given)
+        assert [[names[i] for i in labels] for labels in raw["train"]["labels"]] == [r["ner_tags"] for r in rows], train
+        assert raw["train"]["tokens"] == [r["tokens"] for r in rows], train
+    with pytest.raises(UserError, match="holds integer ids; set label_names"):  # ids alone name nothing
+        load("ids.parquet", None)
+    _rows(tmp_path / "seven.jsonl", [{"tokens": ["ada", "went"], "ner_tags": [1, 7]}])  # ids 0-6 only
+    with pytest.raises(UserError, match="tag 7 at row 1, word 2 is not in label_names"):
+        load("seven.jsonl", TAGS)
 
 
 def test_invalid_iob2_is_counted_and_seqeval_strict_scores_on_entities():
@@ -185,6 +213,11 @@ def _weights(out: Path) -> dict:
 def _worst(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def _losses(out: Path) -> list[float]:
+    """The training loss logged at each optimizer step."""
+    return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
 def test_tagging_accumulation_and_ddp_equal_one_big_batch_and_count_every_word(tagging, tmp_path):
@@ -272,9 +305,111 @@ def test_tagging_with_the_layer_split_lora_and_bf16(tagging, tmp_path, monkeypat
     assert results["validation"]["num_words"] == _counts(tagging["validation"])[1]
 
 
+def test_tagging_accumulation_in_bf16_equals_one_big_batch(tagging, tmp_path, capsys, monkeypatch):
+    """bf16 autocast on the CPU (as accelerate_configs/cpu_bf16.yaml runs it): 1 x 2 x 4 logs the losses
+    of 1 x 8 within 5e-4 (measured: 5e-5; a loss divided by each micro-batch's own tokens instead of the
+    step's: 9e-3). The weights are not compared: Adam divides each weight's gradient by its own running
+    size, so a bf16 rounding in a near-zero gradient moves that weight by up to the learning rate: fp32
+    and bf16 differ about as much (2e-3) as a right and a wrong division do."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    common = ("num_train_epochs=2", "max_grad_norm=null", "dropout=0.0")
+    big = main(tagging_args(tagging, tmp_path / "big", "per_device_train_batch_size=8", *common))
+    accumulated = main(tagging_args(tagging, tmp_path / "acc", "per_device_train_batch_size=2",
+                                    "gradient_accumulation_steps=4", *common))  # fmt: skip
+    assert capsys.readouterr().out.count("precision bf16") == 2
+
+    assert len(_losses(tmp_path / "big")) == 12
+    assert _losses(tmp_path / "acc") == pytest.approx(_losses(tmp_path / "big"), rel=0, abs=5e-4)
+    assert accumulated["validation"]["loss"] == pytest.approx(big["validation"]["loss"], rel=0, abs=5e-4)
+    assert accumulated["validation"]["num_words"] == big["validation"]["num_words"] == _counts(tagging["validation"])[1]
+
+
+@pytest.mark.slow  # a launch of 2 processes and a run beside it: about 40 s on 2 cores
+def test_tagging_under_ddp_x_layer_split_equals_one_process(tagging, tmp_path):
+    """accelerate_configs/ddp_model_parallel.yaml: 2 processes (DDP over gloo), each splitting its
+    replica over cpu,cpu with 2 pipelined chunks, train a tagger to one unsplit process's weights and
+    losses (global batch 8 = 2 x 4) within 1e-5, and score every validation word once."""
+    from accelerate.utils import DistributedType
+    from conftest import launch_runs
+
+    common = ("num_train_epochs=1", "dropout=0.0", "max_grad_norm=0.1", "adam_epsilon=1e-6")
+    plain = main(tagging_args(tagging, tmp_path / "plain", "per_device_train_batch_size=8", *common))
+    argv = tagging_args(tagging, tmp_path / "hybrid", "per_device_train_batch_size=4", "model_parallel=true",
+                        "devices=cpu,cpu", "pipeline_chunks=2", *common)  # fmt: skip
+    records, output = launch_runs(REPO / "accelerate_configs/ddp_model_parallel.yaml",
+                                  [{"name": "hybrid", "fsdp": False, "argv": argv}], tmp_path)  # fmt: skip
+    for rank in (0, 1):
+        r = records[("hybrid", rank)]
+        assert DistributedType(r["distributed_type"]) == DistributedType.MULTI_CPU and r["num_processes"] == 2
+        assert r["wrapper"] == "DistributedDataParallel" and [s["device"] for s in r["stages"]] == ["cpu", "cpu"]
+        assert r["handoffs"] > 0
+    assert "layer split into 2 stages in each of 2 processes (DDP x layer split)" in output
+    assert _worst(_weights(tmp_path / "hybrid"), _weights(tmp_path / "plain")) < 1e-5
+
+    assert _losses(tmp_path / "hybrid") == pytest.approx(_losses(tmp_path / "plain"), rel=0, abs=1e-5)
+    hybrid = json.loads((tmp_path / "hybrid" / "results.json").read_text())["validation"]
+    assert hybrid["num_words"] == plain["validation"]["num_words"] == _counts(tagging["validation"])[1]
+
+
+def test_a_tagging_run_keeps_the_best_by_entity_f1_and_draws_and_cards_it(tagging, tmp_path):
+    """Left to its default, metric_for_best_model is entity F1: the best checkpoint is the first
+    evaluation with the highest validation entity F1, and it is the export. The curves draw entity F1
+    and word accuracy and star the best; the card's usage example is the token-classification pipeline
+    with the aggregation the app chose (first subwords trained: "first"), its table shows entity F1."""
+    from finetune.plots import training_curves_figure
+
+    out = tmp_path / "run"
+    results = main(tagging_args(tagging, out, "num_train_epochs=3", "per_device_train_batch_size=8",
+                                "learning_rate=3e-3", "eval_steps=2", "load_best_model_at_end=true"))  # fmt: skip
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert (saved["metric_for_best_model"], saved["greater_is_better"]) == ("entity_f1", True)
+    evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval_entity_f1" in r]
+    assert len(evals) >= 6 and len({r["eval_entity_f1"] for r in evals}) > 1  # it moved: there is a choice
+    top = max(r["eval_entity_f1"] for r in evals)
+    first_top = min(r["step"] for r in evals if r["eval_entity_f1"] == top)
+    best = results["best"]
+    assert (best["metric"], best["value"], best["step"]) == ("entity_f1", top, first_top)
+    assert results["exported"]["step"] == first_top
+    # Here (fixed seeds) the lowest loss and the best word accuracy fall at other steps: the choice tells
+    # entity F1 from them.
+    assert min(evals, key=lambda r: r["eval_loss"])["step"] != first_top
+    assert max(evals, key=lambda r: r["eval_word_accuracy"])["step"] != first_top
+
+    assert (out / "training_curves.png").is_file()
+    metrics_ax = training_curves_figure(out / "metrics.jsonl").axes[1]
+    drawn = [line.get_label() for line in metrics_ax.get_lines() if not line.get_label().startswith("_")]
+    assert drawn[:2] == ["validation entity F1", "validation word accuracy"]
+    legend = [text.get_text() for text in metrics_ax.get_legend().get_texts()]
+    assert legend[-1] == f"best checkpoint: step {first_top}, entity F1 {top:.4g}"  # the metric table's name
+
+    card = (out / "model" / "README.md").read_text()
+    assert 'pipeline("token-classification", model="run/model", aggregation_strategy="first")' in card
+    header = next(line for line in card.splitlines() if line.startswith("| split |"))
+    assert header.split(" | ")[1:3] == ["entity F1", "entity precision"]
+    row = next(line for line in card.splitlines() if line.startswith("| validation |"))
+    assert row.split(" | ")[1] == f"{results['validation']['entity_f1']:.4f}"
+    # the labels are the tags; the per-class metrics are per entity type, each with its numbers
+    assert "| entity type | precision | recall | F1 | support |" in card
+    for kind, scores in results["validation"]["per_class"].items():
+        entity = next(line for line in card.splitlines() if line.startswith(f"| `{kind}` |"))
+        assert entity.split(" | ")[-1].rstrip(" |") == str(scores["support"])
+
+
+def test_the_bundled_ner_recipe_trains_and_prints_test_entity_f1(tmp_path, capsys):
+    """finetune/configs/bert_ner.yaml through the entry point, with a tiny model from config and 2 steps:
+    it loads the bundled files and prints its test line over every sentence and word of
+    data/uner_english_ewt/test.jsonl."""
+    recipe = REPO / "finetune" / "configs" / "bert_ner.yaml"
+    main(["--config", str(recipe), f"model_config={TINY_BERT}", "max_steps=2", f"output_dir={tmp_path / 'run'}"])
+    sentences, words = _counts(REPO / "data" / "uner_english_ewt" / "test.jsonl")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("test entity F1 ")]
+    assert len(lines) == 1 and lines[0].endswith(f" on {sentences} sentences ({words} words)"), lines
+    assert sentences == 2077
+
+
 @pytest.mark.slow  # one launch of 2 processes running FSDP and DDP, ~60 s on 2 cores
 def test_tagging_under_fsdp_equals_ddp(tagging, tmp_path):
-    from conftest import REPO, launch_runs
+    from conftest import launch_runs
 
     argv = {name: tagging_args(tagging, tmp_path / name, "per_device_train_batch_size=4", "num_train_epochs=1",
                                "dropout=0.0", "max_grad_norm=0.5") for name in ("fsdp", "ddp")}  # fmt: skip
@@ -330,6 +465,10 @@ def _rows(path: Path, rows: list[dict]) -> Path:
         ([{"tokens": [], "ner_tags": []}], "empty sentence (no words) at row 2"),
         ([{"tokens": ["ada"], "ner_tags": ["B-PERSON"]}], "tag 'B-PERSON' at row 2, word 1 is not in label_names"),
         ([{"tokens": ["ada", "\u200b"], "ner_tags": ["O", "O"]}], "at row 2, word 2 is no token for this tokenizer"),
+        # a control character (BEL), and the emoji presentation selector split from "❤️" into a word of its
+        # own: MiniLM's tokenizer drops both (whole emoji are [UNK]: test_which_words_are_no_token)
+        ([{"tokens": ["ada", "went", "\x07"], "ner_tags": ["O", "O", "O"]}], "word '\\x07' at row 2, word 3 is no token"),
+        ([{"tokens": ["\u2764", "\ufe0f"], "ner_tags": ["O", "O"]}], "word '\ufe0f' at row 2, word 2 is no token"),
         ([{"tokens": "ada said", "ner_tags": ["O", "O"]}], "not lists of words"),
         ([{"tokens": ["ada"], "ner_tags": "O"}], "not lists of tags"),
     ],
@@ -341,6 +480,23 @@ def test_bad_tagging_data_is_one_line_with_its_row(rows, fragment, tmp_path, cap
     line = user_error(capsys, main, tagging_args(data, out))
     assert fragment in line
     assert not out.exists()  # nothing written
+
+
+def test_which_words_are_no_token():
+    """What the bad-input cases rest on, for the bundled MiniLM tokenizer: control characters, zero-width
+    characters and an emoji's variation selector tokenize to nothing; whole emoji (faces, a flag, a
+    skin-tone or ZWJ sequence) are one [UNK] each, so they train and score as words."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+
+    def pieces(word: str) -> list[int]:
+        return tokenizer(word, add_special_tokens=False)["input_ids"]
+
+    assert [pieces(w) for w in ("\x07", "\x00", "\x1b", "\u200b", "\u200d", "\ufe0f")] == [[]] * 6
+    emoji = ("\U0001f600", "\U0001f917", "\u2764", "\U0001f1ec\U0001f1e7", "\U0001f44d\U0001f3fb",
+             "\U0001f468\u200d\U0001f4bb", "\u2764\ufe0f")  # fmt: skip
+    assert [pieces(w) for w in emoji] == [[tokenizer.unk_token_id]] * len(emoji)
 
 
 def test_a_wrong_column_count_in_a_conll_train_file_is_one_line(tmp_path, capsys):

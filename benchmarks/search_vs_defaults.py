@@ -1,0 +1,241 @@
+"""Search against defaults: on two tasks, the recipe's default command, then `finetune.search` given
+the same wall time; validation and test metrics of both.
+
+    python -m benchmarks.search_vs_defaults --out benchmarks/results        # about 1.5 hours on 2 cores, quiet
+    python -m benchmarks.search_vs_defaults --out /tmp/svd --tasks multi_label
+    python -m benchmarks.search_vs_defaults --smoke --out /tmp/svd          # tiny models: the test's run
+
+Writes `search_vs_defaults.json` and `search_vs_defaults.md` into --out. Where each number comes from:
+
+- **the tasks**: two of benchmarks/expected_results.py's, on data `python scripts/public_tasks.py`
+  builds (into --data before the runs; each built folder's manifest goes into the report): sentence
+  pairs (`rt_pairs`, with `finetune/configs/bert_custom_files.yaml`) and multi-label entity types
+  (`uner_entity_types`, with `finetune/configs/bert_multi_label.yaml`). Only the keys that name the
+  data (`DATA_KEYS`) are set: every hyperparameter is the recipe's default.
+- **defaults**: `accelerate launch --config_file accelerate_configs/<file> finetune/run.py --config
+  <recipe> <data keys>` in a fresh process from the repository root (as `accelerate launch -q`, with
+  HF_HUB_OFFLINE=1), training into a temporary output_dir; its wall time is the whole command's,
+  interpreter start to exit. Its metrics are its own results.json's.
+- **search**: `accelerate launch --config_file <the same file> -m finetune.search --config <recipe>
+  --budget <the defaults' wall time, rounded up to a second> <data keys>` in a fresh process (the
+  search's default space unless --space; a trial still running when the budget is spent is stopped
+  at its next evaluation, finetune/search.py). Its wall time is the whole command's too; the report
+  keeps its search.json (trials, pruned, cut at the budget, the best trial's settings). The metrics
+  are those of the best trial by validation (its results.json; the test split is never looked at to
+  choose). Validation is at the tuned multi-label threshold where the run tuned one
+  (`validation_tuned`), as both the search and the app's own verdict read it.
+- **the machine**: its CPU, threads and libraries, and the 1-minute load average, waited on before
+  each task (below --max-load, at most --max-wait seconds) and recorded before and after it: wall
+  times on a loaded machine are not comparable, and a search on a busy machine runs fewer trials.
+
+`--smoke` runs tiny BERTs from config for a few steps; its search gets one trial and a budget of at
+least `SMOKE_BUDGET_S` (a tiny run takes seconds, its trial as long) — it checks the pipeline, not the
+claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.expected_results import (
+    BY_NAME,
+    SMOKE_STEPS,
+    Task,
+    accelerate_config_file,
+    build_data,
+    shown_path,
+    task_settings,
+    wait_for_quiet,
+)
+from benchmarks.recipes import SMOKE
+from benchmarks.report import machine, machine_line, write_report
+from finetune.config import CONFIGS_DIR, REPO_DIR
+from finetune.errors import ArgumentParser, exit_on_user_error
+
+TASKS = {"sentence_pair": "accuracy", "multi_label": "micro_f1"}  # expected_results.BY_NAME key: the metric
+DATA_KEYS = ("train_file", "validation_file", "test_file", "text_pair_column", "label_column", "label_names")
+SMOKE_BUDGET_S = 120
+SPLIT_KEYS = ("num_samples", "loss")
+
+
+def data_settings(task: Task, data: Path) -> list[str]:
+    """The task's settings that name its data, and nothing else: the recipe's defaults train."""
+    return [s for s in task_settings(task, data) if s.split("=", 1)[0] in DATA_KEYS]
+
+
+def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_DIR, env=env)
+    return proc, time.perf_counter() - t
+
+
+def scores(results: dict[str, Any], metrics: tuple[str, ...]) -> dict[str, Any]:
+    """Validation (at the tuned threshold where one was tuned) and test metrics of a run's results.json."""
+    validation = results.get("validation_tuned") or results["validation"]
+    test = results.get("test") or {}
+    return {
+        "validation": {k: validation.get(k) for k in (*metrics, *SPLIT_KEYS) if validation.get(k) is not None},
+        "validation_at": "tuned threshold" if results.get("validation_tuned") else "as trained",
+        "test": {k: test.get(k) for k in (*metrics, *SPLIT_KEYS) if test.get(k) is not None},
+        "optimizer_steps": results.get("step"),
+    }
+
+
+def launch(config_file: Path) -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file", str(config_file)]
+
+
+def run_defaults(task: Task, data: Path, out: Path, extra: list[str]) -> dict[str, Any]:
+    """The recipe's command with the data keys alone, in a fresh process: its wall time and metrics."""
+    recipe, config_file = CONFIGS_DIR / task.recipe, accelerate_config_file(task)
+    settings = data_settings(task, data)
+    shown = ["accelerate", "launch", "--config_file", shown_path(config_file), "finetune/run.py", "--config",
+             shown_path(recipe), *settings]  # fmt: skip
+    proc, wall = timed([*launch(config_file), str(REPO_DIR / "finetune" / "run.py"), "--config", str(recipe), *settings,
+                        *extra, f"output_dir={out}", "overwrite_output_dir=true", "report_to=[]"])  # fmt: skip
+    row: dict[str, Any] = {"command": shlex.join(shown), "exit_status": proc.returncode, "wall_s": round(wall, 1)}
+    if proc.returncode != 0:
+        row["error"] = (proc.stderr or proc.stdout)[-3000:]
+        return row
+    return {**row, **scores(json.loads((out / "results.json").read_text()), (TASKS[key_of(task)],))}
+
+
+def run_search(task: Task, data: Path, out: Path, budget: float, extra: list[str], space: str | None,
+               trials: int | None) -> dict[str, Any]:  # fmt: skip
+    """finetune.search on the same recipe and data with `budget` seconds, in a fresh process."""
+    recipe, config_file = CONFIGS_DIR / task.recipe, accelerate_config_file(task)
+    settings = data_settings(task, data)
+    options = ["--budget", f"{budget:g}", *(["--space", space] if space else []),
+               *(["--trials", str(trials)] if trials else [])]  # fmt: skip
+    shown = ["accelerate", "launch", "--config_file", shown_path(config_file), "-m", "finetune.search", "--config",
+             shown_path(recipe), *options, *settings]  # fmt: skip
+    proc, wall = timed([*launch(config_file), "-m", "finetune.search", "--config", str(recipe), *options, *settings,
+                        *extra, f"output_dir={out}", "report_to=[]"])  # fmt: skip
+    row: dict[str, Any] = {"command": shlex.join(shown), "exit_status": proc.returncode, "wall_s": round(wall, 1),
+                           "budget_s": budget}  # fmt: skip
+    if proc.returncode != 0:
+        row["error"] = (proc.stderr or proc.stdout)[-3000:]
+        return row
+    record = json.loads((out / "search.json").read_text())
+    row["search"] = record
+    best = json.loads((out / f"trial-{record['best_trial']}" / "results.json").read_text())
+    row.update(scores(best, (TASKS[key_of(task)],)))
+    row["summary"] = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("best: ")), None)
+    return row
+
+
+def key_of(task: Task) -> str:
+    return next(k for k, t in BY_NAME.items() if t is task)
+
+
+# --- the report ---------------------------------------------------------------------------------------------
+
+
+def fmt(v: Any) -> str:
+    return "–" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def cell(run: dict[str, Any], metric: str) -> str:
+    if run.get("exit_status"):
+        return f"failed (exit {run['exit_status']})"
+    return f"{fmt(run['validation'].get(metric))} / {fmt(run['test'].get(metric))}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        machine_line(report["machine"]) + ".",
+        f"Command: `{report['invocation']}`; {report['date']}." + (" Smoke run: tiny models." if report["smoke"] else ""),
+        "",
+        "| task | metric | defaults: validation / test | defaults' wall time (s) | search: validation / test "
+        "(best trial) | search's budget / wall time (s) | trials (pruned, cut at the budget) | best settings | "
+        "load before |",
+        "|---|---|---|---:|---|---:|---|---|---:|",
+    ]
+    for row in report["tasks"]:
+        d, s, metric = row["defaults"], row["search"], row["metric"]
+        record = s.get("search") or {}
+        trials = f"{record['trials']} ({record['pruned']}, {record['cut_at_budget']})" if record else "–"
+        settings = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in (record.get("params") or {}).items()) or "–"  # fmt: skip
+        budget = f"{s['budget_s']:g} / {s['wall_s']:.1f}" if "budget_s" in s else "–"
+        lines.append(
+            f"| {row['task']} (`{row['recipe']}`) | {metric} | {cell(d, metric)} | {d['wall_s']:.1f} | "
+            f"{cell(s, metric) if s else '–'} | {budget} | {trials} | {settings} | {row['load_before'][0]:.2f}"
+            f"{'' if row['quiet'] else ' (busy)'} |"
+        )
+    lines += [
+        "",
+        "Validation at the tuned multi-label threshold where the run tuned one; test on the whole test split, "
+        "never used to choose. The search's budget is the defaults' wall time (the whole command each).",
+        "",
+        *(f"- {row['task']}: defaults `{row['defaults']['command']}`; search `{row['search'].get('command', '–')}`"
+          for row in report["tasks"]),
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = ArgumentParser(prog="python -m benchmarks.search_vs_defaults", description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path("runs/search_vs_defaults"))
+    p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS), help="which tasks (default both)")
+    p.add_argument("--data", type=Path, default=REPO_DIR / "runs" / "public_tasks",
+                   help="where scripts/public_tasks.py builds the tasks (default runs/public_tasks)")  # fmt: skip
+    p.add_argument("--space", help="the search's --space (default: its whole space)")
+    p.add_argument("--max-load", type=float, default=0.8, help="wait for a 1-minute load average below this")
+    p.add_argument("--max-wait", type=float, default=900.0, help="seconds to wait for it before each task")
+    p.add_argument("--smoke", action="store_true", help="tiny models from config, a few steps, no waiting")
+    args = p.parse_args(argv)
+    if args.max_load <= 0 or args.max_wait < 0:
+        p.error("--max-load must be positive and --max-wait at least 0")
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out} is a file; give a directory for the report")
+    if args.smoke:
+        args.max_wait = 0.0
+    return args
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    tasks = [BY_NAME[name] for name in args.tasks]
+    report: dict[str, Any] = {
+        "invocation": "python -m benchmarks.search_vs_defaults " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": time.strftime("%Y-%m-%d"), "machine": machine(), "smoke": args.smoke,
+        "max_load": args.max_load, "max_wait_s": args.max_wait,
+        "data": build_data(tasks, args.data), "tasks": [],
+    }  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="finetune-search-vs-defaults-") as tmp:
+        for key, task in zip(args.tasks, tasks, strict=True):
+            extra = [*SMOKE[task.modality], *SMOKE_STEPS] if args.smoke else []
+            load = wait_for_quiet(args.max_load, args.max_wait)
+            row: dict[str, Any] = {"key": key, "task": task.name, "recipe": f"finetune/configs/{task.recipe}",
+                                   "data": task.data, "metric": TASKS[key], **load}  # fmt: skip
+            print(f"{task.name}: load {load['load_before'][0]:.2f}, the recipe's defaults", flush=True)
+            row["defaults"] = run_defaults(task, args.data, Path(tmp) / key / "defaults", extra)
+            row["search"] = {}
+            if not row["defaults"]["exit_status"]:
+                budget = float(math.ceil(row["defaults"]["wall_s"]))
+                if args.smoke:
+                    budget = max(budget, SMOKE_BUDGET_S)
+                print(f"{task.name}: the search, {budget:g} s", flush=True)
+                row["search"] = run_search(task, args.data, Path(tmp) / key / "search", budget, extra, args.space,
+                                           1 if args.smoke else None)  # fmt: skip
+            row["load_after"] = [round(x, 2) for x in os.getloadavg()]
+            report["tasks"].append(row)
+    write_report(args.out, "search_vs_defaults", report, markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""finetune.search: what a trial is scored on, trials stopped from their periodic evaluations by the
+pruner or by the budget, and the search under DDP. Tiny BERTs from config, a few steps each.
+
+    python -m pytest -q tests/test_search.py
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import optuna
+import pytest
+from conftest import launch, multi_label_rows, rotten_rows, tiny_text_args, write_csv, write_jsonl
+
+from finetune.search import STUDY
+from finetune.search import main as search
+
+
+@pytest.fixture
+def text(tmp_path):
+    return {"train": write_csv(tmp_path / "train.csv", rotten_rows(37)),
+            "validation": write_csv(tmp_path / "validation.csv", rotten_rows(13, start=100))}  # fmt: skip
+
+
+def settings(data, out, *extra: str) -> list[str]:
+    return [*tiny_text_args(data, out), "per_device_train_batch_size=8", *extra]
+
+
+def evaluated_steps(trial_dir) -> list[int]:
+    records = [json.loads(line) for line in (trial_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in records if "eval_accuracy" in r]
+
+
+def test_a_trial_that_falls_behind_is_pruned_at_its_first_evaluation(text, tmp_path):
+    """Two finished trials that scored 1.0 at every step: a third one below them at its first periodic
+    evaluation is pruned there (MedianPruner, after two trials), and trains no further."""
+    out = tmp_path / "search"
+    out.mkdir()
+    study = optuna.create_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}", direction="maximize")
+    for _ in range(2):
+        study.add_trial(optuna.trial.create_trial(value=1.0, intermediate_values=dict.fromkeys(range(1, 9), 1.0)))
+    record = search(["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(text, out, "max_steps=8")])
+    assert record["trials"] == 3 and record["pruned"] == 1 and record["cut_at_budget"] == 0
+    assert evaluated_steps(out / "trial-2") == [2]  # eval_steps 8 // 4: pruned at its first evaluation
+    assert not (out / "trial-2" / "results.json").exists()  # no final evaluation, no export
+
+
+def test_a_trial_running_when_the_budget_is_spent_is_cut_at_its_next_evaluation(text, tmp_path, capsys):
+    """The budget stops a long trial at its next evaluation, not at its end; the summary says how long
+    the search took against the budget. (The study's first trial, a short one, gives it a best.)"""
+    out = tmp_path / "search"
+    search(["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(text, out, "max_steps=4")])
+    budget = 8
+    began = time.monotonic()
+    record = search(["--budget", str(budget), "--space", "learning_rate", *settings(text, out, "max_steps=5000")])
+    took = time.monotonic() - began
+    assert record["trials"] == 2 and record["cut_at_budget"] == 1 and record["best_trial"] == 0
+    steps = evaluated_steps(out / "trial-1")
+    assert steps and steps[-1] < 5000, steps  # evaluated at each epoch's end (5 steps): cut soon after
+    assert budget <= record["seconds"] < budget + 30 and took < budget + 40
+    assert record["budget_s"] == budget and record["over_budget_s"] == pytest.approx(record["seconds"] - budget, abs=0.2)
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("trial 1: ") and line.endswith("-> cut at the budget") for line in lines), lines
+    summary = [line for line in lines if line.startswith("best: trial 0")][-1]  # the second search's
+    assert f"1 of them cut at the budget; wall time {record['seconds']} s of a {budget} s budget" in summary
+
+
+def test_a_multi_label_trial_is_scored_at_its_tuned_threshold(tmp_path):
+    """With tune_threshold, a trial's value is validation at the tuned threshold (the export's decisions)."""
+    data = {"train": write_jsonl(tmp_path / "train.jsonl", multi_label_rows(48)),
+            "validation": write_jsonl(tmp_path / "validation.jsonl", multi_label_rows(24, seed=1))}  # fmt: skip
+    out = tmp_path / "search"
+    record = search(["--budget", "300", "--trials", "1", "--space", "learning_rate",
+                     *settings(data, out, "label_column=labels", "max_steps=3", "tune_threshold=global")])  # fmt: skip
+    results = json.loads((out / "trial-0" / "results.json").read_text())
+    tuned, fixed = results["validation_tuned"]["micro_f1"], results["validation"]["micro_f1"]
+    assert tuned != fixed  # else this test could not tell them apart
+    assert record["value"] == pytest.approx(tuned)
+    assert results["learned"]["value"] == pytest.approx(tuned)  # the run's verdict reads the same
+
+
+@pytest.mark.slow  # a launch of 2 processes: ~40 s on the loaded 2-core machine
+def test_a_search_under_ddp_runs_each_trial_on_both_processes(text, tmp_path):
+    """Two processes (CPU DDP over gloo): process 0 asks optuna, both train each trial in one group (the
+    group the search forms before the first trial: on a CPU, a gloo group, as the run's own), the budget
+    and the pruner decide the same on both."""
+    out = tmp_path / "search"
+    proc = launch(["--budget", "300", "--trials", "2", "--space", "learning_rate",
+                   *settings(text, out, "max_steps=4")], num_processes=2, script="finetune/search.py")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    record = json.loads((out / "search.json").read_text())
+    assert record["trials"] == 2 and (out / "model" / "config.json").is_file()
+    assert "2 process(es)" in proc.stdout and proc.stdout.count("best: trial") == 1  # printed by process 0 only
