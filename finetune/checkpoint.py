@@ -49,12 +49,9 @@ from finetune.errors import (
     remedy,
     write_failure,
 )
-from finetune.rundir import CHECKPOINTS
+from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, PREFIX
 from finetune.runtime import agreed
 
-MANIFEST = "manifest.json"
-COMPLETE = "COMPLETE"
-PREFIX = "step-"
 # What a resume reads from a manifest, all counts.
 MANIFEST_COUNTS = ("step", "epoch", "samples_in_epoch", "world_size", "gradient_accumulation_steps",
                    "per_device_train_batch_size")  # fmt: skip

@@ -90,7 +90,7 @@ from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_r
 from finetune.models import build_model
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import infer_problem_type, placeholder_labels, problem_type_of, scores
-from finetune.rundir import RunDir, is_hub_name, kind_of
+from finetune.rundir import CONFUSION_MATRIX, EVAL, EVAL_METRICS, PREDICTIONS, RunDir, is_hub_name, kind_of
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
 from finetune.tasks import TASK_NAMES, task_of, task_of_model
 
@@ -424,7 +424,7 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
 
 def output_paths(metrics_file: Path) -> tuple[Path, Path]:
     """The confusion-matrix PNG and predictions.jsonl beside metrics.json."""
-    return metrics_file.with_name("confusion_matrix.png"), metrics_file.with_name("predictions.jsonl")
+    return metrics_file.with_name(CONFUSION_MATRIX), metrics_file.with_name(PREDICTIONS)
 
 
 def _is_ours(metrics_file: Path) -> bool:
@@ -444,8 +444,8 @@ def check_output(metrics_file: Path, target: Target) -> None:
             break
     if target.path is not None and metrics_file.parent.resolve() == target.path:
         raise UserError(
-            f"--output {metrics_file} would write into the checkpoint folder itself; "
-            f"use a path under {target.path / 'eval'} or elsewhere"
+            f"--output {metrics_file.parent} is the evaluated folder itself; name another folder for the "
+            "evaluation (or leave --output out: it goes beside the run)"
         )
     ours = _is_ours(metrics_file)
     if metrics_file.exists() and not ours:
@@ -606,13 +606,13 @@ def metrics_path(output: str | None, target: Target, name: str) -> Path:
     shared; the evaluated data, in predictions.jsonl, is the user's): the run's `eval/` folder for an
     export or a checkpoint of a run, else ./eval/<the model's name>/."""
     if output is not None:
-        return Path(output).expanduser() / "metrics.json"
+        return Path(output).expanduser() / EVAL_METRICS
     if target.kind == "training-state":  # <run>/checkpoints/step-N
-        return target.path.parent.parent / "eval" / f"{target.path.name}-{name}" / "metrics.json"
+        return target.path.parent.parent / EVAL / f"{target.path.name}-{name}" / EVAL_METRICS
     if target.kind == "export" and target.cfg is not None:  # <run>/model
-        return target.path.parent / "eval" / name / "metrics.json"
+        return target.path.parent / EVAL / name / EVAL_METRICS
     model = target.path.name if target.path is not None else target.spec.replace("/", "__")
-    return Path("eval") / model / name / "metrics.json"
+    return Path(EVAL) / model / name / EVAL_METRICS
 
 
 def evaluate_with_predictions(model, loader, accelerator, target: Target, problem: str, keep: bool, threshold):

@@ -40,6 +40,21 @@ ADAPTER = "adapter"
 CURVES = "training_curves.png"
 RESULTS = "results.json"
 PREVIOUS = ".previous-run"
+# A checkpoint: <output_dir>/checkpoints/step-00000042/ with its manifest and, once whole, its marker
+# (finetune/checkpoint.py writes them).
+MANIFEST = "manifest.json"
+COMPLETE = "COMPLETE"
+PREFIX = "step-"
+# Evaluations (finetune/evaluate_checkpoint.py): <run>/eval/<name>/ with these files.
+EVAL = "eval"
+EVAL_METRICS = "metrics.json"
+PREDICTIONS = "predictions.jsonl"
+CONFUSION_MATRIX = "confusion_matrix.png"
+# A search (finetune/search.py): its study, the best trial's recipe, its record, and a folder a trial.
+STUDY = "study.db"
+BEST_RECIPE = "best_recipe.yaml"
+SEARCH_RECORD = "search.json"
+TRIAL_PREFIX = "trial-"
 EXPORT_STAGE, EXPORT_ASIDE = ".export-new", ".export-old"
 # What a run writes in its output_dir, besides Accelerate's tracker logs in <output_dir>/<its name>.
 RUN_FILES = (CHECKPOINTS, MODEL, ADAPTER, METRICS_LOG, RESULTS, CONFIG, CURVES)
@@ -273,8 +288,6 @@ def is_hub_name(spec: str | None) -> bool:
 def kind_of(path: Path) -> str | None:
     """What an existing folder is: "checkpoint" (training state), "export" (a save_pretrained model),
     "run" (a run directory), or None."""
-    from finetune.checkpoint import COMPLETE, MANIFEST, PREFIX
-
     if not path.is_dir():
         return None
     if (path / MANIFEST).exists() or (path / COMPLETE).exists() or path.name.startswith((PREFIX, f".tmp-{PREFIX}")):

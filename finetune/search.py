@@ -53,12 +53,10 @@ import yaml
 
 from finetune.config import TrainConfig, load_config, settings_from_flags
 from finetune.errors import ArgumentParser, UserError, exit_on_user_error
-from finetune.rundir import RunDir
+from finetune.rundir import BEST_RECIPE, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir
 
 SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "warmup_ratio", "freeze_layers",
          "tune_threshold")  # fmt: skip
-STUDY = "study.db"
-BEST_RECIPE = "best_recipe.yaml"
 CUT = "cut_at_budget"  # a pruned trial's user attribute in the study: the budget stopped it, not the pruner
 
 
@@ -179,7 +177,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
         trial = study.ask() if study is not None else None
         number = _share(trial.number if trial is not None else None)
         chosen = _share(suggest(trial, base, space, layers) if trial is not None else None)
-        run_dir = out / f"trial-{number}"
+        run_dir = out / f"{TRIAL_PREFIX}{number}"
         cfg = load_config(recipe, [*overrides, *(f"{k}={json.dumps(v)}" for k, v in chosen.items()),
                                    *_evaluations(chosen, base, samples), f"output_dir={run_dir}",
                                    "overwrite_output_dir=true", "push_to_hub_model_id=null"])  # fmt: skip
@@ -253,8 +251,8 @@ def _keep_only_the_best(out: Path, study) -> None:
 
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     best = study.best_trial.number if complete else None
-    for trial_dir in out.glob("trial-*"):
-        if trial_dir.name != f"trial-{best}":
+    for trial_dir in out.glob(f"{TRIAL_PREFIX}*"):
+        if trial_dir.name != f"{TRIAL_PREFIX}{best}":
             run = RunDir(trial_dir)
             for heavy in (run.model, run.checkpoints, run.adapter, run.previous):
                 shutil.rmtree(heavy, ignore_errors=True)
@@ -279,7 +277,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
         f"# The best of {len(study.trials)} trials of finetune.search (trial {best.number}, validation value "
         f"{best.value:.4f}): the recipe with the trial's settings.\n" + yaml.safe_dump(settings, sort_keys=False)
     )
-    best_model, model = RunDir(out / f"trial-{best.number}").model, RunDir(out).model
+    best_model, model = RunDir(out / f"{TRIAL_PREFIX}{best.number}").model, RunDir(out).model
     if best_model.is_dir():
         shutil.rmtree(model, ignore_errors=True)
         shutil.copytree(best_model, model)
@@ -288,7 +286,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
               "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
               "cut_at_budget": cut, "seconds": seconds, "budget_s": budget,
               "over_budget_s": round(max(0.0, seconds - budget), 1)}  # fmt: skip
-    (out / "search.json").write_text(json.dumps(record, indent=2))
+    (out / SEARCH_RECORD).write_text(json.dumps(record, indent=2))
     print(f"best: trial {best.number}, validation {best.value:.4f} with {best.params}; model in {model}, "
           f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {cut} of them cut "
           f"at the budget; wall time {seconds} s of a {budget:g} s budget)")

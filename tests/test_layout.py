@@ -6,8 +6,6 @@ import ast
 import dataclasses
 from pathlib import Path
 
-import pytest
-
 from finetune.config import SECTIONS, DataArgs, ModelArgs, TrainConfig, load_config, section_fields
 from finetune.tasks import TASK_NAMES
 
@@ -69,7 +67,7 @@ RUN_DIR_NAMES = {
 }  # fmt: skip
 # Also a word of its own elsewhere ("eval" is a preparation mode): counted only as a part of a path.
 PATH_ONLY = {"eval"}
-STILL_SPELLING = {"evaluate_checkpoint.py", "checkpoint.py", "search.py"}
+STILL_SPELLING: set[str] = set()
 
 
 def _path_parts(path: Path) -> set[str]:
@@ -93,7 +91,9 @@ def _spelled_run_dir_names() -> dict[str, set[str]]:
     """{name: the modules that spell it}."""
     spelled: dict[str, set[str]] = {name: set() for name in RUN_DIR_NAMES}
     for module in MODULES:
-        for name in (_strings(module) & (RUN_DIR_NAMES - PATH_ONLY)) | (_path_parts(module) & PATH_ONLY):
+        # the owner defines every name as a constant; elsewhere a PATH_ONLY word counts as a path part only
+        owner = module.name == "rundir.py"
+        for name in (_strings(module) & (RUN_DIR_NAMES - (set() if owner else PATH_ONLY))) | (_path_parts(module) & PATH_ONLY):
             spelled[name].add(module.name)
     return spelled
 
@@ -104,15 +104,8 @@ def test_no_other_module_starts_spelling_the_run_directory():
     assert spellers <= {"rundir.py"} | STILL_SPELLING, spellers - STILL_SPELLING
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="evaluate_checkpoint.py (eval/, metrics.json, predictions.jsonl, confusion_matrix.png), "
-    "checkpoint.py (manifest.json, COMPLETE, step-) and search.py (study.db, best_recipe.yaml, search.json, "
-    "trial-) still spell their run-directory names instead of asking finetune/rundir.py",
-)
 def test_every_name_of_the_run_directory_is_spelled_only_in_rundir():
-    """STYLE.md habit 17: one module owns the run directory's layout. When this passes, drop the
-    xfail marker (strict: an unexpected pass fails the suite until then)."""
+    """STYLE.md habit 17: one module owns the run directory's layout."""
     spelled = _spelled_run_dir_names()
     assert spelled == {name: {"rundir.py"} for name in RUN_DIR_NAMES}, {
         name: sorted(modules) for name, modules in spelled.items() if modules != {"rundir.py"}
