@@ -1,0 +1,58 @@
+"""Findings of this round, each a behaviour that could fail: bf16 on a CPU without native bf16 is
+named in one warning line."""
+
+from __future__ import annotations
+
+import pytest
+
+from finetune import runtime
+from finetune.config import DEFAULT_RECIPE, load_config
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_without_native_bf16_says_so(monkeypatch, capsys, tmp_path, native):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setattr(runtime, "native_bf16", lambda: native)
+    accelerator = runtime.make_accelerator(load_config(DEFAULT_RECIPE, [f"output_dir={tmp_path}"]))
+    assert accelerator.mixed_precision == "bf16"
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    if native:
+        assert warnings == []
+    else:
+        (line,) = warnings
+        assert "bf16 on a CPU without native bf16" in line and "accelerate_configs/cpu.yaml" in line
+
+
+PREPARE = """
+import json, os, sys
+from finetune.cli import parse_args
+from finetune.data import load_splits, prepare_splits
+from finetune.models import load_preprocessor
+cfg, _, _ = parse_args(sys.argv[1:])
+raw, _ = load_splits(cfg.data_args)
+prepared = prepare_splits(cfg.data_args, raw, load_preprocessor(cfg.model_args))
+files = {s: d.cache_files[0]["filename"] for s, d in prepared.items()}
+print(json.dumps({s: [f, os.stat(f).st_mtime_ns] for s, f in files.items()}))
+"""
+
+
+def test_tokenized_splits_are_cached_across_runs(small_text_data, tmp_path):
+    """A second process on the same files reads datasets' cache of the tokenized splits (the same
+    files, not written again): docs/speed.md."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import tiny_text_args
+
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    args = tiny_text_args(small_text_data, tmp_path / "run")
+    runs = [
+        json.loads(subprocess.run([sys.executable, "-c", PREPARE, *args], capture_output=True, text=True, env=env,
+                                  check=True).stdout.splitlines()[-1])  # fmt: skip
+        for _ in range(2)
+    ]
+    assert set(runs[0]) == {"train", "validation"}
+    assert runs[0] == runs[1]  # the same cache files, untouched by the second process
+    assert all(str(tmp_path / "cache") in f for f, _ in runs[0].values())
