@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import math
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -803,6 +804,28 @@ def _data_source_from_command_line(raw: dict[str, Any], given: dict[str, Any]) -
         if given.get(source) is not None and all(given.get(key) is None for key in other):
             for key in other:
                 raw.pop(key, None)
+    _warn_of_the_recipe_s_evaluation_files(raw, given)
+
+
+_warned: set[str] = set()  # the command line is parsed twice in one process (before torch, then by the run)
+
+
+def _warn_of_the_recipe_s_evaluation_files(raw: dict[str, Any], given: dict[str, Any]) -> None:
+    """A train_file of the user's own beside the recipe's validation_file or test_file from another folder
+    (`--config finetune/configs/bert_ner.yaml train_file=mine.jsonl` keeps the bundled test set) is
+    kept, since a bigger training file of the same data is a fair use, but said in one line with the fix:
+    scoring one data set's model on another's test set is rarely what was meant."""
+    train = given.get("train_file")
+    if not isinstance(train, str) or os.environ.get("RANK", "0") != "0":
+        return
+    for key in ("validation_file", "test_file"):
+        theirs = raw.get(key)
+        if key in given or not isinstance(theirs, str) or theirs in _warned:
+            continue
+        if Path(theirs).expanduser().resolve().parent != Path(train).expanduser().resolve().parent:
+            _warned.add(theirs)
+            print(f"warning: train_file is yours but {key} is the recipe's ({theirs}); set {key}=<your file>, "
+                  f"or {key}=null to leave it out", file=sys.stderr)  # fmt: skip
 
 
 def load_config(

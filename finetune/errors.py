@@ -160,13 +160,27 @@ def on_failure(step: Callable[[], None]) -> None:
 
 
 def _undo_after_failure() -> None:
-    """The registered undo steps, with SIGTERM and SIGINT masked meanwhile (finetune/signals.py)."""
+    """The registered undo steps, with SIGTERM and SIGINT masked meanwhile (finetune/signals.py); then
+    this process leaves its process groups, as a run that ends well does (`runtime.end_processes`)."""
     from finetune.signals import masked
 
     with masked():
         while _failure_steps:
             with contextlib.suppress(Exception):  # an undo that fails leaves things as they are; never a 2nd error
                 _failure_steps.pop()()
+    _leave_process_groups()
+
+
+def _leave_process_groups() -> None:
+    """Destroy this process's process groups before it exits. Left to the interpreter's teardown,
+    gloo's worker threads abort a process now and then ("terminate called without an active
+    exception", exit -6), so that a one-line mistake under DDP ended in a crash. Local to this process,
+    no collective: a failure reaches the others through `runtime.agreed` before this runs."""
+    dist = sys.modules.get("torch.distributed")  # not imported: no group to leave
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
 
 
 def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:

@@ -490,11 +490,13 @@ def write_predictions(
     inputs: list[dict[str, Any]] | None = None,
     problem_type: str = SINGLE,
     threshold: float | list[float] = 0.5,
+    labelled: bool = True,
 ) -> None:
     """One line per sample, in dataset order: index, its input (`sample_inputs`), then
     single-label: label, prediction, per-class probabilities; regression: label, prediction (numbers);
     multi-label: labels, predictions (the names at or above `threshold`), per-label probabilities;
-    tags: one line per sentence, its words, their gold tags (`labels`) and predicted tags (`predictions`)."""
+    tags: one line per sentence, its words, their gold tags (`labels`) and predicted tags (`predictions`).
+    Data without labels (`labelled=False`): no `label`/`labels`, which would be the loader's placeholders."""
     inputs = inputs if inputs is not None else [{} for _ in labels]
     rows = probabilities.tolist() if isinstance(probabilities, torch.Tensor) else probabilities
     per_label = threshold if isinstance(threshold, list) else [threshold] * len(names)
@@ -518,6 +520,8 @@ def write_predictions(
                     prediction=names[prediction],
                     probabilities=dict(zip(names, p, strict=True)),
                 )
+            if not labelled:
+                record.pop("label", None), record.pop("labels", None)
             f.write(json.dumps(record) + "\n")
 
 
@@ -664,7 +668,7 @@ def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainC
         if predictions is not None:
             inputs = task_of(cfg.task).sample_inputs(ds, cfg.data_args)
             write_predictions(temporary(jsonl), predictions, list(ds["labels"]), target.label_names, inputs, problem,
-                              record.get("threshold", cfg.multi_label_threshold))  # fmt: skip
+                              record.get("threshold", cfg.multi_label_threshold), record.get("labelled", True))  # fmt: skip
         for tmp in written.values():
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())  # a failing disk says so now (EIO), not after the files look whole

@@ -29,10 +29,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if __name__ == "__main__":
     import sys
 
-    from finetune.cli import answer_early
     from finetune.signals import stop_while_starting
 
     stop_while_starting()  # Ctrl-C or SIGTERM during the imports (seconds): one line, not a traceback
+    from finetune.cli import answer_early
+
     answer_early(sys.argv[1:])  # --help and setting mistakes: before torch is imported
 
 import contextlib
@@ -63,6 +64,7 @@ from finetune.metrics import (
     METRICS,
     MULTI,
     PROBLEMS,
+    TOKENS,
     headline,
     learned,
     never_predicted,
@@ -470,11 +472,12 @@ def make_loaders(cfg: TrainConfig, accelerator: Accelerator, splits, preprocesso
     sampler = EpochSampler(len(train_set), cfg.seed, group_size=processes * batch * cfg.gradient_accumulation_steps,
                            lengths=lengths, pad_to=processes * batch if processes > 1 else 1,
                            listener=task.epoch_listener(train_set))  # fmt: skip
-    collate = task.collator(preprocessor, cfg.pad_to_multiple_of)
-    eval_lengths = [task.lengths(splits[split]) for split in ("validation", "test") if split in splits]
-    shapes, collate = plan_shapes(cfg.length_buckets, cfg.torch_compile, cfg.pad_to_multiple_of, batch,
-                                  cfg.per_device_eval_batch_size, (sampler.order(0), task.lengths(train_set)),
-                                  eval_lengths, collate, train_set)  # fmt: skip
+    collate, shapes = task.collator(preprocessor, cfg.pad_to_multiple_of), None
+    if cfg.length_buckets or cfg.torch_compile:  # the shapes of one epoch and the evaluations decide them
+        eval_lengths = [task.lengths(splits[split]) for split in ("validation", "test") if split in splits]
+        shapes, collate = plan_shapes(cfg.length_buckets, cfg.torch_compile, cfg.pad_to_multiple_of, batch,
+                                      cfg.per_device_eval_batch_size, (sampler.order(0), task.lengths(train_set)),
+                                      eval_lengths, collate, train_set)  # fmt: skip
     workers, pin = data_workers(cfg, accelerator), pin_memory(cfg, accelerator)
     train_loader = DataLoader(train_set, batch_size=batch, sampler=sampler, collate_fn=collate, num_workers=workers,
                               pin_memory=pin, generator=torch.Generator().manual_seed(cfg.seed))  # fmt: skip
@@ -614,6 +617,8 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
     if run.shapes is not None:
         results["shapes"] = run.shapes.record()
     results["learned"] = judge(cfg, results["validation"], run.checkpointer.best, results.get("validation_tuned"))
+    if results["learned"]["verdict"]:
+        run.accelerator.print(f"learned: {results['learned']['said']}")
     for warning in (results["learned"]["said"] if results["learned"]["verdict"] is False else None, never):
         if warning:
             run.accelerator.print(f"warning: {warning}")
@@ -663,6 +668,12 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
     baseline = (validation.get("baseline") or {}).get(key)
     n = validation.get("num_words") if key == "word_accuracy" else validation.get("num_samples", 0)
     verdict = learned(key, value, baseline, n or 0)
+    words = "word_accuracy"
+    if verdict and cfg.problem_type == TOKENS and key != words:  # an entity F1 above a baseline's 0 can
+        # still come from a tagger worse than "every word O": it must beat that word by word as well
+        word_baseline = (validation.get("baseline") or {}).get(words)
+        if learned(words, validation.get(words), word_baseline, validation.get("num_words") or 0) is False:
+            verdict, key, value, baseline = False, words, validation.get(words), word_baseline
     shown = METRICS[key].name
     trivial = {"regression": "mean", MULTI: "frequency of each label, as its probability"}.get(
         cfg.problem_type, "most frequent answer"
@@ -674,6 +685,9 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         "try more epochs or more data, a learning_rate 3-10x higher or lower, or a larger pretrained model "
         "(docs/your-own-data.md)"
         if verdict is False
+        else f"best validation {shown} {value:.4f}, clearly above the trivial baseline's "
+        f"{'0 (a constant correlates with nothing)' if baseline is None else f'{baseline:.4f}'}"
+        if verdict
         else f"validation {shown} {value} against the trivial baseline's {baseline}"
     )
     return {"metric": key, "value": value, "baseline": baseline, "verdict": verdict, "said": said}

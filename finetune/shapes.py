@@ -219,13 +219,11 @@ def plan_shapes(
     evaluations: list[list[int] | None],
     collate,
     train_set,
-) -> tuple[Shapes | None, Any]:
-    """The run's shapes and its collator: `train` is (one epoch's sample order, the samples' lengths or
-    None for images), `evaluations` each evaluation split's lengths (longest first, as they are read).
-    Returns (None, collate) without buckets and compile."""
+) -> tuple[Shapes, Any]:
+    """The run's shapes and its collator (with `buckets`, one that pads to them): `train` is (one
+    epoch's sample order, the samples' lengths or None for images), `evaluations` each evaluation
+    split's lengths (longest first, as they are read). Called only with buckets or the compiler on."""
     order, lengths = train
-    if not buckets and not compiled:
-        return None, collate
     padding = chosen = None
     if lengths is not None:
         batches = batch_lengths(order, lengths, train_rows)

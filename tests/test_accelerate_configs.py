@@ -171,7 +171,8 @@ def test_fsdp_plugin_wraps_bert_and_vit_layers():
     from accelerate.utils import FullyShardedDataParallelPlugin, patch_environment
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
     from accelerate.utils.launch import prepare_multi_gpu_env
-    from transformers import BertConfig, BertForSequenceClassification, ViTConfig, ViTForImageClassification
+    from conftest import tiny_bert_config, tiny_vit_config
+    from transformers import BertForSequenceClassification, ViTForImageClassification
 
     args = resolve_launch_args(CONFIG_DIR / "fsdp.yaml")
     args.main_process_port = 0  # a free port: the check for a busy one is not under test
@@ -181,11 +182,8 @@ def test_fsdp_plugin_wraps_bert_and_vit_layers():
         plugin = FullyShardedDataParallelPlugin()
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
 
-    tiny = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37}
-    bert = BertForSequenceClassification(BertConfig(num_labels=2, **tiny))
-    vit = ViTForImageClassification(
-        ViTConfig(image_size=8, patch_size=4, num_channels=3, num_labels=3, **tiny)
-    )
+    bert = BertForSequenceClassification(tiny_bert_config(num_labels=2))
+    vit = ViTForImageClassification(tiny_vit_config(image_size=8, patch_size=4, num_labels=3))
     for model, layer in ((bert, "BertLayer"), (vit, "ViTLayer")):
         policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
         wrapped = [type(m).__name__ for m in model.modules() if policy(m)]

@@ -1,59 +1,77 @@
-"""Every bad input gets one line naming the problem and what to do, exit status 2, no traceback, and
-nothing already in the output directory is touched.
+"""The catalogue of bad inputs: every mistake a user makes gets one line naming the problem and what to
+do, exit status 2, no traceback, and the files of an earlier finished run (and the user's own files)
+keep their bytes.
 
     HF_HUB_OFFLINE=1 python -m pytest -q tests/test_bad_input.py
 
-Most cases run `finetune.run.main` in-process against the output directory of a finished run (with
-`overwrite_output_dir=true`, so that the refusal to overwrite does not hide the error under test) and
-check that every byte of it is unchanged; a handful run the real command to show no traceback.
+Every case goes through one assertion of that rule: `conftest.user_error` (the entry point's `main`
+in-process) or `conftest.user_error_from_command` (the real command, to show no traceback). The
+earlier run is one finished tiny run of the session's factory (`finished_run`), copied once for the
+module (`world.done`, which the refusals aim at, told to overwrite it so that the mistake under test
+is what stops them) and once more for each case that damages or replaces it (`copy`). The sections:
+data files, columns and labels, images, models, settings, recipes and the command line (`CASES`, one
+test); the output directory; damaged checkpoints; unreadable files and full disks; the launcher and
+the environment; model parallelism that cannot run.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_BERT, TINY_VIT, TOKENIZER, rotten_rows, tiny_text_args, user_error, write_csv
+import yaml
+from conftest import (
+    DATA,
+    EARLIER_RUN,
+    REPO,
+    TINY_BERT,
+    TINY_VIT,
+    TOKENIZER,
+    image_folder,
+    recipe_text_args,
+    rotten_rows,
+    save_tiny_bert,
+    tiny_text_args,
+    user_error,
+    user_error_from_command,
+    write_csv,
+)
 from PIL import Image
 
+import finetune.export as export
+import finetune.run as run
 from finetune import checkpoint as ckpt
 from finetune.config import CONFIGS_DIR
+from finetune.evaluate_checkpoint import main as evaluate_main
+from finetune.launch import main as launch_main
 from finetune.run import main
 
 IMAGEFOLDER = str(CONFIGS_DIR / "vit_imagefolder.yaml")
-SAMPLE_PNG = REPO / "data/fashion_mnist/sample_png/train"
+LAST = "step-00000002"  # the earlier run's checkpoints: step-00000001 and step-00000002
+AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 @dataclass
-class Files:
+class World:
     root: Path
-    done: Path  # a finished run: config, metrics, results, model export, checkpoint step-00000001
+    done: Path  # the module's copy of the finished run: config, metrics, results, export, checkpoints 1 and 2
     train: Path
     validation: Path
 
-    def __getattr__(self, name: str) -> Path:  # files.ragged -> root/ragged.csv etc., made below
+    def __getattr__(self, name: str) -> Path:  # world.ragged -> root/ragged etc., made below
         return self.root / name
 
 
-def _image_folder(root: Path, per_class: int = 6) -> Path:
-    for folder in sorted(SAMPLE_PNG.iterdir())[:2]:
-        dest = root / "train" / folder.name
-        dest.mkdir(parents=True)
-        for j, png in enumerate(sorted(folder.iterdir())[:per_class]):
-            shutil.copy(png, dest / f"{j}.png")
-    return root
-
-
-def _checkpoint_copy(files: Files, name: str, edit: Callable[[Path], None]) -> Path:
-    dest = files.root / "checkpoints" / name
-    shutil.copytree(files.done / ckpt.CHECKPOINTS / "step-00000001", dest)
+def _checkpoint_copy(w: World, name: str, edit: Callable[[Path], None]) -> Path:
+    dest = w.root / "checkpoints" / name
+    shutil.copytree(w.done / ckpt.CHECKPOINTS / "step-00000001", dest)
     edit(dest)
     return dest
 
@@ -85,22 +103,13 @@ def _plant_code(file: str) -> Callable[[Path], None]:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> Files:
+def world(finished_run, tmp_path_factory) -> World:
     root = tmp_path_factory.mktemp("bad-input")
-    f = Files(
-        root,
-        root / "done",
-        write_csv(root / "train.csv", rotten_rows(37)),
-        write_csv(root / "validation.csv", rotten_rows(13, start=100)),
-    )
-    main(
-        tiny_text_args({"train": f.train, "validation": f.validation}, f.done, "max_steps=1", "save_steps=1")
-    )
-    from accelerate.state import AcceleratorState, GradientState
+    data = finished_run.data("text")
+    w = World(root, finished_run.copy(root / "done", *EARLIER_RUN), data["train"], data["validation"])
+    rows = rotten_rows(37)
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
+    # data files
     (root / "empty.csv").write_text("")
     (root / "header_only.csv").write_text("text,label\n")
     (root / "ragged_more.csv").write_text("text,label\na fine film,1\na dull film,0,extra\nok,1\n")
@@ -114,390 +123,833 @@ def files(tmp_path_factory) -> Files:
     )
     (root / "broken.json").write_text('[{"text": "a fine film", "label": 1}, {"text": ')
     (root / "train.docx").write_text("text,label\n")
+    words = {"0": "neg", "1": "pos"}
+    write_csv(root / "string_labels.csv", [{"text": r["text"], "label": words[r["label"]]} for r in rows])
+    (root / "semicolon.csv").write_text("text;label\n" + "".join(f"{r['text']};{r['label']}\n" for r in rows))
+    (root / "lists.jsonl").write_text(
+        "".join(json.dumps({"text": r["text"], "label": [int(r["label"])]}) + "\n" for r in rows)
+    )
+    (root / "dicts.jsonl").write_text(
+        "".join(json.dumps({"text": r["text"], "label": {"y": int(r["label"])}}) + "\n" for r in rows)
+    )
+    write_csv(root / "floats.csv", [{"text": r["text"], "label": 0.25 + 0.5 * int(r["label"])} for r in rows])
+    (root / "empty_texts.jsonl").write_text(
+        "".join(json.dumps({"text": "", "label": int(r["label"])}) + "\n" for r in rows)
+    )
+    (root / "latin1.csv").write_bytes(
+        ("text,label\n" + "".join(f"caf\xe9 {r['text']},{r['label']}\n" for r in rows)).encode("latin-1")
+    )
+
+    # recipes
     (root / "bad.yaml").write_text("learning_rate: 1e-4\n  per_device_train_batch_size: [8\n")
     (root / "list.yaml").write_text("- learning_rate\n- 1e-4\n")
     (root / "typo.yaml").write_text(
         (CONFIGS_DIR / "bert_rotten_tomatoes.yaml").read_text() + "num_train_epoch: 1\n"
     )
+    (root / "recipe.yaml").write_text((CONFIGS_DIR / "bert_rotten_tomatoes.yaml").read_text())
+
+    # images
     (root / "no_images" / "train" / "a").mkdir(parents=True)
     (root / "no_images" / "train" / "a" / "notes.txt").write_text("not an image")
     (root / "empty_dir").mkdir()
-    _image_folder(root / "images")
-    (_image_folder(root / "garbage") / "train" / "0_tshirt_top" / "3.png").write_bytes(b"not an image at all")
-    truncated = _image_folder(root / "truncated") / "train" / "1_trouser" / "2.png"
+    image_folder(root / "images")
+    (image_folder(root / "garbage") / "train" / "0_tshirt_top" / "3.png").write_bytes(b"not an image at all")
+    truncated = image_folder(root / "truncated") / "train" / "1_trouser" / "2.png"
     truncated.write_bytes(truncated.read_bytes()[:200])
-
-    from transformers import BertConfig, BertForSequenceClassification
-
-    pickled = root / "pickle_model"
-    config = BertConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=128,
+    images = image_folder(root / "images_cut_jpeg")
+    victim = images / "train" / "1_trouser" / "cut.jpg"
+    Image.open(images / "train" / "1_trouser" / "0.png").convert("RGB").resize((200, 200)).save(
+        victim, quality=95
     )
-    config.save_pretrained(pickled)
-    torch.save(BertForSequenceClassification(config).state_dict(), pickled / "pytorch_model.bin")
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # found only when decoded
 
-    _checkpoint_copy(f, "other_task", _edit_manifest(task="image-classification"))
-    _checkpoint_copy(f, "other_labels", _edit_manifest(label_names=["negative", "positive"]))
-    _checkpoint_copy(f, "no_marker", lambda p: (p / ckpt.COMPLETE).unlink())
-    _checkpoint_copy(f, "holds_code", _plant_code("random_states_0.pkl"))
-    _checkpoint_copy(f, "optimizer_holds_code", _plant_code("optimizer.bin"))
-    return f
-
-
-def _text(f: Files, *extra: str, out: Path | None = None) -> list[str]:
-    return tiny_text_args(
-        {"train": f.train, "validation": f.validation},
-        out or f.done,
-        "max_steps=1",
-        "overwrite_output_dir=true",
-        *extra,
+    # models and tokenizers
+    save_tiny_bert(root / "pickle_model", tokenizer=False, safetensors=False)
+    save_tiny_bert(root / "model_without_tokenizer", tokenizer=False)  # config and weights only
+    small_vocab = root / "small_tokenizer"
+    small_vocab.mkdir()
+    vocab = (TOKENIZER / "vocab.txt").read_text().splitlines()[:1000]
+    (small_vocab / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (small_vocab / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True})
     )
 
-
-def _image(f: Files, data_dir: Path, *extra: str) -> list[str]:
-    return [
-        "--config",
-        IMAGEFOLDER,
-        f"model_config={TINY_VIT}",
-        f"data_dir={data_dir}",
-        f"output_dir={f.done}",
-        "overwrite_output_dir=true",
-        "max_steps=1",
-        *extra,
-    ]
+    # checkpoints that do not fit this run
+    _checkpoint_copy(w, "other_task", _edit_manifest(task="image-classification"))
+    _checkpoint_copy(w, "other_labels", _edit_manifest(label_names=["negative", "positive"]))
+    _checkpoint_copy(w, "no_marker", lambda p: (p / ckpt.COMPLETE).unlink())
+    _checkpoint_copy(w, "holds_code", _plant_code("random_states_0.pkl"))
+    _checkpoint_copy(w, "optimizer_holds_code", _plant_code("optimizer.bin"))
+    return w
 
 
-def _resume(f: Files, name: str, *extra: str) -> list[str]:
-    return _text(f, f"resume_from_checkpoint={f.root / 'checkpoints' / name}", *extra)
+@pytest.fixture
+def copy(world, tmp_path) -> Path:
+    """A private copy of the finished run, for a case that damages or replaces it."""
+    return Path(shutil.copytree(world.done, tmp_path / "run"))
+
+
+def _text(w: World, *extra: str, out: Path | None = None) -> list[str]:
+    """A tiny text run into `out` (the module's finished run by default), told to overwrite it (so that
+    the mistake under test is what stops it), with that run's settings (so that it may resume its
+    checkpoints)."""
+    data = {"train": w.train, "validation": w.validation}
+    return tiny_text_args(data, out or w.done, "max_steps=1", "overwrite_output_dir=true",
+                          "freeze_embeddings=true", *extra)  # fmt: skip
+
+
+def _image(w: World, data_dir: Path, *extra: str, out: Path | None = None) -> list[str]:
+    return ["--config", IMAGEFOLDER, f"model_config={TINY_VIT}", f"data_dir={data_dir}",
+            f"output_dir={out or w.done}", "overwrite_output_dir=true", "max_steps=1", *extra]  # fmt: skip
+
+
+def _resume(w: World, name: str, *extra: str) -> list[str]:
+    return _text(w, f"resume_from_checkpoint={w.root / 'checkpoints' / name}", *extra)
 
 
 BIGGER_BERT = TINY_BERT.replace("hidden_size: 32", "hidden_size: 64")
+Args = Callable[[World], list[str]]
+
+# --- data files, columns, labels, images, models, checkpoints, the command line ------------------------
 
 # id -> (arguments, the part of the one error line that must be there)
-CASES: dict[str, tuple[Callable[[Files], list[str]], str]] = {
+COMMANDS: dict[str, tuple[Args, str]] = {
     # data files
-    "train_file_missing": (lambda f: _text(f, f"train_file={f.root / 'nope.csv'}"), "train file not found"),
+    "train_file_missing": (lambda w: _text(w, f"train_file={w.root / 'nope.csv'}"), "train file not found"),
     "validation_file_missing": (
-        lambda f: _text(f, f"validation_file={f.root / 'nope.csv'}"),
+        lambda w: _text(w, f"validation_file={w.root / 'nope.csv'}"),
         "validation file not found",
     ),
-    "empty_file": (lambda f: _text(f, f"train_file={f.root / 'empty.csv'}"), "train file is empty"),
+    "empty_file": (lambda w: _text(w, f"train_file={w.root / 'empty.csv'}"), "train file is empty"),
     "header_only": (
-        lambda f: _text(f, f"train_file={f.root / 'header_only.csv'}"),
+        lambda w: _text(w, f"train_file={w.root / 'header_only.csv'}"),
         "the train data has no rows",
     ),
     "unsupported_type": (
-        lambda f: _text(f, f"train_file={f.root / 'train.docx'}"),
+        lambda w: _text(w, f"train_file={w.root / 'train.docx'}"),
         "unsupported file type '.docx'",
     ),
     "csv_ragged_more": (
-        lambda f: _text(f, f"train_file={f.root / 'ragged_more.csv'}"),
+        lambda w: _text(w, f"train_file={w.root / 'ragged_more.csv'}"),
         "line 3 has 3 fields, the header has 2; fix that row",
     ),
     "csv_ragged_fewer": (
-        lambda f: _text(f, f"train_file={f.root / 'ragged_fewer.csv'}"),
+        lambda w: _text(w, f"train_file={w.root / 'ragged_fewer.csv'}"),
         "label column 'label' in the train data has empty (null) values (first at row 2)",
     ),
     "jsonl_broken": (
-        lambda f: _text(f, f"train_file={f.root / 'broken.jsonl'}", "validation_file=null"),
+        lambda w: _text(w, f"train_file={w.root / 'broken.jsonl'}", "validation_file=null"),
         "is not valid JSON or JSON Lines: line 2 column",
     ),
     "json_broken": (
-        lambda f: _text(f, f"train_file={f.root / 'broken.json'}", "validation_file=null"),
+        lambda w: _text(w, f"train_file={w.root / 'broken.json'}", "validation_file=null"),
         "is not valid JSON or JSON Lines: line 1 column",
     ),
+    "semicolon_separated_csv": (
+        lambda w: _text(w, f"train_file={w.root / 'semicolon.csv'}", "validation_file=null"),
+        "looks semicolon-separated",
+    ),
+    "latin1_csv": (lambda w: _text(w, f"train_file={w.root / 'latin1.csv'}", "validation_file=null"), "latin1.csv"),
     # columns and labels
     "text_column_missing": (
-        lambda f: _text(f, "text_column=review"),
+        lambda w: _text(w, "text_column=review"),
         "column 'review' not found in the train data; columns are: text, label",
     ),
     "label_column_missing": (
-        lambda f: _text(f, "label_column=sentiment"),
+        lambda w: _text(w, "label_column=sentiment"),
         "column 'sentiment' not found in the train data; columns are: text, label",
     ),
     "single_class": (
-        lambda f: _text(f, f"train_file={f.root / 'single_class.csv'}"),
+        lambda w: _text(w, f"train_file={w.root / 'single_class.csv'}"),
         "has a single class (1); a classifier needs at least two",
     ),
     "unseen_eval_labels": (
-        lambda f: _text(f, f"validation_file={f.root / 'unseen.csv'}"),
+        lambda w: _text(w, f"validation_file={w.root / 'unseen.csv'}"),
         "validation labels ['2'] were not seen in training (known: 0, 1)",
     ),
     "numeric_text": (
-        lambda f: _text(f, f"train_file={f.root / 'numeric_text.csv'}"),
+        lambda w: _text(w, f"train_file={w.root / 'numeric_text.csv'}"),
         "text column 'text' in the train data holds Value('int64'), not text",
     ),
     "null_text": (
-        lambda f: _text(f, f"train_file={f.root / 'null_text.csv'}"),
+        lambda w: _text(w, f"train_file={w.root / 'null_text.csv'}"),
         "text column 'text' in the train data has empty (null) values",
     ),
+    "texts_all_empty": (
+        lambda w: _text(w, f"train_file={w.root / 'empty_texts.jsonl'}", "validation_file=null"),
+        "text column 'text' in the train data holds only empty strings",
+    ),
+    "labels_that_are_lists": (
+        lambda w: _text(w, f"train_file={w.root / 'lists.jsonl'}", "validation_file=null",
+                        "problem_type=single_label_classification"),  # fmt: skip
+        "label column 'label' holds lists of labels, a multi-label problem",
+    ),
+    "labels_that_are_mappings": (
+        lambda w: _text(w, f"train_file={w.root / 'dicts.jsonl'}", "validation_file=null"),
+        "label column 'label' holds {'",
+    ),
+    "labels_that_are_fractions": (
+        lambda w: _text(w, f"train_file={w.root / 'floats.csv'}", "validation_file=null",
+                        "problem_type=single_label_classification"),  # fmt: skip
+        "holds numbers with decimals (e.g. 0.25); single_label_classification needs classes",
+    ),
+    "string_labels_read_as_text": (
+        lambda w: _text(w, f"train_file={w.root / 'string_labels.csv'}", "validation_file=null",
+                        "text_column=label"),  # fmt: skip
+        "'label' is both the label column and a text",
+    ),
     # images
-    "data_dir_missing": (lambda f: _image(f, f.root / "nope"), "data_dir not found"),
-    "image_folder_without_images": (lambda f: _image(f, f.root / "no_images"), "holds no images"),
-    "image_folder_empty": (lambda f: _image(f, f.root / "empty_dir"), "holds no images"),
-    "image_corrupt": (lambda f: _image(f, f.root / "garbage"), "cannot read image"),
-    "image_truncated": (lambda f: _image(f, f.root / "truncated"), "1_trouser/2.png in the train data"),
+    "data_dir_missing": (lambda w: _image(w, w.root / "nope"), "data_dir not found"),
+    "image_folder_without_images": (lambda w: _image(w, w.root / "no_images"), "holds no images"),
+    "image_folder_empty": (lambda w: _image(w, w.root / "empty_dir"), "holds no images"),
+    "image_corrupt": (lambda w: _image(w, w.root / "garbage"), "cannot read image"),
+    "image_truncated": (lambda w: _image(w, w.root / "truncated"), "1_trouser/2.png in the train data"),
     "image_size_below_patch_size": (
-        lambda f: _image(
-            f, f.root / "images", f"model_config={TINY_VIT.replace('image_size: 28', 'image_size: 4')}"
+        lambda w: _image(
+            w, w.root / "images", f"model_config={TINY_VIT.replace('image_size: 28', 'image_size: 4')}"
         ),
         "image_size 4 is smaller than its patch_size 7",
     ),
-    # models
+    # models and tokenizers
     "model_path_missing": (
-        lambda f: _text(f, "model_config=null", f"model_name_or_path={f.root / 'nope'}"),
+        lambda w: _text(w, "model_config=null", f"model_name_or_path={w.root / 'nope'}"),
         "model path does not exist",
     ),
     "tokenizer_path_missing": (
-        lambda f: _text(f, f"tokenizer_name={f.root / 'nope'}"),
+        lambda w: _text(w, f"tokenizer_name={w.root / 'nope'}"),
         "tokenizer path does not exist",
     ),
     "not_a_classification_model": (
-        lambda f: _image(f, f.root / "images", "model_config=null", f"model_name_or_path={TOKENIZER}"),
+        lambda w: _image(w, w.root / "images", "model_config=null", f"model_name_or_path={TOKENIZER}"),
         "is not a model that AutoModelForImageClassification can load",
     ),
     "pickle_weights": (
-        lambda f: _text(f, "model_config=null", f"model_name_or_path={f.root / 'pickle_model'}"),
+        lambda w: _text(w, "model_config=null", f"model_name_or_path={w.root / 'pickle_model'}"),
         "pass allow_pickle_weights=true if you trust its source",
     ),
     "pad_to_multiple_of_past_position_limit": (
-        lambda f: _text(f, "pad_to_multiple_of=200"),
+        lambda w: _text(w, "pad_to_multiple_of=200"),
         "pads batches of up to max_length=32 tokens to 200, past the model's position limit 128",
     ),
     "max_length_over_position_limit": (
-        lambda f: _text(f, "max_length=512"),
+        lambda w: _text(w, "max_length=512"),
         "max_length 512 exceeds the model's position limit 128",
     ),
-    # checkpoints
+    "model_config_heads_do_not_divide": (
+        lambda w: _text(w, f"model_config={TINY_BERT.replace('hidden_size: 32', 'hidden_size: 30')}"),
+        "cannot build a text-classification model from model_config",
+    ),
+    "model_folder_without_tokenizer_files": (
+        lambda w: _text(w, "model_config=null", f"model_name_or_path={w.model_without_tokenizer}",
+                        "tokenizer_name=null"),  # fmt: skip
+        "has no vocabulary, only its 5 special tokens",
+    ),
+    "tokenizer_folder_without_tokenizer_files": (
+        lambda w: _text(w, f"tokenizer_name={w.model_without_tokenizer}"),
+        "has no vocabulary, only its 5 special tokens",
+    ),
+    "tokenizer_larger_than_the_embedding_table": (
+        lambda w: _text(w, f"model_config={TINY_BERT[:-1]}, vocab_size: 1000}}"),
+        "30522 tokens, more than the 1000 rows of the model's embedding table",
+    ),
+    "tokenizer_smaller_than_the_embedding_table": (
+        lambda w: _text(w, "model_config=null", f"model_name_or_path={w.model_without_tokenizer}",
+                        f"tokenizer_name={w.small_tokenizer}"),  # fmt: skip
+        "1000 tokens for the 30522 rows of the model's embedding table",
+    ),
+    # checkpoints that do not fit this run (the latest, step 2, resumed with max_steps=2)
     "checkpoint_other_task": (
-        lambda f: _resume(f, "other_task"),
+        lambda w: _resume(w, "other_task"),
         "the checkpoint was trained with task=image-classification, this run has task=text-classification",
     ),
     "checkpoint_other_labels": (
-        lambda f: _resume(f, "other_labels"),
+        lambda w: _resume(w, "other_labels"),
         "trained on the labels ['negative', 'positive'], this run's data has ['0', '1']",
     ),
     "checkpoint_other_model": (
-        lambda f: _text(f, f"model_config={BIGGER_BERT}", "resume_from_checkpoint=latest"),
+        lambda w: _text(w, f"model_config={BIGGER_BERT}", "resume_from_checkpoint=latest", "max_steps=2"),
         "does not fit this model",
     ),
     "checkpoint_other_batch": (
-        lambda f: _text(f, "resume_from_checkpoint=latest", "per_device_train_batch_size=4"),
+        lambda w: _text(w, "resume_from_checkpoint=latest", "per_device_train_batch_size=4", "max_steps=2"),
         "resume with the same settings",
     ),
     "checkpoint_without_marker": (
-        lambda f: _resume(f, "no_marker"),
+        lambda w: _resume(w, "no_marker"),
         "is not a complete checkpoint (no COMPLETE",
     ),
-    "checkpoint_holding_code": (lambda f: _resume(f, "holds_code"), "does not load as plain data"),
+    "checkpoint_holding_code": (lambda w: _resume(w, "holds_code"), "does not load as plain data"),
     "checkpoint_optimizer_holding_code": (
-        lambda f: _resume(f, "optimizer_holds_code"),
+        lambda w: _resume(w, "optimizer_holds_code"),
         "does not load as plain data",
     ),
     "checkpoint_missing": (
-        lambda f: _text(f, f"resume_from_checkpoint={f.root / 'nope'}"),
+        lambda w: _text(w, f"resume_from_checkpoint={w.root / 'nope'}"),
         "checkpoint not found",
     ),
     "no_checkpoint_to_resume": (
-        lambda f: _text(f, "resume_from_checkpoint=latest", out=f.root / "fresh"),
+        lambda w: _text(w, "resume_from_checkpoint=latest", out=w.root / "fresh"),
         "no complete checkpoint in",
     ),
-    # config
+    # the config and the command line
     "unknown_key": (
-        lambda f: _text(f, "learnig_rate=1e-4"),
+        lambda w: _text(w, "learnig_rate=1e-4"),
         "unknown config key 'learnig_rate'; did you mean learning_rate?",
     ),
     "unknown_key_in_recipe": (
-        lambda f: ["--config", str(f.root / "typo.yaml"), f"output_dir={f.done}"],
+        lambda w: ["--config", str(w.root / "typo.yaml"), f"output_dir={w.done}"],
         "unknown config key 'num_train_epoch'; did you mean num_train_epochs?",
     ),
     "wrong_type_int": (
-        lambda f: _text(f, "per_device_train_batch_size=two"),
+        lambda w: _text(w, "per_device_train_batch_size=two"),
         "per_device_train_batch_size must be an integer, got 'two'",
     ),
-    "wrong_type_bool": (lambda f: _text(f, "group_by_length=maybe"), "group_by_length must be true or false"),
-    "wrong_type_number": (lambda f: _text(f, "learning_rate=fast"), "learning_rate must be a number"),
-    "batch_size_zero": (
-        lambda f: _text(f, "per_device_train_batch_size=0"),
-        "per_device_train_batch_size must be a positive integer, got 0",
-    ),
-    "batch_size_negative": (
-        lambda f: _text(f, "per_device_train_batch_size=-8"),
-        "per_device_train_batch_size must be a positive integer, got -8",
-    ),
-    "learning_rate_zero": (lambda f: _text(f, "learning_rate=0"), "learning_rate must be > 0, got 0.0"),
-    "learning_rate_negative": (lambda f: _text(f, "learning_rate=-1e-4"), "learning_rate must be > 0"),
-    "accumulation_zero": (
-        lambda f: _text(f, "gradient_accumulation_steps=0"),
-        "gradient_accumulation_steps must be a positive integer, got 0",
-    ),
-    "accumulation_over_epoch": (
-        lambda f: _text(f, "gradient_accumulation_steps=50", "per_device_train_batch_size=8"),
-        "gradient_accumulation_steps=50 exceeds the 5 batches per process in an epoch",
-    ),
-    "nonfinite_limit_zero": (
-        lambda f: _text(f, "max_nonfinite_loss_steps=0"),
-        "max_nonfinite_loss_steps must be a positive integer",
-    ),
-    "ddp_timeout_negative": (lambda f: _text(f, "ddp_timeout=-1"), "ddp_timeout must be a positive integer"),
+    "wrong_type_bool": (lambda w: _text(w, "group_by_length=maybe"), "group_by_length must be true or false"),
+    "wrong_type_number": (lambda w: _text(w, "learning_rate=fast"), "learning_rate must be a number"),
     "recipe_not_yaml": (
-        lambda f: ["--config", str(f.root / "bad.yaml"), f"output_dir={f.done}"],
+        lambda w: ["--config", str(w.root / "bad.yaml"), f"output_dir={w.done}"],
         "is not valid YAML (line",
     ),
     "recipe_not_a_mapping": (
-        lambda f: ["--config", str(f.root / "list.yaml"), f"output_dir={f.done}"],
+        lambda w: ["--config", str(w.root / "list.yaml"), f"output_dir={w.done}"],
         "must hold a mapping of config keys",
     ),
     "recipe_is_a_folder": (
-        lambda f: ["--config", str(f.root), f"output_dir={f.done}"],
+        lambda w: ["--config", str(w.root), f"output_dir={w.done}"],
         "config file is a folder, not a recipe file",
     ),
-    "metric_for_best_model_unknown": (
-        lambda f: _text(f, "metric_for_best_model=bogus"),
-        "metric_for_best_model must be one of accuracy, macro_f1",
-    ),
     "recipe_missing": (
-        lambda f: ["--config", str(f.root / "nope.yaml"), f"output_dir={f.done}"],
+        lambda w: ["--config", str(w.root / "nope.yaml"), f"output_dir={w.done}"],
         "config file not found",
     ),
-    "unknown_option": (lambda f: [*_text(f), "--learning-rate", "1"], "unrecognized arguments: --learning-rate"),
-    "not_key_value": (lambda f: [*_text(f), "fast"], "expected key=value, got 'fast'"),
-    # output directory and hardware
+    "unknown_option": (lambda w: [*_text(w), "--learning-rate", "1"], "unrecognized arguments: --learning-rate"),
+    "not_key_value": (lambda w: [*_text(w), "fast"], "expected key=value, got 'fast'"),
+    # the output directory and the hardware
     "finished_output_dir": (
-        lambda f: [a for a in _text(f) if a != "overwrite_output_dir=true"],
+        lambda w: [a for a in _text(w) if a != "overwrite_output_dir=true"],
         "already holds a finished run; pass overwrite_output_dir=true",
     ),
     "device_missing": (
-        lambda f: _text(f, "model_parallel=true", "devices=cuda:5"),
+        lambda w: _text(w, "model_parallel=true", "devices=cuda:5"),
         "device cuda:5 does not exist",
     ),
-    "device_unknown": (lambda f: _text(f, "model_parallel=true", "devices=tpu:0"), "unknown device 'tpu:0'"),
+    "device_unknown": (lambda w: _text(w, "model_parallel=true", "devices=tpu:0"), "unknown device 'tpu:0'"),
     "devices_without_model_parallel": (
-        lambda f: _text(f, "devices=cpu,cpu"),
+        lambda w: _text(w, "devices=cpu,cpu"),
         "devices is for model_parallel=true",
     ),
     "plan_only_without_model_parallel": (
-        lambda f: _text(f, "--plan-only"),
+        lambda w: _text(w, "--plan-only"),
         "--plan-only needs model_parallel=true",
     ),
     "freeze_embeddings_for_images": (
-        lambda f: _text(f, "task=image-classification", "freeze_embeddings=true"),
+        lambda w: _text(w, "task=image-classification", "freeze_embeddings=true"),
         "freeze_embeddings is for models with a word-embedding table",
     ),
 }
 
+# Settings out of range: id -> (settings, fragment).
+SETTINGS: dict[str, tuple[list[str], str]] = {
+    "batch_size_zero": (
+        ["per_device_train_batch_size=0"],
+        "per_device_train_batch_size must be a positive integer, got 0",
+    ),
+    "batch_size_negative": (
+        ["per_device_train_batch_size=-8"],
+        "per_device_train_batch_size must be a positive integer, got -8",
+    ),
+    "learning_rate_zero": (["learning_rate=0"], "learning_rate must be > 0, got 0.0"),
+    "learning_rate_negative": (["learning_rate=-1e-4"], "learning_rate must be > 0"),
+    "learning_rate_infinite": (["learning_rate=.inf"], "learning_rate must be a finite number"),
+    "learning_rate_nan": (["learning_rate=.nan"], "learning_rate must be"),
+    "accumulation_zero": (
+        ["gradient_accumulation_steps=0"],
+        "gradient_accumulation_steps must be a positive integer, got 0",
+    ),
+    "accumulation_over_epoch": (
+        ["gradient_accumulation_steps=50", "per_device_train_batch_size=8"],
+        "gradient_accumulation_steps=50 exceeds the 5 batches per process in an epoch",
+    ),
+    "nonfinite_limit_zero": (["max_nonfinite_loss_steps=0"], "max_nonfinite_loss_steps must be a positive integer"),
+    "ddp_timeout_negative": (["ddp_timeout=-1"], "ddp_timeout must be a positive integer"),
+    "ddp_timeout_past_timedelta": (["ddp_timeout=100000000000000"], "ddp_timeout must be at most 604800"),
+    "metric_for_best_model_unknown": (
+        ["metric_for_best_model=bogus"],
+        "metric_for_best_model must be one of accuracy, macro_f1",
+    ),
+    "metric_with_eval_prefix": (["metric_for_best_model=eval_accuracy"], "metric_for_best_model must be one of"),
+    "greater_is_better_not_a_bool": (["greater_is_better=maybe"], "greater_is_better must be true or false"),
+    "max_grad_norm_negative": (["max_grad_norm=-1"], "max_grad_norm must be >= 0"),
+    "max_grad_norm_nan": (["max_grad_norm=.nan"], "max_grad_norm must be a finite number"),
+    "seed_negative": (["seed=-1"], "seed must be in [0, 4294967295]"),
+    "seed_past_2_32": (["seed=4294967296"], "seed must be in [0, 4294967295]"),
+    "adam_beta1_one": (["adam_beta1=1.0"], "adam_beta1 must be in [0, 1)"),
+    "adam_beta1_negative": (["adam_beta1=-0.1"], "adam_beta1 must be in [0, 1)"),
+    "adam_beta2_above_one": (["adam_beta2=1.5"], "adam_beta2 must be in [0, 1)"),
+    "adam_epsilon_negative": (["adam_epsilon=-1e-8"], "adam_epsilon must be > 0"),
+    "adam_epsilon_zero": (["adam_epsilon=0"], "adam_epsilon must be > 0"),
+    "weight_decay_negative": (["weight_decay=-1"], "weight_decay must be >= 0"),
+    "weight_decay_infinite": (["weight_decay=.inf"], "weight_decay must be a finite number"),
+    "cpu_threads_100000": (["cpu_threads=100000"], "cpu_threads=100000"),
+    "cpu_threads_zero": (["cpu_threads=0"], "cpu_threads must be positive"),
+    "label_names_duplicated": (["label_names=[0,0,1]"], "label_names lists '0' twice"),
+    "label_names_empty": (["label_names=[]"], "label_names is empty"),
+    "warmup_steps_past_max_steps": (["warmup_steps=5"], "warmup_steps=5 exceeds max_steps=1"),
+    "warmup_steps_past_the_run": (
+        ["max_steps=null", "num_train_epochs=1", "warmup_steps=500"],
+        "warmup_steps=500 exceeds the 2 optimizer steps of the run",
+    ),
+    "logging_steps_zero": (["logging_steps=0"], "logging_steps must be a positive integer"),
+    "eval_steps_zero": (["eval_steps=0"], "eval_steps must be positive"),
+    "save_steps_negative": (["save_steps=-5"], "save_steps must be positive"),
+    "save_total_limit_zero": (["save_total_limit=0"], "save_total_limit must be positive"),
+    "eval_batch_size_zero": (["per_device_eval_batch_size=0"], "per_device_eval_batch_size must be a positive"),
+    "early_stopping_patience_zero": (["early_stopping_patience=0"], "early_stopping_patience must be positive"),
+    "max_length_one": (["max_length=1", "pad_to_multiple_of=null"], "max_length=1 leaves no room for text"),
+    "text_column_is_the_label_column": (["text_column=label"], "'label' is both the label column and a text"),
+    "text_pair_is_the_text_column": (["text_pair_column=text"], "text_pair_column is the text_column"),
+}
 
-def _snapshot(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+assert not COMMANDS.keys() & SETTINGS.keys()
+CASES: dict[str, tuple[Args, str]] = {
+    **COMMANDS,
+    **{case: (lambda w, settings=settings: _text(w, *settings), fragment)
+       for case, (settings, fragment) in SETTINGS.items()},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, files, capsys):
-    make_args, message = CASES[case]
-    before = _snapshot(files.done)
-    with pytest.raises(SystemExit) as exit_info:
-        main(make_args(files))
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2, err[-2000:]
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err[-2000:]
-    assert message in errors[0]
-    assert _snapshot(files.done) == before, "the finished run's files changed"
-    assert not (files.root / "checkpoints" / "code-ran").exists()
-
-
-def test_pickle_weights_load_when_the_user_opts_in(files):
-    from finetune.config import load_config
-    from finetune.models import build_model
-
-    cfg = load_config(
-        None,
-        [
-            f"model_name_or_path={files.root / 'pickle_model'}",
-            "allow_pickle_weights=true",
-            f"output_dir={files.root / 'o'}",
-        ],
-    )
-    assert build_model(cfg.model_args, ["0", "1"]).config.hidden_size == 32
-
-
-def test_odd_images_just_work(tmp_path):
-    """Grayscale, palette, RGBA and RGB mixed, and images far smaller than a patch (resized)."""
-    root = _image_folder(tmp_path / "images")
-    for i, png in enumerate(sorted(root.rglob("*.png"))):
-        image = Image.open(png)
-        image.convert(["L", "RGB", "P", "RGBA", "LA"][i % 5]).save(png)
-    Image.new("RGB", (3, 3), (200, 10, 10)).save(root / "train" / "1_trouser" / "tiny.png")
-    Image.new("L", (1, 5), 128).save(root / "train" / "0_tshirt_top" / "sliver.png")
-    results = main(
-        [
-            "--config",
-            IMAGEFOLDER,
-            f"model_config={TINY_VIT}",
-            f"data_dir={root}",
-            "max_steps=2",
-            "per_device_train_batch_size=7",
-            "validation_split_percentage=25",
-            f"output_dir={tmp_path / 'o'}",
-        ]
-    )
-    assert results["step"] == 2 and results["validation"]["num_samples"] >= 3
-
-
-# --- the real command: no traceback ---------------------------------------------------------------
-
-
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "finetune/run.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=cwd,
-    )
-
-
-def _assert_one_line_exit_2(result: subprocess.CompletedProcess, message: str) -> None:
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and message in errors[0], result.stderr[-3000:]
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys):
+    make_args, fragment = CASES[case]
+    user_error(capsys, main, make_args(world), fragment, untouched=world.done)
+    assert not (world.root / "checkpoints" / "code-ran").exists()
 
 
 @pytest.mark.parametrize(
     "case", ["csv_ragged_more", "image_corrupt", "checkpoint_holding_code", "finished_output_dir"]
 )
-def test_bad_input_from_the_command_line(case, files):
-    make_args, message = CASES[case]
-    before = _snapshot(files.done)
-    _assert_one_line_exit_2(_run(make_args(files), files.root), message)
-    assert _snapshot(files.done) == before
-    assert not (files.root / "checkpoints" / "code-ran").exists()
+def test_bad_input_from_the_command_line(case, world):
+    make_args, fragment = CASES[case]
+    script = str(REPO / "finetune/run.py")
+    user_error_from_command([script, *make_args(world)], fragment, untouched=world.done, cwd=world.root)
+    assert not (world.root / "checkpoints" / "code-ran").exists()
 
 
-def test_image_that_fails_only_when_decoded_is_named(tmp_path):
+@pytest.mark.slow
+def test_an_image_that_fails_only_when_decoded_is_named(world, tmp_path):
     """A JPEG whose pixel data is cut short passes the load-time check (PIL's verify() reads headers);
     decoding it in training raises one line naming the file, still exit 2 and no traceback."""
-    root = _image_folder(tmp_path / "images")
-    victim = root / "train" / "1_trouser" / "cut.jpg"
-    Image.open(root / "train" / "1_trouser" / "0.png").convert("RGB").resize((200, 200)).save(
-        victim, quality=95
+    args = ["--config", IMAGEFOLDER, f"model_config={TINY_VIT}", f"data_dir={world.images_cut_jpeg}",
+            "num_train_epochs=1", "per_device_train_batch_size=4", f"output_dir={tmp_path / 'o'}"]  # fmt: skip
+    user_error_from_command([str(REPO / "finetune/run.py"), *args], "cut.jpg", cwd=tmp_path)
+
+
+def test_pickle_weights_load_when_the_user_opts_in(world):
+    from finetune.config import load_config
+    from finetune.models import build_model
+
+    cfg = load_config(None, [f"model_name_or_path={world.pickle_model}", "allow_pickle_weights=true",
+                             f"output_dir={world.root / 'o'}"])  # fmt: skip
+    assert build_model(cfg.model_args, ["0", "1"]).config.hidden_size == 32
+
+
+def _write(path: Path, content: str) -> Path:
+    path.write_text(content)
+    return path
+
+
+def _loop(folder: Path) -> Path:
+    (folder / "a.csv").symlink_to(folder / "b.csv")
+    (folder / "b.csv").symlink_to(folder / "a.csv")
+    return folder / "a.csv"
+
+
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (lambda t: ["--config", str(_write(t / "empty.yaml", ""))], "is empty; a recipe is a YAML mapping"),
+        (lambda t: [f"train_file={t}"], "is a folder, not a file"),
+        (lambda t: [f"train_file={_loop(t)}"], "is a symlink loop"),
+        (lambda t: ["model_config=null", f"model_name_or_path={DATA / 'bert_minilm_l6_uncased' / 'model.safetensors'}"],
+         "is a file; give the folder that holds config.json"),
+    ],
+)  # fmt: skip
+def test_lines_say_what_the_path_is(make, fragment, small_text_data, tmp_path, capsys):
+    user_error(capsys, main, recipe_text_args(small_text_data, tmp_path / "run", *make(tmp_path)), fragment)
+
+
+def test_what_the_fuzzer_found_is_said_with_its_fix(small_text_data, tmp_path, capsys):
+    """tests/test_fuzz.py's findings: a recipe with the command line's dotted form of a key; a held-out
+    validation split that cannot hold every class (a class with one sample)."""
+    recipe = _write(tmp_path / "dotted.yaml", "model_config.hidden_size: 8\n")
+    user_error(capsys, main, ["--config", str(recipe), *recipe_text_args(small_text_data, tmp_path / "run")],
+               "in a recipe write model_config: {hidden_size: ...}")  # fmt: skip
+    rows = [{"text": f"sentence {i}", "label": "rare" if i == 0 else ["pos", "neg"][i % 2]} for i in range(20)]
+    data = {"train": write_csv(tmp_path / "t.csv", rows), "validation": "null"}
+    user_error(capsys, main, recipe_text_args(data, tmp_path / "run"),
+               "cannot hold out a stratified validation split", "give a validation_file")  # fmt: skip
+
+
+def test_unknown_tracker_and_tokens_in_errors(small_text_data, tmp_path, capsys):
+    user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "o", "report_to=[bogus]"),
+               "unknown tracker 'bogus'")  # fmt: skip
+    token = "hf_" + "a" * 30
+    argv = tiny_text_args(small_text_data, tmp_path / "o", f"push_to_hub_model_id=https://me:{token}@hf.co/me/m")
+    message = user_error(capsys, main, argv, "<redacted>")
+    assert token not in message
+
+
+@pytest.mark.slow  # six subprocesses; test_bad_input_is_one_line_exit_2_and_touches_nothing holds them in-process
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["learnig_rate=1e-4"], "unknown config key 'learnig_rate'; did you mean learning_rate?"),
+        (["per_device_train_batch_size=two"], "per_device_train_batch_size must be an integer"),
+        (["per_device_train_batch_size=0"], "per_device_train_batch_size must be a positive integer"),
+        (["train_file=/nonexistent/train.csv"], "train file not found: /nonexistent/train.csv"),
+        (["text_column=review"], "column 'review' not found in the train data; columns are: text, label"),
+        (["--config", "/nonexistent.yaml"], "config file not found"),
+    ],
+)
+def test_user_mistakes_are_one_line_and_exit_2(args, message, tmp_path):
+    """The default recipe with one mistake, from the command line."""
+    script = str(REPO / "finetune/run.py")
+    user_error_from_command([script, *args, f"output_dir={tmp_path / 'o'}"], message, cwd=tmp_path)
+    assert not (tmp_path / "o").exists()
+
+
+# --- the output directory --------------------------------------------------------------------------------
+
+
+def _user_folder(path: Path) -> Path:
+    (path / "notes").mkdir(parents=True)
+    (path / "notes" / "todo.txt").write_text("mine")
+    (path / "data.csv").write_text("a,b\n1,2\n")
+    return path
+
+
+@pytest.mark.parametrize("spelling", ["''", "."])
+def test_output_dir_that_is_the_current_folder_of_user_files(world, tmp_path, monkeypatch, capsys, spelling):
+    folder = _user_folder(tmp_path / "mine")
+    monkeypatch.chdir(folder)
+    data = {"train": world.train, "validation": world.validation}
+    argv = tiny_text_args(data, Path("x"), "max_steps=1", f"output_dir={spelling}")
+    user_error(capsys, main, argv, "holds files that are not a run of this app", untouched=folder)
+
+
+def test_overwrite_into_a_folder_whose_files_a_run_would_write_over(world, tmp_path, capsys):
+    """overwrite_output_dir=true writes into a folder of other files, deleting nothing: so a file of the
+    user's that has a run file's name (config.yaml, model/) is refused, not written over."""
+    folder = _user_folder(tmp_path / "mine")
+    (folder / "config.yaml").write_text("my: settings\n")
+    (folder / "model").mkdir()
+    (folder / "model" / "weights.bin").write_bytes(b"mine")
+    user_error(capsys, main, _text(world, out=folder), "config.yaml", "model", "would write over", untouched=folder)
+
+
+def test_output_dir_that_is_a_checkpoint(world, capsys):
+    data = {"train": world.train, "validation": world.validation}
+    argv = tiny_text_args(data, world.done / "checkpoints" / LAST, "max_steps=1")
+    user_error(capsys, main, argv, "holds files that are not a run of this app", untouched=world.done)
+
+
+def test_overwrite_then_a_mistake_found_mid_run_keeps_the_earlier_run(world, copy, capsys):
+    """A JPEG cut short passes the check before training and fails when it is decoded, in training: by
+    then the overwrite has begun. The earlier run, and the user's file beside it, come back whole."""
+    (copy / "notes.txt").write_text("mine")
+    argv = _image(world, world.images_cut_jpeg, "num_train_epochs=1", "per_device_train_batch_size=4", out=copy)
+    user_error(capsys, main, [a for a in argv if a != "max_steps=1"], "cut.jpg", untouched=copy)
+    assert json.loads((copy / "results.json").read_text())["step"] == 2
+
+
+# --- damaged checkpoints ---------------------------------------------------------------------------------
+
+
+def _cut(name: str, keep: Callable[[int], int]) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        data = (path / name).read_bytes()
+        (path / name).write_bytes(data[: keep(len(data))])
+
+    return damage
+
+
+def _manifest(edit: Callable[[dict], object]) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        manifest = json.loads((path / ckpt.MANIFEST).read_text())
+        result = edit(manifest)
+        (path / ckpt.MANIFEST).write_text(json.dumps(manifest if result is None else result))
+
+    return damage
+
+
+def _header_garbage(path: Path) -> None:
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(b"\xff" * 8 + data[8:])
+
+
+# id -> (the file the line must name, the damage)
+DAMAGES: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "weights_truncated": ("model.safetensors", _cut("model.safetensors", lambda n: n // 2)),
+    "weights_zero_bytes": ("model.safetensors", _cut("model.safetensors", lambda n: 0)),
+    "weights_header_garbage": ("model.safetensors", _header_garbage),
+    "weights_missing": ("model.safetensors", lambda p: (p / "model.safetensors").unlink()),
+    "optimizer_zero_bytes": ("optimizer.bin", _cut("optimizer.bin", lambda n: 0)),
+    "optimizer_truncated": ("optimizer.bin", _cut("optimizer.bin", lambda n: n - 100)),
+    "optimizer_missing": ("optimizer.bin", lambda p: (p / "optimizer.bin").unlink()),
+    "scheduler_zero_bytes": ("scheduler.bin", _cut("scheduler.bin", lambda n: 0)),
+    "scheduler_missing": ("scheduler.bin", lambda p: (p / "scheduler.bin").unlink()),
+    "random_states_missing": ("random_states_0.pkl", lambda p: (p / "random_states_0.pkl").unlink()),
+    "random_states_truncated": ("random_states_0.pkl", _cut("random_states_0.pkl", lambda n: n // 2)),
+    "manifest_not_json": ("manifest.json", lambda p: (p / ckpt.MANIFEST).write_text("{not json")),
+    "manifest_zero_bytes": ("manifest.json", _cut(ckpt.MANIFEST, lambda n: 0)),
+    "manifest_missing_a_key": ("manifest.json", _manifest(lambda m: m.pop("world_size"))),
+    "manifest_wrong_type": ("manifest.json", _manifest(lambda m: m.update(step="two"))),
+    "manifest_a_list": ("manifest.json", _manifest(lambda m: [1, 2])),
+    "manifest_missing": ("manifest.json", lambda p: (p / ckpt.MANIFEST).unlink()),
+}
+
+
+def _damage(copy: Path, case: str, name: str = LAST) -> Path:
+    path = copy / ckpt.CHECKPOINTS / name
+    DAMAGES[case][1](path)
+    return path
+
+
+@pytest.mark.parametrize("case", list(DAMAGES))
+def test_resuming_a_damaged_checkpoint_is_one_line_naming_the_file(case, world, copy, capsys):
+    path = _damage(copy, case)
+    argv = _text(world, "max_steps=2", f"resume_from_checkpoint={path}", out=copy)
+    user_error(capsys, main, argv, str(path / DAMAGES[case][0]), untouched=copy)
+
+
+EVALUATED = [c for c in DAMAGES if c.startswith(("weights", "manifest"))]
+
+
+@pytest.mark.parametrize("case", EVALUATED)
+def test_evaluating_a_damaged_checkpoint_is_one_line_naming_the_file(case, copy, capsys):
+    """Evaluation reads the manifest and the weights only. (A checkpoint without its manifest is named as
+    "no COMPLETE marker or manifest": hence the file's stem.)"""
+    path = _damage(copy, case)
+    user_error(capsys, evaluate_main, [str(path)], DAMAGES[case][0].split(".")[0], untouched=copy)
+
+
+@pytest.mark.parametrize("case", list(DAMAGES))
+def test_latest_skips_a_damaged_checkpoint_and_says_so(case, copy, capsys):
+    path = _damage(copy, case)
+    assert ckpt.resolve_checkpoint("latest", copy).name == "step-00000001"
+    err = capsys.readouterr().err
+    skipped = [line for line in err.splitlines() if "skipped" in line]
+    assert len(skipped) == 1 and str(path) in skipped[0] and DAMAGES[case][0] in skipped[0], err
+
+
+def test_latest_resumes_from_the_newest_checkpoint_that_loads(world, copy, capsys):
+    _damage(copy, "weights_truncated")
+    (copy / "results.json").unlink()  # a run cut short after its last checkpoint
+    results = main(
+        _text(world, "max_steps=2", "resume_from_checkpoint=latest", "overwrite_output_dir=false", out=copy)
     )
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-    args = [
-        "--config",
-        IMAGEFOLDER,
-        f"model_config={TINY_VIT}",
-        f"data_dir={root}",
-        "num_train_epochs=1",
-        "per_device_train_batch_size=4",
-        f"output_dir={tmp_path / 'o'}",
-    ]
-    _assert_one_line_exit_2(_run(args, tmp_path), "cut.jpg")
+    out = capsys.readouterr()
+    assert results["step"] == 2 and "resumed from" in out.out and "step-00000001" in out.out
+    assert f"skipped {copy / ckpt.CHECKPOINTS / LAST}" in out.err
+
+
+def test_latest_with_every_checkpoint_damaged_is_one_line(world, copy, capsys):
+    _damage(copy, "weights_truncated")
+    _damage(copy, "manifest_not_json", "step-00000001")
+    argv = _text(world, "max_steps=2", "resume_from_checkpoint=latest", out=copy)
+    user_error(capsys, main, argv, "no checkpoint in", "loads", "step-00000001", LAST, untouched=copy)
+
+
+@pytest.mark.parametrize("damage", ["manifest", "weights"])
+def test_damaged_checkpoint_named_on_the_command_line_is_one_line(world, copy, capsys, damage):
+    """(`latest` skips a damaged checkpoint for an older one that loads: above.)"""
+    latest = sorted((copy / "checkpoints").glob("step-*"))[-1]
+    if damage == "manifest":
+        (latest / "manifest.json").write_text("{bad json")
+    else:
+        weights = latest / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+    argv = _text(world, "max_steps=2", f"resume_from_checkpoint={latest}", out=copy)
+    name = "manifest.json" if damage == "manifest" else "model.safetensors"
+    user_error(capsys, main, argv, str(latest / name), untouched=copy)
+
+
+@pytest.mark.parametrize("how", ["truncated", "broken header"])
+def test_damaged_weights_are_one_line_when_trained_from_or_evaluated(how, world, copy, tmp_path, capsys):
+    weights = copy / "model" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if how == "truncated" else b"\xff" * 8 + data[8:])
+    argv = _text(world, "model_config=null", f"model_name_or_path={copy / 'model'}", out=tmp_path / "again")
+    user_error(capsys, main, argv, "damaged", untouched=copy)
+    line = user_error(capsys, evaluate_main, [str(copy / "model")], untouched=copy / "model")
+    assert "damaged" in line or "not a readable safetensors" in line
+
+
+# --- unreadable files and full disks ---------------------------------------------------------------------
+
+
+@pytest.mark.skipif(AS_ROOT, reason="root reads files whatever their mode")
+@pytest.mark.parametrize("what", ["train file", "image", "recipe"])
+def test_an_unreadable_file_is_one_line(what, world, tmp_path, capsys):
+    if what == "train file":
+        victim = shutil.copy(world.train, tmp_path / "train.csv")
+        argv = _text(world, f"train_file={victim}")
+    elif what == "image":
+        victim = image_folder(tmp_path / "images") / "train" / "1_trouser" / "2.png"
+        argv = _image(world, tmp_path / "images")
+    else:
+        victim = shutil.copy(world.root / "recipe.yaml", tmp_path / "recipe.yaml")
+        argv = ["--config", str(victim), f"output_dir={world.done}"]
+    Path(victim).chmod(0)
+    try:
+        user_error(capsys, main, argv, Path(victim).name, untouched=world.done)
+    finally:
+        Path(victim).chmod(0o644)
+
+
+@pytest.mark.parametrize("what", ["train file", "recipe"])
+def test_a_permission_refused_is_one_line_also_as_root(what, world, monkeypatch, capsys):
+    """As root nothing is unreadable, so here the refusal is simulated where the file is checked or read."""
+    if what == "train file":
+        access = os.access
+
+        def refuse(path, mode, *args, **kwargs):
+            if str(path) == str(world.train) and mode == os.R_OK:
+                return False
+            return access(path, mode, *args, **kwargs)
+
+        monkeypatch.setattr(os, "access", refuse)
+        argv = _text(world)
+    else:
+        read_text = Path.read_text
+
+        def refuse(self, *args, **kwargs):
+            if self == world.root / "recipe.yaml":
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+            return read_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "read_text", refuse)
+        argv = ["--config", str(world.root / "recipe.yaml"), f"output_dir={world.done}"]
+    name = "train.csv" if what == "train file" else "recipe.yaml"
+    user_error(capsys, main, argv, name, "ermission", untouched=world.done)
+
+
+def _disk_full(path: str = "") -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+
+def test_disk_full_during_a_checkpoint_save(world, tmp_path, monkeypatch, capsys):
+    """The second save runs out of space half-way: one line, the half-written save is removed, the
+    first checkpoint is whole (it loads: tests/test_checkpoint.py resumes after a save cut short)."""
+    from accelerate import Accelerator
+
+    out = tmp_path / "run"
+    original, calls = Accelerator.save_state, []
+
+    def save_state(self, output_dir=None, **kwargs):
+        calls.append(output_dir)
+        result = original(self, output_dir, **kwargs)
+        if len(calls) == 2:
+            raise _disk_full(str(Path(output_dir) / "optimizer.bin"))
+        return result
+
+    monkeypatch.setattr(Accelerator, "save_state", save_state)
+    data = {"train": world.train, "validation": world.validation}
+    argv = tiny_text_args(data, out, "max_steps=3", "save_steps=1", "per_device_train_batch_size=8")
+    user_error(capsys, main, argv, "No space left on device", "step-00000001")
+    assert sorted(p.name for p in (out / ckpt.CHECKPOINTS).iterdir()) == ["step-00000001"]
+    assert ckpt.checkpoint_problem(out / ckpt.CHECKPOINTS / "step-00000001") is None
+
+
+def test_disk_full_writing_the_manifest(world, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    original, calls = ckpt._fsync_tree, []
+
+    def fsync_tree(path):
+        calls.append(path)
+        if len(calls) == 3:  # twice a save: the second save's first flush
+            raise _disk_full(str(path / ckpt.MANIFEST))
+        return original(path)
+
+    monkeypatch.setattr(ckpt, "_fsync_tree", fsync_tree)
+    data = {"train": world.train, "validation": world.validation}
+    argv = tiny_text_args(data, out, "max_steps=3", "save_steps=1", "per_device_train_batch_size=8")
+    user_error(capsys, main, argv, "No space left on device")
+    assert sorted(p.name for p in (out / ckpt.CHECKPOINTS).iterdir()) == ["step-00000001"]
+
+
+@pytest.mark.parametrize("where", ["export", "metrics log"])
+def test_disk_full_in_an_overwrite_keeps_the_earlier_run(where, world, copy, monkeypatch, capsys):
+    def full(*args, **kwargs):
+        raise _disk_full(str(copy / ("model/README.md" if where == "export" else "metrics.jsonl")))
+
+    if where == "export":
+        monkeypatch.setattr(export, "write_model_card", full)
+    else:
+        monkeypatch.setattr(run.MetricsLog, "log", full)
+    user_error(capsys, main, _text(world, out=copy), "No space left on device", untouched=copy)
+    assert json.loads((copy / "results.json").read_text())["step"] == 2
+
+
+# --- the launcher and the environment -------------------------------------------------------------------
+
+ACCELERATE_BASE = {
+    "compute_environment": "LOCAL_MACHINE",
+    "distributed_type": "NO",
+    "num_machines": 1,
+    "machine_rank": 0,
+    "num_processes": 1,
+    "use_cpu": True,
+    "mixed_precision": "no",
+}
+
+# id -> (changes to a valid one-process CPU config, or the file's raw text; extra flags; fragment)
+LAUNCHER: dict[str, tuple[dict | str, list[str], str]] = {
+    "num_processes_zero": ({"num_processes": 0}, [], "num_processes must be at least 1, got 0"),
+    "num_processes_negative": ({"num_processes": -3}, [], "num_processes must be at least 1, got -3"),
+    "mixed_precision_fp8x": ({"mixed_precision": "fp8x"}, [], "mixed_precision 'fp8x'"),
+    "distributed_type_unknown": ({"distributed_type": "BOGUS"}, [], "not a valid accelerate config"),
+    "num_machines_zero": ({"num_machines": 0}, [], "num_machines must be at least 1, got 0"),
+    "machine_rank_past_the_machines": ({"num_machines": 2, "machine_rank": 2}, [], "machine_rank 2"),
+    "main_process_port_past_65535": ({"main_process_port": 70000}, [], "main_process_port 70000"),
+    "dynamo_backend_unknown": ({"dynamo_config": {"dynamo_backend": "BOGUS"}}, [], "dynamo_backend 'BOGUS'"),
+    "config_empty": ("", [], "not a valid accelerate config"),
+    "config_a_list": ("- a\n- b\n", [], "not a valid accelerate config"),
+    "config_a_folder": ("<folder>", [], "is a folder"),
+    "flag_num_processes_zero": ({}, ["--num_processes", "0"], "num_processes must be at least 1, got 0"),
+    "flag_num_machines_zero": ({}, ["--num_machines", "0"], "num_machines must be at least 1, got 0"),
+    "flag_machine_rank_negative": ({}, ["--machine_rank", "-1"], "machine_rank -1"),
+}
+
+
+@pytest.mark.parametrize("case", list(LAUNCHER))
+def test_a_bad_launch_is_one_line_before_anything_starts(case, tmp_path, capsys):
+    changes, flags, fragment = LAUNCHER[case]
+    config = tmp_path / "accelerate.yaml"
+    if changes == "<folder>":
+        config.mkdir()
+    elif isinstance(changes, str):
+        config.write_text(changes)
+    else:
+        config.write_text(yaml.safe_dump({**ACCELERATE_BASE, **changes}))
+    script = tmp_path / "would_train.py"  # had the launcher started it, it would leave this mark
+    script.write_text(f"open({str(tmp_path / 'started')!r}, 'w').close()\n")
+    user_error(capsys, launch_main, ["--config_file", str(config), *flags, str(script)], fragment)
+    assert not (tmp_path / "started").exists()
+
+
+@pytest.mark.slow  # a launcher process of its own: ~10 s
+def test_a_bad_accelerate_config_from_the_command_line(tmp_path):
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(yaml.safe_dump({**ACCELERATE_BASE, "num_processes": 0}))
+    user_error_from_command(["-m", "finetune.launch", "--config_file", str(config), "finetune/run.py"],
+                            "num_processes")  # fmt: skip
+
+
+# A missing or unparsable accelerate config given to finetune-launch: tests/test_launch.py.
+
+
+# --- model parallelism that cannot run ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -510,9 +962,7 @@ def test_image_that_fails_only_when_decoded_is_named(tmp_path):
     ],
     ids=["with_fsdp", "gpus_do_not_divide", "one_gpu_list_for_all", "lists_do_not_match"],
 )
-def test_model_parallel_that_cannot_run_is_one_line(
-    env, extra, message, files, tmp_path, monkeypatch, capsys
-):
+def test_model_parallel_that_cannot_run_is_one_line(env, extra, message, world, tmp_path, monkeypatch, capsys):
     """DDP x layer split and FSDP do not combine; under several processes each takes its own GPUs.
     Refused before any process group forms (as if launched on a machine with 4 GPUs: the check runs
     first, so no GPU is touched)."""
@@ -520,8 +970,6 @@ def test_model_parallel_that_cannot_run_is_one_line(
     for key, value in {"LOCAL_RANK": "0", **env}.items():
         monkeypatch.setenv(key, value)
     out = tmp_path / "o"
-    assert message in user_error(capsys, main, _text(files, "model_parallel=true", *extra, out=out))
+    user_error(capsys, main, _text(world, "model_parallel=true", *extra, out=out), message)
     assert not out.exists()
 
-
-# A missing or unparsable accelerate config: tests/test_launch.py (finetune-launch).

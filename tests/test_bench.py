@@ -108,6 +108,7 @@ def test_seq_len_must_be_positive(bad, tmp_path):
     assert exit_info.value.code == 2 and not (tmp_path / "bench.json").exists()
 
 
+@pytest.mark.slow
 def test_smoke_levers_of_the_full_recipe(tmp_path):
     """The full-data recipe's own levers run (frozen layers, batch 64) beside the attention kernel, whose
     "off" is the kernel the app did not choose for this precision."""
@@ -127,13 +128,12 @@ def test_smoke_levers_of_the_full_recipe(tmp_path):
 
 
 def test_frozen_lower_layers_count_forward_only():
-    from transformers import BertConfig, BertForSequenceClassification
+    from conftest import tiny_bert_config
+    from transformers import BertForSequenceClassification
 
     from benchmarks.flops import flop_model, token_flops
 
-    model = BertForSequenceClassification(
-        BertConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=37)
-    )
+    model = BertForSequenceClassification(tiny_bert_config(num_hidden_layers=4, max_position_embeddings=512))
     full = flop_model(model)
     per_layer = sum(p.numel() for p in model.bert.encoder.layer[0].parameters())
     model.bert.embeddings.requires_grad_(False)

@@ -1,33 +1,48 @@
-"""Checkpoints: exact mid-epoch resume (1 and 2 processes), completeness, retention, refusals."""
+"""finetune/checkpoint.py: exact mid-epoch resume (1 and 2 processes), completeness, retention, what a
+resume may and may not change, and saves cut short (kill -9, a crash mid-save).
+
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_checkpoint.py
+
+The uninterrupted runs a resume is compared with come from the session's factory (`finished_run`):
+trained once, shared by the tests here and in tests/test_signals.py.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_BERT, launch, tiny_text_args
+from conftest import (
+    DROPOUT_BERT,
+    REPO,
+    UNINTERRUPTED,
+    assert_same_run,
+    launch,
+    logged_steps,
+    recipe_text_args,
+    reset_accelerate,
+    tiny_text_args,
+    user_error,
+    wait_until,
+)
 from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
-from finetune.run import main
+from finetune.run import Hooks, main
 
-# Dropout on, so that an exact resume also needs the RNG state restored.
-DROPOUT_BERT = TINY_BERT.replace("hidden_dropout_prob: 0.0", "hidden_dropout_prob: 0.1")
+# Two epochs of 10 steps (37 samples in batches of 4), a checkpoint every 3 steps, all kept.
+FULL = (f"model_config={DROPOUT_BERT}", "num_train_epochs=2", "per_device_train_batch_size=4", "save_steps=3",
+        "save_total_limit=null")  # fmt: skip
 
 
 def _args(data, out, *extra):
-    return tiny_text_args(
-        data,
-        out,
-        f"model_config={DROPOUT_BERT}",
-        "num_train_epochs=2",
-        "per_device_train_batch_size=4",
-        "save_steps=3",
-        "save_total_limit=null",
-        *extra,
-    )
+    return tiny_text_args(data, out, *FULL, *extra)
 
 
 def _losses(out, first_step):
@@ -35,9 +50,9 @@ def _losses(out, first_step):
     return [(r["step"], r["loss"]) for r in records if "loss" in r and r["step"] > first_step]
 
 
-def _resume_matches_uninterrupted(data, tmp_path, run):
-    full = tmp_path / "full"
-    run(_args(data, full))
+def _resume_matches_uninterrupted(data, full, tmp_path, run):
+    """`full`: the uninterrupted run of `_args(data, ...)`; the same run killed after its step-3
+    checkpoint and resumed by `run` ends as it did."""
     saved = ckpt.list_checkpoints(full)
     assert saved[0].name == "step-00000003" and len(saved) >= 2
     manifest = ckpt.read_manifest(saved[0])
@@ -59,21 +74,24 @@ def _resume_matches_uninterrupted(data, tmp_path, run):
     assert len(_losses(resumed, 3)) == total - 3
 
 
-def test_mid_epoch_resume_is_exact_single_process(small_text_data, tmp_path):
-    _resume_matches_uninterrupted(small_text_data, tmp_path, main)
+def test_mid_epoch_resume_is_exact_single_process(finished_run, tmp_path):
+    _resume_matches_uninterrupted(finished_run.data(), finished_run(*FULL), tmp_path, main)
 
 
+@pytest.mark.slow
 def test_mid_epoch_resume_is_exact_two_processes(small_text_data, tmp_path):
     def run(args):
         result = launch(args, num_processes=2)
         assert result.returncode == 0, result.stderr[-3000:]
 
-    _resume_matches_uninterrupted(small_text_data, tmp_path, run)
+    full = tmp_path / "full"
+    run(_args(small_text_data, full))
+    _resume_matches_uninterrupted(small_text_data, full, tmp_path, run)
 
 
-def test_incomplete_checkpoints_are_never_latest(small_text_data, tmp_path):
-    out = tmp_path / "run"
-    main(_args(small_text_data, out, "num_train_epochs=1"))
+@pytest.mark.slow
+def test_incomplete_checkpoints_are_never_latest(finished_run, tmp_path):
+    out = finished_run.copy(tmp_path / "run", *FULL, "num_train_epochs=1")
     complete = ckpt.list_checkpoints(out)
     # A save killed midway: a hidden temporary directory and a directory without its marker.
     (out / ckpt.CHECKPOINTS / ".tmp-step-00000099").mkdir()
@@ -106,25 +124,19 @@ def test_retention_keeps_last_and_best(small_text_data, tmp_path):
     assert {p.name for p in kept} == {kept[-1].name, best.rsplit("/", 1)[-1]}
 
 
-def test_changed_topology_on_resume_is_refused(small_text_data, tmp_path, capsys):
-    out = tmp_path / "run"
-    main(_args(small_text_data, out, "num_train_epochs=1"))
-    with pytest.raises(SystemExit) as exit_info:
-        main(_args(small_text_data, out, "resume_from_checkpoint=latest", "gradient_accumulation_steps=2"))
-    assert exit_info.value.code == 2
-    assert "resume with the same settings" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exit_info:  # other trainable weights: another optimizer state
-        main(_args(small_text_data, out, "resume_from_checkpoint=latest", "freeze_embeddings=true"))
-    assert exit_info.value.code == 2
-    assert (
-        "trained with freeze_embeddings=false, this run has freeze_embeddings=true; resume with "
-        "freeze_embeddings=false" in capsys.readouterr().err
-    )
+def test_changed_topology_on_resume_is_refused(finished_run, tmp_path, capsys):
+    data, out = finished_run.data(), finished_run.copy(tmp_path / "run", *FULL, "num_train_epochs=1")
+    user_error(capsys, main, _args(data, out, "resume_from_checkpoint=latest", "gradient_accumulation_steps=2"),
+               "resume with the same settings", untouched=out)  # fmt: skip
+    # other trainable weights: another optimizer state
+    user_error(capsys, main, _args(data, out, "resume_from_checkpoint=latest", "freeze_embeddings=true"),
+               "trained with freeze_embeddings=false, this run has freeze_embeddings=true; resume with "
+               "freeze_embeddings=false", untouched=out)  # fmt: skip
 
 
-def test_allowed_topology_change_continues_without_repeating_samples(small_text_data, tmp_path):
-    out = tmp_path / "run"
-    main(_args(small_text_data, out, "max_steps=null"))  # checkpoints at 3, 6, ...; 10 steps an epoch
+@pytest.mark.slow
+def test_allowed_topology_change_continues_without_repeating_samples(finished_run, tmp_path):
+    small_text_data, out = finished_run.data(), finished_run(*FULL)  # checkpoints at 3, 6, ...; 10 steps an epoch
     first = ckpt.list_checkpoints(out)[0]
     assert ckpt.read_manifest(first)["samples_in_epoch"] == 12
     resumed = tmp_path / "resumed"
@@ -146,11 +158,11 @@ def test_allowed_topology_change_continues_without_repeating_samples(small_text_
     assert [r for r in records if "learning_rate" in r][-1]["learning_rate"] == pytest.approx(0.0, abs=1e-12)
 
 
-def test_resume_needs_only_the_run_directory(small_text_data, tmp_path, capsys):
+@pytest.mark.slow
+def test_resume_needs_only_the_run_directory(finished_run, tmp_path, capsys):
     """`resume_from_checkpoint=latest output_dir=<run>` alone: the run's saved config.yaml is the recipe
     (here a tiny BERT the default recipe knows nothing of), and the resumed run equals the whole one."""
-    full = tmp_path / "full"
-    main(_args(small_text_data, full))
+    full = finished_run(*FULL)
     resumed = tmp_path / "resumed"
     first = ckpt.list_checkpoints(full)[0]
     shutil.copytree(first, resumed / ckpt.CHECKPOINTS / first.name)
@@ -216,11 +228,10 @@ def test_a_resume_with_a_larger_max_steps_trains_its_first_step_on_the_new_sched
         assert scheduler.get_last_lr() == [optimizer.param_groups[0]["lr"]]
 
 
-def test_a_resume_with_another_learning_rate_goes_on_with_it(small_text_data, tmp_path, capsys):
+def test_a_resume_with_another_learning_rate_goes_on_with_it(finished_run, tmp_path, capsys):
     """After a divergence the line says: lower learning_rate, then resume. The resumed run's learning rate
     is the uninterrupted run's schedule scaled by new / saved, from the first step after the checkpoint."""
-    full = tmp_path / "full"
-    main(_args(small_text_data, full))
+    small_text_data, full = finished_run.data(), finished_run(*FULL)
     resumed = tmp_path / "resumed"
     first = ckpt.list_checkpoints(full)[0]
     shutil.copytree(first, resumed / ckpt.CHECKPOINTS / first.name)
@@ -234,3 +245,219 @@ def test_a_resume_with_another_learning_rate_goes_on_with_it(small_text_data, tm
     before, after = rates(full), rates(resumed)
     assert after and set(after) == set(before)
     assert all(after[s] == pytest.approx(before[s] / 2, rel=1e-9, abs=1e-15) for s in after)
+
+
+def test_only_an_evaluated_checkpoint_carries_metrics_or_can_be_best(small_text_data, tmp_path):
+    """Checkpoints every 2 steps, evaluations every 3: a checkpoint at a step without an evaluation
+    (4) holds no metrics, so it cannot be named best on the strength of step 3's evaluation."""
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "num_train_epochs=2", "per_device_train_batch_size=8",
+                        "eval_steps=3", "save_steps=2", "save_total_limit=null"))  # fmt: skip
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evaluated = {e["step"] for e in lines if "eval_loss" in e}
+    saved = {int(p.name.split("-")[1]): p for p in ckpt.list_checkpoints(out)}
+    assert 4 in saved and 4 not in evaluated and 3 in evaluated  # the case this test is about
+    for step, path in saved.items():
+        metrics = json.loads((path / ckpt.MANIFEST).read_text())["metrics"]
+        assert bool(metrics) == (step in evaluated), step
+    best = json.loads((out / "results.json").read_text())["best"]
+    assert best["step"] in evaluated and best["step"] in saved
+
+
+# A finished run of 4 steps at a constant learning rate, checkpoints at 2 and 4.
+CONSTANT = ("max_steps=4", "save_steps=2", "lr_scheduler_type=constant", "warmup_ratio=0",
+            "per_device_train_batch_size=4")  # fmt: skip
+
+
+def test_resume_from_the_last_step_trains_nothing_more(finished_run, tmp_path):
+    """With a constant learning rate an extra step would change the weights."""
+    finished = finished_run(*CONSTANT)
+    again = finished_run.copy(tmp_path / "again", *CONSTANT)
+    shutil.rmtree(again / "model")
+    (again / "results.json").unlink()  # as a kill during the export leaves it
+    results = main(tiny_text_args(finished_run.data(), again, *CONSTANT, "resume_from_checkpoint=latest"))
+    assert results["step"] == 4
+    a, b = load_file(finished / "model/model.safetensors"), load_file(again / "model/model.safetensors")
+    assert all((a[k] - b[k]).abs().max() == 0 for k in a)
+
+
+# --- what a resume may change -----------------------------------------------------------------------------
+
+# A finished run with checkpoints at steps 6 and 9 (of 10), under the default recipe's optimisation.
+SAVED = ("save_steps=3", "per_device_train_batch_size=4")
+
+
+@pytest.fixture(scope="module")
+def saved_run(finished_run) -> tuple[dict[str, Path], Path]:
+    """What refused resumes must not change (they aim at the shared run: `user_error` checks its bytes)."""
+    data = finished_run.data()
+    return data, finished_run(*SAVED, recipe=True)
+
+
+def test_a_resume_with_fewer_samples_than_consumed_is_refused_before_config_yaml_is_rewritten(saved_run, capsys):
+    data, out = saved_run
+    line = user_error(capsys, main, recipe_text_args(data, out, "resume_from_checkpoint=latest", "max_train_samples=8",
+                                                     "per_device_train_batch_size=4"), untouched=out)  # fmt: skip
+    assert "trained on 37 samples an epoch, this run has 8" in line
+
+
+def test_a_resume_past_max_steps_is_refused_before_anything_is_written(saved_run, capsys):
+    """The checkpoint is at step 9; max_steps=2 would export the step-9 model under a config.yaml that
+    says 2 steps."""
+    data, out = saved_run
+    line = user_error(capsys, main, recipe_text_args(data, out, "resume_from_checkpoint=latest", "max_steps=2",
+                                                     "per_device_train_batch_size=4"), untouched=out)  # fmt: skip
+    assert "the checkpoint is at optimizer step 9, past the 2 steps of this run (max_steps=2)" in line
+    assert "max_steps=9 or more" in line and "evaluate_checkpoint.py" in line
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ("seed=7", "trained with seed=42, this run has seed=7; resume with seed=42"),
+        ("freeze_layers=1", "trained with freeze_layers=0, this run has freeze_layers=1"),
+        ("group_by_length=false", "trained with group_by_length=true"),
+        ("max_length=16", "trained with max_length=32, this run has max_length=16; resume with max_length=32"),
+    ],
+)
+def test_a_resume_that_would_change_the_run_names_the_setting(change, fragment, saved_run, capsys):
+    data, out = saved_run
+    argv = recipe_text_args(data, out, "resume_from_checkpoint=latest", change, "per_device_train_batch_size=4")
+    user_error(capsys, main, argv, fragment, untouched=out)
+
+
+@pytest.mark.parametrize(
+    "key, value, shown",
+    [("label_smoothing", 0.1, "label_smoothing=0.0"), ("class_weights", "balanced", "class_weights=null"),
+     ("metric_for_best_model", "macro_f1", "metric_for_best_model=accuracy"),
+     ("greater_is_better", False, "greater_is_better=true"), ("random_flip", True, "random_flip=false"),
+     ("augment", ["crop"], "augment=[]"), ("validation_split_percentage", 20.0, "validation_split_percentage=10.0"),
+     ("label_column", "sentiment", "label_column=label"), ("text_pair_column", "other", "text_pair_column=null")],
+)  # fmt: skip
+def test_settings_that_define_the_data_or_the_loss_are_fixed_on_resume(key, value, shown, saved_run):
+    """The same check as above, on the saved manifest, for the rest of what defines the data or the loss."""
+    from finetune.config import config_from_dict
+    from finetune.errors import UserError
+
+    manifest = ckpt.read_manifest(ckpt.list_checkpoints(saved_run[1])[-1])
+    cfg = config_from_dict({**manifest["config"], key: value}, saved=True)
+    with pytest.raises(UserError) as refused:
+        ckpt.check_resume_compatible(manifest, cfg, 1, manifest["label_names"], 37, fsdp=False)
+    assert f"the checkpoint was trained with {shown}, this run has {key}=" in str(refused.value)
+
+
+class _Optimizer(Hooks):
+    """Keeps the weight decay of the optimizer's first group at each step (after the resume's restore)."""
+
+    def __init__(self):
+        super().__init__()
+        self.run, self.weight_decay = None, []
+
+    def mark(self, name, value=None):
+        if name == "prepared":
+            self.run = value
+        elif name == "step":
+            self.weight_decay.append(self.run.optimizer.param_groups[0]["weight_decay"])
+
+
+def test_a_resume_that_changes_what_may_change_says_so_and_keeps_the_history(small_text_data, tmp_path, capsys):
+    """learning_rate, weight_decay, dropout, max_steps and the cadences may change on a resume: one line
+    names each change, old -> new; the new weight decay is the one used (torch would restore the old);
+    the checkpoints' manifests and results.json keep every resume's changes, so that config.yaml (the
+    last values) is not read as the whole run's."""
+    out = tmp_path / "run"
+    main(recipe_text_args(small_text_data, out, "save_steps=3", "per_device_train_batch_size=4", "max_steps=6"))
+    capsys.readouterr()
+    watch = _Optimizer()
+    main(recipe_text_args(small_text_data, out, "resume_from_checkpoint=latest", "per_device_train_batch_size=4", "max_steps=8",
+              "save_steps=2", "weight_decay=0.1", "dropout=0.1"), hooks=watch)  # fmt: skip
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resumed with changed settings")]
+    assert said == ["resumed with changed settings: dropout null -> 0.1, max_steps 6 -> 8, weight_decay 0.01 -> 0.1, "
+                    "save_steps 3 -> 2"]  # fmt: skip
+    assert watch.weight_decay == [0.1, 0.1]
+    first = {"step": 6, "changed": {"dropout": [None, 0.1], "max_steps": [6, 8], "weight_decay": [0.01, 0.1],
+                                    "save_steps": [3, 2]}}  # fmt: skip
+    assert json.loads((out / "checkpoints" / "step-00000008" / "manifest.json").read_text())["resumed_with"] == [first]
+    results = main(recipe_text_args(small_text_data, out, "resume_from_checkpoint=latest", "per_device_train_batch_size=4", "max_steps=9",
+                        "save_steps=2", "weight_decay=0.1", "dropout=0.1"))  # fmt: skip
+    assert results["resumed_with"] == [first, {"step": 8, "changed": {"max_steps": [8, 9]}}]
+    assert json.loads((out / "results.json").read_text())["resumed_with"] == results["resumed_with"]
+
+
+# --- saves cut short: kill -9, a crash mid-save ---------------------------------------------------------
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    """`python finetune/run.py ...`, as a one-process job: the process that gets the signal trains."""
+    return subprocess.Popen([sys.executable, str(REPO / "finetune/run.py"), *args], cwd=REPO,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log.with_suffix(".out").open("w"),
+                            stderr=log.with_suffix(".err").open("w"))  # fmt: skip
+
+
+def _checkpoint_steps(out: Path) -> list[int]:
+    return [ckpt.read_manifest(p)["step"] for p in ckpt.list_checkpoints(out)]
+
+
+@pytest.mark.slow
+def test_kill_9_at_several_points_then_resume_is_exact(finished_run, tmp_path):
+    """SIGKILL right after a checkpoint appears, and again between two checkpoints (the steps after the
+    checkpoint are trained again, and their first log lines dropped); then resume to the end."""
+    out = tmp_path / "run"
+    args = tiny_text_args(finished_run.data(), out, *UNINTERRUPTED, "save_steps=4")
+    proc = _start(args, tmp_path / "first")
+    wait_until(lambda: 4 in _checkpoint_steps(out), proc)
+    proc.kill()
+    proc.wait()
+    proc = _start([*args, "resume_from_checkpoint=latest"], tmp_path / "second")
+    wait_until(lambda: "resumed from" in (tmp_path / "second.out").read_text(), proc)
+    wait_until(lambda: logged_steps(out) >= 6, proc)  # past the step-4 checkpoint, before step 8
+    proc.kill()
+    proc.wait()
+    latest = ckpt.resolve_checkpoint("latest", out)
+    main([*args, "resume_from_checkpoint=latest"])
+    assert ckpt.read_manifest(latest)["step"] in (4, 8)
+    assert_same_run(out, finished_run(*UNINTERRUPTED))
+
+
+class _Killed(BaseException):
+    """Stands for kill -9: nothing catches it, nothing after it runs."""
+
+
+@pytest.mark.parametrize("where", ["in save_state", "before the rename"])
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one(finished_run, tmp_path, monkeypatch, where):
+    """The second save dies half-way (files written, no COMPLETE; or complete but still hidden): the
+    first checkpoint stays the latest, loads, and the resumed run ends where the uninterrupted one did."""
+    from accelerate import Accelerator
+
+    out = tmp_path / "run"
+    args = tiny_text_args(finished_run.data(), out, *UNINTERRUPTED, "save_steps=3")
+    calls = {"save_state": 0, "fsync": 0}
+    original_save_state, original_fsync_tree = Accelerator.save_state, ckpt._fsync_tree
+
+    def save_state(self, output_dir=None, **kw):
+        calls["save_state"] += 1
+        result = original_save_state(self, output_dir, **kw)
+        if where == "in save_state" and calls["save_state"] == 2:
+            for name in ("optimizer.bin", "scheduler.bin"):  # only half the files made it to disk
+                (Path(output_dir) / name).unlink()
+            raise _Killed
+        return result
+
+    def fsync_tree(path):
+        original_fsync_tree(path)
+        calls["fsync"] += 1  # twice a save: before and after writing COMPLETE
+        if where == "before the rename" and calls["fsync"] == 4:
+            assert (path / ckpt.COMPLETE).exists()
+            raise _Killed
+
+    monkeypatch.setattr(Accelerator, "save_state", save_state)
+    monkeypatch.setattr(ckpt, "_fsync_tree", fsync_tree)
+    with pytest.raises(_Killed):
+        main(args)
+    monkeypatch.undo()
+    assert (out / ckpt.CHECKPOINTS / ".tmp-step-00000006").is_dir()
+    assert ckpt.resolve_checkpoint("latest", out).name == "step-00000003"
+    reset_accelerate()  # the killed run left its Accelerator behind
+    main([*args, "resume_from_checkpoint=latest"])  # re-saves step 6 over the leftover
+    assert not (out / ckpt.CHECKPOINTS / ".tmp-step-00000006").exists()
+    assert_same_run(out, finished_run(*UNINTERRUPTED))

@@ -40,11 +40,6 @@ def _train(name, small_text_data, tmp_path):
     return load_file(out / "model" / "model.safetensors")
 
 
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    return {}
-
-
 def test_accumulation_and_ddp_equal_one_big_batch(small_text_data, tmp_path):
     results = {name: _train(name, small_text_data, tmp_path) for name in RUNS}
     reference = results["a_1x8"]
@@ -96,6 +91,7 @@ def _worst(state: dict, reference: dict) -> float:
     return max((state[k].float() - reference[k].float()).abs().max().item() for k in reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", PROBLEM_DATA)
 def test_regression_and_multi_label_accumulation_equals_one_big_batch(problem, tmp_path):
     reference = _train_problem(problem, "a_1x8", tmp_path)

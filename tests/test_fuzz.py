@@ -34,7 +34,7 @@ from pathlib import Path
 
 import PIL.Image
 import pytest
-from conftest import TINY_BERT, TINY_VIT, TOKENIZER, rotten_rows
+from conftest import EARLIER_RUN, TINY_BERT, TINY_VIT, TOKENIZER, reset_accelerate, rotten_rows
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -174,15 +174,10 @@ def _hashes(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def earlier_run(tmp_path_factory) -> Path:
-    """A finished tiny run with a checkpoint: what no failing command may change."""
-    root = tmp_path_factory.mktemp("earlier")
-    rows = _text_rows(24, random.Random(0))
-    train = _write_rows(root / "train", rows, "csv")
-    out = root / "run"
-    main(_base_args(train, out) + ["save_steps=1", "max_steps=2"])
-    _reset()
-    return out
+def earlier_run(finished_run) -> Path:
+    """A finished tiny run with checkpoints (the factory's, shared: a command copies it before it may touch
+    it): what no failing command may change."""
+    return finished_run(*EARLIER_RUN)
 
 
 def _base_args(train: Path, out: Path) -> list[str]:
@@ -190,13 +185,6 @@ def _base_args(train: Path, out: Path) -> list[str]:
             "test_file=null", "max_train_samples=null", "max_eval_samples=null", "label_names=null", "max_length=32",
             "max_steps=2", "per_device_train_batch_size=4", "freeze_embeddings=false", "dropout=null",
             "logging_steps=1", f"output_dir={out}"]  # fmt: skip
-
-
-def _reset() -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 # Recipe files a user may give by mistake: empty, a list, unclosed, not UTF-8, an unknown key, a mapping of
@@ -347,7 +335,7 @@ def _run(entry, args: list[str]) -> tuple[int, str, dict | None]:
         except SystemExit as e:
             code = e.code
         finally:
-            _reset()
+            reset_accelerate()  # many runs in one test: each builds its own Accelerator
     return code, err.getvalue(), results
 
 
@@ -414,6 +402,7 @@ def _pinned(**changes) -> dict:
                       earlier=["overwrite_output_dir=true"]))  # fmt: skip
 @example(case=_pinned(target="evaluate", format="tsv", evaluate={"what": "checkpoint", "damage": "none", "data": True,
                                                                   "predictions": True, "split": None, "settings": []}))  # fmt: skip
+@pytest.mark.slow
 def test_the_one_rule_holds_for_drawn_inputs(case, earlier_run, tmp_path_factory):
     _check(case, tmp_path_factory.mktemp("case"), earlier_run)
 

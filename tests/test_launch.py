@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, launch_command, logged_steps, tiny_text_args, wait_until
+from conftest import REPO, launch_command, logged_steps, one_error_line, tiny_text_args, wait_until
 
 from finetune import checkpoint as ckpt
 
@@ -27,12 +27,7 @@ def _run(cmd: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def _one_error_line(result: subprocess.CompletedProcess, *words: str) -> None:
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.stderr[-2000:]
-    for word in words:
-        assert word in errors[0], errors[0]
+    one_error_line(result.returncode, result.stderr, *words)
 
 
 def test_missing_accelerate_config_is_one_line(tmp_path):
@@ -121,7 +116,8 @@ def _start_long_run(launcher: str, data: dict, out: Path, log: Path, new_group: 
 
 @pytest.mark.parametrize(
     "sig, status, group",
-    [(signal.SIGTERM, 143, False), (signal.SIGINT, 130, False), (signal.SIGINT, 130, True)],
+    [(signal.SIGTERM, 143, False), pytest.param(signal.SIGINT, 130, False, marks=pytest.mark.slow),
+     pytest.param(signal.SIGINT, 130, True, marks=pytest.mark.slow)],  # fmt: skip
     ids=["sigterm-to-launcher", "sigint-to-launcher", "ctrl-c-to-the-group"],
 )
 def test_a_signal_to_the_launcher_saves_a_checkpoint_and_is_its_exit_status(
@@ -145,6 +141,7 @@ def test_a_signal_to_the_launcher_saves_a_checkpoint_and_is_its_exit_status(
     assert len(ckpt.list_checkpoints(out)) == 1
 
 
+@pytest.mark.slow
 def test_killing_a_plain_accelerate_launcher_still_saves_a_checkpoint(small_text_data, tmp_path, started):
     """accelerate's one-process launcher does not forward SIGTERM; the training process asked the kernel
     for SIGTERM when its parent dies, so it saves a checkpoint and stops on its own."""
@@ -206,3 +203,13 @@ def test_a_signal_in_the_first_second_is_one_stopped_line(tmp_path, sig, status)
     assert proc.returncode == status, err[-2000:]
     assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("stopped:")], err
     assert not (tmp_path / "o").exists()
+
+
+def test_finetune_launch_bad_flag_is_one_line(capsys):
+    from finetune.launch import main as launch_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        launch_main(["--bogus-flag", str(REPO / "finetune/run.py")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--bogus-flag" in err[0], err  # no usage page

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import launch, tiny_text_args, user_error
+from conftest import launch, save_tiny_bert, tiny_text_args, user_error
 from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
@@ -51,6 +51,7 @@ def test_lora_trains_the_adapters_and_exports_a_merged_model(small_text_data, tm
     assert answer["label"] in ("0", "1")
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")  # peft asks transformers
 @pytest.mark.parametrize("base", ["model_config", "pretrained"])
 def test_the_adapter_alone_on_the_base_model_equals_the_merged_export(small_text_data, tmp_path, base):
@@ -59,20 +60,11 @@ def test_the_adapter_alone_on_the_base_model_equals_the_merged_export(small_text
     run's seed (as run.py builds it); a pretrained one (here a tiny BertModel saved without a head) is
     loaded with the export's config and another seed: the new head comes from the adapter."""
     from peft import PeftModel
-    from transformers import (
-        AutoConfig,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-        BertConfig,
-        BertModel,
-    )
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     out, extra = tmp_path / "run", []
     if base == "pretrained":
-        torch.manual_seed(0)
-        BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                             max_position_embeddings=128, vocab_size=30522, hidden_dropout_prob=0.0,
-                             attention_probs_dropout_prob=0.0)).save_pretrained(tmp_path / "base")  # fmt: skip
+        save_tiny_bert(tmp_path / "base", model_class="BertModel", tokenizer=False, seed=0)
         extra = ["model_config=null", f"model_name_or_path={tmp_path / 'base'}"]
     results = main(tiny_text_args(small_text_data, out, LORA, "per_device_train_batch_size=8", "num_train_epochs=1",
                                   "learning_rate=1e-2", "seed=7", *extra))  # fmt: skip
@@ -111,6 +103,7 @@ def test_the_adapter_alone_on_the_base_model_equals_the_merged_export(small_text
     assert not (out / ".previous-run").exists()
 
 
+@pytest.mark.slow
 def test_lora_resume_is_exact(small_text_data, tmp_path):
     """LoRA's own dropout on: the resume also restores the RNG."""
     args = [LORA.replace("target_modules", "dropout: 0.1, target_modules"), "num_train_epochs=1",
@@ -138,6 +131,7 @@ def _lora_run(data, out, processes: int, batch: int, accumulation: int) -> dict:
     return load_file(out / "model" / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_lora_accumulation_equals_one_big_batch(small_text_data, tmp_path):
     reference = _lora_run(small_text_data, tmp_path / "a", 1, 8, 1)
     worst = _worst(_lora_run(small_text_data, tmp_path / "b", 1, 2, 4), reference)

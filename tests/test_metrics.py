@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import sklearn.metrics as sklearn_metrics
+import torch
 
 from finetune.config import TrainConfig
 from finetune.metrics import (
@@ -21,6 +22,7 @@ from finetune.metrics import (
     Metric,
     classification_report,
     learned,
+    tune_thresholds,
 )
 from finetune.plots import plot_confusion_matrix
 
@@ -273,3 +275,20 @@ def test_the_greater_is_better_help_is_built_from_the_table():
     (field,) = [f for f in dataclasses.fields(TrainConfig) if f.name == "greater_is_better"]
     lower = [key for key, metric in METRICS.items() if not metric.greater_is_better]
     assert lower and f"lower is better for {', '.join(lower)})" in field.metadata["help"]
+
+
+def test_learned_needs_a_margin_above_the_baseline():
+    assert learned("accuracy", 0.56, 0.50, 1000) is True  # 2 standard errors: 0.032
+    assert learned("accuracy", 0.52, 0.50, 1000) is False
+    assert learned("accuracy", 0.60, 0.50, 30) is False  # 2 standard errors of 30 samples: 0.18
+    assert learned("pearson", 0.5, None, 100) is True and learned("pearson", 0.1, None, 100) is False
+    assert learned("mse", 0.8, 1.0, 100) is True and learned("mse", 0.95, 1.0, 100) is False
+    assert learned("accuracy", None, 0.5, 100) is None
+
+
+def test_thresholds_are_tuned_on_predictions_global_or_per_label():
+    probabilities = torch.tensor([[0.30, 0.9], [0.35, 0.1], [0.10, 0.8], [0.05, 0.2]])
+    references = torch.tensor([[1, 1], [1, 0], [0, 1], [0, 0]])
+    per_label = tune_thresholds(probabilities, references, per_label=True)
+    assert 0.10 < per_label[0] <= 0.30 and 0.2 < per_label[1] <= 0.8
+    assert len(set(tune_thresholds(probabilities, references, per_label=False))) == 1

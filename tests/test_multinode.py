@@ -52,6 +52,7 @@ def _two_machines(
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_output_dir_local_to_each_machine_is_one_error_line(small_text_data, tmp_path):
     """Relative output_dir, different working directories: process 1 cannot see what process 0 wrote.
     Both machines exit 2, machine 0 prints one line naming process 1, and nothing is left anywhere."""

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.ner_peer import main, scores, time_to
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_both_curves_the_table_and_the_plot(tmp_path):
     report = main(["--smoke", "--precision", "no", "--no-command", "--out", str(tmp_path)])
     assert json.loads((tmp_path / "ner_peer.json").read_text()) == json.loads(json.dumps(report, default=str))

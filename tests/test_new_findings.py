@@ -36,6 +36,7 @@ print(json.dumps({s: [f, os.stat(f).st_mtime_ns] for s, f in files.items()}))
 """
 
 
+@pytest.mark.slow
 def test_tokenized_splits_are_cached_across_runs(small_text_data, tmp_path):
     """A second process on the same files reads datasets' cache of the tokenized splits (the same
     files, not written again): docs/speed.md."""

@@ -16,13 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState
 from accelerate.utils import check_device_map
+from conftest import tiny_bert_config, tiny_vit_config
 from transformers import (
-    BertConfig,
     BertForMaskedLM,
     BertForSequenceClassification,
-    ViTConfig,
     ViTForImageClassification,
 )
 
@@ -44,31 +42,16 @@ SEQ = 8
 
 
 def tiny_bert(seed: int = 0, **overrides) -> BertForSequenceClassification:
+    """conftest's tiny BERT with 4 layers (a split has blocks to share out), a 100-word vocabulary."""
     torch.manual_seed(seed)
-    sizes = dict(
-        vocab_size=100, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=37
-    )
-    config = BertConfig(
-        **(sizes | overrides), num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
-    )
+    config = tiny_bert_config(**({"vocab_size": 100, "num_hidden_layers": 4, "max_position_embeddings": 512}
+                                 | overrides), num_labels=3)  # fmt: skip
     return BertForSequenceClassification(config)
 
 
 def tiny_vit(seed: int = 0) -> ViTForImageClassification:
     torch.manual_seed(seed)
-    config = ViTConfig(
-        image_size=28,
-        patch_size=7,
-        num_channels=3,
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=37,
-        num_labels=10,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return ViTForImageClassification(config)
+    return ViTForImageClassification(tiny_vit_config(num_hidden_layers=4, num_labels=10))
 
 
 def batches(kind: str, n: int, seed: int = 1) -> list[dict[str, torch.Tensor]]:
@@ -326,19 +309,16 @@ def test_hf_device_map_covers_every_parameter():
 
 def test_accelerator_prepare_keeps_the_split():
     model = split(tiny_bert())
-    try:
-        accelerator = Accelerator()
-        assert accelerator.verify_device_map(model)  # prepare will not move it, nor allow several processes
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        prepared, opt = accelerator.prepare(model, opt)
-        assert prepared is model  # no DDP wrapper around a split model
-        batch = batches("bert", 1)[0]
-        loss = F.cross_entropy(pipelined_forward(prepared, batch, 2), batch["labels"])
-        accelerator.backward(loss)
-        opt.step()
-        assert model.mp_state.handoffs == 2
-    finally:
-        AcceleratorState._reset_state(True)
+    accelerator = Accelerator()
+    assert accelerator.verify_device_map(model)  # prepare will not move it, nor allow several processes
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    prepared, opt = accelerator.prepare(model, opt)
+    assert prepared is model  # no DDP wrapper around a split model
+    batch = batches("bert", 1)[0]
+    loss = F.cross_entropy(pipelined_forward(prepared, batch, 2), batch["labels"])
+    accelerator.backward(loss)
+    opt.step()
+    assert model.mp_state.handoffs == 2
 
 
 def test_pipelined_forward_chunk_sizes():
@@ -356,10 +336,7 @@ def test_pipelined_forward_chunk_sizes():
 
 def test_tied_weights():
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37
-    )
-    mlm = BertForMaskedLM(config)
+    mlm = BertForMaskedLM(tiny_bert_config(vocab_size=100, max_position_embeddings=512))
     assert mlm.cls.predictions.decoder.weight is mlm.bert.embeddings.word_embeddings.weight
     plan = plan_model_parallel(mlm, [CPU, torch.device("meta")], micro_batch_size=1, seq_len=8)
     with pytest.raises(ParallelError, match="tied"):

@@ -25,6 +25,7 @@ def _worst(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.slow
 def test_split_with_accumulation_equals_unsplit_and_resumes_exactly(small_text_data, tmp_path):
     plain, split, resumed = tmp_path / "plain", tmp_path / "split", tmp_path / "resumed"
     main(tiny_text_args(small_text_data, plain, *COMMON, "adam_epsilon=1e-6"))
@@ -47,6 +48,7 @@ def test_split_with_accumulation_equals_unsplit_and_resumes_exactly(small_text_d
     assert not hasattr(model, "hf_device_map") or len(set(model.hf_device_map.values())) == 1
 
 
+@pytest.mark.slow
 def test_lora_split_over_two_devices_equals_unsplit_lora(small_text_data, tmp_path, capsys, monkeypatch):
     """LoRA, then the split of the model inside peft's wrapper: the adapters go with their layers. The
     same losses, merged export and adapter as the unsplit LoRA run, within 1e-5."""
@@ -84,6 +86,7 @@ def _losses(out) -> list[float]:
     return [json.loads(line)["loss"] for line in lines if '"loss"' in line]
 
 
+@pytest.mark.slow
 def test_ddp_x_layer_split_from_its_config_equals_one_unsplit_process(small_text_data, tmp_path):
     """accelerate_configs/ddp_model_parallel.yaml, run: 2 processes (DDP over gloo), each splitting its
     replica over `cpu,cpu` with 2 pipelined chunks, trains to the weights and losses of one unsplit

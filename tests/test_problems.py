@@ -5,17 +5,21 @@ pipeline(); the loss per sample, the metrics against scikit-learn/scipy, and the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from conftest import (
     ANIMALS,
     REPO,
     TINY_VIT,
     multi_label_rows,
+    recipe_text_args,
     regression_rows,
+    rotten_rows,
     tiny_text_args,
     user_error,
     write_csv,
@@ -27,7 +31,9 @@ from finetune import metrics, problems
 from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.evaluate_checkpoint import main as evaluate_main
-from finetune.run import main
+from finetune.evaluation import forward
+from finetune.problems import class_weights_of, trivial_prediction
+from finetune.run import Hooks, main
 
 # --- the loss and the metrics ----------------------------------------------------------------------
 
@@ -325,3 +331,73 @@ def test_vit_regression_and_multi_label_from_image_paths(tmp_path):
     assert sorted(results["validation"]["per_class"]) == ["b", "g", "r"]
     answer = pipeline("image-classification", model=str(out / "model"), top_k=None)(str(rows[0]["image"]))
     assert sorted(a["label"] for a in answer) == ["b", "g", "r"]
+
+
+def test_the_trivial_prediction_of_each_problem():
+    assert trivial_prediction([0, 1, 1, 2], "single_label_classification") == 1
+    assert trivial_prediction([1.0, 2.0, 6.0], "regression") == pytest.approx(3.0)
+    prior = trivial_prediction([[1, 0], [1, 1], [1, 0], [0, 0]], "multi_label_classification")
+    assert prior.tolist() == pytest.approx([0.75, 0.25])
+    assert trivial_prediction([[0, -100, 3], [0, 0]], "token_classification") == 0
+
+
+def test_class_weights_are_balanced_by_rarity():
+    weights = class_weights_of([0, 0, 0, 1], "single_label_classification", 3, "balanced")
+    assert weights.tolist() == pytest.approx([4 / (3 * 3), 4 / (3 * 1), 1.0])  # class 2 absent: 1
+    pos = class_weights_of([[1, 0], [1, 0], [1, 1], [0, 0]], "multi_label_classification", 2, "balanced")
+    assert pos.tolist() == pytest.approx([1 / 3, 3.0])
+    assert class_weights_of([0, 1], "single_label_classification", 2, None) is None
+
+
+class Batches(Hooks):
+    """Each micro-batch's logits and labels, from the model as the loop's own forward will see it."""
+
+    def __init__(self):
+        super().__init__()
+        self.logits, self.labels = [], []
+
+    def mark(self, name, value=None):
+        if name == "prepared":
+            self.model = value.model
+        elif name == "batch":
+            with torch.no_grad():
+                self.logits.append(forward(self.model, value).float())
+            self.labels.append(value["labels"])
+
+
+def logged_loss(out: Path, step: int) -> float:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return next(r["loss"] for r in records if r["step"] == step and "loss" in r)
+
+
+def test_label_smoothing_is_torchs_cross_entropy_with_label_smoothing(small_text_data, tmp_path):
+    """A step's training loss (one micro-batch a step) is F.cross_entropy(label_smoothing=0.1) of its
+    logits; the plain cross-entropy of the same logits is clearly another number (at step 4: a model
+    at its random start predicts about 1/2 for each class, where smoothing changes nothing)."""
+    hooks = Batches()
+    main(recipe_text_args(small_text_data, tmp_path / "run", "max_steps=4", "learning_rate=5e-3", "warmup_ratio=0", "label_smoothing=0.1"),
+         hooks)  # fmt: skip
+    logits, labels = hooks.logits[3], hooks.labels[3]
+    smoothed = F.cross_entropy(logits, labels, label_smoothing=0.1).item()
+    plain = F.cross_entropy(logits, labels).item()
+    assert logged_loss(tmp_path / "run", 4) == pytest.approx(smoothed, rel=1e-5)
+    assert abs(smoothed - plain) > 1e-3
+
+
+def test_balanced_class_weights_weigh_each_sample_by_its_class(tmp_path):
+    """class_weights=balanced: each sample's cross-entropy times n / (K n_k) of its class (torch's
+    per-sample weighted cross-entropy), summed over the batch and divided by its samples."""
+    rows = rotten_rows(37)
+    for row in rows[:30]:
+        row["label"] = "0"  # 31 or so of class 0, a handful of class 1: weights far from 1
+    data = {"train": write_csv(tmp_path / "train.csv", rows),
+            "validation": write_csv(tmp_path / "validation.csv", rotten_rows(13, start=100))}  # fmt: skip
+    counts = torch.bincount(torch.tensor([int(r["label"]) for r in rows]), minlength=2).float()
+    weights = len(rows) / (2 * counts)
+    hooks = Batches()
+    main(recipe_text_args(data, tmp_path / "run", "max_steps=1", "class_weights=balanced"), hooks)
+    logits, labels = hooks.logits[0], hooks.labels[0]
+    weighted = F.cross_entropy(logits, labels, weight=weights, reduction="none").mean().item()
+    plain = F.cross_entropy(logits, labels).item()
+    assert logged_loss(tmp_path / "run", 1) == pytest.approx(weighted, rel=1e-5)
+    assert abs(weighted - plain) > 1e-3

@@ -1,29 +1,33 @@
-"""The training entry point, run for real on tiny models: text, images, schedules, model parallel."""
+"""finetune/run.py: the training entry point and its loop, run for real on tiny models. Text and images
+end to end, the layer split through the entry point, early stopping, non-finite losses, what the console
+shows, and a whole run offline without a connection or a leaked token.
+
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_run.py
+"""
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import subprocess
-import sys
+import socket
 
 import pytest
-import torch
 import yaml
-from conftest import REPO, TINY_VIT, rotten_rows, tiny_text_args, user_error, write_csv
+from conftest import (
+    REPO,
+    TINY_VIT,
+    logged_steps,
+    multi_label_rows,
+    recipe_text_args,
+    tiny_text_args,
+    write_jsonl,
+)
 from safetensors.torch import load_file
-from transformers import get_scheduler, pipeline
+from transformers import pipeline
 
-import finetune.run as run_module
-from finetune.config import CONFIGS_DIR, load_config
-from finetune.errors import UserError
+from finetune import checkpoint as ckpt
+from finetune.config import CONFIGS_DIR
 from finetune.run import main
-
-
-def _records(out, key):
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if key in r]
 
 
 def test_text_run_exports_a_model_that_pipeline_loads(small_text_data, tmp_path):
@@ -52,121 +56,6 @@ def test_text_run_exports_a_model_that_pipeline_loads(small_text_data, tmp_path)
     assert {p.stat().st_mode & 0o777 for p in (out / "model").iterdir()} == {0o666 & ~umask}
 
 
-def test_frozen_embeddings_stay_as_built_and_the_rest_trains(small_text_data, tmp_path):
-    from accelerate.utils import set_seed
-
-    from finetune.models import build_model, load_preprocessor
-
-    out = tmp_path / "run"
-    args = tiny_text_args(small_text_data, out, "max_steps=3", "freeze_embeddings=true", "save_steps=3")
-    cfg = load_config(None, args)
-    set_seed(cfg.seed)  # as train() does before building: the same initial weights
-    model = build_model(cfg.model_args, ["0", "1"], vocab_size=len(load_preprocessor(cfg.model_args)))
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
-    main(args)
-    trained = load_file(out / "model" / "model.safetensors")
-    word = "bert.embeddings.word_embeddings.weight"
-    assert torch.equal(trained[word], initial[word])
-    for name in (
-        "bert.embeddings.position_embeddings.weight",
-        "bert.encoder.layer.0.attention.self.query.weight",
-    ):
-        assert not torch.equal(trained[name], initial[name]), name
-    # The optimizer holds state for the trainable weights only.
-    optimizer = torch.load(next((out / "checkpoints").glob("step-*")) / "optimizer.bin", weights_only=True)
-    assert len(optimizer["state"]) == len(list(model.parameters())) - 1
-
-
-def test_gradient_checkpointing_recomputes_layers_and_changes_no_numbers(
-    small_text_data, tmp_path, monkeypatch
-):
-    from transformers.models.bert import modeling_bert
-
-    # Counted inside the layer: a checkpointed layer runs its feed-forward again in backward.
-    calls = []
-    original = modeling_bert.BertIntermediate.forward
-
-    def counting(self, *args, **kwargs):
-        calls.append(1)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(modeling_bert.BertIntermediate, "forward", counting)
-    runs = {}
-    for flag in ("false", "true"):
-        calls.clear()
-        out = tmp_path / flag
-        main(tiny_text_args(small_text_data, out, "max_steps=3", f"gradient_checkpointing={flag}"))
-        runs[flag] = len(calls), load_file(out / "model" / "model.safetensors")
-    # 3 steps x 2 layers run again in backward; evaluation calls the layers the same way in both runs.
-    assert runs["true"][0] == runs["false"][0] + 3 * 2
-    plain, checkpointed = runs["false"][1], runs["true"][1]
-    assert max((plain[k] - checkpointed[k]).abs().max().item() for k in plain) <= 1e-6
-
-
-def test_string_labels_and_sentence_pairs_from_jsonl(tmp_path):
-    rows = rotten_rows(24)
-    names = {"0": "negative", "1": "positive"}
-    train = tmp_path / "pairs.jsonl"
-    with train.open("w") as f:
-        for i, r in enumerate(rows):
-            f.write(
-                json.dumps(
-                    {"premise": r["text"], "hypothesis": rows[-i - 1]["text"], "sentiment": names[r["label"]]}
-                )
-                + "\n"
-            )
-    out = tmp_path / "run"
-    args = tiny_text_args(
-        {"train": train, "validation": train},
-        out,
-        "validation_file=null",
-        "text_column=premise",
-        "text_pair_column=hypothesis",
-        "label_column=sentiment",
-        "max_steps=2",
-        "per_device_train_batch_size=4",
-        "validation_split_percentage=25",
-    )
-    results = main(args)
-    assert results["label_names"] == ["negative", "positive"]
-    assert results["validation"]["num_samples"] == 6  # a stratified 25% of 24 rows
-    config = json.loads((out / "model" / "config.json").read_text())
-    assert config["label2id"] == {"negative": 0, "positive": 1}
-
-
-@pytest.mark.parametrize("scheduler", ["linear", "cosine"])
-@pytest.mark.parametrize("accumulation", [1, 3])
-def test_schedule_ends_where_planned(small_text_data, tmp_path, scheduler, accumulation):
-    """The LR schedule is planned in optimizer steps: the last step's LR is the schedule's end."""
-    out = tmp_path / "run"
-    main(
-        tiny_text_args(
-            small_text_data,
-            out,
-            "num_train_epochs=2",
-            "per_device_train_batch_size=4",
-            f"gradient_accumulation_steps={accumulation}",
-            f"lr_scheduler_type={scheduler}",
-        )
-    )
-    batches = math.ceil(37 / 4)
-    total = 2 * math.ceil(batches / accumulation)
-    logged = _records(out, "learning_rate")
-    assert [r["step"] for r in logged] == list(range(1, total + 1))
-    # The expected curve, from an independent scheduler on a dummy optimizer.
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    reference = get_scheduler(
-        scheduler, opt, num_warmup_steps=math.ceil(0.2 * total), num_training_steps=total
-    )
-    expected = []
-    for _ in range(total):
-        opt.step()
-        reference.step()
-        expected.append(reference.get_last_lr()[0])
-    assert [r["learning_rate"] for r in logged] == pytest.approx(expected, abs=1e-12)
-    assert logged[-1]["learning_rate"] == pytest.approx(0.0, abs=1e-12)
-
-
 def test_image_run_on_bundled_fashion_mnist(tmp_path):
     out = tmp_path / "vit"
     results = main(
@@ -190,34 +79,6 @@ def test_image_run_on_bundled_fashion_mnist(tmp_path):
     image = Image.open(REPO / "data/fashion_mnist/sample_png/test/1_trouser/test_1_000.png")
     top = classifier(image, top_k=1)[0]
     assert top["label"] in results["label_names"]
-
-
-def test_imagefolder_mixed_image_modes(tmp_path):
-    """Grayscale, palette and RGBA files mixed with RGB just work; folder names are the labels."""
-    from PIL import Image
-
-    src = REPO / "data/fashion_mnist/sample_png/train"
-    for i, folder in enumerate(sorted(src.iterdir())[:3]):
-        dest = tmp_path / "images" / "train" / folder.name
-        dest.mkdir(parents=True)
-        for j, png in enumerate(sorted(folder.iterdir())[:6]):
-            image = Image.open(png)
-            mode = ["L", "RGB", "P", "RGBA"][(i + j) % 4]
-            image.convert(mode).save(dest / f"{j}.png")
-    out = tmp_path / "run"
-    results = main(
-        [
-            "--config",
-            str(CONFIGS_DIR / "vit_imagefolder.yaml"),
-            f"model_config={TINY_VIT}",
-            f"data_dir={tmp_path / 'images'}",
-            "num_train_epochs=1",
-            "validation_split_percentage=33.3",
-            f"output_dir={out}",
-        ]
-    )
-    assert results["label_names"] == ["0_tshirt_top", "1_trouser", "2_pullover"]
-    assert results["validation"]["num_samples"] == 6
 
 
 def test_model_parallel_on_repeated_cpu_devices_equals_unsplit(small_text_data, tmp_path):
@@ -248,126 +109,165 @@ def test_plan_only_prints_the_plan_and_trains_nothing(small_text_data, tmp_path,
     assert not (out / "model").exists()
 
 
-# Recipes for the user's own files: no data of their own (no regression or multi-label data is bundled).
-OWN_FILES_RECIPES = {"bert_custom_files.yaml", "bert_regression.yaml", "bert_multi_label.yaml"}
+def test_persistent_nan_loss_stops_the_run(small_text_data, tmp_path, capsys):
+    """A learning rate of 1e30 makes the weights overflow after one step; every loss after is NaN."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            tiny_text_args(
+                small_text_data,
+                out,
+                "max_steps=20",
+                "per_device_train_batch_size=4",
+                "warmup_ratio=0",
+                "learning_rate=1e30",
+                "max_nonfinite_loss_steps=3",
+            )
+        )
+    assert exit_info.value.code == 3
+    stopped = [line for line in capsys.readouterr().err.splitlines() if line.startswith("stopped:")]
+    assert len(stopped) == 1 and "NaN or infinite for 3 optimizer steps in a row" in stopped[0]
+    assert "(optimizer step 4)" in stopped[0] and "no checkpoint was saved" in stopped[0]
+    assert logged_steps(out) == 4 and not (out / "model").exists()
 
 
-def test_every_shipped_recipe_loads():
-    recipes = sorted(CONFIGS_DIR.glob("*.yaml"))
-    assert len(recipes) >= 6
-    for recipe in recipes:
-        first = recipe.read_text().splitlines()[0]
-        # (an accelerate config may come first: the full-data recipe is tuned for cpu_bf16.yaml)
-        assert first.startswith("# accelerate launch ") and " finetune/run.py" in first, recipe.name
-        # A recipe for the user's own files has no data of its own: its command gives train_file, and
-        # without it the recipe is refused rather than scoring bundled data.
-        command = recipe.read_text().split("\n#\n")[0]
-        own_files = "train_file=" in command
-        assert own_files == (recipe.name in OWN_FILES_RECIPES)
-        cfg = load_config(recipe, ["train_file=mine.csv"] if own_files else [])
-        if own_files:
-            assert (cfg.validation_file, cfg.test_file) == (None, None)
-            with pytest.raises(UserError, match="no training data"):
-                load_config(recipe)
-        for key in ("train_file", "validation_file", "test_file", "data_dir", "model_name_or_path"):
-            value = getattr(cfg, key)
-            if value and str(value).startswith("/"):
-                from pathlib import Path
-
-                assert Path(value).exists(), f"{recipe.name}: {key} {value} is missing"
+def test_nan_weights_are_never_checkpointed(small_text_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            tiny_text_args(
+                small_text_data,
+                out,
+                "max_steps=20",
+                "per_device_train_batch_size=4",
+                "warmup_ratio=0",
+                "learning_rate=1e30",
+                "save_steps=1",
+            )
+        )
+    assert exit_info.value.code == 3
+    err = capsys.readouterr().err
+    good = out / ckpt.CHECKPOINTS / "step-00000001"
+    assert f"the last good checkpoint is {good}" in err
+    assert [ckpt.read_manifest(p)["step"] for p in ckpt.list_checkpoints(out)] == [1]
+    weights = load_file(good / "model.safetensors")
+    assert all(t.isfinite().all() for t in weights.values())
 
 
-@pytest.mark.slow  # six subprocesses; tests/test_bad_input.py covers these in-process and via the CLI
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["learnig_rate=1e-4"], "unknown config key 'learnig_rate'; did you mean learning_rate?"),
-        (["per_device_train_batch_size=two"], "per_device_train_batch_size must be an integer"),
-        (["per_device_train_batch_size=0"], "per_device_train_batch_size must be a positive integer"),
-        (["train_file=/nonexistent/train.csv"], "train file not found: /nonexistent/train.csv"),
-        (["text_column=review"], "column 'review' not found in the train data; columns are: text, label"),
-        (["--config", "/nonexistent.yaml"], "config file not found"),
-    ],
-)
-def test_user_mistakes_are_one_line_and_exit_2(args, message, tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(REPO / "finetune/run.py"), *args, f"output_dir={tmp_path / 'o'}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
+def test_offline_run_opens_no_socket_and_writes_no_secret(small_text_data, tmp_path, monkeypatch, capsys):
+    """HF_HUB_OFFLINE=1 (set by conftest): a whole run without one connection attempt. One process only:
+    gloo's DDP would use sockets. A token in the environment appears in nothing the run writes."""
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    secret = "hf_SECRETtoken0123456789abcdefghij"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", secret)
+    attempts = []
+
+    def refuse(self, address, *a, **kw):
+        attempts.append(address)
+        raise OSError(f"test: no network ({address})")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "max_steps=2", "save_steps=1"))
+    assert attempts == []
+    printed = capsys.readouterr()
+    assert secret not in printed.out + printed.err
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_early_stopping_stops_when_the_metric_stalls(small_text_data, tmp_path):
+    out = tmp_path / "run"
+    # A learning rate of ~0 keeps accuracy flat: evaluation 1 sets the best, 2 and 3 do not improve.
+    results = main(
+        tiny_text_args(
+            small_text_data,
+            out,
+            "per_device_train_batch_size=4",
+            "num_train_epochs=3",
+            "eval_steps=1",
+            "early_stopping_patience=2",
+            "learning_rate=1e-12",
+        )
     )
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
-    assert not (tmp_path / "o").exists()
+    assert results["step"] == 3  # not the 30 planned steps
 
 
-def test_single_class_labels_are_refused(tmp_path):
-    rows = [r for r in rotten_rows(60) if r["label"] == "1"]
-    train = write_csv(tmp_path / "one.csv", rows)
-    with pytest.raises(SystemExit) as exit_info:
-        main(tiny_text_args({"train": train, "validation": train}, tmp_path / "o"))
-    assert exit_info.value.code == 2
-
-
-def test_finished_run_is_not_overwritten(small_text_data, tmp_path, capsys):
-    out = tmp_path / "run"
-    args = tiny_text_args(small_text_data, out, "max_steps=2", "warmup_ratio=0")
+@pytest.mark.parametrize("level", ["error", "info"])
+def test_console_shows_the_run_not_the_libraries(small_text_data, tmp_path, capsys, level):
+    """By default: the start summary, the training bar, each validation as computed, the end.
+    log_level=info brings back datasets' and transformers' own lines and bars."""
+    args = tiny_text_args(
+        small_text_data, tmp_path / "run", "max_steps=4", "eval_steps=2", f"log_level={level}"
+    )
     main(args)
-    before = (out / "model" / "model.safetensors").read_bytes()
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    assert exit_info.value.code == 2
-    assert "already holds a finished run" in capsys.readouterr().err
-    assert (out / "model" / "model.safetensors").read_bytes() == before
-    main([*args, "overwrite_output_dir=true", "learning_rate=5e-2"])
-    assert (out / "model" / "model.safetensors").read_bytes() != before
+    captured = capsys.readouterr()
+    console = captured.out + captured.err
+    # 37 samples in batches of 32: 2 steps an epoch, each epoch's end evaluated (and eval_steps=2)
+    assert "step 2 (epoch 1): validation accuracy" in console and "step 4 (epoch 2): validation" in console
+    assert "model saved to" in console and "training:" in console
+    chatter = ("Generating train split", "labels (train)", "tokenizing")
+    if level == "error":
+        assert not [c for c in chatter if c in console], console
+    else:
+        assert all(c in console for c in chatter)
 
 
-def test_each_split_file_may_have_its_own_format(small_text_data, tmp_path):
-    """A .csv train, a .jsonl validation and a .parquet test: datasets loads each split on its own."""
-    import pandas as pd
-
-    validation = tmp_path / "dev.jsonl"
-    validation.write_text("".join(json.dumps(r) + "\n" for r in rotten_rows(13, start=100)))
-    test = tmp_path / "test.parquet"
-    pd.DataFrame(rotten_rows(9, start=200)).to_parquet(test)
-    data = {"train": small_text_data["train"], "validation": validation}
-    results = main(tiny_text_args(data, tmp_path / "run", "max_steps=2", f"test_file={test}"))
-    assert results["validation"]["num_samples"] == 13 and results["test"]["num_samples"] == 9
-
-
-def test_freeze_layers_keeps_embeddings_and_lower_layers_as_loaded(small_text_data, tmp_path, monkeypatch):
-    initial = {}
-    real_build = run_module.build_model
-
-    def build(*args, **kwargs):
-        model = real_build(*args, **kwargs)
-        initial.update({k: v.detach().clone() for k, v in model.state_dict().items()})
-        return model
-
-    monkeypatch.setattr(run_module, "build_model", build)
+def test_a_run_that_learned_nothing_says_so_and_its_card_too(small_text_data, tmp_path, capsys):
     out = tmp_path / "run"
-    main(tiny_text_args(small_text_data, out, "max_steps=3", "freeze_layers=1"))
-    trained = load_file(out / "model" / "model.safetensors")
-    changed = {k for k in trained if not torch.equal(trained[k], initial[k])}
-    frozen = {k for k in trained if k.startswith(("bert.embeddings.", "bert.encoder.layer.0."))}
-    assert frozen and not frozen & changed, frozen & changed
-    # the layer above and the head trained
-    assert any(k.startswith("bert.encoder.layer.1.") for k in changed) and "classifier.weight" in changed
+    results = main(recipe_text_args(small_text_data, out, "learning_rate=1e-9", "max_steps=2"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert any("did not learn beyond a trivial baseline" in line for line in lines), lines
+    assert results["learned"]["verdict"] is False and "accuracy" in results["validation"]["baseline"]
+    assert "**Warning:** the model did not learn beyond a trivial baseline" in (out / "model" / "README.md").read_text()
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["freeze_layers=3"], "freeze_layers=3 but BertForSequenceClassification has 2 encoder layers"),
-        (["freeze_layers=-1"], "freeze_layers must be >= 0"),
-        (["freeze_layers=1", "peft={r: 4}"], "freeze_layers and peft together"),
-    ],
-)
-def test_freeze_layers_mistakes(small_text_data, tmp_path, capsys, extra, message):
-    out = tmp_path / "run"
-    assert message in user_error(capsys, main, tiny_text_args(small_text_data, out, "max_steps=1", *extra))
-    assert not out.exists()
+def test_the_validation_line_shows_the_baseline(small_text_data, tmp_path, capsys):
+    main(recipe_text_args(small_text_data, tmp_path / "run", "max_steps=2"))
+    assert "(trivial baseline: accuracy " in capsys.readouterr().out
+
+
+def test_labels_never_predicted_on_validation_are_named_in_one_warning_line(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "train.jsonl", multi_label_rows(24))
+    data = {"train": path, "validation": path}
+    main(recipe_text_args(data, tmp_path / "run", "label_column=labels", "max_steps=1", "tune_threshold=off",
+              "multi_label_threshold=0.99"))  # fmt: skip  -- nothing reaches 0.99 after one step
+    lines = [line for line in capsys.readouterr().out.splitlines() if "never predicted" in line]
+    assert lines == [
+        "warning: 3 of 3 labels were never predicted on validation ('bird', 'cat', 'dog'); rare ones need more "
+        "examples, class_weights=balanced, or more training"
+    ]
+
+
+def test_the_verdict_reads_the_tuned_validation_when_there_is_one():
+    from types import SimpleNamespace
+
+    from finetune.run import judge
+
+    cfg = SimpleNamespace(problem_type="multi_label_classification", metric_for_best_model="micro_f1")
+    fixed = {"micro_f1": 0.10, "num_samples": 400, "baseline": {"micro_f1": 0.40}}
+    tuned = {"micro_f1": 0.80, "num_samples": 400, "baseline": {"micro_f1": 0.45}}
+    best = {"metric": "micro_f1", "value": 0.12}
+    assert judge(cfg, fixed, best)["verdict"] is False  # at 0.5 nothing is predicted: below the prior
+    verdict = judge(cfg, fixed, best, tuned)
+    assert verdict["verdict"] is True and verdict["value"] == 0.80 and verdict["baseline"] == 0.45
+
+
+def test_a_tagger_must_also_beat_every_word_o():
+    """Entity F1 0.04 against a baseline's 0 passes the rate rule; a tagger whose word accuracy is below
+    "every word O" has still learned nothing, and is told so (a new user's 2-step run, reproduced)."""
+    from types import SimpleNamespace
+
+    from finetune.run import judge
+
+    cfg = SimpleNamespace(problem_type="token_classification", metric_for_best_model="entity_f1")
+    best = {"metric": "entity_f1", "value": 0.041}
+    baseline = {"entity_f1": 0.0, "word_accuracy": 0.667}
+    worse = {"entity_f1": 0.041, "word_accuracy": 0.489, "num_samples": 40, "num_words": 400, "baseline": baseline}
+    verdict = judge(cfg, worse, best)
+    assert verdict["verdict"] is False and verdict["metric"] == "word_accuracy" and "did not learn" in verdict["said"]
+    better = {**worse, "word_accuracy": 0.9}
+    assert judge(cfg, better, best)["verdict"] is True

@@ -1,9 +1,11 @@
-"""An old run directory still resumes and evaluates (issue 26: "old run directories still resume and
-evaluate").
+"""finetune/rundir.py: the run directory. What a run does to its output_dir (a file, a folder of the
+user's, a finished run, an overwrite that finishes or fails), what kind of path a user gave, and: an old
+run directory still resumes and evaluates (issue 26: "old run directories still resume and evaluate").
 
     python -m pytest -q tests/test_rundir.py
 
-A tiny run written by today's code is rewritten into the forms an older version wrote, then resumed
+(Refusals that must leave an earlier run's bytes as they were: tests/test_bad_input.py.) For the old
+forms, a tiny run written by today's code is rewritten into the forms an older version wrote, then resumed
 with `resume_from_checkpoint=latest output_dir=<run>` alone (its own old config.yaml is the recipe)
 and evaluated with finetune/evaluate_checkpoint.py on its export and on a checkpoint. The old forms
 are tests/fixtures/old_rundir/<commit>.json, read from runs that those commits' own code wrote
@@ -22,11 +24,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from accelerate.state import AcceleratorState, GradientState
-from conftest import multi_label_rows, rotten_rows, tiny_text_args, write_csv, write_jsonl
+from conftest import EARLIER_RUN, EVALUATED_RUN, file_hashes, recipe_text_args, tiny_text_args, user_error
 from safetensors.torch import load_file
 
+from finetune import checkpoint as ckpt
 from finetune.evaluate_checkpoint import main as evaluate
+from finetune.run import main
 from finetune.run import main as train
 
 FIXTURES = Path(__file__).parent / "fixtures" / "old_rundir"
@@ -39,39 +42,21 @@ VERSIONS = [
 CHECKPOINT = "checkpoints/step-00000002"  # of 2 and 4, in a 5-step run
 
 
-def _reset() -> None:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+@pytest.fixture(scope="module")
+def today(finished_run, tmp_path_factory) -> dict:
+    """The factory's run shared with tests/test_evaluate_checkpoint.py (read only): 37 train / 13
+    validation / 11 test rows, batch 8, 5 optimizer steps, checkpoints at 2 and 4; and today's evaluation
+    of step 2, kept outside the run."""
+    out = finished_run(*EVALUATED_RUN, data="named+test")
+    checkpoint_eval = evaluate([str(out / CHECKPOINT), "--output", str(tmp_path_factory.mktemp("step-2-eval"))])
+    return {"dir": out, "checkpoint_eval": json.loads(Path(checkpoint_eval["metrics_file"]).read_text())}
 
 
 @pytest.fixture(scope="module")
-def today(tmp_path_factory) -> dict:
-    """37 train / 13 validation / 11 test rows, batch 8: 5 optimizer steps, checkpoints at 2 and 4."""
-    root = tmp_path_factory.mktemp("rundir")
-    data = {"train": write_csv(root / "train.csv", rotten_rows(37)),
-            "validation": write_csv(root / "validation.csv", rotten_rows(13, start=100))}  # fmt: skip
-    test = write_csv(root / "test.csv", rotten_rows(11, start=200))
-    out = root / "run"
-    train(tiny_text_args(data, out, f"test_file={test}", "save_steps=2", "num_train_epochs=1",
-                         "per_device_train_batch_size=8", "save_total_limit=null"))  # fmt: skip
-    _reset()
-    # today's evaluation of step 2, kept outside the run that the tests copy
-    checkpoint_eval = evaluate([str(out / CHECKPOINT), "--output", str(root / "step-2-eval")])["metrics_file"]
-    _reset()
-    return {"dir": out, "test": test, "checkpoint_eval": json.loads(Path(checkpoint_eval).read_text())}
-
-
-@pytest.fixture(scope="module")
-def today_multi_label(tmp_path_factory) -> dict:
+def today_multi_label(finished_run) -> dict:
     """A multi-label run: its export's config.json holds the thresholds tuned on validation."""
-    root = tmp_path_factory.mktemp("rundir-multi-label")
-    data = {"train": write_jsonl(root / "train.jsonl", multi_label_rows(40, seed=0)),
-            "validation": write_jsonl(root / "validation.jsonl", multi_label_rows(16, seed=1))}  # fmt: skip
-    test = write_jsonl(root / "test.jsonl", multi_label_rows(12, seed=2))
-    out = root / "run"
-    train(tiny_text_args(data, out, f"test_file={test}", "label_column=labels", "tune_threshold=per_label",
-                         "save_steps=2", "num_train_epochs=1", "per_device_train_batch_size=8"))  # fmt: skip
-    _reset()
+    out = finished_run("label_column=labels", "tune_threshold=per_label", "save_steps=2", "num_train_epochs=1",
+                       "per_device_train_batch_size=8", data="multi_label+test")  # fmt: skip
     return {"dir": out}
 
 
@@ -172,7 +157,6 @@ def test_an_old_finished_run_evaluates_its_export_and_a_checkpoint(today, versio
     kept = {p: p.read_bytes() for p in old.rglob("metrics.json")}  # the old evaluations' only
     for target in ("model", CHECKPOINT):
         record = json.loads(Path(evaluate([str(old / target)])["metrics_file"]).read_text())
-        _reset()
         assert record["num_samples"] == 11 and record["split"] == "test"
         if target == "model":  # the same numbers as the run's own final evaluation
             final = json.loads((today["dir"] / "results.json").read_text())["test"]
@@ -198,12 +182,84 @@ def test_an_old_multi_label_export_without_tuned_thresholds_evaluates_at_its_thr
     threshold = yaml.safe_load((old / "config.yaml").read_text())["multi_label_threshold"]
 
     record = json.loads(Path(evaluate([str(old / "model")])["metrics_file"]).read_text())
-    _reset()
     expected = json.loads(
         Path(evaluate([str(run / "model"), f"multi_label_threshold={threshold}", "--output", str(tmp_path / "today")])
              ["metrics_file"]).read_text()
     )  # fmt: skip
-    _reset()
     assert record["threshold"] == expected["threshold"] == threshold
     for key in ("num_samples", "micro_f1", "macro_f1", "subset_accuracy", "loss"):
         assert record[key] == pytest.approx(expected[key], abs=1e-6), key
+
+
+# --- the output directory -------------------------------------------------------------------------------
+
+
+def test_output_dir_that_is_a_file_or_holds_other_files(small_text_data, tmp_path, capsys):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    for target in (a_file, a_file / "sub"):
+        user_error(capsys, main, tiny_text_args(small_text_data, target, "max_steps=2"), "is a file, not a folder")
+    theirs = tmp_path / "project"
+    (theirs / "project").mkdir(parents=True)
+    (theirs / "project/keep.txt").write_text("mine")  # the tracker folder's name: never cleared here
+    (theirs / "config.yaml").write_text("mine: true\n")
+    user_error(capsys, main, tiny_text_args(small_text_data, theirs, "max_steps=2"), "not a run of this app",
+               untouched=theirs)  # fmt: skip
+    # Asked for: written into, nothing deleted, nothing written over (config.yaml is the user's here).
+    user_error(capsys, main, tiny_text_args(small_text_data, theirs, "max_steps=1", "overwrite_output_dir=true"),
+               "would write over them", untouched=theirs)  # fmt: skip
+    (theirs / "config.yaml").rename(theirs / "my-config.yaml")
+    main(tiny_text_args(small_text_data, theirs, "max_steps=1", "overwrite_output_dir=true"))
+    assert (theirs / "project/keep.txt").read_text() == "mine" and (theirs / "results.json").exists()
+    assert (theirs / "my-config.yaml").read_text() == "mine: true\n"
+
+
+def test_results_mark_a_finished_run(finished_run):
+    finished = finished_run(*EARLIER_RUN)
+    results = json.loads((finished / "results.json").read_text())
+    assert results["step"] == 2 and (finished / "model/README.md").exists()
+
+
+def test_finished_run_is_not_overwritten(finished_run, tmp_path, capsys):
+    out = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    args = tiny_text_args(finished_run.data(), out, *EARLIER_RUN, "warmup_ratio=0")
+    before = (out / "model" / "model.safetensors").read_bytes()
+    user_error(capsys, main, args, "already holds a finished run", untouched=out)
+    main([*args, "overwrite_output_dir=true", "learning_rate=5e-2"])
+    assert (out / "model" / "model.safetensors").read_bytes() != before
+
+
+def test_overwrite_then_a_diverged_loss_keeps_the_earlier_run(finished_run, tmp_path, capsys):
+    """Stopped at exit status 3 with no checkpoint of its own: the run that was there comes back."""
+    copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    before = file_hashes(copy)
+    argv = tiny_text_args(finished_run.data(), copy, "freeze_embeddings=true", "overwrite_output_dir=true", "max_steps=20",
+                          "per_device_train_batch_size=4", "warmup_ratio=0", "learning_rate=1e30",
+                          "max_nonfinite_loss_steps=2")  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 3
+    assert "Traceback" not in capsys.readouterr().err
+    assert file_hashes(copy) == before
+    assert json.loads((copy / "results.json").read_text())["step"] == 2
+
+
+def test_overwrite_that_finishes_replaces_only_the_run(finished_run, tmp_path):
+    copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    (copy / "notes.txt").write_text("mine")
+    results = main(tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, "overwrite_output_dir=true",
+                                  "max_steps=1", "save_steps=1"))  # fmt: skip
+    assert results["step"] == 1 and (copy / "notes.txt").read_text() == "mine"
+    assert [p.name for p in ckpt.list_checkpoints(copy)] == ["step-00000001"]
+    assert sorted(p.name for p in copy.iterdir() if p.name.startswith(".")) == []  # nothing set aside is left
+
+
+# --- what kind of path a user gave ------------------------------------------------------------------------
+
+
+def test_an_export_or_a_run_given_to_resume_from_says_what_it_is(finished_run, tmp_path, capsys):
+    data, out = finished_run.data(), finished_run(*EARLIER_RUN)
+    user_error(capsys, main, recipe_text_args(data, tmp_path / "next", f"resume_from_checkpoint={out / 'model'}"),
+               "is an exported model, not a training-state checkpoint", untouched=out)  # fmt: skip
+    user_error(capsys, main, recipe_text_args(data, tmp_path / "next", f"resume_from_checkpoint={out}"),
+               "is a run directory; resume it with resume_from_checkpoint=latest", untouched=out)  # fmt: skip

@@ -11,16 +11,17 @@ import time
 
 import optuna
 import pytest
-from conftest import launch, multi_label_rows, rotten_rows, tiny_text_args, write_csv, write_jsonl
+import yaml
+from conftest import (
+    launch,
+    multi_label_rows,
+    recipe_text_args,
+    tiny_text_args,
+    write_jsonl,
+)
 
 from finetune.search import STUDY
 from finetune.search import main as search
-
-
-@pytest.fixture
-def text(tmp_path):
-    return {"train": write_csv(tmp_path / "train.csv", rotten_rows(37)),
-            "validation": write_csv(tmp_path / "validation.csv", rotten_rows(13, start=100))}  # fmt: skip
 
 
 def settings(data, out, *extra: str) -> list[str]:
@@ -32,7 +33,7 @@ def evaluated_steps(trial_dir) -> list[int]:
     return [r["step"] for r in records if "eval_accuracy" in r]
 
 
-def test_a_trial_that_falls_behind_is_pruned_at_its_first_evaluation(text, tmp_path):
+def test_a_trial_that_falls_behind_is_pruned_at_its_first_evaluation(small_text_data, tmp_path):
     """Two finished trials that scored 1.0 at every step: a third one below them at its first periodic
     evaluation is pruned there (MedianPruner, after two trials), and trains no further."""
     out = tmp_path / "search"
@@ -40,20 +41,20 @@ def test_a_trial_that_falls_behind_is_pruned_at_its_first_evaluation(text, tmp_p
     study = optuna.create_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}", direction="maximize")
     for _ in range(2):
         study.add_trial(optuna.trial.create_trial(value=1.0, intermediate_values=dict.fromkeys(range(1, 9), 1.0)))
-    record = search(["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(text, out, "max_steps=8")])
+    record = search(["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(small_text_data, out, "max_steps=8")])
     assert record["trials"] == 3 and record["pruned"] == 1 and record["cut_at_budget"] == 0
     assert evaluated_steps(out / "trial-2") == [2]  # eval_steps 8 // 4: pruned at its first evaluation
     assert not (out / "trial-2" / "results.json").exists()  # no final evaluation, no export
 
 
-def test_a_trial_running_when_the_budget_is_spent_is_cut_at_its_next_evaluation(text, tmp_path, capsys):
+def test_a_trial_running_when_the_budget_is_spent_is_cut_at_its_next_evaluation(small_text_data, tmp_path, capsys):
     """The budget stops a long trial at its next evaluation, not at its end; the summary says how long
     the search took against the budget. (The study's first trial, a short one, gives it a best.)"""
     out = tmp_path / "search"
-    search(["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(text, out, "max_steps=4")])
+    search(["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(small_text_data, out, "max_steps=4")])
     budget = 8
     began = time.monotonic()
-    record = search(["--budget", str(budget), "--space", "learning_rate", *settings(text, out, "max_steps=5000")])
+    record = search(["--budget", str(budget), "--space", "learning_rate", *settings(small_text_data, out, "max_steps=5000")])
     took = time.monotonic() - began
     assert record["trials"] == 2 and record["cut_at_budget"] == 1 and record["best_trial"] == 0
     steps = evaluated_steps(out / "trial-1")
@@ -81,14 +82,28 @@ def test_a_multi_label_trial_is_scored_at_its_tuned_threshold(tmp_path):
 
 
 @pytest.mark.slow  # a launch of 2 processes: ~40 s on the loaded 2-core machine
-def test_a_search_under_ddp_runs_each_trial_on_both_processes(text, tmp_path):
+def test_a_search_under_ddp_runs_each_trial_on_both_processes(small_text_data, tmp_path):
     """Two processes (CPU DDP over gloo): process 0 asks optuna, both train each trial in one group (the
     group the search forms before the first trial: on a CPU, a gloo group, as the run's own), the budget
     and the pruner decide the same on both."""
     out = tmp_path / "search"
     proc = launch(["--budget", "300", "--trials", "2", "--space", "learning_rate",
-                   *settings(text, out, "max_steps=4")], num_processes=2, script="finetune/search.py")  # fmt: skip
+                   *settings(small_text_data, out, "max_steps=4")], num_processes=2, script="finetune/search.py")  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     record = json.loads((out / "search.json").read_text())
     assert record["trials"] == 2 and (out / "model" / "config.json").is_file()
     assert "2 process(es)" in proc.stdout and proc.stdout.count("best: trial") == 1  # printed by process 0 only
+
+
+def test_the_search_runs_trials_continues_its_study_and_keeps_the_best(small_text_data, tmp_path):
+    from finetune.search import main as search
+
+    out = tmp_path / "search"
+    args = ["--budget", "300", *recipe_text_args(small_text_data, out)[:-1], f"output_dir={out}", "max_steps=4"]
+    record = search([*args, "--trials", "3", "--space", "learning_rate,warmup_ratio"])
+    assert record["trials"] == 3 and (out / "model" / "config.json").is_file()
+    best = yaml.safe_load((out / "best_recipe.yaml").read_text())
+    assert best["learning_rate"] == pytest.approx(record["params"]["learning_rate"])
+    assert sum((d / "model").is_dir() for d in out.glob("trial-*")) == 1  # only the best keeps its weights
+    again = search([*args, "--trials", "1", "--space", "learning_rate,warmup_ratio"])
+    assert again["trials"] == 4  # the study continued

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.search_vs_defaults import main
 from finetune.runtime import native_bf16
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_the_report(tmp_path):
     out, data = tmp_path / "out", tmp_path / "data"
     report = main(["--smoke", "--out", str(out), "--data", str(data), "--tasks", "multi_label"])

@@ -98,6 +98,7 @@ def _worst(a: dict, b: dict) -> float:
 COMMON = ("num_train_epochs=2", "max_grad_norm=null", "group_by_length=true", "max_length=64", "save_steps=null")
 
 
+@pytest.mark.slow
 def test_buckets_train_as_one_big_batch_under_accumulation_and_ddp(small_text_data, tmp_path):
     """Length buckets pad more, never differently for the loss: accumulation and DDP still equal one
     big batch, and all equal the run padded per batch."""
@@ -119,6 +120,7 @@ def test_buckets_train_as_one_big_batch_under_accumulation_and_ddp(small_text_da
     assert len(shapes["length_buckets"]) <= 2 and shapes["padded_per_real_token"] >= 1
 
 
+@pytest.mark.slow
 def test_a_compiled_run_compiles_every_shape_in_its_warm_up_and_trains_as_the_eager_one(
     small_text_data, tmp_path, capsys
 ):
@@ -143,3 +145,22 @@ def test_torch_compile_refuses_the_layer_split(small_text_data, tmp_path, capsys
                                                     "model_parallel=true", "devices=cpu,cpu"))  # fmt: skip
     assert "torch_compile does not work with model_parallel=true" in line
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_compiled_ddp_and_accumulation_equal_one_compiled_big_batch(small_text_data, tmp_path):
+    """torch_compile with buckets under 2-process DDP and under accumulation: the weights of one big
+    batch (within 1e-5), no graph compiled after the warm-up."""
+    args = ("length_buckets=2", "torch_compile=true", *COMMON)
+    main(tiny_text_args(small_text_data, tmp_path / "one", "per_device_train_batch_size=8", *args))
+    main(tiny_text_args(small_text_data, tmp_path / "accumulated", "per_device_train_batch_size=4",
+                        "gradient_accumulation_steps=2", *args))  # fmt: skip
+    result = launch(tiny_text_args(small_text_data, tmp_path / "ddp", "per_device_train_batch_size=4", *args),
+                    num_processes=2)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "graphs compiled in the warm-up, 0 after it" in result.stdout
+    reference = _weights(tmp_path / "one")
+    for run in ("accumulated", "ddp"):
+        assert _worst(_weights(tmp_path / run), reference) < 1e-5, run
+        shapes = json.loads((tmp_path / run / "results.json").read_text())["shapes"]
+        assert shapes["graphs_compiled_after_warm_up"] == 0

@@ -10,6 +10,7 @@ import pytest
 from benchmarks.time_to_accuracy import Curve, main, time_to
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_both_curves_and_the_plot(tmp_path):
     main(["--smoke", "--precision", "no", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "time_to_accuracy.json").read_text())

@@ -220,6 +220,7 @@ def _losses(out: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
+@pytest.mark.slow
 def test_tagging_accumulation_and_ddp_equal_one_big_batch_and_count_every_word(tagging, tmp_path):
     """The loss is divided by the labelled tokens of the whole step, across processes and
     accumulation: 1 x 8, 1 x 2 x 4 and 2 processes x 2 x 2 give the same weights; every word and
@@ -242,6 +243,7 @@ def test_tagging_accumulation_and_ddp_equal_one_big_batch_and_count_every_word(t
     assert [r["eval_num_words"] for r in logged if "eval_num_words" in r] == [words, words]
 
 
+@pytest.mark.slow
 def test_tagging_resumes_mid_epoch_exactly(tagging, tmp_path):
     dropout = TINY_BERT.replace("hidden_dropout_prob: 0.0", "hidden_dropout_prob: 0.1")
     args = ("per_device_train_batch_size=4", "num_train_epochs=2", "save_steps=3", "save_total_limit=null",
@@ -286,6 +288,7 @@ def test_the_export_tags_in_a_pipeline_and_evaluates_word_by_word(all_subwords, 
     assert metrics["word_accuracy"] == pytest.approx(right / metrics["num_words"])
 
 
+@pytest.mark.slow
 def test_tagging_with_the_layer_split_lora_and_bf16(tagging, tmp_path, monkeypatch):
     """The layer split (two CPU stages, pipelined chunks) trains the unsplit run's weights; LoRA trains
     adapters and exports a merged tagger with its adapter; bf16 autocast trains and scores words."""
@@ -305,6 +308,7 @@ def test_tagging_with_the_layer_split_lora_and_bf16(tagging, tmp_path, monkeypat
     assert results["validation"]["num_words"] == _counts(tagging["validation"])[1]
 
 
+@pytest.mark.slow
 def test_tagging_accumulation_in_bf16_equals_one_big_batch(tagging, tmp_path, capsys, monkeypatch):
     """bf16 autocast on the CPU (as accelerate_configs/cpu_bf16.yaml runs it): 1 x 2 x 4 logs the losses
     of 1 x 8 within 5e-4 (measured: 5e-5; a loss divided by each micro-batch's own tokens instead of the

@@ -40,7 +40,6 @@ def test_tensorboard_events_hold_the_logged_loss(small_text_data, tmp_path):
 
 def test_overwritten_run_leaves_no_old_tensorboard_events(small_text_data, tmp_path):
     pytest.importorskip("tensorboard")
-    from accelerate.state import AcceleratorState, GradientState
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
@@ -48,8 +47,6 @@ def test_overwritten_run_leaves_no_old_tensorboard_events(small_text_data, tmp_p
         small_text_data, out, "report_to=tensorboard", "max_steps=2", "per_device_train_batch_size=8"
     )
     main(args)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
     main([*args, "overwrite_output_dir=true"])
 
     steps = []

@@ -57,6 +57,7 @@ def test_frozen_lower_layers_agree_with_one_big_batch(recipe, tmp_path, capsys):
     assert "freeze_layers: 1" in (tmp_path / "runs" / "one_big_batch" / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_a_broken_variant_is_detected(recipe, monkeypatch, capsys):
     """One variant trained with another learning rate must fail the check, with exit status 1."""
     original = verify.variant_args

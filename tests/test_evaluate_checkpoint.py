@@ -1,8 +1,10 @@
-"""The evaluation entry point, run for real on one tiny trained run: export, training-state checkpoint,
-1 vs 2 CPU processes, other data, the inputs in predictions.jsonl (texts, pairs, images), --help,
-user errors.
+"""finetune/evaluate_checkpoint.py (and finetune/evaluation.py): the evaluation entry point, run for
+real on tiny trained runs. An export and a training-state checkpoint, 1 vs 2 CPU processes, other data,
+the inputs in predictions.jsonl (texts, pairs, images), --help, user errors, and a checkpoint of a model
+fine-tuned from pretrained weights (rebuilt from its config: no load report about a "newly initialized"
+head, the metrics the run recorded at that step).
 
-    python -m pytest tests/test_evaluate.py -q
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_evaluate_checkpoint.py
 
 Every expected number is counted here from predictions made directly with transformers on the same
 rows, never by calling the code under test a second way.
@@ -22,8 +24,19 @@ import sys
 import PIL.Image
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
-from conftest import REPO, launch, rotten_rows, tiny_text_args, write_csv
+from conftest import (
+    EVALUATED_RUN,
+    NAMES,
+    REPO,
+    drawn_images,
+    launch,
+    predicted_by_evaluate,
+    recipe_text_args,
+    rotten_rows,
+    save_tiny_bert,
+    tiny_bert_config,
+    write_csv,
+)
 from datasets import ClassLabel, Dataset, Features, Image, Value
 from safetensors.torch import load_file
 from transformers import (
@@ -31,16 +44,13 @@ from transformers import (
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    ViTConfig,
-    ViTForImageClassification,
 )
+from transformers.utils import logging
 
 from finetune.config import TrainConfig
 from finetune.evaluate_checkpoint import EVAL_KEYS
 from finetune.evaluate_checkpoint import main as evaluate
-from finetune.run import main as train
-
-NAMES = {"0": "neg", "1": "pos"}  # string labels, so that mapping by name is what is tested
+from finetune.run import main
 
 
 def _rows(n: int, start: int) -> list[dict]:
@@ -48,28 +58,11 @@ def _rows(n: int, start: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """37 train / 13 validation / 11 test rows; 5 optimizer steps, checkpoints at steps 2 and 4."""
-    root = tmp_path_factory.mktemp("evaluate")
-    data = {
-        "train": write_csv(root / "train.csv", _rows(37, 0)),
-        "validation": write_csv(root / "validation.csv", _rows(13, 100)),
-    }
-    test = write_csv(root / "test.csv", _rows(11, 200))  # odd, so that 2 processes x batch 4 pad
-    out = root / "run"
-    train(
-        tiny_text_args(
-            data,
-            out,
-            f"test_file={test}",
-            "save_steps=2",
-            "num_train_epochs=1",
-            "per_device_train_batch_size=8",
-            "per_device_eval_batch_size=4",
-        )
-    )
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+def run(finished_run, tmp_path_factory):
+    """37 train / 13 validation / 11 test rows (string labels: neg, pos); 5 optimizer steps, checkpoints at
+    steps 2 and 4. The factory's run, copied: evaluations write into the run's eval/ folder."""
+    out = finished_run.copy(tmp_path_factory.mktemp("evaluate") / "run", *EVALUATED_RUN, data="named+test")
+    test = finished_run.data("named+test")["test"]  # odd, so that 2 processes x batch 4 pad
     return {"dir": out, "test": test, "checkpoint": out / "checkpoints" / "step-00000002"}
 
 
@@ -142,6 +135,7 @@ def test_evaluation_matches_a_hand_count(run, kind):
         assert record["loss"] == pytest.approx(final["loss"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_give_identical_metrics(run, tmp_path):
     one, two = tmp_path / "one" / "metrics.json", tmp_path / "two" / "metrics.json"  # --output: a folder
     evaluate([str(run["checkpoint"]), "--output", str(one.parent), "--predictions"])
@@ -237,41 +231,12 @@ def _png(color: tuple[int, int, int]) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture
-def vit_model(tmp_path):
-    """A tiny ViT image classifier (cat, dog) saved with its image processor, evaluated without a run."""
-    folder = tmp_path / "vit"
-    config = ViTConfig(
-        image_size=28,
-        patch_size=7,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        id2label={0: "cat", 1: "dog"},
-        label2id={"cat": 0, "dog": 1},
-    )
-    torch.manual_seed(0)
-    ViTForImageClassification(config).save_pretrained(folder)
-    try:  # the PIL backend: no torchvision needed
-        from transformers import ViTImageProcessorPil as ViTImageProcessor
-    except ImportError:
-        from transformers import ViTImageProcessor
-    ViTImageProcessor(size={"height": 28, "width": 28}).save_pretrained(folder)
-    return folder
-
-
-def test_image_predictions_name_their_files(vit_model, tmp_path):
+def test_image_predictions_name_their_files(tiny_vit_folder, tmp_path):
     colors = {"cat": [(200, 0, 0), (180, 30, 10)], "dog": [(0, 0, 200), (20, 40, 250), (0, 90, 160)]}
-    files = {}
-    for label, shades in colors.items():
-        (tmp_path / "images" / label).mkdir(parents=True)
-        for i, color in enumerate(shades):
-            path = tmp_path / "images" / label / f"{label}{i}.png"
-            path.write_bytes(_png(color))
-            files[str(path)] = label
-    processor = AutoImageProcessor.from_pretrained(vit_model)
-    model = AutoModelForImageClassification.from_pretrained(vit_model).eval()
+    folder = drawn_images(tmp_path / "images", colors, split="", size=(30, 30))
+    files = {str(path): path.parent.name for path in folder.rglob("*.png")}
+    processor = AutoImageProcessor.from_pretrained(tiny_vit_folder)
+    model = AutoModelForImageClassification.from_pretrained(tiny_vit_folder).eval()
 
     def probabilities(images):
         with torch.no_grad():
@@ -280,7 +245,7 @@ def test_image_predictions_name_their_files(vit_model, tmp_path):
     # An image folder: each line names its file, and its numbers are that file's.
     evaluate(
         [
-            str(vit_model),
+            str(tiny_vit_folder),
             "--data",
             str(tmp_path / "images"),
             "--predictions",
@@ -311,7 +276,7 @@ def test_image_predictions_name_their_files(vit_model, tmp_path):
     ).to_parquet(parquet)
     evaluate(
         [
-            str(vit_model),
+            str(tiny_vit_folder),
             "--data",
             str(parquet),
             "--predictions",
@@ -412,16 +377,12 @@ def test_a_pretrained_config_with_a_legacy_key_builds_for_a_checkpoint(tmp_path)
     """The bundled MiniLM's config.json has `gradient_checkpointing`, which today's BertConfig does not
     know (model_config refuses such a key, a typo's symptom): the architecture of a training-state
     checkpoint is built from the keys the class knows."""
-    from transformers import BertConfig
-
     from finetune.config import load_config
     from finetune.evaluate_checkpoint import architecture_only
     from finetune.models import build_model
 
     pretrained = tmp_path / "pretrained"
-    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(
-        pretrained
-    )
+    tiny_bert_config().save_pretrained(pretrained)
     config = json.loads((pretrained / "config.json").read_text())
     (pretrained / "config.json").write_text(json.dumps({**config, "gradient_checkpointing": False}))
     args = load_config(None, [f"model_name_or_path={pretrained}", f"output_dir={tmp_path / 'o'}"]).model_args
@@ -429,3 +390,94 @@ def test_a_pretrained_config_with_a_legacy_key_builds_for_a_checkpoint(tmp_path)
     assert "gradient_checkpointing" not in spec and spec["hidden_size"] == 32
     model = build_model(architecture_only(args), ["a", "b"], vocab_size=100)
     assert model.config.num_labels == 2 and model.config.hidden_size == 32
+
+
+# --- a checkpoint of a model fine-tuned from pretrained weights ----------------------------------
+
+# What transformers' load report says of weights the checkpoint lacks or does not use.
+LOAD_REPORT = ("newly initialized", "MISSING", "UNEXPECTED", "LOAD REPORT", "were not initialized")
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(finished_run, tmp_path_factory):
+    """A tiny masked-LM BERT saved as a 'pretrained' folder (no classification head, an MLM head the
+    classifier does not use), fine-tuned for 2 optimizer steps: evaluated and saved at step 2 (a copy of
+    the factory's run: the evaluation writes into its eval/ folder)."""
+    root = tmp_path_factory.mktemp("pretrained")
+    base = save_tiny_bert(root / "tiny-bert-mlm", model_class="BertForMaskedLM")
+    settings = ("model_config=null", f"model_name_or_path={base}", "tokenizer_name=null", "max_steps=2",
+                "save_steps=2", "per_device_train_batch_size=8")  # fmt: skip
+    out = finished_run.copy(root / "run", *settings)
+    return {"base": base, "checkpoint": out / "checkpoints" / "step-00000002"}
+
+
+@pytest.fixture
+def transformers_log(caplog):
+    """What transformers logs, in caplog: its loggers do not propagate to the root logger, where caplog
+    listens, and their handler holds the stderr of the moment transformers was imported."""
+    logging.enable_propagation()
+    caplog.set_level("WARNING", logger="transformers")  # what a user sees
+    yield caplog
+    logging.disable_propagation()
+
+
+def test_checkpoint_loads_without_a_load_report_and_gives_the_recorded_metrics(
+    pretrained_run, transformers_log, capsys
+):
+    transformers_log.clear()
+    capsys.readouterr()
+    # log_level=warning: transformers' warnings shown (the default, error, would hide a report anyway)
+    result = evaluate([str(pretrained_run["checkpoint"]), "--split", "validation", "log_level=warning"])
+    out, err = capsys.readouterr()
+    printed = out + err + transformers_log.text
+    for text in LOAD_REPORT:
+        assert text not in printed, printed[-3000:]
+    assert "validation: accuracy" in out
+
+    recorded = json.loads((pretrained_run["checkpoint"] / "manifest.json").read_text())["metrics"]
+    assert result["num_samples"] == recorded["num_samples"] == 13
+    assert result["confusion_matrix"] == recorded["confusion_matrix"]
+    assert result["accuracy"] == recorded["accuracy"] and result["macro_f1"] == recorded["macro_f1"]
+    assert result["loss"] == pytest.approx(recorded["loss"], abs=1e-6)  # another batch order, same rows
+
+    # The check can see a report: loading the pretrained folder as a classifier logs one.
+    AutoModelForSequenceClassification.from_pretrained(pretrained_run["base"])
+    assert "MISSING" in transformers_log.text and "newly initialized" in transformers_log.text
+
+
+def test_a_multi_label_export_carries_its_tuned_thresholds(tmp_path):
+    rows = [{"text": f"{'sports' if i % 2 else 'news'} item {i}", "labels": ["a"] if i % 3 else ["a", "b"]}
+            for i in range(30)]  # fmt: skip
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = {"train": path, "validation": path}
+    main(recipe_text_args(data, tmp_path / "run", "label_column=labels", "max_steps=3", "tune_threshold=per_label",
+              "class_weights=balanced", "label_smoothing=0.0"))  # fmt: skip
+    config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert len(config["multi_label_thresholds"]) == 2
+    evaluate([str(tmp_path / "run" / "model"), "--data", str(path), "--output", str(tmp_path / "ev")])
+    assert json.loads((tmp_path / "ev" / "metrics.json").read_text())["threshold"] == config["multi_label_thresholds"]
+
+
+def test_evaluations_go_outside_the_export_and_data_without_labels_is_predicted(small_text_data, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    main(recipe_text_args(small_text_data, out, "max_steps=2"))
+    evaluate([str(out / "model")])
+    assert (out / "eval" / "validation" / "metrics.json").is_file()
+    assert not (out / "model" / "eval").exists()  # an export is shared: the user's data stays out of it
+    unlabelled = write_csv(tmp_path / "new.csv", [{"text": r["text"]} for r in rotten_rows(5, start=300)])
+    monkeypatch.chdir(tmp_path)
+    evaluate([str(out / "model"), "--data", str(unlabelled), "--output", "eval-0.5"])
+    folder = tmp_path / "eval-0.5"  # always a folder, whatever its name looks like
+    record = json.loads((folder / "metrics.json").read_text())
+    assert record["labelled"] is False and record["num_samples"] == 5 and "accuracy" not in record
+    lines = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in lines] == [r["text"] for r in rotten_rows(5, start=300)]
+    assert all(r["prediction"] in ("0", "1") for r in lines)
+    assert not any("label" in r for r in lines)  # no gold label made up for data that has none
+
+
+def test_predictions_without_labels_use_the_tuned_thresholds(multi_label_export, tmp_path):
+    text = "the cat saw a dog"
+    labelled = predicted_by_evaluate(multi_label_export, [{"text": text, "labels": ["cat"]}], tmp_path / "labelled")
+    assert predicted_by_evaluate(multi_label_export, [{"text": text}], tmp_path / "new") == labelled

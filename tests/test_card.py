@@ -1,186 +1,42 @@
-"""Training-curve plots and the model card, from a real tiny run; the Hub upload with a fake HfApi."""
+"""finetune/card.py: the model card (front matter the Hub reads, sections, secrets redacted, no machine
+paths, a usage example that fits the task and runs on the export) and the Hub upload with a fake HfApi.
+The cards are written into a copy of the factory's two-epoch run.
+
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_card.py
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import huggingface_hub
 import pytest
 import yaml
-from conftest import REPO, TINY_BERT, TOKENIZER, rotten_rows, tiny_text_args, write_csv
-from PIL import Image
+from conftest import (
+    REPO,
+    predicted_by_evaluate,
+    reset_accelerate,
+    rotten_rows,
+    save_tiny_bert,
+    tiny_text_args,
+    write_csv,
+)
 
 from finetune.card import check_hub_access, describe_data, push_to_hub, redact, write_model_card
 from finetune.config import DataArgs, config_from_dict
 from finetune.errors import UserError
-from finetune.plots import BEST_GID, plot_training_curves, read_metrics, training_curves_figure
 from finetune.run import main
 
 SECRET = "hf_" + "a1B2c3D4e5F6g7H8i9J0kLmNoPqRsTuV"
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """Two epochs of the tiny BERT, evaluated and saved at each epoch's end: 10 logged steps, 2
-    evaluations, checkpoints at steps 5 and 10."""
-    root = tmp_path_factory.mktemp("tiny_run")
-    data = {
-        "train": write_csv(root / "train.csv", rotten_rows(37)),
-        "validation": write_csv(root / "validation.csv", rotten_rows(13, start=100)),
-    }
-    out = root / "run"
-    results = main(
-        tiny_text_args(
-            data, out, "num_train_epochs=2", "per_device_train_batch_size=8", "save_at_epoch_end=true"
-        )
-    )
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    return out, results
-
-
-# --- plots -------------------------------------------------------------------------------------------
-
-
-def test_training_curves_png_of_a_real_run(tiny_run):
-    out, _ = tiny_run
-    png = plot_training_curves(out / "metrics.jsonl", out / "training_curves.png")
-    assert png == out / "training_curves.png"
-    with Image.open(png) as image:
-        assert image.format == "PNG" and image.width > 600 and image.height > 600
-    fig = training_curves_figure(out / "metrics.jsonl")
-    loss_ax, metrics_ax, lr_ax = fig.axes
-    labels = [line.get_label() for line in loss_ax.get_lines()]
-    assert labels[:2] == ["training loss", "validation loss"]
-    assert [line.get_label() for line in metrics_ax.get_lines()][:2] == [
-        "validation accuracy",
-        "validation macro F1",
-    ]
-    assert lr_ax.get_xlabel() == "optimizer step"
-    steps = list(lr_ax.get_lines()[0].get_xdata())
-    assert steps == list(range(1, 11))  # logging_steps=1: every optimizer step
-    assert loss_ax.get_yscale() == "linear"  # the loss moved by less than 10x
-
-
-def _series_lines(ax):
-    """The data lines of a panel: not the best checkpoint's marks, not the epoch boundaries."""
-    return [
-        line for line in ax.get_lines() if line.get_gid() != BEST_GID and not line.get_label().startswith("_")
-    ]
-
-
-def test_every_curve_is_distinct_named_and_the_best_checkpoint_marked(tiny_run):
-    out, results = tiny_run
-    best = results["best"]
-    assert best["metric"] == "accuracy" and best["step"] in (5, 10)
-    # As the run wrote it: export_run draws before results.json exists, so the best comes from the
-    # newest checkpoint's manifest; drawn again now, from results.json. Both must mark it.
-    (out / "results.json").rename(out / "results.json.away")
-    try:
-        during = training_curves_figure(out / "metrics.jsonl")
-    finally:
-        (out / "results.json.away").rename(out / "results.json")
-    for fig in (during, training_curves_figure(out / "metrics.jsonl")):
-        loss_ax, metrics_ax, lr_ax = fig.axes
-        lines = [line for ax in fig.axes for line in _series_lines(ax)]
-        assert [line.get_label() for line in lines] == [
-            "training loss",
-            "validation loss",
-            "validation accuracy",
-            "validation macro F1",
-            "learning rate",
-        ]
-        # A colour each; within a panel, also a line style and a marker each: accuracy and macro F1
-        # may coincide, and must still be told apart without colour.
-        assert len({line.get_color() for line in lines}) == len(lines)
-        for ax in (loss_ax, metrics_ax):
-            for attribute in ("get_linestyle", "get_marker"):
-                styles = [getattr(line, attribute)() for line in _series_lines(ax)]
-                assert len(set(styles)) == len(styles) == 2, attribute
-        accuracy, macro_f1 = _series_lines(metrics_ax)
-        assert macro_f1.get_markerfacecolor() == "none"  # hollow: a point beneath it stays visible
-        assert accuracy.get_linewidth() > macro_f1.get_linewidth()  # wider, beneath: shows around it
-        # A legend with every series of the panel, and the best checkpoint's star on accuracy.
-        for ax in (loss_ax, metrics_ax):
-            legend = [text.get_text() for text in ax.get_legend().get_texts()]
-            assert [line.get_label() for line in _series_lines(ax)] == legend[: len(_series_lines(ax))]
-        legend = [text.get_text() for text in metrics_ax.get_legend().get_texts()]
-        assert legend[-1] == f"best checkpoint: step {best['step']}, accuracy {best['value']:.4g}"
-        (star,) = [line for line in metrics_ax.get_lines() if line.get_marker() == "*"]
-        assert star.get_gid() == BEST_GID
-        assert list(star.get_xdata()) == [best["step"]] and list(star.get_ydata()) == [best["value"]]
-        step_of_accuracy = dict(zip(accuracy.get_xdata(), accuracy.get_ydata(), strict=True))
-        assert step_of_accuracy[best["step"]] == best["value"]  # on the curve, where it was chosen
-        for ax in fig.axes:  # and a vertical line through every panel at that step
-            verticals = [line for line in ax.get_lines() if line.get_gid() == BEST_GID and line is not star]
-            assert [list(line.get_xdata()) for line in verticals] == [[best["step"], best["step"]]]
-
-
-def test_best_checkpoint_by_loss_or_an_undrawn_metric_and_none(tmp_path):
-    lines = [json.dumps({"step": s, "epoch": 0, "loss": 1.0 / s, "learning_rate": 1e-4}) for s in range(1, 7)]
-    for s, accuracy, loss in ((2, 0.6, 0.5), (4, 0.7, 0.4), (6, 0.65, 0.45)):
-        lines.append(json.dumps({"step": s, "epoch": 0, "eval_accuracy": accuracy, "eval_loss": loss}))
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("\n".join(lines))
-
-    def marks(fig):  # (panel, marker, steps) of the best checkpoint's artists
-        found = []
-        for panel, ax in enumerate(fig.axes):
-            best = [line for line in ax.get_lines() if line.get_gid() == BEST_GID]
-            found += [(panel, line.get_marker(), list(line.get_xdata())) for line in best]
-        return found
-
-    loss_best = training_curves_figure(path, best={"metric": "loss", "value": 0.4, "step": 4})
-    assert (0, "*", [4]) in marks(loss_best)  # the star on the loss panel, at validation loss 0.4
-    assert "best checkpoint: step 4, loss 0.4" in [
-        t.get_text() for t in loss_best.axes[0].get_legend().get_texts()
-    ]
-    undrawn = training_curves_figure(path, best={"metric": "macro_recall", "value": 0.7, "step": 6})
-    assert [m for m in marks(undrawn) if m[1] == "*"] == []  # no curve to put a star on: the line only
-    assert "best checkpoint: step 6, macro recall 0.7" in [
-        t.get_text() for t in undrawn.axes[0].get_legend().get_texts()
-    ]
-    assert marks(training_curves_figure(path)) == []  # no results.json, no checkpoint: nothing to mark
-    assert marks(training_curves_figure(path, best={})) == []
-
-
-def test_resumed_steps_torn_lines_and_log_scale(tmp_path):
-    lines = [
-        json.dumps({"step": s, "epoch": 0, "loss": 2.0 / s, "learning_rate": 1e-4}) for s in range(1, 31)
-    ]
-    lines.append(json.dumps({"step": 20, "epoch": 0, "loss": 0.05, "learning_rate": 1e-4}))  # resumed: wins
-    lines.append(json.dumps({"step": 30, "epoch": 0, "eval_accuracy": 0.9, "eval_loss": 0.1}))
-    lines.append('{"step": 31, "epo')  # killed while writing
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("\n".join(lines))
-    train, evals = read_metrics(path)
-    assert [r["step"] for r in train] == list(range(1, 31)) and train[19]["loss"] == 0.05
-    assert [r["step"] for r in evals] == [30]
-    fig = training_curves_figure(path)
-    assert fig.axes[0].get_yscale() == "log"  # 2.0 down to 0.05: more than 10x
-    assert plot_training_curves(path, tmp_path / "deep" / "curves.png").is_file()
-
-
-def test_no_records_is_a_clear_error(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("")
-    with pytest.raises(ValueError, match="holds no training or evaluation records"):
-        plot_training_curves(path, tmp_path / "x.png")
-
-
-# --- the model card -----------------------------------------------------------------------------------
-
-
-def _card(tiny_run, config_extra=None, **kwargs):
+def _card(two_epoch_run, config_extra=None, **kwargs):
     """Write the card of the tiny run's export; returns its path."""
-    out, results = tiny_run
+    out, results = two_epoch_run
     config = {**yaml.safe_load((out / "config.yaml").read_text()), **(config_extra or {})}
     return write_model_card(
         out / "model",
@@ -204,9 +60,9 @@ SECTIONS = (
 )
 
 
-def test_model_card_of_a_model_built_from_config(tiny_run):
+def test_model_card_of_a_model_built_from_config(two_epoch_run):
     path = _card(
-        tiny_run,
+        two_epoch_run,
         base_model=None,
         num_processes=2,
         mixed_precision="no",
@@ -219,7 +75,7 @@ def test_model_card_of_a_model_built_from_config(tiny_run):
     assert data.base_model is None and data.license is None and data.datasets is None
     assert data.tags == ["finetune", "text-classification", "bert"]
     assert data.metrics == ["accuracy", "f1"]
-    _, results = tiny_run
+    _, results = two_epoch_run
     validation = results["validation"]
     assert data.model_name == "run"
     assert [(r.dataset_type, r.dataset_split, r.metric_type, r.metric_value) for r in data.eval_results] == [
@@ -241,7 +97,7 @@ def test_model_card_of_a_model_built_from_config(tiny_run):
     assert "finetune 0.1.0" in text and "train.csv" in text
 
 
-def test_model_card_names_a_hub_base_model_and_leaks_no_secret(tiny_run, monkeypatch):
+def test_model_card_names_a_hub_base_model_and_leaks_no_secret(two_epoch_run, monkeypatch):
     def no_download(*args, **kwargs):
         raise AssertionError("the card must not fetch anything from the Hub")
 
@@ -255,7 +111,7 @@ def test_model_card_names_a_hub_base_model_and_leaks_no_secret(tiny_run, monkeyp
         "tokenizer_name": "bert-base-uncased",
     }
     path = _card(
-        tiny_run,
+        two_epoch_run,
         base_model="bert-base-uncased",
         license="apache-2.0",
         config_extra=extra,
@@ -272,25 +128,25 @@ def test_model_card_names_a_hub_base_model_and_leaks_no_secret(tiny_run, monkeyp
     assert 'model="someone/tiny-bert-sentiment"' in text
     # Without a licence given, a Hub base model's card is not downloaded to find one.
     assert (
-        huggingface_hub.ModelCard.load(_card(tiny_run, base_model="bert-base-uncased")).data.license is None
+        huggingface_hub.ModelCard.load(_card(two_epoch_run, base_model="bert-base-uncased")).data.license is None
     )
 
 
-def test_a_local_base_model_is_not_put_in_the_front_matter(tiny_run, tmp_path):
+def test_a_local_base_model_is_not_put_in_the_front_matter(two_epoch_run, tmp_path):
     local = tmp_path / "my-bert"
     local.mkdir()
     (local / "README.md").write_text("---\nlicense: mit\ntags: [bert]\n---\n# my bert\n")
-    path = _card(tiny_run, base_model=str(local))
+    path = _card(two_epoch_run, base_model=str(local))
     card = huggingface_hub.ModelCard.load(path)
     assert card.data.base_model is None and card.data.license == "mit"  # licence read from its own card
     # a local path as the card travels: its last two parts, never the machine's absolute path
-    assert f"fine-tuned from the local model `{local.parent.name}/my-bert`" in card.text and str(local) not in card.text
+    assert f"fine-tuned from the local model `.../{local.parent.name}/my-bert`" in card.text and str(local) not in card.text
     (local / "README.md").write_text("---\nlicense: [unclosed\n---\n")  # a broken card: no licence
-    assert huggingface_hub.ModelCard.load(_card(tiny_run, base_model=str(local))).data.license is None
+    assert huggingface_hub.ModelCard.load(_card(two_epoch_run, base_model=str(local))).data.license is None
 
 
-def test_model_card_with_a_test_split_hub_dataset_and_best_checkpoint(tiny_run):
-    out, results = tiny_run
+def test_model_card_with_a_test_split_hub_dataset_and_best_checkpoint(two_epoch_run):
+    out, results = two_epoch_run
     results = {
         **results,
         "test": results["validation"],
@@ -326,9 +182,6 @@ def test_redact_at_any_depth():
     }
 
 
-# --- the Hub upload ------------------------------------------------------------------------------------
-
-
 class FakeHfApi:
     calls: list = []
 
@@ -343,8 +196,8 @@ class FakeHfApi:
         self.calls.append(("upload_folder", kwargs))
 
 
-def test_push_to_hub_creates_a_private_repo_and_uploads_the_export(tiny_run, monkeypatch):
-    out, _ = tiny_run
+def test_push_to_hub_creates_a_private_repo_and_uploads_the_export(two_epoch_run, monkeypatch):
+    out, _ = two_epoch_run
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
@@ -362,8 +215,8 @@ def test_push_to_hub_creates_a_private_repo_and_uploads_the_export(tiny_run, mon
     assert upload[1]["repo_id"] == "someone/tiny-bert" and upload[1]["folder_path"] == out / "model"
 
 
-def test_push_to_hub_offline_refuses_before_any_network(tiny_run, monkeypatch):
-    out, _ = tiny_run
+def test_push_to_hub_offline_refuses_before_any_network(two_epoch_run, monkeypatch):
+    out, _ = two_epoch_run
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
     class NoApi:
@@ -396,9 +249,6 @@ def test_describe_data_names_an_image_folder_and_the_held_out_split():
     assert "train 9" in described
 
 
-# --- the card's usage example and command ------------------------------------------------------------
-
-
 def usage_code(card_text: str) -> str:
     """The Python block under "## How to use"."""
     return card_text.split("## How to use", 1)[1].split("```python\n", 1)[1].split("\n```", 1)[0]
@@ -420,8 +270,8 @@ def usage_code(card_text: str) -> str:
     ],
     ids=["sentence pair", "regression", "multi-label", "image", "tokens"],
 )  # fmt: skip
-def test_the_usage_example_fits_the_task(tiny_run, extra, expected):
-    code = usage_code(_card(tiny_run, config_extra=extra, base_model=None).read_text())
+def test_the_usage_example_fits_the_task(two_epoch_run, extra, expected):
+    code = usage_code(_card(two_epoch_run, config_extra=extra, base_model=None).read_text())
     for piece in expected:
         assert piece in code, code
     if "task" not in extra and "problem_type" not in extra:  # the movie-review line is for single texts only
@@ -431,11 +281,11 @@ def test_the_usage_example_fits_the_task(tiny_run, extra, expected):
 
 @pytest.mark.parametrize("extra", [{"text_pair_column": "hypothesis"}, {"problem_type": "regression"}],
                          ids=["sentence pair", "regression"])  # fmt: skip
-def test_the_usage_example_runs_on_the_export(tiny_run, extra, monkeypatch):
+def test_the_usage_example_runs_on_the_export(two_epoch_run, extra, monkeypatch):
     """The card's own code, as a reader copies it, loads the export and calls it (the tiny model is a
     2-class one: the call runs, whatever the head means)."""
-    out, _ = tiny_run
-    code = usage_code(_card(tiny_run, config_extra=extra, base_model=None).read_text())
+    out, _ = two_epoch_run
+    code = usage_code(_card(two_epoch_run, config_extra=extra, base_model=None).read_text())
     monkeypatch.chdir(out.parent)  # the card names an export outside the repository as "run/model"
     namespace: dict = {}
     exec(code.replace("classify(", "result = classify(").replace("result = classify = ", "classify = "),
@@ -455,14 +305,7 @@ def test_the_card_holds_no_absolute_path_and_keeps_the_first_command_after_a_res
     """Data files, a local base model and the command, all given as absolute paths outside the repository:
     the card names none of them absolutely. A run stopped after its step-2 checkpoint and resumed with
     another command line: the card shows the first command, which trained the model."""
-    from transformers import BertConfig, BertForSequenceClassification
-
-    base = tmp_path / "base-bert"  # a local pretrained model, as a user's own folder
-    config = BertConfig(**yaml.safe_load(TINY_BERT.replace("model_type: bert, ", "")), vocab_size=30522)
-    BertForSequenceClassification(config).save_pretrained(base)
-    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"):
-        if (TOKENIZER / name).exists():
-            shutil.copy(TOKENIZER / name, base / name)
+    base = save_tiny_bert(tmp_path / "base-bert")  # a local pretrained model, as a user's own folder
     data = {"train": write_csv(tmp_path / "train.csv", rotten_rows(37)),
             "validation": write_csv(tmp_path / "validation.csv", rotten_rows(13, start=100))}  # fmt: skip
     out = tmp_path / "run"
@@ -473,10 +316,7 @@ def test_the_card_holds_no_absolute_path_and_keeps_the_first_command_after_a_res
     monkeypatch.setenv("FINETUNE_TEST_FAIL_STEP", "3")  # a crash after step 3: the step-2 checkpoint is kept
     with pytest.raises(RuntimeError, match="injected failure"):
         main(first)
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()  # the crashed run left its Accelerator behind
     monkeypatch.delenv("FINETUNE_TEST_FAIL_RANK")
     monkeypatch.delenv("FINETUNE_TEST_FAIL_STEP")
     again = [*first, "resume_from_checkpoint=latest"]
@@ -490,3 +330,20 @@ def test_the_card_holds_no_absolute_path_and_keeps_the_first_command_after_a_res
     assert "train_file=run/train.csv" not in launched and f"train_file={tmp_path.name}/train.csv" in launched
     assert f"the local model `{tmp_path.name}/base-bert`" in text
     _no_machine_paths(text, tmp_path)
+
+
+def test_the_cards_multi_label_example_applies_the_tuned_thresholds(multi_label_export, tmp_path, monkeypatch):
+    """A pipeline() applies no threshold; the card's example applies config.multi_label_thresholds, and
+    its labels are the ones finetune/evaluate_checkpoint.py predicts."""
+    card = (multi_label_export / "README.md").read_text()
+    code = card.split("## How to use", 1)[1].split("```python\n", 1)[1].split("\n```", 1)[0]
+    assert "config.multi_label_thresholds" in code
+    text = "the cat saw a dog"
+    code = code.replace('"a text like those of the `text` column"', repr(text))
+    monkeypatch.chdir(multi_label_export.parent.parent)  # the card names an export outside the repository "run/model"
+    namespace: dict = {}
+    exec(code, namespace)
+    thresholds = json.loads((multi_label_export / "config.json").read_text())["multi_label_thresholds"]
+    assert thresholds != [0.5] * 3  # else the example's thresholds could not be told from a pipeline's 0.5
+    expected = predicted_by_evaluate(multi_label_export, [{"text": text, "labels": ["cat"]}], tmp_path / "ev")
+    assert sorted(namespace["labels"]) == expected

@@ -1,0 +1,160 @@
+"""finetune/config.py and finetune/cli.py: the typed config. `--help` from the fields, nested keys,
+every shipped recipe, the direction of metric_for_best_model, and a saved config of an old default.
+(Settings out of range: the catalogue, tests/test_bad_input.py.)
+
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_config.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import EARLIER_RUN, REPO, recipe_text_args, tiny_text_args
+
+from finetune.config import CONFIGS_DIR, load_config
+from finetune.errors import UserError
+from finetune.run import main
+
+# Recipes for the user's own files: no data of their own (no regression or multi-label data is bundled).
+OWN_FILES_RECIPES = {"bert_custom_files.yaml", "bert_regression.yaml", "bert_multi_label.yaml"}
+
+
+def test_every_shipped_recipe_loads():
+    recipes = sorted(CONFIGS_DIR.glob("*.yaml"))
+    assert len(recipes) >= 6
+    for recipe in recipes:
+        first = recipe.read_text().splitlines()[0]
+        # (an accelerate config may come first: the full-data recipe is tuned for cpu_bf16.yaml)
+        assert first.startswith("# accelerate launch ") and " finetune/run.py" in first, recipe.name
+        # A recipe for the user's own files has no data of its own: its command gives train_file, and
+        # without it the recipe is refused rather than scoring bundled data.
+        command = recipe.read_text().split("\n#\n")[0]
+        own_files = "train_file=" in command
+        assert own_files == (recipe.name in OWN_FILES_RECIPES)
+        cfg = load_config(recipe, ["train_file=mine.csv"] if own_files else [])
+        if own_files:
+            assert (cfg.validation_file, cfg.test_file) == (None, None)
+            with pytest.raises(UserError, match="no training data"):
+                load_config(recipe)
+        for key in ("train_file", "validation_file", "test_file", "data_dir", "model_name_or_path"):
+            value = getattr(cfg, key)
+            if value and str(value).startswith("/"):
+                from pathlib import Path
+
+                assert Path(value).exists(), f"{recipe.name}: {key} {value} is missing"
+
+
+def test_help_lists_every_setting_with_type_default_help_and_the_recipes_value(capsys):
+    import dataclasses
+
+    from finetune.config import TrainConfig
+    from finetune.run import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", str(REPO / "finetune/configs/vit_fashion_mnist.yaml"), "--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    for f in dataclasses.fields(TrainConfig):
+        assert f"  {f.name}: " in out and f.metadata["help"] in out, f.name
+    assert "  learning_rate: float = 5e-05" in out
+    assert (
+        "task: token-classification | image-classification | text-classification | null = null    "
+        "(recipe: image-classification)"
+        in out
+    )
+    assert out.index("\ndata:\n") < out.index("  train_file:") < out.index("\noptimisation:\n")
+    from finetune.metrics import PROBLEMS
+
+    metric_help = out[out.index("  metric_for_best_model:") :].split("\n  greater_is_better")[0]
+    flat = " ".join(metric_help.split())
+    assert all(f"{p}: {', '.join(m.reported)}" in flat for p, m in PROBLEMS.items())
+
+
+def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
+    from finetune.config import load_config
+    from finetune.errors import UserError
+
+    recipe = REPO / "finetune/configs/vit_fashion_mnist.yaml"
+    cfg = load_config(recipe, ["model_config.image_size=32", "max_memory.cpu=1GiB"])
+    assert cfg.model_config["image_size"] == 32 and cfg.model_config["model_type"] == "vit"
+    assert cfg.max_memory == {"cpu": "1GiB"}
+    with pytest.raises(UserError, match="learning_rate is not a mapping"):
+        load_config(recipe, ["learning_rate.x=1"])
+    with pytest.raises(UserError, match="unknown config key 'model_confg'; did you mean model_config"):
+        load_config(recipe, ["model_confg.image_size=32"])
+
+
+def test_metric_loss_means_lower_is_better(small_text_data, tmp_path):
+    """metric_for_best_model=loss: the best checkpoint is the one with the LOWEST loss, as in transformers'
+    Trainer (greater_is_better unset: a metric that ends in "loss" is better lower)."""
+    from finetune.config import load_config
+
+    def greater(*settings: str) -> bool | None:
+        return load_config(None, [f"output_dir={tmp_path}", *settings]).greater_is_better
+
+    assert greater("metric_for_best_model=loss") is False
+    assert greater("metric_for_best_model=accuracy") is True
+    assert greater() is None  # until the labels say which problem, hence which metric (accuracy here)
+    assert greater("metric_for_best_model=loss", "greater_is_better=true") is True  # as told
+    out = tmp_path / "run"
+    results = main(
+        tiny_text_args(
+            small_text_data,
+            out,
+            "max_steps=4",
+            "eval_steps=1",
+            "save_steps=1",
+            "save_total_limit=null",
+            "per_device_train_batch_size=8",
+            "metric_for_best_model=loss",
+            "learning_rate=3e-3",
+        )
+    )
+    losses = {
+        r["step"]: r["eval_loss"]
+        for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+        if "eval_loss" in r
+    }
+    assert min(losses, key=losses.get) != max(losses, key=losses.get), losses  # the direction matters here
+    assert results["best"]["step"] == min(losses, key=losses.get), losses
+    assert results["best"]["value"] == pytest.approx(min(losses.values()))
+
+
+def test_a_saved_config_of_the_old_default_still_loads(finished_run):
+    """Saved configs hold greater_is_better: true (the old default): they load as they are."""
+    from finetune.config import config_from_dict
+
+    raw = yaml.safe_load((finished_run(*EARLIER_RUN) / "config.yaml").read_text())
+    raw["greater_is_better"] = True
+    assert config_from_dict(raw, saved=True).greater_is_better is True
+
+
+def test_transformers_style_flags_and_fractional_epochs(small_text_data, tmp_path):
+    out = tmp_path / "run"
+    results = main([*recipe_text_args(small_text_data, out), "--num_train_epochs", "1.5", "--per_device_train_batch_size=8"])
+    assert results["step"] == 8  # 37 samples in batches of 8: 5 steps an epoch, 1.5 epochs: 8
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["num_train_epochs"] == 1.5
+    epochs = {json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()}
+    assert epochs == {1, 2}  # counted from 1, as the console counts them
+
+
+def test_a_train_file_of_ones_own_beside_the_recipe_s_test_file_is_said(tmp_path, monkeypatch, capsys):
+    """The NER recipe with only train_file set keeps the bundled test set: kept, but said in one line with
+    the fix; naming the evaluation files (or null) says nothing; a file beside the recipe's own neither."""
+    import finetune.config as config
+
+    monkeypatch.setattr(config, "_warned", set())
+    recipe = CONFIGS_DIR / "bert_ner.yaml"
+    mine = tmp_path / "train.jsonl"
+    cfg = load_config(recipe, [f"train_file={mine}"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(lines) == 1 and "test_file is the recipe's" in lines[0] and "test_file=null" in lines[0], lines
+    assert cfg.test_file.endswith("uner_english_ewt/test.jsonl")  # kept: a bigger file of the same data is fair
+    monkeypatch.setattr(config, "_warned", set())
+    load_config(recipe, [f"train_file={mine}", "test_file=null"])
+    bundled = REPO / "data" / "uner_english_ewt" / "validation.jsonl"
+    load_config(recipe, [f"train_file={bundled}"])
+    assert "warning:" not in capsys.readouterr().err

@@ -1,0 +1,147 @@
+"""finetune/data.py: the one loader of data files and folders. A format per split, string labels and
+sentence pairs, a held-out validation split, labels that probably mean something else, an image
+folder's classes, the default recipe's label names over a user's own files. (Broken files and columns:
+the catalogue, tests/test_bad_input.py.)
+
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_data.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import (
+    REPO,
+    class_folders,
+    drawn_images,
+    recipe_text_args,
+    rotten_rows,
+    tiny_image_args,
+    tiny_text_args,
+    user_error,
+    write_csv,
+)
+
+from finetune.run import main
+
+
+@pytest.mark.parametrize(
+    "labels, fragment",
+    [
+        (["['art', 'film']", "['art']", "film"], "holds a list written as text"),
+        (["[art, film]", "[art]", "film"], "holds a list written as text ('[art, film]' at row 1)"),
+        (["pos", " pos", "neg"], "which differ only by spaces"),
+    ],
+)
+def test_labels_that_probably_mean_something_else_are_refused(labels, fragment, tmp_path, capsys):
+    rows = [{"text": f"sentence {i}", "label": labels[i % len(labels)]} for i in range(12)]
+    data = {"train": write_csv(tmp_path / "t.csv", rows), "validation": write_csv(tmp_path / "v.csv", rows)}
+    assert fragment in user_error(capsys, main, recipe_text_args(data, tmp_path / "run"))
+
+
+def test_a_label_that_differs_only_by_spaces_or_case_in_validation_is_named(tmp_path, capsys):
+    rows = [{"text": f"sentence {i}", "label": ["pos", "neg"][i % 2]} for i in range(12)]
+    other = [{**row, "label": {"pos": "pos ", "neg": "Neg"}[row["label"]]} for row in rows]
+    data = {"train": write_csv(tmp_path / "t.csv", rows), "validation": write_csv(tmp_path / "v.csv", other)}
+    line = user_error(capsys, main, recipe_text_args(data, tmp_path / "run"))
+    assert "were not seen in training" in line
+    assert "'Neg' (train: 'neg'), 'pos ' (train: 'pos') differ from the training labels only by letter case and " \
+           "surrounding spaces" in line  # fmt: skip
+
+
+def test_an_image_class_with_no_training_image_is_refused(tmp_path, capsys):
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog", "fox"]})
+    line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"))
+    assert "class 'fox'" in line and "has no training sample" in line
+
+
+def test_an_image_class_only_in_validation_named_in_label_names_is_trained_with_a_warning(tmp_path, capsys):
+    """label_names asks for the class, so the run goes on, but says the model cannot learn it."""
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog", "fox"]})
+    main(tiny_image_args(folder, tmp_path / "run", "label_names=[cat,dog,fox]", "max_steps=1"))
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert any("1 of the 3 classes in label_names have no training sample ('fox'" in w for w in warnings), warnings
+
+
+def test_data_dir_on_the_command_line_replaces_the_recipe_s_data_files(tmp_path):
+    """`task=image-classification data_dir=...` over the default (text) recipe, whose CSV files are not
+    cleared: the image folder is read (before, the CSV files were, and the line spoke of a missing
+    'image' column)."""
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"]})
+    args = [a for a in tiny_image_args(folder, tmp_path / "run", "max_steps=1") if not a.endswith("_file=null")]
+    results = main(args)
+    assert results["validation"]["num_samples"] == 6
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "train_file: null" in saved and f"data_dir: {folder}" in saved
+
+
+def test_string_labels_and_sentence_pairs_from_jsonl(tmp_path):
+    rows = rotten_rows(24)
+    names = {"0": "negative", "1": "positive"}
+    train = tmp_path / "pairs.jsonl"
+    with train.open("w") as f:
+        for i, r in enumerate(rows):
+            f.write(
+                json.dumps(
+                    {"premise": r["text"], "hypothesis": rows[-i - 1]["text"], "sentiment": names[r["label"]]}
+                )
+                + "\n"
+            )
+    out = tmp_path / "run"
+    args = tiny_text_args(
+        {"train": train, "validation": train},
+        out,
+        "validation_file=null",
+        "text_column=premise",
+        "text_pair_column=hypothesis",
+        "label_column=sentiment",
+        "max_steps=2",
+        "per_device_train_batch_size=4",
+        "validation_split_percentage=25",
+    )
+    results = main(args)
+    assert results["label_names"] == ["negative", "positive"]
+    assert results["validation"]["num_samples"] == 6  # a stratified 25% of 24 rows
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["label2id"] == {"negative": 0, "positive": 1}
+
+
+def test_single_class_labels_are_refused(tmp_path):
+    rows = [r for r in rotten_rows(60) if r["label"] == "1"]
+    train = write_csv(tmp_path / "one.csv", rows)
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_text_args({"train": train, "validation": train}, tmp_path / "o"))
+    assert exit_info.value.code == 2
+
+
+def test_each_split_file_may_have_its_own_format(small_text_data, tmp_path):
+    """A .csv train, a .jsonl validation and a .parquet test: datasets loads each split on its own."""
+    import pandas as pd
+
+    validation = tmp_path / "dev.jsonl"
+    validation.write_text("".join(json.dumps(r) + "\n" for r in rotten_rows(13, start=100)))
+    test = tmp_path / "test.parquet"
+    pd.DataFrame(rotten_rows(9, start=200)).to_parquet(test)
+    data = {"train": small_text_data["train"], "validation": validation}
+    results = main(tiny_text_args(data, tmp_path / "run", "max_steps=2", f"test_file={test}"))
+    assert results["validation"]["num_samples"] == 13 and results["test"]["num_samples"] == 9
+
+
+def test_an_image_folder_without_class_folders_says_how_to_lay_it_out(tmp_path, capsys):
+    """Images straight in data_dir: datasets finds no labels; the line says where the classes go."""
+    drawn_images(tmp_path, {"": [(60 * i, 0, 0) for i in range(4)]}, split="", size=(20, 20))  # no class folder
+    recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")
+    line = user_error(capsys, main, ["--config", recipe, f"data_dir={tmp_path}", f"output_dir={tmp_path / 'o'}"])
+    assert "column 'label' not found" in line and "<data_dir>/train/<class>/" in line
+
+
+def test_own_labels_under_the_default_recipe_say_how_to_take_them_from_the_data(tmp_path, capsys):
+    """The default recipe names the bundled data's labels ("0", "1"); a user's own files with other
+    labels get a line that says label_names=null (or the recipe for one's own files)."""
+    rows = [{"text": f"text {i}", "label": ["pos", "neg"][i % 2]} for i in range(8)]
+    train = write_csv(tmp_path / "train.csv", rows)
+    line = user_error(capsys, main, [f"train_file={train}", "validation_file=null", "test_file=null",
+                                     f"output_dir={tmp_path / 'o'}"])  # fmt: skip
+    assert "training labels ['neg', 'pos'] are not in label_names ['0', '1']" in line
+    assert "label_names=null" in line and "bert_custom_files.yaml" in line

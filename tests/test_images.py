@@ -1,0 +1,130 @@
+"""finetune/images.py: image files as the model sees them. Mixed and odd modes and sizes, 16-bit
+images, the resize notice, and augmentation that resumes exactly (also with data-loader workers).
+
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_images.py
+"""
+
+from __future__ import annotations
+
+import shutil
+import types
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_VIT, class_folders, drawn_images, image_folder, tiny_image_args
+from PIL import Image
+from safetensors.torch import load_file
+
+from finetune.config import CONFIGS_DIR, load_config
+from finetune.run import main
+
+IMAGEFOLDER = str(CONFIGS_DIR / "vit_imagefolder.yaml")  # a ViT built for 28x28 images
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_image_augmentation_resumes_exactly(workers, tmp_path):
+    """The flip, crop, colour and TrivialAugment draws are seeded by (seed, epoch, row): a run resumed
+    mid-epoch trains the weights of the uninterrupted one, also when data-loader workers (which read
+    ahead) decode and augment the images. (Under 2-process DDP and FSDP: tests/test_fsdp.py.)"""
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog", "owl"], "validation": ["cat", "dog", "owl"]})
+    args = ("num_train_epochs=2", "save_steps=2", "save_total_limit=null", "random_flip=true",
+            "augment=[crop,color,trivial]", f"dataloader_num_workers={workers}")  # fmt: skip
+    main(tiny_image_args(folder, tmp_path / "full", *args))
+    first = sorted((tmp_path / "full" / "checkpoints").iterdir())[0]
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(first, resumed / "checkpoints" / first.name)
+    main(tiny_image_args(folder, resumed, *args, "resume_from_checkpoint=latest"))
+    a, b = load_file(tmp_path / "full" / "model" / "model.safetensors"), load_file(resumed / "model" / "model.safetensors")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) == 0.0
+
+
+def test_imagefolder_mixed_image_modes(tmp_path):
+    """Grayscale, palette and RGBA files mixed with RGB just work; folder names are the labels."""
+    image_folder(tmp_path / "images", classes=3, mode=lambda i, j: ["L", "RGB", "P", "RGBA"][(i + j) % 4])
+    out = tmp_path / "run"
+    results = main(
+        [
+            "--config",
+            IMAGEFOLDER,
+            f"model_config={TINY_VIT}",
+            f"data_dir={tmp_path / 'images'}",
+            "num_train_epochs=1",
+            "validation_split_percentage=33.3",
+            f"output_dir={out}",
+        ]
+    )
+    assert results["label_names"] == ["0_tshirt_top", "1_trouser", "2_pullover"]
+    assert results["validation"]["num_samples"] == 6
+
+
+def test_resized_images_are_noticed_once(tmp_path, capsys):
+    """32x32 images into a ViT built for 28: one line says so and how to change it; 28x28: silence."""
+    from finetune.images import resize_notice
+    from finetune.models import load_preprocessor
+
+    colors = {"a": [(40 * i, 0, 0) for i in range(6)], "b": [(0, 40 * i, 0) for i in range(6)]}
+    drawn_images(tmp_path, colors, size=(32, 32))
+    recipe = IMAGEFOLDER
+    settings = [
+        f"data_dir={tmp_path}",
+        "validation_split_percentage=34",
+        "max_steps=1",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    args = ["--config", recipe, *settings]
+    main(args)
+    out = capsys.readouterr().out
+    assert out.count("are resized to 28x28") == 1 and "(32x32)" in out and "model_config.image_size" in out
+    image_size_32 = types.SimpleNamespace(image_size=32, num_channels=3)  # a model config with 32
+    processor = load_preprocessor(load_config(recipe, settings).model_args, image_size_32)
+    assert resize_notice(Counter({(32, 32): 6}), processor) is None
+
+
+@pytest.mark.parametrize("fmt", ["png", "tiff"])
+def test_16_bit_images_keep_their_contrast(tmp_path, fmt):
+    """A 16-bit grayscale image (PIL mode I;16) read as 8-bit clips every value above 255 to white: a
+    gradient became 99.6% white. It must give what its 8-bit version gives."""
+    from transformers import ViTImageProcessor
+
+    from finetune.images import ImageTransform
+
+    wide = (np.arange(28 * 28, dtype=np.uint32).reshape(28, 28) * 83).astype(np.uint16)
+    Image.fromarray(wide).save(tmp_path / f"wide.{fmt}")
+    Image.fromarray((wide >> 8).astype(np.uint8)).save(tmp_path / "narrow.png")
+    assert Image.open(tmp_path / f"wide.{fmt}").mode.startswith("I")
+    processor = ViTImageProcessor(size={"height": 28, "width": 28}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    transform = ImageTransform(processor, "image", num_channels=3)
+
+    def pixels(name: str) -> torch.Tensor:
+        return transform({"image": [{"path": str(tmp_path / name), "bytes": None}], "labels": [0]})[
+            "pixel_values"
+        ]
+
+    wide_pixels, narrow_pixels = pixels(f"wide.{fmt}"), pixels("narrow.png")
+    assert (wide_pixels - narrow_pixels).abs().max() <= 2 / 255 * 2 + 1e-6
+    assert wide_pixels.std() > 0.3  # a gradient, not a white page
+
+
+def test_odd_images_just_work(tmp_path):
+    """Grayscale, palette, RGBA and RGB mixed, and images far smaller than a patch (resized)."""
+    # the 12 files in sorted order (class i, file j: the (6 i + j)-th) take the modes in turn
+    root = image_folder(tmp_path / "images", mode=lambda i, j: ["L", "RGB", "P", "RGBA", "LA"][(6 * i + j) % 5])
+    Image.new("RGB", (3, 3), (200, 10, 10)).save(root / "train" / "1_trouser" / "tiny.png")
+    Image.new("L", (1, 5), 128).save(root / "train" / "0_tshirt_top" / "sliver.png")
+    results = main(
+        [
+            "--config",
+            IMAGEFOLDER,
+            f"model_config={TINY_VIT}",
+            f"data_dir={root}",
+            "max_steps=2",
+            "per_device_train_batch_size=7",
+            "validation_split_percentage=25",
+            f"output_dir={tmp_path / 'o'}",
+        ]
+    )
+    assert results["step"] == 2 and results["validation"]["num_samples"] >= 3

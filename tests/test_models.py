@@ -1,0 +1,211 @@
+"""finetune/models.py: where the config meets the model. Frozen embeddings and lower layers, gradient
+checkpointing, dropout, a mistake inside model_config, tokenizers without a padding token, and the
+safe defaults (no remote code, safetensors only).
+
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_models.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    REPO,
+    TINY_BERT,
+    recipe_text_args,
+    rotten_rows,
+    tiny_text_args,
+    user_error,
+)
+from safetensors.torch import load_file
+
+import finetune.run as run_module
+from finetune.config import load_config
+from finetune.run import main
+
+
+def _write_tokenizer(folder: Path, special: list[str]) -> Path:
+    """A byte-level BPE tokenizer (GPT-2's kind) trained here on a few sentences, with only `special`:
+    ["<|endoftext|>"] is GPT-2's case, a tokenizer with an end-of-text token and no padding token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tokenizer.train_from_iterator([row["text"] for row in rotten_rows(200)], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=special[0] if special else None)
+    assert fast.pad_token is None and fast.unk_token is None
+    fast.save_pretrained(folder)
+    return folder
+
+
+GPT2 = "{model_type: gpt2, n_embd: 32, n_layer: 2, n_head: 4, n_positions: 64}"
+
+
+@pytest.mark.parametrize("model", [GPT2, TINY_BERT], ids=["gpt2-config-without-pad", "bert-config-with-pad-0"])
+def test_a_tokenizer_with_only_an_end_of_text_token_pads_with_it(model, small_text_data, tmp_path):
+    """Whatever the model's config says of padding (GPT-2's: nothing; BERT's: id 0), the tokenizer pads
+    the batches: without a padding token it pads with its end-of-text token, as transformers' examples
+    do, and the model is told that id (instead of ValueError "Asking to pad..." at the first batch)."""
+    tokenizer = _write_tokenizer(tmp_path / "tok", ["<|endoftext|>"])
+    out = tmp_path / "run"
+    results = main(recipe_text_args(small_text_data, out, f"model_config={model}", f"tokenizer_name={tokenizer}", "max_steps=2"))
+    assert results["validation"]["num_samples"] == 13
+    eos = json.loads((tokenizer / "tokenizer.json").read_text())["added_tokens"][0]["id"]
+    assert json.loads((out / "model" / "config.json").read_text())["pad_token_id"] == eos
+    saved = json.loads((out / "model" / "tokenizer_config.json").read_text())
+    assert saved["pad_token"] == "<|endoftext|>"
+
+
+def test_a_model_without_a_padding_token_trains(small_text_data, tmp_path):
+    """GPT-2's config has no padding token: the tokenizer's is set on it."""
+    results = main(recipe_text_args(small_text_data, tmp_path / "run", f"model_config={GPT2}", "max_steps=2"))
+    assert results["validation"]["num_samples"] == 13
+    config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert config["pad_token_id"] == 0  # the BERT tokenizer's [PAD]
+
+
+def test_a_tokenizer_that_cannot_pad_is_refused_before_anything_is_written(small_text_data, tmp_path, capsys):
+    tokenizer = _write_tokenizer(tmp_path / "tok", [])
+    out = tmp_path / "run"
+    line = user_error(capsys, main, recipe_text_args(small_text_data, out, f"tokenizer_name={tokenizer}", "max_steps=2"))
+    assert "has no padding token, and no end-of-text or unknown token to pad with" in line
+    assert not out.exists()
+
+
+def test_trust_remote_code_is_off_and_weights_are_safetensors_by_default(monkeypatch, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from finetune.config import load_config
+    from finetune.models import build_model, load_preprocessor
+
+    calls = []
+    for cls in (AutoModelForSequenceClassification, AutoTokenizer):
+        original = cls.from_pretrained.__func__
+
+        def spy(klass, *args, _original=original, **kwargs):
+            calls.append((klass.__name__, kwargs))
+            return _original(klass, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(spy))
+    cfg = load_config(None, [f"output_dir={tmp_path}"])  # the default recipe: the bundled MiniLM
+    assert cfg.trust_remote_code is False and cfg.allow_pickle_weights is False
+    load_preprocessor(cfg.model_args)
+    build_model(cfg.model_args, ["0", "1"])
+    assert {name for name, _ in calls} == {"AutoModelForSequenceClassification", "AutoTokenizer"}
+    assert all(kwargs["trust_remote_code"] is False for _, kwargs in calls)
+    model_kwargs = [kw for name, kw in calls if name == "AutoModelForSequenceClassification"]
+    assert all(kw["use_safetensors"] is True for kw in model_kwargs)
+
+
+def test_frozen_embeddings_stay_as_built_and_the_rest_trains(small_text_data, tmp_path):
+    from accelerate.utils import set_seed
+
+    from finetune.models import build_model, load_preprocessor
+
+    out = tmp_path / "run"
+    args = tiny_text_args(small_text_data, out, "max_steps=3", "freeze_embeddings=true", "save_steps=3")
+    cfg = load_config(None, args)
+    set_seed(cfg.seed)  # as train() does before building: the same initial weights
+    model = build_model(cfg.model_args, ["0", "1"], vocab_size=len(load_preprocessor(cfg.model_args)))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    main(args)
+    trained = load_file(out / "model" / "model.safetensors")
+    word = "bert.embeddings.word_embeddings.weight"
+    assert torch.equal(trained[word], initial[word])
+    for name in (
+        "bert.embeddings.position_embeddings.weight",
+        "bert.encoder.layer.0.attention.self.query.weight",
+    ):
+        assert not torch.equal(trained[name], initial[name]), name
+    # The optimizer holds state for the trainable weights only.
+    optimizer = torch.load(next((out / "checkpoints").glob("step-*")) / "optimizer.bin", weights_only=True)
+    assert len(optimizer["state"]) == len(list(model.parameters())) - 1
+
+
+def test_gradient_checkpointing_recomputes_layers_and_changes_no_numbers(
+    small_text_data, tmp_path, monkeypatch
+):
+    from transformers.models.bert import modeling_bert
+
+    # Counted inside the layer: a checkpointed layer runs its feed-forward again in backward.
+    calls = []
+    original = modeling_bert.BertIntermediate.forward
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_bert.BertIntermediate, "forward", counting)
+    runs = {}
+    for flag in ("false", "true"):
+        calls.clear()
+        out = tmp_path / flag
+        main(tiny_text_args(small_text_data, out, "max_steps=3", f"gradient_checkpointing={flag}"))
+        runs[flag] = len(calls), load_file(out / "model" / "model.safetensors")
+    # 3 steps x 2 layers run again in backward; evaluation calls the layers the same way in both runs.
+    assert runs["true"][0] == runs["false"][0] + 3 * 2
+    plain, checkpointed = runs["false"][1], runs["true"][1]
+    assert max((plain[k] - checkpointed[k]).abs().max().item() for k in plain) <= 1e-6
+
+
+def test_freeze_layers_keeps_embeddings_and_lower_layers_as_loaded(small_text_data, tmp_path, monkeypatch):
+    initial = {}
+    real_build = run_module.build_model
+
+    def build(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        initial.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return model
+
+    monkeypatch.setattr(run_module, "build_model", build)
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "max_steps=3", "freeze_layers=1"))
+    trained = load_file(out / "model" / "model.safetensors")
+    changed = {k for k in trained if not torch.equal(trained[k], initial[k])}
+    frozen = {k for k in trained if k.startswith(("bert.embeddings.", "bert.encoder.layer.0."))}
+    assert frozen and not frozen & changed, frozen & changed
+    # the layer above and the head trained
+    assert any(k.startswith("bert.encoder.layer.1.") for k in changed) and "classifier.weight" in changed
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["freeze_layers=3"], "freeze_layers=3 but BertForSequenceClassification has 2 encoder layers"),
+        (["freeze_layers=-1"], "freeze_layers must be >= 0"),
+        (["freeze_layers=1", "peft={r: 4}"], "freeze_layers and peft together"),
+    ],
+)
+def test_freeze_layers_mistakes(small_text_data, tmp_path, capsys, extra, message):
+    out = tmp_path / "run"
+    assert message in user_error(capsys, main, tiny_text_args(small_text_data, out, "max_steps=1", *extra))
+    assert not out.exists()
+
+
+def test_dropout_override_reaches_the_model(small_text_data, tmp_path):
+    out = tmp_path / "run"
+    main(tiny_text_args(small_text_data, out, "max_steps=1", "dropout=0.3"))
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["hidden_dropout_prob"] == 0.3 and config["attention_probs_dropout_prob"] == 0.3
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("model_config.image_sise=32", "ViTConfig has no setting 'image_sise'; did you mean image_size?"),
+        ("model_config.image_size=big", "cannot build a image-classification model from model_config"),
+    ],
+)
+def test_a_mistake_inside_model_config_is_one_line(tmp_path, capsys, setting, message):
+    from conftest import user_error
+
+    recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")
+    assert message in user_error(capsys, main, ["--config", recipe, setting, f"output_dir={tmp_path / 'o'}"])
+    assert not (tmp_path / "o").exists()

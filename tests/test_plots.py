@@ -1,0 +1,142 @@
+"""finetune/plots.py: the training curves, from a real tiny run (the factory's two-epoch run) and from
+hand-written metrics.jsonl files.
+
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_plots.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from finetune.plots import BEST_GID, plot_training_curves, read_metrics, training_curves_figure
+
+# --- plots -------------------------------------------------------------------------------------------
+
+
+def test_training_curves_png_of_a_real_run(two_epoch_run):
+    out, _ = two_epoch_run
+    png = plot_training_curves(out / "metrics.jsonl", out / "curves" / "training_curves.png")
+    assert png == out / "curves" / "training_curves.png"
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.width > 600 and image.height > 600
+    fig = training_curves_figure(out / "metrics.jsonl")
+    loss_ax, metrics_ax, lr_ax = fig.axes
+    labels = [line.get_label() for line in loss_ax.get_lines()]
+    assert labels[:2] == ["training loss", "validation loss"]
+    assert [line.get_label() for line in metrics_ax.get_lines()][:2] == [
+        "validation accuracy",
+        "validation macro F1",
+    ]
+    assert lr_ax.get_xlabel() == "optimizer step"
+    steps = list(lr_ax.get_lines()[0].get_xdata())
+    assert steps == list(range(1, 11))  # logging_steps=1: every optimizer step
+    assert loss_ax.get_yscale() == "linear"  # the loss moved by less than 10x
+
+
+def _series_lines(ax):
+    """The data lines of a panel: not the best checkpoint's marks, not the epoch boundaries."""
+    return [
+        line for line in ax.get_lines() if line.get_gid() != BEST_GID and not line.get_label().startswith("_")
+    ]
+
+
+def test_every_curve_is_distinct_named_and_the_best_checkpoint_marked(two_epoch_run):
+    out, results = two_epoch_run
+    best = results["best"]
+    assert best["metric"] == "accuracy" and best["step"] in (5, 10)
+    # As the run wrote it: export_run draws before results.json exists, so the best comes from the
+    # newest checkpoint's manifest; drawn again now, from results.json. Both must mark it.
+    (out / "results.json").rename(out / "results.json.away")
+    try:
+        during = training_curves_figure(out / "metrics.jsonl")
+    finally:
+        (out / "results.json.away").rename(out / "results.json")
+    for fig in (during, training_curves_figure(out / "metrics.jsonl")):
+        loss_ax, metrics_ax, lr_ax = fig.axes
+        lines = [line for ax in fig.axes for line in _series_lines(ax)]
+        assert [line.get_label() for line in lines] == [
+            "training loss",
+            "validation loss",
+            "validation accuracy",
+            "validation macro F1",
+            "learning rate",
+        ]
+        # A colour each; within a panel, also a line style and a marker each: accuracy and macro F1
+        # may coincide, and must still be told apart without colour.
+        assert len({line.get_color() for line in lines}) == len(lines)
+        for ax in (loss_ax, metrics_ax):
+            for attribute in ("get_linestyle", "get_marker"):
+                styles = [getattr(line, attribute)() for line in _series_lines(ax)]
+                assert len(set(styles)) == len(styles) == 2, attribute
+        accuracy, macro_f1 = _series_lines(metrics_ax)
+        assert macro_f1.get_markerfacecolor() == "none"  # hollow: a point beneath it stays visible
+        assert accuracy.get_linewidth() > macro_f1.get_linewidth()  # wider, beneath: shows around it
+        # A legend with every series of the panel, and the best checkpoint's star on accuracy.
+        for ax in (loss_ax, metrics_ax):
+            legend = [text.get_text() for text in ax.get_legend().get_texts()]
+            assert [line.get_label() for line in _series_lines(ax)] == legend[: len(_series_lines(ax))]
+        legend = [text.get_text() for text in metrics_ax.get_legend().get_texts()]
+        assert legend[-1] == f"best checkpoint: step {best['step']}, accuracy {best['value']:.4g}"
+        (star,) = [line for line in metrics_ax.get_lines() if line.get_marker() == "*"]
+        assert star.get_gid() == BEST_GID
+        assert list(star.get_xdata()) == [best["step"]] and list(star.get_ydata()) == [best["value"]]
+        step_of_accuracy = dict(zip(accuracy.get_xdata(), accuracy.get_ydata(), strict=True))
+        assert step_of_accuracy[best["step"]] == best["value"]  # on the curve, where it was chosen
+        for ax in fig.axes:  # and a vertical line through every panel at that step
+            verticals = [line for line in ax.get_lines() if line.get_gid() == BEST_GID and line is not star]
+            assert [list(line.get_xdata()) for line in verticals] == [[best["step"], best["step"]]]
+
+
+def test_best_checkpoint_by_loss_or_an_undrawn_metric_and_none(tmp_path):
+    lines = [json.dumps({"step": s, "epoch": 0, "loss": 1.0 / s, "learning_rate": 1e-4}) for s in range(1, 7)]
+    for s, accuracy, loss in ((2, 0.6, 0.5), (4, 0.7, 0.4), (6, 0.65, 0.45)):
+        lines.append(json.dumps({"step": s, "epoch": 0, "eval_accuracy": accuracy, "eval_loss": loss}))
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(lines))
+
+    def marks(fig):  # (panel, marker, steps) of the best checkpoint's artists
+        found = []
+        for panel, ax in enumerate(fig.axes):
+            best = [line for line in ax.get_lines() if line.get_gid() == BEST_GID]
+            found += [(panel, line.get_marker(), list(line.get_xdata())) for line in best]
+        return found
+
+    loss_best = training_curves_figure(path, best={"metric": "loss", "value": 0.4, "step": 4})
+    assert (0, "*", [4]) in marks(loss_best)  # the star on the loss panel, at validation loss 0.4
+    assert "best checkpoint: step 4, loss 0.4" in [
+        t.get_text() for t in loss_best.axes[0].get_legend().get_texts()
+    ]
+    undrawn = training_curves_figure(path, best={"metric": "macro_recall", "value": 0.7, "step": 6})
+    assert [m for m in marks(undrawn) if m[1] == "*"] == []  # no curve to put a star on: the line only
+    assert "best checkpoint: step 6, macro recall 0.7" in [
+        t.get_text() for t in undrawn.axes[0].get_legend().get_texts()
+    ]
+    assert marks(training_curves_figure(path)) == []  # no results.json, no checkpoint: nothing to mark
+    assert marks(training_curves_figure(path, best={})) == []
+
+
+def test_resumed_steps_torn_lines_and_log_scale(tmp_path):
+    lines = [
+        json.dumps({"step": s, "epoch": 0, "loss": 2.0 / s, "learning_rate": 1e-4}) for s in range(1, 31)
+    ]
+    lines.append(json.dumps({"step": 20, "epoch": 0, "loss": 0.05, "learning_rate": 1e-4}))  # resumed: wins
+    lines.append(json.dumps({"step": 30, "epoch": 0, "eval_accuracy": 0.9, "eval_loss": 0.1}))
+    lines.append('{"step": 31, "epo')  # killed while writing
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(lines))
+    train, evals = read_metrics(path)
+    assert [r["step"] for r in train] == list(range(1, 31)) and train[19]["loss"] == 0.05
+    assert [r["step"] for r in evals] == [30]
+    fig = training_curves_figure(path)
+    assert fig.axes[0].get_yscale() == "log"  # 2.0 down to 0.05: more than 10x
+    assert plot_training_curves(path, tmp_path / "deep" / "curves.png").is_file()
+
+
+def test_no_records_is_a_clear_error(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("")
+    with pytest.raises(ValueError, match="holds no training or evaluation records"):
+        plot_training_curves(path, tmp_path / "x.png")
