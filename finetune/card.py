@@ -95,8 +95,7 @@ def redact(value: Any) -> Any:
 
 def _display_path(value: Any) -> Any:
     """An absolute local path as the reader can use it: relative to the repository, or to ~; anywhere
-    else only its last two parts after `.../` (a card travels: the machine's layout is no one's
-    business), which says that the path was shortened rather than reading as one relative to here."""
+    else only its last two parts (a card travels: the machine's layout is no one's business)."""
     if not isinstance(value, str) or not value.startswith("/"):
         return value
     path = Path(value)
@@ -105,7 +104,7 @@ def _display_path(value: Any) -> Any:
             return prefix + str(path.relative_to(root))
         except ValueError:
             continue
-    return ".../" + str(Path(*path.parts[-2:]))
+    return str(Path(*path.parts[-2:]))
 
 
 def _public_config(config: dict[str, Any]) -> dict[str, Any]:

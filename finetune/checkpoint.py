@@ -191,7 +191,8 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     root = Path(output_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.is_dir() and is_complete(p)]
+    found = [p for p in root.iterdir()  # step-N only: a copy of the user's (step-00000002-backup) is none
+             if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit() and p.is_dir() and is_complete(p)]
     return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 
 

@@ -32,6 +32,7 @@ import yaml
 
 from finetune.errors import UserError
 from finetune.metrics import METRICS, PROBLEMS
+from finetune.rundir import MANIFEST
 from finetune.tasks import TASK_NAMES, task_of
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -759,7 +760,9 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not sep:
         raise UserError(f"expected key=value, got '{item}'")
     try:
-        return key.strip(), yaml.safe_load(text) if text != "" else None
+        return key.strip(), read_yaml(text) if text != "" else None
+    except DuplicateKey as e:
+        raise UserError(f"{key.strip()}={text}: {e.problem}") from None
     except yaml.YAMLError:
         return key.strip(), text
 
@@ -790,6 +793,38 @@ def resumed_run_recipe(overrides: list[str]) -> Path | None:
     return resumed_run_config(given.get("resume_from_checkpoint"), given.get("output_dir") or default)
 
 
+class DuplicateKey(yaml.constructor.ConstructorError):
+    """A mapping that sets one key twice: YAML forbids it, PyYAML keeps the last value without a word."""
+
+
+class RecipeLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key set twice in one mapping (`max_steps: 4` ... `max_steps: 6`), at
+    any depth, naming the key and both lines; merge keys (`<<: *defaults`) may still be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: SafeLoader's own error says so
+                    break
+                if first is not None:
+                    where = f"twice on line {line}" if first == line else f"twice, on line {first} and line {line}"
+                    raise DuplicateKey(None, None, f"{key} is set {where}: keep one", key_node.start_mark)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(text: str) -> Any:
+    """YAML as a recipe is read: safe, and a key set twice in one mapping is an error (DuplicateKey)."""
+    return yaml.load(text, Loader=RecipeLoader)  # noqa: S506 - RecipeLoader is a SafeLoader
+
+
 FILE_KEYS, FOLDER_KEYS = ("train_file", "validation_file", "test_file"), ("data_dir", "dataset_name", "dataset_config_name")
 
 
@@ -805,6 +840,22 @@ def _data_source_from_command_line(raw: dict[str, Any], given: dict[str, Any]) -
             for key in other:
                 raw.pop(key, None)
     _warn_of_the_recipe_s_evaluation_files(raw, given)
+    _model_from_command_line(raw, given)
+
+
+def _model_from_command_line(raw: dict[str, Any], given: dict[str, Any]) -> None:
+    """A model comes from pretrained weights (model_name_or_path) or is built at random from model_config,
+    and model_config wins when both are set (finetune/models.py: the name then only supplies the tokenizer
+    or image processor). So `model_name_or_path=<weights>` on the command line over a recipe that has a
+    model_config (the ViT recipes) would train a random model and ignore the weights without a word: a
+    command line that names model_name_or_path and says nothing of model_config drops the recipe's
+    model_config, as `_data_source_from_command_line` drops the recipe's other data source. Chosen over a
+    refusal because the command line is the more specific layer and what it asks for is not in doubt
+    (the recipes' own comments say `model_config=null model_name_or_path=...`); config.yaml shows the
+    result. Naming both (model_config=... or model_config.KEY=...) keeps both, as before."""
+    names_config = any(key == "model_config" or key.startswith("model_config.") for key in given)
+    if given.get("model_name_or_path") is not None and not names_config:
+        raw.pop("model_config", None)
 
 
 _warned: set[str] = set()  # the command line is parsed twice in one process (before torch, then by the run)
@@ -839,7 +890,7 @@ def load_config(
         raise UserError(f"config file {what}: {recipe}")
     try:
         text = recipe.read_text()
-        raw = yaml.safe_load(text)
+        raw = _config_in_manifest(recipe, text) if saved and recipe.name == MANIFEST else read_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -870,6 +921,20 @@ def load_config(
         if isinstance(value, str) and (key == "output_dir" or Path(value).exists()):
             raw[key] = str(Path(value).expanduser().resolve())
     return config_from_dict(raw, saved=saved)
+
+
+def _config_in_manifest(path: Path, text: str) -> dict[str, Any]:
+    """The resolved config a checkpoint's manifest.json holds: the recipe of a run whose config.yaml is
+    gone (rundir.resumed_run_config)."""
+    import json
+
+    try:
+        config = json.loads(text).get("config")
+    except (ValueError, AttributeError):
+        config = None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} holds no config of its run; resume with --config <the run's recipe>")
+    return config
 
 
 def config_from_dict(raw: dict[str, Any], saved: bool = False) -> TrainConfig:

@@ -30,8 +30,8 @@ from datasets import Dataset as HFDataset
 
 from finetune.config import DataArgs
 from finetune.errors import TrainingStopped, UserError, first_line
-from finetune.problems import SINGLE, encode, infer_problem_type, label_names_for
-from finetune.tasks import task_for_data, task_of
+from finetune.problems import MULTI, SINGLE, TOKENS, encode, infer_problem_type, label_names_for
+from finetune.tasks import tag_problem, task_for_data, task_of
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv",
                  ".conll": "conll", ".iob2": "conll", ".iob": "conll", ".bio": "conll", ".txt": "conll"}  # fmt: skip
@@ -139,14 +139,24 @@ def _check_readable_and_separated(split: str, path: str) -> None:
         raise UserError(f"{split} file {path} is not readable (permission denied); check its permissions")
     if Path(path).suffix.lower() != ".parquet":
         _check_utf8(split, path)
-    if Path(path).suffix.lower() != ".csv":
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".csv", ".tsv"):
         return
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
         header = f.readline().strip()
-    if ";" in header and "," not in header:
+        f.seek(0)
+        names = next(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","), [])
+    if suffix == ".csv" and ";" in header and "," not in header:
         raise UserError(
             f"{split} file {path} looks semicolon-separated (its header is {header[:80]!r}); this app reads "
             "comma-separated .csv or tab-separated .tsv: save it with one of those"
+        )
+    # datasets renames a repeated column (label, label.1) and reads the first: say so instead
+    repeated = next((n for i, n in enumerate(names) if n and n in names[:i]), None)
+    if repeated is not None:
+        raise UserError(
+            f"{split} file {path} has the column {repeated!r} twice in its header; rename or remove one "
+            "of them (only the first would be read)"
         )
 
 
@@ -253,6 +263,12 @@ def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | 
     _check_label_texts(train, column, present, label_names)
     absent = [n for n in names if n not in present]
     if isinstance(feature, ClassLabel) and not label_names and absent:
+        twin = _near_misses(absent[:1], sorted(present))
+        if twin:  # an image folder's validation/Cat beside train/cat
+            raise UserError(
+                f"class {absent[0]!r} of label column '{column}' has no training sample{twin} (an image folder: "
+                "name each class's folder the same in every split)"
+            )
         raise UserError(
             f"class {absent[0]!r} of label column '{column}' has no training sample (an image folder: no "
             f"train/{absent[0]}/ images, or max_train_samples left them out): the model could not learn it; "
@@ -352,6 +368,9 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool) ->
     task, label_columns, inputs = task_of(args.task), args.label_sources if labelled else [], args.input_columns
     for column in (*label_columns, *inputs):
         if column not in ds.column_names:
+            why = task.missing_label_error(ds, split, args) if column in label_columns else None
+            if why:
+                raise UserError(why)
             hint = task.missing_label_hint() if column in label_columns and ds.column_names == inputs else ""
             other = task_for_data(ds.features, args)
             if other != args.task:  # the columns of another task's data
@@ -360,6 +379,10 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool) ->
                 f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
                 + hint
             )
+    lists = set(task.input_columns(args) + task.label_columns(args)) if task.problems == (TOKENS,) else set()
+    for column in (*inputs, *label_columns):
+        if column not in lists:  # word and tag lists: the task names what a row should hold
+            _check_one_type(ds, split, column)
     task.check_inputs(ds, split, args)
     for column in label_columns:
         labels = ds[column]
@@ -369,6 +392,36 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool) ->
                 f"label column '{column}' in the {split} data has empty (null) values "
                 f"(first at row {row + 1}); fill them in or drop those rows"
             )
+
+
+def _kind_of_value(value: Any) -> str:
+    """A JSON value's kind, in a user's words."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    return {list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def _check_one_type(ds: HFDataset, split: str, column: str) -> None:
+    """A JSON column whose values are of several kinds (a number among texts): datasets reads it as
+    `Json`, which no check below would name; say which row differs from the first."""
+    if type(ds.features[column]).__name__ != "Json":
+        return
+    values = list(ds[column])
+    kinds = [None if v is None else _kind_of_value(v) for v in values]
+    first = next((k for k in kinds if k is not None), None)
+    odd = next((i for i, k in enumerate(kinds) if k is not None and k != first), None)
+    if odd is None:
+        return
+    start = kinds.index(first)
+    raise UserError(
+        f"column '{column}' in the {split} data holds values of mixed types: row {odd + 1} holds {kinds[odd]} "
+        f"({values[odd]!r:.40}), row {start + 1} {first} ({values[start]!r:.40}); give every row the same type "
+        "(write numbers meant as text in quotes)"
+    )
 
 
 def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
@@ -384,21 +437,30 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     if problem == SINGLE:
         label_names = resolve_label_names(raw["train"], args.label_column, args.label_names)
     else:
+        if problem == MULTI and not args.label_columns:
+            _check_list_label_texts(raw["train"], args.label_column)
         label_names = label_names_for(raw["train"], args, problem)
+        if problem == TOKENS:
+            _check_tag_set(label_names, bool(args.label_names))
     raw = DatasetDict({s: encode_split(d, args, problem, label_names, s) for s, d in raw.items()})
+    file_rows: dict[str, list[int]] = {}  # a held-out split's rows: their rows in the training file (0-based)
     if "validation" not in raw:
         held_out = args.validation_split_percentage / 100
-        # Stratified by class for single-label; a seeded random share for numbers and label sets.
+        # Stratified by class for single-label; a seeded random share for numbers and label sets. Split by
+        # row number (the same draw as splitting the data itself), so that each row's place in the file is known.
         stratify = {"stratify_by_column": "labels"} if problem == SINGLE else {}
+        rows = raw["train"].select_columns(["labels"]).add_column("file_row", list(range(len(raw["train"]))))
         try:
-            parts = raw["train"].train_test_split(test_size=held_out, seed=args.seed, **stratify)
+            parts = rows.train_test_split(test_size=held_out, seed=args.seed, **stratify)
         except ValueError as e:
             raise UserError(
                 f"cannot hold out a stratified validation split: {first_line(e)}; give a validation_file, or "
                 "enough samples of every class (2 or more) and a validation_split_percentage whose share holds "
                 "one of each"
             ) from None
-        raw["train"], raw["validation"] = parts["train"], parts["test"]
+        file_rows = {"train": list(parts["train"]["file_row"]), "validation": list(parts["test"]["file_row"])}
+        raw["train"], raw["validation"] = (raw["train"].select(file_rows["train"]),
+                                           raw["train"].select(file_rows["validation"]))  # fmt: skip
     for split, limit in (
         ("train", args.max_train_samples),
         ("validation", args.max_eval_samples),
@@ -406,7 +468,34 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     ):
         if limit is not None and split in raw and len(raw[split]) > limit:
             raw[split] = raw[split].select(range(limit))
+    for split, rows_of in file_rows.items():  # read by the notices (finetune/tasks.py: a tag's row)
+        raw[split].file_rows = rows_of[: len(raw[split])]
     return raw, label_names
+
+
+def _check_list_label_texts(train: HFDataset, column: str) -> None:
+    """Multi-label lists of names: names that differ only by surrounding spaces would be two labels."""
+    stripped: dict[str, str] = {}
+    for row, labels in enumerate(train[column]):
+        for name in labels or []:
+            if not isinstance(name, str):
+                continue
+            twin = stripped.setdefault(name.strip(), name)
+            if twin != name:
+                raise UserError(
+                    f"label column '{column}' holds {twin!r} and {name!r} (row {row + 1}), which differ only by "
+                    "spaces and would be two labels; strip the spaces in the data"
+                )
+
+
+def _check_tag_set(tags: list[str], named: bool) -> None:
+    """Every tag of the tag set is IOB2 (strict IOB2 scoring reads no other); the data's own tags were
+    checked with their rows (finetune/tasks.py), so this names the tags of label_names or of a ClassLabel."""
+    for tag in tags:
+        why = tag_problem(str(tag))
+        if why:
+            where = "label_names' tag" if named else "the tags column's tag name"
+            raise UserError(f"{where} {str(tag)!r} {why}")
 
 
 def encode_split(ds: HFDataset, args: DataArgs, problem: str, label_names: list[str], split: str) -> HFDataset:
@@ -456,7 +545,7 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
     as a tag (O, or B-/I-/E-/S- and a type: CoNLL-2003's chunk tags stand before its NER tags). A line with another number of
     columns than the file's first token line is refused with its line number; so is a file that is not
     UTF-8. Read by hand: datasets has no CoNLL builder (its hub scripts are gone)."""
-    sentences, words, tags, columns, tag_at = [], [], [], None, -1
+    sentences, words, tags, columns, tag_at, first = [], [], [], None, -1, None
     try:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
@@ -475,10 +564,18 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                     tag_at = looks[-1] if looks else -1
                 if columns < 2 or len(fields) != columns:
                     what = f"the file's first token line has {columns}" if columns >= 2 else "a token and its tag"
+                    if Path(path).suffix.lower() == ".txt":  # often a CSV or TSV saved as .txt
+                        raise UserError(
+                            f"{split} file {path} line {number} has {len(fields)} column(s), {what}: a .txt file is "
+                            "read as CoNLL (a token and its tag on each line, a blank line between sentences); a "
+                            "CSV file should be named .csv (a tab-separated one .tsv)"
+                        )
                     raise UserError(
                         f"{split} file {path} line {number} has {len(fields)} column(s), {what}; each line holds "
                         "a token and its tag (the tag last), a blank line between sentences"
                     )
+                if first is None:
+                    first = (number, fields)
                 words.append(fields[1] if columns > 2 and fields[0].isdigit() else fields[0])
                 tags.append(fields[tag_at])
     except UnicodeDecodeError as e:
@@ -487,4 +584,20 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
         sentences.append((words, tags))
     if not sentences:
         raise UserError(f"the {split} data has no rows ({path}): no token lines; check the file")
+    _check_conll_columns(split, path, sentences, first)
     return HFDataset.from_dict({tokens_column: [w for w, _ in sentences], tags_column: [t for _, t in sentences]})
+
+
+def _check_conll_columns(split: str, path: str, sentences: list, first: tuple[int, list[str]] | None) -> None:
+    """Words read as tags: the file's tag column comes first (`B-PER Ada`), so its words are read as the
+    tags. Said when no tag read looks like a tag and every word does."""
+    looks = re.compile(r"O|[BIES]-\S+")
+    tags = [t for _, row in sentences for t in row]
+    words = [w for row, _ in sentences for w in row]
+    if any(looks.fullmatch(t) for t in tags) or not all(looks.fullmatch(w) for w in words):
+        return
+    number, fields = first or (0, [])
+    raise UserError(
+        f"{split} file {path}: the tag column seems to be the first (line {number} reads {' '.join(fields)!r}), so "
+        "its words would be read as tags; put each word first and its tag last (Ada B-PER)"
+    )

@@ -22,11 +22,13 @@ from finetune.tasks import task_of
 
 
 def load_error(what: str, name: str, e: Exception) -> UserError:
-    """One line for a model, tokenizer or image processor that does not load."""
+    """One line for a model, tokenizer or image processor that does not load; under HF_HUB_OFFLINE, a hub
+    name gets the hint to download it while online, a local folder not (it is read from disk)."""
     if not is_hub_name(name) and not Path(name).expanduser().exists():
         return UserError(f"{what} path does not exist: {name}")
     first = first_line(e)
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+    local = Path(name).expanduser().exists()  # a folder on disk: no download would help
+    if not local and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         first += " (HF_HUB_OFFLINE is set: download it while online, or give a local directory)"
     return UserError(f"could not load {what} '{name}': {first}")
 

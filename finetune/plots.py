@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from finetune import checkpoint as ckpt
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error
 from finetune.metrics import METRICS
-from finetune.rundir import RunDir
+from finetune.rundir import METRICS_LOG, RunDir
 
 # The evaluation metrics drawn in the middle panel, when present, with their legend names: those the
 # metric table marks as plotted (a regression's mse is its loss; Pearson's r is in [-1, 1]).
@@ -359,13 +360,51 @@ def plot_confusion_matrix(
     return path
 
 
+def _check_metrics_file(metrics: Path) -> None:
+    """What `python -m finetune.plots` is given must be a metrics.jsonl with records: else one line."""
+    if not metrics.exists():
+        raise UserError(f"{metrics} does not exist; give a run's {METRICS_LOG} (<output_dir>/{METRICS_LOG})")
+    if metrics.is_dir():
+        hint = f": did you mean {RunDir(metrics).metrics}?" if RunDir(metrics).metrics.is_file() else ""
+        raise UserError(f"{metrics} is a folder, not a {METRICS_LOG} file{hint}")
+    try:
+        train, evals = read_metrics(metrics)
+    except UnicodeDecodeError:
+        raise UserError(f"{metrics} is not a text file; give a run's {METRICS_LOG} (one JSON record a line)") from None
+    except OSError as e:
+        raise UserError(f"cannot read {metrics}: {e.strerror or e}") from None
+    if not train and not evals:
+        raise UserError(
+            f"{metrics} holds no training or evaluation records yet (one JSON object a line, with its step): a run "
+            "writes its first at its first logging step; draw it again later"
+        )
+
+
+def _check_png(out: Path) -> None:
+    """The picture's path: not a folder, not under a file, a format matplotlib writes."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if out.is_dir():
+        raise UserError(f"{out} is a folder; give the picture's file name ({RunDir(out).curves})")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UserError(f"cannot write {out}: {above} is a file, not a folder")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if out.suffix and out.suffix[1:].lower() not in formats:
+        raise UserError(f"cannot write {out}: '{out.suffix}' is not a picture format; use .png (or {', '.join(sorted(formats))})")
+
+
+@exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help") or len(args) > 2:
-        print(__doc__)
-        sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
-    metrics = Path(args[0])
-    out = Path(args[1]) if len(args) > 1 else RunDir(metrics.parent).curves
+    """`python -m finetune.plots <metrics.jsonl> [<out.png>]`: a mistake is one `error:` line, exit 2."""
+    parser = ArgumentParser(prog="python -m finetune.plots", description=__doc__, hint="python -m finetune.plots --help")
+    parser.add_argument("metrics", metavar=METRICS_LOG, help=f"a run's {METRICS_LOG} (also while it runs)")
+    parser.add_argument("out", metavar="out.png", nargs="?", help="the picture (default: training_curves.png beside it)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    metrics = Path(args.metrics).expanduser()
+    out = Path(args.out).expanduser() if args.out else RunDir(metrics.parent).curves
+    _check_metrics_file(metrics)
+    _check_png(out)
     print(plot_training_curves(metrics, out))
 
 

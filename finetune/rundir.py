@@ -27,6 +27,7 @@ import functools
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,8 +106,11 @@ class RunDir:
 
 def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: bool) -> None:
     """Refuse to write over a run, or into a folder of other files, unless told to overwrite it or to
-    resume it; refuse a path that cannot become a folder before anything runs."""
+    resume it; refuse a path that cannot become a folder before anything runs; refuse a folder inside
+    another run's checkpoints/ or export (`check_not_inside_a_run`); and, before an overwrite moves a
+    run aside, refuse one whose folders hold files of the user's (`check_only_run_entries`)."""
     run = RunDir(out)
+    check_not_inside_a_run(run.root)
     existing = next(p for p in (run.root, *run.root.parents) if p.exists())
     if not existing.is_dir():
         raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
@@ -114,6 +118,8 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
         raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
     if overwrite and not resume and run.root.is_dir() and not run.holds_run():
         check_files_in_the_way(run, trackers)  # the user's config.yaml: not written over
+    if overwrite and not resume and run.root.is_dir() and run.holds_run():
+        check_only_run_entries(run)  # the user's notes in model/ or checkpoints/: not moved aside and deleted
     if resume or not run.root.exists() or overwrite:
         return
     state = run.holds_run()
@@ -139,6 +145,92 @@ def check_files_in_the_way(run: RunDir, trackers: bool) -> None:
             f"output_dir {run.root} holds {', '.join(found)}, which no run of this app wrote there; a run would "
             "write over them: move them, or choose another output_dir (overwrite_output_dir=true replaces "
             "only a run)"
+        )
+
+
+# Folders of a run that a later step of that run (or of an overwrite, a resume) deletes or replaces whole:
+# the checkpoints (retention, a re-save), the export and the adapter (the next export), what an overwrite
+# sets aside, and the export's staging folders. No output_dir may lie inside one.
+_REPLACED_WHOLE = {
+    CHECKPOINTS: "checkpoints folder",
+    MODEL: "export",
+    ADAPTER: "LoRA adapter",
+    PREVIOUS: "set-aside earlier run",
+    f"{PREVIOUS}.tmp": "set-aside earlier run",
+    EXPORT_STAGE: "export being written",
+    EXPORT_ASIDE: "earlier export",
+}
+_CHECKPOINT_NAME = re.compile(rf"(\.tmp-|\.old-)?{PREFIX}\d+")
+
+
+def _looks_like_a_run(path: Path) -> bool:
+    """A run directory, as far as nesting goes: finished, or started (its log, or its config beside its
+    checkpoints/). A project folder of the user's that has a model/ subfolder is not one."""
+    run = RunDir(path)
+    return run.results.is_file() or run.metrics.is_file() or (run.config.is_file() and run.checkpoints.is_dir())
+
+
+def check_not_inside_a_run(out: Path) -> None:
+    """Refuse an output_dir that is, or lies inside, a folder of another run that the other run deletes or
+    replaces whole (`_REPLACED_WHOLE`: its checkpoints/, model/, ...): that run's checkpoint retention,
+    resume or next overwrite would delete this one without a word. A checkpoint is named as such, with the
+    setting that takes it (resume_from_checkpoint)."""
+    path = Path(out).expanduser().resolve()
+    for inner in (path, *path.parents):
+        outer = inner.parent
+        if inner.name not in _REPLACED_WHOLE or not _looks_like_a_run(outer):
+            continue
+        if inner.name == CHECKPOINTS and path != inner:
+            step = path.relative_to(inner).parts[0]
+            if re.fullmatch(rf"{PREFIX}\d+", step) and (inner / step).is_dir():  # a checkpoint: resumable
+                what = (f"holds files that are not a run of this app: it is checkpoint {step} of the run in {outer}"
+                        if path == inner / step else f"is inside checkpoint {step} of the run in {outer}")
+                raise UserError(
+                    f"output_dir {out} {what}, which that run deletes when it prunes or re-saves its checkpoints; "
+                    f"to continue from it pass resume_from_checkpoint={inner / step} (output_dir={outer}, or a new "
+                    "folder outside that run's checkpoints/), or choose an output_dir outside it"
+                )
+        where = "is" if path == inner else "is inside"  # (a .tmp- folder: where a save in progress writes)
+        raise UserError(
+            f"output_dir {out} {where} the {_REPLACED_WHOLE[inner.name]} of the run in {outer} ({inner}), which "
+            "that run deletes or replaces whole (checkpoint retention, a resume, its next export or overwrite); "
+            f"choose an output_dir outside {inner}"
+        )
+
+
+# What a run writes inside model/ and adapter/ (save_pretrained: weights, config, tokenizer or image
+# processor files; peft's adapter files; the card; and `eval/`, where an older evaluate_checkpoint.py put
+# its results) and inside checkpoints/ (step-N, and the hidden .tmp-/.old- folders of a save).
+_EXPORT_ENTRY = re.compile(
+    r"README\.md|eval|[\w.-]*config\.json|(model|adapter_model)(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json"
+    r"|(pytorch_model|adapter_model)(-\d+-of-\d+)?\.bin|pytorch_model\.bin\.index\.json"
+    r"|tokenizer[\w.-]*|vocab[\w.-]*|merges\.txt|special_tokens_map\.json|added_tokens\.json|[\w.-]*\.model"
+    r"|[\w.-]*\.tiktoken|chat_template\.(jinja|json)|additional_chat_templates"
+)
+
+
+def _entries_not_of_a_run(run: RunDir) -> list[Path]:
+    """The entries of run's checkpoints/, model/ and adapter/ that no run of this app wrote there."""
+    found = []
+    for folder, written in ((run.checkpoints, _CHECKPOINT_NAME), (run.model, _EXPORT_ENTRY), (run.adapter, _EXPORT_ENTRY)):
+        if folder.is_dir() and not folder.is_symlink():
+            found += [p for p in sorted(folder.iterdir()) if not written.fullmatch(p.name)]
+    return found
+
+
+def check_only_run_entries(run: RunDir) -> None:
+    """overwrite_output_dir=true over a run moves its checkpoints/ and model/ (and adapter/) aside whole and
+    deletes them once the new run is finished: so a file or folder of the user's inside them (notes in
+    model/, a backup copy of a checkpoint under another name) would be deleted with them. Refused, before
+    anything is moved, naming one, rather than kept: the new run's export replaces model/ whole, and a
+    file kept among the new run's checkpoints would be deleted by a later overwrite all the same."""
+    found = _entries_not_of_a_run(run)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise UserError(
+            f"output_dir {run.root} holds a run, and {found[0]}{more} inside it, which no run of this app wrote; "
+            "overwrite_output_dir=true would delete it with the run: move it out of "
+            f"{found[0].parent}, then run again (or choose another output_dir)"
         )
 
 
@@ -268,12 +360,52 @@ def resumed_run_config(resume: str | None, output_dir: str | Path) -> Path | Non
     """The saved config.yaml of the run that a resume continues, for a command that names no recipe:
     with `latest`, the run in `output_dir`; with a checkpoint directory, the run that holds it
     (<run>/checkpoints/<step>). None when there is no such run: a folder of the user's that holds some
-    config.yaml but no checkpoints is no run."""
+    config.yaml but no checkpoints is no run.
+
+    A run whose config.yaml was deleted (or never written) is not resumed with the default recipe (which
+    would be refused one differing setting at a time): every checkpoint's manifest.json holds the resolved
+    config, so that of the checkpoint the resume starts from (`latest`: the newest complete one whose
+    manifest holds one) is the recipe, said in one `warning:` line; a run with none is one error line."""
     if not isinstance(resume, str) or not resume:
         return None
-    run = RunDir(Path(str(output_dir)).expanduser() if resume == "latest" else
-                 Path(resume).expanduser().resolve().parent.parent)  # fmt: skip
-    return run.config if run.config.is_file() and run.checkpoints.is_dir() else None
+    named = None if resume == "latest" else Path(resume).expanduser().resolve()
+    run = RunDir(Path(str(output_dir)).expanduser() if named is None else named.parent.parent)
+    if not run.checkpoints.is_dir():
+        return None
+    if run.config.is_file():
+        return run.config
+    if not (run.metrics.is_file() or run.results.is_file()):
+        return None  # checkpoints in a folder that is no run (a copy of the user's): the recipe given is used
+    if named is not None and named.parent != run.checkpoints.resolve():
+        return None  # not <run>/checkpoints/<step>: resolve_checkpoint says what it is
+    steps = [named] if named is not None else sorted(
+        (p for p in run.checkpoints.glob(f"{PREFIX}*") if p.name[len(PREFIX):].isdigit() and (p / COMPLETE).is_file()),
+        key=lambda p: int(p.name[len(PREFIX):]), reverse=True)  # fmt: skip
+    if not steps or not all(p.is_dir() for p in steps):
+        return None  # no checkpoint: the resume says so
+    for step in steps:
+        if _holds_a_config(step / MANIFEST):
+            if step / MANIFEST not in _said and os.environ.get("RANK", "0") == "0":
+                _said.add(step / MANIFEST)
+                print(f"warning: {run.config} is missing; resuming with the config saved in {step / MANIFEST}",
+                      file=sys.stderr)  # fmt: skip
+            return step / MANIFEST
+    raise UserError(
+        f"{run.config} is missing and no checkpoint's {MANIFEST} in {run.checkpoints} holds the run's config; "
+        "resume with --config <the recipe the run was started with> (and the key=value settings it was given)"
+    )
+
+
+_said: set[Path] = set()  # the command line is read twice in one process (before torch, then by the run)
+
+
+def _holds_a_config(manifest: Path) -> bool:
+    import json
+
+    try:
+        return isinstance(json.loads(manifest.read_text()).get("config"), dict)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")

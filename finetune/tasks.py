@@ -20,6 +20,7 @@ config (and `--help`) does not load them.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING, Any
 
 from finetune.errors import UserError
@@ -69,6 +70,10 @@ class Task:
     def missing_label_hint(self) -> str:
         """Said after "column 'label' not found" when the data has only the input columns."""
         return ""
+
+    def missing_label_error(self, ds, split: str, data: DataArgs) -> str | None:
+        """The whole line, instead of "column 'label' not found", when the data says why it has no labels."""
+        return None
 
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
         """One split as the model reads it, with `labels` kept; training augmentation for "train"."""
@@ -146,6 +151,11 @@ class TextClassification(Task):
         for column in self.input_columns(data):
             feature = ds.features[column]
             if not (isinstance(feature, Value) and feature.dtype in ("string", "large_string")):
+                if len(ds) and all(v is None for v in ds[column]):  # a CSV's empty column reads as float64
+                    raise UserError(
+                        f"text column '{column}' in the {split} data is empty (no text in any row); set "
+                        "text_column to the column that holds the texts, or fill it in"
+                    )
                 raise UserError(
                     f"text column '{column}' in the {split} data holds {feature}, not text; "
                     "set text_column to a column of strings"
@@ -157,6 +167,12 @@ class TextClassification(Task):
                 raise UserError(
                     f"text column '{column}' in the {split} data holds only empty strings; set text_column to "
                     "the column that holds the texts"
+                )
+            blank = next((i for i, v in enumerate(texts) if not v.strip()), None)
+            if blank is not None:  # as good as empty: the model would see the special tokens alone
+                raise UserError(
+                    f"text column '{column}' in the {split} data has an empty (blank) text at row {blank + 1}; "
+                    "fill it in or drop that row"
                 )
 
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
@@ -295,6 +311,28 @@ class ImageClassification(Task):
             "(and validation/, test/ beside train/)"
         )
 
+    def missing_label_error(self, ds, split: str, data: DataArgs) -> str | None:
+        """An image folder of one class: datasets labels the images only when there are two or more."""
+        from pathlib import Path
+
+        from finetune.images import undecoded
+
+        if data.image_column not in ds.column_names:
+            return None
+        paths = {v.get("path") for v in undecoded(ds, data.image_column, split)[data.image_column] if v}
+        parents = {Path(p).parent for p in paths if p}
+        if len(parents) != 1 or None in paths:
+            return None
+        folder, root = parents.pop().resolve(), Path(data.data_dir).resolve() if data.data_dir else None
+        if root is None or root not in folder.parents:  # not an image folder's class
+            return None
+        if folder.parent == root and folder.name.lower() in SPLIT_FOLDERS:  # images straight in a split folder
+            return None
+        return (
+            f"the {split} images are all in one class folder ({folder.name!r}, {folder}); a classifier needs two "
+            "or more classes: add a folder of images for each class (<data_dir>/train/<class>/*.png)"
+        )
+
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
         """Decoded and run through the image processor on the fly (a transform), with the training
         augmentation the recipe asks for (drawn per epoch and row: `epoch_listener`)."""
@@ -362,6 +400,10 @@ class ImageClassification(Task):
         )
 
 
+# Folder names that datasets' image folder reads as splits, not classes.
+SPLIT_FOLDERS = ("train", "training", "validation", "valid", "val", "dev", "eval", "test", "testing")
+
+
 def stack_images(features: list[dict[str, Any]]):
     """An image batch: pixel values stacked; labels as class ids (int64), numbers or multi-hot vectors."""
     import torch
@@ -420,6 +462,13 @@ class TokenClassification(TextClassification):
             blank = next((i for i, w in enumerate(words) if w is None or not w.strip()), None)
             if blank is not None:
                 raise UserError(f"the {split} data has an empty word at row {row + 1}, word {blank + 1}; give it its text")
+        tags = ds.features.get(data.tags_column)
+        if _word_lists(tags):  # tags as names (integer ids are named by label_names: check_tag_names)
+            for row, names in enumerate(ds[data.tags_column]):
+                for word, tag in enumerate(names or []):
+                    why = tag_problem(tag) if tag is not None else None
+                    if why:
+                        raise UserError(f"the {split} data's tag {tag!r} at row {row + 1}, word {word + 1} {why}")
 
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
         """Sentences into windows of subwords with their labels (see the class docstring)."""
@@ -497,9 +546,12 @@ class TokenClassification(TextClassification):
         for split, ds in raw.items():
             count, first = invalid_iob2(ds["labels"], ds.features["labels"].feature.names)
             if count:
+                # A share held out of the training file (data.load_splits): the row in that file.
+                file_rows = getattr(ds, "file_rows", None)
+                row = f"row {first[0]}" if file_rows is None else f"row {file_rows[first[0] - 1] + 1} of the training file"
                 lines.append(
                     f"warning: the {split} data has {count} I- tag(s) that follow no B- or I- of their type (first at "
-                    f"row {first[0]}, word {first[1]}); strict IOB2 scoring starts no entity there: fix the tags "
+                    f"{row}, word {first[1]}); strict IOB2 scoring starts no entity there: fix the tags "
                     "(an entity starts with B-) or leave them and know they count as O"
                 )
         return lines
@@ -541,6 +593,32 @@ class PadWords:
 
     def pad_to(self, features: list[dict[str, Any]], length: int):
         return self(features, length)
+
+
+IOB2_TAG = re.compile(r"O|[BI]-\S(?:.*\S)?", re.S)
+
+
+def tag_problem(tag: str) -> str | None:
+    """What is wrong with a tag that is not IOB2 (`O`, or `B-`/`I-` and a type), with the fix; None when it
+    is one. Strict IOB2 scoring (seqeval) cannot read another tag."""
+    if IOB2_TAG.fullmatch(tag):
+        return None
+    if tag != tag.strip():
+        return "has surrounding spaces, so it would be a tag of its own; strip the spaces in the data"
+    if tag[:1] in ("o", "b", "i") and IOB2_TAG.fullmatch(tag[:1].upper() + tag[1:]):
+        return (
+            f"is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in capitals "
+            f"({tag[:1].upper() + tag[1:]!r})"
+        )
+    if re.fullmatch(r"[BIES]-\S.*|[SE]", tag) or tag in ("B", "I", "B-", "I-"):
+        return (
+            "is not IOB2 (O, or B- or I- and an entity type, e.g. B-PER); IOBES or bare prefixes cannot be scored: "
+            "convert the tags to IOB2"
+        )
+    return (
+        "is not IOB2 (O, or B- or I- and an entity type, e.g. B-PER); give each entity's first word B-<type> "
+        "and the words after it I-<type> (a tag without a prefix, like PER, is neither)"
+    )
 
 
 def _word_lists(feature) -> bool:

@@ -16,6 +16,7 @@ the environment; model parallelism that cannot run.
 
 from __future__ import annotations
 
+import csv
 import errno
 import json
 import os
@@ -136,6 +137,22 @@ def world(finished_run, tmp_path_factory) -> World:
     (root / "empty_texts.jsonl").write_text(
         "".join(json.dumps({"text": "", "label": int(r["label"])}) + "\n" for r in rows)
     )
+    write_csv(root / "blank_text.csv", [{**r, "text": "   " if i == 4 else r["text"]} for i, r in enumerate(rows)])
+    write_csv(root / "empty_text_column.csv", [{**r, "text": ""} for r in rows])
+    with (root / "repeated_column.csv").open("w", newline="") as f:  # datasets reads it as label, label.1
+        csv.writer(f).writerows([["text", "label", "label"], *([r["text"], r["label"], r["label"]] for r in rows)])
+    (root / "mixed_texts.jsonl").write_text(
+        "".join(json.dumps({"text": 5 if i == 3 else r["text"], "label": r["label"]}) + "\n" for i, r in enumerate(rows))
+    )
+    (root / "mixed_labels.jsonl").write_text(
+        "".join(json.dumps({"text": r["text"], "label": 1 if i == 5 else words[r["label"]]}) + "\n"
+                for i, r in enumerate(rows))
+    )  # fmt: skip
+    write_csv(root / "csv_named.txt", rows)
+    (root / "spaced_label_lists.jsonl").write_text(
+        "".join(json.dumps({"text": r["text"], "label": ["a", "b " if i == 2 else "b"]}) + "\n"
+                for i, r in enumerate(rows))
+    )  # fmt: skip
     (root / "latin1.csv").write_bytes(
         ("text,label\n" + "".join(f"caf\xe9 {r['text']},{r['label']}\n" for r in rows)).encode("latin-1")
     )
@@ -278,6 +295,35 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "texts_all_empty": (
         lambda w: _text(w, f"train_file={w.root / 'empty_texts.jsonl'}", "validation_file=null"),
         "text column 'text' in the train data holds only empty strings",
+    ),
+    "text_blank": (
+        lambda w: _text(w, f"train_file={w.root / 'blank_text.csv'}", "validation_file=null"),
+        "text column 'text' in the train data has an empty (blank) text at row 5; fill it in or drop that row",
+    ),
+    "text_column_all_empty": (
+        lambda w: _text(w, f"train_file={w.root / 'empty_text_column.csv'}", "validation_file=null"),
+        "text column 'text' in the train data is empty (no text in any row)",
+    ),
+    "csv_header_repeats_a_column": (
+        lambda w: _text(w, f"train_file={w.root / 'repeated_column.csv'}", "validation_file=null"),
+        "has the column 'label' twice in its header; rename or remove one",
+    ),
+    "texts_of_mixed_types": (
+        lambda w: _text(w, f"train_file={w.root / 'mixed_texts.jsonl'}", "validation_file=null"),
+        "column 'text' in the train data holds values of mixed types: row 4 holds a number (5), row 1 text",
+    ),
+    "labels_of_mixed_types": (
+        lambda w: _text(w, f"train_file={w.root / 'mixed_labels.jsonl'}", "validation_file=null"),
+        "column 'label' in the train data holds values of mixed types: row 6 holds a number (1), row 1 text",
+    ),
+    "csv_named_txt": (
+        lambda w: _text(w, f"train_file={w.root / 'csv_named.txt'}", "validation_file=null"),
+        "a .txt file is read as CoNLL (a token and its tag on each line, a blank line between sentences); a CSV "
+        "file should be named .csv",
+    ),
+    "label_lists_that_differ_only_by_spaces": (
+        lambda w: _text(w, f"train_file={w.root / 'spaced_label_lists.jsonl'}", "validation_file=null"),
+        "label column 'label' holds 'b' and 'b ' (row 3), which differ only by spaces and would be two labels",
     ),
     "labels_that_are_lists": (
         lambda w: _text(w, f"train_file={w.root / 'lists.jsonl'}", "validation_file=null",

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import EARLIER_RUN, REPO, recipe_text_args, tiny_text_args
 
-from finetune.config import CONFIGS_DIR, load_config
+from finetune.config import CONFIGS_DIR, load_config, read_yaml
 from finetune.errors import UserError
 from finetune.run import main
 
@@ -158,3 +158,31 @@ def test_a_train_file_of_ones_own_beside_the_recipe_s_test_file_is_said(tmp_path
     bundled = REPO / "data" / "uner_english_ewt" / "validation.jsonl"
     load_config(recipe, [f"train_file={bundled}"])
     assert "warning:" not in capsys.readouterr().err
+
+
+def test_a_key_set_twice_in_a_recipe_is_refused_with_its_lines(tmp_path):
+    """YAML forbids it, PyYAML keeps the last without a word: refused, naming the key and both lines, at any
+    depth and on the command line."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("max_steps: 4\nlearning_rate: 1.0e-3\nmax_steps: 6\n")
+    with pytest.raises(UserError, match="line 3.*max_steps is set twice, on line 1 and line 3"):
+        load_config(recipe)
+    recipe.write_text("model_config:\n  model_type: bert\n  hidden_size: 32\n  hidden_size: 64\n")
+    with pytest.raises(UserError, match="hidden_size is set twice, on line 3 and line 4"):
+        load_config(recipe)
+    with pytest.raises(UserError, match="model_config=.*model_type is set twice"):
+        load_config(None, ["model_config={model_type: bert, model_type: vit}"])
+    recipe.write_text("base: &base {max_steps: 4}\nother:\n  <<: *base\n  max_steps: 6\n")  # a merge key overridden
+    assert read_yaml(recipe.read_text()) == yaml.safe_load(recipe.read_text())
+
+
+def test_model_name_or_path_on_the_command_line_replaces_the_recipe_s_model_config():
+    """The ViT recipes build a random model from model_config; naming pretrained weights on the command line
+    must train those weights, not the recipe's random model with the weights ignored."""
+    recipe = CONFIGS_DIR / "vit_fashion_mnist.yaml"
+    assert load_config(recipe).model_config is not None
+    weights = str(REPO / "data" / "bert_minilm_l6_uncased")
+    cfg = load_config(recipe, [f"model_name_or_path={weights}"])
+    assert cfg.model_config is None and cfg.model_name_or_path == weights
+    both = load_config(recipe, [f"model_name_or_path={weights}", "model_config.image_size=32"])  # named both: kept
+    assert both.model_config["image_size"] == 32

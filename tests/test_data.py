@@ -56,6 +56,24 @@ def test_an_image_class_with_no_training_image_is_refused(tmp_path, capsys):
     assert "class 'fox'" in line and "has no training sample" in line
 
 
+def test_an_image_class_that_differs_only_by_case_is_named(tmp_path, capsys):
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["Cat", "dog"]})
+    user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"),
+               "class 'Cat' of label column 'label' has no training sample; 'Cat' (train: 'cat') differ from the "
+               "training labels only by letter case", "name each class's folder the same in every split")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("splits", [{"train": ["cat"]}, {"train": ["cat"], "validation": ["cat"]}])
+def test_an_image_folder_of_one_class_is_refused_as_such(splits, tmp_path, capsys):
+    """datasets labels an image folder's images only when it has two classes or more: one class read as
+    "column 'label' not found"."""
+    folder = class_folders(tmp_path / "img", splits)
+    line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"),
+                      "the train images are all in one class folder ('cat'", "a classifier needs two or more classes")  # fmt: skip
+    assert "not found" not in line and not (tmp_path / "run").exists()
+
+
 def test_an_image_class_only_in_validation_named_in_label_names_is_trained_with_a_warning(tmp_path, capsys):
     """label_names asks for the class, so the run goes on, but says the model cannot learn it."""
     folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog", "fox"]})

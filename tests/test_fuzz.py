@@ -402,7 +402,6 @@ def _pinned(**changes) -> dict:
                       earlier=["overwrite_output_dir=true"]))  # fmt: skip
 @example(case=_pinned(target="evaluate", format="tsv", evaluate={"what": "checkpoint", "damage": "none", "data": True,
                                                                   "predictions": True, "split": None, "settings": []}))  # fmt: skip
-@pytest.mark.slow
 def test_the_one_rule_holds_for_drawn_inputs(case, earlier_run, tmp_path_factory):
     _check(case, tmp_path_factory.mktemp("case"), earlier_run)
 

@@ -209,3 +209,21 @@ def test_a_mistake_inside_model_config_is_one_line(tmp_path, capsys, setting, me
     recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")
     assert message in user_error(capsys, main, ["--config", recipe, setting, f"output_dir={tmp_path / 'o'}"])
     assert not (tmp_path / "o").exists()
+
+
+def test_a_local_model_folder_with_a_broken_config_has_no_download_hint(tmp_path, capsys):
+    """HF_HUB_OFFLINE's "download it while online" is for a hub name, not for a folder on disk."""
+    from finetune.errors import UserError
+    from finetune.models import load_error
+
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert",')
+    line = user_error(capsys, main, [*tiny_text_args({"train": REPO / "data/rotten_tomatoes/train.csv",
+                                                      "validation": REPO / "data/rotten_tomatoes/validation.csv"},
+                                                     tmp_path / "out"), "model_config=null",
+                                     f"model_name_or_path={folder}", f"tokenizer_name={REPO / 'data/bert_minilm_l6_uncased'}"],
+                      str(folder), untouched=folder)  # fmt: skip
+    assert "HF_HUB_OFFLINE" not in line and "download" not in line
+    hub = load_error("model", "someone/not-here", OSError("not cached"))
+    assert isinstance(hub, UserError) and "HF_HUB_OFFLINE is set" in str(hub)

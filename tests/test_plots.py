@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import user_error
 from PIL import Image
 
-from finetune.plots import BEST_GID, plot_training_curves, read_metrics, training_curves_figure
+from finetune.plots import BEST_GID, main, plot_training_curves, read_metrics, training_curves_figure
 
 # --- plots -------------------------------------------------------------------------------------------
 
@@ -140,3 +141,23 @@ def test_no_records_is_a_clear_error(tmp_path):
     path.write_text("")
     with pytest.raises(ValueError, match="holds no training or evaluation records"):
         plot_training_curves(path, tmp_path / "x.png")
+
+
+def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
+    """`python -m finetune.plots <file>`, documented for redrawing mid-run: a run just started (an empty
+    log), a missing file, a folder, a line that is no record: one `error:` line, exit 2, nothing written."""
+    empty = tmp_path / "empty" / "metrics.jsonl"
+    empty.parent.mkdir()
+    empty.write_text("")
+    user_error(capsys, main, [str(empty)], "holds no training or evaluation records yet", untouched=tmp_path)
+    user_error(capsys, main, [str(tmp_path / "missing.jsonl")], "does not exist", untouched=tmp_path)
+    user_error(capsys, main, [str(empty.parent)], "is a folder", "did you mean", untouched=tmp_path)
+    listed = tmp_path / "list.jsonl"
+    listed.write_text("[1,2]\n")
+    user_error(capsys, main, [str(listed)], "holds no training or evaluation records", untouched=tmp_path)
+    listed.write_text(json.dumps({"step": 1, "epoch": 0, "loss": 0.5, "learning_rate": 1e-4}) + "\n")
+    user_error(capsys, main, [str(listed), str(tmp_path)], "is a folder", untouched=tmp_path)
+    user_error(capsys, main, [str(listed), str(tmp_path / "c.xyz")], "not a picture format", untouched=tmp_path)
+    user_error(capsys, main, [], "required", untouched=tmp_path)
+    main([str(listed), str(tmp_path / "c.png")])
+    assert (tmp_path / "c.png").is_file()

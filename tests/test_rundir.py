@@ -263,3 +263,55 @@ def test_an_export_or_a_run_given_to_resume_from_says_what_it_is(finished_run, t
                "is an exported model, not a training-state checkpoint", untouched=out)  # fmt: skip
     user_error(capsys, main, recipe_text_args(data, tmp_path / "next", f"resume_from_checkpoint={out}"),
                "is a run directory; resume it with resume_from_checkpoint=latest", untouched=out)  # fmt: skip
+
+
+# --- the user's files inside a run, and runs inside a run ------------------------------------------------
+
+
+def test_overwrite_refuses_a_run_whose_folders_hold_files_of_the_user_s(finished_run, tmp_path, capsys):
+    """overwrite_output_dir=true moves checkpoints/ and model/ aside whole, then deletes them: a note or a
+    backup of the user's inside them is refused before anything moves, named, never deleted."""
+    copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, "overwrite_output_dir=true")
+    (copy / "model" / "MY_NOTES.txt").write_text("n")
+    user_error(capsys, main, argv, "model/MY_NOTES.txt", "move it out", untouched=copy)
+    (copy / "checkpoints" / "keep.txt").write_text("k")
+    shutil.copytree(copy / "checkpoints" / "step-00000001", copy / "checkpoints" / "step-00000001-mybackup")
+    user_error(capsys, main, argv, "checkpoints/keep.txt", "and 2 more", "move it out", untouched=copy)
+    assert [p.name for p in ckpt.list_checkpoints(copy)] == ["step-00000001", "step-00000002"]  # not the backup
+
+
+@pytest.mark.parametrize("inside", ["checkpoints/step-00000002", "checkpoints", "checkpoints/.tmp-step-00000009",
+                                    "model", "model/sub"])  # fmt: skip
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_output_dir_inside_a_run_s_checkpoints_or_export_is_refused(finished_run, inside, overwrite, capsys):
+    """A run there would be deleted by the outer run's checkpoint retention, resume or next export."""
+    out = finished_run(*EARLIER_RUN)
+    argv = tiny_text_args(finished_run.data(), out / inside, "max_steps=1", f"overwrite_output_dir={overwrite}")
+    what = {"model": "the export of the run in", "checkpoints": "the checkpoints folder of the run in"}
+    fragments = (["it is checkpoint step-00000002 of the run in", f"resume_from_checkpoint={out / inside}"]
+                 if inside.endswith("step-00000002") else [what[inside.split("/")[0]]])  # fmt: skip
+    user_error(capsys, main, argv, *fragments, str(out), untouched=out)
+    assert not (out / "checkpoints" / ".tmp-step-00000009").exists() and not (out / "model" / "sub").exists()
+
+
+def test_a_resume_whose_config_yaml_is_gone_uses_the_checkpoint_s_config(finished_run, tmp_path, capsys):
+    """Not the default recipe, refused one setting at a time: the manifest's config, said in a warning; a run
+    with no config anywhere is one line that says config.yaml is missing."""
+    copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    (copy / "config.yaml").unlink()
+    (copy / "results.json").unlink()
+    capsys.readouterr()
+    results = main(["resume_from_checkpoint=latest", f"output_dir={copy}"])
+    err = capsys.readouterr().err
+    assert f"{copy / 'config.yaml'} is missing; resuming with the config saved in" in err, err[-2000:]
+    assert results["step"] == 2 and (copy / "config.yaml").is_file()
+
+    bare = finished_run.copy(tmp_path / "bare", *EARLIER_RUN)
+    (bare / "config.yaml").unlink()
+    for manifest in bare.glob("checkpoints/*/manifest.json"):
+        record = json.loads(manifest.read_text())
+        del record["config"]
+        manifest.write_text(json.dumps(record))
+    user_error(capsys, main, ["resume_from_checkpoint=latest", f"output_dir={bare}"], "config.yaml is missing",
+               "--config", untouched=bare)  # fmt: skip

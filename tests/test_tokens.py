@@ -475,8 +475,15 @@ def _rows(path: Path, rows: list[dict]) -> Path:
         ([{"tokens": ["\u2764", "\ufe0f"], "ner_tags": ["O", "O"]}], "word '\ufe0f' at row 2, word 2 is no token"),
         ([{"tokens": "ada said", "ner_tags": ["O", "O"]}], "not lists of words"),
         ([{"tokens": ["ada"], "ner_tags": "O"}], "not lists of tags"),
+        # tags that are not IOB2: seqeval's strict scoring raised KeyError at the first evaluation
+        ([{"tokens": ["ada", "said"], "ner_tags": ["b-per", "O"]}],
+         "tag 'b-per' at row 2, word 1 is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in "
+         "capitals ('B-per')"),
+        ([{"tokens": ["ada", "said"], "ner_tags": ["O", "PER"]}], "tag 'PER' at row 2, word 2 is not IOB2 (O, or B- or I-"),
+        ([{"tokens": ["ada"], "ner_tags": ["E-PER"]}], "tag 'E-PER' at row 2, word 1 is not IOB2"),
+        ([{"tokens": ["ada"], "ner_tags": ["B-PER "]}], "tag 'B-PER ' at row 2, word 1 has surrounding spaces"),
     ],
-)
+)  # fmt: skip
 def test_bad_tagging_data_is_one_line_with_its_row(rows, fragment, tmp_path, capsys):
     good = {"tokens": ["ada", "lovelace"], "ner_tags": ["B-PER", "I-PER"]}
     data = {"train": _rows(tmp_path / "train.jsonl", [good, *rows, good]), "validation": _rows(tmp_path / "v.jsonl", [good])}
@@ -484,6 +491,47 @@ def test_bad_tagging_data_is_one_line_with_its_row(rows, fragment, tmp_path, cap
     line = user_error(capsys, main, tagging_args(data, out))
     assert fragment in line
     assert not out.exists()  # nothing written
+
+
+@pytest.mark.parametrize("label_names", ["null", "[O,PER,LOC]"])
+def test_tags_without_a_prefix_are_refused_before_training(label_names, tmp_path, capsys):
+    """`PER`, `LOC`, `O` (no B-/I-): strict IOB2 scoring cannot read them; refused with the first, before the
+    output folder is made, also when label_names lists them."""
+    rows = [{"tokens": ["ada", "went", "to", "paris"], "ner_tags": ["PER", "O", "O", "LOC"]}] * 4
+    data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
+    out = tmp_path / "run"
+    user_error(capsys, main, tagging_args(data, out, f"label_names={label_names}"),
+               "the train data's tag 'PER' at row 1, word 1 is not IOB2")  # fmt: skip
+    assert not out.exists()
+
+
+def test_label_names_that_are_not_iob2_are_refused_for_integer_tags(tmp_path, capsys):
+    rows = [{"tokens": ["ada", "went", "to", "paris"], "ner_tags": [1, 0, 0, 2]}] * 4
+    data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
+    user_error(capsys, main, tagging_args(data, tmp_path / "run", "label_names=[O,PER,LOC]"),
+               "label_names' tag 'PER' is not IOB2")  # fmt: skip
+
+
+def test_a_conll_file_with_the_tag_first_is_refused(tmp_path, capsys):
+    train = tmp_path / "train.conll"
+    train.write_text("B-PER Ada\nI-PER Lovelace\nO wrote\n\nB-LOC London\n")
+    data = {"train": train, "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])}
+    user_error(capsys, main, tagging_args(data, tmp_path / "run"),
+               "the tag column seems to be the first (line 1 reads 'B-PER Ada')", "words would be read as tags",
+               "put each word first and its tag last")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
+def test_invalid_iob2_in_a_held_out_share_names_the_file_row(tmp_path, capsys):
+    """The warning names the row of the training file, not of the share held out of it."""
+    good = {"tokens": ["ada", "went", "home"], "ner_tags": ["B-PER", "O", "O"]}
+    rows = [good] * 6 + [{"tokens": ["ada", "went"], "ner_tags": ["O", "I-PER"]}] + [good] * 9
+    train = _rows(tmp_path / "t.jsonl", rows)
+    main(tagging_args({"train": train, "validation": train}, tmp_path / "run", "validation_file=null",
+                      "validation_split_percentage=50", "max_steps=1"))  # fmt: skip
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:") and " I- " in line]
+    assert len(warnings) == 1 and "1 I- tag(s) that follow no B- or I- of their type (first at row 7 of the training " \
+           "file, word 2)" in warnings[0], warnings  # fmt: skip
 
 
 def test_which_words_are_no_token():
