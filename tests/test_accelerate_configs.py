@@ -223,6 +223,7 @@ accelerator.end_training()
 """
 
 
+@pytest.mark.slow
 def test_cpu_ddp_launch_forms_one_gloo_group(tmp_path: Path):
     """The real launch: 2 processes, one MULTI_CPU group over gloo, all_reduce of rank+1 == 3 (~5 s)."""
     script = tmp_path / "tiny_ddp.py"

@@ -124,6 +124,7 @@ def test_retention_keeps_last_and_best(small_text_data, tmp_path):
     assert {p.name for p in kept} == {kept[-1].name, best.rsplit("/", 1)[-1]}
 
 
+@pytest.mark.slow
 def test_changed_topology_on_resume_is_refused(finished_run, tmp_path, capsys):
     data, out = finished_run.data(), finished_run.copy(tmp_path / "run", *FULL, "num_train_epochs=1")
     user_error(capsys, main, _args(data, out, "resume_from_checkpoint=latest", "gradient_accumulation_steps=2"),
@@ -423,7 +424,7 @@ class _Killed(BaseException):
     """Stands for kill -9: nothing catches it, nothing after it runs."""
 
 
-@pytest.mark.parametrize("where", ["in save_state", "before the rename"])
+@pytest.mark.parametrize("where", ["in save_state", pytest.param("before the rename", marks=pytest.mark.slow)])
 def test_kill_during_a_checkpoint_write_keeps_the_previous_one(finished_run, tmp_path, monkeypatch, where):
     """The second save dies half-way (files written, no COMPLETE; or complete but still hidden): the
     first checkpoint stays the latest, loads, and the resumed run ends where the uninterrupted one did."""

@@ -353,6 +353,7 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
     assert len(errors) == 1 and expected in errors[0]
 
 
+@pytest.mark.slow
 def test_unseen_label_from_the_command_line(run, tmp_path):
     data = write_csv(
         tmp_path / "unseen.csv", [{"text": "fine", "label": "pos"}, {"text": "odd", "label": "meh"}]

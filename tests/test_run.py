@@ -225,9 +225,13 @@ def test_a_run_that_learned_nothing_says_so_and_its_card_too(small_text_data, tm
     assert "**Warning:** the model did not learn beyond a trivial baseline" in (out / "model" / "README.md").read_text()
 
 
-def test_the_validation_line_shows_the_baseline(small_text_data, tmp_path, capsys):
-    main(recipe_text_args(small_text_data, tmp_path / "run", "max_steps=2"))
-    assert "(trivial baseline: accuracy " in capsys.readouterr().out
+def test_the_validation_line_shows_the_baseline_and_the_end_says_the_verdict(small_text_data, tmp_path, capsys):
+    results = main(recipe_text_args(small_text_data, tmp_path / "run", "max_steps=2"))
+    out = capsys.readouterr().out
+    assert "(trivial baseline: accuracy " in out
+    said = [line for line in out.splitlines() if line.startswith(("learned:", "warning: the model did not learn"))]
+    verdict = results["learned"]["verdict"]
+    assert len(said) == (verdict is not None) and (not said or said[0].startswith("learned:") == verdict), said
 
 
 def test_labels_never_predicted_on_validation_are_named_in_one_warning_line(tmp_path, capsys):

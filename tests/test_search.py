@@ -47,6 +47,7 @@ def test_a_trial_that_falls_behind_is_pruned_at_its_first_evaluation(small_text_
     assert not (out / "trial-2" / "results.json").exists()  # no final evaluation, no export
 
 
+@pytest.mark.slow
 def test_a_trial_running_when_the_budget_is_spent_is_cut_at_its_next_evaluation(small_text_data, tmp_path, capsys):
     """The budget stops a long trial at its next evaluation, not at its end; the summary says how long
     the search took against the budget. (The study's first trial, a short one, gives it a best.)"""

@@ -218,9 +218,9 @@ def test_a_signal_while_datasets_parses_a_file_is_a_stop_not_bad_data(tmp_path, 
 @pytest.mark.parametrize(
     "moment, sig",
     [
-        ("test evaluation", signal.SIGTERM),
+        pytest.param("test evaluation", signal.SIGTERM, marks=pytest.mark.slow),
         ("model card", signal.SIGTERM),
-        ("model card", signal.SIGINT),
+        pytest.param("model card", signal.SIGINT, marks=pytest.mark.slow),
         pytest.param("training curves", signal.SIGTERM, marks=pytest.mark.slow),
     ],
     ids=["sigterm-in-final-test-evaluation", "sigterm-in-export", "sigint-in-export", "sigterm-in-curves"],
@@ -241,6 +241,7 @@ def test_a_signal_after_the_loop_ends_in_a_complete_export(finished_run, tmp_pat
     _complete_export(out, 2)
 
 
+@pytest.mark.slow
 def test_sigterm_in_the_last_evaluation_of_the_loop_leaves_a_resumable_checkpoint(
     small_text_data, tmp_path, monkeypatch, capsys
 ):
