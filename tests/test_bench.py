@@ -13,6 +13,7 @@ import pytest
 from benchmarks.bench import main
 
 
+@pytest.mark.slow
 def test_smoke_bench_writes_a_sane_report(tmp_path):
     main(["--smoke", "--recipe", "bert", "--steps", "4", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "bench.json").read_text())

@@ -168,6 +168,7 @@ def _export(root: Path, name: str) -> dict[str, torch.Tensor]:
     return load_file(root / name / "model" / "model.safetensors")
 
 
+@pytest.mark.slow  # the module's FSDP and DDP launches: ~25 s
 @pytest.mark.parametrize("kind", ["bert", "vit"])
 def test_fsdp_on_two_cpu_processes_shards_every_parameter(fsdp_runs, kind):
     records = fsdp_runs["records"]
@@ -194,6 +195,7 @@ def test_fsdp_on_two_cpu_processes_shards_every_parameter(fsdp_runs, kind):
     assert layer in fsdp_runs["output"]
 
 
+@pytest.mark.slow  # the module's FSDP and DDP launches: ~25 s
 @pytest.mark.parametrize("kind", ["bert", "vit"])
 def test_fsdp_checkpoint_is_sharded_and_resumes_exactly(fsdp_runs, kind):
     root = fsdp_runs["root"]
@@ -212,6 +214,7 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_exactly(fsdp_runs, kind):
     assert steps == [3, 4, 5]  # it went on from step 2, it did not start again
 
 
+@pytest.mark.slow  # the module's FSDP and DDP launches: ~25 s
 @pytest.mark.parametrize("kind", ["bert", "vit"])
 def test_fsdp_equals_ddp_and_exports_one_device_model(fsdp_runs, kind):
     root, records = fsdp_runs["root"], fsdp_runs["records"]
@@ -238,6 +241,7 @@ def test_fsdp_equals_ddp_and_exports_one_device_model(fsdp_runs, kind):
 # --- resumes across topologies, merged shards, the best checkpoint loaded back -----------------------------
 
 
+@pytest.mark.slow  # the module's FSDP and DDP launches: ~25 s
 def test_a_ddp_checkpoint_resumed_under_fsdp_is_one_line(fsdp_runs):
     error = fsdp_runs["records"][("bert_ddp_under_fsdp", 0)]["error"]
     assert error.startswith("the checkpoint holds its state whole (one process or DDP); this run uses FSDP: resume "
@@ -245,6 +249,7 @@ def test_a_ddp_checkpoint_resumed_under_fsdp_is_one_line(fsdp_runs):
     assert not (fsdp_runs["root"] / "bert_ddp_under_fsdp").exists()  # refused before anything was written
 
 
+@pytest.mark.slow  # the module's FSDP and DDP launches: ~25 s
 def test_an_fsdp_checkpoint_resumed_by_one_process_is_one_line(fsdp_runs, tmp_path, capsys):
     root = fsdp_runs["root"]
     first = root / "bert_fsdp" / "checkpoints" / "step-00000002"
@@ -255,12 +260,14 @@ def test_an_fsdp_checkpoint_resumed_by_one_process_is_one_line(fsdp_runs, tmp_pa
     assert not (tmp_path / "one").exists()
 
 
+@pytest.mark.slow  # the module's FSDP and DDP launches: ~25 s
 def test_image_augmentation_resumes_exactly_under_ddp(fsdp_runs):
     root = fsdp_runs["root"]
     whole, resumed = _export(root, "vit_ddp"), _export(root, "vit_ddp_resumed")
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
 
 
+@pytest.mark.slow  # the module's FSDP and DDP launches: ~25 s
 def test_load_best_model_at_end_under_fsdp_loads_the_best_sharded_checkpoint(fsdp_runs):
     """Saved and loaded back by the same FSDP processes (accelerate #3896): the export is the best step's
     weights, and its validation loss is the one that made it best."""
@@ -270,6 +277,7 @@ def test_load_best_model_at_end_under_fsdp_loads_the_best_sharded_checkpoint(fsd
     assert results["validation"]["loss"] == pytest.approx(best["value"], abs=1e-6)
 
 
+@pytest.mark.slow  # the module's FSDP and DDP launches: ~25 s
 def test_evaluating_an_fsdp_checkpoint_merges_its_shards_and_gives_the_export_s_loss(fsdp_runs, tmp_path):
     """evaluate_checkpoint on a training-state checkpoint of sharded state, in one process: the shards are
     merged with Accelerate's merge_fsdp_weights; the loss is the export's (the best step's, exported)."""

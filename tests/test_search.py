@@ -96,6 +96,7 @@ def test_a_search_under_ddp_runs_each_trial_on_both_processes(small_text_data, t
     assert "2 process(es)" in proc.stdout and proc.stdout.count("best: trial") == 1  # printed by process 0 only
 
 
+@pytest.mark.slow
 def test_the_search_runs_trials_continues_its_study_and_keeps_the_best(small_text_data, tmp_path):
     from finetune.search import main as search
 
