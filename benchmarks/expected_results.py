@@ -290,6 +290,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--tasks", nargs="+", choices=list(BY_NAME), default=list(BY_NAME), help="which tasks (default all)"
     )
+    return parse_run_options(p, argv)
+
+
+def parse_run_options(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The options this benchmark shares with benchmarks/search_vs_defaults.py (--data, the quiet-machine
+    wait, --smoke) added to `p`, then the command line parsed and checked."""
     p.add_argument("--data", type=Path, default=REPO_DIR / "runs" / "public_tasks",
                    help="where scripts/public_tasks.py builds the tasks (default runs/public_tasks)")  # fmt: skip
     p.add_argument("--max-load", type=float, default=0.8, help="wait for a 1-minute load average below this")
@@ -305,16 +311,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-@exit_on_user_error
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    tasks = [BY_NAME[name] for name in args.tasks]
-    report: dict[str, Any] = {
-        "invocation": "python -m benchmarks.expected_results " + " ".join(sys.argv[1:] if argv is None else argv),
+def report_head(module: str, argv: list[str] | None, args: argparse.Namespace, tasks: list) -> dict[str, Any]:
+    """A report's first keys: the invocation, date, machine, the wait's settings and the built data."""
+    return {
+        "invocation": f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%d"), "machine": machine(), "smoke": args.smoke,
         "max_load": args.max_load, "max_wait_s": args.max_wait,
         "data": build_data(tasks, args.data), "tasks": [],
     }  # fmt: skip
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    tasks = [BY_NAME[name] for name in args.tasks]
+    report = report_head("benchmarks.expected_results", argv, args, tasks)
     with tempfile.TemporaryDirectory(prefix="finetune-expected-") as tmp:
         for key, task in zip(args.tasks, tasks, strict=True):
             load = wait_for_quiet(args.max_load, args.max_wait)

@@ -52,13 +52,14 @@ from benchmarks.expected_results import (
     SMOKE_STEPS,
     Task,
     accelerate_config_file,
-    build_data,
+    parse_run_options,
+    report_head,
     shown_path,
     task_settings,
     wait_for_quiet,
 )
 from benchmarks.recipes import SMOKE
-from benchmarks.report import machine, machine_line, write_report
+from benchmarks.report import machine_line, write_report
 from finetune.config import CONFIGS_DIR, REPO_DIR
 from finetune.errors import ArgumentParser, exit_on_user_error
 
@@ -189,32 +190,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m benchmarks.search_vs_defaults", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("runs/search_vs_defaults"))
     p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS), help="which tasks (default both)")
-    p.add_argument("--data", type=Path, default=REPO_DIR / "runs" / "public_tasks",
-                   help="where scripts/public_tasks.py builds the tasks (default runs/public_tasks)")  # fmt: skip
     p.add_argument("--space", help="the search's --space (default: its whole space)")
-    p.add_argument("--max-load", type=float, default=0.8, help="wait for a 1-minute load average below this")
-    p.add_argument("--max-wait", type=float, default=900.0, help="seconds to wait for it before each task")
-    p.add_argument("--smoke", action="store_true", help="tiny models from config, a few steps, no waiting")
-    args = p.parse_args(argv)
-    if args.max_load <= 0 or args.max_wait < 0:
-        p.error("--max-load must be positive and --max-wait at least 0")
-    if args.out.exists() and not args.out.is_dir():
-        p.error(f"--out {args.out} is a file; give a directory for the report")
-    if args.smoke:
-        args.max_wait = 0.0
-    return args
+    return parse_run_options(p, argv)
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     tasks = [BY_NAME[name] for name in args.tasks]
-    report: dict[str, Any] = {
-        "invocation": "python -m benchmarks.search_vs_defaults " + " ".join(sys.argv[1:] if argv is None else argv),
-        "date": time.strftime("%Y-%m-%d"), "machine": machine(), "smoke": args.smoke,
-        "max_load": args.max_load, "max_wait_s": args.max_wait,
-        "data": build_data(tasks, args.data), "tasks": [],
-    }  # fmt: skip
+    report = report_head("benchmarks.search_vs_defaults", argv, args, tasks)
     with tempfile.TemporaryDirectory(prefix="finetune-search-vs-defaults-") as tmp:
         for key, task in zip(args.tasks, tasks, strict=True):
             extra = [*SMOKE[task.modality], *SMOKE_STEPS] if args.smoke else []

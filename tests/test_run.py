@@ -109,6 +109,10 @@ def test_plan_only_prints_the_plan_and_trains_nothing(small_text_data, tmp_path,
     assert not (out / "model").exists()
 
 
+# A learning rate of 1e30 from the first step: the weights overflow after one step, every loss after is NaN.
+DIVERGING = ("max_steps=20", "per_device_train_batch_size=4", "warmup_ratio=0", "learning_rate=1e30")
+
+
 def test_persistent_nan_loss_stops_the_run(small_text_data, tmp_path, capsys):
     """A learning rate of 1e30 makes the weights overflow after one step; every loss after is NaN."""
     out = tmp_path / "run"
@@ -117,10 +121,7 @@ def test_persistent_nan_loss_stops_the_run(small_text_data, tmp_path, capsys):
             tiny_text_args(
                 small_text_data,
                 out,
-                "max_steps=20",
-                "per_device_train_batch_size=4",
-                "warmup_ratio=0",
-                "learning_rate=1e30",
+                *DIVERGING,
                 "max_nonfinite_loss_steps=3",
             )
         )
@@ -138,10 +139,7 @@ def test_nan_weights_are_never_checkpointed(small_text_data, tmp_path, capsys):
             tiny_text_args(
                 small_text_data,
                 out,
-                "max_steps=20",
-                "per_device_train_batch_size=4",
-                "warmup_ratio=0",
-                "learning_rate=1e30",
+                *DIVERGING,
                 "save_steps=1",
             )
         )
