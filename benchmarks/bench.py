@@ -4,6 +4,7 @@
     python -m benchmarks.bench --recipe both --out runs/bench   # BERT and ViT
     python -m benchmarks.bench --steps 40 --levers              # plus each speed lever on/off
     python -m benchmarks.bench --precision bf16 --steps 4       # bf16 autocast (slow on CPUs without bf16)
+    python -m benchmarks.bench --precision bf16 --seq-len 128 --no-split --override 'model_config={...}'  # a GPU's MFU
     python -m benchmarks.bench --smoke --out /tmp/b             # tiny models, a few steps: the test's run
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 -m benchmarks.bench --steps 20
 
@@ -13,7 +14,8 @@ Writes `bench.json` and `bench.md` into --out. Where each number comes from:
   not a copy of its loop. Its phases come from the hooks it calls (benchmarks/recorder.py says which
   mark ends which phase): data, forward + loss, backward, clip + optimizer, and what is left of the
   step ("other": scheduler, logging, checkpoints). Throughput is over the optimizer steps after
-  `--warmup`, evaluations left out. Eval accuracy is what `train()` returned for the test split (the
+  `--warmup`, evaluations left out. `--no-split` synchronises a GPU only at the timed window's ends
+  (benchmarks/recorder.py): the loops' own throughput, without the phase split. Eval accuracy is what `train()` returned for the test split (the
   validation split when the recipe has no test split).
 - **reference**: accelerate's `nlp_example.py` loop (benchmarks/reference.py), on the same process,
   model (same seed, so same initial weights), data, precision, batch size and number of optimizer
@@ -73,10 +75,10 @@ def bench_recipe(
     peaks = [peak()]
     apps, refs = [], []
     for _ in range(args.reps):
-        apps.append(run_app(cfg, args.warmup, device))
+        apps.append(run_app(cfg, args.warmup, device, not args.no_split))
         peaks.append(peak())
         steps, split = apps[-1]["optimizer_steps"], apps[-1]["eval_split"]
-        refs.append(run_reference(cfg, steps, split, args.warmup, device, pad_to))
+        refs.append(run_reference(cfg, steps, split, args.warmup, device, pad_to, not args.no_split))
         peaks.append(peak())
     for r in apps + refs:
         r["mfu"] = mfu(r["model_flops_per_s"], max(peaks))
@@ -115,6 +117,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="mixed precision for both loops (default: the accelerate config's, else no)")  # fmt: skip
     p.add_argument("--seq-len", type=int, default=None,
                    help="text: pad every batch of both loops to this many tokens (max_length and pad_to_multiple_of)")  # fmt: skip
+    p.add_argument("--no-split", action="store_true",
+                   help="GPU: synchronise only at the timed window's ends (the loops' own throughput; no phase split)")  # fmt: skip
     p.add_argument("--gemm-size", type=int, default=2048)
     p.add_argument("--gemm-reps", type=int, default=5)
     p.add_argument("--levers", action="store_true", help="also measure each lever on/off")

@@ -19,6 +19,13 @@ marks at the same places, so both loops are timed by one rule:
 
 Evaluation inside a step (phase "evaluate", `eval_steps`) is timed apart and left out of the step's
 wall time. Throughput is over the optimizer steps after the warm-up ones, from the "step" marks.
+
+On a GPU every mark synchronises the device by default, which the split needs; it also stops the host
+from queueing the next step while the device runs this one, which a host-bound loop pays for.
+`Recorder(device, warmup, split=False)` (the bench's `--no-split`) synchronises only where the
+timed window starts (the warm-up's last "step") and ends (the first evaluation, or the loop's end),
+and counts tokens from the attention masks only after the run: the throughput is then the loop's
+own, and the phases are left out.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -55,6 +62,7 @@ class Step:
     padded_tokens: int = 0
     flops: float = 0.0
     flops_real: float = 0.0  # at each sample's real length (text); images: as `flops`
+    lengths: list = field(default_factory=list)  # split=False: the masks' row sums, read after the run
     end: float = 0.0
     cpu_end: float = 0.0  # this process's CPU time (all its threads) when the step ended
     eval_cpu: float = 0.0
@@ -65,11 +73,14 @@ class Recorder(Hooks):
     (the module docstring says which mark ends which phase); the run's own phase seconds
     (`self.seconds`: start-up, data, build, train, evaluate, export) as the base class keeps them.
 
-    On CUDA every mark synchronises the device: the split needs it, and it costs both loops alike."""
+    On CUDA every mark synchronises the device: the split needs it, and it costs both loops alike.
+    With `split=False` only the timed window's ends do (the module docstring)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, warmup: int = 0, split: bool = True):
         super().__init__()
         self.device = device
+        self.split = split
+        self.window_start = max(warmup, 1)  # the "step" mark whose end starts the timed window
         self.steps: list[Step] = []
         self.cur = Step()
         self.evals: list[float] = []  # seconds of each evaluation
@@ -78,9 +89,16 @@ class Recorder(Hooks):
         self.tokens_per_image: int | None = None
         self.since = time.perf_counter()  # the previous mark
 
-    def now(self) -> float:
-        synchronize(self.device)
+    def now(self, sync: bool = True) -> float:
+        if sync:
+            synchronize(self.device)
         return time.perf_counter()
+
+    def _close_window(self, t: float) -> None:
+        """split=False: the device's queue has just drained at `t`; nothing of a step ran since the
+        last "step" mark, so the last step really ended now."""
+        if not self.split and self.steps and self.cur.samples == 0:
+            self.steps[-1].end = t
 
     def mark(self, name: str, value: Any = None) -> None:
         if name == "built":  # FLOPs are counted at the first batch, when the freezing is done
@@ -88,7 +106,7 @@ class Recorder(Hooks):
             return
         if name not in ENDS and name != "step":
             return
-        t = self.now()
+        t = self.now(self.split or (name == "step" and len(self.steps) + 1 == self.window_start))
         c = self.cur
         if name == "step":
             c.end, c.cpu_end = t, time.process_time()
@@ -103,8 +121,14 @@ class Recorder(Hooks):
     def _count(self, batch: Mapping) -> None:
         if self.flops is None and self.model is not None:
             self.flops = flop_model(self.model)
-        b, real, padded, s = batch_counts(batch, self.tokens_per_image)
         c = self.cur
+        if not self.split and "attention_mask" in batch:  # int(mask.sum()) would wait for the device
+            mask = batch["attention_mask"]
+            c.samples, c.padded_tokens = c.samples + mask.shape[0], c.padded_tokens + mask.numel()
+            c.flops += mask.numel() * token_flops(self.flops, mask.shape[1]) if self.flops else 0.0
+            c.lengths.append(mask.sum(1))
+            return
+        b, real, padded, s = batch_counts(batch, self.tokens_per_image)
         c.samples, c.real_tokens, c.padded_tokens = (
             c.samples + b,
             c.real_tokens + real,
@@ -121,8 +145,11 @@ class Recorder(Hooks):
         if name != "evaluate":
             with super().phase(name):
                 yield
+            if name == "train":
+                self._close_window(self.now())
             return
         t, cpu = self.now(), time.process_time()
+        self._close_window(t)
         try:
             with super().phase(name):
                 yield
@@ -138,6 +165,12 @@ class Recorder(Hooks):
             raise RuntimeError(f"only {len(self.steps)} optimizer step(s) recorded; need 2 or more")
         w = min(max(warmup, 1), len(self.steps) - 1)
         timed = self.steps[w:]
+        for step in self.steps:  # split=False: the tokens counted now, the run over
+            for lengths in step.lengths:
+                n = lengths.tolist()
+                step.real_tokens += sum(n)
+                step.flops_real += float(sum(k * token_flops(self.flops, k) for k in n)) if self.flops else 0.0
+            step.lengths = []
         seconds = timed[-1].end - self.steps[w - 1].end - sum(s.eval for s in timed)
         # CPU seconds of this process over the same steps: on a shared machine a single-threaded
         # run's CPU time barely moves with other processes' load while its wall time doubles.
@@ -157,6 +190,8 @@ class Recorder(Hooks):
         n = len(timed)
         phases = {k: total[k] / n for k in ("data", "forward", "backward", "optimizer")}
         phases["other"] = seconds / n - sum(phases.values())
+        if not self.split:  # host times of a queue that runs ahead: not a split of the step
+            phases = {k: None for k in phases}
         return {
             "steps_recorded": len(self.steps),
             "steps_timed": n,

@@ -49,10 +49,10 @@ def eval_split_of(results: dict[str, Any]) -> str:
     return "test" if "test" in results else "validation"
 
 
-def run_app(cfg: TrainConfig, warmup: int, device: torch.device) -> dict[str, Any]:
+def run_app(cfg: TrainConfig, warmup: int, device: torch.device, split: bool = True) -> dict[str, Any]:
     """The app's `train(cfg)`, timed through its hooks. Eval accuracy is what it returned for the
-    test split (the validation split when the recipe has none)."""
-    rec = Recorder(device)
+    test split (the validation split when the recipe has none). `split`: the Recorder's."""
+    rec = Recorder(device, warmup, split)
     reset_accelerate()
     load = os.getloadavg()
     with RunMonitor(device) as mem:
@@ -82,10 +82,11 @@ def run_reference(
     warmup: int,
     device: torch.device,
     pad_to: int | None = None,
+    split: bool = True,
 ) -> dict[str, Any]:
     """The textbook loop (nlp_example) on the app's data, model, precision and schedule, `steps`
     optimizer steps, evaluated on `eval_split`; with the all-reduce time of its gradients."""
-    rec = Recorder(device)
+    rec = Recorder(device, warmup, split)
     reset_accelerate()
     load = os.getloadavg()
     with RunMonitor(device) as mem:
@@ -94,7 +95,7 @@ def run_reference(
         wall = time.perf_counter() - t
     reset_accelerate()
     out = {**rec.summary(warmup), **mem.report()}
-    out["phases_s"]["communication"] = ran["communication_s"]
+    out["phases_s"]["communication"] = ran["communication_s"] if split else None
     return {
         **out,
         "source": "the textbook loop of benchmarks/reference.py (accelerate's nlp_example: shuffle, pad to "

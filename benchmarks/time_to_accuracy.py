@@ -23,8 +23,9 @@ plot) into --out. Where each number comes from:
   included) to each evaluation, the evaluations themselves left out: they measure, neither run
   needs them to train. Process start-up (imports) is not in it: the **command** row is the whole
   README command for the recipe, run in a fresh process (`accelerate launch --config_file
-  accelerate_configs/cpu_bf16.yaml finetune/run.py --config <recipe>`; `cpu.yaml` at --precision no), its wall time and the test
-  accuracy it printed (`--no-command` leaves it out).
+  accelerate_configs/cpu_bf16.yaml finetune/run.py --config <recipe>`; `cpu.yaml` at --precision no;
+  on a GPU `single_gpu_bf16.yaml`, `single_gpu.yaml`), its wall time and the test accuracy it printed
+  (`--no-command` leaves it out; `--command-recipe bert` runs the default recipe instead).
 - **time to target**: the clock at the first evaluation at or above `--target` (0.81), or none.
 """
 
@@ -56,7 +57,11 @@ from finetune.rundir import RunDir
 from finetune.runtime import cpu_threads, native_bf16
 
 RECIPE = RECIPES["bert_full"]
-ACCELERATE_CONFIGS = {"bf16": "cpu_bf16.yaml", "no": "cpu.yaml"}  # the command's, by --precision
+# The command's accelerate config, by device and --precision.
+ACCELERATE_CONFIGS = {
+    "cpu": {"bf16": "cpu_bf16.yaml", "no": "cpu.yaml"},
+    "cuda": {"bf16": "single_gpu_bf16.yaml", "fp16": "single_gpu_fp16.yaml", "no": "single_gpu.yaml"},
+}
 SMOKE_SIZES = ["max_train_samples=64", "max_eval_samples=32", "max_test_samples=32", "max_steps=8"]
 
 
@@ -161,7 +166,8 @@ def run_command(recipe: Path, extra: list[str], out: Path, precision: str = "bf1
     """The README command in a fresh process: whole wall time, the test accuracy it printed, the phase
     seconds of its last line (start-up, data, build, compile, train, evaluate, export; imports and the
     launcher are the wall time's rest) and, compiled, its graphs compiled in and after the warm-up."""
-    config = ACCELERATE_CONFIGS.get(precision, "cpu.yaml")
+    configs = ACCELERATE_CONFIGS["cuda" if torch.cuda.is_available() else "cpu"]
+    config = configs.get(precision, configs["no"])
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file",
            str(REPO_DIR / "accelerate_configs" / config),
            str(REPO_DIR / "finetune" / "run.py"), "--config", str(recipe), f"output_dir={out}", *extra]  # fmt: skip
@@ -225,7 +231,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("seconds (evaluations left out)")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"Time to accuracy, {report['machine']['cpu_count']} CPU cores", fontsize=10)
+    gpu = report["machine"].get("gpu")
+    ax.set_title(f"Time to accuracy, {gpu or str(report['machine']['cpu_count']) + ' CPU cores'}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -295,6 +302,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-command", action="store_true", help="leave out the whole-command run")
     p.add_argument("--command-seeds", type=int, nargs="+", default=None,
                    help="run the whole command once per seed (default: once, at the recipe's seed)")  # fmt: skip
+    p.add_argument("--command-recipe", choices=["bert", "bert_full"], default="bert_full",
+                   help="the recipe of the whole-command rows (default: the curves' bert_full; bert: the default recipe)")  # fmt: skip
     p.add_argument("--smoke", action="store_true", help="tiny models from config, a slice of the data")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra override of the app's recipe (repeatable)")  # fmt: skip
@@ -350,8 +359,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             + ("s" if args.reference_epochs != 1 else "")
         )
         if not args.no_command:
-            report["command"] = command_rows(RECIPE, list(args.override), args.command_seeds, Path(tmp) / "command",
-                                             precision)  # fmt: skip
+            report["command"] = command_rows(RECIPES[args.command_recipe], list(args.override), args.command_seeds,
+                                             Path(tmp) / "command", precision)  # fmt: skip
     for name in ("app", "reference"):
         run = report[name]
         run["time_to_target_s"] = time_to(run["curve"], args.target)

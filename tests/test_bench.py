@@ -54,7 +54,7 @@ def test_recorder_splits_a_step_by_its_marks():
     class Clocked(Recorder):
         t = 0.0
 
-        def now(self) -> float:
+        def now(self, sync: bool = True) -> float:
             return self.t
 
     rec = Clocked(torch.device("cpu"))
@@ -75,6 +75,43 @@ def test_recorder_splits_a_step_by_its_marks():
     assert s["step_time_s"] == 15 and s["evals_s"] == [100] * 3
     assert (s["samples"], s["real_tokens"], s["padded_tokens"]) == (4, 10, 16)
     assert set(s["stages_s"]) == {"train", "evaluate"}
+
+
+def test_unsplit_recorder_times_the_device_not_the_host():
+    """split=False (the bench's --no-split): the host queues each step's device work and runs ahead;
+    only the timed window's ends wait for the device, so the step time is the device's, the phases
+    are not reported, and the tokens are counted from the masks after the run."""
+    import torch
+
+    from benchmarks.recorder import Recorder
+
+    class Queued(Recorder):
+        t, done, syncs = 0.0, 0.0, 0  # host clock, when the device's queue drains, waits
+
+        def now(self, sync: bool = True) -> float:
+            if sync:
+                self.t, self.syncs = max(self.t, self.done), self.syncs + 1
+            return self.t
+
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    results = {}
+    for split in (True, False):
+        rec = Queued(torch.device("cpu"), warmup=1, split=split)
+        with rec.phase("train"):
+            for step in (1, 2, 3, 4):
+                rec.mark("batch", {"attention_mask": mask})
+                rec.done = max(rec.done, rec.t) + 10  # the step's device work, queued
+                rec.t += 1  # the host's own time
+                for name in ("backward", "optimizer", "micro-batch done", "step"):
+                    rec.mark(name, step)
+        results[split] = (rec.summary(warmup=1), rec.syncs)
+    unsplit, syncs = results[False]
+    assert unsplit["step_time_s"] == 10  # the device's 10 s a step, though the host took 1 s
+    assert syncs == 3  # the loop's start, the end of the warm-up's step, the loop's end
+    assert set(unsplit["phases_s"].values()) == {None}
+    assert (unsplit["samples"], unsplit["real_tokens"], unsplit["padded_tokens"]) == (6, 15, 24)
+    split, split_syncs = results[True]
+    assert split_syncs > 4 * 5 and split["real_tokens"] == unsplit["real_tokens"]
 
 
 def test_peak_memory_is_the_runs_own(tmp_path):
