@@ -564,16 +564,32 @@ CASES: dict[str, tuple[Args, str]] = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", list(CASES))
+def _some_slow(cases, slow: set[str]) -> list:
+    """The cases, those in `slow` behind the 'slow' marker: each of them trains or loads a model before
+    it is refused (~5 s), and a case of the same kind stays in the default run."""
+    assert slow <= set(cases), slow - set(cases)
+    return [pytest.param(c, marks=pytest.mark.slow) if c in slow else c for c in cases]
+
+
+# Refused only after a model is built or a checkpoint read: one of each kind stays in the default run
+# (checkpoint_holding_code, checkpoint_other_task, device_unknown, warmup_steps_past_the_run).
+SLOW_CASES = {"checkpoint_optimizer_holding_code", "no_checkpoint_to_resume", "checkpoint_missing",
+              "checkpoint_without_marker", "checkpoint_other_batch", "checkpoint_other_model",
+              "checkpoint_other_labels", "device_missing", "accumulation_over_epoch"}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", _some_slow(CASES, SLOW_CASES))
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys):
     make_args, fragment = CASES[case]
     user_error(capsys, main, make_args(world), fragment, untouched=world.done)
     assert not (world.root / "checkpoints" / "code-ran").exists()
 
 
-@pytest.mark.parametrize(
-    "case", ["csv_ragged_more", "image_corrupt", "checkpoint_holding_code", "finished_output_dir"]
-)
+@pytest.mark.parametrize(  # the slow two are held in-process too
+    "case",
+    _some_slow(["csv_ragged_more", "image_corrupt", "checkpoint_holding_code", "finished_output_dir"],
+               {"image_corrupt", "checkpoint_holding_code"}),
+)  # fmt: skip
 def test_bad_input_from_the_command_line(case, world):
     make_args, fragment = CASES[case]
     script = str(REPO / "finetune/run.py")
@@ -761,7 +777,16 @@ def _damage(copy: Path, case: str, name: str = LAST) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case", list(DAMAGES))
+# One damage of each file a resume reads stays in the default run (~4.5 s each); every damage is
+# also read by test_latest_skips_a_damaged_checkpoint_and_says_so, which trains nothing.
+RESUMED_DAMAGES = _some_slow(
+    DAMAGES,
+    set(DAMAGES) - {"weights_truncated", "optimizer_missing", "scheduler_zero_bytes", "random_states_truncated",
+                    "manifest_not_json"},
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", RESUMED_DAMAGES)
 def test_resuming_a_damaged_checkpoint_is_one_line_naming_the_file(case, world, copy, capsys):
     path = _damage(copy, case)
     argv = _text(world, "max_steps=2", f"resume_from_checkpoint={path}", out=copy)

@@ -317,10 +317,11 @@ def test_a_resume_past_max_steps_is_refused_before_anything_is_written(saved_run
     [
         ("seed=7", "trained with seed=42, this run has seed=7; resume with seed=42"),
         ("freeze_layers=1", "trained with freeze_layers=0, this run has freeze_layers=1"),
-        ("group_by_length=false", "trained with group_by_length=true"),
-        ("max_length=16", "trained with max_length=32, this run has max_length=16; resume with max_length=32"),
+        pytest.param("group_by_length=false", "trained with group_by_length=true", marks=pytest.mark.slow),
+        pytest.param("max_length=16", "trained with max_length=32, this run has max_length=16; resume with max_length=32",
+                     marks=pytest.mark.slow),
     ],
-)
+)  # fmt: skip
 def test_a_resume_that_would_change_the_run_names_the_setting(change, fragment, saved_run, capsys):
     data, out = saved_run
     argv = recipe_text_args(data, out, "resume_from_checkpoint=latest", change, "per_device_train_batch_size=4")

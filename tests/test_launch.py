@@ -45,6 +45,7 @@ def test_missing_script_is_one_line(tmp_path):
     _one_error_line(_run([*launch_command(launcher="finetune.launch"), "finetune/runn.py"], tmp_path), "finetune/runn.py")
 
 
+@pytest.mark.slow  # ~8 s; test_a_data_mistake_under_two_processes_is_one_line keeps exit 2 through the launcher
 def test_a_user_error_keeps_its_exit_status_through_the_launcher(tmp_path):
     """accelerate launch turns the process's exit 2 into exit 1 and a CalledProcessError traceback."""
     result = _run([*launch_command(launcher="finetune.launch"), "finetune/run.py", "bogus_key=1"], tmp_path)

@@ -24,8 +24,11 @@ def _records(out, key):
     return [r for r in map(json.loads, lines) if key in r]
 
 
-@pytest.mark.parametrize("scheduler", ["linear", "cosine"])
-@pytest.mark.parametrize("accumulation", [1, 3])
+@pytest.mark.parametrize(
+    "scheduler, accumulation",
+    [("linear", 1), ("cosine", 3), pytest.param("linear", 3, marks=pytest.mark.slow),
+     pytest.param("cosine", 1, marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_schedule_ends_where_planned(small_text_data, tmp_path, scheduler, accumulation):
     """The LR schedule is planned in optimizer steps: the last step's LR is the schedule's end."""
     out = tmp_path / "run"
