@@ -189,6 +189,8 @@ def load_raw(
                 raw[split] = read_conll(path, split, *conll_columns)
                 continue
             kwargs = {"sep": "\t"} if Path(path).suffix.lower() == ".tsv" else {}
+            if builder == "csv":  # only an empty cell is missing: a class named NA, None or null is a class
+                kwargs.update(keep_default_na=False, na_values=[""])
             try:
                 raw[split] = load_dataset(builder, data_files={split: path}, **kwargs)[split]
             except Exception as e:  # datasets raises many types for unreadable data

@@ -94,6 +94,18 @@ def test_data_dir_on_the_command_line_replaces_the_recipe_s_data_files(tmp_path)
     assert "train_file: null" in saved and f"data_dir: {folder}" in saved
 
 
+def test_a_csv_cell_is_missing_only_when_empty(tmp_path):
+    """pandas reads NA, N/A, None, null and nan as missing by default: a class of that name (NA for North
+    America, None for no topic) would become an empty label. Only an empty cell is missing."""
+    from finetune.data import load_raw
+
+    path = tmp_path / "regions.csv"
+    path.write_text("text,region\na,NA\nb,N/A\nc,None\nd,null\ne,nan\nf,EU\n,EU\n")
+    train = load_raw({"train": str(path)}, None, None, None)["train"]
+    assert train["region"] == ["NA", "N/A", "None", "null", "nan", "EU", "EU"]
+    assert train["text"][-1] is None  # the empty cell
+
+
 def test_string_labels_and_sentence_pairs_from_jsonl(tmp_path):
     rows = rotten_rows(24)
     names = {"0": "negative", "1": "positive"}
