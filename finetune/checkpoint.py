@@ -324,9 +324,10 @@ class Checkpointer:
     Remembers the last good checkpoint, which a run that must stop names."""
 
     def __init__(self, accelerator, cfg, output_dir: Path, label_names: list[str], train_samples: int,
-                 command: str | None = None):  # fmt: skip
+                 command: str | None = None, train_data: dict[str, str] | None = None):  # fmt: skip
         self.accelerator, self.cfg, self.out, self.label_names = accelerator, cfg, output_dir, label_names
         self.train_samples, self.command = train_samples, command  # the run's first launch command
+        self.train_data = train_data  # finetune.data.train_data_fingerprint
         self.best: dict[str, Any] = {}
         self.last: Path | None = None
         self.resumed_with: list[dict[str, Any]] = []  # the settings each resume changed (resume_changes)
@@ -371,6 +372,7 @@ class Checkpointer:
             "distributed_type": str(accelerator.distributed_type.value),
             "state": "sharded" if sharded_state(accelerator) else "whole",
             "train_samples": self.train_samples,
+            "train_data": self.train_data,
             "command": self.command,
             "task": cfg.task,
             "label_names": self.label_names,
@@ -518,11 +520,12 @@ def _shown(value: Any) -> str:
 
 
 def check_resume_compatible(
-    manifest: dict[str, Any], cfg, num_processes: int, label_names: list[str], train_samples: int, fsdp: bool
+    manifest: dict[str, Any], cfg, num_processes: int, label_names: list[str], train_samples: int, fsdp: bool,
+    train_data: dict[str, str] | None = None,
 ) -> bool:
-    """A resumed run must be the run that saved the checkpoint (FIXED_ON_RESUME, the labels, the number
-    of training samples, how the state was saved) and split the data the same way; returns whether
-    the topology changed (allowed only with resume_allow_topology_change)."""
+    """A resumed run must be the run that saved the checkpoint (FIXED_ON_RESUME, the labels, the training
+    data's bytes and number of samples, how the state was saved) and split the data the same way;
+    returns whether the topology changed (allowed only with resume_allow_topology_change)."""
     # The manifest's own top-level task and seed (written since the first version) over its config copy.
     saved_config = {**(manifest.get("config") or {}), **{k: manifest[k] for k in ("task", "seed") if k in manifest}}
     for key in FIXED_ON_RESUME:
@@ -540,6 +543,13 @@ def check_resume_compatible(
         raise UserError(
             f"the checkpoint was trained on the labels {manifest.get('label_names')}, this run's data has "
             f"{label_names}; resume it with its own data, or set label_names to match"
+        )
+    saved_data = manifest.get("train_data")
+    if isinstance(saved_data, dict) and train_data and set(saved_data) == set(train_data) and saved_data != train_data:
+        where = cfg.train_file if "train_file" in train_data else f"the image files under {cfg.data_dir}"
+        raise UserError(
+            f"the training data changed since the checkpoint was saved ({where} differs from the bytes it "
+            "trained on); resume with the data it was trained on, or start a new run without resume_from_checkpoint"
         )
     if manifest.get("train_samples") not in (None, train_samples):
         raise UserError(

@@ -18,6 +18,7 @@ prepares the splits for the model afterwards.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -207,6 +208,26 @@ def load_raw(
     if require_train and "train" not in raw:
         raise UserError(f"the data has no 'train' split (found: {', '.join(raw) or 'none'})")
     return raw
+
+
+def train_data_fingerprint(args: DataArgs) -> dict[str, str] | None:
+    """What a resume checks the training data against (finetune/checkpoint.py): the sha256 of the train
+    file's bytes, or of an image folder's file list (each file's path and size, under train/ when there
+    is one); None for hub data, which its name and revision say. A file edited in place between a save
+    and its resume would otherwise go on training on other samples in the saved order."""
+    if args.train_file and Path(args.train_file).is_file():
+        digest = hashlib.sha256()
+        with open(args.train_file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return {"train_file": digest.hexdigest()}
+    if args.data_dir and args.dataset_name in (None, "imagefolder") and Path(args.data_dir).is_dir():
+        root = Path(args.data_dir) / "train" if (Path(args.data_dir) / "train").is_dir() else Path(args.data_dir)
+        listing = hashlib.sha256()
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            listing.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_size}\n".encode())
+        return {"data_dir": listing.hexdigest()}
+    return None
 
 
 def _reraise_a_stop(e: BaseException) -> None:

@@ -55,7 +55,7 @@ from finetune import steps
 from finetune.card import check_hub_access, launch_command
 from finetune.cli import parse_args
 from finetune.config import TrainConfig, save_config
-from finetune.data import infer_task, load_splits, prepare_splits
+from finetune.data import infer_task, load_splits, prepare_splits, train_data_fingerprint
 from finetune.errors import UserError, exit_on_user_error, first_line
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import export_run
@@ -313,8 +313,9 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
         compile_model(model, dynamic=shapes.dynamic)
     resume_path, manifest = resume_target(cfg, out)
     fsdp = accelerator.distributed_type == DistributedType.FSDP
+    train_data = train_data_fingerprint(cfg)
     moved = manifest is not None and ckpt.check_resume_compatible(
-        manifest, cfg, accelerator.num_processes, label_names, len(splits["train"]), fsdp
+        manifest, cfg, accelerator.num_processes, label_names, len(splits["train"]), fsdp, train_data
     )  # before anything is written: a resume that would change the run is refused now
     plan = plan_steps(cfg, accelerator.num_processes, len(splits["train"]), manifest, moved)
     ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)  # a max_steps short of the checkpoint
@@ -329,7 +330,7 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
     assert len(train_loader) == plan.batches, (len(train_loader), plan.batches)
     log = MetricsLog(accelerator, out.metrics)
     command = (manifest or {}).get("command") or launch_command()  # a resume keeps the run's first command
-    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, len(splits["train"]), command)
+    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, len(splits["train"]), command, train_data)
     weights = task_of(cfg.task).sample_weights(splits["train"])
     train_labels = splits["train"].with_format(None)["labels"]  # without an image transform's decoding
     trivial = trivial_prediction(train_labels, cfg.problem_type)
@@ -799,7 +800,8 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
     processes, batch, accumulation = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     resume_path, manifest = resume_target(cfg, out)
     moved = manifest is not None and ckpt.check_resume_compatible(
-        manifest, cfg, processes, label_names, len(splits["train"]), accelerator.distributed_type == DistributedType.FSDP
+        manifest, cfg, processes, label_names, len(splits["train"]), accelerator.distributed_type == DistributedType.FSDP,
+        train_data_fingerprint(cfg),
     )
     plan = plan_steps(cfg, processes, len(splits["train"]), manifest, moved)
     ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)

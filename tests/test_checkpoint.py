@@ -302,6 +302,21 @@ def test_a_resume_with_fewer_samples_than_consumed_is_refused_before_config_yaml
     assert "trained on 37 samples an epoch, this run has 8" in line
 
 
+def test_a_resume_on_a_training_file_edited_in_place_is_refused(saved_run, tmp_path, capsys):
+    """The same number of rows, one label changed: the checkpoint's order would now feed other samples.
+    The manifest keeps the training file's sha256; the same bytes under another path still resume
+    (every other resume test here reads the same files)."""
+    data, out = saved_run
+    rows = data["train"].read_text().splitlines()
+    text, label = rows[1].rsplit(",", 1)
+    rows[1] = f"{text},{1 - int(label)}"
+    edited = tmp_path / "train.csv"
+    edited.write_text("\n".join(rows) + "\n")
+    argv = recipe_text_args({**data, "train": edited}, out, "resume_from_checkpoint=latest", "per_device_train_batch_size=4")
+    line = user_error(capsys, main, argv, untouched=out)
+    assert f"the training data changed since the checkpoint was saved ({edited} differs" in line
+
+
 def test_a_resume_past_max_steps_is_refused_before_anything_is_written(saved_run, capsys):
     """The checkpoint is at step 9; max_steps=2 would export the step-9 model under a config.yaml that
     says 2 steps."""
