@@ -42,6 +42,11 @@ KINDS = ".csv, .tsv, .json, .jsonl, .parquet, or CoNLL (.conll, .iob2, .txt)"
 # --- loading ---------------------------------------------------------------------------------------
 
 
+def _the(split: str) -> str:
+    """How a message names a split: "the train data"; a file read on its own (evaluation's --data) is "the data"."""
+    return "the data" if split == "data" else f"the {split} data"
+
+
 def _builder_for(path: str) -> str:
     suffix = Path(path).suffix.lower()
     if suffix not in FILE_BUILDERS:
@@ -197,7 +202,7 @@ def load_raw(
             except Exception as e:  # datasets raises many types for unreadable data
                 _reraise_a_stop(e)
                 if "corresponds to no data" in _root_cause(e):  # a header and no rows
-                    raise UserError(f"the {split} data has no rows ({path}); check the file") from None
+                    raise UserError(f"{_the(split)} has no rows ({path}); check the file") from None
                 raise UserError(
                     _diagnose_file(split, path)
                     or f"could not load the {split} file {path}: "
@@ -454,7 +459,7 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
                    conll_columns=(args.tokens_column, args.tags_column))  # fmt: skip
     for split in raw:
         if len(raw[split]) == 0:
-            raise UserError(f"the {split} data has no rows; check the file or folder")
+            raise UserError(f"{_the(split)} has no rows; check the file or folder")
         check_columns(raw[split], split, args)
     problem = infer_problem_type(raw["train"], args)  # regression and multi-label: finetune/problems.py
     if problem == SINGLE:
@@ -606,7 +611,7 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
     if words:
         sentences.append((words, tags))
     if not sentences:
-        raise UserError(f"the {split} data has no rows ({path}): no token lines; check the file")
+        raise UserError(f"{_the(split)} has no rows ({path}): no token lines; check the file")
     _check_conll_columns(split, path, sentences, first)
     return HFDataset.from_dict({tokens_column: [w for w, _ in sentences], tags_column: [t for _, t in sentences]})
 

@@ -161,8 +161,12 @@ class TextClassification(Task):
                     "set text_column to a column of strings"
                 )
             texts = ds[column]
-            if any(v is None for v in texts):
-                raise UserError(f"text column '{column}' in the {split} data has empty (null) values")
+            missing = next((i for i, v in enumerate(texts) if v is None), None)
+            if missing is not None:
+                raise UserError(
+                    f"text column '{column}' in the {split} data has an empty cell at row {missing + 1}; "
+                    "fill it in or drop that row"
+                )
             if len(texts) and all(not v.strip() for v in texts):  # it would train on the special tokens alone
                 raise UserError(
                     f"text column '{column}' in the {split} data holds only empty strings; set text_column to "

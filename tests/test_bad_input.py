@@ -290,7 +290,7 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     ),
     "null_text": (
         lambda w: _text(w, f"train_file={w.root / 'null_text.csv'}"),
-        "text column 'text' in the train data has empty (null) values",
+        "text column 'text' in the train data has an empty cell at row 2; fill it in or drop that row",
     ),
     "texts_all_empty": (
         lambda w: _text(w, f"train_file={w.root / 'empty_texts.jsonl'}", "validation_file=null"),

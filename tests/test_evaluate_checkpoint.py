@@ -325,6 +325,7 @@ def _incomplete(run, tmp_path):
         ("run_dir", "is a run directory"),
         ("unknown_split", "unknown split 'bogus'"),
         ("missing_data", "--data not found"),
+        ("data_without_rows", "the data has no rows ("),
         ("output_is_a_file", "is a file, not a folder; --output names a folder"),
         ("foreign_output", "is not a metrics.json written by finetune.evaluate"),
         (
@@ -342,6 +343,7 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         "run_dir": [str(run["dir"])],
         "unknown_split": [str(run["checkpoint"]), "--split", "bogus"],
         "missing_data": [str(run["checkpoint"]), "--data", str(tmp_path / "nope.csv")],
+        "data_without_rows": [str(run["checkpoint"]), "--data", str(write_csv(tmp_path / "header.csv", [], ["text", "label"]))],
         "output_is_a_file": [str(run["checkpoint"]), "--output", str(run["dir"] / "results.json")],
         "foreign_output": [str(run["checkpoint"]), "--output", str(tmp_path / "foreign")],  # its metrics.json is not ours
         "training_setting": [str(run["checkpoint"]), "learning_rate=1e-3"],
