@@ -380,11 +380,12 @@ def _near_misses(unseen: list[str], known: list[str]) -> str:
     return f"; {pairs} differ from the training labels only by {what}: write each label the same way in every split"
 
 
-def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = True) -> None:
+def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = True, model_task: bool = False) -> None:
     """The label column(s) (unless the data is `labelled=False`: predictions only) and the task's input
-    columns exist and hold what they should; no label is null."""
+    columns exist and hold what they should; no label is null. `model_task`: the task is a trained
+    model's (evaluation), so data of another task is the wrong data, not a wrong `task`."""
     try:
-        _check_columns(ds, split, args, labelled)
+        _check_columns(ds, split, args, labelled, model_task)
     except UnicodeDecodeError as e:  # a parquet file's strings: read only when a value is
         raise UserError(
             f"the {split} data holds text that is not UTF-8 ({e.reason}); the file is damaged or in another "
@@ -392,7 +393,7 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = Tr
         ) from None
 
 
-def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool) -> None:
+def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, model_task: bool = False) -> None:
     task, label_columns, inputs = task_of(args.task), args.label_sources if labelled else [], args.input_columns
     for column in (*label_columns, *inputs):
         if column not in ds.column_names:
@@ -401,7 +402,10 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool) ->
                 raise UserError(why)
             hint = task.missing_label_hint() if column in label_columns and ds.column_names == inputs else ""
             other = task_for_data(ds.features, args)
-            if other != args.task:  # the columns of another task's data
+            if other != args.task and model_task:  # a model of one task, data of another
+                hint += (f"; these look like {other} data, and the model is a {args.task} model: give it "
+                         f"{args.task} data, or evaluate a {other} model on these")
+            elif other != args.task:  # the columns of another task's data
                 hint += f"; these look like {other} data: set task={other} (or task=null to read it from the data)"
             raise UserError(
                 f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
@@ -570,7 +574,8 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
     One token per line (tab- or space-separated columns), a blank line between sentences, `#` comments
     and `-DOCSTART-` lines skipped. The word is the first column, or the second when the first is a
     running index (UD and UNER files); the tag is the last column of the first token line that reads
-    as a tag (O, or B-/I-/E-/S- and a type: CoNLL-2003's chunk tags stand before its NER tags). A line with another number of
+    as a tag (O, or B-/I-/E-/S- and a type: CoNLL-2003's chunk tags stand before its NER tags). A file of
+    one column is words without tags (data to predict: no tags column). A line with another number of
     columns than the file's first token line is refused with its line number; so is a file that is not
     UTF-8. Read by hand: datasets has no CoNLL builder (its hub scripts are gone)."""
     sentences, words, tags, columns, tag_at, first = [], [], [], None, -1, None
@@ -590,7 +595,7 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                     columns = len(fields)
                     looks = [i for i, f in enumerate(fields) if i and re.fullmatch(r"O|[BIES]-\S+", f)]
                     tag_at = looks[-1] if looks else -1
-                if columns < 2 or len(fields) != columns:
+                if len(fields) != columns or (columns < 2 and Path(path).suffix.lower() == ".txt"):
                     what = f"the file's first token line has {columns}" if columns >= 2 else "a token and its tag"
                     if Path(path).suffix.lower() == ".txt":  # often a CSV or TSV saved as .txt
                         raise UserError(
@@ -605,13 +610,15 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                 if first is None:
                     first = (number, fields)
                 words.append(fields[1] if columns > 2 and fields[0].isdigit() else fields[0])
-                tags.append(fields[tag_at])
+                tags.append(fields[tag_at] if columns > 1 else None)
     except UnicodeDecodeError as e:
         raise UserError(f"{split} file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     if words:
         sentences.append((words, tags))
     if not sentences:
         raise UserError(f"{_the(split)} has no rows ({path}): no token lines; check the file")
+    if columns == 1:  # words alone, one a line: sentences to tag (evaluation predicts them; training needs tags)
+        return HFDataset.from_dict({tokens_column: [w for w, _ in sentences]})
     _check_conll_columns(split, path, sentences, first)
     return HFDataset.from_dict({tokens_column: [w for w, _ in sentences], tags_column: [t for _, t in sentences]})
 

@@ -403,7 +403,7 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
         raise UserError(f"{what} has no rows; check the file")
     # No label column at all: data to predict, not to score.
     labelled = any(column in ds.column_names for column in args.label_sources)
-    check_columns(ds, what, args, labelled)
+    check_columns(ds, what, args, labelled, model_task=True)
     if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError
         ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)
     else:

@@ -36,6 +36,7 @@ from conftest import (
     save_tiny_bert,
     tiny_bert_config,
     write_csv,
+    write_jsonl,
 )
 from datasets import ClassLabel, Dataset, Features, Image, Value
 from safetensors.torch import load_file
@@ -326,6 +327,7 @@ def _incomplete(run, tmp_path):
         ("unknown_split", "unknown split 'bogus'"),
         ("missing_data", "--data not found"),
         ("data_without_rows", "the data has no rows ("),
+        ("tagging_data", "these look like token-classification data, and the model is a text-classification model"),
         ("output_is_a_file", "is a file, not a folder; --output names a folder"),
         ("foreign_output", "is not a metrics.json written by finetune.evaluate"),
         (
@@ -344,6 +346,8 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         "unknown_split": [str(run["checkpoint"]), "--split", "bogus"],
         "missing_data": [str(run["checkpoint"]), "--data", str(tmp_path / "nope.csv")],
         "data_without_rows": [str(run["checkpoint"]), "--data", str(write_csv(tmp_path / "header.csv", [], ["text", "label"]))],
+        "tagging_data": [str(run["checkpoint"]), "--data", str(write_jsonl(tmp_path / "ner.jsonl",
+                         [{"tokens": ["Ada", "wrote"], "ner_tags": ["B-PER", "O"]}]))],  # fmt: skip
         "output_is_a_file": [str(run["checkpoint"]), "--output", str(run["dir"] / "results.json")],
         "foreign_output": [str(run["checkpoint"]), "--output", str(tmp_path / "foreign")],  # its metrics.json is not ours
         "training_setting": [str(run["checkpoint"]), "learning_rate=1e-3"],

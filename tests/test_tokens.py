@@ -286,6 +286,13 @@ def test_the_export_tags_in_a_pipeline_and_evaluates_word_by_word(all_subwords, 
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     right = sum(p == g for r in lines for p, g in zip(r["predictions"], r["labels"], strict=True))
     assert metrics["word_accuracy"] == pytest.approx(right / metrics["num_words"])
+    # words alone, one a line (CoNLL without its tag column): predicted, not scored
+    words = tmp_path / "words.conll"
+    words.write_text("\n\n".join("\n".join(r["tokens"]) for r in rows) + "\n")
+    evaluate([str(out / "model"), "--data", str(words), "--predictions", "--output", str(tmp_path / "words")])
+    predicted = [json.loads(line) for line in (tmp_path / "words" / "predictions.jsonl").read_text().splitlines()]
+    assert [r["words"] for r in predicted] == [r["tokens"] for r in rows] and "labels" not in predicted[0]
+    assert [r["predictions"] for r in predicted] == [r["predictions"] for r in lines]
 
 
 @pytest.mark.slow
@@ -556,6 +563,14 @@ def test_a_wrong_column_count_in_a_conll_train_file_is_one_line(tmp_path, capsys
     train.write_text("Ada B-PER\nLovelace I-PER\n\nsaid O O\n")
     data = {"train": train, "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])}
     assert "line 4 has 3 column(s)" in user_error(capsys, main, tagging_args(data, tmp_path / "run"))
+
+
+def test_a_conll_train_file_of_words_alone_is_one_line(tmp_path, capsys):
+    train = tmp_path / "train.conll"
+    train.write_text("Ada\nLovelace\n\nsaid\n")
+    data = {"train": train, "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])}
+    line = user_error(capsys, main, tagging_args(data, tmp_path / "run"))
+    assert "column 'ner_tags' not found in the train data; columns are: tokens" in line
 
 
 def test_a_tags_column_is_checked_before_a_text_run_trains_on_it(tmp_path, capsys):
