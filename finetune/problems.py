@@ -138,6 +138,7 @@ def label_names_for(train: HFDataset, args: DataArgs, problem: str) -> list[str]
     label columns, or `label_names`, else the sorted distinct names in train's lists."""
     given = list(args.label_names) if args.label_names else None
     if problem == TOKENS:
+        _check_tag_lists(train, args, "train")  # a string of tags would be read as its characters
         return tag_names(train, args.tags_column, given)
     if problem == REGRESSION:
         if given and len(given) != 1:

@@ -565,6 +565,13 @@ def test_a_wrong_column_count_in_a_conll_train_file_is_one_line(tmp_path, capsys
     assert "line 4 has 3 column(s)" in user_error(capsys, main, tagging_args(data, tmp_path / "run"))
 
 
+def test_tags_written_as_one_string_are_refused_as_not_lists(tmp_path, capsys):
+    """"B-PER O" instead of ["B-PER", "O"]: its characters are no tags (the space would be named first)."""
+    data = {"train": _rows(tmp_path / "t.jsonl", [{"tokens": ["Ada", "said"], "ner_tags": "B-PER O"}] * 4)}
+    line = user_error(capsys, main, tagging_args({**data, "validation": data["train"]}, tmp_path / "run"))
+    assert "tags column 'ner_tags' in the train data holds Value('string'), not lists of tags" in line
+
+
 def test_a_conll_train_file_of_words_alone_is_one_line(tmp_path, capsys):
     train = tmp_path / "train.conll"
     train.write_text("Ada\nLovelace\n\nsaid\n")
