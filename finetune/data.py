@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import os
 import re
 import sys
@@ -98,7 +99,10 @@ def _diagnose_file(split: str, path: str) -> str | None:
                 if i > 0:  # JSON Lines whose earlier lines parse: this line is the broken one
                     line, column, msg = number, e.colno, e.msg
                 break
-        return f"{split} file {path} is not valid JSON or JSON Lines: line {line} column {column}: {msg}"
+        return (
+            f"{split} file {path} is not valid JSON or JSON Lines: line {line} column {column}: "
+            f"{msg.removesuffix(' at').lower()}; fix or remove that line"
+        )
     return None
 
 
@@ -197,6 +201,8 @@ def load_raw(
             kwargs = {"sep": "\t"} if Path(path).suffix.lower() == ".tsv" else {}
             if builder == "csv":  # only an empty cell is missing: a class named NA, None or null is a class
                 kwargs.update(keep_default_na=False, na_values=[""])
+            # datasets' json builder logs its own "Failed to load JSON" line before raising: ours names the line
+            logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
             try:
                 raw[split] = load_dataset(builder, data_files={split: path}, **kwargs)[split]
             except Exception as e:  # datasets raises many types for unreadable data

@@ -21,6 +21,8 @@ import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ from conftest import (
     TINY_VIT,
     TOKENIZER,
     image_folder,
+    one_error_line,
     recipe_text_args,
     rotten_rows,
     save_tiny_bert,
@@ -119,8 +122,8 @@ def world(finished_run, tmp_path_factory) -> World:
     (root / "numeric_text.csv").write_text("text,label\n" + "".join(f"{i},{i % 2}\n" for i in range(20)))
     write_csv(root / "single_class.csv", [r for r in rotten_rows(60) if r["label"] == "1"])
     write_csv(root / "unseen.csv", [*rotten_rows(6, start=100), {"text": "a third kind", "label": "2"}])
-    (root / "broken.jsonl").write_text(
-        '{"text": "a fine film", "label": 1}\n{"text": "a dull film", "label": \n'
+    (root / "broken.jsonl").write_text(  # the last line cut off inside a string (pyarrow fails, datasets logs)
+        "".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n" for r in rotten_rows(39)) + '{"text": "a fi'
     )
     (root / "broken.json").write_text('[{"text": "a fine film", "label": 1}, {"text": ')
     (root / "train.docx").write_text("text,label\n")
@@ -256,7 +259,7 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     ),
     "jsonl_broken": (
         lambda w: _text(w, f"train_file={w.root / 'broken.jsonl'}", "validation_file=null"),
-        "is not valid JSON or JSON Lines: line 2 column",
+        "is not valid JSON or JSON Lines: line 40 column 10: unterminated string starting; fix or remove that line",
     ),
     "json_broken": (
         lambda w: _text(w, f"train_file={w.root / 'broken.json'}", "validation_file=null"),
@@ -585,16 +588,26 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys):
     assert not (world.root / "checkpoints" / "code-ran").exists()
 
 
-@pytest.mark.parametrize(  # the slow two are held in-process too
+@pytest.mark.parametrize(  # the slow ones are held in-process too
     "case",
     _some_slow(["csv_ragged_more", "image_corrupt", "checkpoint_holding_code", "finished_output_dir"],
-               {"image_corrupt", "checkpoint_holding_code"}),
+               {"csv_ragged_more", "image_corrupt", "checkpoint_holding_code"}),
 )  # fmt: skip
 def test_bad_input_from_the_command_line(case, world):
     make_args, fragment = CASES[case]
     script = str(REPO / "finetune/run.py")
     user_error_from_command([script, *make_args(world)], fragment, untouched=world.done, cwd=world.root)
     assert not (world.root / "checkpoints" / "code-ran").exists()
+
+
+def test_a_cut_off_json_lines_file_is_our_line_alone(world):
+    """pyarrow fails on the cut-off last line and datasets logs its own "Failed to load JSON" line before
+    raising: only the app's line, which names the line and the fix, reaches the user."""
+    make_args, fragment = CASES["jsonl_broken"]
+    result = subprocess.run([sys.executable, str(REPO / "finetune/run.py"), *make_args(world)], capture_output=True,
+                            text=True, timeout=180, cwd=world.root)  # fmt: skip
+    one_error_line(result.returncode, result.stderr, fragment)
+    assert "Failed to load JSON" not in result.stderr, result.stderr
 
 
 @pytest.mark.slow
