@@ -319,7 +319,10 @@ def read_weights(target: Target) -> dict[str, torch.Tensor]:
                 merge_fsdp_weights(str(shards[0]), merged, safe_serialization=True)
                 return load_file(Path(merged) / WEIGHTS)
     except SafetensorError as e:
-        raise UserError(f"{weights} is not a readable safetensors file: {first_line(e)}") from None
+        raise UserError(
+            f"{weights} is not a readable safetensors file ({first_line(e)}); evaluate another checkpoint of the run, "
+            "or its export (<run>/model)"
+        ) from None
     except (OSError, RuntimeError, ValueError) as e:  # torch.distributed.checkpoint on damaged shards
         raise UserError(f"the FSDP shards in {shards[0]} do not merge: {first_line(e)}") from None
     found = sorted(p.name for p in target.path.iterdir())

@@ -814,7 +814,9 @@ def test_evaluating_a_damaged_checkpoint_is_one_line_naming_the_file(case, copy,
     """Evaluation reads the manifest and the weights only. (A checkpoint without its manifest is named as
     "no COMPLETE marker or manifest": hence the file's stem.)"""
     path = _damage(copy, case)
-    user_error(capsys, evaluate_main, [str(path)], DAMAGES[case][0].split(".")[0], untouched=copy)
+    line = user_error(capsys, evaluate_main, [str(path)], DAMAGES[case][0].split(".")[0], untouched=copy)
+    if case in ("weights_truncated", "weights_zero_bytes", "weights_header_garbage"):
+        assert "evaluate another checkpoint of the run, or its export" in line
 
 
 @pytest.mark.parametrize("case", list(DAMAGES))
