@@ -601,6 +601,11 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
                 f"metric_for_best_model must be one of {', '.join(metrics)}"
                 f"{f' for {problem}' if problem else ''}, got {self.metric_for_best_model!r}"
             )
+        if problem == "regression" and self.class_weights is not None:  # a number has no class to weigh
+            raise UserError(
+                f"class_weights={self.class_weights} weighs classes or labels; a regression has none: leave "
+                "class_weights unset (null)"
+            )
 
     def resolve_task(self, task: str) -> None:
         """Once the data is read: the task it holds (when the config left it null), checked."""

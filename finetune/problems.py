@@ -210,6 +210,14 @@ def _encode_regression(ds: HFDataset, column: str, split: str) -> HFDataset:
             f"label column '{column}' in the {split} data has {len(bad)} NaN or infinite target(s) (first at row "
             f"{bad[0] + 1}: {values[bad[0]]}); a regression target must be a finite number: fix or drop those rows"
         )
+    # The loss is computed in float32: a target whose square overflows it gives an infinite loss at every step.
+    huge = np.flatnonzero(np.abs(values) > np.sqrt(np.finfo(np.float32).max))
+    if len(huge):
+        raise UserError(
+            f"label column '{column}' in the {split} data has {len(huge)} target(s) too large for the float32 loss "
+            f"(first at row {huge[0] + 1}: {values[huge[0]]:g}; its square overflows float32); scale the targets "
+            "(divide them by a constant, or take their logarithm) and scale the predictions back"
+        )
     return _replace_labels(ds, [column], lambda b: [float(v) for v in b[column]], Value("float32"), split)
 
 

@@ -248,6 +248,8 @@ def _texts(labels: list, column: str = "label") -> list[dict]:
             "single_label_classification needs classes",
         ),
         ([0.5, float("nan"), 1.5], [], "has 1 NaN or infinite target(s) (first at row 2: nan)"),
+        ([0.5, 1e30, 1.5], [], "has 1 target(s) too large for the float32 loss (first at row 2: 1e+30; its square"),
+        ([0.5, 1.5, 2.5], ["class_weights=balanced"], "class_weights=balanced weighs classes or labels; a regression"),
         ([["a"], [], ["b"]], [], "has an empty list at row 2; every sample needs a label"),
         ([["a"], ["b", None], ["b"]], [], "has a null inside the list at row 2"),
         (
