@@ -307,6 +307,8 @@ class ImageClassification(Task):
     def check_inputs(self, ds, split: str, data: DataArgs) -> None:
         from finetune.images import verify_images
 
+        if split == "train" and data.data_dir and data.dataset_name in (None, "imagefolder"):
+            _check_no_empty_class_folder(data.data_dir)
         verify_images(ds, data.image_column, split)
 
     def missing_label_hint(self) -> str:
@@ -406,6 +408,25 @@ class ImageClassification(Task):
 
 # Folder names that datasets' image folder reads as splits, not classes.
 SPLIT_FOLDERS = ("train", "training", "validation", "valid", "val", "dev", "eval", "test", "testing")
+
+
+def _check_no_empty_class_folder(data_dir: str) -> None:
+    """A class folder under train/ (or the image folder itself) that holds no image: datasets leaves its
+    class out without a word, and a folder made for a class is not meant to vanish."""
+    from pathlib import Path
+
+    from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+
+    root = Path(data_dir) / "train" if (Path(data_dir) / "train").is_dir() else Path(data_dir)
+    images = {e.lower() for e in ImageFolder.EXTENSIONS}
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name.lower() not in SPLIT_FOLDERS):
+        if not folder.name.startswith(".") and not any(
+            f.suffix.lower() in images and f.is_file() for f in folder.rglob("*")
+        ):
+            raise UserError(
+                f"class folder {folder} holds no image, so its class would be left out; add its images, or "
+                "remove the folder"
+            )
 
 
 def stack_images(features: list[dict[str, Any]]):

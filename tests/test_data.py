@@ -56,6 +56,15 @@ def test_an_image_class_with_no_training_image_is_refused(tmp_path, capsys):
     assert "class 'fox'" in line and "has no training sample" in line
 
 
+def test_an_empty_class_folder_is_refused(tmp_path, capsys):
+    """datasets would leave the class out without a word; a folder of notes only counts as empty."""
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"]})
+    (folder / "train" / "fox").mkdir()
+    (folder / "train" / "fox" / "notes.txt").write_text("to do: photos")
+    line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"))
+    assert f"class folder {folder / 'train' / 'fox'} holds no image, so its class would be left out" in line
+
+
 def test_an_image_class_that_differs_only_by_case_is_named(tmp_path, capsys):
     folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["Cat", "dog"]})
     user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"),
