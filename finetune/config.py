@@ -714,6 +714,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             raise UserError(f"{key} must be a number, got {value!r}")
         return float(value)
     if hint is str:
+        if value is None and key == "output_dir":  # `output_dir=` with nothing after it
+            raise UserError("output_dir is empty; give the folder the run writes to (output_dir=runs/my-run)")
         if isinstance(value, (dict, list)) or value is None:
             raise UserError(f"{key} must be a string, got {value!r}")
         return str(value)

@@ -347,7 +347,8 @@ def encode_tags(ds: HFDataset, args: DataArgs, tag_set: list[str], split: str) -
             except KeyError:
                 known = False
             if not known:
-                where = "is not in label_names" if args.label_names or split != "train" else "is unknown"
+                where = ("is not in label_names" if args.label_names
+                         else "was not seen in training" if split != "train" else "is unknown")
                 raise UserError(
                     f"the {split} data's tag {tag!r} at row {row + 1}, word {word + 1} {where} (tags: "
                     f"{', '.join(tag_set)}); fix the tag, or list it in label_names"

@@ -186,3 +186,8 @@ def test_model_name_or_path_on_the_command_line_replaces_the_recipe_s_model_conf
     assert cfg.model_config is None and cfg.model_name_or_path == weights
     both = load_config(recipe, [f"model_name_or_path={weights}", "model_config.image_size=32"])  # named both: kept
     assert both.model_config["image_size"] == 32
+
+
+def test_an_empty_output_dir_says_what_to_give():
+    with pytest.raises(UserError, match=r"output_dir is empty; give the folder the run writes to \(output_dir=runs/"):
+        load_config(None, ["output_dir="])

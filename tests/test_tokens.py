@@ -565,6 +565,15 @@ def test_a_wrong_column_count_in_a_conll_train_file_is_one_line(tmp_path, capsys
     assert "line 4 has 3 column(s)" in user_error(capsys, main, tagging_args(data, tmp_path / "run"))
 
 
+def test_a_validation_tag_unseen_in_training_says_so(tmp_path, capsys):
+    """With label_names=null the tags are the training data's: the line names training, not label_names."""
+    good = {"tokens": ["ada", "lovelace"], "ner_tags": ["B-PER", "I-PER"]}
+    data = {"train": _rows(tmp_path / "t.jsonl", [good] * 4),
+            "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["kew"], "ner_tags": ["B-LOC"]}])}  # fmt: skip
+    line = user_error(capsys, main, [*tagging_args(data, tmp_path / "run"), "label_names=null"])
+    assert "the validation data's tag 'B-LOC' at row 1, word 1 was not seen in training" in line
+
+
 def test_tags_written_as_one_string_are_refused_as_not_lists(tmp_path, capsys):
     """"B-PER O" instead of ["B-PER", "O"]: its characters are no tags (the space would be named first)."""
     data = {"train": _rows(tmp_path / "t.jsonl", [{"tokens": ["Ada", "said"], "ner_tags": "B-PER O"}] * 4)}
