@@ -308,6 +308,13 @@ def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | 
             f"train/{absent[0]}/ images, or max_train_samples left them out): the model could not learn it; "
             "give it training samples, or remove it from the other splits"
         )
+    unknown = present - set(names)
+    if unknown:
+        raise UserError(
+            f"training labels {sorted(unknown)} are not in label_names {names}; list them all in label_names, "
+            "or set label_names=null to take them from the data (the recipe for your own files, "
+            "finetune/configs/bert_custom_files.yaml, does)"
+        )
     if absent and os.environ.get("RANK", "0") == "0":  # named in label_names: the user asked for them
         shown = ", ".join(map(repr, absent[:5])) + (", ..." if len(absent) > 5 else "")
         print(
@@ -315,13 +322,6 @@ def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | 
             "an image folder: no train/<class>/ images): the model cannot learn to predict them; give them "
             "training samples, or leave them out of label_names",
             file=sys.stderr,
-        )
-    unknown = present - set(names)
-    if unknown:
-        raise UserError(
-            f"training labels {sorted(unknown)} are not in label_names {names}; list them all in label_names, "
-            "or set label_names=null to take them from the data (the recipe for your own files, "
-            "finetune/configs/bert_custom_files.yaml, does)"
         )
     return names
 

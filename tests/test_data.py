@@ -184,3 +184,7 @@ def test_own_labels_under_the_default_recipe_say_how_to_take_them_from_the_data(
                                      f"output_dir={tmp_path / 'o'}"])  # fmt: skip
     assert "training labels ['neg', 'pos'] are not in label_names ['0', '1']" in line
     assert "label_names=null" in line and "bert_custom_files.yaml" in line
+    # the one line alone: no warning first that label_names' classes have no training sample
+    with pytest.raises(SystemExit):
+        main([f"train_file={train}", "validation_file=null", "test_file=null", f"output_dir={tmp_path / 'o'}"])
+    assert "warning:" not in capsys.readouterr().err
