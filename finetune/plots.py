@@ -25,6 +25,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,7 @@ def plot_training_curves(
     fig = training_curves_figure(metrics_jsonl, title, best)
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
+    _save(fig, out_png, dpi=110)
     return out_png
 
 
@@ -356,8 +357,23 @@ def plot_confusion_matrix(
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    _save(fig, path, dpi=120, bbox_inches="tight")
     return path
+
+
+def _save(fig, path: Path, **kwargs: Any) -> None:
+    """fig.savefig, with matplotlib's one warning per missing glyph (a run or class name in a script its
+    font lacks: CJK, emoji) said as one line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.savefig(path, **kwargs)
+    missing = [w for w in caught if "missing from font" in str(w.message)]
+    for w in caught:
+        if w not in missing:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if missing and os.environ.get("RANK", "0") == "0":
+        print(f"warning: matplotlib's font has no glyph for some characters of a title or label; they show as "
+              f"boxes in {path}", file=sys.stderr)  # fmt: skip
 
 
 def _check_metrics_file(metrics: Path) -> None:

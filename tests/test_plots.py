@@ -161,3 +161,18 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
     user_error(capsys, main, [], "required", untouched=tmp_path)
     main([str(listed), str(tmp_path / "c.png")])
     assert (tmp_path / "c.png").is_file()
+
+
+def test_a_title_the_font_cannot_draw_is_one_warning_line(tmp_path, capsys):
+    """matplotlib warns once per missing glyph (a run named in CJK or with an emoji): one line instead."""
+    import warnings
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps({"step": s, "epoch": 0, "loss": 1.0 / s, "learning_rate": 1e-4})
+                              for s in range(1, 4)))  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot_training_curves(path, tmp_path / "curves.png", title="運行 ❤ ü")
+    assert not [w for w in caught if "missing from font" in str(w.message)]
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "no glyph for some characters" in warned[0]
