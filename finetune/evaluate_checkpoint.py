@@ -297,6 +297,13 @@ def load_model(target: Target, cfg: TrainConfig):
             first = first_line(e)
             damaged = " (its weights file is damaged: replace it)" if isinstance(e, SafetensorError) else ""
             raise UserError(f"could not load the {cfg.task} model '{target.spec}'{damaged}: {first}") from None
+        except RuntimeError as e:  # transformers: weights whose shapes do not fit config.json
+            if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
+                raise
+            raise UserError(
+                f"the weights in '{target.spec}' do not fit its config.json (another model's model.safetensors?): "
+                f"{first_line(e)}; put back the weights this export was saved with, or evaluate another export"
+            ) from None
     task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
     return model.eval(), preprocessor
 

@@ -359,6 +359,25 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
     assert len(errors) == 1 and expected in errors[0]
 
 
+def test_an_export_whose_weights_do_not_fit_its_config_is_one_line(run, tmp_path, capsys):
+    """Another model's model.safetensors (a head of 3 labels) copied over a 2-label export."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(run["dir"], tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints"))
+    export = tmp_path / "run" / "model"
+    weights = load_file(export / "model.safetensors")
+    head = [k for k in weights if k.startswith("classifier.")]
+    assert head, list(weights)[-4:]
+    for key in head:
+        weights[key] = torch.zeros(3, *weights[key].shape[1:])
+    save_file(weights, export / "model.safetensors")
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate([str(export)])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert exit_info.value.code == 2 and len(errors) == 1, errors
+    assert "do not fit its config.json" in errors[0]
+
+
 @pytest.mark.slow
 def test_unseen_label_from_the_command_line(run, tmp_path):
     data = write_csv(
