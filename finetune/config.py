@@ -601,6 +601,11 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
                 f"metric_for_best_model must be one of {', '.join(metrics)}"
                 f"{f' for {problem}' if problem else ''}, got {self.metric_for_best_model!r}"
             )
+        if problem in ("regression", "multi_label_classification") and self.label_smoothing:
+            raise UserError(
+                f"label_smoothing={self.label_smoothing:g} smooths a cross-entropy over classes (single-label and "
+                f"tagging); {problem} has none: leave label_smoothing at 0"
+            )
         if problem == "regression" and self.class_weights is not None:  # a number has no class to weigh
             raise UserError(
                 f"class_weights={self.class_weights} weighs classes or labels; a regression has none: leave "

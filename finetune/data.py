@@ -339,6 +339,13 @@ def _check_label_texts(train: HFDataset, column: str, present: set[str], label_n
             'sample, give real lists (JSON Lines: "label": ["art", "film"]) or 0/1 columns (label_columns); for '
             "one label a sample, remove the brackets and quotes (or, if that is a class's name, list it in label_names)"
         )
+    blank = next((v for v in sorted(present) if not v.strip()), None)
+    if blank is not None:  # "   ": an empty label that a CSV kept as text
+        row = next(i for i, v in enumerate(train[column]) if str(v) == blank)
+        raise UserError(
+            f"label column '{column}' has an empty (blank) label at row {row + 1}; give that sample its label or "
+            "drop the row"
+        )
     stripped: dict[str, str] = {}
     for name in sorted(present):
         twin = stripped.setdefault(name.strip(), name)
@@ -346,6 +353,14 @@ def _check_label_texts(train: HFDataset, column: str, present: set[str], label_n
             raise UserError(
                 f"label column '{column}' holds {twin!r} and {name!r}, which differ only by spaces and would be two "
                 "classes; strip the spaces in the data"
+            )
+    folded: dict[str, str] = {}
+    for name in sorted(present):
+        twin = folded.setdefault(name.casefold(), name)
+        if twin != name and not {twin, name} <= named:  # both in label_names: the user's own two classes
+            raise UserError(
+                f"label column '{column}' holds {twin!r} and {name!r}, which differ only by letter case and would be "
+                "two classes; write each label the same way (or, if they are two classes, list both in label_names)"
             )
 
 

@@ -250,6 +250,11 @@ def _texts(labels: list, column: str = "label") -> list[dict]:
         ([0.5, float("nan"), 1.5], [], "has 1 NaN or infinite target(s) (first at row 2: nan)"),
         ([0.5, 1e30, 1.5], [], "has 1 target(s) too large for the float32 loss (first at row 2: 1e+30; its square"),
         ([0.5, 1.5, 2.5], ["class_weights=balanced"], "class_weights=balanced weighs classes or labels; a regression"),
+        ([0.5, 1.5, 2.5], ["label_smoothing=0.1"], "label_smoothing=0.1 smooths a cross-entropy over classes"),
+        ([["a"], ["b"], ["a", "b"]], ["label_smoothing=0.2"], "multi_label_classification has none"),
+        (["pos", "neg", "Pos", "neg"], [], "holds 'Pos' and 'pos', which differ only by letter case"),
+        (["nan", "NaN", "neg", "neg"], [], "holds 'NaN' and 'nan', which differ only by letter case"),
+        (["pos", "   ", "neg", "neg"], [], "has an empty (blank) label at row 2"),
         ([["a"], [], ["b"]], [], "has an empty list at row 2; every sample needs a label"),
         ([["a"], ["b", None], ["b"]], [], "has a null inside the list at row 2"),
         (
