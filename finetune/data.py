@@ -423,6 +423,10 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                 raise UserError(why)
             hint = task.missing_label_hint() if column in label_columns and ds.column_names == inputs else ""
             other = task_for_data(ds.features, args)
+            if column in label_columns and task.problems == (TOKENS,) and ds.column_names == inputs:
+                other = args.task  # words without tags: tagging data that lacks its tags, not another task's
+                hint = ("; a tagging run trains on a tag for each word (CoNLL: the word and its tag on each line; "
+                        "JSON: a list of tags beside the list of words)")
             if other != args.task and model_task:  # a model of one task, data of another
                 hint += (f"; these look like {other} data, and the model is a {args.task} model: give it "
                          f"{args.task} data, or evaluate a {other} model on these")

@@ -586,7 +586,8 @@ def test_a_conll_train_file_of_words_alone_is_one_line(tmp_path, capsys):
     train.write_text("Ada\nLovelace\n\nsaid\n")
     data = {"train": train, "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])}
     line = user_error(capsys, main, tagging_args(data, tmp_path / "run"))
-    assert "column 'ner_tags' not found in the train data; columns are: tokens" in line
+    assert "column 'ner_tags' not found in the train data; columns are: tokens; a tagging run trains on a tag" in line
+    assert "text-classification" not in line
 
 
 def test_a_tags_column_is_checked_before_a_text_run_trains_on_it(tmp_path, capsys):
