@@ -626,7 +626,8 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                         raise UserError(
                             f"{split} file {path} line {number} has {len(fields)} column(s), {what}: a .txt file is "
                             "read as CoNLL (a token and its tag on each line, a blank line between sentences); a "
-                            "CSV file should be named .csv (a tab-separated one .tsv)"
+                            "CSV file should be named .csv (a tab-separated one .tsv), words alone to tag (one a "
+                            "line) .conll"
                         )
                     raise UserError(
                         f"{split} file {path} line {number} has {len(fields)} column(s), {what}; each line holds "

@@ -113,7 +113,15 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
             if not isinstance(feature, ClassLabel)
             else "class ids"
         )
-        raise UserError(f"label column '{column}' holds {what}; regression needs one number per sample")
+        where = ""
+        if what == "class names":  # a column of numbers with a stray word ("n/a"): name the first such cell
+            for row, value in enumerate(train[column]):
+                try:
+                    float(value)
+                except (TypeError, ValueError):
+                    where = f" ({value!r} at row {row + 1} is not a number)"
+                    break
+        raise UserError(f"label column '{column}' holds {what}{where}; regression needs one number per sample")
     if given == MULTI and kind != "list":
         raise UserError(
             f'multi_label_classification needs a label column of lists (JSON: "label": ["a", "b"]) or '
