@@ -150,15 +150,16 @@ class TextClassification(Task):
 
         for column in self.input_columns(data):
             feature = ds.features[column]
+            setting = "text_pair_column" if column == data.text_pair_column else "text_column"
             if not (isinstance(feature, Value) and feature.dtype in ("string", "large_string")):
                 if len(ds) and all(v is None for v in ds[column]):  # a CSV's empty column reads as float64
                     raise UserError(
                         f"text column '{column}' in the {split} data is empty (no text in any row); set "
-                        "text_column to the column that holds the texts, or fill it in"
+                        f"{setting} to the column that holds the texts, or fill it in"
                     )
                 raise UserError(
                     f"text column '{column}' in the {split} data holds {feature}, not text; "
-                    "set text_column to a column of strings"
+                    f"set {setting} to a column of strings"
                 )
             texts = ds[column]
             missing = next((i for i, v in enumerate(texts) if v is None), None)
@@ -169,7 +170,7 @@ class TextClassification(Task):
                 )
             if len(texts) and all(not v.strip() for v in texts):  # it would train on the special tokens alone
                 raise UserError(
-                    f"text column '{column}' in the {split} data holds only empty strings; set text_column to "
+                    f"text column '{column}' in the {split} data holds only empty strings; set {setting} to "
                     "the column that holds the texts"
                 )
             blank = next((i for i, v in enumerate(texts) if not v.strip()), None)

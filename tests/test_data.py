@@ -115,6 +115,14 @@ def test_a_csv_cell_is_missing_only_when_empty(tmp_path):
     assert train["text"][-1] is None  # the empty cell
 
 
+def test_an_empty_pair_column_names_text_pair_column(tmp_path, capsys):
+    rows = [{"text": r["text"], "hypothesis": "", "label": r["label"]} for r in rotten_rows(12)]
+    train = write_csv(tmp_path / "pairs.csv", rows)
+    line = user_error(capsys, main, tiny_text_args({"train": train, "validation": train}, tmp_path / "run",
+                                                   "text_pair_column=hypothesis"))  # fmt: skip
+    assert "text column 'hypothesis' in the train data is empty (no text in any row); set text_pair_column" in line
+
+
 def test_string_labels_and_sentence_pairs_from_jsonl(tmp_path):
     rows = rotten_rows(24)
     names = {"0": "negative", "1": "positive"}
