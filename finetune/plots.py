@@ -372,8 +372,9 @@ def _save(fig, path: Path, **kwargs: Any) -> None:
         if w not in missing:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if missing and os.environ.get("RANK", "0") == "0":
+        name = Path(path).name.removeprefix(".tmp-")  # written under a temporary name, then renamed
         print(f"warning: matplotlib's font has no glyph for some characters of a title or label; they show as "
-              f"boxes in {path}", file=sys.stderr)  # fmt: skip
+              f"boxes in {name}", file=sys.stderr)  # fmt: skip
 
 
 def _check_metrics_file(metrics: Path) -> None:

@@ -143,6 +143,19 @@ def _share(value: Any) -> Any:
     return broadcast_object_list([value], from_process=0)[0]
 
 
+def _check_space_applies(space: list[str], cfg: TrainConfig, layers: int) -> None:
+    """A space of which nothing applies to this run would repeat one trial until the budget is spent."""
+    from finetune.metrics import MULTI
+
+    only = {"tune_threshold": cfg.problem_type == MULTI, "freeze_layers": layers > 1 and cfg.peft is None}
+    if not any(only.get(name, True) for name in space):
+        raise UserError(
+            f"--space {','.join(space)}: nothing in it applies to this run (tune_threshold is for multi-label runs, "
+            "freeze_layers for models of 2 or more layers without peft); add learning_rate, num_train_epochs, "
+            "per_device_train_batch_size or warmup_ratio"
+        )
+
+
 def search(recipe: str | None, overrides: list[str], budget: float, space: list[str], trials: int | None) -> dict:
     """Run trials until the budget or the number of trials is spent; returns the best trial's record."""
     import optuna
@@ -152,6 +165,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
 
     started = time.monotonic()
     base, samples = _resolved(load_config(recipe, overrides))  # the problem type and its metric, from the data
+    _check_space_applies(space, base, _layers(base))
     out, metric = Path(base.output_dir), base.metric_for_best_model
     study = None
     if _main_process():

@@ -17,6 +17,7 @@ from conftest import (
     multi_label_rows,
     recipe_text_args,
     tiny_text_args,
+    user_error,
     write_jsonl,
 )
 
@@ -109,3 +110,11 @@ def test_the_search_runs_trials_continues_its_study_and_keeps_the_best(small_tex
     assert sum((d / "model").is_dir() for d in out.glob("trial-*")) == 1  # only the best keeps its weights
     again = search([*args, "--trials", "1", "--space", "learning_rate,warmup_ratio"])
     assert again["trials"] == 4  # the study continued
+
+
+def test_a_space_of_which_nothing_applies_is_one_line(small_text_data, tmp_path, capsys):
+    """tune_threshold on a single-label run: every trial would be the same run until the budget is spent."""
+    line = user_error(capsys, search, ["--budget", "60", "--space", "tune_threshold",
+                                       *settings(small_text_data, tmp_path / "s", "max_steps=2")])  # fmt: skip
+    assert "--space tune_threshold: nothing in it applies to this run" in line
+    assert not (tmp_path / "s").exists()
