@@ -304,6 +304,12 @@ def load_model(target: Target, cfg: TrainConfig):
                 f"the weights in '{target.spec}' do not fit its config.json (another model's model.safetensors?): "
                 f"{first_line(e)}; put back the weights this export was saved with, or evaluate another export"
             ) from None
+    bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+    if bad is not None:  # every prediction would be NaN, scored as if it meant something
+        raise UserError(
+            f"the weights of '{target.spec}' hold NaN or infinite values ({bad}); a run that diverged saves none "
+            "such, so the file was changed or damaged: evaluate another checkpoint, or retrain"
+        )
     task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
     return model.eval(), preprocessor
 

@@ -226,6 +226,13 @@ def _encode_regression(ds: HFDataset, column: str, split: str) -> HFDataset:
             f"(first at row {huge[0] + 1}: {values[huge[0]]:g}; its square overflows float32); scale the targets "
             "(divide them by a constant, or take their logarithm) and scale the predictions back"
         )
+    tiny = np.flatnonzero((values != 0) & (values.astype(np.float32) == 0))
+    if len(tiny):  # 1e-300 rounds to 0 in float32: the model would learn zeros
+        raise UserError(
+            f"label column '{column}' in the {split} data has {len(tiny)} target(s) too small for float32 (first at "
+            f"row {tiny[0] + 1}: {values[tiny[0]]:g}, which rounds to 0); scale the targets (multiply them by a "
+            "constant, or take their logarithm) and scale the predictions back"
+        )
     return _replace_labels(ds, [column], lambda b: [float(v) for v in b[column]], Value("float32"), split)
 
 

@@ -376,6 +376,15 @@ def test_an_export_whose_weights_do_not_fit_its_config_is_one_line(run, tmp_path
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert exit_info.value.code == 2 and len(errors) == 1, errors
     assert "do not fit its config.json" in errors[0]
+    # the right shapes, NaN values: refused, not scored
+    for key in head:
+        weights[key] = torch.full((2, *weights[key].shape[1:]), float("nan"))
+    save_file(weights, export / "model.safetensors")
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate([str(export)])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert exit_info.value.code == 2 and len(errors) == 1, errors
+    assert "hold NaN or infinite values (classifier." in errors[0]
 
 
 @pytest.mark.slow

@@ -249,6 +249,7 @@ def _texts(labels: list, column: str = "label") -> list[dict]:
         ),
         ([0.5, float("nan"), 1.5], [], "has 1 NaN or infinite target(s) (first at row 2: nan)"),
         ([0.5, 1e30, 1.5], [], "has 1 target(s) too large for the float32 loss (first at row 2: 1e+30; its square"),
+        ([1e-300, 2e-300, 0.0], [], "has 2 target(s) too small for float32 (first at row 1: 1e-300, which rounds to 0)"),
         ([0.5, 1.5, 2.5], ["class_weights=balanced"], "class_weights=balanced weighs classes or labels; a regression"),
         ([0.5, 1.5, 2.5], ["label_smoothing=0.1"], "label_smoothing=0.1 smooths a cross-entropy over classes"),
         ([["a"], ["b"], ["a", "b"]], ["label_smoothing=0.2"], "multi_label_classification has none"),
