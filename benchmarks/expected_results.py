@@ -1,7 +1,7 @@
 """Expected results: what the bundled pretrained MiniLM-L6 (and a ViT from scratch) reaches on a small
 public task of each kind, each through the app's real command in a fresh process, as a user runs it.
 
-    python -m benchmarks.expected_results --out benchmarks/results          # about 20 minutes on 2 cores, quiet
+    python -m benchmarks.expected_results --out benchmarks/results          # about 30 minutes on 2 AVX2 cores (fp32), quiet
     python -m benchmarks.expected_results --out /tmp/er --tasks regression multi_label
     python -m benchmarks.expected_results --smoke --out /tmp/er --tasks multi_label   # tiny models: the test's run
 
