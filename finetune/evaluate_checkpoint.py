@@ -417,7 +417,10 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     ds = loaded[name]
     if len(ds) == 0:
         raise UserError(f"{what} has no rows; check the file")
-    # No label column at all: data to predict, not to score.
+    # No label column at all, or one with no value in any row (a CSV's header kept): data to predict.
+    empty = [c for c in args.label_sources if c in ds.column_names and all(v is None for v in ds[c])]
+    if empty:
+        ds = ds.remove_columns(empty)
     labelled = any(column in ds.column_names for column in args.label_sources)
     check_columns(ds, what, args, labelled, model_task=True)
     if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError

@@ -320,6 +320,12 @@ def _check_tag_lists(ds: HFDataset, args: DataArgs, split: str) -> None:
             )
         if any(t is None for t in tags):
             raise UserError(f"the {split} data has an empty (null) tag at row {row + 1}, word {tags.index(None) + 1}")
+        nested = next((i for i, t in enumerate(tags) if isinstance(t, (list, tuple, dict))), None)
+        if nested is not None:
+            raise UserError(
+                f"the {split} data's tags at row {row + 1} hold a list inside the list (word {nested + 1}: "
+                f"{tags[nested]!r}); give each sentence one flat list of tags, one per word"
+            )
 
 
 def tag_names(train: HFDataset, column: str, given: list[str] | None) -> list[str]:

@@ -510,6 +510,10 @@ def test_evaluations_go_outside_the_export_and_data_without_labels_is_predicted(
     assert [r["text"] for r in lines] == [r["text"] for r in rotten_rows(5, start=300)]
     assert all(r["prediction"] in ("0", "1") for r in lines)
     assert not any("label" in r for r in lines)  # no gold label made up for data that has none
+    # a label column kept in the header with no value in any row: predicted too, not "fill them in"
+    header_only = write_csv(tmp_path / "blank.csv", [{"text": r["text"], "label": ""} for r in rotten_rows(5, start=300)])
+    evaluate([str(out / "model"), "--data", str(header_only), "--output", "eval-blank"])
+    assert json.loads((tmp_path / "eval-blank" / "metrics.json").read_text())["labelled"] is False
 
 
 def test_predictions_without_labels_use_the_tuned_thresholds(multi_label_export, tmp_path):

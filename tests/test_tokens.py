@@ -482,6 +482,7 @@ def _rows(path: Path, rows: list[dict]) -> Path:
         ([{"tokens": ["\u2764", "\ufe0f"], "ner_tags": ["O", "O"]}], "word '\ufe0f' at row 2, word 2 is no token"),
         ([{"tokens": "ada said", "ner_tags": ["O", "O"]}], "not lists of words"),
         ([{"tokens": ["ada"], "ner_tags": "O"}], "not lists of tags"),
+        ([{"tokens": ["ada", "said"], "ner_tags": [["B-PER"], ["O"]]}], "hold a list inside the list (word 1: ['B-PER'])"),
         # tags that are not IOB2: seqeval's strict scoring raised KeyError at the first evaluation
         ([{"tokens": ["ada", "said"], "ner_tags": ["b-per", "O"]}],
          "tag 'b-per' at row 2, word 1 is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in "
