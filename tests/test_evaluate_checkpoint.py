@@ -35,6 +35,7 @@ from conftest import (
     rotten_rows,
     save_tiny_bert,
     tiny_bert_config,
+    user_error,
     write_csv,
     write_jsonl,
 )
@@ -371,20 +372,12 @@ def test_an_export_whose_weights_do_not_fit_its_config_is_one_line(run, tmp_path
     for key in head:
         weights[key] = torch.zeros(3, *weights[key].shape[1:])
     save_file(weights, export / "model.safetensors")
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate([str(export)])
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert exit_info.value.code == 2 and len(errors) == 1, errors
-    assert "do not fit its config.json" in errors[0]
+    user_error(capsys, evaluate, [str(export)], "do not fit its config.json")
     # the right shapes, NaN values: refused, not scored
     for key in head:
         weights[key] = torch.full((2, *weights[key].shape[1:]), float("nan"))
     save_file(weights, export / "model.safetensors")
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate([str(export)])
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert exit_info.value.code == 2 and len(errors) == 1, errors
-    assert "hold NaN or infinite values (classifier." in errors[0]
+    user_error(capsys, evaluate, [str(export)], "hold NaN or infinite values (classifier.")
 
 
 @pytest.mark.slow
