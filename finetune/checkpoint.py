@@ -232,7 +232,7 @@ def checkpoint_problem(path: Path) -> str | None:
     if not sharded:
         weights = path / "model.safetensors"
         if not weights.is_file():
-            return f"{weights} is missing"
+            return f"{weights} is {'a folder, not a file' if weights.exists() else 'missing'}"
         try:
             with safe_open(str(weights), framework="pt"):
                 pass
@@ -242,7 +242,7 @@ def checkpoint_problem(path: Path) -> str | None:
     files += [path / f"random_states_{i}.pkl" for i in range(manifest["world_size"])]
     for file in files:
         if not file.is_file():
-            return f"{file} is missing"
+            return f"{file} is {'a folder, not a file' if file.exists() else 'missing'}"
         if not zipfile.is_zipfile(file):
             return f"{file} is damaged (cut off or empty: not a whole torch file)"
     return None

@@ -696,7 +696,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             value = [v for v in value.split(",") if v]
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
-        return [_coerce(key, v, args[0]) for v in value]
+        return [_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise UserError(f"{key} must be a mapping like {{a: 1}}, got {value!r}")
@@ -721,7 +721,13 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is str:
         if value is None and key == "output_dir":  # `output_dir=` with nothing after it
             raise UserError("output_dir is empty; give the folder the run writes to (output_dir=runs/my-run)")
-        if isinstance(value, (dict, list)) or value is None:
+        if value is None or isinstance(value, bool):  # YAML 1.1: a bare null, None, ~, yes, no, on, off...
+            read = "nothing (null)" if value is None else f"the boolean {str(value).lower()}"
+            name = key.split("[")[0]
+            how = (f"{name}=\"['yes', 'no', 'null']\"" if "[" in key else f"'{name}=\"yes\"'") + " on the command line"
+            raise UserError(f"{key} must be a string, but YAML read it as {read}: put it in quotes ({how}, "
+                            "or the same quotes in a recipe)")
+        if isinstance(value, (dict, list)):
             raise UserError(f"{key} must be a string, got {value!r}")
         return str(value)
     return value

@@ -99,9 +99,11 @@ def _diagnose_file(split: str, path: str) -> str | None:
                 if i > 0:  # JSON Lines whose earlier lines parse: this line is the broken one
                     line, column, msg = number, e.colno, e.msg
                 break
+        one_document = len(lines) < 2 or text.lstrip().startswith(("[", "{\n"))  # removing the line removes it all
         return (
             f"{split} file {path} is not valid JSON or JSON Lines: line {line} column {column}: "
-            f"{msg.removesuffix(' at').lower()}; fix or remove that line"
+            f"{msg.removesuffix(' at').lower()}; " + ("fix the file there (cut off or mistyped?)" if one_document
+                                                      else "fix or remove that line")
         )
     return None
 

@@ -290,6 +290,8 @@ def load_model(target: Target, cfg: TrainConfig):
     else:
         source = str(target.path) if target.path is not None else target.spec
         local = target.path is not None
+        if local:
+            _weights_must_be_a_file(target.path)
         try:
             model = task.auto_model().from_pretrained(source, use_safetensors=True if local else None)
             preprocessor = task.load_saved_preprocessor(source)
@@ -312,6 +314,16 @@ def load_model(target: Target, cfg: TrainConfig):
         )
     task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
     return model.eval(), preprocessor
+
+
+def _weights_must_be_a_file(folder: Path) -> None:
+    """A weights file that is something else (a folder of that name) is said as such, not as missing."""
+    weights = folder / WEIGHTS
+    if weights.exists() and not weights.is_file():
+        raise UserError(
+            f"{weights} is a folder, not a weights file; put back the {WEIGHTS} file the run saved, or evaluate "
+            "another checkpoint of the run, or its export (<run>/model)"
+        )
 
 
 def read_weights(target: Target) -> dict[str, torch.Tensor]:
@@ -338,6 +350,7 @@ def read_weights(target: Target) -> dict[str, torch.Tensor]:
         ) from None
     except (OSError, RuntimeError, ValueError) as e:  # torch.distributed.checkpoint on damaged shards
         raise UserError(f"the FSDP shards in {shards[0]} do not merge: {first_line(e)}") from None
+    _weights_must_be_a_file(target.path)
     found = sorted(p.name for p in target.path.iterdir())
     raise UserError(f"{target.spec} holds no {WEIGHTS} and no FSDP shards (found: {', '.join(found)})")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import io
 import random
+from pathlib import Path
 from typing import Any
 
 import PIL.Image
@@ -67,10 +68,25 @@ def verify_images(ds: HFDataset, column: str, split: str) -> None:
                 with PIL.Image.open(_image_source(value)) as image:
                     image.verify()
             except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
+                _text_not_paths(value, column, split, index)
                 raise UserError(
                     f"cannot read image {_image_name(value, index)} in the {split} data: {e}; "
                     "remove or replace the file"
                 ) from None
+
+
+def _text_not_paths(value: dict[str, Any], column: str, split: str, index: int) -> None:
+    """A missing 'file' whose name has no image suffix is text in an image column: say that, not 'No such
+    file' (an image model given a text task's data)."""
+    path = value.get("path")
+    if value.get("bytes") is not None or not isinstance(path, str) or Path(path).exists():
+        return
+    if Path(path).suffix.lower() not in PIL.Image.registered_extensions():
+        raise UserError(
+            f"column '{column}' of the {split} data holds text, not image paths ({path[:60]!r} in row {index + 1}); "
+            "an image model needs image files (a column of their paths, or an image folder as data_dir); "
+            "for text, use a text model"
+        )
 
 
 def image_sizes(ds: HFDataset, column: str, limit: int = 256) -> collections.Counter:

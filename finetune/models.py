@@ -26,6 +26,10 @@ def load_error(what: str, name: str, e: Exception) -> UserError:
     name gets the hint to download it while online, a local folder not (it is read from disk)."""
     if not is_hub_name(name) and not Path(name).expanduser().exists():
         return UserError(f"{what} path does not exist: {name}")
+    weights = Path(name).expanduser() / "model.safetensors"
+    if weights.is_dir():
+        return UserError(f"{what} '{name}': its model.safetensors is a folder, not a weights file; put back the "
+                         "file it was saved with, or give another model")
     first = first_line(e)
     local = Path(name).expanduser().exists()  # a folder on disk: no download would help
     if not local and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):

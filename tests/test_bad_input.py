@@ -127,6 +127,7 @@ def world(finished_run, tmp_path_factory) -> World:
     )
     (root / "broken.json").write_text('[{"text": "a fine film", "label": 1}, {"text": ')
     (root / "train.docx").write_text("text,label\n")
+    (root / "text_as_images.csv").write_text("text,label\na fine film,1\na dull film,0\n")
     words = {"0": "neg", "1": "pos"}
     write_csv(root / "string_labels.csv", [{"text": r["text"], "label": words[r["label"]]} for r in rows])
     (root / "semicolon.csv").write_text("text;label\n" + "".join(f"{r['text']};{r['label']}\n" for r in rows))
@@ -263,7 +264,7 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     ),
     "json_broken": (
         lambda w: _text(w, f"train_file={w.root / 'broken.json'}", "validation_file=null"),
-        "is not valid JSON or JSON Lines: line 1 column",
+        "is not valid JSON or JSON Lines: line 1 column 48: expecting value; fix the file there (cut off",
     ),
     "semicolon_separated_csv": (
         lambda w: _text(w, f"train_file={w.root / 'semicolon.csv'}", "validation_file=null"),
@@ -352,6 +353,11 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "image_folder_without_images": (lambda w: _image(w, w.root / "no_images"), "holds no images"),
     "image_folder_empty": (lambda w: _image(w, w.root / "empty_dir"), "holds no images"),
     "image_corrupt": (lambda w: _image(w, w.root / "garbage"), "cannot read image"),
+    "image_column_of_text": (
+        lambda w: _image(w, w.root / "images", "data_dir=null", f"train_file={w.root / 'text_as_images.csv'}",
+                         "validation_file=null", "image_column=text"),
+        "column 'text' of the train data holds text, not image paths ('a fine film' in row 1)",
+    ),
     "image_truncated": (lambda w: _image(w, w.root / "truncated"), "1_trouser/2.png in the train data"),
     "image_size_below_patch_size": (
         lambda w: _image(
@@ -543,6 +549,11 @@ SETTINGS: dict[str, tuple[list[str], str]] = {
     "cpu_threads_zero": (["cpu_threads=0"], "cpu_threads must be positive"),
     "label_names_duplicated": (["label_names=[0,0,1]"], "label_names lists '0' twice"),
     "label_names_empty": (["label_names=[]"], "label_names is empty"),
+    "label_names_yaml_null": (["label_names=[neg, null]"], "label_names[1] must be a string, but YAML read it as "
+                                                           "nothing (null): put it in quotes"),
+    "label_names_yaml_bool": (["label_names=[no, yes]"], "label_names[0] must be a string, but YAML read it as "
+                                                         "the boolean false: put it in quotes"),
+    "text_column_yaml_bool": (["text_column=on"], "text_column must be a string, but YAML read it as the boolean true"),
     "warmup_steps_past_max_steps": (["warmup_steps=5"], "warmup_steps=5 exceeds max_steps=1"),
     "warmup_steps_past_the_run": (
         ["max_steps=null", "num_train_epochs=1", "warmup_steps=500"],
@@ -768,6 +779,8 @@ DAMAGES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "weights_zero_bytes": ("model.safetensors", _cut("model.safetensors", lambda n: 0)),
     "weights_header_garbage": ("model.safetensors", _header_garbage),
     "weights_missing": ("model.safetensors", lambda p: (p / "model.safetensors").unlink()),
+    "weights_a_folder": ("model.safetensors", lambda p: ((p / "model.safetensors").unlink(),
+                                                         (p / "model.safetensors").mkdir())),
     "optimizer_zero_bytes": ("optimizer.bin", _cut("optimizer.bin", lambda n: 0)),
     "optimizer_truncated": ("optimizer.bin", _cut("optimizer.bin", lambda n: n - 100)),
     "optimizer_missing": ("optimizer.bin", lambda p: (p / "optimizer.bin").unlink()),
@@ -815,8 +828,10 @@ def test_evaluating_a_damaged_checkpoint_is_one_line_naming_the_file(case, copy,
     "no COMPLETE marker or manifest": hence the file's stem.)"""
     path = _damage(copy, case)
     line = user_error(capsys, evaluate_main, [str(path)], DAMAGES[case][0].split(".")[0], untouched=copy)
-    if case in ("weights_truncated", "weights_zero_bytes", "weights_header_garbage"):
+    if case in ("weights_truncated", "weights_zero_bytes", "weights_header_garbage", "weights_a_folder"):
         assert "evaluate another checkpoint of the run, or its export" in line
+    if case == "weights_a_folder":  # not "holds no model.safetensors" beside a listing that shows one
+        assert "model.safetensors is a folder, not a weights file" in line
 
 
 @pytest.mark.parametrize("case", list(DAMAGES))
@@ -869,6 +884,16 @@ def test_damaged_weights_are_one_line_when_trained_from_or_evaluated(how, world,
     user_error(capsys, main, argv, "damaged", untouched=copy)
     line = user_error(capsys, evaluate_main, [str(copy / "model")], untouched=copy / "model")
     assert "damaged" in line or "not a readable safetensors" in line
+
+
+def test_a_weights_file_that_is_a_folder_is_said_so_when_trained_from_or_evaluated(world, copy, tmp_path, capsys):
+    weights = copy / "model" / "model.safetensors"
+    weights.unlink()
+    weights.mkdir()
+    argv = _text(world, "model_config=null", f"model_name_or_path={copy / 'model'}", out=tmp_path / "again")
+    user_error(capsys, main, argv, "its model.safetensors is a folder, not a weights file", untouched=copy)
+    user_error(capsys, evaluate_main, [str(copy / "model")], f"{weights} is a folder, not a weights file",
+               untouched=copy / "model")
 
 
 # --- unreadable files and full disks ---------------------------------------------------------------------
