@@ -22,8 +22,14 @@ it at the same step (after the first two trials and the first evaluation). A fin
 its final validation score, with the multi-label threshold tuned on validation where `tune_threshold`
 tunes one (`results["validation_tuned"]`: the decisions its export makes), else at the fixed one.
 
-The budget is wall-clock seconds from the start of the command: no trial starts once they are spent,
-or would be by a trial as long as the median one so far; a trial that is running when they are spent
+Trial 0 of a new study is the recipe's own settings (`the_recipes_own`; for multi-label with the
+threshold tuned globally), run with the recipe's evaluations: a budget that holds one run of the recipe
+ends with at least its model, and the best trial is never worse on validation.
+
+The budget is wall-clock seconds from the start of the command. Each trial's wall time per epoch it
+ran is measured; where the epochs are searched, a later trial gets no more epochs than the time left
+holds at the median of those, and no trial starts once the time left holds no epoch (where they are
+not searched: no trial as long as the median one so far). A trial that is running when they are spent
 is stopped (pruned) at its next evaluation before its last step. So the search overruns the budget by
 at most one evaluation interval and the start of the next evaluation; the summary line and
 `search.json` say how long it took against the budget, and how many trials the budget cut.
@@ -60,17 +66,27 @@ SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "wa
 CUT = "cut_at_budget"  # a pruned trial's user attribute in the study: the budget stopped it, not the pruner
 
 
-def suggest(trial, cfg: TrainConfig, space: list[str], layers: int) -> dict[str, Any]:
-    """The trial's settings, from the parts of the space asked for that apply to this run."""
+BATCHES = [8, 16, 32, 64]
+MAX_EPOCHS = 5
+
+
+def batches(cfg: TrainConfig) -> list[int]:
+    """The batch sizes searched: these four and the recipe's own."""
+    return sorted({*BATCHES, cfg.per_device_train_batch_size})
+
+
+def suggest(trial, cfg: TrainConfig, space: list[str], layers: int, max_epochs: int = MAX_EPOCHS) -> dict[str, Any]:
+    """The trial's settings, from the parts of the space asked for that apply to this run (`max_epochs`:
+    as many as the time left is expected to hold)."""
     from finetune.metrics import MULTI
 
     chosen: dict[str, Any] = {}
     if "learning_rate" in space:
         chosen["learning_rate"] = trial.suggest_float("learning_rate", 1e-5, 1e-3, log=True)
     if "num_train_epochs" in space:
-        chosen["num_train_epochs"] = trial.suggest_int("num_train_epochs", 1, 5)
+        chosen["num_train_epochs"] = trial.suggest_int("num_train_epochs", 1, max(1, min(MAX_EPOCHS, max_epochs)))
     if "per_device_train_batch_size" in space:
-        chosen["per_device_train_batch_size"] = trial.suggest_categorical("per_device_train_batch_size", [8, 16, 32, 64])
+        chosen["per_device_train_batch_size"] = trial.suggest_categorical("per_device_train_batch_size", batches(cfg))
     if "warmup_ratio" in space:
         chosen["warmup_ratio"] = trial.suggest_float("warmup_ratio", 0.0, 0.2)
     if "freeze_layers" in space and layers > 1 and cfg.peft is None:
@@ -78,6 +94,29 @@ def suggest(trial, cfg: TrainConfig, space: list[str], layers: int) -> dict[str,
     if "tune_threshold" in space and cfg.problem_type == MULTI:
         chosen["tune_threshold"] = trial.suggest_categorical("tune_threshold", ["global", "per_label"])
     return chosen
+
+
+def the_recipes_own(cfg: TrainConfig, space: list[str], layers: int) -> dict[str, Any]:
+    """Trial 0's settings: the recipe's own values of the searched settings, so that a search whose budget
+    holds one run of the recipe ends with at least the recipe's model. Multi-label: the threshold tuned
+    globally on validation (it costs no training, and a fixed 0.5 is what leaves rare labels unpredicted).
+    A value the space cannot hold (1.35 epochs, warmup_steps instead of a ratio) is drawn instead."""
+    from finetune.metrics import MULTI
+
+    own: dict[str, Any] = {"learning_rate": cfg.learning_rate,
+                           "per_device_train_batch_size": cfg.per_device_train_batch_size}  # fmt: skip
+    epochs = cfg.num_train_epochs
+    if cfg.max_steps is None and float(epochs).is_integer() and 1 <= epochs <= MAX_EPOCHS:
+        own["num_train_epochs"] = int(epochs)
+    if cfg.warmup_steps is None and 0.0 <= cfg.warmup_ratio <= 0.2:
+        own["warmup_ratio"] = cfg.warmup_ratio
+    if 0 <= cfg.freeze_layers <= layers // 2:
+        own["freeze_layers"] = cfg.freeze_layers
+    if cfg.problem_type == MULTI:
+        own["tune_threshold"] = cfg.tune_threshold if cfg.tune_threshold != "off" else "global"
+    if not 1e-5 <= cfg.learning_rate <= 1e-3:
+        del own["learning_rate"]
+    return {k: v for k, v in own.items() if k in space}
 
 
 class Pruning:
@@ -98,12 +137,18 @@ class Pruning:
 
         self.trial, self.metric, self.deadline, self.hooks = trial, metric, deadline, Report()
         self.total_steps: int | None = None
+        self.step = 0  # the last evaluated step
         self.cut = False
+
+    def fraction_done(self) -> float:
+        """How much of its training the trial ran (its last evaluation's step of its total)."""
+        return min(1.0, self.step / self.total_steps) if self.total_steps else 0.0
 
     def evaluated(self, step: int, metrics: dict) -> None:
         import optuna
         from accelerate.utils import broadcast_object_list
 
+        self.step = step
         value = metrics.get(self.metric)
         verdict = None  # None: go on; "pruned" or "cut"
         if self.trial is not None:
@@ -180,20 +225,26 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
         # A continued study draws on from where it stopped, not the same first draws again.
         study.sampler = optuna.samplers.TPESampler(seed=base.seed + len(study.trials))
     layers = _layers(base)
+    recipes_trial = None  # trial 0 of a new study: the recipe's own settings, run as the recipe runs
+    if study is not None and not study.trials:
+        study.enqueue_trial(the_recipes_own(base, space, layers))
+        recipes_trial = 0
+    recipes_trial = _share(recipes_trial)  # every process runs trial 0 with the same evaluations
+    by_epochs = "num_train_epochs" in space and base.max_steps is None  # trials fitted to the time left
     durations: list[float] = []
+    epoch_seconds: list[float] = []  # each trial's wall time per epoch it ran (its start-up included)
     ran = 0
     while True:
-        left = budget - (time.monotonic() - started)
-        typical = sorted(durations)[len(durations) // 2] if durations else 0.0
-        stop = left <= 0 or left < typical or (trials is not None and ran >= trials)
-        if _share(stop):
+        fits = epochs_that_fit(budget - (time.monotonic() - started), durations, epoch_seconds, by_epochs)
+        if _share(fits == 0 or (trials is not None and ran >= trials)):
             break
         trial = study.ask() if study is not None else None
         number = _share(trial.number if trial is not None else None)
-        chosen = _share(suggest(trial, base, space, layers) if trial is not None else None)
+        chosen = _share(suggest(trial, base, space, layers, fits) if trial is not None else None)
         run_dir = out / f"{TRIAL_PREFIX}{number}"
+        evaluations = [] if number == recipes_trial else _evaluations(chosen, base, samples)
         cfg = load_config(recipe, [*overrides, *(f"{k}={json.dumps(v)}" for k, v in chosen.items()),
-                                   *_evaluations(chosen, base, samples), f"output_dir={run_dir}",
+                                   *evaluations, f"output_dir={run_dir}",
                                    "overwrite_output_dir=true", "push_to_hub_model_id=null"])  # fmt: skip
         began = time.monotonic()
         pruning = Pruning(trial, metric, deadline=started + budget)
@@ -208,6 +259,9 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             AcceleratorState._reset_state(True)  # the next trial builds its Accelerator afresh
             GradientState._reset_state()
         durations.append(time.monotonic() - began)
+        done = 1.0 if state == "complete" else pruning.fraction_done()
+        if done > 0:
+            epoch_seconds.append(durations[-1] / (done * float(cfg.num_train_epochs)))
         ran += 1
         if study is not None:
             if state == "complete" and isinstance(value, (int, float)) and math.isfinite(value):
@@ -219,6 +273,18 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
                                                              if state == "complete" else ""), flush=True)  # fmt: skip
             _keep_only_the_best(out, study)
     return _finish(out, study, recipe, overrides, started, budget) if study is not None else {}
+
+
+def epochs_that_fit(left: float, durations: list[float], epoch_seconds: list[float], by_epochs: bool) -> int:
+    """How many epochs the next trial may have (0: start none). No trial starts that is expected to
+    outrun the time left: where the epochs are searched, one of more epochs than the time left holds at
+    the median wall time per epoch of the trials so far; else one as long as the median trial."""
+    if left <= 0:
+        return 0
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    if by_epochs and epoch_seconds:
+        return min(MAX_EPOCHS, int(left // median(epoch_seconds)))
+    return MAX_EPOCHS if not durations or left >= median(durations) else 0
 
 
 def _resolved(cfg: TrainConfig) -> tuple[TrainConfig, int]:

@@ -118,3 +118,61 @@ def test_a_space_of_which_nothing_applies_is_one_line(small_text_data, tmp_path,
                                        *settings(small_text_data, tmp_path / "s", "max_steps=2")])  # fmt: skip
     assert "--space tune_threshold: nothing in it applies to this run" in line
     assert not (tmp_path / "s").exists()
+
+
+def test_trial_0_is_the_recipes_own_settings_run_as_the_recipe_runs(small_text_data, tmp_path):
+    """A new study's first trial trains with the recipe's values of every searched setting (a batch size
+    outside the searched four included) and the recipe's evaluations only (each epoch's end), so a
+    budget that holds one run of the recipe ends with at least the recipe's model."""
+    out = tmp_path / "search"
+    own = ["learning_rate=3e-4", "per_device_train_batch_size=12", "warmup_ratio=0.1", "num_train_epochs=2"]
+    record = search(["--budget", "300", "--trials", "1", "--space",
+                     "learning_rate,per_device_train_batch_size,warmup_ratio,num_train_epochs",
+                     *tiny_text_args(small_text_data, out), *own])  # fmt: skip
+    assert record["params"] == {"learning_rate": 3e-4, "per_device_train_batch_size": 12, "warmup_ratio": 0.1,
+                                "num_train_epochs": 2}  # fmt: skip
+    trained = yaml.safe_load((out / "trial-0" / "config.yaml").read_text())
+    assert (trained["learning_rate"], trained["per_device_train_batch_size"], trained["num_train_epochs"]) == (3e-4, 12, 2)
+    assert trained["eval_steps"] is None
+    assert evaluated_steps(out / "trial-0") == [4, 8]  # 37 rows in batches of 12: 4 steps an epoch
+    # the same model as the recipe's own command: a search given the recipe's time ties it, never worse
+    from finetune.run import main as run
+
+    run([*tiny_text_args(small_text_data, tmp_path / "plain"), *own])
+    plain = json.loads((tmp_path / "plain" / "results.json").read_text())["validation"]
+    assert json.loads((out / "trial-0" / "results.json").read_text())["validation"] == plain
+
+
+def test_the_recipes_own_values_are_those_the_space_can_hold():
+    from finetune.config import TrainConfig as Config
+    from finetune.search import SPACE, the_recipes_own
+
+    def TrainConfig(**settings):  # noqa: N802 - a recipe of these settings
+        return Config(model_name_or_path="data/bert_minilm_l6_uncased", train_file="data/x.csv", **settings)
+
+    recipe = TrainConfig(learning_rate=2e-4, num_train_epochs=1.35, per_device_train_batch_size=64,
+                         warmup_ratio=0.06, freeze_layers=2, problem_type="multi_label_classification")  # fmt: skip
+    own = the_recipes_own(recipe, list(SPACE), layers=6)
+    # 1.35 epochs cannot be drawn from 1..5: drawn instead; the threshold is tuned (costs no training)
+    assert own == {"learning_rate": 2e-4, "per_device_train_batch_size": 64, "warmup_ratio": 0.06,
+                   "freeze_layers": 2, "tune_threshold": "global"}  # fmt: skip
+    assert the_recipes_own(TrainConfig(learning_rate=5e-3), ["learning_rate"], layers=6) == {}
+    assert the_recipes_own(TrainConfig(freeze_layers=3), ["freeze_layers", "tune_threshold"], layers=4) == {}
+
+
+@pytest.mark.parametrize(
+    ("left", "durations", "epoch_seconds", "by_epochs", "fits"),
+    [
+        (100.0, [], [], True, 5),  # nothing measured yet
+        (100.0, [90.0], [30.0], True, 3),  # three 30 s epochs fit in 100 s
+        (25.0, [90.0], [30.0], True, 0),  # not one
+        (400.0, [90.0], [30.0], True, 5),  # never more than the space's 5
+        (100.0, [90.0, 120.0], [], False, 0),  # epochs not searched: the median trial (120 s) does not fit
+        (130.0, [90.0, 120.0], [], False, 5),
+        (0.0, [], [], True, 0),
+    ],
+)
+def test_a_trial_gets_no_more_epochs_than_the_time_left_holds(left, durations, epoch_seconds, by_epochs, fits):
+    from finetune.search import epochs_that_fit
+
+    assert epochs_that_fit(left, durations, epoch_seconds, by_epochs) == fits
