@@ -31,6 +31,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import sys
 import zipfile
@@ -214,6 +215,12 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         value = manifest[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise UserError(f"{file} holds {key}={value!r}, not a count: it is damaged; {ANOTHER}")
+    named = re.fullmatch(rf"{PREFIX}(\d+)", Path(path).name)  # step-00000002 holds step 2's state
+    if named and int(named.group(1)) != manifest["step"]:
+        raise UserError(
+            f"{file} says step {manifest['step']}, but its folder is {Path(path).name}: the manifest was edited or "
+            f"copied from another checkpoint; {ANOTHER}"
+        )
     return manifest
 
 

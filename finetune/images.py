@@ -225,6 +225,9 @@ class ImageTransform:
     """
 
     def __init__(self, processor, column: str, num_channels: int, augment: Augment | None = None):
+        if num_channels not in (1, 3):
+            raise UserError(f"the model's num_channels is {num_channels}: images are read as 1 (grayscale) or 3 (RGB) "
+                            "channels; set model_config.num_channels to 1 or 3, or give a model that has one of them")
         self.processor, self.column, self.augment = processor, column, augment
         self.mode = "RGB" if num_channels == 3 else "L"
         self.epoch = 0

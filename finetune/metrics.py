@@ -174,6 +174,9 @@ def baseline_report(problem: str | None, constant, references, label_names: list
     return {k: v for k, v in reported.items() if k in METRICS}
 
 
+FEWEST_TO_JUDGE = 10  # validation samples (words, for word accuracy): on fewer, no verdict either way
+
+
 def learned(key: str, value: float | None, baseline: float | None, n: int) -> bool | None:
     """Whether `value` of metric `key`, on `n` samples (words, for word accuracy), is clearly better than
     the trivial baseline's. The rule comes from the metric's row in `METRICS`: a lower-is-better metric
@@ -182,10 +185,10 @@ def learned(key: str, value: float | None, baseline: float | None, n: int) -> bo
     baseline's rate above it, and at least 0.02 (a binomial proportion's 95% margin); a CORRELATION
     (Pearson's or Spearman's r) above 2 / sqrt(n) (the baseline predicts a constant: r is undefined, 0
     in effect, so no baseline value is needed); R2 above 0.05. None when it cannot be told (no value,
-    no baseline, no samples)."""
+    no baseline, fewer than FEWEST_TO_JUDGE samples: on one sample a constant predictor scores 1 or 0)."""
     metric = METRICS[key]
     rule = metric.baseline_rule if metric.greater_is_better else None
-    if value is None or (baseline is None and rule != CORRELATION) or n <= 0:
+    if value is None or (baseline is None and rule != CORRELATION) or n < FEWEST_TO_JUDGE:
         return None
     if rule is None:
         return value < 0.9 * baseline

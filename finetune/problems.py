@@ -174,6 +174,12 @@ def _check_no_null_in_lists(ds: HFDataset, column: str, split: str) -> None:
                 f"label column '{column}' in the {split} data has a null inside the list at row {row + 1}; "
                 "name every label, or drop the null"
             )
+        nested = next((v for v in labels or () if isinstance(v, (list, tuple, dict))), None)
+        if nested is not None:  # [["a"]] would train a label named "['a']"
+            raise UserError(
+                f"label column '{column}' in the {split} data has a list inside the list at row {row + 1} "
+                f"({nested!r}); give each row one flat list of label names"
+            )
 
 
 def _list_names(feature: Any):
@@ -332,6 +338,13 @@ def tag_names(train: HFDataset, column: str, given: list[str] | None) -> list[st
     """The tag set in id order: `label_names`; a ClassLabel's names; else train's tags, "O" first then
     sorted by entity type, B- before I- (integer tags need `label_names`)."""
     inner = getattr(train.features[column], "feature", None)
+    present = {t for row in train[column] for t in row}
+    if len(present) < 2:  # all O: the loss is 0 from the first step, and nothing is learned
+        name = inner.names[next(iter(present))] if isinstance(inner, ClassLabel) and present else next(iter(present), None)
+        raise UserError(
+            f"tags column '{column}' in the train data holds one tag ({name!r}) in every word; a tagger needs "
+            "at least two (the entities' B- and I- tags beside O)"
+        )
     if given:
         return given
     if isinstance(inner, ClassLabel):

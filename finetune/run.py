@@ -61,6 +61,7 @@ from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import export_run
 from finetune.lora import apply_lora, is_lora
 from finetune.metrics import (
+    FEWEST_TO_JUDGE,
     METRICS,
     MULTI,
     PROBLEMS,
@@ -620,7 +621,9 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
     results["learned"] = judge(cfg, results["validation"], run.checkpointer.best, results.get("validation_tuned"))
     if results["learned"]["verdict"]:
         run.accelerator.print(f"learned: {results['learned']['said']}")
-    for warning in (results["learned"]["said"] if results["learned"]["verdict"] is False else None, never):
+    verdict, n = results["learned"]["verdict"], results["learned"].get("samples") or 0
+    for warning in (results["learned"]["said"] if verdict is False or (verdict is None and n < FEWEST_TO_JUDGE)
+                    else None, never):  # fmt: skip
         if warning:
             run.accelerator.print(f"warning: {warning}")
     with hooks.phase("export"):
@@ -689,9 +692,12 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         else f"best validation {shown} {value:.4f}, clearly above the trivial baseline's "
         f"{'0 (a constant correlates with nothing)' if baseline is None else f'{baseline:.4f}'}"
         if verdict
+        else f"validation has {n or 0} sample(s), too few to tell whether the model learned (at least "
+        f"{FEWEST_TO_JUDGE}); give a larger validation_file or validation_split_percentage"
+        if (n or 0) < FEWEST_TO_JUDGE
         else f"validation {shown} {value} against the trivial baseline's {baseline}"
     )
-    return {"metric": key, "value": value, "baseline": baseline, "verdict": verdict, "said": said}
+    return {"metric": key, "value": value, "baseline": baseline, "verdict": verdict, "said": said, "samples": n or 0}
 
 
 def choose_export(cfg: TrainConfig, run: Run, step: int, results: dict) -> dict:

@@ -201,6 +201,23 @@ def _check_space_applies(space: list[str], cfg: TrainConfig, layers: int) -> Non
         )
 
 
+def _check_search_folder(out: Path) -> None:
+    """A search writes trial-N/, model/, best_recipe.yaml and search.json into its output_dir, and continues
+    the study of a folder that holds one: any other folder with files in it (a training run, the user's
+    files) is refused, not written over."""
+    from finetune.rundir import check_not_inside_a_run
+
+    check_not_inside_a_run(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output_dir {out} is a file, not a folder; choose another output_dir")
+    if out.is_dir() and not (out / STUDY).is_file() and any(out.iterdir()):
+        what = "a training run" if RunDir(out).holds_run() else "files"
+        raise UserError(
+            f"output_dir {out} holds {what} and no search ({STUDY}); a search would write its trials and model/ "
+            "there: choose an empty or new output_dir (the same output_dir again continues a search)"
+        )
+
+
 def search(recipe: str | None, overrides: list[str], budget: float, space: list[str], trials: int | None) -> dict:
     """Run trials until the budget or the number of trials is spent; returns the best trial's record."""
     import optuna
@@ -212,6 +229,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     base, samples = _resolved(load_config(recipe, overrides))  # the problem type and its metric, from the data
     _check_space_applies(space, base, _layers(base))
     out, metric = Path(base.output_dir), base.metric_for_best_model
+    _check_search_folder(out)
     study = None
     if _main_process():
         out.mkdir(parents=True, exist_ok=True)

@@ -127,6 +127,10 @@ def world(finished_run, tmp_path_factory) -> World:
     )
     (root / "broken.json").write_text('[{"text": "a fine film", "label": 1}, {"text": ')
     (root / "train.docx").write_text("text,label\n")
+    (root / "nested_label_lists.jsonl").write_text(
+        "".join(json.dumps({"text": r["text"], "label": [["a"]] if i == 3 else ["a", "b"][: 1 + i % 2]}) + "\n"
+                for i, r in enumerate(rows))
+    )  # fmt: skip
     (root / "text_as_images.csv").write_text("text,label\na fine film,1\na dull film,0\n")
     words = {"0": "neg", "1": "pos"}
     write_csv(root / "string_labels.csv", [{"text": r["text"], "label": words[r["label"]]} for r in rows])
@@ -353,6 +357,14 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "image_folder_without_images": (lambda w: _image(w, w.root / "no_images"), "holds no images"),
     "image_folder_empty": (lambda w: _image(w, w.root / "empty_dir"), "holds no images"),
     "image_corrupt": (lambda w: _image(w, w.root / "garbage"), "cannot read image"),
+    "label_list_inside_a_label_list": (
+        lambda w: _text(w, f"train_file={w.root / 'nested_label_lists.jsonl'}", "validation_file=null"),
+        "label column 'label' in the train data has a list inside the list at row 4 (['a'])",
+    ),
+    "image_model_of_2_channels": (
+        lambda w: _image(w, w.root / "images", "model_config.num_channels=2"),
+        "the model's num_channels is 2: images are read as 1 (grayscale) or 3 (RGB) channels",
+    ),
     "image_column_of_text": (
         lambda w: _image(w, w.root / "images", "data_dir=null", f"train_file={w.root / 'text_as_images.csv'}",
                          "validation_file=null", "image_column=text"),
@@ -793,6 +805,7 @@ DAMAGES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "manifest_missing_a_key": ("manifest.json", _manifest(lambda m: m.pop("world_size"))),
     "manifest_wrong_type": ("manifest.json", _manifest(lambda m: m.update(step="two"))),
     "manifest_a_list": ("manifest.json", _manifest(lambda m: [1, 2])),
+    "manifest_of_another_step": ("manifest.json", _manifest(lambda m: m.update(step=99))),
     "manifest_missing": ("manifest.json", lambda p: (p / ckpt.MANIFEST).unlink()),
 }
 

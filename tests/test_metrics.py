@@ -284,6 +284,8 @@ def test_learned_needs_a_margin_above_the_baseline():
     assert learned("pearson", 0.5, None, 100) is True and learned("pearson", 0.1, None, 100) is False
     assert learned("mse", 0.8, 1.0, 100) is True and learned("mse", 0.95, 1.0, 100) is False
     assert learned("accuracy", None, 0.5, 100) is None
+    # a constant predictor scores 1.0 on one sample: fewer than FEWEST_TO_JUDGE samples get no verdict
+    assert learned("accuracy", 1.0, 0.0, 1) is None and learned("accuracy", 1.0, 0.0, 10) is True
 
 
 def test_thresholds_are_tuned_on_predictions_global_or_per_label():

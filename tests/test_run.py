@@ -19,7 +19,9 @@ from conftest import (
     logged_steps,
     multi_label_rows,
     recipe_text_args,
+    rotten_rows,
     tiny_text_args,
+    write_csv,
     write_jsonl,
 )
 from safetensors.torch import load_file
@@ -221,6 +223,18 @@ def test_a_run_that_learned_nothing_says_so_and_its_card_too(small_text_data, tm
     assert any("did not learn beyond a trivial baseline" in line for line in lines), lines
     assert results["learned"]["verdict"] is False and "accuracy" in results["validation"]["baseline"]
     assert "**Warning:** the model did not learn beyond a trivial baseline" in (out / "model" / "README.md").read_text()
+
+
+def test_a_validation_too_small_to_judge_says_so_not_learned(small_text_data, tmp_path, capsys):
+    """One validation sample: a model scores 1.0 or 0.0 on it whatever it learned."""
+    data = {**small_text_data, "validation": write_csv(tmp_path / "one.csv", rotten_rows(1, start=100))}
+    out = tmp_path / "run"
+    results = main(recipe_text_args(data, out, "max_steps=1"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("learned:", "warning:"))]
+    assert results["learned"]["verdict"] is None and not any(line.startswith("learned:") for line in lines)
+    assert any(line.startswith("warning: validation has 1 sample(s), too few to tell whether the model learned "
+                               "(at least 10)") for line in lines), lines
+    assert "too few to tell whether the model learned" in (out / "model" / "README.md").read_text()
 
 
 def test_the_validation_line_shows_the_baseline_and_the_end_says_the_verdict(small_text_data, tmp_path, capsys):

@@ -176,3 +176,18 @@ def test_a_trial_gets_no_more_epochs_than_the_time_left_holds(left, durations, e
     from finetune.search import epochs_that_fit
 
     assert epochs_that_fit(left, durations, epoch_seconds, by_epochs) == fits
+
+
+@pytest.mark.parametrize("holds", ["a finished run", "the user's files"])
+def test_a_search_into_a_folder_that_holds_no_search_is_refused(holds, small_text_data, tmp_path, capsys):
+    """A search writes model/ and trial-N/ into its output_dir: over a finished run's export it would
+    replace that run's weights beside the run's own results.json."""
+    out = tmp_path / "folder"
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "model.safetensors").write_bytes(b"weights")
+    if holds == "a finished run":
+        (out / "results.json").write_text("{}")
+        (out / "config.yaml").write_text("seed: 42\n")
+    line = user_error(capsys, search, ["--budget", "60", *settings(small_text_data, out, "max_steps=2")],
+                      "and no search (study.db); a search would write its trials and model/ there", untouched=out)
+    assert ("holds a training run" in line) == (holds == "a finished run")

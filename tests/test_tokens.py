@@ -597,3 +597,14 @@ def test_a_tags_column_is_checked_before_a_text_run_trains_on_it(tmp_path, capsy
     line = user_error(capsys, main, [*tagging_args({**data, "validation": data["train"]}, tmp_path / "run"),
                                      "task=text-classification", "label_names=null"])  # fmt: skip
     assert "token-classification" in line
+
+
+@pytest.mark.parametrize("label_names", ["null", "[O,B-PER,I-PER]"])
+def test_training_tags_that_are_all_o_are_refused(label_names, tmp_path, capsys):
+    """Every word O: the loss is 0 from the first step; a classifier of one class is refused the same way."""
+    rows = [{"tokens": ["ada", "said", str(i)], "ner_tags": ["O", "O", "O"]} for i in range(6)]
+    data = {"train": _rows(tmp_path / "train.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows[:2])}
+    out = tmp_path / "run"
+    user_error(capsys, main, tagging_args(data, out, f"label_names={label_names}"),
+               "tags column 'ner_tags' in the train data holds one tag ('O') in every word")  # fmt: skip
+    assert not out.exists()
