@@ -191,6 +191,9 @@ class ModelArgs(TaskArgs):
             raise UserError("set model_name_or_path (a hub name or a local directory) or model_config")
         if self.model_config is not None and "model_type" not in self.model_config:
             raise UserError("model_config needs a model_type, e.g. {model_type: bert, hidden_size: 32, ...}")
+        for key, instead in LABEL_KEYS.items():  # the data's labels set these: a value here would be ignored
+            if self.model_config is not None and key in self.model_config:
+                raise UserError(f"model_config.{key} is set from the data's labels, not here; {instead}")
         if self.freeze_embeddings and self.task and not task_of(self.task).has_word_embeddings:
             raise UserError(f"freeze_embeddings is for models with a word-embedding table, not {self.task}")
         if self.peft is not None:
@@ -731,6 +734,15 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             raise UserError(f"{key} must be a string, got {value!r}")
         return str(value)
     return value
+
+
+# model_config keys the app sets from the data (finetune/models.py build_model), and what to set instead.
+LABEL_KEYS = {
+    "num_labels": "the labels found in the data decide it (label_names fixes the set and its order)",
+    "id2label": "set label_names=[...] (the names in id order)",
+    "label2id": "set label_names=[...] (the names in id order)",
+    "problem_type": "set problem_type= (a setting of its own)",
+}
 
 
 # Command-line modes that older versions kept as settings (and saved in config.yaml and manifests):

@@ -43,6 +43,10 @@ KINDS = ".csv, .tsv, .json, .jsonl, .parquet, or CoNLL (.conll, .iob2, .txt)"
 # --- loading ---------------------------------------------------------------------------------------
 
 
+# The first bytes of compressed files: datasets would read them as text and fail on their bytes.
+COMPRESSED = {"gzip": b"\x1f\x8b", "zip": b"PK\x03\x04", "bzip2": b"BZh", "xz": b"\xfd7zXZ", "zstd": b"\x28\xb5\x2f\xfd"}
+
+
 def _the(split: str) -> str:
     """How a message names a split: "the train data"; a file read on its own (evaluation's --data) is "the data"."""
     return "the data" if split == "data" else f"the {split} data"
@@ -120,6 +124,8 @@ def _not_a_file(path: Path) -> str:
         return f"is a symlink to {os.readlink(path)}, which does not exist"
     if path.is_dir():
         return "is a folder, not a file; give a data file (an image folder goes in data_dir)"
+    if path.exists():  # /dev/null, a pipe, a socket
+        return "is not a regular file (a device, pipe or socket); give a data file"
     return "not found"
 
 
@@ -149,6 +155,11 @@ def _check_readable_and_separated(split: str, path: str) -> None:
     the wrong length: say what it is instead."""
     if not os.access(path, os.R_OK):
         raise UserError(f"{split} file {path} is not readable (permission denied); check its permissions")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    packed = next((name for name, head in COMPRESSED.items() if magic.startswith(head)), None)
+    if packed is not None:
+        raise UserError(f"{split} file {path} is compressed ({packed}); unpack it and give the file inside ({KINDS})")
     if Path(path).suffix.lower() != ".parquet":
         _check_utf8(split, path)
     suffix = Path(path).suffix.lower()
@@ -158,6 +169,11 @@ def _check_readable_and_separated(split: str, path: str) -> None:
         header = f.readline().strip()
         f.seek(0)
         names = next(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","), [])
+    if suffix == ".csv" and "\t" in header and "," not in header:
+        raise UserError(
+            f"{split} file {path} looks tab-separated (its header is {header[:80]!r}); this app reads a .csv as "
+            "comma-separated: rename it to .tsv"
+        )
     if suffix == ".csv" and ";" in header and "," not in header:
         raise UserError(
             f"{split} file {path} looks semicolon-separated (its header is {header[:80]!r}); this app reads "

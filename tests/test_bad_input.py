@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import gzip
 import json
 import os
 import shutil
@@ -131,6 +132,8 @@ def world(finished_run, tmp_path_factory) -> World:
         "".join(json.dumps({"text": r["text"], "label": [["a"]] if i == 3 else ["a", "b"][: 1 + i % 2]}) + "\n"
                 for i, r in enumerate(rows))
     )  # fmt: skip
+    (root / "tabs.csv").write_text("text\tlabel\n" + "".join(f"{r['text']}\t{r['label']}\n" for r in rows))
+    (root / "train.csv.gz").write_bytes(gzip.compress((root / "ragged_more.csv").read_bytes()))
     (root / "text_as_images.csv").write_text("text,label\na fine film,1\na dull film,0\n")
     words = {"0": "neg", "1": "pos"}
     write_csv(root / "string_labels.csv", [{"text": r["text"], "label": words[r["label"]]} for r in rows])
@@ -270,6 +273,15 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         lambda w: _text(w, f"train_file={w.root / 'broken.json'}", "validation_file=null"),
         "is not valid JSON or JSON Lines: line 1 column 48: expecting value; fix the file there (cut off",
     ),
+    "tab_separated_csv": (
+        lambda w: _text(w, f"train_file={w.root / 'tabs.csv'}", "validation_file=null"),
+        "looks tab-separated (its header is 'text\\tlabel'); this app reads a .csv as comma-separated: rename it to .tsv",
+    ),
+    "gzipped_csv": (
+        lambda w: _text(w, f"train_file={w.root / 'train.csv.gz'}", "validation_file=null"),
+        "is compressed (gzip); unpack it and give the file inside",
+    ),
+    "dev_null": (lambda w: _text(w, "train_file=/dev/null"), "is not a regular file (a device, pipe or socket)"),
     "semicolon_separated_csv": (
         lambda w: _text(w, f"train_file={w.root / 'semicolon.csv'}", "validation_file=null"),
         "looks semicolon-separated",
@@ -561,6 +573,8 @@ SETTINGS: dict[str, tuple[list[str], str]] = {
     "cpu_threads_zero": (["cpu_threads=0"], "cpu_threads must be positive"),
     "label_names_duplicated": (["label_names=[0,0,1]"], "label_names lists '0' twice"),
     "label_names_empty": (["label_names=[]"], "label_names is empty"),
+    "model_config_num_labels": (["model_config.num_labels=5"], "model_config.num_labels is set from the data's labels"),
+    "model_config_problem_type": (["model_config.problem_type=regression"], "set problem_type= (a setting of its own)"),
     "label_names_yaml_null": (["label_names=[neg, null]"], "label_names[1] must be a string, but YAML read it as "
                                                            "nothing (null): put it in quotes"),
     "label_names_yaml_bool": (["label_names=[no, yes]"], "label_names[0] must be a string, but YAML read it as "
