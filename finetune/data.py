@@ -98,7 +98,9 @@ def _diagnose_file(split: str, path: str) -> str | None:
         lines = [(n, t) for n, t in enumerate(text.splitlines(), 1) if t.strip()]
         for i, (number, text_line) in enumerate(lines):
             try:
-                json.loads(text_line)
+                json.loads(text_line, object_pairs_hook=_no_repeated_key)
+            except _RepeatedKey as e:  # pyarrow refuses what Python's json reads (the last one wins)
+                return f"{split} file {path} line {number} has the key {e.args[0]!r} twice; keep one of them"
             except json.JSONDecodeError as e:
                 if i > 0:  # JSON Lines whose earlier lines parse: this line is the broken one
                     line, column, msg = number, e.colno, e.msg
@@ -110,6 +112,18 @@ def _diagnose_file(split: str, path: str) -> str | None:
                                                       else "fix or remove that line")
         )
     return None
+
+
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _no_repeated_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if repeated is not None:
+        raise _RepeatedKey(repeated)
+    return dict(pairs)
 
 
 def _not_a_file(path: Path) -> str:

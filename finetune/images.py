@@ -69,6 +69,14 @@ def verify_images(ds: HFDataset, column: str, split: str) -> None:
                     image.verify()
             except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
                 _text_not_paths(value, column, split, index)
+                path = value.get("path")
+                if value.get("bytes") is None and isinstance(path, str) and not Path(path).is_absolute() \
+                        and not Path(path).exists():
+                    raise UserError(
+                        f"image {path!r} (row {index + 1} of the {split} data) not found: a relative path is read "
+                        f"from the current folder ({Path.cwd()}), not the data file's; write the paths from there, "
+                        "or absolute"
+                    ) from None
                 raise UserError(
                     f"cannot read image {_image_name(value, index)} in the {split} data: {e}; "
                     "remove or replace the file"

@@ -5,8 +5,9 @@
     accelerate launch finetune/run.py peft.r=16 peft.target_modules=[query,key,value]
 
 A transform applied to a built model, like model parallelism (finetune/parallel.py): `apply_lora`
-wraps every linear layer named in `target_modules` (the last part of its module name: BERT's and
-ViT's attention have query, key, value) with W + (alpha / r) B A, A and B of rank r, and keeps the
+wraps every linear layer named in `target_modules` (the last part of its module name: BERT's attention
+has query, key, value; ViT's, in transformers 5, q_proj, k_proj, v_proj; unset, the model's query and
+value layers by whichever of those names it has) with W + (alpha / r) B A, A and B of rank r, and keeps the
 classification head (`classifier`, `score`, `pre_classifier`) trainable beside them; every other
 weight is frozen, so the optimizer holds only those (the start line's "weights trained"). Nothing
 else in the loop changes: the per-sample loss, its masking and scaling, DDP and accumulation, and
@@ -28,7 +29,10 @@ from typing import Any
 from finetune.errors import UserError
 
 # The settings of `peft`, with their defaults (peft's LoraConfig names them r, lora_alpha, lora_dropout).
-DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["query", "value"]}
+# target_modules null: the model's attention query and value layers, by the names it has (`QUERY_VALUE`).
+DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": None}
+QUERY_VALUE = (["query", "value"], ["q_proj", "v_proj"])  # BERT's; ViT's (transformers 5), and most others'
+
 HEADS = ("classifier", "score", "pre_classifier")  # the heads of transformers' classification models
 
 
@@ -45,6 +49,8 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
         raise UserError(f"peft.alpha must be a positive number (the scale is alpha / r), got {alpha!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise UserError(f"peft.dropout must be in [0, 1), got {dropout!r}")
+    if targets is None:
+        return full
     if isinstance(targets, str):
         targets = [t for t in targets.split(",") if t]
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
@@ -77,6 +83,14 @@ def apply_lora(model, spec: dict[str, Any]):
         ) from None
     spec = check_spec(spec)
     known = linear_names(model)
+    if spec["target_modules"] is None:
+        fits = next((names for names in QUERY_VALUE if set(names) <= set(known)), None)
+        if fits is None:
+            raise UserError(
+                f"peft.target_modules: {type(model).__name__} has no query/value layers of a known name; set "
+                f"peft.target_modules=[...] from its linear layers: {', '.join(known)}"
+            )
+        spec = {**spec, "target_modules": fits}
     missing = [t for t in spec["target_modules"] if t not in known]
     if missing:
         raise UserError(

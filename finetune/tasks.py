@@ -636,6 +636,11 @@ def tag_problem(tag: str) -> str | None:
             f"is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in capitals "
             f"({tag[:1].upper() + tag[1:]!r})"
         )
+    if tag.isdigit():  # a CoNLL file's tags are read as names
+        return (
+            "is a number, not an IOB2 tag name (O, B-PER, I-PER...); write the tag names in the file, or give "
+            "integer ids in a JSON Lines file with label_names=[the tag of each id]"
+        )
     if re.fullmatch(r"[BIES]-\S.*|[SE]", tag) or tag in ("B", "I", "B-", "I-"):
         return (
             "is not IOB2 (O, or B- or I- and an entity type, e.g. B-PER); IOBES or bare prefixes cannot be scored: "

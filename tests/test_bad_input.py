@@ -134,6 +134,9 @@ def world(finished_run, tmp_path_factory) -> World:
     )  # fmt: skip
     (root / "tabs.csv").write_text("text\tlabel\n" + "".join(f"{r['text']}\t{r['label']}\n" for r in rows))
     (root / "train.csv.gz").write_bytes(gzip.compress((root / "ragged_more.csv").read_bytes()))
+    (root / "dupkey.jsonl").write_text('{"text": "a fine film", "label": "1", "label": "0"}\n'
+                                       + "".join(json.dumps(r) + "\n" for r in rows))
+    (root / "relative_images.csv").write_text("image,label\nno/such/0.png,a\nno/such/1.png,b\n")
     (root / "text_as_images.csv").write_text("text,label\na fine film,1\na dull film,0\n")
     words = {"0": "neg", "1": "pos"}
     write_csv(root / "string_labels.csv", [{"text": r["text"], "label": words[r["label"]]} for r in rows])
@@ -273,6 +276,10 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         lambda w: _text(w, f"train_file={w.root / 'broken.json'}", "validation_file=null"),
         "is not valid JSON or JSON Lines: line 1 column 48: expecting value; fix the file there (cut off",
     ),
+    "jsonl_repeated_key": (
+        lambda w: _text(w, f"train_file={w.root / 'dupkey.jsonl'}", "validation_file=null"),
+        "line 1 has the key 'label' twice; keep one of them",
+    ),
     "tab_separated_csv": (
         lambda w: _text(w, f"train_file={w.root / 'tabs.csv'}", "validation_file=null"),
         "looks tab-separated (its header is 'text\\tlabel'); this app reads a .csv as comma-separated: rename it to .tsv",
@@ -372,6 +379,11 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "label_list_inside_a_label_list": (
         lambda w: _text(w, f"train_file={w.root / 'nested_label_lists.jsonl'}", "validation_file=null"),
         "label column 'label' in the train data has a list inside the list at row 4 (['a'])",
+    ),
+    "image_paths_relative_to_elsewhere": (
+        lambda w: _image(w, w.root / "images", "data_dir=null", f"train_file={w.root / 'relative_images.csv'}",
+                         "validation_file=null"),
+        "image 'no/such/0.png' (row 1 of the train data) not found: a relative path is read from the current folder",
     ),
     "image_model_of_2_channels": (
         lambda w: _image(w, w.root / "images", "model_config.num_channels=2"),

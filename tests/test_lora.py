@@ -172,4 +172,21 @@ def test_bad_peft_settings(spec, message):
 
 def test_peft_defaults_are_filled_in_and_saved():
     cfg = TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv", peft={"r": 16})
-    assert cfg.peft == {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": ["query", "value"]}
+    assert cfg.peft == {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": None}
+
+
+@pytest.mark.parametrize(("config", "names"), [("bert", ["query", "value"]), ("vit", ["q_proj", "v_proj"])])
+def test_unset_target_modules_are_the_models_query_and_value_layers(config, names):
+    """BERT's attention names them query/value, ViT's (transformers 5) q_proj/v_proj: the default fits both."""
+    from conftest import tiny_bert_config, tiny_vit_config
+    from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
+
+    from finetune.lora import apply_lora
+
+    if config == "bert":
+        model = AutoModelForSequenceClassification.from_config(tiny_bert_config(num_labels=2))
+    else:
+        model = AutoModelForImageClassification.from_config(tiny_vit_config(num_labels=2))
+    wrapped = apply_lora(model, {"r": 4})
+    adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in wrapped.named_parameters() if ".lora_A" in n}
+    assert adapted == set(names)

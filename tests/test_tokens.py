@@ -490,6 +490,8 @@ def _rows(path: Path, rows: list[dict]) -> Path:
         ([{"tokens": ["ada", "said"], "ner_tags": ["O", "PER"]}], "tag 'PER' at row 2, word 2 is not IOB2 (O, or B- or I-"),
         ([{"tokens": ["ada"], "ner_tags": ["E-PER"]}], "tag 'E-PER' at row 2, word 1 is not IOB2"),
         ([{"tokens": ["ada"], "ner_tags": ["B-PER "]}], "tag 'B-PER ' at row 2, word 1 has surrounding spaces"),
+        # a CoNLL file's integer ids are read as strings: names that are numbers
+        ([{"tokens": ["ada"], "ner_tags": ["3"]}], "tag '3' at row 2, word 1 is a number, not an IOB2 tag name"),
     ],
 )  # fmt: skip
 def test_bad_tagging_data_is_one_line_with_its_row(rows, fragment, tmp_path, capsys):
