@@ -99,6 +99,8 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
             raise UserError(f"label column '{column}' {what} (e.g. {example:g}){problem}")
         return REGRESSION
     if given is None:
+        if kind == "class" and not isinstance(feature, ClassLabel):
+            _check_not_numbers_with_a_stray_cell(train, column)
         return {"list": MULTI, "class": SINGLE, "int": SINGLE}[kind]
     if given == SINGLE and kind == "list":
         raise UserError(
@@ -114,13 +116,10 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
             else "class ids"
         )
         where = ""
-        if what == "class names":  # a column of numbers with a stray word ("n/a"): name the first such cell
-            for row, value in enumerate(train[column]):
-                try:
-                    float(value)
-                except (TypeError, ValueError):
-                    where = f" ({value!r} at row {row + 1} is not a number)"
-                    break
+        if what == "class names":  # a column of numbers with a stray word ("n/a", "NaN"): name the first such cell
+            row, value = next(iter(_not_finite_numbers(train[column])), (None, None))
+            if row is not None:
+                where = f" ({value!r} at row {row + 1} is not a finite number)"
         raise UserError(f"label column '{column}' holds {what}{where}; regression needs one number per sample")
     if given == MULTI and kind != "list":
         raise UserError(
@@ -128,6 +127,35 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
             f"label_columns=a,b,c naming 0/1 columns; label column '{column}' holds {feature}"
         )
     return given
+
+
+def _not_finite_numbers(values: list) -> list[tuple[int, Any]]:
+    """The (row, value) of the values that are not finite numbers."""
+    bad = []
+    for row, value in enumerate(values):
+        try:
+            if math.isfinite(float(value)):
+                continue
+        except (TypeError, ValueError):
+            pass
+        bad.append((row, value))
+    return bad
+
+
+def _check_not_numbers_with_a_stray_cell(train: HFDataset, column: str) -> None:
+    """A column of decimal numbers read as strings because of a cell or two ("NaN", "n/a") would train a
+    classifier with one class per number: name the cell instead."""
+    values = train[column]
+    bad = _not_finite_numbers(values)
+    numbers = [float(v) for i, v in enumerate(values) if i not in {r for r, _ in bad}]
+    decimal = any(not x.is_integer() for x in numbers)
+    if bad and decimal and len(bad) <= max(1, len(values) // 20):
+        row, value = bad[0]
+        raise UserError(
+            f"label column '{column}' holds numbers but {value!r} at row {row + 1} is not a finite number "
+            f"({len(bad)} such cell(s)); fix or drop those rows for a regression, or set "
+            "problem_type=single_label_classification if the values are classes"
+        )
 
 
 def problem_type_of(ds: HFDataset) -> str:

@@ -157,6 +157,12 @@ class TextClassification(Task):
                         f"text column '{column}' in the {split} data is empty (no text in any row); set "
                         f"{setting} to the column that holds the texts, or fill it in"
                     )
+                if len(ds) == 1 and isinstance(ds[0][column], list):  # {"text": [...], "label": [...]}
+                    raise UserError(
+                        f"the {split} data is one record whose '{column}' is a list: a JSON object of columns; give "
+                        'one record per row (JSON Lines: {"text": ..., "label": ...} on each line, or a JSON array '
+                        "of such records)"
+                    )
                 raise UserError(
                     f"text column '{column}' in the {split} data holds {feature}, not text; "
                     f"set {setting} to a column of strings"
@@ -327,6 +333,17 @@ class ImageClassification(Task):
         if data.image_column not in ds.column_names:
             return None
         paths = {v.get("path") for v in undecoded(ds, data.image_column, split)[data.image_column] if v}
+        if data.data_dir:  # <data_dir>/<split>/<class>/x.png is the deepest layout: datasets drops the labels else
+            root = Path(data.data_dir).resolve()
+            deep = sorted(Path(p).resolve().parent for p in paths
+                          if p and root in Path(p).resolve().parents
+                          and len(Path(p).resolve().relative_to(root).parts) > 3)  # fmt: skip
+            if deep:
+                return (
+                    f"{deep[0]} is a folder inside a class folder; an image folder is <data_dir>/train/<class>/*.png, "
+                    "one level of class folders: move its images up into the class folder, or make it a class "
+                    "folder of its own"
+                )
         parents = {Path(p).parent for p in paths if p}
         if len(parents) != 1 or None in paths:
             return None

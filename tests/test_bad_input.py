@@ -137,6 +137,9 @@ def world(finished_run, tmp_path_factory) -> World:
     (root / "dupkey.jsonl").write_text('{"text": "a fine film", "label": "1", "label": "0"}\n'
                                        + "".join(json.dumps(r) + "\n" for r in rows))
     (root / "relative_images.csv").write_text("image,label\nno/such/0.png,a\nno/such/1.png,b\n")
+    write_csv(root / "decimals_and_a_nan.csv", [{"text": r["text"], "label": "NaN" if i == 7 else f"{i / 3:.3f}"}
+                                                for i, r in enumerate(rows)])  # fmt: skip
+    (root / "columns.json").write_text(json.dumps({"text": [r["text"] for r in rows], "label": [r["label"] for r in rows]}))
     (root / "text_as_images.csv").write_text("text,label\na fine film,1\na dull film,0\n")
     words = {"0": "neg", "1": "pos"}
     write_csv(root / "string_labels.csv", [{"text": r["text"], "label": words[r["label"]]} for r in rows])
@@ -185,6 +188,9 @@ def world(finished_run, tmp_path_factory) -> World:
     (root / "empty_dir").mkdir()
     image_folder(root / "images")
     (image_folder(root / "garbage") / "train" / "0_tshirt_top" / "3.png").write_bytes(b"not an image at all")
+    sub = image_folder(root / "nested_images") / "train" / "1_trouser" / "sub"
+    sub.mkdir()
+    shutil.copy(sub.parent / "0.png", sub / "0.png")
     truncated = image_folder(root / "truncated") / "train" / "1_trouser" / "2.png"
     truncated.write_bytes(truncated.read_bytes()[:200])
     images = image_folder(root / "images_cut_jpeg")
@@ -279,6 +285,19 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "jsonl_repeated_key": (
         lambda w: _text(w, f"train_file={w.root / 'dupkey.jsonl'}", "validation_file=null"),
         "line 1 has the key 'label' twice; keep one of them",
+    ),
+    "decimal_targets_and_a_nan": (
+        lambda w: _text(w, f"train_file={w.root / 'decimals_and_a_nan.csv'}", "validation_file=null"),
+        "label column 'label' holds numbers but 'NaN' at row 8 is not a finite number",
+    ),
+    "decimal_targets_and_a_nan_for_regression": (
+        lambda w: _text(w, f"train_file={w.root / 'decimals_and_a_nan.csv'}", "validation_file=null",
+                        "problem_type=regression"),
+        "label column 'label' holds class names ('NaN' at row 8 is not a finite number)",
+    ),
+    "json_object_of_columns": (
+        lambda w: _text(w, f"train_file={w.root / 'columns.json'}", "validation_file=null"),
+        "the train data is one record whose 'text' is a list: a JSON object of columns; give one record per row",
     ),
     "tab_separated_csv": (
         lambda w: _text(w, f"train_file={w.root / 'tabs.csv'}", "validation_file=null"),
@@ -384,6 +403,10 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         lambda w: _image(w, w.root / "images", "data_dir=null", f"train_file={w.root / 'relative_images.csv'}",
                          "validation_file=null"),
         "image 'no/such/0.png' (row 1 of the train data) not found: a relative path is read from the current folder",
+    ),
+    "image_folder_inside_a_class_folder": (
+        lambda w: _image(w, w.root / "nested_images"),
+        "nested_images/train/1_trouser/sub is a folder inside a class folder",
     ),
     "image_model_of_2_channels": (
         lambda w: _image(w, w.root / "images", "model_config.num_channels=2"),
