@@ -177,10 +177,31 @@ def load_checkpoint(accelerator, path: Path, exact: bool = True) -> None:
             "holds code; resume only from checkpoints written by finetune.run"
         ) from None
     except (RuntimeError, KeyError, ValueError) as e:  # shapes, parameter groups, missing keys
+        if "Error(s) in loading state_dict" in str(e):
+            raise UserError(
+                f"{path / 'model.safetensors'} holds weights that do not fit the model this run builds "
+                f"({_state_dict_mismatch(str(e))}): resume with the model and settings that saved it, or, if that "
+                f"file was replaced, {ANOTHER}"
+            ) from None
         raise UserError(
             f"{path} does not fit this model or optimizer: {first_line(e)}; resume with "
             "the model and settings that saved it"
         ) from None
+
+
+def _state_dict_mismatch(message: str) -> str:
+    """torch's (or safetensors') load_state_dict error, one clause per kind: its first key and how many."""
+    said = []
+    for kind in ("Missing key(s)", "Unexpected key(s)"):
+        found = re.search(rf"{re.escape(kind)} in state_dict: ([^\n]*)", message)
+        if found:
+            keys = re.findall(r'"([^"]+)"', found.group(1))
+            if keys:
+                said.append(f"{kind.split()[0].lower()} {len(keys)}, e.g. {keys[0]}")
+    sizes = re.findall(r"size mismatch for ([^:]+):", message)
+    if sizes:
+        said.append(f"{len(sizes)} of other shapes, e.g. {sizes[0]}")
+    return "; ".join(said) or "other names or shapes"
 
 
 def is_complete(path: Path) -> bool:

@@ -1146,3 +1146,19 @@ def test_model_parallel_that_cannot_run_is_one_line(env, extra, message, world, 
     user_error(capsys, main, _text(world, "model_parallel=true", *extra, out=out), message)
     assert not out.exists()
 
+
+
+def test_resuming_a_checkpoint_whose_weights_are_another_models_names_the_file(world, copy, capsys):
+    """A ViT's model.safetensors in a BERT run's checkpoint: the line names the file and what differs, not
+    torch's "Error(s) in loading state_dict" header alone."""
+    from conftest import tiny_vit_config
+    from safetensors.torch import save_file
+    from transformers import AutoModelForImageClassification
+
+    path = copy / ckpt.CHECKPOINTS / LAST
+    vit = AutoModelForImageClassification.from_config(tiny_vit_config(num_labels=2))
+    save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, path / "model.safetensors")
+    argv = _text(world, "max_steps=3", f"resume_from_checkpoint={path}", out=copy)
+    line = user_error(capsys, main, argv, f"{path / 'model.safetensors'} holds weights that do not fit the model "
+                                          "this run builds (missing", untouched=copy)  # fmt: skip
+    assert "unexpected" in line and "vit." in line and "if that file was replaced, use another checkpoint" in line
