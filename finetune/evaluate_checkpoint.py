@@ -183,6 +183,7 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
         labels = _model_labels(config)
         run = RunDir(path.resolve().parent)
         results_file, config_file = run.results, run.config
+        differ = None  # the run beside it names other labels than its config.json
         if results_file.is_file() and config_file.is_file():
             # Only a run whose results name this export's labels is its run: an export copied
             # next to some unrelated config.yaml is evaluated alone.
@@ -190,11 +191,19 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
                 results = json.loads(results_file.read_text())
             except ValueError:
                 results = {}
+            if results.get("label_names") and results.get("label_names") != labels:
+                differ = results["label_names"]
             if results.get("label_names") == labels:
                 cfg = _run_config(yaml.safe_load(config_file.read_text()), str(config_file))
                 if task is not None and task != cfg.task:
                     raise UserError(f"--task {task} contradicts the export, a {cfg.task} run")
                 return Target(spec, "export", cfg, labels, results.get("step"))
+        if not have_data and differ is not None:
+            raise UserError(
+                f"{path / 'config.json'} names the labels {labels[:5]}, but its run ({results_file}) trained "
+                f"{differ[:5]}: its id2label was edited, or the export is another run's; put back the run's "
+                "config.json, or pass --data FILE_OR_DIR to evaluate it alone"
+            )
         if not have_data:
             raise UserError(
                 f"{spec} is a model folder without its run's config.yaml and results.json one "
@@ -435,6 +444,15 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     if empty:
         ds = ds.remove_columns(empty)
     labelled = any(column in ds.column_names for column in args.label_sources)
+    if not labelled:  # a "Label" column beside a model that reads "label": labels, not data to predict
+        for column in args.label_sources:
+            twin = next((c for c in ds.column_names if c.lower() == column.lower()), None)
+            if twin is not None:
+                key = "tags_column" if column == args.tags_column else "label_column"
+                raise UserError(
+                    f"column '{twin}' of {what} looks like the label column '{column}' in another case; to score "
+                    f"it, pass {key}={twin}; to predict without labels, rename or drop that column"
+                )
     check_columns(ds, what, args, labelled, model_task=True)
     if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError
         ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)

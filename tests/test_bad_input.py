@@ -1162,3 +1162,24 @@ def test_resuming_a_checkpoint_whose_weights_are_another_models_names_the_file(w
     line = user_error(capsys, main, argv, f"{path / 'model.safetensors'} holds weights that do not fit the model "
                                           "this run builds (missing", untouched=copy)  # fmt: skip
     assert "unexpected" in line and "vit." in line and "if that file was replaced, use another checkpoint" in line
+
+
+def test_an_export_whose_labels_were_edited_is_said_to_differ_from_its_run(copy, capsys):
+    config_file = copy / "model" / "config.json"
+    config = json.loads(config_file.read_text())
+    names = [config["id2label"][str(i)] for i in range(len(config["id2label"]))]
+    config["id2label"] = {str(i): name for i, name in enumerate(reversed(names))}
+    config["label2id"] = {name: i for i, name in enumerate(reversed(names))}
+    config_file.write_text(json.dumps(config))
+    user_error(capsys, evaluate_main, [str(copy / "model")],
+               f"config.json names the labels {list(reversed(names))}, but its run", "id2label was edited",
+               untouched=copy)  # fmt: skip
+
+
+def test_a_label_column_in_another_case_is_not_predicted_silently(world, tmp_path, capsys):
+    """"Label" beside a model that reads "label": the file holds labels; say how to score them."""
+    data = write_csv(tmp_path / "Label.csv", [{"text": r["text"], "Label": r["label"]} for r in rotten_rows(6)])
+    user_error(capsys, evaluate_main, [str(world.done / "model"), "--data", str(data), "--output", str(tmp_path / "e")],
+               "column 'Label' of", "looks like the label column 'label' in another case; to score it, pass "
+               "label_column=Label")  # fmt: skip
+    assert not (tmp_path / "e").exists()
