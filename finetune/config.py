@@ -614,6 +614,11 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
                 f"class_weights={self.class_weights} weighs classes or labels; a regression has none: leave "
                 "class_weights unset (null)"
             )
+        if problem and problem != "multi_label_classification" and self.tune_threshold == "per_label":
+            raise UserError(  # (the default, global, is simply unused outside multi-label)
+                f"tune_threshold=per_label tunes each label's decision threshold of a multi-label run; {problem} "
+                "has none: leave tune_threshold out"
+            )
 
     def resolve_task(self, task: str) -> None:
         """Once the data is read: the task it holds (when the config left it null), checked."""

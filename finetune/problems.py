@@ -230,8 +230,28 @@ def encode(ds: HFDataset, args: DataArgs, problem: str, label_names: list[str], 
             raise UserError(
                 f"label_columns {args.label_columns} must name the labels {label_names} (in any order)"
             )
-        return _encode_label_columns(ds, label_names or list(args.label_columns), split)
-    return _encode_lists(ds, args.label_column, label_names, split)
+        encoded = _encode_label_columns(ds, label_names or list(args.label_columns), split)
+    else:
+        encoded = _encode_lists(ds, args.label_column, label_names, split)
+    if split == "train":
+        _warn_labels_without_positives(encoded, label_names or list(args.label_columns or []))
+    return encoded
+
+
+def _warn_labels_without_positives(train: HFDataset, names: list[str]) -> None:
+    """A multi-label label that no training sample has: the model only learns never to predict it
+    (class_weights cannot weigh positives that are not there)."""
+    import os
+    import sys
+
+    if not len(train) or not names or os.environ.get("RANK", "0") != "0":
+        return
+    positives = np.asarray(train["labels"], dtype=np.float32).sum(0)
+    absent = [name for name, n in zip(names, positives, strict=False) if n == 0]
+    if absent:
+        shown = ", ".join(map(repr, absent[:5])) + (", ..." if len(absent) > 5 else "")
+        print(f"warning: {len(absent)} of the {len(names)} labels have no positive training sample ({shown}): the "
+              "model cannot learn to predict them; give them positive samples, or leave them out", file=sys.stderr)
 
 
 def _replace_labels(ds: HFDataset, columns: list[str], fn, feature, split: str) -> HFDataset:

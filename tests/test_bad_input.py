@@ -608,6 +608,8 @@ SETTINGS: dict[str, tuple[list[str], str]] = {
     "cpu_threads_zero": (["cpu_threads=0"], "cpu_threads must be positive"),
     "label_names_duplicated": (["label_names=[0,0,1]"], "label_names lists '0' twice"),
     "label_names_empty": (["label_names=[]"], "label_names is empty"),
+    "tune_threshold_per_label_single_label": (["tune_threshold=per_label"], "tune_threshold=per_label tunes each "
+                                                                            "label's decision threshold of a multi-label run"),
     "model_config_num_labels": (["model_config.num_labels=5"], "model_config.num_labels is set from the data's labels"),
     "model_config_problem_type": (["model_config.problem_type=regression"], "set problem_type= (a setting of its own)"),
     "label_names_yaml_null": (["label_names=[neg, null]"], "label_names[1] must be a string, but YAML read it as "

@@ -287,3 +287,12 @@ def test_a_tagger_must_also_beat_every_word_o():
     assert verdict["verdict"] is False and verdict["metric"] == "word_accuracy" and "did not learn" in verdict["said"]
     better = {**worse, "word_accuracy": 0.9}
     assert judge(cfg, better, best)["verdict"] is True
+
+
+def test_a_multi_label_label_without_a_positive_training_sample_is_one_warning(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "train.jsonl", multi_label_rows(24))
+    main(recipe_text_args({"train": path, "validation": path}, tmp_path / "run", "label_column=labels", "max_steps=1",
+                          "label_names=[bird,cat,dog,fish]", "class_weights=balanced"))  # fmt: skip
+    lines = [line for line in capsys.readouterr().err.splitlines() if "no positive training sample" in line]
+    assert lines == ["warning: 1 of the 4 labels have no positive training sample ('fish'): the model cannot learn "
+                     "to predict them; give them positive samples, or leave them out"]  # fmt: skip
