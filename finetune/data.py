@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from datasets import ClassLabel, DatasetDict, load_dataset
+from datasets import ClassLabel, DatasetDict, Value, load_dataset
 from datasets import Dataset as HFDataset
 
 from finetune.config import DataArgs
@@ -112,6 +112,22 @@ def _diagnose_file(split: str, path: str) -> str | None:
                                                       else "fix or remove that line")
         )
     return None
+
+
+def _leading_zero_columns(ds: HFDataset, path: str, sep: str) -> list[str]:
+    """The integer columns of a CSV in which a value is written with a leading zero (007, 0123): read as
+    numbers, 007 and 7 become one label (and a zip code loses its zero)."""
+    ints = [c for c, f in ds.features.items() if isinstance(f, Value) and f.dtype.startswith(("int", "uint"))]
+    if not ints:
+        return []
+    zero = re.compile(r"\s*[+-]?0\d+\s*")
+    found: set[str] = set()
+    with open(path, encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f, delimiter=sep):
+            found.update(c for c in ints if c not in found and zero.fullmatch(row.get(c) or ""))
+            if len(found) == len(ints):
+                break
+    return sorted(found)
 
 
 class _RepeatedKey(ValueError):
@@ -237,6 +253,11 @@ def load_raw(
             logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
             try:
                 raw[split] = load_dataset(builder, data_files={split: path}, **kwargs)[split]
+                if builder == "csv" and (zeros := _leading_zero_columns(raw[split], path, kwargs.get("sep", ","))):
+                    # "007" and "7" would both be read as 7: such a column is read as the text it is
+                    features = raw[split].features.copy()
+                    features.update({c: Value("string") for c in zeros})
+                    raw[split] = load_dataset(builder, data_files={split: path}, features=features, **kwargs)[split]
             except Exception as e:  # datasets raises many types for unreadable data
                 _reraise_a_stop(e)
                 if "corresponds to no data" in _root_cause(e):  # a header and no rows

@@ -196,3 +196,14 @@ def test_own_labels_under_the_default_recipe_say_how_to_take_them_from_the_data(
     with pytest.raises(SystemExit):
         main([f"train_file={train}", "validation_file=null", "test_file=null", f"output_dir={tmp_path / 'o'}"])
     assert "warning:" not in capsys.readouterr().err
+
+
+def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
+    """'007' and '7' read as numbers would be one class (7): a column with a leading-zero integer is read
+    as the text it is; a column of plain integers stays numbers."""
+    from finetune.data import load_raw
+
+    path = tmp_path / "zeros.csv"
+    path.write_text("text,label,count\na,007,1\nb,7,2\nc,8,3\n")
+    train = load_raw({"train": str(path)}, None, None, None)["train"]
+    assert train["label"] == ["007", "7", "8"] and train["count"] == [1, 2, 3]
