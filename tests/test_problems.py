@@ -256,7 +256,7 @@ def _texts(labels: list, column: str = "label") -> list[dict]:
         (["pos", "neg", "Pos", "neg"], [], "holds 'Pos' and 'pos', which differ only by letter case"),
         (["nan", "NaN", "neg", "neg"], [], "holds 'NaN' and 'nan', which differ only by letter case"),
         (["pos", "   ", "neg", "neg"], [], "has an empty (blank) label at row 2"),
-        (["0.5", "n/a", "1.5"], ["problem_type=regression"], "holds class names ('n/a' at row 2 is not a number)"),
+        (["0.5", "n/a", "1.5"], ["problem_type=regression"], "holds class names ('n/a' at row 2 is not a finite number)"),
         ([["a"], [], ["b"]], [], "has an empty list at row 2; every sample needs a label"),
         ([["a"], ["b", None], ["b"]], [], "has a null inside the list at row 2"),
         (
@@ -267,7 +267,7 @@ def _texts(labels: list, column: str = "label") -> list[dict]:
         (
             ["a", "b"],
             ["problem_type=regression"],
-            "holds class names ('a' at row 1 is not a number); regression needs one number per sample",
+            "holds class names ('a' at row 1 is not a finite number); regression needs one number per sample",
         ),
         ([["a"], ["b"]], ["problem_type=regression"], "holds lists; regression needs one number per sample"),
         (["a", "b"], ["problem_type=multi_label_classification"], "needs a label column of lists"),
