@@ -62,14 +62,18 @@ def verify_images(ds: HFDataset, column: str, split: str) -> None:
     for start, batch in enumerate(ds.iter(batch_size=256)):
         for offset, value in enumerate(batch[column]):
             index = start * 256 + offset
-            if value is None:
-                raise UserError(f"the {split} data has no image in row {index + 1}; drop that row")
+            if value is None or (value.get("bytes") is None and value.get("path") is None):
+                raise UserError(f"the {split} data has no image in row {index + 1} (no bytes and no path); give "
+                                "that row an image, or drop it")
             try:
                 with PIL.Image.open(_image_source(value)) as image:
                     image.verify()
             except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
                 _text_not_paths(value, column, split, index)
                 path = value.get("path")
+                if isinstance(path, str) and path.startswith("file://"):
+                    raise UserError(f"image {path!r} (row {index + 1} of the {split} data) is a URL; give the path "
+                                    "without file://") from None
                 if value.get("bytes") is None and isinstance(path, str) and not Path(path).is_absolute() \
                         and not Path(path).exists():
                     raise UserError(

@@ -6,6 +6,7 @@ images, the resize notice, and augmentation that resumes exactly (also with data
 
 from __future__ import annotations
 
+import re
 import shutil
 import types
 from collections import Counter
@@ -128,3 +129,19 @@ def test_odd_images_just_work(tmp_path):
         ]
     )
     assert results["step"] == 2 and results["validation"]["num_samples"] >= 3
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ({"bytes": None, "path": None}, "the train data has no image in row 1 (no bytes and no path)"),
+    ({"bytes": None, "path": "file:///tmp/x.png"}, "is a URL; give the path without file://"),
+])  # fmt: skip
+def test_an_image_cell_with_nothing_or_a_url_is_one_line(value, fragment):
+    from datasets import Dataset, Features, Value
+
+    from finetune.errors import UserError
+    from finetune.images import verify_images
+
+    stored = Features({"image": {"bytes": Value("binary"), "path": Value("string")}, "label": Value("int64")})
+    ds = Dataset.from_dict({"image": [value], "label": [0]}, features=stored)  # as a parquet file holds it
+    with pytest.raises(UserError, match=re.escape(fragment)):
+        verify_images(ds, "image", "train")
