@@ -192,12 +192,32 @@ def _check_space_applies(space: list[str], cfg: TrainConfig, layers: int) -> Non
     """A space of which nothing applies to this run would repeat one trial until the budget is spent."""
     from finetune.metrics import MULTI
 
-    only = {"tune_threshold": cfg.problem_type == MULTI, "freeze_layers": layers > 1 and cfg.peft is None}
+    only = {"tune_threshold": cfg.problem_type == MULTI, "freeze_layers": layers > 1 and cfg.peft is None,
+            "num_train_epochs": cfg.max_steps is None}  # fmt: skip
     if not any(only.get(name, True) for name in space):
         raise UserError(
             f"--space {','.join(space)}: nothing in it applies to this run (tune_threshold is for multi-label runs, "
-            "freeze_layers for models of 2 or more layers without peft); add learning_rate, num_train_epochs, "
-            "per_device_train_batch_size or warmup_ratio"
+            "freeze_layers for models of 2 or more layers without peft, num_train_epochs for runs without "
+            "max_steps); add learning_rate, per_device_train_batch_size or warmup_ratio"
+        )
+
+
+def _same_search(study, base: TrainConfig, space: list[str]) -> None:
+    """A study is continued only with the settings it was made with (the searched ones aside): its trials'
+    values are comparable only on the same data and recipe. A new study records them."""
+    fixed = {k: v for k, v in base.to_dict().items() if k not in (*space, "output_dir")}
+    fixed = json.loads(json.dumps(fixed, default=str))
+    made = study.user_attrs.get("settings")
+    if made is None:
+        if not study.trials:
+            study.set_user_attr("settings", fixed)
+        return
+    differ = [k for k in sorted({*made, *fixed}) if made.get(k) != fixed.get(k)]
+    if differ:
+        shown = "; ".join(f"{k} was {made.get(k)!r}, now {fixed.get(k)!r}" for k in differ[:3])
+        raise UserError(
+            f"output_dir {base.output_dir} holds a search made with other settings ({shown}); continue it with the "
+            "same settings, or give a new output_dir"
         )
 
 
@@ -228,6 +248,8 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     started = time.monotonic()
     base, samples = _resolved(load_config(recipe, overrides))  # the problem type and its metric, from the data
     _check_space_applies(space, base, _layers(base))
+    if base.max_steps is not None:  # max_steps decides the length: epochs would change nothing
+        space = [name for name in space if name != "num_train_epochs"]
     out, metric = Path(base.output_dir), base.metric_for_best_model
     _check_search_folder(out)
     study = None
@@ -240,6 +262,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             sampler=optuna.samplers.TPESampler(seed=base.seed),
             pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
         )  # fmt: skip
+        _same_search(study, base, space)
         # A continued study draws on from where it stopped, not the same first draws again.
         study.sampler = optuna.samplers.TPESampler(seed=base.seed + len(study.trials))
     layers = _layers(base)

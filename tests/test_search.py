@@ -191,3 +191,22 @@ def test_a_search_into_a_folder_that_holds_no_search_is_refused(holds, small_tex
     line = user_error(capsys, search, ["--budget", "60", *settings(small_text_data, out, "max_steps=2")],
                       "and no search (study.db); a search would write its trials and model/ there", untouched=out)
     assert ("holds a training run" in line) == (holds == "a finished run")
+
+
+def test_epochs_are_not_searched_when_max_steps_decides_the_length(small_text_data, tmp_path):
+    out = tmp_path / "search"
+    record = search(["--budget", "300", "--trials", "2", "--space", "learning_rate,num_train_epochs",
+                     *settings(small_text_data, out, "max_steps=2")])  # fmt: skip
+    assert "num_train_epochs" not in record["params"] and "learning_rate" in record["params"]
+
+
+def test_a_study_is_continued_only_with_the_settings_it_was_made_with(small_text_data, tmp_path, capsys):
+    out = tmp_path / "search"
+    search(["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(small_text_data, out, "max_steps=2")])
+    other = {**small_text_data, "train": small_text_data["validation"]}
+    user_error(capsys, search, ["--budget", "300", "--trials", "1", "--space", "learning_rate",
+                                *settings(other, out, "max_steps=2")],
+               "holds a search made with other settings (train_file was", untouched=out)  # fmt: skip
+    again = search(["--budget", "300", "--trials", "1", "--space", "learning_rate",
+                    *settings(small_text_data, out, "max_steps=2")])  # fmt: skip
+    assert again["trials"] == 2
