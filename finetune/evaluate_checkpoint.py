@@ -302,7 +302,15 @@ def load_model(target: Target, cfg: TrainConfig):
         if local:
             _weights_must_be_a_file(target.path)
         try:
-            model = task.auto_model().from_pretrained(source, use_safetensors=True if local else None)
+            model, loading = task.auto_model().from_pretrained(source, use_safetensors=True if local else None,
+                                                                 output_loading_info=True)  # fmt: skip
+            missing = [*loading.get("missing_keys", ()), *loading.get("mismatched_keys", ())]
+            if local and missing:  # transformers fills them with random weights and a log line: not this model
+                raise UserError(
+                    f"the weights in '{target.spec}' do not fit its config.json (another model's model.safetensors?): "
+                    f"{len(missing)} weight(s) missing, e.g. {missing[0]}; put back the weights this export was saved "
+                    "with, or evaluate another export"
+                )
             preprocessor = task.load_saved_preprocessor(source)
         except (OSError, ValueError, SafetensorError) as e:
             first = first_line(e)

@@ -1185,3 +1185,15 @@ def test_a_label_column_in_another_case_is_not_predicted_silently(world, tmp_pat
                "column 'Label' of", "looks like the label column 'label' in another case; to score it, pass "
                "label_column=Label")  # fmt: skip
     assert not (tmp_path / "e").exists()
+
+
+def test_evaluating_an_export_whose_weights_are_another_models_is_one_line(copy, capsys):
+    """transformers would fill the missing weights at random (a log line) and score a random model."""
+    from conftest import tiny_vit_config
+    from safetensors.torch import save_file
+    from transformers import AutoModelForImageClassification
+
+    vit = AutoModelForImageClassification.from_config(tiny_vit_config(num_labels=2))
+    save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, copy / "model" / "model.safetensors")
+    user_error(capsys, evaluate_main, [str(copy / "model")], "do not fit its config.json (another model's "
+               "model.safetensors?)", "weight(s) missing", untouched=copy)  # fmt: skip
