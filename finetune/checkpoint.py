@@ -236,6 +236,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         value = manifest[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise UserError(f"{file} holds {key}={value!r}, not a count: it is damaged; {ANOTHER}")
+    _labels_agree_with_the_run(Path(path), manifest.get("label_names"))
     named = re.fullmatch(rf"{PREFIX}(\d+)", Path(path).name)  # step-00000002 holds step 2's state
     if named and int(named.group(1)) != manifest["step"]:
         raise UserError(
@@ -243,6 +244,35 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
             f"copied from another checkpoint; {ANOTHER}"
         )
     return manifest
+
+
+def _labels_agree_with_the_run(path: Path, labels: Any) -> None:
+    """A checkpoint's label_names against its run's (the weights hold no names, so an edited list would
+    swap every prediction's name): the run's results.json, else the names most of the run's checkpoints
+    hold, when more than half of them agree."""
+    run = path.parent.parent if path.parent.name == CHECKPOINTS else None
+    if run is None or labels is None:
+        return
+
+    def names(file: Path) -> Any:
+        try:
+            return json.loads(file.read_text()).get("label_names")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    authority, source = names(run / "results.json"), run / "results.json"
+    if authority is None:
+        others = [names(p / MANIFEST) for p in path.parent.glob(f"{PREFIX}*") if p != path]
+        lists = [json.dumps(n) for n in others if n is not None]
+        common = max(set(lists), key=lists.count, default=None)
+        if common is None or lists.count(common) * 2 <= len(lists) + 1:  # no majority of all the run's
+            return
+        authority, source = json.loads(common), f"{lists.count(common)} other checkpoints of the run"
+    if authority != labels:
+        raise UserError(
+            f"{path / MANIFEST} names the labels {labels[:5]}, but {source} names {authority[:5]}: the manifest was "
+            f"edited or copied from another run; {ANOTHER}"
+        )
 
 
 def checkpoint_problem(path: Path) -> str | None:

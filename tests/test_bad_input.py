@@ -857,6 +857,8 @@ DAMAGES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "manifest_wrong_type": ("manifest.json", _manifest(lambda m: m.update(step="two"))),
     "manifest_a_list": ("manifest.json", _manifest(lambda m: [1, 2])),
     "manifest_of_another_step": ("manifest.json", _manifest(lambda m: m.update(step=99))),
+    # the weights hold no names: edited names would swap every prediction's
+    "manifest_labels_edited": ("manifest.json", _manifest(lambda m: m.update(label_names=m["label_names"][::-1]))),
     "manifest_missing": ("manifest.json", lambda p: (p / ckpt.MANIFEST).unlink()),
 }
 
