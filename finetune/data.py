@@ -392,6 +392,12 @@ def _check_label_texts(train: HFDataset, column: str, present: set[str], label_n
             'sample, give real lists (JSON Lines: "label": ["art", "film"]) or 0/1 columns (label_columns); for '
             "one label a sample, remove the brackets and quotes (or, if that is a class's name, list it in label_names)"
         )
+    if column in present and column not in named:  # a CSV whose header line was pasted in again
+        row = next(i for i, v in enumerate(train[column]) if str(v) == column)
+        raise UserError(
+            f"label column '{column}' holds the label {column!r} at row {row + 1}: the header repeated inside the "
+            "file; remove that row (or, if it is a class's name, list it in label_names)"
+        )
     blank = next((v for v in sorted(present) if not v.strip()), None)
     if blank is not None:  # "   ": an empty label that a CSV kept as text
         row = next(i for i, v in enumerate(train[column]) if str(v) == blank)

@@ -191,7 +191,17 @@ def label_names_for(train: HFDataset, args: DataArgs, problem: str) -> list[str]
         return given
     _check_no_null_in_lists(train, args.label_column, "train")
     name_of = _list_names(train.features[args.label_column])
-    return sorted({name_of(v) for row in train[args.label_column] for v in row})
+    names = sorted({name_of(v) for row in train[args.label_column] for v in row})
+    folded: dict[str, str] = {}
+    for name in names:  # as single-label classes: Art and art would be two labels
+        twin = folded.setdefault(name.casefold(), name)
+        if twin != name:
+            raise UserError(
+                f"label column '{args.label_column}' holds the labels {twin!r} and {name!r}, which differ only by "
+                "letter case and would be two labels; write each label the same way (or, if they are "
+                "two labels, list both in label_names)"
+            )
+    return names
 
 
 def _check_no_null_in_lists(ds: HFDataset, column: str, split: str) -> None:

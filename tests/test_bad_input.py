@@ -140,6 +140,11 @@ def world(finished_run, tmp_path_factory) -> World:
     write_csv(root / "decimals_and_a_nan.csv", [{"text": r["text"], "label": "NaN" if i == 7 else f"{i / 3:.3f}"}
                                                 for i, r in enumerate(rows)])  # fmt: skip
     (root / "columns.json").write_text(json.dumps({"text": [r["text"] for r in rows], "label": [r["label"] for r in rows]}))
+    write_csv(root / "header_again.csv", [*rows[:5], {"text": "text", "label": "label"}, *rows[5:]])
+    (root / "case_label_lists.jsonl").write_text(
+        "".join(json.dumps({"text": r["text"], "label": ["Art" if i == 4 else "art", "film"]}) + "\n"
+                for i, r in enumerate(rows))
+    )  # fmt: skip
     (root / "text_as_images.csv").write_text("text,label\na fine film,1\na dull film,0\n")
     words = {"0": "neg", "1": "pos"}
     write_csv(root / "string_labels.csv", [{"text": r["text"], "label": words[r["label"]]} for r in rows])
@@ -298,6 +303,14 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "json_object_of_columns": (
         lambda w: _text(w, f"train_file={w.root / 'columns.json'}", "validation_file=null"),
         "the train data is one record whose 'text' is a list: a JSON object of columns; give one record per row",
+    ),
+    "header_repeated_inside_the_file": (
+        lambda w: _text(w, f"train_file={w.root / 'header_again.csv'}", "validation_file=null"),
+        "label column 'label' holds the label 'label' at row 6: the header repeated inside the file",
+    ),
+    "label_lists_in_two_cases": (
+        lambda w: _text(w, f"train_file={w.root / 'case_label_lists.jsonl'}", "validation_file=null"),
+        "holds the labels 'Art' and 'art', which differ only by letter case and would be two labels",
     ),
     "tab_separated_csv": (
         lambda w: _text(w, f"train_file={w.root / 'tabs.csv'}", "validation_file=null"),
