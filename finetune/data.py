@@ -204,6 +204,11 @@ def _check_readable_and_separated(split: str, path: str) -> None:
             f"{split} file {path} looks tab-separated (its header is {header[:80]!r}); this app reads a .csv as "
             "comma-separated: rename it to .tsv"
         )
+    if suffix == ".csv" and "|" in header and "," not in header:
+        raise UserError(
+            f"{split} file {path} looks separated by | (its header is {header[:80]!r}); this app reads "
+            "comma-separated .csv or tab-separated .tsv: save it with one of those"
+        )
     if suffix == ".csv" and ";" in header and "," not in header:
         raise UserError(
             f"{split} file {path} looks semicolon-separated (its header is {header[:80]!r}); this app reads "
@@ -480,6 +485,16 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             why = task.missing_label_error(ds, split, args) if column in label_columns else None
             if why:
                 raise UserError(why)
+            spaced = next((c for c in ds.column_names if c.strip() == column), None)
+            if spaced is not None:  # "text, label": the header's space is part of the name
+                raise UserError(f"column '{column}' not found in the {split} data, but {spaced!r} is: strip the spaces "
+                                "around the names in the file's header")
+            nested = [c for c in ds.column_names if isinstance(ds[0][c], list)] if len(ds) == 1 else []
+            if len(ds.column_names) == 1 and nested and len(ds) == 1:  # {"data": [{...}, ...]}
+                raise UserError(
+                    f"the {split} data is one record whose '{nested[0]}' holds a list: the samples are nested under "
+                    f"'{nested[0]}'; give the records themselves (JSON Lines, or a JSON array of records)"
+                )
             hint = task.missing_label_hint() if column in label_columns and ds.column_names == inputs else ""
             other = task_for_data(ds.features, args)
             if column in label_columns and task.problems == (TOKENS,) and ds.column_names == inputs:

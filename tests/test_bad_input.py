@@ -145,6 +145,9 @@ def world(finished_run, tmp_path_factory) -> World:
         "".join(json.dumps({"text": r["text"], "label": ["Art" if i == 4 else "art", "film"]}) + "\n"
                 for i, r in enumerate(rows))
     )  # fmt: skip
+    (root / "pipes.csv").write_text("text|label\n" + "".join(f"{r['text']}|{r['label']}\n" for r in rows))
+    write_csv(root / "spaced_header.csv", [{"text": r["text"], " label": r["label"]} for r in rows])
+    (root / "nested_records.json").write_text(json.dumps({"data": rows}))
     (root / "text_as_images.csv").write_text("text,label\na fine film,1\na dull film,0\n")
     words = {"0": "neg", "1": "pos"}
     write_csv(root / "string_labels.csv", [{"text": r["text"], "label": words[r["label"]]} for r in rows])
@@ -311,6 +314,18 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "label_lists_in_two_cases": (
         lambda w: _text(w, f"train_file={w.root / 'case_label_lists.jsonl'}", "validation_file=null"),
         "holds the labels 'Art' and 'art', which differ only by letter case and would be two labels",
+    ),
+    "pipe_separated_csv": (
+        lambda w: _text(w, f"train_file={w.root / 'pipes.csv'}", "validation_file=null"),
+        "looks separated by | (its header is 'text|label')",
+    ),
+    "header_with_spaces": (
+        lambda w: _text(w, f"train_file={w.root / 'spaced_header.csv'}", "validation_file=null"),
+        "column 'label' not found in the train data, but ' label' is: strip the spaces",
+    ),
+    "records_nested_under_a_key": (
+        lambda w: _text(w, f"train_file={w.root / 'nested_records.json'}", "validation_file=null"),
+        "the samples are nested under 'data'; give the records themselves",
     ),
     "tab_separated_csv": (
         lambda w: _text(w, f"train_file={w.root / 'tabs.csv'}", "validation_file=null"),
