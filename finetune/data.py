@@ -442,8 +442,10 @@ def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str
     seen = {name_of(v) for v in set(ds[column])}
     unseen = sorted(seen - set(to_id))
     if unseen:
+        near = _near_misses(unseen, label_names)
         raise UserError(f"{split} labels {unseen[:5]} were not seen in training (known: {', '.join(label_names)})"
-                        + _near_misses(unseen, label_names))  # fmt: skip
+                        + (near or "; a model predicts only the labels it was trained on: relabel or drop those "
+                                   "rows, or train with them"))  # fmt: skip
     ds = ds.map(
         lambda b: {"labels": [to_id[name_of(v)] for v in b[column]]}, batched=True, desc=f"labels ({split})"
     )

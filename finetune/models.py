@@ -207,15 +207,20 @@ def check_tokenizer(tokenizer, model: PreTrainedModel, name: str | None, max_len
             "tokenizer files (vocab.txt, tokenizer.json); set tokenizer_name to the model's tokenizer"
         )
     rows = model.get_input_embeddings().num_embeddings
+    built = not getattr(model, "name_or_path", "")  # from model_config: its vocab_size is the user's to set
     if size > rows:
         raise UserError(
             f"the tokenizer of {name} has {size} tokens, more than the {rows} rows of the model's embedding "
-            f"table (ids from {rows} on have none): it is not the model's tokenizer; use the model's own"
+            f"table (ids from {rows} on have none): "
+            + (f"set model_config.vocab_size={size} (or leave it out: the tokenizer's size is the default)"
+               if built else "it is not the model's tokenizer; use the model's own")
         )
     if size < 0.9 * rows:
         raise UserError(
             f"the tokenizer of {name} has {size} tokens for the {rows} rows of the model's embedding table: "
-            "it is not the model's tokenizer (a padded table is a few percent larger, not more); use the model's own"
+            + (f"set model_config.vocab_size={size} (or leave it out)" if built else
+               "it is not the model's tokenizer (a padded table is a few percent larger, not more); use the "
+               "model's own")
         )
     added = tokenizer.num_special_tokens_to_add(pair=pair)
     if max_length <= added:

@@ -356,7 +356,8 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     ),
     "unseen_eval_labels": (
         lambda w: _text(w, f"validation_file={w.root / 'unseen.csv'}"),
-        "validation labels ['2'] were not seen in training (known: 0, 1)",
+        "validation labels ['2'] were not seen in training (known: 0, 1); a model predicts only the labels it was "
+        "trained on: relabel or drop those rows",
     ),
     "numeric_text": (
         lambda w: _text(w, f"train_file={w.root / 'numeric_text.csv'}"),
@@ -492,7 +493,8 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     ),
     "tokenizer_larger_than_the_embedding_table": (
         lambda w: _text(w, f"model_config={TINY_BERT[:-1]}, vocab_size: 1000}}"),
-        "30522 tokens, more than the 1000 rows of the model's embedding table",
+        "30522 tokens, more than the 1000 rows of the model's embedding table (ids from 1000 on have none): set "
+        "model_config.vocab_size=30522",
     ),
     "tokenizer_smaller_than_the_embedding_table": (
         lambda w: _text(w, "model_config=null", f"model_name_or_path={w.model_without_tokenizer}",
