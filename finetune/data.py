@@ -114,6 +114,21 @@ def _diagnose_file(split: str, path: str) -> str | None:
     return None
 
 
+def _what_the_labels_look_like(names: list[str]) -> str:
+    """Why a single-label column may have as many classes as a split cannot hold: numbers written with
+    separators or units (1,000  3,5  50%), or label sets joined in one cell (art,film  art;film)."""
+    sets = [n for n in names if re.fullmatch(r"[^,;|]+([,;|] ?[^,;|]+)+", n) and not re.search(r"\d[,]\d", n)]
+    numbers = [n for n in names if re.fullmatch(r"[-+]?[\d.,' ]*\d[\d.,' ]*%?", n.strip())
+               and re.search(r"[.,%' ]", n.strip())]  # 1,000  3,5  0.25  50%: not the class ids 0, 1, 2
+    if len(numbers) > len(names) // 2:
+        return (f" ({len(names)} classes such as {numbers[0]!r}: numbers, not classes? for a regression write them "
+                "plainly, 1000 or 0.5, and set problem_type=regression)")
+    if sets:
+        return (f" ({len(names)} classes such as {sets[0]!r}: several labels in one cell? for multi-label give lists "
+                "(JSON Lines) or 0/1 columns (label_columns))")
+    return ""
+
+
 def _leading_zero_columns(ds: HFDataset, path: str, sep: str) -> list[str]:
     """The integer columns of a CSV in which a value is written with a leading zero (007, 0123): read as
     numbers, 007 and 7 become one label (and a zip code loses its zero)."""
@@ -587,9 +602,9 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
             parts = rows.train_test_split(test_size=held_out, seed=args.seed, **stratify)
         except ValueError as e:
             raise UserError(
-                f"cannot hold out a stratified validation split: {first_line(e)}; give a validation_file, or "
-                "enough samples of every class (2 or more) and a validation_split_percentage whose share holds "
-                "one of each"
+                f"cannot hold out a stratified validation split: {first_line(e)}{_what_the_labels_look_like(label_names)}"
+                "; give a validation_file, or enough samples of every class (2 or more) and a "
+                "validation_split_percentage whose share holds one of each"
             ) from None
         file_rows = {"train": list(parts["train"]["file_row"]), "validation": list(parts["test"]["file_row"])}
         raw["train"], raw["validation"] = (raw["train"].select(file_rows["train"]),

@@ -207,3 +207,25 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
     path.write_text("text,label,count\na,007,1\nb,7,2\nc,8,3\n")
     train = load_raw({"train": str(path)}, None, None, None)["train"]
     assert train["label"] == ["007", "7", "8"] and train["count"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(("labels", "fragment"), [
+    (["1,000", "2,500", "3,000", "4,250", "5,000", "6,000"], "classes such as '1,000': numbers, not classes?"),
+    (["50%", "20%", "30%", "40%", "60%", "70%"], "numbers, not classes?"),
+    (["art,film", "film", "art;music", "music", "news", "art"], "several labels in one cell?"),
+    (["0", "1", "2", "3", "4", "5"], "least populated class"),  # class ids: no hint
+])  # fmt: skip
+def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels, fragment, tmp_path):
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    path = tmp_path / "train.csv"
+    path.write_text("text,label\n" + "".join(f"sample {i},\"{label}\"\n" for i, label in enumerate(labels)))
+    cfg = load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
+                             "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
+    with pytest.raises(UserError) as e:
+        load_splits(cfg.data_args)
+    assert fragment in str(e.value)
+    if labels[0] == "0":
+        assert "not classes?" not in str(e.value) and "one cell?" not in str(e.value)
