@@ -607,6 +607,11 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
                 "validation_split_percentage whose share holds one of each"
             ) from None
         file_rows = {"train": list(parts["train"]["file_row"]), "validation": list(parts["test"]["file_row"])}
+    looks = _what_the_labels_look_like(label_names) if problem == SINGLE and not args.label_names else ""
+    if looks and os.environ.get("RANK", "0") == "0":  # trained as classes, as asked; but say so (once the split held)
+        print(f"warning: training a classifier of {looks.strip()[1:-1]}; list them in label_names to keep them as "
+              "classes without this warning", file=sys.stderr)
+    if file_rows:  # the held-out split, drawn above
         raw["train"], raw["validation"] = (raw["train"].select(file_rows["train"]),
                                            raw["train"].select(file_rows["validation"]))  # fmt: skip
     for split, limit in (

@@ -229,3 +229,19 @@ def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels
     assert fragment in str(e.value)
     if labels[0] == "0":
         assert "not classes?" not in str(e.value) and "one cell?" not in str(e.value)
+
+
+def test_classes_that_look_like_decimal_numbers_train_with_one_warning(tmp_path, capsys):
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    labels = ["0,5", "1,5", "2,5", "0,5", "1,5", "2,5"]
+    path = tmp_path / "train.csv"
+    path.write_text("text,label\n" + "".join(f"sample {i},\"{label}\"\n" for i, label in enumerate(labels)))
+    for names, warned in (("null", True), ("['0,5','1,5','2,5']", False)):
+        cfg = load_config(None, [f"train_file={path}", f"validation_file={path}", "test_file=null",
+                                 f"label_names={names}", "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
+        raw, _ = load_splits(cfg.data_args)
+        assert len(raw["train"]) == 6
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: training a")]
+        assert len(lines) == warned and (not warned or "numbers, not classes?" in lines[0]), lines
