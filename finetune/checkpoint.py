@@ -50,7 +50,7 @@ from finetune.errors import (
     remedy,
     write_failure,
 )
-from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, PREFIX
+from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, PREFIX, RunDir
 from finetune.runtime import agreed
 
 # What a resume reads from a manifest, all counts.
@@ -260,7 +260,8 @@ def _labels_agree_with_the_run(path: Path, labels: Any) -> None:
         except (OSError, ValueError, AttributeError):
             return None
 
-    authority, source = names(run / "results.json"), run / "results.json"
+    results = RunDir(run).results
+    authority, source = names(results), results
     if authority is None:
         others = [names(p / MANIFEST) for p in path.parent.glob(f"{PREFIX}*") if p != path]
         lists = [json.dumps(n) for n in others if n is not None]
