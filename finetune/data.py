@@ -126,6 +126,11 @@ def _what_the_labels_look_like(names: list[str]) -> str:
     if sets:
         return (f" ({len(names)} classes such as {sets[0]!r}: several labels in one cell? for multi-label give lists "
                 "(JSON Lines) or 0/1 columns (label_columns))")
+    ids = [n for n in names if re.fullmatch(r"\s*-?\d+\s*", n)]
+    words = [n for n in names if n not in ids]
+    if len(ids) >= 2 and len(words) >= 2:  # 0, 1, neg, pos: one set of classes written two ways?
+        return (f" ({len(names)} classes such as {ids[0]!r} and {words[0]!r}: ids and names of the same classes? "
+                "write each label one way)")
     return ""
 
 

@@ -214,6 +214,7 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
     (["50%", "20%", "30%", "40%", "60%", "70%"], "numbers, not classes?"),
     (["art,film", "film", "art;music", "music", "news", "art"], "several labels in one cell?"),
     (["0", "1", "2", "3", "4", "5"], "least populated class"),  # class ids: no hint
+    (["0", "1", "neg", "pos", "0", "neg"], "ids and names of the same classes?"),
 ])  # fmt: skip
 def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels, fragment, tmp_path):
     from finetune.config import load_config
