@@ -120,7 +120,8 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
             row, value = next(iter(_not_finite_numbers(train[column])), (None, None))
             if row is not None:
                 where = f" ({value!r} at row {row + 1} is not a finite number)"
-        raise UserError(f"label column '{column}' holds {what}{where}; regression needs one number per sample")
+        fix = " written plainly (1000, 0.5: no thousands separator, decimal comma or unit)" if where else ""
+        raise UserError(f"label column '{column}' holds {what}{where}; regression needs one number per sample{fix}")
     if given == MULTI and kind != "list":
         raise UserError(
             f'multi_label_classification needs a label column of lists (JSON: "label": ["a", "b"]) or '
