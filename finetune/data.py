@@ -507,6 +507,14 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             why = task.missing_label_error(ds, split, args) if column in label_columns else None
             if why:
                 raise UserError(why)
+            if column == getattr(args, "image_column", None):  # images under another column's name
+                from datasets import Image
+
+                held = next((c for c, f in ds.features.items() if isinstance(f, Image)
+                             or (isinstance(f, dict) and {"bytes", "path"} <= set(f))), None)  # fmt: skip
+                if held is not None:
+                    raise UserError(f"column '{column}' not found in the {split} data, but '{held}' holds images: "
+                                    f"set image_column={held}")
             spaced = next((c for c in ds.column_names if c.strip() == column), None)
             if spaced is not None:  # "text, label": the header's space is part of the name
                 raise UserError(f"column '{column}' not found in the {split} data, but {spaced!r} is: strip the spaces "

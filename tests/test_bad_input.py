@@ -199,6 +199,14 @@ def world(finished_run, tmp_path_factory) -> World:
     sub = image_folder(root / "nested_images") / "train" / "1_trouser" / "sub"
     sub.mkdir()
     shutil.copy(sub.parent / "0.png", sub / "0.png")
+    from datasets import Dataset, Features, Value
+    from datasets import Image as ImageFeature
+
+    pngs = sorted((root / "images" / "train").glob("*/*.png"))
+    Dataset.from_dict({"img": [{"bytes": p.read_bytes(), "path": None} for p in pngs],
+                       "label": [p.parent.name for p in pngs]},
+                      features=Features({"img": ImageFeature(), "label": Value("string")})).to_parquet(
+        str(root / "images_named_img.parquet"))  # fmt: skip
     truncated = image_folder(root / "truncated") / "train" / "1_trouser" / "2.png"
     truncated.write_bytes(truncated.read_bytes()[:200])
     images = image_folder(root / "images_cut_jpeg")
@@ -436,6 +444,11 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "image_folder_inside_a_class_folder": (
         lambda w: _image(w, w.root / "nested_images"),
         "nested_images/train/1_trouser/sub is a folder inside a class folder",
+    ),
+    "images_in_a_column_of_another_name": (
+        lambda w: _image(w, w.root / "images", "data_dir=null", f"train_file={w.root / 'images_named_img.parquet'}",
+                         "validation_file=null"),
+        "column 'image' not found in the train data, but 'img' holds images: set image_column=img",
     ),
     "image_model_of_2_channels": (
         lambda w: _image(w, w.root / "images", "model_config.num_channels=2"),
