@@ -202,40 +202,41 @@ def _check_space_applies(space: list[str], cfg: TrainConfig, layers: int) -> Non
         )
 
 
-def _same_search(study, base: TrainConfig, space: list[str]) -> None:
+def _other_settings(study, base: TrainConfig, space: list[str]) -> str | None:
     """A study is continued only with the settings it was made with (the searched ones aside): its trials'
-    values are comparable only on the same data and recipe. A new study records them."""
+    values are comparable only on the same data and recipe. A new study records them. The refusal, or None."""
     fixed = {k: v for k, v in base.to_dict().items() if k not in (*space, "output_dir")}
     fixed = json.loads(json.dumps(fixed, default=str))
     made = study.user_attrs.get("settings")
     if made is None:
         if not study.trials:
             study.set_user_attr("settings", fixed)
-        return
+        return None
     differ = [k for k in sorted({*made, *fixed}) if made.get(k) != fixed.get(k)]
-    if differ:
-        shown = "; ".join(f"{k} was {made.get(k)!r}, now {fixed.get(k)!r}" for k in differ[:3])
-        raise UserError(
-            f"output_dir {base.output_dir} holds a search made with other settings ({shown}); continue it with the "
-            "same settings, or give a new output_dir"
-        )
+    if not differ:
+        return None
+    shown = "; ".join(f"{k} was {made.get(k)!r}, now {fixed.get(k)!r}" for k in differ[:3])
+    return (f"output_dir {base.output_dir} holds a search made with other settings ({shown}); continue it with the "
+            "same settings, or give a new output_dir")
 
 
-def _check_search_folder(out: Path) -> None:
+def _search_folder_problem(out: Path) -> str | None:
     """A search writes trial-N/, model/, best_recipe.yaml and search.json into its output_dir, and continues
     the study of a folder that holds one: any other folder with files in it (a training run, the user's
-    files) is refused, not written over."""
+    files) is refused, not written over. The refusal, or None."""
     from finetune.rundir import check_not_inside_a_run
 
-    check_not_inside_a_run(out)
+    try:
+        check_not_inside_a_run(out)
+    except UserError as e:
+        return str(e)
     if out.exists() and not out.is_dir():
-        raise UserError(f"output_dir {out} is a file, not a folder; choose another output_dir")
+        return f"output_dir {out} is a file, not a folder; choose another output_dir"
     if out.is_dir() and not (out / STUDY).is_file() and any(out.iterdir()):
         what = "a training run" if RunDir(out).holds_run() else "files"
-        raise UserError(
-            f"output_dir {out} holds {what} and no search ({STUDY}); a search would write its trials and model/ "
-            "there: choose an empty or new output_dir (the same output_dir again continues a search)"
-        )
+        return (f"output_dir {out} holds {what} and no search ({STUDY}); a search would write its trials and model/ "
+                "there: choose an empty or new output_dir (the same output_dir again continues a search)")
+    return None
 
 
 def search(recipe: str | None, overrides: list[str], budget: float, space: list[str], trials: int | None) -> dict:
@@ -251,9 +252,10 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     if base.max_steps is not None:  # max_steps decides the length: epochs would change nothing
         space = [name for name in space if name != "num_train_epochs"]
     out, metric = Path(base.output_dir), base.metric_for_best_model
-    _check_search_folder(out)
-    study = None
+    study, refusal = None, None  # process 0 decides, and every process stops on its refusal (no hang)
     if _main_process():
+        refusal = _search_folder_problem(out)
+    if _main_process() and refusal is None:
         out.mkdir(parents=True, exist_ok=True)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         direction = "maximize" if base.greater_is_better else "minimize"
@@ -262,9 +264,12 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             sampler=optuna.samplers.TPESampler(seed=base.seed),
             pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
         )  # fmt: skip
-        _same_search(study, base, space)
+        refusal = _other_settings(study, base, space)
         # A continued study draws on from where it stopped, not the same first draws again.
         study.sampler = optuna.samplers.TPESampler(seed=base.seed + len(study.trials))
+    refusal = _share(refusal)
+    if refusal is not None:
+        raise UserError(refusal)
     layers = _layers(base)
     recipes_trial = None  # trial 0 of a new study: the recipe's own settings, run as the recipe runs
     if study is not None and not study.trials:
