@@ -197,7 +197,7 @@ def _learned_line(learned: dict | None) -> str | None:
     if not learned or learned.get("value") is None or learned.get("baseline") is None:
         return None
     shown = METRICS[learned["metric"]].name
-    if learned["verdict"] is False or (learned["verdict"] is None and "too few to tell" in learned["said"]):
+    if learned.get("warn", learned["verdict"] is False):  # (a run before "warn" was recorded: a False verdict)
         return f"**Warning:** {learned['said']}."
     return (
         f"Against a trivial baseline (the same prediction for every input, from the training labels alone): "

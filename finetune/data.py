@@ -27,12 +27,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from datasets import ClassLabel, DatasetDict, Value, load_dataset
+from datasets import ClassLabel, DatasetDict, Image, Value, load_dataset
 from datasets import Dataset as HFDataset
 
 from finetune.config import DataArgs
 from finetune.errors import TrainingStopped, UserError, first_line
-from finetune.problems import MULTI, SINGLE, TOKENS, encode, infer_problem_type, label_names_for
+from finetune.problems import MULTI, SINGLE, TOKENS, case_twins, encode, infer_problem_type, label_names_for
 from finetune.tasks import tag_problem, task_for_data, task_of
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv",
@@ -45,6 +45,15 @@ KINDS = ".csv, .tsv, .json, .jsonl, .parquet, or CoNLL (.conll, .iob2, .txt)"
 
 # The first bytes of compressed files: datasets would read them as text and fail on their bytes.
 COMPRESSED = {"gzip": b"\x1f\x8b", "zip": b"PK\x03\x04", "bzip2": b"BZh", "xz": b"\xfd7zXZ", "zstd": b"\x28\xb5\x2f\xfd"}
+
+
+# A .csv whose header has no comma but one of these: how it looks, and what this app reads instead.
+_SAVE = "comma-separated .csv or tab-separated .tsv: save it with one of those"
+OTHER_SEPARATORS = {
+    "\t": ("tab-separated", "a .csv as comma-separated: rename it to .tsv"),
+    "|": ("separated by |", _SAVE),
+    ";": ("semicolon-separated", _SAVE),
+}
 
 
 def _the(split: str) -> str:
@@ -121,16 +130,16 @@ def _what_the_labels_look_like(names: list[str]) -> str:
     numbers = [n for n in names if re.fullmatch(r"[-+]?[\d.,' ]*\d[\d.,' ]*%?", n.strip())
                and re.search(r"[.,%' ]", n.strip())]  # 1,000  3,5  0.25  50%: not the class ids 0, 1, 2
     if len(numbers) > len(names) // 2:
-        return (f" ({len(names)} classes such as {numbers[0]!r}: numbers, not classes? for a regression write them "
-                "plainly, 1000 or 0.5, and set problem_type=regression)")
+        return (f"{len(names)} classes such as {numbers[0]!r}: numbers, not classes? for a regression write them "
+                "plainly, 1000 or 0.5, and set problem_type=regression")
     if sets:
-        return (f" ({len(names)} classes such as {sets[0]!r}: several labels in one cell? for multi-label give lists "
-                "(JSON Lines) or 0/1 columns (label_columns))")
+        return (f"{len(names)} classes such as {sets[0]!r}: several labels in one cell? for multi-label give lists "
+                "(JSON Lines) or 0/1 columns (label_columns)")
     ids = [n for n in names if re.fullmatch(r"\s*-?\d+\s*", n)]
     words = [n for n in names if n not in ids]
     if len(ids) >= 2 and len(words) >= 2:  # 0, 1, neg, pos: one set of classes written two ways?
-        return (f" ({len(names)} classes such as {ids[0]!r} and {words[0]!r}: ids and names of the same classes? "
-                "write each label one way)")
+        return (f"{len(names)} classes such as {ids[0]!r} and {words[0]!r}: ids and names of the same classes? "
+                "write each label one way")
     return ""
 
 
@@ -219,21 +228,10 @@ def _check_readable_and_separated(split: str, path: str) -> None:
         header = f.readline().strip()
         f.seek(0)
         names = next(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","), [])
-    if suffix == ".csv" and "\t" in header and "," not in header:
-        raise UserError(
-            f"{split} file {path} looks tab-separated (its header is {header[:80]!r}); this app reads a .csv as "
-            "comma-separated: rename it to .tsv"
-        )
-    if suffix == ".csv" and "|" in header and "," not in header:
-        raise UserError(
-            f"{split} file {path} looks separated by | (its header is {header[:80]!r}); this app reads "
-            "comma-separated .csv or tab-separated .tsv: save it with one of those"
-        )
-    if suffix == ".csv" and ";" in header and "," not in header:
-        raise UserError(
-            f"{split} file {path} looks semicolon-separated (its header is {header[:80]!r}); this app reads "
-            "comma-separated .csv or tab-separated .tsv: save it with one of those"
-        )
+    separator = next((sep for sep in OTHER_SEPARATORS if sep in header), None)
+    if suffix == ".csv" and separator is not None and "," not in header:
+        looks, fix = OTHER_SEPARATORS[separator]
+        raise UserError(f"{split} file {path} looks {looks} (its header is {header[:80]!r}); this app reads {fix}")
     # datasets renames a repeated column (label, label.1) and reads the first: say so instead
     repeated = next((n for i, n in enumerate(names) if n and n in names[:i]), None)
     if repeated is not None:
@@ -438,14 +436,13 @@ def _check_label_texts(train: HFDataset, column: str, present: set[str], label_n
                 f"label column '{column}' holds {twin!r} and {name!r}, which differ only by spaces and would be two "
                 "classes; strip the spaces in the data"
             )
-    folded: dict[str, str] = {}
-    for name in sorted(present):
-        twin = folded.setdefault(name.casefold(), name)
-        if twin != name and not {twin, name} <= named:  # both in label_names: the user's own two classes
-            raise UserError(
-                f"label column '{column}' holds {twin!r} and {name!r}, which differ only by letter case and would be "
-                "two classes; write each label the same way (or, if they are two classes, list both in label_names)"
-            )
+    twins = case_twins(present, allowed=named)  # both in label_names: the user's own two classes
+    if twins:
+        raise UserError(
+            f"label column '{column}' holds {twins[0]!r} and {twins[1]!r}, which differ only by letter case and "
+            "would be two classes; write each label the same way (or, if they are two classes, list both in "
+            "label_names)"
+        )
 
 
 def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str) -> HFDataset:
@@ -507,9 +504,7 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             why = task.missing_label_error(ds, split, args) if column in label_columns else None
             if why:
                 raise UserError(why)
-            if column == getattr(args, "image_column", None):  # images under another column's name
-                from datasets import Image
-
+            if column == args.image_column:  # images under another column's name
                 held = next((c for c, f in ds.features.items() if isinstance(f, Image)
                              or (isinstance(f, dict) and {"bytes", "path"} <= set(f))), None)  # fmt: skip
                 if held is not None:
@@ -519,11 +514,11 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if spaced is not None:  # "text, label": the header's space is part of the name
                 raise UserError(f"column '{column}' not found in the {split} data, but {spaced!r} is: strip the spaces "
                                 "around the names in the file's header")
-            nested = [c for c in ds.column_names if isinstance(ds[0][c], list)] if len(ds) == 1 else []
-            if len(ds.column_names) == 1 and nested and len(ds) == 1:  # {"data": [{...}, ...]}
+            (only,) = ds.column_names if len(ds.column_names) == 1 else (None,)
+            if only is not None and len(ds) == 1 and isinstance(ds[0][only], list):  # {"data": [{...}, ...]}
                 raise UserError(
-                    f"the {split} data is one record whose '{nested[0]}' holds a list: the samples are nested under "
-                    f"'{nested[0]}'; give the records themselves (JSON Lines, or a JSON array of records)"
+                    f"the {split} data is one record whose '{only}' holds a list: the samples are nested under "
+                    f"'{only}'; give the records themselves (JSON Lines, or a JSON array of records)"
                 )
             hint = task.missing_label_hint() if column in label_columns and ds.column_names == inputs else ""
             other = task_for_data(ds.features, args)
@@ -614,15 +609,16 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
         try:
             parts = rows.train_test_split(test_size=held_out, seed=args.seed, **stratify)
         except ValueError as e:
+            looks = _what_the_labels_look_like(label_names)
             raise UserError(
-                f"cannot hold out a stratified validation split: {first_line(e)}{_what_the_labels_look_like(label_names)}"
+                f"cannot hold out a stratified validation split: {first_line(e)}{f' ({looks})' if looks else ''}"
                 "; give a validation_file, or enough samples of every class (2 or more) and a "
                 "validation_split_percentage whose share holds one of each"
             ) from None
         file_rows = {"train": list(parts["train"]["file_row"]), "validation": list(parts["test"]["file_row"])}
     looks = _what_the_labels_look_like(label_names) if problem == SINGLE and not args.label_names else ""
     if looks and os.environ.get("RANK", "0") == "0":  # trained as classes, as asked; but say so (once the split held)
-        print(f"warning: training a classifier of {looks.strip()[1:-1]}; list them in label_names to keep them as "
+        print(f"warning: training a classifier of {looks}; list them in label_names to keep them as "
               "classes without this warning", file=sys.stderr)
     if file_rows:  # the held-out split, drawn above
         raw["train"], raw["validation"] = (raw["train"].select(file_rows["train"]),

@@ -306,11 +306,7 @@ def load_model(target: Target, cfg: TrainConfig):
                                                                  output_loading_info=True)  # fmt: skip
             missing = [*loading.get("missing_keys", ()), *loading.get("mismatched_keys", ())]
             if local and missing:  # transformers fills them with random weights and a log line: not this model
-                raise UserError(
-                    f"the weights in '{target.spec}' do not fit its config.json (another model's model.safetensors?): "
-                    f"{len(missing)} weight(s) missing, e.g. {missing[0]}; put back the weights this export was saved "
-                    "with, or evaluate another export"
-                )
+                raise _foreign_weights(target, f"{len(missing)} weight(s) missing, e.g. {missing[0]}")
             preprocessor = task.load_saved_preprocessor(source)
         except (OSError, ValueError, SafetensorError) as e:
             first = first_line(e)
@@ -319,10 +315,7 @@ def load_model(target: Target, cfg: TrainConfig):
         except RuntimeError as e:  # transformers: weights whose shapes do not fit config.json
             if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
                 raise
-            raise UserError(
-                f"the weights in '{target.spec}' do not fit its config.json (another model's model.safetensors?): "
-                f"{first_line(e)}; put back the weights this export was saved with, or evaluate another export"
-            ) from None
+            raise _foreign_weights(target, first_line(e)) from None
     bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()), None)
     if bad is not None:  # every prediction would be NaN, scored as if it meant something
         raise UserError(
@@ -331,6 +324,14 @@ def load_model(target: Target, cfg: TrainConfig):
         )
     task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
     return model.eval(), preprocessor
+
+
+def _foreign_weights(target: Target, what: str) -> UserError:
+    """An export whose model.safetensors does not fit its config.json: `what` differs."""
+    return UserError(
+        f"the weights in '{target.spec}' do not fit its config.json (another model's model.safetensors?): {what}; "
+        "put back the weights this export was saved with, or evaluate another export"
+    )
 
 
 def _weights_must_be_a_file(folder: Path) -> None:

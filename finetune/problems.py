@@ -29,6 +29,8 @@ a regression, a 0/1 column holding another value.
 from __future__ import annotations
 
 import math
+import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -193,16 +195,24 @@ def label_names_for(train: HFDataset, args: DataArgs, problem: str) -> list[str]
     _check_no_null_in_lists(train, args.label_column, "train")
     name_of = _list_names(train.features[args.label_column])
     names = sorted({name_of(v) for row in train[args.label_column] for v in row})
-    folded: dict[str, str] = {}
-    for name in names:  # as single-label classes: Art and art would be two labels
-        twin = folded.setdefault(name.casefold(), name)
-        if twin != name:
-            raise UserError(
-                f"label column '{args.label_column}' holds the labels {twin!r} and {name!r}, which differ only by "
-                "letter case and would be two labels; write each label the same way (or, if they are "
-                "two labels, list both in label_names)"
-            )
+    twins = case_twins(names)
+    if twins:  # as single-label classes: Art and art would be two labels
+        raise UserError(
+            f"label column '{args.label_column}' holds the labels {twins[0]!r} and {twins[1]!r}, which differ only by "
+            "letter case and would be two labels; write each label the same way (or, if they are "
+            "two labels, list both in label_names)"
+        )
     return names
+
+
+def case_twins(names, allowed=()) -> tuple[str, str] | None:
+    """The first two names (in sorted order) that differ only by letter case, unless `allowed` holds both."""
+    folded: dict[str, str] = {}
+    for name in sorted(names):
+        twin = folded.setdefault(name.casefold(), name)
+        if twin != name and not {twin, name} <= set(allowed):
+            return twin, name
+    return None
 
 
 def _check_no_null_in_lists(ds: HFDataset, column: str, split: str) -> None:
@@ -252,9 +262,6 @@ def encode(ds: HFDataset, args: DataArgs, problem: str, label_names: list[str], 
 def _warn_labels_without_positives(train: HFDataset, names: list[str]) -> None:
     """A multi-label label that no training sample has: the model only learns never to predict it
     (class_weights cannot weigh positives that are not there)."""
-    import os
-    import sys
-
     if not len(train) or not names or os.environ.get("RANK", "0") != "0":
         return
     positives = np.asarray(train["labels"], dtype=np.float32).sum(0)

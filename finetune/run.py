@@ -621,9 +621,7 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
     results["learned"] = judge(cfg, results["validation"], run.checkpointer.best, results.get("validation_tuned"))
     if results["learned"]["verdict"]:
         run.accelerator.print(f"learned: {results['learned']['said']}")
-    verdict, n = results["learned"]["verdict"], results["learned"].get("samples") or 0
-    for warning in (results["learned"]["said"] if verdict is False or (verdict is None and n < FEWEST_TO_JUDGE)
-                    else None, never):  # fmt: skip
+    for warning in (results["learned"]["said"] if results["learned"]["warn"] else None, never):
         if warning:
             run.accelerator.print(f"warning: {warning}")
     with hooks.phase("export"):
@@ -697,7 +695,8 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         if (n or 0) < FEWEST_TO_JUDGE
         else f"validation {shown} {value} against the trivial baseline's {baseline}"
     )
-    return {"metric": key, "value": value, "baseline": baseline, "verdict": verdict, "said": said, "samples": n or 0}
+    warn = verdict is False or (verdict is None and (n or 0) < FEWEST_TO_JUDGE)  # said as a warning, card too
+    return {"metric": key, "value": value, "baseline": baseline, "verdict": verdict, "said": said, "warn": warn}
 
 
 def choose_export(cfg: TrainConfig, run: Run, step: int, results: dict) -> dict:
