@@ -17,7 +17,8 @@ load it with `pipeline`, how it was trained. Nothing here touches the network.
 Secrets never reach the card: config keys that look like credentials (`hub_token`, `api_key`,
 `password`, ...) are left out, and values that look like tokens (`hf_...`, `sk-...`, a URL with a
 password) are replaced by `<redacted>`, at any depth and in the launch command. Local paths are
-shown relative to the repository (or `~`), not as the absolute paths of the machine that trained.
+shown relative to the repository (or `~`), not as the absolute paths of the machine that trained;
+elsewhere by their last two parts after `.../`, which the card says to replace.
 """
 
 from __future__ import annotations
@@ -93,9 +94,13 @@ def redact(value: Any) -> Any:
     return value
 
 
+ELIDED = ".../"  # marks a path shown by its last two parts: the reader writes their own copy's there
+
+
 def _display_path(value: Any) -> Any:
     """An absolute local path as the reader can use it: relative to the repository, or to ~; anywhere
-    else only its last two parts (a card travels: the machine's layout is no one's business)."""
+    else only its last two parts after `ELIDED` (a card travels: the machine's layout is no one's
+    business, and the mark says the path is to be filled in)."""
     if not isinstance(value, str) or not value.startswith("/"):
         return value
     path = Path(value)
@@ -104,7 +109,7 @@ def _display_path(value: Any) -> Any:
             return prefix + str(path.relative_to(root))
         except ValueError:
             continue
-    return str(Path(*path.parts[-2:]))
+    return ELIDED + str(Path(*path.parts[-2:])) if len(path.parts) > 2 else value
 
 
 def _public_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -343,11 +348,11 @@ def write_model_card(
     per_class = (results.get(per_class_split) or {}).get("per_class") or {}
     stats = ("precision", "recall", "f1", "support") if per_class else ()
     command = command or launch_command()
-    where = repo_id or _display_path(str(export_dir))
-    if where.startswith("/"):  # outside the repository and home: no machine's absolute path in a card
-        where = f"{export_dir.parent.name}/{export_dir.name}"
+    # The usage code loads the export from the run's parent folder, as its own two parts say (run/model).
+    where = repo_id or _display_path(str(export_dir)).removeprefix(ELIDED)
     data_args = DataArgs(**{f.name: public.get(f.name, f.default) for f in dataclasses.fields(DataArgs)})
 
+    config_yaml = yaml.safe_dump(public, sort_keys=False).strip()
     card = ModelCard.from_template(
         data,
         template_path=str(TEMPLATE),
@@ -358,7 +363,7 @@ def write_model_card(
         model_config_yaml=yaml.safe_dump(public.get("model_config") or {}, sort_keys=False).strip(),
         data_description=data_description,
         hyperparameters=_cells(rows),
-        config_yaml=yaml.safe_dump(public, sort_keys=False).strip(),
+        config_yaml=config_yaml,
         metrics_header=["split", *(m.name for m in shown), "loss", "samples"],
         metrics=_cells(
             [[s, *(r.get(m.key) for m in shown), r.get("loss"), r.get("num_samples")] for s, r in splits.items()]
@@ -381,6 +386,7 @@ def write_model_card(
         finetune_version=finetune.__version__,
         versions=", ".join(f"{k} {v}" for k, v in (results.get("versions") or {}).items()),
         command=SECRET_VALUE.sub(REDACTED, command) if command else None,
+        elided=ELIDED in f"{command} {config_yaml} {data_description}",
     )
     path = export_dir / CARD
     path.write_text(f"{card}\n")

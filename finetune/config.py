@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import sys
 import types
 import typing
@@ -714,6 +715,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return value
         raise UserError(f"{key} must be true or false, got {value!r}")
     if hint is int:
+        if isinstance(value, str) and re.fullmatch(r"[-+]?[0-9][0-9_]*", value.strip()):  # 010, 1_000: base 10
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(f"{key} must be an integer, got {value!r}")
         return value
@@ -855,6 +858,18 @@ class RecipeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+    def construct_yaml_int(self, node):
+        """YAML 1.1 reads 010 as octal 8, 0x1f as 31, 1_000 as 1000 and 1:30 as 90: an integer written so is
+        kept as its text, which a string setting takes as written (label_names=[01, 1] are two names)
+        and an integer setting reads in base 10."""
+        text = self.construct_scalar(node)
+        return super().construct_yaml_int(node) if PLAIN_INTEGER.fullmatch(text) else text
+
+
+PLAIN_INTEGER = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+RecipeLoader.add_constructor("tag:yaml.org,2002:int", RecipeLoader.construct_yaml_int)
+
+
 def read_yaml(text: str) -> Any:
     """YAML as a recipe is read: safe, and a key set twice in one mapping is an error (DuplicateKey)."""
     return yaml.load(text, Loader=RecipeLoader)  # noqa: S506 - RecipeLoader is a SafeLoader
@@ -953,7 +968,8 @@ def load_config(
     # Saved configs must work from any directory: local paths become absolute.
     for key in (*PATH_KEYS, "output_dir"):
         value = raw.get(key)
-        if isinstance(value, str) and (key == "output_dir" or Path(value).exists()):
+        # ~/data too: the card shows paths under home so, quoted (no shell expands them)
+        if isinstance(value, str) and (key == "output_dir" or Path(value).expanduser().exists()):
             raw[key] = str(Path(value).expanduser().resolve())
     return config_from_dict(raw, saved=saved)
 

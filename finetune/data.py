@@ -31,7 +31,7 @@ from datasets import ClassLabel, DatasetDict, Image, Value, load_dataset
 from datasets import Dataset as HFDataset
 
 from finetune.config import DataArgs
-from finetune.errors import TrainingStopped, UserError, first_line
+from finetune.errors import TrainingStopped, UserError, first_line, warn
 from finetune.problems import MULTI, SINGLE, TOKENS, case_twins, encode, infer_problem_type, label_names_for
 from finetune.tasks import tag_problem, task_for_data, task_of
 
@@ -325,9 +325,22 @@ def _reraise_a_stop(e: BaseException) -> None:
         raise stop from None
 
 
+def _no_linked_folders(root: Path) -> None:
+    """datasets' image folder loader follows links to files but not to folders: a split or class folder
+    that is a link would be left out, its images and its class with them."""
+    for level in (root.iterdir(), *(p.iterdir() for p in root.iterdir() if p.is_dir())):
+        linked = next((p for p in sorted(level) if p.is_symlink() and p.is_dir()), None)
+        if linked is not None:
+            raise UserError(
+                f"{linked} is a link to a folder ({os.readlink(linked)}), which the image folder loader does not "
+                "follow: its images would be left out; copy the folder in its place, or link each image file"
+            )
+
+
 def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str | None) -> DatasetDict:
     try:
         if name in (None, "imagefolder") and data_dir:
+            _no_linked_folders(Path(data_dir))
             return load_dataset("imagefolder", data_dir=data_dir)
         return load_dataset(name, config_name, data_dir=data_dir)
     except Exception as e:  # datasets raises many types for unreadable data; the message is the help
@@ -616,6 +629,10 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
                 "validation_split_percentage whose share holds one of each"
             ) from None
         file_rows = {"train": list(parts["train"]["file_row"]), "validation": list(parts["test"]["file_row"])}
+        if held_out > 0.5:  # kept out of training, more than it trains on: 95 for 5, or for 0.95?
+            warn(f"validation_split_percentage={args.validation_split_percentage:g} holds out "
+                 f"{len(parts['test'])} of the {len(rows)} training samples and trains on {len(parts['train'])}; "
+                 "it is the share held out for validation (10 holds out a tenth)")
     looks = _what_the_labels_look_like(label_names) if problem == SINGLE and not args.label_names else ""
     if looks and os.environ.get("RANK", "0") == "0":  # trained as classes, as asked; but say so (once the split held)
         print(f"warning: training a classifier of {looks}; list them in label_names to keep them as "

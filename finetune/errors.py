@@ -66,6 +66,12 @@ SECRET_VALUE = re.compile(
 REDACTED = "<redacted>"
 
 
+def warn(line: str) -> None:
+    """One `warning:` line on stderr, from the main process only (every process finds the same)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"warning: {line}", file=sys.stderr)
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message (its type's name when the message is empty): for
     messages that quote another library's error inside our own."""

@@ -322,7 +322,9 @@ def load_model(target: Target, cfg: TrainConfig):
             f"the weights of '{target.spec}' hold NaN or infinite values ({bad}); a run that diverged saves none "
             "such, so the file was changed or damaged: evaluate another checkpoint, or retrain"
         )
-    task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
+    # An export's own tokenizer was loaded, not the run's setting's: a fault in it is the export's.
+    exported = str(target.path) if target.kind != "training-state" and target.path is not None else None
+    task.check_model(model, preprocessor, cfg.model_args, cfg.data_args, exported)
     return model.eval(), preprocessor
 
 

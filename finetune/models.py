@@ -171,6 +171,13 @@ def _check_image_config(config: PretrainedConfig) -> None:
             f"the model's image_size {image_size} is smaller than its patch_size {patch_size}: "
             "no patch fits; raise image_size or lower patch_size"
         )
+    if len(sizes) == 2 and sizes[0] % sizes[1]:  # the patches tile what they cover; the rest is never seen
+        fits = sizes[0] // sizes[1] * sizes[1]
+        raise UserError(
+            f"the model's image_size {image_size} is not a multiple of its patch_size {patch_size}: the last "
+            f"{sizes[0] - fits} rows and columns of pixels would fall outside every patch; set "
+            f"model_config.image_size to {fits} or {fits + sizes[1]}, or a patch_size that divides it"
+        )
 
 
 def check_max_length(model: PreTrainedModel, max_length: int, pad_to_multiple_of: int | None) -> None:
@@ -192,19 +199,24 @@ def check_max_length(model: PreTrainedModel, max_length: int, pad_to_multiple_of
             )
 
 
-def check_tokenizer(tokenizer, model: PreTrainedModel, name: str | None, max_length: int, pair: bool) -> None:
+def check_tokenizer(
+    tokenizer, model: PreTrainedModel, name: str | None, max_length: int, pair: bool, exported: bool = False
+) -> None:
     """A tokenizer that does not fit the model trains garbage without an error, or fails mid-run.
 
     A model folder without tokenizer files still loads a tokenizer (transformers builds one with only
     the special tokens: every word becomes [UNK]); a tokenizer larger than the embedding table makes ids
     with no row (an IndexError in training); one far smaller is another model's. Tables padded to a
     round size are at most a few percent larger than their tokenizer, and pass. And `max_length` must
-    leave room for text after the special tokens the tokenizer adds."""
+    leave room for text after the special tokens the tokenizer adds. `exported`: the tokenizer is a
+    saved model's own (evaluation), which no setting replaces."""
     size, special = len(tokenizer), len(set(tokenizer.all_special_ids))
     if size <= special:
         raise UserError(
             f"the tokenizer of {name} has no vocabulary, only its {size} special tokens: the folder holds no "
-            "tokenizer files (vocab.txt, tokenizer.json); set tokenizer_name to the model's tokenizer"
+            "tokenizer files (vocab.txt, tokenizer.json); "
+            + ("copy the tokenizer files of the model it was trained from into it" if exported else
+               "set tokenizer_name to the model's tokenizer")
         )
     rows = model.get_input_embeddings().num_embeddings
     built = not getattr(model, "name_or_path", "")  # from model_config: its vocab_size is the user's to set

@@ -462,19 +462,18 @@ def encode_tags(ds: HFDataset, args: DataArgs, tag_set: list[str], split: str) -
     )
 
 
-def invalid_iob2(tag_rows: list[list[int]], tag_set: list[str]) -> tuple[int, tuple[int, int] | None]:
-    """I-X tags that follow neither B-X nor I-X (IOB2 has them start no entity): how many, and the
-    (row, word) of the first, both 1-based."""
-    count, first = 0, None
+def invalid_iob2(tag_rows: list[list[int]], tag_set: list[str]) -> list[tuple[int, int]]:
+    """I-X tags that follow neither B-X nor I-X (IOB2 has them start no entity): the (row, word) of each,
+    both 1-based."""
+    places = []
     for row, tags in enumerate(tag_rows):
         previous = "O"
         for word, tag_id in enumerate(tags):
             tag = tag_set[tag_id]
             if tag.startswith("I-") and previous[2:] != tag[2:]:
-                count += 1
-                first = first or (row + 1, word + 1)
+                places.append((row + 1, word + 1))
             previous = tag if tag[:2] in ("B-", "I-") else "O"
-    return count, first
+    return places
 
 
 # --- loss and predictions ------------------------------------------------------------------------------

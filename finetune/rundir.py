@@ -24,6 +24,7 @@ This is the only module that spells these names; the others ask `RunDir`.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -88,9 +89,23 @@ class RunDir:
 
         if self.results.exists():
             return "a finished run"
-        if list_checkpoints(self.root) or self.metrics.exists():
+        if list_checkpoints(self.root) or self._started():
             return "a started run"
         return None
+
+    def _started(self) -> bool:
+        """A run's log beside its config, as a run starts them (a metrics.jsonl of the user's, or of
+        another tool, is not a run's: an overwrite would set it aside and delete it)."""
+        import yaml
+
+        try:
+            with self.metrics.open() as f:
+                line = f.readline()
+            first = json.loads(line) if line.strip() else {"step": None}  # stopped before its first line
+            config = yaml.safe_load(self.config.read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            return False
+        return isinstance(first, dict) and "step" in first and isinstance(config, dict) and "task" in config
 
     def is_run(self) -> bool:
         """A run's folder: its config beside its checkpoints, or a finished run."""

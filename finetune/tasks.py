@@ -109,8 +109,11 @@ class Task:
     def vocab_size(self, preprocessor) -> int | None:
         return None
 
-    def check_model(self, model, preprocessor, args: ModelArgs, data: DataArgs) -> None:
-        """After the model is built: what would train garbage or fail mid-run (a wrong tokenizer)."""
+    def check_model(
+        self, model, preprocessor, args: ModelArgs, data: DataArgs, exported: str | None = None
+    ) -> None:
+        """After the model is built: what would train garbage or fail mid-run (a wrong tokenizer).
+        `exported`: the saved model whose own preprocessor was loaded (evaluation), not `args`'s."""
 
     def notices(self, raw, preprocessor, data: DataArgs) -> list[str]:
         """Lines worth saying before training (images resized, doubtful tags), from the raw splits."""
@@ -233,10 +236,12 @@ class TextClassification(Task):
     def vocab_size(self, preprocessor) -> int | None:
         return len(preprocessor) if preprocessor is not None else None
 
-    def check_model(self, model, preprocessor, args: ModelArgs, data: DataArgs) -> None:
+    def check_model(
+        self, model, preprocessor, args: ModelArgs, data: DataArgs, exported: str | None = None
+    ) -> None:
         from finetune.models import check_max_length, check_tokenizer
 
-        name = args.tokenizer_name or args.model_name_or_path
+        name = exported or args.tokenizer_name or args.model_name_or_path
         # Batches are padded by the tokenizer, whatever the model's config says: a tokenizer without a
         # padding token (GPT-2's and kin) pads with its end-of-text token, as transformers' examples do
         # (else its unknown token), and the model is told that id (GPT-2's classifier reads the last token
@@ -252,7 +257,8 @@ class TextClassification(Task):
             preprocessor.pad_token = fallback
         model.config.pad_token_id = preprocessor.pad_token_id
         check_max_length(model, data.max_length, data.pad_to_multiple_of)
-        check_tokenizer(preprocessor, model, name, data.max_length, pair=data.text_pair_column is not None)
+        pair = data.text_pair_column is not None
+        check_tokenizer(preprocessor, model, name, data.max_length, pair, exported=bool(exported))
 
     def sequence_length(self, data: DataArgs) -> int | None:
         return data.max_length
@@ -587,14 +593,20 @@ class TokenClassification(TextClassification):
 
         lines = []
         for split, ds in raw.items():
-            count, first = invalid_iob2(ds["labels"], ds.features["labels"].feature.names)
-            if count:
-                # A share held out of the training file (data.load_splits): the row in that file.
+            places = invalid_iob2(ds["labels"], ds.features["labels"].feature.names)
+            if places:
+                # A share held out of the training file (data.load_splits) is in drawn order: the first in
+                # that file is named, by its row there.
                 file_rows = getattr(ds, "file_rows", None)
-                row = f"row {first[0]}" if file_rows is None else f"row {file_rows[first[0] - 1] + 1} of the training file"
+                if file_rows is None:
+                    row, word = min(places)
+                    where = f"row {row}"
+                else:
+                    row, word = min((file_rows[r - 1] + 1, w) for r, w in places)
+                    where = f"row {row} of the training file"
                 lines.append(
-                    f"warning: the {split} data has {count} I- tag(s) that follow no B- or I- of their type (first at "
-                    f"{row}, word {first[1]}); strict IOB2 scoring starts no entity there: fix the tags "
+                    f"warning: the {split} data has {len(places)} I- tag(s) that follow no B- or I- of their type "
+                    f"(first at {where}, word {word}); strict IOB2 scoring starts no entity there: fix the tags "
                     "(an entity starts with B-) or leave them and know they count as O"
                 )
         return lines

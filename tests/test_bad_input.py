@@ -199,6 +199,9 @@ def world(finished_run, tmp_path_factory) -> World:
     sub = image_folder(root / "nested_images") / "train" / "1_trouser" / "sub"
     sub.mkdir()
     shutil.copy(sub.parent / "0.png", sub / "0.png")
+    linked = image_folder(root / "linked_images") / "train" / "1_trouser"
+    shutil.move(linked, root / "trousers_elsewhere")
+    linked.symlink_to(root / "trousers_elsewhere", target_is_directory=True)
     from datasets import Dataset, Features, Value
     from datasets import Image as ImageFeature
 
@@ -445,6 +448,10 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         lambda w: _image(w, w.root / "nested_images"),
         "nested_images/train/1_trouser/sub is a folder inside a class folder",
     ),
+    "image_class_folder_is_a_link": (
+        lambda w: _image(w, w.root / "linked_images"),
+        "linked_images/train/1_trouser is a link to a folder",
+    ),
     "images_in_a_column_of_another_name": (
         lambda w: _image(w, w.root / "images", "data_dir=null", f"train_file={w.root / 'images_named_img.parquet'}",
                          "validation_file=null"),
@@ -465,6 +472,13 @@ COMMANDS: dict[str, tuple[Args, str]] = {
             w, w.root / "images", f"model_config={TINY_VIT.replace('image_size: 28', 'image_size: 4')}"
         ),
         "image_size 4 is smaller than its patch_size 7",
+    ),
+    "image_size_not_a_multiple_of_patch_size": (
+        lambda w: _image(
+            w, w.root / "images", f"model_config={TINY_VIT.replace('image_size: 28', 'image_size: 30')}"
+        ),
+        "image_size 30 is not a multiple of its patch_size 7: the last 2 rows and columns of pixels would fall "
+        "outside every patch; set model_config.image_size to 28 or 35",
     ),
     # models and tokenizers
     "model_path_missing": (

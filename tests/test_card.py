@@ -140,7 +140,8 @@ def test_a_local_base_model_is_not_put_in_the_front_matter(two_epoch_run, tmp_pa
     card = huggingface_hub.ModelCard.load(path)
     assert card.data.base_model is None and card.data.license == "mit"  # licence read from its own card
     # a local path as the card travels: its last two parts, never the machine's absolute path
-    assert f"fine-tuned from the local model `{local.parent.name}/my-bert`" in card.text and str(local) not in card.text
+    assert f"fine-tuned from the local model `.../{local.parent.name}/my-bert`" in card.text and str(local) not in card.text
+    assert "write the path of your own copy there" in card.text
     (local / "README.md").write_text("---\nlicense: [unclosed\n---\n")  # a broken card: no licence
     assert huggingface_hub.ModelCard.load(_card(two_epoch_run, base_model=str(local))).data.license is None
 
@@ -239,7 +240,7 @@ def test_describe_data_names_an_image_folder_and_the_held_out_split():
     image = config_from_dict(
         {"task": "image-classification", "model_config": {"model_type": "vit"}, "data_dir": "/x/imgs"}
     )
-    assert "the `imagefolder` directory `x/imgs`" in describe_data(image.data_args)  # no absolute path
+    assert "the `imagefolder` directory `.../x/imgs`" in describe_data(image.data_args)  # no absolute path
     text = config_from_dict(
         {"task": "text-classification", "model_name_or_path": "m", "train_file": "/x/t.csv", "text_pair_column": "b",
          "max_train_samples": 9}
@@ -327,8 +328,10 @@ def test_the_card_holds_no_absolute_path_and_keeps_the_first_command_after_a_res
     launched = text.split("Launched as:", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
     assert launched.startswith("accelerate launch finetune/run.py task=text-classification")
     assert "resume_from_checkpoint" not in launched and "save_steps=2" in launched
-    assert "train_file=run/train.csv" not in launched and f"train_file={tmp_path.name}/train.csv" in launched
-    assert f"the local model `{tmp_path.name}/base-bert`" in text
+    # Shortened paths are marked, and the card says to write one's own there: the command is not run as printed.
+    assert "train_file=run/train.csv" not in launched and f"train_file=.../{tmp_path.name}/train.csv" in launched
+    assert f"the local model `.../{tmp_path.name}/base-bert`" in text
+    assert "shown by their last two parts after `.../`:\nwrite the path of your own copy there." in text
     _no_machine_paths(text, tmp_path)
 
 

@@ -191,3 +191,22 @@ def test_model_name_or_path_on_the_command_line_replaces_the_recipe_s_model_conf
 def test_an_empty_output_dir_says_what_to_give():
     with pytest.raises(UserError, match=r"output_dir is empty; give the folder the run writes to \(output_dir=runs/"):
         load_config(None, ["output_dir="])
+
+
+def test_integers_yaml_1_1_would_read_otherwise_are_taken_as_written():
+    """YAML 1.1 reads 010 as octal 8 and 01 as 1: label names keep the text as written (01 and 1 are two
+    names, 010 is not '8'), an integer setting reads it in base 10, and one it cannot read is refused."""
+    cfg = load_config(None, ["label_names=[01, 1, 010, 0x1f, '7']", "max_steps=010", "seed=1_000"])
+    assert cfg.label_names == ["01", "1", "010", "0x1f", "7"]
+    assert (cfg.max_steps, cfg.seed) == (10, 1000)
+    with pytest.raises(UserError, match="max_steps must be an integer, got '0x10'"):
+        load_config(None, ["max_steps=0x10"])
+
+
+def test_a_path_under_home_written_with_a_tilde_is_read_as_the_card_shows_it(tmp_path, monkeypatch):
+    """The card shows paths under home as ~/..., and quotes them, so no shell expands the ~: the app does."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.csv").write_text("text,label\na,0\n")
+    cfg = load_config(None, ["train_file=~/data/train.csv"])
+    assert cfg.train_file == str(tmp_path / "data" / "train.csv")

@@ -380,6 +380,18 @@ def test_an_export_whose_weights_do_not_fit_its_config_is_one_line(run, tmp_path
     user_error(capsys, evaluate, [str(export)], "hold NaN or infinite values (classifier.")
 
 
+def test_an_export_without_its_tokenizer_files_is_named_and_not_the_runs_tokenizer(run, tmp_path, capsys):
+    """The export's own tokenizer is what evaluation loads: the line names the export and the fix for it,
+    not the run's tokenizer_name (a setting evaluation does not take)."""
+    shutil.copytree(run["dir"], tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints"))
+    export = tmp_path / "run" / "model"
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (export / name).unlink(missing_ok=True)
+    user_error(capsys, evaluate, [str(export)], f"the tokenizer of {export} has no vocabulary, only its 5 special "
+               "tokens: the folder holds no tokenizer files (vocab.txt, tokenizer.json); copy the tokenizer files "
+               "of the model it was trained from into it")
+
+
 @pytest.mark.slow
 def test_unseen_label_from_the_command_line(run, tmp_path):
     data = write_csv(

@@ -31,6 +31,7 @@ from finetune import checkpoint as ckpt
 from finetune.evaluate_checkpoint import main as evaluate
 from finetune.run import main
 from finetune.run import main as train
+from finetune.rundir import RunDir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "old_rundir"
 # ba02c02 (the last before the restructure) in every run; older ones, which lack a few more keys, with -m slow
@@ -315,3 +316,20 @@ def test_a_resume_whose_config_yaml_is_gone_uses_the_checkpoint_s_config(finishe
         manifest.write_text(json.dumps(record))
     user_error(capsys, main, ["resume_from_checkpoint=latest", f"output_dir={bare}"], "config.yaml is missing",
                "--config", untouched=bare)  # fmt: skip
+
+
+def test_a_metrics_log_of_the_users_is_not_a_run_an_overwrite_may_set_aside(finished_run, tmp_path, capsys):
+    """overwrite_output_dir=true replaces a run; a folder holding a metrics.jsonl of the user's (or another
+    tool's) holds none, so the run refuses to write over that file instead of setting it aside and deleting it."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text('{"epoch": 1, "loss": 0.3}\n')
+    (folder / "notes.txt").write_text("mine\n")
+    assert RunDir(folder).holds_run() is None
+    argv = tiny_text_args(finished_run.data(), folder, "max_steps=1", "overwrite_output_dir=true")
+    user_error(capsys, main, argv, "holds metrics.jsonl, which no run of this app wrote there", untouched=folder)
+    # A run's own log beside its config is a started run, as before (empty: stopped before its first line).
+    shutil.copy(finished_run(*EARLIER_RUN) / "config.yaml", folder / "config.yaml")
+    for log in ('{"step": 1, "loss": 0.5}\n', ""):
+        (folder / "metrics.jsonl").write_text(log)
+        assert RunDir(folder).holds_run() == "a started run"
