@@ -33,7 +33,6 @@ import os
 import platform
 import re
 import shutil
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ from finetune.errors import (
     UserError,
     first_line,
     remedy,
+    warn,
     write_failure,
 )
 from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, PREFIX, RunDir
@@ -320,12 +320,8 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
         for path in sorted(marked, key=lambda p: int(p.name[len(PREFIX) :]), reverse=True):
             problem = checkpoint_problem(path)
             if problem is None:
-                if os.environ.get("RANK", "0") == "0":
-                    for skipped, why in problems:
-                        print(
-                            f"warning: resume_from_checkpoint=latest skipped {skipped}: {why}",
-                            file=sys.stderr,
-                        )
+                for skipped, why in problems:
+                    warn(f"resume_from_checkpoint=latest skipped {skipped}: {why}")
                 return path
             problems.append((path, problem))
         raise UserError(

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -404,13 +403,12 @@ def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | 
             "or set label_names=null to take them from the data (the recipe for your own files, "
             "finetune/configs/bert_custom_files.yaml, does)"
         )
-    if absent and os.environ.get("RANK", "0") == "0":  # named in label_names: the user asked for them
+    if absent:  # named in label_names: the user asked for them
         shown = ", ".join(map(repr, absent[:5])) + (", ..." if len(absent) > 5 else "")
-        print(
-            f"warning: {len(absent)} of the {len(names)} classes in label_names have no training sample ({shown}; "
+        warn(
+            f"{len(absent)} of the {len(names)} classes in label_names have no training sample ({shown}; "
             "an image folder: no train/<class>/ images): the model cannot learn to predict them; give them "
-            "training samples, or leave them out of label_names",
-            file=sys.stderr,
+            "training samples, or leave them out of label_names"
         )
     return names
 
@@ -634,9 +632,9 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
                  f"{len(parts['test'])} of the {len(rows)} training samples and trains on {len(parts['train'])}; "
                  "it is the share held out for validation (10 holds out a tenth)")
     looks = _what_the_labels_look_like(label_names) if problem == SINGLE and not args.label_names else ""
-    if looks and os.environ.get("RANK", "0") == "0":  # trained as classes, as asked; but say so (once the split held)
-        print(f"warning: training a classifier of {looks}; list them in label_names to keep them as "
-              "classes without this warning", file=sys.stderr)
+    if looks:  # trained as classes, as asked; but say so (once the split held)
+        warn(f"training a classifier of {looks}; list them in label_names to keep them as classes without "
+             "this warning")
     if file_rows:  # the held-out split, drawn above
         raw["train"], raw["validation"] = (raw["train"].select(file_rows["train"]),
                                            raw["train"].select(file_rows["validation"]))  # fmt: skip

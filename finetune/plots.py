@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from finetune import checkpoint as ckpt
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error, warn
 from finetune.metrics import METRICS
 from finetune.rundir import METRICS_LOG, RunDir
 
@@ -371,10 +371,9 @@ def _save(fig, path: Path, **kwargs: Any) -> None:
     for w in caught:
         if w not in missing:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    if missing and os.environ.get("RANK", "0") == "0":
+    if missing:
         name = Path(path).name.removeprefix(".tmp-")  # written under a temporary name, then renamed
-        print(f"warning: matplotlib's font has no glyph for some characters of a title or label; they show as "
-              f"boxes in {name}", file=sys.stderr)  # fmt: skip
+        warn(f"matplotlib's font has no glyph for some characters of a title or label; they show as boxes in {name}")
 
 
 def _check_metrics_file(metrics: Path) -> None:

@@ -29,8 +29,6 @@ a regression, a 0/1 column holding another value.
 from __future__ import annotations
 
 import math
-import os
-import sys
 from typing import Any
 
 import numpy as np
@@ -40,7 +38,7 @@ from datasets import ClassLabel, Sequence, Value
 from datasets import Dataset as HFDataset
 
 from finetune.config import DataArgs
-from finetune.errors import UserError
+from finetune.errors import UserError, warn
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS
 from finetune.tasks import task_of
 
@@ -262,14 +260,14 @@ def encode(ds: HFDataset, args: DataArgs, problem: str, label_names: list[str], 
 def _warn_labels_without_positives(train: HFDataset, names: list[str]) -> None:
     """A multi-label label that no training sample has: the model only learns never to predict it
     (class_weights cannot weigh positives that are not there)."""
-    if not len(train) or not names or os.environ.get("RANK", "0") != "0":
+    if not len(train) or not names:
         return
     positives = np.asarray(train["labels"], dtype=np.float32).sum(0)
     absent = [name for name, n in zip(names, positives, strict=False) if n == 0]
     if absent:
         shown = ", ".join(map(repr, absent[:5])) + (", ..." if len(absent) > 5 else "")
-        print(f"warning: {len(absent)} of the {len(names)} labels have no positive training sample ({shown}): the "
-              "model cannot learn to predict them; give them positive samples, or leave them out", file=sys.stderr)
+        warn(f"{len(absent)} of the {len(names)} labels have no positive training sample ({shown}): the model "
+             "cannot learn to predict them; give them positive samples, or leave them out")
 
 
 def _replace_labels(ds: HFDataset, columns: list[str], fn, feature, split: str) -> HFDataset:

@@ -28,11 +28,10 @@ import json
 import os
 import re
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.errors import UserError, on_failure
+from finetune.errors import UserError, on_failure, warn
 
 CONFIG = "config.yaml"
 METRICS_LOG = "metrics.jsonl"
@@ -400,10 +399,9 @@ def resumed_run_config(resume: str | None, output_dir: str | Path) -> Path | Non
         return None  # no checkpoint: the resume says so
     for step in steps:
         if _holds_a_config(step / MANIFEST):
-            if step / MANIFEST not in _said and os.environ.get("RANK", "0") == "0":
+            if step / MANIFEST not in _said:
                 _said.add(step / MANIFEST)
-                print(f"warning: {run.config} is missing; resuming with the config saved in {step / MANIFEST}",
-                      file=sys.stderr)  # fmt: skip
+                warn(f"{run.config} is missing; resuming with the config saved in {step / MANIFEST}")
             return step / MANIFEST
     raise UserError(
         f"{run.config} is missing and no checkpoint's {MANIFEST} in {run.checkpoints} holds the run's config; "

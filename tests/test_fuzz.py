@@ -5,7 +5,9 @@ never a traceback, and every file of an earlier run unchanged.
 Hypothesis draws the input: settings of every kind (wrong types, extremes, NaN, empty, unicode), on the
 command line or in a recipe file (sometimes a broken one), data files (CSV, TSV, JSON Lines, parquet,
 CoNLL, image folders) with random damage (truncated, another encoding, missing or extra columns, empty
-cells, lists, huge values, stray bytes), checkpoint damage, an earlier run in output_dir with
+cells, lists, huge values, stray bytes; labels written as a user may: leading zeros, words for booleans,
+spaces, case, joined label sets, separators), checkpoint damage, files of an earlier run edited by hand
+(its config, log, results, manifest, export config) and resumed or evaluated, an earlier run in output_dir with
 overwrite_output_dir / resume_from_checkpoint drawn (so that a command that fails while replacing or
 continuing it is caught if it changed a file of it), and `evaluate_checkpoint` on a damaged export or
 checkpoint with odd --data files; then it runs the real entry point (`finetune.run.main`,
@@ -104,8 +106,19 @@ def _write_rows(path: Path, rows: list[dict], fmt: str) -> Path:
     return path
 
 
+# How a user's labels may be written (each row's label 0/1 rewritten): twins that differ by leading zeros,
+# spaces or case, booleans in words, joined label sets, numbers with separators, ids beside names.
+LABEL_FORMATS = {
+    "labels_leading_zeros": lambda label, i: f"0{label}" if i % 3 == 0 else label,
+    "labels_booleans": lambda label, i: ["no", "yes", "False", "True"][int(label) + 2 * (i % 2)],
+    "labels_spaces": lambda label, i: f" {label}" if i % 4 == 0 else label,
+    "labels_case": lambda label, i: ["neg", "pos", "NEG", "Pos"][int(label) + 2 * (i % 3 == 0)],
+    "labels_joined": lambda label, i: ["art", "film", "art,film", "art|film"][int(label) + 2 * (i % 2)],
+    "labels_separators": lambda label, i: ["1,000", "2.5", "3,5", "1 000"][int(label) + 2 * (i % 2)],
+    "labels_ids_and_names": lambda label, i: [label, ["neg", "pos"][int(label)]][i % 2],
+}
 DAMAGE = ["none", "truncate", "latin1", "drop_column", "empty_cells", "list_cells", "huge_values", "garbage",
-          "empty_file", "bom", "extra_column", "only_header", "nan_labels", "duplicate_header"]  # fmt: skip
+          "empty_file", "bom", "extra_column", "only_header", "nan_labels", "duplicate_header", *LABEL_FORMATS]  # fmt: skip
 
 
 def _damage(path: Path, how: str, rng: random.Random) -> None:
@@ -196,8 +209,31 @@ EARLIER_SETTINGS = ["overwrite_output_dir=true", "overwrite_output_dir=false", "
                     "resume_from_checkpoint={checkpoint}", "resume_from_checkpoint={export}",
                     "resume_from_checkpoint={run}", "resume_allow_topology_change=true"]  # fmt: skip
 # What is done to an export or a checkpoint before it is evaluated.
+# A run's files as a user may edit them by hand (a value changed, a line cut, a label renamed), then resume
+# or evaluate: each is (file under the run, what is done to its text).
+EDITS = {
+    "edit_config_lr": ("config.yaml", lambda t: t.replace("learning_rate:", "learning_rate: 0.5 #")),
+    "edit_config_labels": ("config.yaml", lambda t: t + "label_names: [b, a]\n"),
+    "edit_config_garbage": ("config.yaml", lambda t: t[: len(t) // 2] + "\n: : [\n"),
+    "edit_metrics_cut": ("metrics.jsonl", lambda t: t[: len(t) * 2 // 3]),
+    "edit_metrics_garbage": ("metrics.jsonl", lambda t: "not json\n" + t),
+    "edit_results_labels": ("results.json", lambda t: t.replace('"label_names": ["', '"label_names": ["x')),
+    "edit_results_garbage": ("results.json", lambda t: t[:-10]),
+    "edit_export_id2label": ("model/config.json", lambda t: t.replace('"0": "', '"0": "renamed-')),
+    "edit_manifest_step": ("{checkpoint}/manifest.json", lambda t: t.replace('"step": ', '"step": 1', 1)),
+    "edit_manifest_labels": ("{checkpoint}/manifest.json", lambda t: t.replace('"label_names": ["', '"label_names": ["x')),
+}
+
+
+def _edit(run: Path, how: str) -> None:
+    name, change = EDITS[how]
+    path = run / name.format(checkpoint=f"checkpoints/{sorted((run / 'checkpoints').iterdir())[-1].name}")
+    if path.is_file():
+        path.write_text(change(path.read_text()))
+
+
 EVAL_DAMAGE = ["none", "none", "truncate_weights", "garbage_weights", "no_config", "garbage_config", "no_tokenizer",
-               "no_manifest", "garbage_manifest", "no_complete", "no_labels"]  # fmt: skip
+               "no_manifest", "garbage_manifest", "no_complete", "no_labels", *EDITS]  # fmt: skip
 
 
 @st.composite
@@ -210,7 +246,8 @@ def cases(draw):
         "settings": draw(st.lists(st.sampled_from(KEYS).flatmap(
             lambda key: st.tuples(st.just(key), st.sampled_from([True, True, True, False]).flatmap(
                 lambda odd: st.sampled_from(PLAUSIBLE[key]) if odd else VALUES))), max_size=3)),  # fmt: skip
-        "target": draw(st.sampled_from(["fresh", "fresh", "earlier", "resume_damaged", "evaluate"])),
+        "target": draw(st.sampled_from(["fresh", "fresh", "earlier", "resume_damaged", "resume_edited", "evaluate"])),
+        "edit": draw(st.sampled_from(sorted(EDITS))),
         "earlier": draw(st.lists(st.sampled_from(EARLIER_SETTINGS), max_size=2)),
         "recipe": draw(st.sampled_from(["none", "none", "settings", "broken"])),
         "broken_recipe": draw(st.sampled_from(BROKEN_RECIPES)),
@@ -261,7 +298,10 @@ def _data(case: dict, tmp: Path, rng: random.Random) -> tuple[list[str], Path]:
         train = _conll(data / "train.conll", rng)
         _damage(train, case["damage"], rng)
         return _base_args(train, tmp / "x")[:-1] + ["task=token-classification"], train
-    train = _write_rows(data / "train", _text_rows(24, rng), case["format"])
+    rows = _text_rows(24, rng)
+    if case["damage"] in LABEL_FORMATS:
+        rows = [{**r, "label": LABEL_FORMATS[case["damage"]](str(r["label"]), i)} for i, r in enumerate(rows)]
+    train = _write_rows(data / "train", rows, case["format"])
     _damage(train, case["damage"], rng)
     return _base_args(train, tmp / "x")[:-1], train
 
@@ -271,13 +311,16 @@ def _command(case: dict, tmp: Path, earlier: Path) -> tuple[list[str], Path, Pat
     rng = random.Random(case["seed"])
     args, _ = _data(case, tmp, rng)
     out, copy = tmp / "run", None
-    if case["target"] in ("earlier", "resume_damaged"):  # a copy: a command that succeeds may replace it
+    if case["target"] in ("earlier", "resume_damaged", "resume_edited"):  # a copy: a command that succeeds may replace it
         copy = out = tmp / "earlier"
         shutil.copytree(earlier, copy)
     if case["target"] == "resume_damaged":
         checkpoint = sorted((out / "checkpoints").iterdir())[-1]
         victim = rng.choice(sorted(p for p in checkpoint.iterdir() if p.is_file()))
         victim.write_bytes(victim.read_bytes()[: rng.randint(0, 64)])
+        args.append("resume_from_checkpoint=latest")
+    if case["target"] == "resume_edited":
+        _edit(out, case["edit"])
         args.append("resume_from_checkpoint=latest")
     places = {"checkpoint": f"checkpoints/{sorted((earlier / 'checkpoints').iterdir())[0].name}", "export": "model",
               "run": ""}  # fmt: skip
@@ -316,6 +359,8 @@ def _evaluation(case: dict, tmp: Path, earlier: Path) -> tuple[list[str], Path]:
         (target / "COMPLETE").unlink(missing_ok=True)
     elif damage == "no_labels":
         (copy / "results.json").write_text("{}")
+    elif damage in EDITS:
+        _edit(copy, damage)
     args = [str(target)]
     if drawn["data"]:
         args += ["--data", str(_data(case, tmp, rng)[1])]
@@ -390,6 +435,7 @@ FUZZ = settings(deadline=None, database=None, suppress_health_check=[HealthCheck
 def _pinned(**changes) -> dict:
     """A case of a kind the short profile must hold whatever it draws."""
     base = {"format": "csv", "damage": "none", "settings": [], "target": "fresh", "earlier": [], "recipe": "none",
+            "edit": "edit_config_lr",
             "broken_recipe": b"", "seed": 1, "evaluate": {"what": "export", "damage": "none", "data": False,
             "predictions": False, "split": None, "settings": []}}  # fmt: skip
     return {**base, **changes}
@@ -398,6 +444,8 @@ def _pinned(**changes) -> dict:
 @FUZZ
 @given(case=cases())
 @example(case=_pinned(format="images", damage="truncate"))
+@example(case=_pinned(format="jsonl", damage="labels_case"))
+@example(case=_pinned(target="resume_edited", edit="edit_manifest_labels"))
 @example(case=_pinned(recipe="settings", settings=[("learning_rate", "1e-3"), ("max_steps", "1")], target="earlier",
                       earlier=["overwrite_output_dir=true"]))  # fmt: skip
 @example(case=_pinned(target="evaluate", format="tsv", evaluate={"what": "checkpoint", "damage": "none", "data": True,
