@@ -122,9 +122,13 @@ def _diagnose_file(split: str, path: str) -> str | None:
     return None
 
 
+TRUE_WORDS, FALSE_WORDS = ("true", "yes", "y", "t", "on"), ("false", "no", "n", "f", "off")
+
+
 def _what_the_labels_look_like(names: list[str]) -> str:
     """Why a single-label column may have as many classes as a split cannot hold: numbers written with
-    separators or units (1,000  3,5  50%), or label sets joined in one cell (art,film  art;film)."""
+    separators or units (1,000  3,5  50%), label sets joined in one cell (art,film  art;film), one number
+    or one answer written two ways (01 and 1; no, yes, False, True), ids beside names (0, 1, neg, pos)."""
     sets = [n for n in names if re.fullmatch(r"[^,;|]+([,;|] ?[^,;|]+)+", n) and not re.search(r"\d[,]\d", n)]
     numbers = [n for n in names if re.fullmatch(r"[-+]?[\d.,' ]*\d[\d.,' ]*%?", n.strip())
                and re.search(r"[.,%' ]", n.strip())]  # 1,000  3,5  0.25  50%: not the class ids 0, 1, 2
@@ -134,6 +138,20 @@ def _what_the_labels_look_like(names: list[str]) -> str:
     if sets:
         return (f"{len(names)} classes such as {sets[0]!r}: several labels in one cell? for multi-label give lists "
                 "(JSON Lines) or 0/1 columns (label_columns)")
+    values: dict[float, list[str]] = {}  # 01 and 1, 1.0 and 1: one number, two classes
+    for n in names:
+        if re.fullmatch(r"\s*[-+]?\d+(\.\d+)?\s*", n):
+            values.setdefault(float(n), []).append(n)
+    twins = next((ns for ns in values.values() if len(ns) > 1), None)
+    if twins:
+        return (f"{len(names)} classes such as {twins[0]!r} and {twins[1]!r}: the same number written two ways? "
+                "write each label one way")
+    truth = {n: n.strip().lower() in TRUE_WORDS for n in names if n.strip().lower() in (*TRUE_WORDS, *FALSE_WORDS)}
+    if len(truth) == len(names) > 2:  # no, yes, False, True: two answers written two ways?
+        falses, trues = [n for n in names if not truth[n]], [n for n in names if truth[n]]
+        a, b = falses[:2] if len(falses) > 1 else trues[:2]
+        return (f"{len(names)} classes such as {a!r} and {b!r}: yes/no written in more than one way? write each "
+                "label one way")
     ids = [n for n in names if re.fullmatch(r"\s*-?\d+\s*", n)]
     words = [n for n in names if n not in ids]
     if len(ids) >= 2 and len(words) >= 2:  # 0, 1, neg, pos: one set of classes written two ways?

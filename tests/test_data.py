@@ -215,6 +215,9 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
     (["art,film", "film", "art;music", "music", "news", "art"], "several labels in one cell?"),
     (["0", "1", "2", "3", "4", "5"], "least populated class"),  # class ids: no hint
     (["0", "1", "neg", "pos", "0", "neg"], "ids and names of the same classes?"),
+    (["01", "1", "02", "2", "01", "1"], "classes such as '01' and '1': the same number written two ways?"),
+    (["no", "yes", "False", "True", "no", "yes"], "classes such as 'False' and 'no': yes/no written in more than one way?"),
+    (["yes", "no", "maybe", "yes", "no", "maybe", "x"], "least populated class"),  # three answers: no hint
 ])  # fmt: skip
 def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels, fragment, tmp_path):
     from finetune.config import load_config
