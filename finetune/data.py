@@ -31,8 +31,22 @@ from datasets import Dataset as HFDataset
 
 from finetune.config import DataArgs
 from finetune.errors import TrainingStopped, UserError, first_line, warn
-from finetune.problems import MULTI, SINGLE, TOKENS, case_twins, encode, infer_problem_type, label_names_for
-from finetune.tasks import tag_problem, task_for_data, task_of
+from finetune.problems import (
+    LOOK_ALIKE,
+    MULTI,
+    SINGLE,
+    TOKENS,
+    case_twins,
+    encode,
+    infer_problem_type,
+    label_names_for,
+    look_alike,
+)
+from finetune.tasks import shown, tag_problem, task_for_data, task_of
+
+# The csv module's checks of a file (a repeated header, leading zeros) read every cell; its default limit of
+# 131,072 characters a cell would fail on a long document that pandas (datasets' reader) reads.
+csv.field_size_limit(2**31 - 1)
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv",
                  ".conll": "conll", ".iob2": "conll", ".iob": "conll", ".bio": "conll", ".txt": "conll"}  # fmt: skip
@@ -465,6 +479,10 @@ def _check_label_texts(train: HFDataset, column: str, present: set[str], label_n
                 f"label column '{column}' holds {twin!r} and {name!r}, which differ only by spaces and would be two "
                 "classes; strip the spaces in the data"
             )
+    alike = look_alike(present, allowed=named)
+    if alike:
+        raise UserError(f"label column '{column}' holds {shown(alike[0])} and {shown(alike[1])}, "
+                        + LOOK_ALIKE.format("classes"))
     twins = case_twins(present, allowed=named)  # both in label_names: the user's own two classes
     if twins:
         raise UserError(

@@ -40,7 +40,7 @@ from datasets import Dataset as HFDataset
 from finetune.config import DataArgs
 from finetune.errors import UserError, warn
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS
-from finetune.tasks import task_of
+from finetune.tasks import shown, task_of, visible
 
 # --- which problem ---------------------------------------------------------------------------------
 
@@ -193,6 +193,10 @@ def label_names_for(train: HFDataset, args: DataArgs, problem: str) -> list[str]
     _check_no_null_in_lists(train, args.label_column, "train")
     name_of = _list_names(train.features[args.label_column])
     names = sorted({name_of(v) for row in train[args.label_column] for v in row})
+    alike = look_alike(names)
+    if alike:
+        raise UserError(f"label column '{args.label_column}' holds the labels {shown(alike[0])} and "
+                        f"{shown(alike[1])}, " + LOOK_ALIKE.format("labels"))
     twins = case_twins(names)
     if twins:  # as single-label classes: Art and art would be two labels
         raise UserError(
@@ -213,6 +217,22 @@ def case_twins(names, allowed=()) -> tuple[str, str] | None:
     return None
 
 
+def look_alike(names, allowed=()) -> tuple[str, str] | None:
+    """The first two names that read the same (`tasks.visible`: café composed and decomposed, pos and pos
+    with a zero-width space), unless `allowed` holds both."""
+    seen: dict[str, str] = {}
+    for name in sorted(names):
+        twin = seen.setdefault(visible(name), name)
+        if twin != name and not {twin, name} <= set(allowed):
+            return twin, name
+    return None
+
+
+LOOK_ALIKE = ("which read the same (they differ only in Unicode form or by invisible characters such as a "
+              "zero-width space) and would be two {}; write each label the same way (normalize the file to NFC "
+              "and remove zero-width characters)")
+
+
 def _check_no_null_in_lists(ds: HFDataset, column: str, split: str) -> None:
     """A null inside a list of labels (["sports", null]) would become a class named "None"."""
     for row, labels in enumerate(ds[column]):
@@ -220,6 +240,11 @@ def _check_no_null_in_lists(ds: HFDataset, column: str, split: str) -> None:
             raise UserError(
                 f"label column '{column}' in the {split} data has a null inside the list at row {row + 1}; "
                 "name every label, or drop the null"
+            )
+        if labels and any(isinstance(v, str) and not visible(v).strip() for v in labels):  # "" would be a label
+            raise UserError(
+                f"label column '{column}' in the {split} data has an empty label (\"\") inside the list at row "
+                f"{row + 1}; name every label, or drop the empty one (an empty list is a sample with no label)"
             )
         nested = next((v for v in labels or () if isinstance(v, (list, tuple, dict))), None)
         if nested is not None:  # [["a"]] would train a label named "['a']"

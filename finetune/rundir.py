@@ -238,6 +238,13 @@ def check_only_run_entries(run: RunDir) -> None:
     model/, a backup copy of a checkpoint under another name) would be deleted with them. Refused, before
     anything is moved, naming one, rather than kept: the new run's export replaces model/ whole, and a
     file kept among the new run's checkpoints would be deleted by a later overwrite all the same."""
+    for name in (PREVIOUS, f"{PREVIOUS}.tmp"):  # where an overwrite sets the run aside: a folder, or nothing
+        path = run.root / name
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise UserError(
+                f"output_dir {run.root} holds {name}, a file no run of this app wrote; overwrite_output_dir=true "
+                f"sets the earlier run aside under that name: move or rename {path}, then run again"
+            )
     found = _entries_not_of_a_run(run)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""

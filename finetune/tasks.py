@@ -21,12 +21,27 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from finetune.errors import UserError
 
 if TYPE_CHECKING:
     from finetune.config import DataArgs, ModelArgs
+
+
+
+def visible(text: str) -> str:
+    """`text` as it reads: in one Unicode form (NFKC: an accent composed or not, a full-width digit), without
+    the invisible format characters (zero-width spaces and joiners, a byte-order mark)."""
+    return "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf")
+
+
+def shown(text: str) -> str:
+    """`text` quoted, its invisible and combining characters written as escapes ('cafe\\u0301', 'pos\\u200b'):
+    two names that `visible` makes one are told apart."""
+    marks = "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cf", "Mn") else c for c in text)
+    return repr(marks).replace("\\\\u", "\\u")
 
 
 class Task:
@@ -177,16 +192,17 @@ class TextClassification(Task):
                     f"text column '{column}' in the {split} data has an empty cell at row {missing + 1}; "
                     "fill it in or drop that row"
                 )
-            if len(texts) and all(not v.strip() for v in texts):  # it would train on the special tokens alone
+            if len(texts) and all(not visible(v).strip() for v in texts):  # the special tokens alone
                 raise UserError(
                     f"text column '{column}' in the {split} data holds only empty strings; set {setting} to "
                     "the column that holds the texts"
                 )
-            blank = next((i for i, v in enumerate(texts) if not v.strip()), None)
+            blank = next((i for i, v in enumerate(texts) if not visible(v).strip()), None)
             if blank is not None:  # as good as empty: the model would see the special tokens alone
+                invisible = " of invisible characters (zero-width spaces)" if texts[blank].strip() else ""
                 raise UserError(
-                    f"text column '{column}' in the {split} data has an empty (blank) text at row {blank + 1}; "
-                    "fill it in or drop that row"
+                    f"text column '{column}' in the {split} data has an empty (blank) text{invisible} at row "
+                    f"{blank + 1}; fill it in or drop that row"
                 )
 
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):

@@ -270,3 +270,59 @@ def test_holding_out_more_than_is_trained_on_is_one_warning(percentage, warned, 
                             f"training samples and trains on {len(raw['train'])}; it is the share held out for "
                             "validation (10 holds out a tenth)")
         assert len(raw["train"]) == 2
+
+
+def test_a_csv_cell_longer_than_the_csv_modules_default_limit_is_read(tmp_path):
+    """A 200,000-character document is valid CSV (pandas reads it); the app's own reading of the file (what
+    is wrong with a file that fails to load; leading zeros) reads it too, instead of failing on the csv
+    module's default 131,072-character limit."""
+    import csv
+
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    def write(path, rows):
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerows([["text", "label"], *rows])
+        return path
+
+    long = ["word " * 40_000, "01"]
+    good = write(tmp_path / "good.csv", [long, *[[f"sample {i}", f"0{i % 2}"] for i in range(7)]])
+    ragged = write(tmp_path / "ragged.csv", [long, ["a", "00"], ["b", "01", "extra"]])
+    for path, fails in ((good, False), (ragged, True)):
+        cfg = load_config(None, [f"train_file={path}", f"validation_file={path}", "test_file=null",
+                                 "label_names=null", "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
+        if fails:
+            with pytest.raises(UserError, match="line 4 has 3 fields, the header has 2"):
+                load_splits(cfg.data_args)
+        else:
+            raw, names = load_splits(cfg.data_args)
+            assert len(raw["train"]) == 8 and names == ["00", "01"]  # the leading-zero check read every cell
+
+
+@pytest.mark.parametrize("rows, fragment", [
+    ([{"text": f"t{i}", "label": ["caf\u00e9", "cafe\u0301", "tea"][i % 3]} for i in range(9)],
+     "holds 'cafe\\u0301' and 'café', which read the same (they differ only in Unicode form or by invisible"),
+    ([{"text": f"t{i}", "label": ["pos", "pos\u200b", "neg"][i % 3]} for i in range(9)],
+     "holds 'pos' and 'pos\\u200b', which read the same"),
+    ([{"text": f"t{i}", "labels": [["art"], ["art", ""], []][i % 3]} for i in range(9)],
+     "has an empty label (\"\") inside the list at row 2"),
+    ([{"text": f"t{i}", "labels": [["caf\u00e9"], ["cafe\u0301", "art"]][i % 2]} for i in range(8)],
+     "holds the labels 'cafe\\u0301' and 'café', which read the same"),
+    ([{"text": "\u200b\u200b" if i == 4 else f"t{i}", "label": i % 2} for i in range(8)],
+     "has an empty (blank) text of invisible characters (zero-width spaces) at row 5"),
+])  # fmt: skip
+def test_labels_and_texts_that_read_the_same_or_as_nothing_are_refused(rows, fragment, tmp_path):
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    column = "labels" if "labels" in rows[0] else "label"
+    cfg = load_config(None, [f"train_file={path}", f"validation_file={path}", "test_file=null", "label_names=null",
+                             "max_train_samples=null", "max_eval_samples=null", f"label_column={column}"])  # fmt: skip
+    with pytest.raises(UserError) as e:
+        load_splits(cfg.data_args)
+    assert fragment in str(e.value), str(e.value)

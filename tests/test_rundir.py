@@ -282,6 +282,17 @@ def test_overwrite_refuses_a_run_whose_folders_hold_files_of_the_user_s(finished
     assert [p.name for p in ckpt.list_checkpoints(copy)] == ["step-00000001", "step-00000002"]  # not the backup
 
 
+def test_overwrite_refuses_a_file_of_the_users_where_it_sets_the_run_aside(finished_run, tmp_path, capsys):
+    """A file named .previous-run (or .previous-run.tmp) in a run's folder: the overwrite would move the run
+    into a folder there and fail half-way, the run's files stranded. Refused before anything moves."""
+    copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, "overwrite_output_dir=true")
+    for name in (".previous-run", ".previous-run.tmp"):
+        (copy / name).write_text("mine\n")
+        user_error(capsys, main, argv, f"holds {name}, a file no run of this app wrote", untouched=copy)
+        (copy / name).unlink()
+
+
 @pytest.mark.parametrize("inside", ["checkpoints/step-00000002", "checkpoints", "checkpoints/.tmp-step-00000009",
                                     "model", "model/sub"])  # fmt: skip
 @pytest.mark.parametrize("overwrite", [False, True])
