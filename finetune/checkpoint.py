@@ -316,7 +316,10 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
                   if p.name[len(PREFIX):].isdigit() and p.is_dir() and (p / COMPLETE).is_file()]  # fmt: skip
         if not marked:
             raise UserError(f"resume_from_checkpoint=latest: no complete checkpoint in {root}")
-        problems = []
+        named = re.compile(rf"(\.tmp-|\.old-)?{PREFIX}\d+")  # a checkpoint's, or one being saved or replaced
+        renamed = sorted(p for p in root.iterdir() if p.is_dir() and (p / MANIFEST).is_file()
+                         and not named.fullmatch(p.name))  # fmt: skip
+        problems = [(p, f"it is not named {PREFIX}<step> (renamed?); to resume from it, give its path") for p in renamed]
         for path in sorted(marked, key=lambda p: int(p.name[len(PREFIX) :]), reverse=True):
             problem = checkpoint_problem(path)
             if problem is None:

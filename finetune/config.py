@@ -797,6 +797,8 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     if not sep:
         raise UserError(f"expected key=value, got '{item}'")
+    if not key.strip():
+        raise UserError(f"expected key=value, got '{item}': the key before '=' is empty")
     try:
         return key.strip(), read_yaml(text) if text != "" else None
     except DuplicateKey as e:

@@ -18,6 +18,7 @@ prepares the splits for the model afterwards.
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import json
 import logging
@@ -356,22 +357,48 @@ def _reraise_a_stop(e: BaseException) -> None:
         raise stop from None
 
 
-def _no_linked_folders(root: Path) -> None:
-    """datasets' image folder loader follows links to files but not to folders: a split or class folder
-    that is a link would be left out, its images and its class with them."""
+def _check_image_folder(root: Path) -> None:
+    """What datasets' image folder loader would leave out without a word: a split or class folder that is
+    a link (it follows links to files, not to folders), a link to an image that is gone, and an image
+    beside the class folders of a split (it has no class: the loader drops every label for it)."""
+    from finetune.tasks import SPLIT_FOLDERS
+
     for level in (root.iterdir(), *(p.iterdir() for p in root.iterdir() if p.is_dir())):
-        linked = next((p for p in sorted(level) if p.is_symlink() and p.is_dir()), None)
-        if linked is not None:
+        for path in sorted(level):
+            if path.is_symlink() and path.is_dir():
+                raise UserError(
+                    f"{path} is a link to a folder ({os.readlink(path)}), which the image folder loader does not "
+                    "follow: its images would be left out; copy the folder in its place, or link each image file"
+                )
+            if path.is_symlink() and not path.exists():
+                raise UserError(f"{path} is a link to {os.readlink(path)}, which does not exist: the image would be "
+                                "left out; fix the link or delete it")
+    splits = [p for p in root.iterdir() if p.is_dir() and p.name.lower() in SPLIT_FOLDERS] or [root]
+    for folder in splits:
+        entries = sorted(folder.iterdir())
+        loose = [p for p in entries if p.is_file() and p.suffix.lower() in _image_suffixes()]
+        if loose and any(p.is_dir() for p in entries):
             raise UserError(
-                f"{linked} is a link to a folder ({os.readlink(linked)}), which the image folder loader does not "
-                "follow: its images would be left out; copy the folder in its place, or link each image file"
+                f"{loose[0]} is an image beside the class folders of {folder}: an image folder labels each image "
+                "by the folder it is in; move it into its class's folder, or delete it"
             )
+    for link in root.glob("*/*/*"):  # an image in a class folder of a split
+        if link.is_symlink() and not link.exists():
+            raise UserError(f"{link} is a link to {os.readlink(link)}, which does not exist: the image would be "
+                            "left out; fix the link or delete it")
+
+
+@functools.cache
+def _image_suffixes() -> set[str]:
+    import PIL.Image
+
+    return set(PIL.Image.registered_extensions())
 
 
 def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str | None) -> DatasetDict:
     try:
         if name in (None, "imagefolder") and data_dir:
-            _no_linked_folders(Path(data_dir))
+            _check_image_folder(Path(data_dir))
             return load_dataset("imagefolder", data_dir=data_dir)
         return load_dataset(name, config_name, data_dir=data_dir)
     except Exception as e:  # datasets raises many types for unreadable data; the message is the help
@@ -681,6 +708,12 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     ):
         if limit is not None and split in raw and len(raw[split]) > limit:
             raw[split] = raw[split].select(range(limit))
+    if problem == SINGLE and args.max_train_samples is not None and len(set(raw["train"]["labels"])) < 2:
+        only = label_names[raw["train"][0]["labels"]]
+        raise UserError(
+            f"max_train_samples={args.max_train_samples} leaves the training data one class ({only!r}: the first "
+            f"{args.max_train_samples} rows are taken); a classifier needs at least two: raise max_train_samples"
+        )
     for split, rows_of in file_rows.items():  # read by the notices (finetune/tasks.py: a tag's row)
         raw[split].file_rows = rows_of[: len(raw[split])]
     return raw, label_names

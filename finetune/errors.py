@@ -239,11 +239,25 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose usage errors are user errors: one line, exit status 2, with `hint` after them."""
+    """argparse whose usage errors are user errors: one line, exit status 2, with `hint` after them; an
+    option of one value given twice (`--config a.yaml --config b.yaml`) is one of them, not the last kept."""
 
     def __init__(self, *args, hint: str = "", **kwargs):
         super().__init__(*args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
         self.hint = hint
 
+    def add_argument(self, *args, **kwargs):
+        if args and args[0].startswith("-") and kwargs.get("action") in (None, "store"):
+            kwargs["action"] = _Once
+        return super().add_argument(*args, **kwargs)
+
     def error(self, message: str):
         raise UserError(f"{message}{'; ' + self.hint if self.hint else ''}")
+
+
+class _Once(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) not in (None, self.default):
+            raise UserError(f"{option_string} is given twice ({getattr(namespace, self.dest)} and {values}); give it "
+                            "once (settings of another recipe: key=value after it)")
+        setattr(namespace, self.dest, values)

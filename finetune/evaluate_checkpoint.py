@@ -55,6 +55,8 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -66,6 +68,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from datasets import Dataset as HFDataset
+from datasets import Value
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
@@ -83,7 +86,7 @@ from finetune.config import (
     settings_help,
 )
 from finetune.data import check_columns, encode_split, load_path, load_splits
-from finetune.errors import UserError, exit_on_user_error, first_line, remedy, write_failure
+from finetune.errors import UserError, exit_on_user_error, first_line, remedy, warn, write_failure
 from finetune.evaluation import evaluate_model
 from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_report, summary_line
@@ -130,16 +133,59 @@ def _run_config(raw: Any, where: str) -> TrainConfig:
         raise UserError(f"the run config in {where} does not load: {e}") from None
 
 
+def _read_run_file(file: Path) -> tuple[dict | None, tuple[Path, str] | None]:
+    """A run's results.json (JSON) or config.yaml (YAML) beside its export: its mapping, or None and
+    (the file, what is wrong with it) when it does not parse (cut short, edited) or holds no mapping."""
+    fmt = "JSON" if file.suffix == ".json" else "YAML"
+    try:
+        text = file.read_text()
+        value = json.loads(text) if fmt == "JSON" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:  # UnicodeDecodeError is a ValueError
+        return None, (file, f"not valid {fmt}: {first_line(e)}")
+    if not isinstance(value, dict):
+        return None, (file, f"not a {fmt} {'object' if fmt == 'JSON' else 'mapping'}: {type(value).__name__}")
+    return value, None
+
+
 def _model_labels(config) -> list[str]:
     return [str(config.id2label[i]) for i in range(config.num_labels)]
 
 
-def _load_model_config(spec: str, trust_remote_code: bool = False):
+def _load_model_config(spec: str, trust_remote_code: bool = False, base: bool = False):
+    """`base`: the pretrained model a training-state checkpoint's architecture comes from, not what is
+    evaluated (an export, a model folder)."""
     try:
         return AutoConfig.from_pretrained(spec, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
+        damaged = _damaged_json(Path(spec).expanduser(), base)
+        if damaged is not None:
+            raise damaged from None
         first = first_line(e)
         raise UserError(f"could not load the model config of '{spec}': {first}") from None
+
+
+def _damaged_json(folder: Path, base: bool = False) -> UserError | None:
+    """For a model folder that does not load: the first of its *.json files (config.json, tokenizer.json,
+    ...) that does not parse (a copy cut short, an edit gone wrong), named with the fix; None if all do.
+    The loader's own error (`Expecting ',' delimiter: line 52 column 6`) names no file."""
+    if not folder.is_dir():
+        return None
+    for file in sorted(folder.glob("*.json")):
+        try:
+            json.loads(file.read_bytes())
+        except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
+            fix = (
+                "copy or download that model again"
+                if base
+                else "put back the file the run saved (a tokenizer file can be copied again from the "
+                "model the run started from), or evaluate a training-state checkpoint of the run "
+                "(<run>/checkpoints/step-N), or retrain"
+            )
+            why = first_line(e)
+            return UserError(f"{file} is not valid JSON ({why}): the file is damaged (cut short?); {fix}")
+        except OSError:
+            continue
+    return None
 
 
 def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
@@ -184,20 +230,32 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
         run = RunDir(path.resolve().parent)
         results_file, config_file = run.results, run.config
         differ = None  # the run beside it names other labels than its config.json
-        if results_file.is_file() and config_file.is_file():
+        damaged = None  # the run's file beside it that does not parse: (path, why)
+        results = None
+        if results_file.is_file():
+            results, damaged = _read_run_file(results_file)
+        if results is not None and config_file.is_file():
             # Only a run whose results name this export's labels is its run: an export copied
             # next to some unrelated config.yaml is evaluated alone.
-            try:
-                results = json.loads(results_file.read_text())
-            except ValueError:
-                results = {}
             if results.get("label_names") and results.get("label_names") != labels:
                 differ = results["label_names"]
             if results.get("label_names") == labels:
-                cfg = _run_config(yaml.safe_load(config_file.read_text()), str(config_file))
-                if task is not None and task != cfg.task:
-                    raise UserError(f"--task {task} contradicts the export, a {cfg.task} run")
-                return Target(spec, "export", cfg, labels, results.get("step"))
+                raw, damaged = _read_run_file(config_file)
+                if raw is not None:
+                    cfg = _run_config(raw, str(config_file))
+                    if task is not None and task != cfg.task:
+                        raise UserError(f"--task {task} contradicts the export, a {cfg.task} run")
+                    return Target(spec, "export", cfg, labels, results.get("step"))
+        if damaged is not None:
+            file, why = damaged
+            said = f"{file} exists but is damaged ({why})"
+            if not have_data:
+                raise UserError(
+                    f"{said}, so the data and settings of {spec}'s run are unknown; restore it (from a "
+                    "backup, or train the run again), or pass --data FILE_OR_DIR (and --task if needed) to "
+                    "evaluate the export alone on a file"
+                )
+            warn(f"{said}; evaluating {spec} alone, without its run's settings (columns: pass key=value)")
         if not have_data and differ is not None:
             raise UserError(
                 f"{path / 'config.json'} names the labels {labels[:5]}, but its run ({results_file}) trained "
@@ -267,7 +325,7 @@ def architecture_only(args: ModelArgs) -> ModelArgs:
     classification head as "MISSING ... newly initialized", which is not what is evaluated."""
     if args.model_config is not None or args.model_name_or_path is None:
         return args
-    loaded = _load_model_config(args.model_name_or_path, args.trust_remote_code)
+    loaded = _load_model_config(args.model_name_or_path, args.trust_remote_code, base=True)
     # Only the keys this version's config class knows: a legacy one (the bundled MiniLM's
     # `gradient_checkpointing`) was stored and ignored by transformers, and model_config refuses it.
     known = {*type(loaded)().to_dict(), "model_type"}
@@ -309,6 +367,9 @@ def load_model(target: Target, cfg: TrainConfig):
                 raise _foreign_weights(target, f"{len(missing)} weight(s) missing, e.g. {missing[0]}")
             preprocessor = task.load_saved_preprocessor(source)
         except (OSError, ValueError, SafetensorError) as e:
+            damaged = _damaged_json(target.path) if local and not isinstance(e, SafetensorError) else None
+            if damaged is not None:
+                raise damaged from None
             first = first_line(e)
             damaged = " (its weights file is damaged: replace it)" if isinstance(e, SafetensorError) else ""
             raise UserError(f"could not load the {cfg.task} model '{target.spec}'{damaged}: {first}") from None
@@ -465,6 +526,8 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
                     f"it, pass {key}={twin}; to predict without labels, rename or drop that column"
                 )
     check_columns(ds, what, args, labelled, model_task=True)
+    if labelled:
+        ds = _float_class_ids(ds, args, what)
     if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError
         ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)
     else:
@@ -478,6 +541,39 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     }
     stem = path.stem if path.is_file() or len(loaded) == 1 else f"{path.name}-{name}"
     return ds, f"{stem}-{info['data_sha256'][:8]}", info
+
+
+def _float_class_ids(ds: HFDataset, args: DataArgs, what: str) -> HFDataset:
+    """A classifier's labels written as floats (`1.0`: a CSV saved by pandas, a column with a gap once).
+    Training refuses them and offers problem_type=regression, which is no evaluation setting: here a
+    whole number is the model's class of that name when its classes are named "0", "1", ... (1.0 is
+    class "1"); other floats are refused with the fix that fits the model (its class names)."""
+    names = list(args.label_names or [])
+    column = args.label_column
+    single = args.problem_type == SINGLE or (args.problem_type is None and len(names) >= 2)
+    tags = TOKENS in task_of(args.task).problems
+    if args.label_columns or tags or not single or column not in ds.column_names:
+        return ds
+    feature = ds.features[column]
+    dtype = feature.dtype if isinstance(feature, Value) else ""
+    if not (dtype.startswith("float") or dtype == "double"):
+        return ds
+    values = [v for v in ds[column] if v is not None]  # a missing label is check_columns' to refuse
+    fraction = next((v for v in values if not (math.isfinite(v) and v == round(v))), None)
+    numbered = all(re.fullmatch(r"-?\d+", n) and str(int(n)) == n for n in names)
+    if fraction is None and numbered:
+        return ds.cast_column(column, Value("int64"))  # then matched by name as "0", "1", ...
+    example = fraction if fraction is not None else next((v for v in values if v), values[0])
+    held = "numbers with decimals" if fraction is not None else "numbers"
+    listed = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+    if numbered:
+        but = f"the model's classes are {listed}: write each row's class as one of them (1, not 1.0)"
+    else:
+        but = (
+            f"the model's classes are named ({listed}) and labels are matched by name: write each row's "
+            "class name instead"
+        )
+    raise UserError(f"label column '{column}' of {what} holds {held} (e.g. {example:g}), but {but}")
 
 
 # --- outputs --------------------------------------------------------------------------------------

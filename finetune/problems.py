@@ -97,6 +97,12 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
                 else f" (ambiguous): set {fix}"
             )
             raise UserError(f"label column '{column}' {what} (e.g. {example:g}){problem}")
+        rows = [i for i, v in enumerate(values) if math.isfinite(v) and v != round(v)]
+        wholes = {v for v in values if math.isfinite(v) and v == round(v)}
+        if given is None and len(rows) <= len(values) // 10 and len(wholes) <= 20:  # 0/1 ... and one 1.5
+            warn(f"label column '{column}' holds whole numbers ({len(wholes)} values) and {len(rows)} with decimals "
+                 f"({values[rows[0]]:g} at row {rows[0] + 1}): trained as a regression; if the labels are classes, "
+                 "fix those rows (or set problem_type=regression to say it is one)")
         return REGRESSION
     if given is None:
         if kind == "class" and not isinstance(feature, ClassLabel):

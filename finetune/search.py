@@ -35,9 +35,11 @@ at most one evaluation interval and the start of the next evaluation; the summar
 `search.json` say how long it took against the budget, and how many trials the budget cut.
 
 The study lives in `<output_dir>/study.db` (SQLite): the same command again continues it, with a new
-budget. At the end, `<output_dir>/model` is the best trial's export and `<output_dir>/best_recipe.yaml`
-the recipe with its settings (train with it again: `accelerate launch finetune/run.py --config
-<output_dir>/best_recipe.yaml`); the other trials keep their logs, not their weights.
+budget (`--trials N` counts this command's trials: a continued study gets up to N more); a damaged
+study.db is refused, not written over. At the end, `<output_dir>/model` is the best trial's export and
+`<output_dir>/best_recipe.yaml` the recipe with its settings (train with it again: `accelerate launch
+finetune/run.py --config <output_dir>/best_recipe.yaml`); the other trials keep their logs, not their
+weights.
 """
 
 from __future__ import annotations
@@ -239,9 +241,20 @@ def _search_folder_problem(out: Path) -> str | None:
     return None
 
 
+def _damaged(error: Exception) -> bool:
+    """Whether a database error is SQLite's "this file is no database it can read" (cut short, overwritten,
+    not SQLite at all), not another one (a locked or unreadable file, a full disk)."""
+    import sqlite3
+
+    cause = getattr(error, "orig", None)
+    name = getattr(cause, "sqlite_errorname", "") if isinstance(cause, sqlite3.DatabaseError) else ""
+    return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
 def search(recipe: str | None, overrides: list[str], budget: float, space: list[str], trials: int | None) -> dict:
     """Run trials until the budget or the number of trials is spent; returns the best trial's record."""
     import optuna
+    import sqlalchemy.exc
     from accelerate.state import AcceleratorState, GradientState
 
     from finetune.run import train
@@ -259,14 +272,20 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
         out.mkdir(parents=True, exist_ok=True)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         direction = "maximize" if base.greater_is_better else "minimize"
-        study = optuna.create_study(
-            study_name="finetune", storage=f"sqlite:///{out / STUDY}", load_if_exists=True, direction=direction,
-            sampler=optuna.samplers.TPESampler(seed=base.seed),
-            pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
-        )  # fmt: skip
-        refusal = _other_settings(study, base, space)
-        # A continued study draws on from where it stopped, not the same first draws again.
-        study.sampler = optuna.samplers.TPESampler(seed=base.seed + len(study.trials))
+        try:
+            study = optuna.create_study(
+                study_name="finetune", storage=f"sqlite:///{out / STUDY}", load_if_exists=True,
+                direction=direction, sampler=optuna.samplers.TPESampler(seed=base.seed),
+                pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+            )  # fmt: skip
+            refusal = _other_settings(study, base, space)
+            # A continued study draws on from where it stopped, not the same first draws again.
+            study.sampler = optuna.samplers.TPESampler(seed=base.seed + len(study.trials))
+        except sqlalchemy.exc.DatabaseError as e:  # else a traceback; the file is left as it is
+            if not _damaged(e):
+                raise
+            refusal = (f"{out / STUDY} is damaged, not a readable optuna study ({e.orig}); restore it from a "
+                       "copy, or give a new output_dir (the trials' logs stay in this one's trial-N folders)")
     refusal = _share(refusal)
     if refusal is not None:
         raise UserError(refusal)
@@ -423,7 +442,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = ArgumentParser(prog="finetune.search", description=__doc__, hint="see --help")
     parser.add_argument("--config", metavar="PATH", help="the recipe to search around (default: the MiniLM recipe)")
     parser.add_argument("--budget", type=float, required=True, help="wall-clock seconds: no trial starts after them")
-    parser.add_argument("--trials", type=int, help="at most this many trials (default: as many as the budget allows)")
+    parser.add_argument("--trials", type=int, metavar="N",
+                        help="at most N trials in this command: a continued search adds up to N more to its study "
+                        "(default: as many as the budget allows)")  # fmt: skip
     parser.add_argument("--space", default=",".join(SPACE), help=f"settings to search, of {', '.join(SPACE)}")
     parser.add_argument("settings", nargs="*", metavar="key=value", help="fixed settings of the recipe")
     args = parser.parse_intermixed_args(settings_from_flags(argv))

@@ -202,6 +202,10 @@ def world(finished_run, tmp_path_factory) -> World:
     linked = image_folder(root / "linked_images") / "train" / "1_trouser"
     shutil.move(linked, root / "trousers_elsewhere")
     linked.symlink_to(root / "trousers_elsewhere", target_is_directory=True)
+    dangling = image_folder(root / "dangling_images") / "train" / "1_trouser" / "gone.png"
+    dangling.symlink_to(root / "no" / "such.png")
+    loose = image_folder(root / "loose_images") / "train"
+    shutil.copy(loose / "1_trouser" / "0.png", loose / "stray.png")
     from datasets import Dataset, Features, Value
     from datasets import Image as ImageFeature
 
@@ -451,6 +455,14 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "image_class_folder_is_a_link": (
         lambda w: _image(w, w.root / "linked_images"),
         "linked_images/train/1_trouser is a link to a folder",
+    ),
+    "image_link_to_nothing": (
+        lambda w: _image(w, w.root / "dangling_images"),
+        "dangling_images/train/1_trouser/gone.png is a link to",
+    ),
+    "image_beside_the_class_folders": (
+        lambda w: _image(w, w.root / "loose_images"),
+        "loose_images/train/stray.png is an image beside the class folders of",
     ),
     "images_in_a_column_of_another_name": (
         lambda w: _image(w, w.root / "images", "data_dir=null", f"train_file={w.root / 'images_named_img.parquet'}",
@@ -964,6 +976,16 @@ def test_latest_skips_a_damaged_checkpoint_and_says_so(case, copy, capsys):
     err = capsys.readouterr().err
     skipped = [line for line in err.splitlines() if "skipped" in line]
     assert len(skipped) == 1 and str(path) in skipped[0] and DAMAGES[case][0] in skipped[0], err
+
+
+def test_latest_names_a_checkpoint_folder_that_was_renamed(copy, capsys):
+    """checkpoints/step-abc (the user's rename of the newest): latest cannot order it, and says so."""
+    renamed = copy / ckpt.CHECKPOINTS / "step-abc"
+    (copy / ckpt.CHECKPOINTS / LAST).rename(renamed)
+    assert ckpt.resolve_checkpoint("latest", copy).name == "step-00000001"
+    skipped = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
+    assert skipped == [f"warning: resume_from_checkpoint=latest skipped {renamed}: it is not named step-<step> "
+                       "(renamed?); to resume from it, give its path"], skipped
 
 
 def test_latest_resumes_from_the_newest_checkpoint_that_loads(world, copy, capsys):

@@ -210,3 +210,16 @@ def test_a_path_under_home_written_with_a_tilde_is_read_as_the_card_shows_it(tmp
     (tmp_path / "data" / "train.csv").write_text("text,label\na,0\n")
     cfg = load_config(None, ["train_file=~/data/train.csv"])
     assert cfg.train_file == str(tmp_path / "data" / "train.csv")
+
+
+def test_an_option_given_twice_and_a_setting_without_a_key_are_refused(tmp_path):
+    """argparse keeps the last of two --config; the first recipe would be dropped without a word."""
+    from finetune.cli import parse_args
+
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("max_steps: 2\n")
+    second.write_text("learning_rate: 1.0e-3\n")
+    with pytest.raises(UserError, match=f"--config is given twice \\({first} and {second}\\); give it once"):
+        parse_args(["--config", str(first), "--config", str(second)])
+    with pytest.raises(UserError, match="expected key=value, got '=5': the key before '=' is empty"):
+        parse_args(["=5"])

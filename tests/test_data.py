@@ -326,3 +326,37 @@ def test_labels_and_texts_that_read_the_same_or_as_nothing_are_refused(rows, fra
     with pytest.raises(UserError) as e:
         load_splits(cfg.data_args)
     assert fragment in str(e.value), str(e.value)
+
+
+def test_class_ids_and_one_fraction_train_a_regression_with_one_warning(tmp_path, capsys):
+    """0/1 labels and one 1.5: read as numbers, a regression; probably classes with a typo, so it is said."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"text": f"t{i}", "label": 1.5 if i == 6 else i % 2}) + "\n" for i in range(30)))
+    for given, warned in (("null", True), ("regression", False)):
+        cfg = load_config(None, [f"train_file={path}", f"validation_file={path}", "test_file=null", "label_names=null",
+                                 "max_train_samples=null", "max_eval_samples=null", f"problem_type={given}"])  # fmt: skip
+        load_splits(cfg.data_args)
+        assert cfg.problem_type in (None, "regression")
+        lines = [line for line in capsys.readouterr().err.splitlines() if "with decimals" in line]
+        assert lines == ([
+            "warning: label column 'label' holds whole numbers (2 values) and 1 with decimals (1.5 at row 7): trained "
+            "as a regression; if the labels are classes, fix those rows (or set problem_type=regression to say it is one)"
+        ] if warned else []), lines
+
+
+def test_max_train_samples_that_leaves_one_class_is_refused(tmp_path):
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    path = tmp_path / "train.csv"
+    path.write_text("text,label\n" + "".join(f"t{i},{'neg' if i < 3 else 'pos'}\n" for i in range(8)))
+    argv = [f"train_file={path}", f"validation_file={path}", "test_file=null", "label_names=null",
+            "max_eval_samples=null"]  # fmt: skip
+    with pytest.raises(UserError, match="max_train_samples=3 leaves the training data one class \\('neg': the first 3 "
+                                        "rows are taken\\); a classifier needs at least two"):  # fmt: skip
+        load_splits(load_config(None, [*argv, "max_train_samples=3"]).data_args)
+    assert len(load_splits(load_config(None, [*argv, "max_train_samples=4"]).data_args)[0]["train"]) == 4

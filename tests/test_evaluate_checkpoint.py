@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import PIL.Image
 import pytest
@@ -390,6 +391,73 @@ def test_an_export_without_its_tokenizer_files_is_named_and_not_the_runs_tokeniz
     user_error(capsys, evaluate, [str(export)], f"the tokenizer of {export} has no vocabulary, only its 5 special "
                "tokens: the folder holds no tokenizer files (vocab.txt, tokenizer.json); copy the tokenizer files "
                "of the model it was trained from into it")
+
+
+def test_a_damaged_json_file_of_an_export_is_named(run, tmp_path, capsys):
+    """A file of the export cut short: the line names the file that does not parse, not only the JSON
+    decoder's words (which say neither which file nor what to do)."""
+    shutil.copytree(run["dir"], tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "eval"))
+    export = tmp_path / "run" / "model"
+    for name in ("tokenizer.json", "config.json"):
+        original = (export / name).read_bytes()
+        (export / name).write_bytes(original[:1000] if name == "tokenizer.json" else original[:40])
+        user_error(capsys, evaluate, [str(export)], f"{export / name} is not valid JSON (",
+                   "put back the file the run saved", "<run>/checkpoints/step-N")  # fmt: skip
+        (export / name).write_bytes(original)
+
+
+def test_a_damaged_results_or_config_of_the_run_is_named(run, tmp_path, capsys):
+    """The run's results.json or config.yaml beside the export no longer parses: said as such (not as
+    missing), with both fixes; with --data the export is evaluated alone, as the line offers."""
+    shutil.copytree(run["dir"], tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "eval"))
+    folder = tmp_path / "run"
+    data = write_csv(tmp_path / "few.csv", _rows(3, 300))
+    for name, damage in (("results.json", b'{"label_names": ["neg", "po'), ("config.yaml", b"task: [text\n")):
+        original = (folder / name).read_bytes()
+        (folder / name).write_bytes(damage)
+        fmt = "JSON" if name == "results.json" else "YAML"
+        user_error(capsys, evaluate, [str(folder / "model")],
+                   f"{folder / name} exists but is damaged (not valid {fmt}", "restore it",
+                   "or pass --data FILE_OR_DIR")  # fmt: skip
+        result = evaluate([str(folder / "model"), "--data", str(data), "--output", str(tmp_path / name)])
+        assert result["num_samples"] == 3 and f"{name} exists but is damaged" in capsys.readouterr().err
+        (folder / name).write_bytes(original)
+    (folder / "results.json").write_text("[]\n")  # valid JSON, but not a run's results
+    user_error(capsys, evaluate, [str(folder / "model")],
+               "results.json exists but is damaged (not a JSON object")  # fmt: skip
+
+
+def test_whole_numbers_stored_as_floats_are_class_ids_of_a_model_with_numbered_classes(run, tmp_path, capsys):
+    """Labels written 1.0/0.0 (a CSV saved by pandas): for a model whose classes are "0", "1" they are
+    those classes; for a model with named classes (neg, pos) the line says to write the names.
+    problem_type, which training's line offers, is no evaluation setting."""
+    shutil.copytree(run["dir"], tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "eval"))
+    export = tmp_path / "run" / "model"
+    rows = rotten_rows(5, 300)  # labels "0" (neg) and "1" (pos)
+    floats = write_csv(tmp_path / "floats.csv",
+                       [{"text": r["text"], "label": f"{r['label']}.0"} for r in rows])  # fmt: skip
+    line = user_error(capsys, evaluate, [str(export), "--data", str(floats)],
+                      "label column 'label' of --data",
+                      "holds numbers (e.g. 1), but the model's classes are named (neg, pos)",
+                      "write each row's class name")  # fmt: skip
+    assert "problem_type" not in line
+    decimals = write_csv(tmp_path / "decimals.csv", [{"text": "fine", "label": "0.5"}])
+    user_error(capsys, evaluate, [str(export), "--data", str(decimals)],
+               "holds numbers with decimals (e.g. 0.5)", "write each row's class name")  # fmt: skip
+    # The same model with classes named by their ids, as a run on a column of 0/1 integers names them.
+    config = json.loads((export / "config.json").read_text())
+    config.update(id2label={"0": "0", "1": "1"}, label2id={"0": 0, "1": 1})
+    (export / "config.json").write_text(json.dumps(config))
+    results = json.loads((export.parent / "results.json").read_text())
+    (export.parent / "results.json").write_text(json.dumps({**results, "label_names": ["0", "1"]}))
+    result = evaluate([str(export), "--data", str(floats), "--predictions"])
+    labels = [r["label"] for r in rows]
+    assert result["label_names"] == ["0", "1"] and result["num_samples"] == 5
+    assert [sum(row) for row in result["confusion_matrix"]] == [labels.count("0"), labels.count("1")]
+    written = Path(result["metrics_file"]).with_name("predictions.jsonl").read_text().splitlines()
+    assert [json.loads(line)["label"] for line in written] == labels
+    two = write_csv(tmp_path / "two.csv", [{"text": "fine", "label": "2.0"}])  # no class "2": refused
+    user_error(capsys, evaluate, [str(export), "--data", str(two)], "labels ['2'] were not seen in training")
 
 
 @pytest.mark.slow

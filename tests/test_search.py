@@ -211,3 +211,40 @@ def test_a_study_is_continued_only_with_the_settings_it_was_made_with(small_text
     again = search(["--budget", "300", "--trials", "1", "--space", "learning_rate",
                     *settings(small_text_data, out, "max_steps=2")])  # fmt: skip
     assert again["trials"] == 2
+
+
+@pytest.mark.parametrize("damage", ["cut to a third", "an SQLite header and then garbage", "a text file"])
+def test_a_damaged_study_is_one_line_and_left_as_it_is(damage, small_text_data, tmp_path, capsys):
+    """A study.db that SQLite cannot read (cut short, overwritten, never SQLite) would end the continued
+    search in a traceback (sqlalchemy's DatabaseError); it is refused, and not written over or removed."""
+    out = tmp_path / "search"
+    out.mkdir()
+    db = out / STUDY
+    if damage == "cut to a third":
+        study = optuna.create_study(study_name="finetune", storage=f"sqlite:///{db}", direction="maximize")
+        study.add_trial(optuna.trial.create_trial(value=1.0))
+        del study
+        whole = db.read_bytes()
+        db.write_bytes(whole[: len(whole) // 3])
+    elif damage == "an SQLite header and then garbage":
+        db.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 8)
+    else:
+        db.write_text("trial 0: learning_rate 5e-05 -> 0.8\n" * 20)
+    (out / "trial-0").mkdir()
+    (out / "trial-0" / "metrics.jsonl").write_text('{"step": 2, "eval_accuracy": 0.8}\n')
+    line = user_error(capsys, search, ["--budget", "60", "--trials", "1", "--space", "learning_rate",
+                                       *settings(small_text_data, out, "max_steps=2")],
+                      f"{db} is damaged, not a readable optuna study", "restore it", "give a new output_dir",
+                      untouched=out)  # fmt: skip
+    assert ("malformed" in line) == (damage == "cut to a third")
+
+
+def test_trials_counts_the_trials_of_this_command(capsys):
+    """`--trials N` on a continued search runs up to N more (as the continued searches above show); the
+    help says so."""
+    with pytest.raises(SystemExit) as exit_info:
+        search(["--help"])
+    assert exit_info.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--trials N at most N trials in this command: a continued search adds up to N more" in shown
+    assert "(`--trials N` counts this command's trials: a continued study gets up to N more)" in shown
