@@ -931,6 +931,14 @@ def _warn_of_the_recipe_s_evaluation_files(raw: dict[str, Any], given: dict[str,
                   f"or {key}=null to leave it out", file=sys.stderr)  # fmt: skip
 
 
+# What a recipe file's YAML error means, and its fix.
+YAML_FIXES = {
+    "could not determine a constructor": "; a recipe holds plain values: remove the tag (a !!python/... tag is "
+                                         "never run)",
+    "another document": "; a recipe is one YAML document: remove the '---' line and what follows it, or merge them",
+}
+
+
 def load_config(
     path: str | Path | None = None, overrides: list[str] | None = None, saved: bool = False
 ) -> TrainConfig:
@@ -946,7 +954,11 @@ def load_config(
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise UserError(f"{recipe} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+        problem = str(getattr(e, "problem", e))
+        fix = next((fix for sign, fix in YAML_FIXES.items() if sign in problem), "")
+        if saved:  # the run's own config.yaml, edited or damaged since the run wrote it
+            fix += f"; repair it, or delete it: a resume then reads the config saved in its checkpoint's {MANIFEST}"
+        raise UserError(f"{recipe} is not valid YAML{where}: {problem}{fix}") from None
     except UnicodeDecodeError:
         raise UserError(f"{recipe} is not a text file (UTF-8); a recipe is a YAML file of settings") from None
     if raw is None:
@@ -973,7 +985,14 @@ def load_config(
         # ~/data too: the card shows paths under home so, quoted (no shell expands them)
         if isinstance(value, str) and (key == "output_dir" or Path(value).expanduser().exists()):
             raw[key] = str(Path(value).expanduser().resolve())
-    return config_from_dict(raw, saved=saved)
+    try:
+        return config_from_dict(raw, saved=saved)
+    except UserError as e:  # a value of the run's own config.yaml (edited since), not of the command line
+        key = re.split(r"[\s\[.=]", str(e), maxsplit=1)[0]
+        if not saved or recipe.name == MANIFEST or key in given or key.split("=")[0] in given:
+            raise
+        raise UserError(f"{recipe}, the run's saved config: {e}; repair it there, or delete it: a resume then reads "
+                        f"the config saved in its checkpoint's {MANIFEST}") from None
 
 
 def _config_in_manifest(path: Path, text: str) -> dict[str, Any]:

@@ -175,6 +175,18 @@ def _what_the_labels_look_like(names: list[str]) -> str:
     return ""
 
 
+def _huge_integer_columns(path: str, sep: str) -> list[str]:
+    """The columns of a CSV with a whole number past 64 bits (an id, a class named 100000000000000000000):
+    no integer column holds it, and pandas fails on it (an OverflowError)."""
+    huge = re.compile(r"\s*[-+]?\d{19,}\s*")
+    found: set[str] = set()
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        for row in csv.DictReader(f, delimiter=sep):
+            found.update(c for c, v in row.items() if isinstance(c, str) and isinstance(v, str) and huge.fullmatch(v)
+                         and abs(int(v)) >= 2**63)  # fmt: skip
+    return sorted(found)
+
+
 def _leading_zero_columns(ds: HFDataset, path: str, sep: str) -> list[str]:
     """The integer columns of a CSV in which a value is written with a leading zero (007, 0123): read as
     numbers, 007 and 7 become one label (and a zip code loses its zero)."""
@@ -315,6 +327,13 @@ def load_raw(
                     raw[split] = load_dataset(builder, data_files={split: path}, features=features, **kwargs)[split]
             except Exception as e:  # datasets raises many types for unreadable data
                 _reraise_a_stop(e)
+                huge = _huge_integer_columns(path, kwargs.get("sep", ",")) if builder == "csv" else []
+                if huge and "OverflowError" in _root_cause(e):  # ids past 64 bits: read as the text they are
+                    import pandas as pd
+
+                    frame = pd.read_csv(path, dtype=dict.fromkeys(huge, str), **kwargs)
+                    raw[split] = HFDataset.from_pandas(frame, preserve_index=False)
+                    continue
                 if "corresponds to no data" in _root_cause(e):  # a header and no rows
                     raise UserError(f"{_the(split)} has no rows ({path}); check the file") from None
                 raise UserError(
@@ -571,6 +590,12 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = Tr
         ) from None
 
 
+def _setting_of(column: str, args: DataArgs) -> str:
+    """The setting that names `column`."""
+    names = ("label_column", "text_column", "text_pair_column", "tokens_column", "tags_column", "image_column")
+    return next((n for n in names if getattr(args, n, None) == column), "label_columns")
+
+
 def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, model_task: bool = False) -> None:
     task, label_columns, inputs = task_of(args.task), args.label_sources if labelled else [], args.input_columns
     for column in (*label_columns, *inputs):
@@ -588,6 +613,19 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if spaced is not None:  # "text, label": the header's space is part of the name
                 raise UserError(f"column '{column}' not found in the {split} data, but {spaced!r} is: strip the spaces "
                                 "around the names in the file's header")
+            cased = {c: next((n for n in ds.column_names if n.strip().lower() == c.lower()), None)
+                     for c in (*label_columns, *inputs) if c not in ds.column_names}  # fmt: skip
+            if cased.get(column) is not None:  # Text,Label: the names in another case
+                fixes = " ".join(f"{_setting_of(c, args)}={n}" for c, n in cased.items() if n is not None)
+                raise UserError(f"column '{column}' not found in the {split} data, but {cased[column]!r} is (the names "
+                                f"differ in case): set {fixes}, or rename the columns")
+            words, tags = (ds[0].get(args.tokens_column), ds[0].get(args.tags_column)) if len(ds) else (None, None)
+            if column in label_columns and isinstance(words, str) and isinstance(tags, list):
+                raise UserError(
+                    f"column '{args.tokens_column}' of the {split} data holds a string in each row, beside lists of "
+                    f"tags in '{args.tags_column}': a tagging run needs a list of words for each list of tags; split "
+                    "each sentence into its words ([\"Ada\", \"went\", ...])"
+                )
             (only,) = ds.column_names if len(ds.column_names) == 1 else (None,)
             if only is not None and len(ds) == 1 and isinstance(ds[0][only], list):  # {"data": [{...}, ...]}
                 raise UserError(

@@ -90,7 +90,7 @@ from finetune.errors import UserError, exit_on_user_error, first_line, remedy, w
 from finetune.evaluation import evaluate_model
 from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_report, summary_line
-from finetune.models import build_model
+from finetune.models import build_model, offline_hint
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import infer_problem_type, placeholder_labels, problem_type_of, scores
 from finetune.rundir import CONFUSION_MATRIX, EVAL, EVAL_METRICS, PREDICTIONS, RunDir, is_hub_name, kind_of
@@ -161,7 +161,7 @@ def _load_model_config(spec: str, trust_remote_code: bool = False, base: bool = 
         if damaged is not None:
             raise damaged from None
         first = first_line(e)
-        raise UserError(f"could not load the model config of '{spec}': {first}") from None
+        raise UserError(f"could not load the model config of '{spec}': {first}{offline_hint(spec)}") from None
 
 
 def _damaged_json(folder: Path, base: bool = False) -> UserError | None:
@@ -372,7 +372,8 @@ def load_model(target: Target, cfg: TrainConfig):
                 raise damaged from None
             first = first_line(e)
             damaged = " (its weights file is damaged: replace it)" if isinstance(e, SafetensorError) else ""
-            raise UserError(f"could not load the {cfg.task} model '{target.spec}'{damaged}: {first}") from None
+            raise UserError(f"could not load the {cfg.task} model '{target.spec}'{damaged}: {first}"
+                            f"{offline_hint(target.spec)}") from None
         except RuntimeError as e:  # transformers: weights whose shapes do not fit config.json
             if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
                 raise

@@ -30,11 +30,15 @@ def load_error(what: str, name: str, e: Exception) -> UserError:
     if weights.is_dir():
         return UserError(f"{what} '{name}': its model.safetensors is a folder, not a weights file; put back the "
                          "file it was saved with, or give another model")
-    first = first_line(e)
-    local = Path(name).expanduser().exists()  # a folder on disk: no download would help
+    return UserError(f"could not load {what} '{name}': {first_line(e)}{offline_hint(name)}")
+
+
+def offline_hint(name: str) -> str:
+    """Under HF_HUB_OFFLINE, for a hub name (a folder on disk: no download would help), what to do."""
+    local = Path(name).expanduser().exists()
     if not local and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        first += " (HF_HUB_OFFLINE is set: download it while online, or give a local directory)"
-    return UserError(f"could not load {what} '{name}': {first}")
+        return " (HF_HUB_OFFLINE is set: download it while online, or give a local directory)"
+    return ""
 
 
 def load_preprocessor(args: ModelArgs, model_config: PretrainedConfig | None = None):

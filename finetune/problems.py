@@ -76,6 +76,12 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
     feature = train.features[column]
     kind = _kind(feature)
     if kind is None:
+        if type(feature).__name__ == "Json":  # datasets' type for a JSON column of mixed kinds
+            raise UserError(
+                f"label column '{column}' mixes kinds of value (in JSON: \"1\" quoted in some rows and 1 bare in "
+                "others, or names beside lists); write every label one way (all names in quotes, all numbers, "
+                "or all lists)"
+            )
         raise UserError(
             f"label column '{column}' holds {feature}; labels are class names or integer ids, numbers "
             "(regression) or lists of names (multi-label)"
@@ -126,6 +132,10 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
             row, value = next(iter(_not_finite_numbers(train[column])), (None, None))
             if row is not None:
                 where = f" ({value!r} at row {row + 1} is not a finite number)"
+            else:  # every value reads as a number: written as text ("3.5" in JSON)
+                example = next(iter(train[column]), "")
+                raise UserError(f"label column '{column}' holds numbers written as text (e.g. {example!r}); regression "
+                                f"reads numbers: write them without quotes (JSON: \"{column}\": 3.5)")
         fix = " written plainly (1000, 0.5: no thousands separator, decimal comma or unit)" if where else ""
         raise UserError(f"label column '{column}' holds {what}{where}; regression needs one number per sample{fix}")
     if given == MULTI and kind != "list":

@@ -8,6 +8,7 @@ every shipped recipe, the direction of metric_for_best_model, and a saved config
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -223,3 +224,34 @@ def test_an_option_given_twice_and_a_setting_without_a_key_are_refused(tmp_path)
         parse_args(["--config", str(first), "--config", str(second)])
     with pytest.raises(UserError, match="expected key=value, got '=5': the key before '=' is empty"):
         parse_args(["=5"])
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("max_steps: 2\nlearning_rate: !!python/object/apply:os.system ['true']\n",
+     "a recipe holds plain values: remove the tag"),
+    ("max_steps: 2\n---\nlearning_rate: 1.0e-3\n", "a recipe is one YAML document: remove the '---' line"),
+])  # fmt: skip
+def test_a_recipe_with_a_python_tag_or_two_documents_says_the_fix(text, fragment, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(text)
+    with pytest.raises(UserError, match=re.escape(fragment)):
+        load_config(recipe)
+
+
+def test_a_resume_names_the_runs_saved_config_when_it_was_edited(tmp_path):
+    """The user never typed the bad value: the line names the file it is in, and the way out."""
+    from finetune.cli import parse_args
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-00000001").mkdir(parents=True)
+    resume = [f"output_dir={run}", "resume_from_checkpoint=latest"]
+    (run / "config.yaml").write_text("task: text-classification\nlearning_rate: abc\n")
+    with pytest.raises(UserError, match=re.escape(f"{run / 'config.yaml'}, the run's saved config: learning_rate must "
+                                                  "be a number, got 'abc'; repair it there, or delete it")):  # fmt: skip
+        parse_args(resume)
+    with pytest.raises(UserError, match="^learning_rate must be a number, got 'xyz'$"):  # the command line's own
+        parse_args([*resume, "learning_rate=xyz"])
+    (run / "config.yaml").write_text("task: [text-classification\n")
+    with pytest.raises(UserError, match="is not valid YAML .*; repair it, or delete it: a resume then reads the "
+                                        "config saved in its checkpoint's manifest.json"):  # fmt: skip
+        parse_args(resume)

@@ -360,3 +360,46 @@ def test_max_train_samples_that_leaves_one_class_is_refused(tmp_path):
                                         "rows are taken\\); a classifier needs at least two"):  # fmt: skip
         load_splits(load_config(None, [*argv, "max_train_samples=3"]).data_args)
     assert len(load_splits(load_config(None, [*argv, "max_train_samples=4"]).data_args)[0]["train"]) == 4
+
+
+@pytest.mark.parametrize("name, text, fragment", [
+    ("cased.csv", "Text,Label\na,0\nb,1\nc,0\nd,1\n",
+     "column 'label' not found in the train data, but 'Label' is (the names differ in case): set label_column=Label "
+     "text_column=Text, or rename the columns"),
+    ("quoted.jsonl", '{"text": "a", "label": "3.5"}\n{"text": "b", "label": "1.0"}\n{"text": "c", "label": "2"}\n',
+     "label column 'label' holds numbers written as text (e.g. '3.5'); regression reads numbers: write them without "
+     "quotes (JSON: \"label\": 3.5)"),
+    ("mixed.jsonl", '{"text": "a", "label": "1"}\n{"text": "b", "label": 0}\n{"text": "c", "label": 1}\n',
+     "label column 'label' mixes kinds of value (in JSON: \"1\" quoted in some rows and 1 bare in others"),
+    ("words.jsonl", '{"tokens": "Ada went home", "ner_tags": ["B-PER", "O", "O"]}\n'
+                    '{"tokens": "Bo ran", "ner_tags": ["B-PER", "O"]}\n',
+     "column 'tokens' of the train data holds a string in each row, beside lists of tags in 'ner_tags': a tagging "
+     "run needs a list of words for each list of tags"),
+])  # fmt: skip
+def test_columns_almost_right_say_the_fix(name, text, fragment, tmp_path):
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    path = tmp_path / name
+    path.write_text(text)
+    problem = "regression" if name == "quoted.jsonl" else "null"
+    cfg = load_config(None, [f"train_file={path}", f"validation_file={path}", "test_file=null", "label_names=null",
+                             "max_train_samples=null", "max_eval_samples=null", f"problem_type={problem}"])  # fmt: skip
+    with pytest.raises(UserError) as e:
+        load_splits(cfg.data_args)
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_a_csv_label_past_64_bits_is_a_class_name(tmp_path):
+    """pandas fails on 100000000000000000000 in an integer column (OverflowError): such a column is read as the
+    text it is, as ids and class names are."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    path = tmp_path / "train.csv"
+    path.write_text("text,label\n" + "".join(f"t{i},{'100000000000000000000' if i % 2 else 5}\n" for i in range(8)))
+    cfg = load_config(None, [f"train_file={path}", f"validation_file={path}", "test_file=null", "label_names=null",
+                             "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
+    raw, names = load_splits(cfg.data_args)
+    assert names == ["100000000000000000000", "5"] and len(raw["train"]) == 8
