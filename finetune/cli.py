@@ -36,7 +36,10 @@ def parse_args(argv: list[str]):
     parser.add_argument("settings", nargs="*", metavar="key=value", help="override any setting of the recipe")
     args = parser.parse_intermixed_args(settings_from_flags(argv))  # key=value before and after the flags
     if args.help:
-        print(f"{parser.format_help()}\n{settings_help(args.config)}")
+        try:
+            print(f"{parser.format_help()}\n{settings_help(args.config)}", flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         raise SystemExit(0)
     saved = resumed_run_recipe(args.settings) if args.config is None else None
     cfg: TrainConfig = load_config(saved or args.config, args.settings, saved=saved is not None)

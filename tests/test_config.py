@@ -255,3 +255,23 @@ def test_a_resume_names_the_runs_saved_config_when_it_was_edited(tmp_path):
     with pytest.raises(UserError, match="is not valid YAML .*; repair it, or delete it: a resume then reads the "
                                         "config saved in its checkpoint's manifest.json"):  # fmt: skip
         parse_args(resume)
+
+
+def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
+    """`finetune/run.py --help | head -1`: the reader leaves before the help is written; exit 0, no
+    BrokenPipeError traceback (and none at exit, when Python flushes stdout again)."""
+    import os
+    import sys
+
+    from finetune.cli import parse_args
+
+    read, write = os.pipe()
+    os.close(read)
+    out = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stdout", out)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--help"])
+    assert exit_info.value.code == 0
+    out.write("x" * 100_000)
+    out.flush()  # stdout now goes nowhere: a later flush cannot fail
+    out.close()
