@@ -315,11 +315,16 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
         marked = [p for p in root.glob(f"{PREFIX}*")
                   if p.name[len(PREFIX):].isdigit() and p.is_dir() and (p / COMPLETE).is_file()]  # fmt: skip
         if not marked:
-            raise UserError(f"resume_from_checkpoint=latest: no complete checkpoint in {root}")
+            raise UserError(f"resume_from_checkpoint=latest: no complete checkpoint in {root}; to start a new run "
+                            "there, leave resume_from_checkpoint out (or give the output_dir of the run to continue)")
         named = re.compile(rf"(\.tmp-|\.old-)?{PREFIX}\d+")  # a checkpoint's, or one being saved or replaced
         renamed = sorted(p for p in root.iterdir() if p.is_dir() and (p / MANIFEST).is_file()
                          and not named.fullmatch(p.name))  # fmt: skip
         problems = [(p, f"it is not named {PREFIX}<step> (renamed?); to resume from it, give its path") for p in renamed]
+        newest = max(int(p.name[len(PREFIX):]) for p in marked)
+        problems += [(p, f"it has no {COMPLETE} marker (a save cut short): the run saves that step again")
+                     for p in sorted(root.glob(f"{PREFIX}*")) if p.is_dir() and p.name[len(PREFIX):].isdigit()
+                     and not (p / COMPLETE).is_file() and int(p.name[len(PREFIX):]) > newest]  # fmt: skip
         for path in sorted(marked, key=lambda p: int(p.name[len(PREFIX) :]), reverse=True):
             problem = checkpoint_problem(path)
             if problem is None:

@@ -615,6 +615,11 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
                 f"class_weights={self.class_weights} weighs classes or labels; a regression has none: leave "
                 "class_weights unset (null)"
             )
+        if problem and problem != "multi_label_classification" and self.multi_label_threshold != 0.5:
+            raise UserError(
+                f"multi_label_threshold={self.multi_label_threshold:g} decides a multi-label run's labels; {problem} "
+                "has none (its prediction is the most probable class): leave multi_label_threshold out"
+            )
         if problem and problem != "multi_label_classification" and self.tune_threshold == "per_label":
             raise UserError(  # (the default, global, is simply unused outside multi-label)
                 f"tune_threshold=per_label tunes each label's decision threshold of a multi-label run; {problem} "
@@ -796,7 +801,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     """`key=value` from the command line: the value read as YAML (a string where YAML fails)."""
     key, sep, text = item.partition("=")
     if not sep:
-        raise UserError(f"expected key=value, got '{item}'")
+        raise UserError(f"expected key=value, got '{item}' (no spaces around '=': learning_rate=3e-5)")
     if not key.strip():
         raise UserError(f"expected key=value, got '{item}': the key before '=' is empty")
     try:
@@ -936,6 +941,7 @@ YAML_FIXES = {
     "could not determine a constructor": "; a recipe holds plain values: remove the tag (a !!python/... tag is "
                                          "never run)",
     "another document": "; a recipe is one YAML document: remove the '---' line and what follows it, or merge them",
+    "'\\t' that cannot start any token": "; indent with spaces: YAML allows no tabs there",
 }
 
 

@@ -824,7 +824,7 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
     """A CoNLL/IOB2 text file as sentences: {tokens_column: [words], tags_column: [tags]}.
 
     One token per line (tab- or space-separated columns), a blank line between sentences, `#` comments
-    and `-DOCSTART-` lines skipped. The word is the first column, or the second when the first is a
+    and `-DOCSTART-` lines skipped (a line `# O` is the word # and its tag). The word is the first column, or the second when the first is a
     running index (UD and UNER files); the tag is the last column of the first token line that reads
     as a tag (O, or B-/I-/E-/S- and a type: CoNLL-2003's chunk tags stand before its NER tags). A file of
     one column is words without tags (data to predict: no tags column). A line with another number of
@@ -841,7 +841,10 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                         words, tags = [], []
                     continue
                 fields = text.split("\t") if "\t" in text else text.split()
-                if (text.startswith("#") and not text.startswith("#\t")) or fields[0] == "-DOCSTART-":
+                # `# O`: the word # and its tag, not a comment (`# text = ...`, `# sent_id = 3` have no tag there)
+                hash_word = fields[0] == "#" and len(fields) == (columns or 2) and bool(
+                    re.fullmatch(r"O|[BIES]-\S+", fields[tag_at if columns else -1]))
+                if (text.startswith("#") and not text.startswith("#\t") and not hash_word) or fields[0] == "-DOCSTART-":
                     continue
                 if columns is None:
                     columns = len(fields)

@@ -93,7 +93,16 @@ from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_r
 from finetune.models import build_model, offline_hint
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import infer_problem_type, placeholder_labels, problem_type_of, scores
-from finetune.rundir import CONFUSION_MATRIX, EVAL, EVAL_METRICS, PREDICTIONS, RunDir, is_hub_name, kind_of
+from finetune.rundir import (
+    CONFUSION_MATRIX,
+    EVAL,
+    EVAL_METRICS,
+    PREDICTIONS,
+    RunDir,
+    is_hub_name,
+    kind_of,
+    replaced_whole_around,
+)
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
 from finetune.tasks import TASK_NAMES, task_of, task_of_model
 
@@ -604,6 +613,13 @@ def check_output(metrics_file: Path, target: Target) -> None:
         raise UserError(
             f"--output {metrics_file.parent} is the evaluated folder itself; name another folder for the "
             "evaluation (or leave --output out: it goes beside the run)"
+        )
+    inner = replaced_whole_around(folder)
+    if inner is not None:  # a run's checkpoints/ or export: deleted whole by that run (retention, an overwrite)
+        raise UserError(
+            f"--output {folder} is inside {inner}, which the run in {inner.parent} deletes or replaces whole "
+            "(checkpoint retention, its next export or overwrite); choose a folder outside it (or leave --output "
+            "out: the evaluation goes in the run's eval/)"
         )
     ours = _is_ours(metrics_file)
     if metrics_file.exists() and not ours:

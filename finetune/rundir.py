@@ -130,6 +130,9 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
         raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
+    if overwrite and resume:  # a resume continues what is there: nothing is replaced
+        warn(f"overwrite_output_dir=true is not used: resume_from_checkpoint continues the run in {run.root}, "
+             "nothing there is replaced (leave one of them out)")
     if overwrite and not resume and run.root.is_dir() and not run.holds_run():
         check_files_in_the_way(run, trackers)  # the user's config.yaml: not written over
     if overwrite and not resume and run.root.is_dir() and run.holds_run():
@@ -182,6 +185,13 @@ def _looks_like_a_run(path: Path) -> bool:
     checkpoints/). A project folder of the user's that has a model/ subfolder is not one."""
     run = RunDir(path)
     return run.results.is_file() or run.metrics.is_file() or (run.config.is_file() and run.checkpoints.is_dir())
+
+
+def replaced_whole_around(path: Path) -> Path | None:
+    """The folder of a run that holds `path` (or is it) and that the run deletes or replaces whole (its
+    checkpoints/, model/, ...: `_REPLACED_WHOLE`); None if there is none."""
+    path = Path(path).expanduser().resolve()
+    return next((p for p in (path, *path.parents) if p.name in _REPLACED_WHOLE and _looks_like_a_run(p.parent)), None)
 
 
 def check_not_inside_a_run(out: Path) -> None:

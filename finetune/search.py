@@ -209,11 +209,15 @@ def _other_settings(study, base: TrainConfig, space: list[str]) -> str | None:
     values are comparable only on the same data and recipe. A new study records them. The refusal, or None."""
     fixed = {k: v for k, v in base.to_dict().items() if k not in (*space, "output_dir")}
     fixed = json.loads(json.dumps(fixed, default=str))
-    made = study.user_attrs.get("settings")
+    made, searched = study.user_attrs.get("settings"), study.user_attrs.get("space")
     if made is None:
         if not study.trials:
             study.set_user_attr("settings", fixed)
+            study.set_user_attr("space", list(space))
         return None
+    if searched is not None and sorted(searched) != sorted(space):
+        return (f"output_dir {base.output_dir} holds a search over --space {','.join(searched)}, not "
+                f"{','.join(space)}; continue it with --space {','.join(searched)}, or give a new output_dir")
     differ = [k for k in sorted({*made, *fixed}) if made.get(k) != fixed.get(k)]
     if not differ:
         return None

@@ -572,7 +572,7 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     ),
     "no_checkpoint_to_resume": (
         lambda w: _text(w, "resume_from_checkpoint=latest", out=w.root / "fresh"),
-        "no complete checkpoint in",
+        "checkpoints; to start a new run there, leave resume_from_checkpoint out",
     ),
     # the config and the command line
     "unknown_key": (
@@ -606,7 +606,7 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         "config file not found",
     ),
     "unknown_option": (lambda w: [*_text(w), "--learning-rate", "1"], "unrecognized arguments: --learning-rate"),
-    "not_key_value": (lambda w: [*_text(w), "fast"], "expected key=value, got 'fast'"),
+    "not_key_value": (lambda w: [*_text(w), "fast"], "expected key=value, got 'fast' (no spaces around '='"),
     # the output directory and the hardware
     "finished_output_dir": (
         lambda w: [a for a in _text(w) if a != "overwrite_output_dir=true"],
@@ -677,6 +677,8 @@ SETTINGS: dict[str, tuple[list[str], str]] = {
     "cpu_threads_zero": (["cpu_threads=0"], "cpu_threads must be positive"),
     "label_names_duplicated": (["label_names=[0,0,1]"], "label_names lists '0' twice"),
     "label_names_empty": (["label_names=[]"], "label_names is empty"),
+    "multi_label_threshold_single_label": (["multi_label_threshold=0.9"], "multi_label_threshold=0.9 decides a "
+                                                                         "multi-label run's labels"),
     "tune_threshold_per_label_single_label": (["tune_threshold=per_label"], "tune_threshold=per_label tunes each "
                                                                             "label's decision threshold of a multi-label run"),
     "model_config_num_labels": (["model_config.num_labels=5"], "model_config.num_labels is set from the data's labels"),
@@ -986,6 +988,15 @@ def test_latest_names_a_checkpoint_folder_that_was_renamed(copy, capsys):
     skipped = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
     assert skipped == [f"warning: resume_from_checkpoint=latest skipped {renamed}: it is not named step-<step> "
                        "(renamed?); to resume from it, give its path"], skipped
+
+
+def test_latest_names_a_newer_checkpoint_whose_save_was_cut_short(copy, capsys):
+    """A newest checkpoint without its COMPLETE marker is skipped, as it always was, and now said."""
+    (copy / ckpt.CHECKPOINTS / LAST / "COMPLETE").unlink()
+    assert ckpt.resolve_checkpoint("latest", copy).name == "step-00000001"
+    skipped = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
+    assert skipped == [f"warning: resume_from_checkpoint=latest skipped {copy / ckpt.CHECKPOINTS / LAST}: it has no "
+                       "COMPLETE marker (a save cut short): the run saves that step again"], skipped
 
 
 def test_latest_resumes_from_the_newest_checkpoint_that_loads(world, copy, capsys):

@@ -230,6 +230,7 @@ def test_an_option_given_twice_and_a_setting_without_a_key_are_refused(tmp_path)
     ("max_steps: 2\nlearning_rate: !!python/object/apply:os.system ['true']\n",
      "a recipe holds plain values: remove the tag"),
     ("max_steps: 2\n---\nlearning_rate: 1.0e-3\n", "a recipe is one YAML document: remove the '---' line"),
+    ("max_steps: 2\nmodel_config:\n\thidden_size: 8\n", "indent with spaces: YAML allows no tabs there"),
 ])  # fmt: skip
 def test_a_recipe_with_a_python_tag_or_two_documents_says_the_fix(text, fragment, tmp_path):
     recipe = tmp_path / "recipe.yaml"

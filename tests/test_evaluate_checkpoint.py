@@ -331,6 +331,7 @@ def _incomplete(run, tmp_path):
         ("data_without_rows", "the data has no rows ("),
         ("tagging_data", "these look like token-classification data, and the model is a text-classification model"),
         ("output_is_a_file", "is a file, not a folder; --output names a folder"),
+        ("output_in_a_checkpoint", "which the run in"),
         ("hub_model_offline", "(HF_HUB_OFFLINE is set: download it while online, or give a local directory)"),
         ("foreign_output", "is not a metrics.json written by finetune.evaluate"),
         (
@@ -352,6 +353,7 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         "tagging_data": [str(run["checkpoint"]), "--data", str(write_jsonl(tmp_path / "ner.jsonl",
                          [{"tokens": ["Ada", "wrote"], "ner_tags": ["B-PER", "O"]}]))],  # fmt: skip
         "output_is_a_file": [str(run["checkpoint"]), "--output", str(run["dir"] / "results.json")],
+        "output_in_a_checkpoint": [str(run["checkpoint"]), "--output", str(run["checkpoint"].parent / "step-00000099")],
         "hub_model_offline": ["bert-base-uncased", "--data", str(write_csv(tmp_path / "d.csv", [{"text": "a", "label": 0}],
                                                                            ["text", "label"]))],  # fmt: skip
         "foreign_output": [str(run["checkpoint"]), "--output", str(tmp_path / "foreign")],  # its metrics.json is not ours

@@ -344,3 +344,14 @@ def test_a_metrics_log_of_the_users_is_not_a_run_an_overwrite_may_set_aside(fini
     for log in ('{"step": 1, "loss": 0.5}\n', ""):
         (folder / "metrics.jsonl").write_text(log)
         assert RunDir(folder).holds_run() == "a started run"
+
+
+def test_overwrite_beside_a_resume_is_said_to_be_unused(tmp_path, capsys):
+    from finetune.rundir import check_output_dir
+
+    check_output_dir(tmp_path / "run", overwrite=True, resume=True, trackers=False)
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: overwrite_output_dir=true is not used: resume_from_checkpoint continues the run in {tmp_path / 'run'}, "
+        "nothing there is replaced (leave one of them out)"]
+    check_output_dir(tmp_path / "run", overwrite=False, resume=True, trackers=False)
+    assert capsys.readouterr().err == ""

@@ -208,6 +208,10 @@ def test_a_study_is_continued_only_with_the_settings_it_was_made_with(small_text
     user_error(capsys, search, ["--budget", "300", "--trials", "1", "--space", "learning_rate",
                                 *settings(other, out, "max_steps=2")],
                "holds a search made with other settings (train_file was", untouched=out)  # fmt: skip
+    user_error(capsys, search, ["--budget", "300", "--trials", "1", "--space", "learning_rate,warmup_ratio",
+                                *settings(small_text_data, out, "max_steps=2")],
+               "holds a search over --space learning_rate, not learning_rate,warmup_ratio; continue it with --space "
+               "learning_rate", untouched=out)  # fmt: skip
     again = search(["--budget", "300", "--trials", "1", "--space", "learning_rate",
                     *settings(small_text_data, out, "max_steps=2")])  # fmt: skip
     assert again["trials"] == 2

@@ -613,3 +613,14 @@ def test_training_tags_that_are_all_o_are_refused(label_names, tmp_path, capsys)
     user_error(capsys, main, tagging_args(data, out, f"label_names={label_names}"),
                "tags column 'ner_tags' in the train data holds one tag ('O') in every word")  # fmt: skip
     assert not out.exists()
+
+
+def test_a_conll_line_of_the_word_hash_and_its_tag_is_a_word_not_a_comment(tmp_path):
+    """`# O` holds a word (#) and its tag; `# text = He said O` and `# sent_id = 1` are comments."""
+    from finetune.data import read_conll
+
+    path = tmp_path / "hash.conll"
+    path.write_text("# sent_id = 1\n# text = He said O\n# O\nAda B-PER\nwent O\n# O\nhome O\n\n# O\nBo B-PER\n")
+    ds = read_conll(str(path), "train", "tokens", "ner_tags")
+    assert ds["tokens"][:] == [["#", "Ada", "went", "#", "home"], ["#", "Bo"]]
+    assert ds["ner_tags"][:] == [["O", "B-PER", "O", "O", "O"], ["O", "B-PER"]]
