@@ -40,7 +40,7 @@ from datasets import Dataset as HFDataset
 from finetune.config import DataArgs
 from finetune.errors import UserError, warn
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS
-from finetune.tasks import shown, task_of, visible
+from finetune.tasks import BLANK, shown, task_of, visible
 
 # --- which problem ---------------------------------------------------------------------------------
 
@@ -257,7 +257,7 @@ def _check_no_null_in_lists(ds: HFDataset, column: str, split: str) -> None:
                 f"label column '{column}' in the {split} data has a null inside the list at row {row + 1}; "
                 "name every label, or drop the null"
             )
-        if labels and any(isinstance(v, str) and not visible(v).strip() for v in labels):  # "" would be a label
+        if labels and any(isinstance(v, str) and BLANK.fullmatch(v) for v in labels):  # "" would be a label
             raise UserError(
                 f"label column '{column}' in the {split} data has an empty label (\"\") inside the list at row "
                 f"{row + 1}; name every label, or drop the empty one (an empty list is a sample with no label)"
