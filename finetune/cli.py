@@ -12,6 +12,7 @@ import sys
 
 from finetune.config import TrainConfig, load_config, resumed_run_recipe, settings_from_flags, settings_help
 from finetune.errors import ArgumentParser, exit_on_user_error
+from finetune.rundir import RunDir
 
 USAGE = """Fine-tune a text, token or image classifier: one loop, every topology through Accelerate.
 
@@ -42,7 +43,13 @@ def parse_args(argv: list[str]):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         raise SystemExit(0)
     saved = resumed_run_recipe(args.settings) if args.config is None else None
-    cfg: TrainConfig = load_config(saved or args.config, args.settings, saved=saved is not None)
+    settings = args.settings
+    if saved is not None and not any(s.partition("=")[0].strip() == "output_dir" for s in settings):
+        # The run the checkpoint is in, not the output_dir its config names: a copied or moved run
+        # continues where it is, and never writes into the folder it was copied from.
+        run = saved.parent if RunDir(saved.parent).config == saved else saved.parents[2]  # <run>/checkpoints/<step>/
+        settings = [*settings, f"output_dir={run}"]
+    cfg: TrainConfig = load_config(saved or args.config, settings, saved=saved is not None)
     return cfg, args, saved
 
 

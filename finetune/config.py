@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from finetune.errors import UserError
-from finetune.metrics import METRICS, PROBLEMS
+from finetune.metrics import METRICS, PROBLEMS, TOKENS
 from finetune.rundir import MANIFEST
 from finetune.tasks import TASK_NAMES, task_of
 
@@ -326,6 +326,22 @@ class DataArgs(TaskArgs):
                 f"'{self.label_column}' is both the label column and a{'n' * (modality[0] in 'aeiou')} {modality} "
                 f"column: the model would read the answer; set {modality}_column (or label_column) to another column"
             )
+        kind = task_of(self.task) if self.task else None
+        if kind is not None and kind.modality != "image" and (self.random_flip or self.augment):
+            what = "random_flip=true" if self.random_flip else f"augment=[{','.join(self.augment)}]"
+            raise UserError(f"{what} augments training images; a {self.task} run has none: leave it out")
+        tagging = kind is not None and kind.problems == (TOKENS,)
+        if tagging and self.text_pair_column is not None:
+            raise UserError(f"text_pair_column pairs two texts of a sentence classifier; a {self.task} run tags "
+                            "one list of words: leave text_pair_column out")
+        if tagging and self.tags_column == self.tokens_column:
+            raise UserError(f"tags_column is the tokens_column ('{self.tokens_column}'): the words would be read as "
+                            "their own tags; set tags_column to the column of tag lists")
+        inputs = set(self.input_columns) if self.task else set()
+        mixed = next((c for c in self.label_columns or () if c in inputs), None)
+        if mixed is not None:
+            raise UserError(f"label_columns holds '{mixed}', an input column of the run (the model would read the "
+                            f"answer); remove it from label_columns")
         if self.text_pair_column is not None and self.text_pair_column == self.text_column:
             raise UserError(
                 "text_pair_column is the text_column: each sentence would be paired with itself; "

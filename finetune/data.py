@@ -701,6 +701,11 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
         if len(raw[split]) == 0:
             raise UserError(f"{_the(split)} has no rows; check the file or folder")
         check_columns(raw[split], split, args)
+    files = {s: Path(f).resolve() for s, f in args.files.items() if f}
+    if "validation" in files and files["validation"] == files.get("train"):  # the verdict would be on seen samples
+        warn(f"validation_file is the train_file ({args.files['train']}): validation scores and the model chosen "
+             "by them measure samples it trained on; give a separate file, or leave validation_file out to hold "
+             "out a share (validation_split_percentage)")
     problem = infer_problem_type(raw["train"], args)  # regression and multi-label: finetune/problems.py
     if problem == SINGLE:
         label_names = resolve_label_names(raw["train"], args.label_column, args.label_names)

@@ -135,8 +135,8 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
              "nothing there is replaced (leave one of them out)")
     if overwrite and not resume and run.root.is_dir() and not run.holds_run():
         check_files_in_the_way(run, trackers)  # the user's config.yaml: not written over
-    if overwrite and not resume and run.root.is_dir() and run.holds_run():
-        check_only_run_entries(run)  # the user's notes in model/ or checkpoints/: not moved aside and deleted
+    if (overwrite or resume) and run.root.is_dir() and run.holds_run():
+        check_only_run_entries(run)  # the user's notes in model/ or checkpoints/: deleted with what holds them
     if resume or not run.root.exists() or overwrite:
         return
     state = run.holds_run()
@@ -260,8 +260,8 @@ def check_only_run_entries(run: RunDir) -> None:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise UserError(
             f"output_dir {run.root} holds a run, and {found[0]}{more} inside it, which no run of this app wrote; "
-            "overwrite_output_dir=true would delete it with the run: move it out of "
-            f"{found[0].parent}, then run again (or choose another output_dir)"
+            f"the run replaces {found[0].parent.name}/ whole (an overwrite, a resume's export, checkpoint retention) "
+            f"and would delete it: move it out of {found[0].parent}, then run again (or choose another output_dir)"
         )
 
 

@@ -276,3 +276,15 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
     out.write("x" * 100_000)
     out.flush()  # stdout now goes nowhere: a later flush cannot fail
     out.close()
+
+
+@pytest.mark.parametrize("settings, fragment", [
+    (["random_flip=true"], "random_flip=true augments training images; a text-classification run has none"),
+    (["augment=[crop]"], "augment=[crop] augments training images"),
+    (["task=token-classification", "text_pair_column=tokens"], "a token-classification run tags one list of words"),
+    (["task=token-classification", "tags_column=tokens"], "tags_column is the tokens_column ('tokens')"),
+    (["label_columns=[pos,text]"], "label_columns holds 'text', an input column of the run"),
+])  # fmt: skip
+def test_settings_of_another_task_or_that_read_the_answer_are_refused(settings, fragment):
+    with pytest.raises(UserError, match=re.escape(fragment)):
+        load_config(None, ["task=text-classification", *settings])

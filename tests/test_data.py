@@ -403,3 +403,18 @@ def test_a_csv_label_past_64_bits_is_a_class_name(tmp_path):
                              "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
     raw, names = load_splits(cfg.data_args)
     assert names == ["100000000000000000000", "5"] and len(raw["train"]) == 8
+
+
+def test_a_validation_file_that_is_the_train_file_is_one_warning(tmp_path, capsys):
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    path = tmp_path / "train.csv"
+    path.write_text("text,label\n" + "".join(f"t{i},{i % 2}\n" for i in range(8)))
+    for validation, warned in ((path, True), (tmp_path / "." / "train.csv", True), ("null", False)):
+        cfg = load_config(None, [f"train_file={path}", f"validation_file={validation}", "test_file=null",
+                                 "label_names=null", "max_train_samples=null", "max_eval_samples=null",
+                                 "validation_split_percentage=50"])  # fmt: skip
+        load_splits(cfg.data_args)
+        lines = [line for line in capsys.readouterr().err.splitlines() if "validation_file is the train_file" in line]
+        assert len(lines) == warned, lines

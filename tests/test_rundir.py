@@ -355,3 +355,22 @@ def test_overwrite_beside_a_resume_is_said_to_be_unused(tmp_path, capsys):
         "nothing there is replaced (leave one of them out)"]
     check_output_dir(tmp_path / "run", overwrite=False, resume=True, trackers=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_copied_run_resumed_by_checkpoint_path_continues_in_the_copy(finished_run, tmp_path):
+    """The saved config names the original's output_dir; a resume by path with no output_dir continues the
+    run that holds the checkpoint (the copy), and the original is not touched (the factory checks it)."""
+    original = finished_run(*EARLIER_RUN)
+    copy = tmp_path / "moved copy"
+    shutil.copytree(original, copy)
+    results = main([f"resume_from_checkpoint={copy / 'checkpoints' / 'step-00000001'}"])
+    assert results["step"] == 2 and json.loads((copy / "results.json").read_text())["step"] == 2
+    assert (copy / "metrics.jsonl").read_text() != (original / "metrics.jsonl").read_text()  # the copy went on
+
+
+def test_a_resume_refuses_a_run_whose_export_holds_a_file_of_the_users(finished_run, tmp_path, capsys):
+    """A resume's export replaces model/ whole: a note of the user's there is refused, named, kept."""
+    copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    (copy / "model" / "my_notes.txt").write_text("mine\n")
+    user_error(capsys, main, [f"output_dir={copy}", "resume_from_checkpoint=latest"], "model/my_notes.txt",
+               "the run replaces model/ whole", untouched=copy)  # fmt: skip
