@@ -223,25 +223,25 @@ def label_names_for(train: HFDataset, args: DataArgs, problem: str) -> list[str]
     return names
 
 
-def case_twins(names, allowed=()) -> tuple[str, str] | None:
-    """The first two names (in sorted order) that differ only by letter case, unless `allowed` holds both."""
-    folded: dict[str, str] = {}
+def _twins(names, key, allowed=()) -> tuple[str, str] | None:
+    """The first two names (in sorted order) that `key` makes one, unless `allowed` holds both."""
+    seen: dict[str, str] = {}
     for name in sorted(names):
-        twin = folded.setdefault(name.casefold(), name)
+        twin = seen.setdefault(key(name), name)
         if twin != name and not {twin, name} <= set(allowed):
             return twin, name
     return None
+
+
+def case_twins(names, allowed=()) -> tuple[str, str] | None:
+    """The first two names that differ only by letter case, unless `allowed` holds both."""
+    return _twins(names, str.casefold, allowed)
 
 
 def look_alike(names, allowed=()) -> tuple[str, str] | None:
     """The first two names that read the same (`tasks.visible`: café composed and decomposed, pos and pos
     with a zero-width space), unless `allowed` holds both."""
-    seen: dict[str, str] = {}
-    for name in sorted(names):
-        twin = seen.setdefault(visible(name), name)
-        if twin != name and not {twin, name} <= set(allowed):
-            return twin, name
-    return None
+    return _twins(names, visible, allowed)
 
 
 LOOK_ALIKE = ("which read the same (they differ only in Unicode form or by invisible characters such as a "
