@@ -50,7 +50,7 @@ from finetune.errors import (
     warn,
     write_failure,
 )
-from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, PREFIX, RunDir
+from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, PREFIX, RunDir, as_umask_allows
 from finetune.runtime import agreed
 
 # What a resume reads from a manifest, all counts.
@@ -112,6 +112,7 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, manifest: di
             accelerator.save_state(str(tmp))  # each process writes its own RNG state
         with agreed(accelerator):
             if accelerator.is_main_process:
+                as_umask_allows(tmp)
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
                 _fsync_tree(tmp)
                 (tmp / COMPLETE).write_text(str(step))

@@ -327,6 +327,9 @@ class DataArgs(TaskArgs):
                 f"column: the model would read the answer; set {modality}_column (or label_column) to another column"
             )
         kind = task_of(self.task) if self.task else None
+        if kind is not None and kind.modality != "image" and (self.random_flip or self.augment):
+            what = "random_flip=true" if self.random_flip else f"augment=[{','.join(self.augment)}]"
+            raise UserError(f"{what} augments training images; a {self.task} run has none: leave it out")
         tagging = kind is not None and kind.problems == (TOKENS,)
         if tagging and self.text_pair_column is not None:
             raise UserError(f"text_pair_column pairs two texts of a sentence classifier; a {self.task} run tags "

@@ -302,7 +302,7 @@ def load_raw(
             why = _not_a_file(Path(path))
             raise UserError(f"{split} file not found: {path}" if why == "not found" else f"{split} file {path} {why}")
         if Path(path).stat().st_size == 0:
-            raise UserError(f"{split} file is empty: {path}")
+            raise UserError(f"{split} file is empty: {path} (0 bytes); save it with its samples, or name another file")
         _check_readable_and_separated(split, path)
     if data_dir and not Path(data_dir).is_dir() and dataset_name in (None, "imagefolder"):
         raise UserError(f"data_dir not found: {data_dir}")
@@ -525,6 +525,11 @@ def _check_label_texts(train: HFDataset, column: str, present: set[str], label_n
                 f"label column '{column}' holds {twin!r} and {name!r}, which differ only by spaces and would be two "
                 "classes; strip the spaces in the data"
             )
+    spaced = sorted(v for v in present if v != v.strip() and v not in named)
+    if spaced:  # every label written with a space around it: names that evaluation data without it won't match
+        warn(f"label column '{column}' has labels that begin or end with a space ({', '.join(map(repr, spaced[:3]))}"
+             f"{', ...' if len(spaced) > 3 else ''}): they are class names as written; strip the spaces in the data "
+             "unless they are part of the names")
     alike = look_alike(present, allowed=named)
     if alike:
         raise UserError(f"label column '{column}' holds {shown(alike[0])} and {shown(alike[1])}, "
@@ -643,6 +648,10 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                          f"{args.task} data, or evaluate a {other} model on these")
             elif other != args.task:  # the columns of another task's data
                 hint += f"; these look like {other} data: set task={other} (or task=null to read it from the data)"
+            spare = [c for c in ds.column_names if c not in (*label_columns, *inputs, *args.label_sources)
+                     and len(ds) and isinstance(ds[0][c], str)]  # fmt: skip
+            if column in inputs and other == args.task and len(spare) == 1:  # "sentence" where the run read "text"
+                hint += f"; if '{spare[0]}' is that column, set {_setting_of(column, args)}={spare[0]}"
             raise UserError(
                 f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
                 + hint
@@ -727,6 +736,10 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
             parts = rows.train_test_split(test_size=held_out, seed=args.seed, **stratify)
         except ValueError as e:
             looks = _what_the_labels_look_like(label_names)
+            ints = sorted(int(n) for n in label_names if re.fullmatch(r"\s*-?\d+\s*", n))
+            if not looks and len(ints) == len(label_names) > 10:  # 0..39: scores, too rare to be classes?
+                looks = (f"{len(ints)} classes, the whole numbers {ints[0]} to {ints[-1]}: scores to predict as numbers? "
+                         "then set problem_type=regression")
             raise UserError(
                 f"cannot hold out a stratified validation split: {first_line(e)}{f' ({looks})' if looks else ''}"
                 "; give a validation_file, or enough samples of every class (2 or more) and a "

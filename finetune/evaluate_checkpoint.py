@@ -272,10 +272,10 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
                 "config.json, or pass --data FILE_OR_DIR to evaluate it alone"
             )
         if not have_data:
-            raise UserError(
-                f"{spec} is a model folder without its run's config.yaml and results.json one "
-                "level up; pass --data FILE_OR_DIR (and --task if needed)"
-            )
+            gone = [f.name for f in (config_file, results_file) if not f.is_file()]
+            where = (f"without its run's {' and '.join(gone)} one level up" if gone else
+                     f"whose run one level up ({results_file}) names no labels")
+            raise UserError(f"{spec} is a model folder {where}; pass --data FILE_OR_DIR (and --task if needed)")
         return Target(spec, "export", None, labels)
 
     if kind == "run":

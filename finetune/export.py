@@ -21,7 +21,7 @@ from finetune.config import TrainConfig
 from finetune.errors import UserError, remedy, write_failure
 from finetune.lora import is_lora, merge_lora
 from finetune.plots import plot_training_curves
-from finetune.rundir import RunDir, finish_overwrite
+from finetune.rundir import RunDir, as_umask_allows, finish_overwrite
 from finetune.runtime import agreed
 
 
@@ -64,22 +64,12 @@ def export_run(
     return run.model
 
 
-def _as_umask_allows(folder: Path) -> None:
-    """safetensors writes its files readable by their owner alone (0600); an export is for sharing, so
-    its files get the modes the user's umask gives any new file (0644 under the usual 022)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in folder.rglob("*"):
-        if path.is_file():
-            path.chmod(0o666 & ~umask)
-
-
 def save_adapter(model, folder: Path) -> None:
     """peft's own adapter directory (adapter_config.json, adapter_model.safetensors: the LoRA matrices
     and the trained head, `modules_to_save`), which `PeftModel.from_pretrained(base, folder)` puts back
     on the model the run started from."""
     model.save_pretrained(folder, safe_serialization=True)
-    _as_umask_allows(folder)
+    as_umask_allows(folder)
 
 
 def _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds) -> None:
@@ -166,7 +156,7 @@ def _stage_export(cfg, accelerator, model, preprocessor, results, label_names, b
         if device_map is not None:
             unwrapped.hf_device_map = device_map
     preprocessor.save_pretrained(export)
-    _as_umask_allows(export)
+    as_umask_allows(export)
     results.update(
         {
             "model_dir": str(run.model),

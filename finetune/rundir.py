@@ -115,6 +115,16 @@ class RunDir:
         return [*RUN_FILES, self.root.name]
 
 
+def as_umask_allows(folder: Path) -> None:
+    """safetensors writes its files readable by their owner alone (0600); a run's checkpoints and export
+    are for sharing, so their files get the modes the user's umask gives any new file (0644 under 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)
+
+
 # --- the output-dir policy -------------------------------------------------------------------------
 
 
@@ -280,7 +290,7 @@ def set_aside_previous_run(run: RunDir) -> None:
     has a checkpoint of its own (a mistake found mid-run, a full disk, a diverged loss), they come back.
     An earlier overwrite that never finished left the last finished run there: it stays, the unfinished
     run's files go. Main process only."""
-    names, aside = run.run_files(), run.previous
+    names, aside = [*run.run_files(), EVAL], run.previous  # eval/: the replaced model's scores go with it
     if aside.is_dir():
         _remove(run.root, names)
     else:
@@ -300,7 +310,7 @@ def restore_previous_run(run: RunDir) -> None:
 
     if not run.previous.is_dir() or list_checkpoints(run.root):
         return
-    _remove(run.root, run.run_files())
+    _remove(run.root, [*run.run_files(), EVAL])
     for path in run.previous.iterdir():
         os.replace(path, run.root / path.name)
     run.previous.rmdir()

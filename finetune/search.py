@@ -262,6 +262,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     from accelerate.state import AcceleratorState, GradientState
 
     from finetune.run import train
+    from finetune.runtime import quiet_libraries
 
     started = time.monotonic()
     base, samples = _resolved(load_config(recipe, overrides))  # the problem type and its metric, from the data
@@ -316,6 +317,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
                                    *evaluations, f"output_dir={run_dir}",
                                    "overwrite_output_dir=true", "push_to_hub_model_id=null"])  # fmt: skip
         began = time.monotonic()
+        quiet_libraries(cfg.log_level)  # as finetune/run.py's main: no library bars (an export's shard bar)
         pruning = Pruning(trial, metric, deadline=started + budget)
         try:
             results = train(cfg, pruning.hooks)

@@ -280,7 +280,7 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         lambda w: _text(w, f"validation_file={w.root / 'nope.csv'}"),
         "validation file not found",
     ),
-    "empty_file": (lambda w: _text(w, f"train_file={w.root / 'empty.csv'}"), "train file is empty"),
+    "empty_file": (lambda w: _text(w, f"train_file={w.root / 'empty.csv'}"), "(0 bytes); save it with its samples"),
     "header_only": (
         lambda w: _text(w, f"train_file={w.root / 'header_only.csv'}"),
         "the train data has no rows",
@@ -359,7 +359,8 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     # columns and labels
     "text_column_missing": (
         lambda w: _text(w, "text_column=review"),
-        "column 'review' not found in the train data; columns are: text, label",
+        "column 'review' not found in the train data; columns are: text, label; if 'text' is that column, set "
+        "text_column=text",
     ),
     "label_column_missing": (
         lambda w: _text(w, "label_column=sentiment"),

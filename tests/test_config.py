@@ -279,6 +279,8 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
 
 
 @pytest.mark.parametrize("settings, fragment", [
+    (["random_flip=true"], "random_flip=true augments training images; a text-classification run has none"),
+    (["augment=[crop]"], "augment=[crop] augments training images"),
     (["task=token-classification", "text_pair_column=tokens"], "a token-classification run tags one list of words"),
     (["task=token-classification", "tags_column=tokens"], "tags_column is the tokens_column ('tokens')"),
     (["label_columns=[pos,text]"], "label_columns holds 'text', an input column of the run"),

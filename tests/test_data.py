@@ -218,6 +218,8 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
     (["01", "1", "02", "2", "01", "1"], "classes such as '01' and '1': the same number written two ways?"),
     (["no", "yes", "False", "True", "no", "yes"], "classes such as 'False' and 'no': yes/no written in more than one way?"),
     (["yes", "no", "maybe", "yes", "no", "maybe", "x"], "least populated class"),  # three answers: no hint
+    ([str(i % 39) for i in range(45)], "(39 classes, the whole numbers 0 to 38: scores to predict as numbers? then "
+                                       "set problem_type=regression)"),
 ])  # fmt: skip
 def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels, fragment, tmp_path):
     from finetune.config import load_config
@@ -418,3 +420,19 @@ def test_a_validation_file_that_is_the_train_file_is_one_warning(tmp_path, capsy
         load_splits(cfg.data_args)
         lines = [line for line in capsys.readouterr().err.splitlines() if "validation_file is the train_file" in line]
         assert len(lines) == warned, lines
+
+
+def test_labels_written_with_spaces_around_them_train_with_one_warning(capsys):
+    """'pos ' and 'neg ' (a CSV written with ', ' between fields) have no twin without the space: they
+    train as written, and one line says so; names listed in label_names are the user's own."""
+    from datasets import Dataset
+
+    from finetune.data import resolve_label_names
+
+    train = Dataset.from_dict({"label": ["pos ", "neg ", " neutral", "pos "]})
+    assert resolve_label_names(train, "label", None) == [" neutral", "neg ", "pos "]
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1
+    assert "has labels that begin or end with a space (' neutral', 'neg ', 'pos ')" in err
+    resolve_label_names(train, "label", ["pos ", "neg ", " neutral"])
+    assert capsys.readouterr().err == ""

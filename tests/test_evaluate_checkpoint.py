@@ -430,6 +430,10 @@ def test_a_damaged_results_or_config_of_the_run_is_named(run, tmp_path, capsys):
     (folder / "results.json").write_text("[]\n")  # valid JSON, but not a run's results
     user_error(capsys, evaluate, [str(folder / "model")],
                "results.json exists but is damaged (not a JSON object")  # fmt: skip
+    (folder / "results.json").unlink()  # the line names the one file that is missing, not both
+    line = user_error(capsys, evaluate, [str(folder / "model")], "is a model folder without its run's results.json one "
+                      "level up; pass --data FILE_OR_DIR")  # fmt: skip
+    assert "config.yaml" not in line
 
 
 def test_whole_numbers_stored_as_floats_are_class_ids_of_a_model_with_numbered_classes(run, tmp_path, capsys):

@@ -35,7 +35,7 @@ from finetune.run import main
 def test_text_run_exports_a_model_that_pipeline_loads(small_text_data, tmp_path):
     out = tmp_path / "run"
     results = main(
-        tiny_text_args(small_text_data, out, "num_train_epochs=1", "per_device_train_batch_size=8")
+        tiny_text_args(small_text_data, out, "num_train_epochs=1", "per_device_train_batch_size=8", "save_steps=3")
     )
     for name in (
         "config.yaml",
@@ -56,6 +56,9 @@ def test_text_run_exports_a_model_that_pipeline_loads(small_text_data, tmp_path)
     umask = os.umask(0)
     os.umask(umask)  # safetensors writes 0600: the export's files get what the umask gives a new file
     assert {p.stat().st_mode & 0o777 for p in (out / "model").iterdir()} == {0o666 & ~umask}
+    saved = [p for p in (out / "checkpoints").rglob("*") if p.is_file()]  # a checkpoint's weights too
+    assert "model.safetensors" in {p.name for p in saved}
+    assert {p.stat().st_mode & 0o777 for p in saved} == {0o666 & ~umask}
 
 
 def test_image_run_on_bundled_fashion_mnist(tmp_path):

@@ -246,11 +246,16 @@ def test_overwrite_then_a_diverged_loss_keeps_the_earlier_run(finished_run, tmp_
 
 
 def test_overwrite_that_finishes_replaces_only_the_run(finished_run, tmp_path):
+    """The run's files go, its evaluations (eval/: the replaced model's scores) with them; a file of the
+    user's beside them stays."""
     copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
     (copy / "notes.txt").write_text("mine")
+    (copy / "eval" / "test").mkdir(parents=True)
+    (copy / "eval" / "test" / "metrics.json").write_text('{"accuracy": 0.5}')
     results = main(tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, "overwrite_output_dir=true",
                                   "max_steps=1", "save_steps=1"))  # fmt: skip
     assert results["step"] == 1 and (copy / "notes.txt").read_text() == "mine"
+    assert not (copy / "eval").exists()
     assert [p.name for p in ckpt.list_checkpoints(copy)] == ["step-00000001"]
     assert sorted(p.name for p in copy.iterdir() if p.name.startswith(".")) == []  # nothing set aside is left
 

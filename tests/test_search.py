@@ -99,12 +99,16 @@ def test_a_search_under_ddp_runs_each_trial_on_both_processes(small_text_data, t
 
 @pytest.mark.slow
 def test_the_search_runs_trials_continues_its_study_and_keeps_the_best(small_text_data, tmp_path):
+    import transformers
+
     from finetune.search import main as search
 
     out = tmp_path / "search"
     args = ["--budget", "300", *recipe_text_args(small_text_data, out)[:-1], f"output_dir={out}", "max_steps=4"]
+    transformers.utils.logging.enable_progress_bar()  # as in a fresh process: a trial's log_level turns it off
     record = search([*args, "--trials", "3", "--space", "learning_rate,warmup_ratio"])
     assert record["trials"] == 3 and (out / "model" / "config.json").is_file()
+    assert not transformers.utils.logging.is_progress_bar_enabled()  # no export's "Writing model shards" bar
     best = yaml.safe_load((out / "best_recipe.yaml").read_text())
     assert best["learning_rate"] == pytest.approx(record["params"]["learning_rate"])
     assert sum((d / "model").is_dir() for d in out.glob("trial-*")) == 1  # only the best keeps its weights
