@@ -348,17 +348,29 @@ def load_raw(
     return raw
 
 
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes (what `sha256sum` prints)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def data_file_digests(args: DataArgs) -> dict[str, str]:
+    """The sha256 of each data file of the run, by its resolved path (kept in results.json: an evaluation
+    of the run's own split says when the file changed since the run)."""
+    files = dict.fromkeys(f for f in (args.train_file, args.validation_file, args.test_file) if f)
+    return {str(Path(f).resolve()): file_sha256(f) for f in files if Path(f).is_file()}
+
+
 def train_data_fingerprint(args: DataArgs) -> dict[str, str] | None:
     """What a resume checks the training data against (finetune/checkpoint.py): the sha256 of the train
     file's bytes, or of an image folder's file list (each file's path and size, under train/ when there
     is one); None for hub data, which its name and revision say. A file edited in place between a save
     and its resume would otherwise go on training on other samples in the saved order."""
     if args.train_file and Path(args.train_file).is_file():
-        digest = hashlib.sha256()
-        with open(args.train_file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return {"train_file": digest.hexdigest()}
+        return {"train_file": file_sha256(args.train_file)}
     if args.data_dir and args.dataset_name in (None, "imagefolder") and Path(args.data_dir).is_dir():
         root = Path(args.data_dir) / "train" if (Path(args.data_dir) / "train").is_dir() else Path(args.data_dir)
         listing = hashlib.sha256()

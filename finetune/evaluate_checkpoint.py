@@ -85,7 +85,7 @@ from finetune.config import (
     settings_from_flags,
     settings_help,
 )
-from finetune.data import check_columns, encode_split, load_path, load_splits
+from finetune.data import check_columns, encode_split, file_sha256, load_path, load_splits
 from finetune.errors import UserError, exit_on_user_error, first_line, remedy, warn, write_failure
 from finetune.evaluation import evaluate_model
 from finetune.lora import apply_lora, merge_lora
@@ -452,12 +452,9 @@ def read_weights(target: Target) -> dict[str, torch.Tensor]:
 def sha256_of(path: Path) -> str:
     """A file: the sha256 of its bytes (what `sha256sum` prints). A folder: of its files' relative
     paths and bytes, in sorted order, each framed by its length so that no two layouts collide."""
-    h = hashlib.sha256()
     if path.is_file():
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
+        return file_sha256(path)
+    h = hashlib.sha256()
     for file in sorted(
         (p for p in path.rglob("*") if p.is_file()), key=lambda p: p.relative_to(path).as_posix()
     ):
@@ -467,6 +464,19 @@ def sha256_of(path: Path) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()
+
+
+def _say_if_changed_since_the_run(target: Target, info: dict[str, Any]) -> None:
+    """The run's own split, read from a file whose bytes differ from those the run trained and scored on
+    (results.json's data_sha256): said in one line, since these scores are not the run's."""
+    if target.path is None or info.get("data_sha256") is None:
+        return
+    root = target.path.parent if target.kind == "export" else target.path.parent.parent
+    results, _ = _read_run_file(RunDir(root).results) if RunDir(root).results.is_file() else (None, None)
+    recorded = ((results or {}).get("data_sha256") or {}).get(info["data"])
+    if recorded is not None and recorded != info["data_sha256"]:
+        warn(f"{info['data']} changed since the run trained on it (its sha256 differs from the one in "
+             f"{RunDir(root).results}): these are scores on the file as it is now, not the run's")
 
 
 def _pick_split(available: list[str], split: str | None, where: str) -> str:
@@ -723,6 +733,8 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
             ds, name, info = data_split(cfg.data_args, args.data, args.split)
         if len(ds) == 0:
             raise UserError(f"no samples to evaluate in {info['data']} [{info['split'] or 'data'}]")
+        if args.data is None:
+            _say_if_changed_since_the_run(target, info)
         # As split "eval", never "train": that would add the training-time augmentation.
         prepared = task.prepare(ds, preprocessor, cfg.data_args, "eval", getattr(model.config, "num_channels", 3))
     metrics_file = metrics_path(args.output, target, name)

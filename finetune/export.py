@@ -18,6 +18,7 @@ from accelerate import Accelerator
 from finetune import checkpoint as ckpt
 from finetune.card import describe_data, push_to_hub, write_model_card
 from finetune.config import TrainConfig
+from finetune.data import data_file_digests
 from finetune.errors import UserError, remedy, write_failure
 from finetune.lora import is_lora, merge_lora
 from finetune.plots import plot_training_curves
@@ -163,6 +164,7 @@ def _stage_export(cfg, accelerator, model, preprocessor, results, label_names, b
             "label_names": label_names,
             "best": best,
             "versions": ckpt.package_versions(),
+            "data_sha256": data_file_digests(cfg.data_args),
         }
     )
     plot_training_curves(run.metrics, staged.path(run.curves), best=best)

@@ -602,3 +602,27 @@ def test_predictions_without_labels_use_the_tuned_thresholds(multi_label_export,
     text = "the cat saw a dog"
     labelled = predicted_by_evaluate(multi_label_export, [{"text": text, "labels": ["cat"]}], tmp_path / "labelled")
     assert predicted_by_evaluate(multi_label_export, [{"text": text}], tmp_path / "new") == labelled
+
+
+def test_the_runs_own_split_read_from_an_edited_file_is_said(run, tmp_path, capsys):
+    """results.json keeps the sha256 of each data file; evaluating the run's own split from a file whose
+    bytes changed since says so in one line (the scores are not the run's), and not when it is unchanged."""
+    import yaml
+
+    recorded = json.loads((run["dir"] / "results.json").read_text())["data_sha256"]
+    assert recorded[str(Path(run["test"]).resolve())] == hashlib.sha256(Path(run["test"]).read_bytes()).hexdigest()
+    folder = tmp_path / "run"
+    shutil.copytree(run["dir"], folder, ignore=shutil.ignore_patterns("checkpoints", "eval"))
+    test = tmp_path / "test.csv"
+    shutil.copy(run["test"], test)
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    (folder / "config.yaml").write_text(yaml.safe_dump({**config, "test_file": str(test)}))
+    results = json.loads((folder / "results.json").read_text())
+    results["data_sha256"] = {str(test.resolve()): hashlib.sha256(test.read_bytes()).hexdigest()}
+    (folder / "results.json").write_text(json.dumps(results))
+    evaluate([str(folder / "model"), "--output", str(tmp_path / "same")])
+    assert "changed since the run" not in capsys.readouterr().err
+    test.write_text(test.read_text().replace(",neg\n", ",pos\n", 1))
+    evaluate([str(folder / "model"), "--output", str(tmp_path / "edited")])
+    err = capsys.readouterr().err
+    assert f"warning: {test.resolve()} changed since the run trained on it (its sha256 differs" in err
