@@ -273,8 +273,11 @@ def train(model, data, chunks: int | None, lr: float = 1e-3) -> None:
         opt.zero_grad()
 
 
-@pytest.mark.parametrize("kind", ["bert", "vit"])
-@pytest.mark.parametrize("chunks", [0, 2, 3])
+@pytest.mark.parametrize("chunks, kind", [
+    (0, "bert"), (2, "vit"), (3, "bert"),  # each schedule once by default; the other model with each under slow
+    pytest.param(0, "vit", marks=pytest.mark.slow), pytest.param(2, "bert", marks=pytest.mark.slow),
+    pytest.param(3, "vit", marks=pytest.mark.slow),
+])  # fmt: skip
 def test_training_matches_unsplit(kind, chunks):
     ref, model = BUILD[kind](), split(BUILD[kind]())
     start = {n: p.detach().clone() for n, p in ref.named_parameters()}
