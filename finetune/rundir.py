@@ -146,7 +146,7 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
     if overwrite and not resume and run.root.is_dir() and not run.holds_run():
         check_files_in_the_way(run, trackers)  # the user's config.yaml: not written over
     if (overwrite or resume) and run.root.is_dir() and run.holds_run():
-        check_only_run_entries(run)  # the user's notes in model/ or checkpoints/: deleted with what holds them
+        check_only_run_entries(run, evaluations=not resume)  # the user's notes in model/: deleted with it
     if resume or not run.root.exists() or overwrite:
         return
     state = run.holds_run()
@@ -243,17 +243,30 @@ _EXPORT_ENTRY = re.compile(
 )
 
 
-def _entries_not_of_a_run(run: RunDir) -> list[Path]:
-    """The entries of run's checkpoints/, model/ and adapter/ that no run of this app wrote there."""
+# What an evaluation writes in <run>/eval/<name>/ (and its .tmp- files while it writes).
+_EVAL_ENTRY = re.compile(rf"(\.tmp-)?({re.escape(EVAL_METRICS)}|{re.escape(CONFUSION_MATRIX)}|{re.escape(PREDICTIONS)})")
+
+
+def _entries_not_of_a_run(run: RunDir, evaluations: bool) -> list[Path]:
+    """The entries of run's checkpoints/, model/ and adapter/ (and with `evaluations`, of the evaluations'
+    folders in eval/) that no run or evaluation of this app wrote there."""
     found = []
     for folder, written in ((run.checkpoints, _CHECKPOINT_NAME), (run.model, _EXPORT_ENTRY), (run.adapter, _EXPORT_ENTRY)):
         if folder.is_dir() and not folder.is_symlink():
             found += [p for p in sorted(folder.iterdir()) if not written.fullmatch(p.name)]
+    evals = run.root / EVAL
+    if evaluations and evals.is_dir() and not evals.is_symlink():
+        for entry in sorted(evals.iterdir()):
+            if not entry.is_dir() or entry.is_symlink():
+                found.append(entry)
+            else:
+                found += [p for p in sorted(entry.iterdir()) if not _EVAL_ENTRY.fullmatch(p.name) or not p.is_file()]
     return found
 
 
-def check_only_run_entries(run: RunDir) -> None:
-    """overwrite_output_dir=true over a run moves its checkpoints/ and model/ (and adapter/) aside whole and
+def check_only_run_entries(run: RunDir, evaluations: bool = True) -> None:
+    """overwrite_output_dir=true over a run moves its checkpoints/ and model/ (and adapter/, and eval/ with
+    the replaced model's evaluations: `evaluations`, an overwrite, not a resume) aside whole and
     deletes them once the new run is finished: so a file or folder of the user's inside them (notes in
     model/, a backup copy of a checkpoint under another name) would be deleted with them. Refused, before
     anything is moved, naming one, rather than kept: the new run's export replaces model/ whole, and a
@@ -265,12 +278,13 @@ def check_only_run_entries(run: RunDir) -> None:
                 f"output_dir {run.root} holds {name}, a file no run of this app wrote; overwrite_output_dir=true "
                 f"sets the earlier run aside under that name: move or rename {path}, then run again"
             )
-    found = _entries_not_of_a_run(run)
+    found = _entries_not_of_a_run(run, evaluations)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        top = found[0].relative_to(run.root).parts[0]
         raise UserError(
             f"output_dir {run.root} holds a run, and {found[0]}{more} inside it, which no run of this app wrote; "
-            f"the run replaces {found[0].parent.name}/ whole (an overwrite, a resume's export, checkpoint retention) "
+            f"the run replaces {top}/ whole (an overwrite, a resume's export, checkpoint retention) "
             f"and would delete it: move it out of {found[0].parent}, then run again (or choose another output_dir)"
         )
 

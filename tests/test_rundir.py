@@ -285,6 +285,13 @@ def test_overwrite_refuses_a_run_whose_folders_hold_files_of_the_user_s(finished
     shutil.copytree(copy / "checkpoints" / "step-00000001", copy / "checkpoints" / "step-00000001-mybackup")
     user_error(capsys, main, argv, "checkpoints/keep.txt", "and 2 more", "move it out", untouched=copy)
     assert [p.name for p in ckpt.list_checkpoints(copy)] == ["step-00000001", "step-00000002"]  # not the backup
+    shutil.rmtree(copy / "checkpoints" / "step-00000001-mybackup")
+    for name in ("MY_NOTES.txt", "keep.txt"):
+        next(copy.rglob(name)).unlink()
+    (copy / "eval" / "test").mkdir(parents=True)  # an evaluation's folder goes with the run; a note in it not
+    (copy / "eval" / "test" / "metrics.json").write_text("{}")
+    (copy / "eval" / "test" / "thoughts.md").write_text("t")
+    user_error(capsys, main, argv, "eval/test/thoughts.md", "the run replaces eval/ whole", untouched=copy)
 
 
 def test_overwrite_refuses_a_file_of_the_users_where_it_sets_the_run_aside(finished_run, tmp_path, capsys):
