@@ -34,7 +34,7 @@ import yaml
 from finetune.errors import UserError
 from finetune.metrics import METRICS, PROBLEMS, TOKENS
 from finetune.rundir import MANIFEST
-from finetune.tasks import TASK_NAMES, task_of
+from finetune.tasks import TASK_NAMES, TASKS, task_of
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -1008,13 +1008,37 @@ def load_config(
         if isinstance(value, str) and (key == "output_dir" or Path(value).expanduser().exists()):
             raw[key] = str(Path(value).expanduser().resolve())
     try:
-        return config_from_dict(raw, saved=saved)
+        cfg = config_from_dict(raw, saved=saved)
     except UserError as e:  # a value of the run's own config.yaml (edited since), not of the command line
         key = re.split(r"[\s\[.=]", str(e), maxsplit=1)[0]
         if not saved or recipe.name == MANIFEST or key in given or key.split("=")[0] in given:
             raise
         raise UserError(f"{recipe}, the run's saved config: {e}; repair it there, or delete it: a resume then reads "
                         f"the config saved in its checkpoint's {MANIFEST}") from None
+    _check_other_tasks_settings(cfg, {key.split(".")[0] for key in given})
+    return cfg
+
+
+def _check_other_tasks_settings(cfg: TrainConfig, given: set[str]) -> None:
+    """Settings that only another task reads (label_all_tokens on a sentence classifier, group_by_length
+    on images), given on the command line: ignored without a word otherwise. A recipe's own are left
+    alone (`task=image-classification data_dir=imgs` over the default text recipe reads the images);
+    random_flip and augment on text have their own line, in the data checks."""
+    if not cfg.task:
+        return
+    own = task_of(cfg.task).own_settings
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(cfg) if f.init}  # fmt: skip
+    foreign = {name for t in TASKS.values() for name in t.own_settings} - own - {"random_flip", "augment"}
+    named = [name for name in sorted(foreign & given) if getattr(cfg, name) != defaults[name]]
+    if named:
+        owners = sorted({t.name for t in TASKS.values() for name in named if name in t.own_settings})
+        shown = ", ".join(f"{n}={str(v).lower() if isinstance(v := getattr(cfg, n), bool) else v}" for n in named)
+        raise UserError(
+            f"{shown} {'is a setting' if len(named) == 1 else 'are settings'} of {' and '.join(owners)} runs, which "
+            f"a{'n' * (cfg.task[0] in 'aeiou')} {cfg.task} run does not read: leave {'it' if len(named) == 1 else 'them'} "
+            "out (or, if the task is wrong, set task=)"
+        )
 
 
 def _config_in_manifest(path: Path, text: str) -> dict[str, Any]:

@@ -713,6 +713,34 @@ def _check_one_type(ds: HFDataset, split: str, column: str) -> None:
     )
 
 
+def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path]) -> None:
+    """Text that says the splits are not what they seem: training samples all the same text; validation or
+    test samples that are mostly training samples (a shuffled copy of the training file), whose scores
+    measure what the model saw. A split read from the train_file itself is warned of on its own."""
+    if task_of(args.task).modality != "text":
+        return
+    columns = [c for c in args.input_columns if c in raw["train"].column_names]
+    if not columns:
+        return
+
+    def rows(ds: HFDataset) -> list[tuple]:
+        values = zip(*(ds[c] for c in columns), strict=True)
+        return [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in values]
+
+    train = rows(raw["train"])
+    seen = set(train)
+    if len(seen) == 1 and len(train) > 1:
+        warn(f"every training sample has the same {' and '.join(columns)} ({str(train[0][0])[:40]!r}): the model "
+             f"cannot tell them apart; check {_setting_of(columns[0], args)}")
+    for split in ("validation", "test"):
+        if split in raw and files.get(split) != files.get("train"):
+            shared = sum(row in seen for row in rows(raw[split]))
+            if shared and shared * 2 >= len(raw[split]):
+                warn(f"{shared} of the {len(raw[split])} {split} samples are also training samples (the same "
+                     f"{' and '.join(columns)}): their scores measure samples the model trained on; give {split} "
+                     "samples that are not in the training data")
+
+
 def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     """Raw splits with encoded `labels` (class ids; numbers or multi-hot vectors, finetune/problems.py);
     a seeded validation split (stratified by class) when there is none."""
@@ -727,6 +755,10 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
         warn(f"validation_file is the train_file ({args.files['train']}): validation scores and the model chosen "
              "by them measure samples it trained on; give a separate file, or leave validation_file out to hold "
              "out a share (validation_split_percentage)")
+    if "test" in files and files["test"] == files.get("train"):
+        warn(f"test_file is the train_file ({args.files['train']}): test scores measure samples the model trained "
+             "on; give a separate test file")
+    _warn_shared_samples(raw, args, files)
     problem = infer_problem_type(raw["train"], args)  # regression and multi-label: finetune/problems.py
     if problem == SINGLE:
         label_names = resolve_label_names(raw["train"], args.label_column, args.label_names)

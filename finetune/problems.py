@@ -309,6 +309,11 @@ def _warn_labels_without_positives(train: HFDataset, names: list[str]) -> None:
         shown = ", ".join(map(repr, absent[:5])) + (", ..." if len(absent) > 5 else "")
         warn(f"{len(absent)} of the {len(names)} labels have no positive training sample ({shown}): the model "
              "cannot learn to predict them; give them positive samples, or leave them out")
+    always = [name for name, n in zip(names, positives, strict=False) if n == len(train)]
+    if always and len(train) > 1:  # a label on every sample: nothing to tell apart, or a column of another meaning
+        shown = ", ".join(map(repr, always[:5])) + (", ..." if len(always) > 5 else "")
+        warn(f"{len(always)} of the {len(names)} labels are positive on every training sample ({shown}): the model "
+             "learns to predict them always; give them negative samples, or leave them out")
 
 
 def _replace_labels(ds: HFDataset, columns: list[str], fn, feature, split: str) -> HFDataset:
@@ -336,6 +341,11 @@ def _encode_regression(ds: HFDataset, column: str, split: str) -> HFDataset:
             f"label column '{column}' in the {split} data has {len(huge)} target(s) too large for the float32 loss "
             f"(first at row {huge[0] + 1}: {values[huge[0]]:g}; its square overflows float32); scale the targets "
             "(divide them by a constant, or take their logarithm) and scale the predictions back"
+        )
+    if split == "train" and len(values) > 1 and np.all(values == values[0]):  # as a single class would be
+        raise UserError(
+            f"label column '{column}' holds the same number ({values[0]:g}) in every training row; a regression "
+            "learns from targets that vary: give samples with other values (or check label_column)"
         )
     tiny = np.flatnonzero((values != 0) & (values.astype(np.float32) == 0))
     if len(tiny):  # 1e-300 rounds to 0 in float32: the model would learn zeros

@@ -86,11 +86,30 @@ class RunDir:
         """'a finished run', 'a started run' (checkpoints or a log), or None."""
         from finetune.checkpoint import list_checkpoints
 
-        if self.results.exists():
+        if self._finished():
             return "a finished run"
         if list_checkpoints(self.root) or self._started():
             return "a started run"
         return None
+
+    def _finished(self) -> bool:
+        """A run's results.json (a record with its step), or one damaged beside the run's config.yaml; a
+        results.json of the user's in a folder of other files is not a run's (an overwrite would delete it)."""
+        import yaml
+
+        if not self.results.is_file():
+            return False
+        try:
+            record = json.loads(self.results.read_text())
+        except (OSError, ValueError):
+            record = None
+        if isinstance(record, dict):
+            return "step" in record
+        try:
+            config = yaml.safe_load(self.config.read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            return False
+        return isinstance(config, dict) and "task" in config
 
     def _started(self) -> bool:
         """A run's log beside its config, as a run starts them (a metrics.jsonl of the user's, or of
@@ -108,7 +127,7 @@ class RunDir:
 
     def is_run(self) -> bool:
         """A run's folder: its config beside its checkpoints, or a finished run."""
-        return (self.config.is_file() and self.checkpoints.is_dir()) or self.results.is_file()
+        return (self.config.is_file() and self.checkpoints.is_dir()) or self._finished()
 
     def run_files(self) -> list[str]:
         """What a run writes here, the trackers' folder (named after the output_dir) included."""

@@ -280,6 +280,11 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
 
 @pytest.mark.parametrize("settings, fragment", [
     (["random_flip=true"], "random_flip=true augments training images; a text-classification run has none"),
+    (["label_all_tokens=true"], "label_all_tokens=true is a setting of token-classification runs, which a "
+                                "text-classification run does not read: leave it out"),
+    (["task=image-classification", "freeze_embeddings=false", "group_by_length=true", "max_length=32"],
+     "group_by_length=true, max_length=32 are settings of text-classification and token-classification runs, "
+     "which an image-classification run does not read: leave them out (or, if the task is wrong, set task=)"),
     (["augment=[crop]"], "augment=[crop] augments training images"),
     (["task=token-classification", "text_pair_column=tokens"], "a token-classification run tags one list of words"),
     (["task=token-classification", "tags_column=tokens"], "tags_column is the tokens_column ('tokens')"),

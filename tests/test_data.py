@@ -436,3 +436,47 @@ def test_labels_written_with_spaces_around_them_train_with_one_warning(capsys):
     assert "has labels that begin or end with a space (' neutral', 'neg ', 'pos ')" in err
     resolve_label_names(train, "label", ["pos ", "neg ", " neutral"])
     assert capsys.readouterr().err == ""
+
+
+def test_splits_that_are_not_what_they_seem_warn(tmp_path, capsys):
+    """A test_file that is the train_file; a validation file that is a shuffled copy of the training file;
+    training texts all the same: each trains with one warning line. Distinct splits say nothing."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    rows = [f"sample {i},{['pos', 'neg'][i % 2]}\n" for i in range(12)]
+    train, copy, other = tmp_path / "train.csv", tmp_path / "copy.csv", tmp_path / "other.csv"
+    train.write_text("text,label\n" + "".join(rows))
+    copy.write_text("text,label\n" + "".join(reversed(rows)))
+    other.write_text("text,label\n" + "".join(f"other {i},{['pos', 'neg'][i % 2]}\n" for i in range(6)))
+    same = tmp_path / "same.csv"
+    same.write_text("text,label\n" + "".join(f"same text,{['pos', 'neg'][i % 2]}\n" for i in range(12)))
+
+    def warnings(train_file, validation, test):
+        cfg = load_config(None, [f"train_file={train_file}", f"validation_file={validation}", f"test_file={test}",
+                                 "label_names=null", "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
+        load_splits(cfg.data_args)
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+
+    assert warnings(train, other, other) == []
+    assert warnings(train, other, train) == [f"warning: test_file is the train_file ({train}): test scores measure "
+                                             "samples the model trained on; give a separate test file"]  # fmt: skip
+    assert warnings(train, copy, other) == [
+        "warning: 12 of the 12 validation samples are also training samples (the same text): their scores measure "
+        "samples the model trained on; give validation samples that are not in the training data"]
+    assert warnings(same, other, other) == [
+        "warning: every training sample has the same text ('same text'): the model cannot tell them apart; check "
+        "text_column"]
+
+
+def test_a_regression_target_that_never_varies_is_refused(tmp_path):
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(f'{{"text": "sample {i}", "score": 3.5}}\n' for i in range(8)))
+    cfg = load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
+                             "label_column=score", "problem_type=regression"])  # fmt: skip
+    with pytest.raises(UserError, match=r"label column 'score' holds the same number \(3.5\) in every training row"):
+        load_splits(cfg.data_args)

@@ -410,3 +410,18 @@ def test_balanced_class_weights_weigh_each_sample_by_its_class(tmp_path):
     plain = F.cross_entropy(logits, labels).item()
     assert logged_loss(tmp_path / "run", 1) == pytest.approx(weighted, rel=1e-5)
     assert abs(weighted - plain) > 1e-3
+
+
+def test_a_multi_label_label_positive_on_every_training_sample_is_one_warning(capsys):
+    """A label on every sample (["art", "film", "music"] on each row) teaches the model to predict it always."""
+    from datasets import Dataset
+
+    from finetune.problems import _warn_labels_without_positives
+
+    train = Dataset.from_dict({"labels": [[1.0, 1.0, 0.0], [1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]})
+    _warn_labels_without_positives(train, ["art", "film", "music"])
+    assert capsys.readouterr().err == ("warning: 1 of the 3 labels are positive on every training sample ('art'): "
+                                       "the model learns to predict them always; give them negative samples, or "
+                                       "leave them out\n")  # fmt: skip
+    _warn_labels_without_positives(train.select([0, 1]).map(lambda r: {"labels": [1.0, 0.0, 1.0]}), ["a", "b", "c"])
+    assert "positive on every training sample ('a', 'c')" in capsys.readouterr().err

@@ -358,6 +358,23 @@ def test_a_metrics_log_of_the_users_is_not_a_run_an_overwrite_may_set_aside(fini
         assert RunDir(folder).holds_run() == "a started run"
 
 
+def test_a_results_json_of_the_users_is_not_a_finished_run(finished_run, tmp_path, capsys):
+    """The same for results.json: the user's own, in a folder of other files, is refused, not set aside and
+    deleted; a run's (a record with its step), or one damaged beside the run's config.yaml, is a finished run."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "results.json").write_text('{"mine": 1}\n')
+    assert RunDir(folder).holds_run() is None
+    argv = tiny_text_args(finished_run.data(), folder, "max_steps=1", "overwrite_output_dir=true")
+    user_error(capsys, main, argv, "holds results.json, which no run of this app wrote there", untouched=folder)
+    (folder / "results.json").write_text('{"step": 3}\n')
+    assert RunDir(folder).holds_run() == "a finished run"
+    (folder / "results.json").write_text('{"step": 3')  # cut short: a run's only beside its config
+    assert RunDir(folder).holds_run() is None
+    shutil.copy(finished_run(*EARLIER_RUN) / "config.yaml", folder / "config.yaml")
+    assert RunDir(folder).holds_run() == "a finished run"
+
+
 def test_overwrite_beside_a_resume_is_said_to_be_unused(tmp_path, capsys):
     from finetune.rundir import check_output_dir
 
