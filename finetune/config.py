@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from finetune.errors import UserError
+from finetune.errors import UserError, warn
 from finetune.metrics import METRICS, PROBLEMS, TOKENS
 from finetune.rundir import MANIFEST
 from finetune.tasks import TASK_NAMES, TASKS, task_of
@@ -605,6 +605,11 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
                 else ""
             )
             raise UserError(f"no training data: set train_file, data_dir or dataset_name{resuming}")
+        if self.data_dir and self.output_dir and not self.train_file:
+            data, out = Path(self.data_dir).expanduser().resolve(), Path(self.output_dir).expanduser().resolve()
+            if out == data or data in out.parents:  # the run's pictures would be read as images next time
+                raise UserError(f"output_dir {self.output_dir} is inside data_dir {self.data_dir}: the run's files "
+                                "would be read as data by the next run; choose an output_dir outside it")
         self._validate_problem()
 
     def _validate_problem(self) -> None:
@@ -654,6 +659,11 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
         if self.metric_for_best_model is None:
             self.metric_for_best_model = PROBLEMS[problem_type].reported[0]
         self._validate_problem()  # and greater_is_better, from that metric when it is null
+        if problem_type == "multi_label_classification" and self.multi_label_threshold != 0.5 and \
+                self.tune_threshold != "off":  # fmt: skip
+            warn(f"multi_label_threshold={self.multi_label_threshold:g} decides the labels while training; after it, "
+                 f"tune_threshold={self.tune_threshold} replaces it with the threshold tuned on validation (the "
+                 "test split, the export): set tune_threshold=off to keep yours")
 
     def to_dict(self) -> dict[str, Any]:
         """Section by section, as config.yaml shows it."""

@@ -404,6 +404,11 @@ def _check_image_folder(root: Path) -> None:
             if path.is_symlink() and not path.exists():
                 raise UserError(f"{path} is a link to {os.readlink(path)}, which does not exist: the image would be "
                                 "left out; fix the link or delete it")
+    cased = next((p for p in sorted(root.iterdir()) if p.is_dir() and p.name.lower() in SPLIT_FOLDERS
+                  and p.name not in SPLIT_FOLDERS), None)  # fmt: skip
+    if cased is not None:  # Train/, Validation/: read as class folders, every split's images trained on
+        raise UserError(f"{cased} is not read as the {cased.name.lower()} split: the image folder loader knows split "
+                        f"folders by their lower-case names only; rename it to {cased.name.lower()}/")
     splits = [p for p in root.iterdir() if p.is_dir() and p.name.lower() in SPLIT_FOLDERS] or [root]
     for folder in splits:
         entries = sorted(folder.iterdir())
@@ -613,6 +618,21 @@ def _setting_of(column: str, args: DataArgs) -> str:
     return next((n for n in names if getattr(args, n, None) == column), "label_columns")
 
 
+def _word_and_tag_lists(ds: HFDataset) -> tuple[str, str] | None:
+    """The two columns of tagging data under any names: a list of words and, beside it, a list of tags (names
+    or ids) of the same length in the first row; None unless exactly one such pair."""
+    if not len(ds):
+        return None
+    row = ds[0]
+    words = [c for c, v in row.items() if isinstance(v, list) and v and all(isinstance(w, str) for w in v)]
+    pairs = [(w, t) for w in words for t, v in row.items()
+             if t != w and isinstance(v, list) and len(v) == len(row[w]) and all(isinstance(x, (str, int)) for x in v)]
+    if len(pairs) == 2 and pairs[0] == pairs[1][::-1]:  # two lists of strings: the tags are the ones that read so
+        tag = re.compile(r"O|[BIES]-\S+")
+        pairs = [(w, t) for w, t in pairs if all(tag.fullmatch(x) for x in row[t])]
+    return pairs[0] if len(pairs) == 1 else None
+
+
 def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, model_task: bool = False) -> None:
     task, label_columns, inputs = task_of(args.task), args.label_sources if labelled else [], args.input_columns
     for column in (*label_columns, *inputs):
@@ -651,6 +671,14 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                 )
             hint = task.missing_label_hint() if column in label_columns and ds.column_names == inputs else ""
             other = task_for_data(ds.features, args)
+            lists = _word_and_tag_lists(ds)
+            if lists is not None and lists != (args.tokens_column, args.tags_column):  # words/tags under other names
+                retask = "" if task.problems == (TOKENS,) else "task=token-classification "
+                raise UserError(
+                    f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}; "
+                    f"'{lists[0]}' and '{lists[1]}' hold lists of words and their tags: to tag words, set "
+                    f"{retask}tokens_column={lists[0]} tags_column={lists[1]}"
+                )
             if column in label_columns and task.problems == (TOKENS,) and ds.column_names == inputs:
                 other = args.task  # words without tags: tagging data that lacks its tags, not another task's
                 hint = ("; a tagging run trains on a tag for each word (CoNLL: the word and its tag on each line; "
@@ -781,6 +809,9 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
         except ValueError as e:
             looks = _what_the_labels_look_like(label_names)
             ints = sorted(int(n) for n in label_names if re.fullmatch(r"\s*-?\d+\s*", n))
+            if not looks and len(label_names) * 2 > len(raw["train"]):  # an id or a text column as the label?
+                looks = (f"{len(label_names)} classes for {len(raw['train'])} samples, most with one sample each: is "
+                         f"'{args.label_column}' an id or a text column? set label_column to the column of classes")
             if not looks and len(ints) == len(label_names) > 10:  # 0..39: scores, too rare to be classes?
                 looks = (f"{len(ints)} classes, the whole numbers {ints[0]} to {ints[-1]}: scores to predict as numbers? "
                          "then set problem_type=regression")
@@ -935,6 +966,12 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
         sentences.append((words, tags))
     if not sentences:
         raise UserError(f"{_the(split)} has no rows ({path}): no token lines; check the file")
+    longest = max(len(w) for w, _ in sentences)
+    if longest > 100 and longest * 2 > sum(len(w) for w, _ in sentences):  # no blank lines: the file is one
+        raise UserError(
+            f"{split} file {path} reads as {len(sentences)} sentence(s), one of {longest} words: a CoNLL file has a "
+            "blank line after each sentence; put them in (a file without them reads as one long sentence)"
+        )
     if columns == 1:  # words alone, one a line: sentences to tag (evaluation predicts them; training needs tags)
         return HFDataset.from_dict({tokens_column: [w for w, _ in sentences]})
     _check_conll_columns(split, path, sentences, first)

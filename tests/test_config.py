@@ -286,6 +286,8 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
      "group_by_length=true, max_length=32 are settings of text-classification and token-classification runs, "
      "which an image-classification run does not read: leave them out (or, if the task is wrong, set task=)"),
     (["augment=[crop]"], "augment=[crop] augments training images"),
+    (["task=image-classification", "freeze_embeddings=false", "data_dir=/tmp/imgs", "output_dir=/tmp/imgs/train/run"],
+     "output_dir /tmp/imgs/train/run is inside data_dir /tmp/imgs: the run's files would be read as data"),
     (["task=token-classification", "text_pair_column=tokens"], "a token-classification run tags one list of words"),
     (["task=token-classification", "tags_column=tokens"], "tags_column is the tokens_column ('tokens')"),
     (["label_columns=[pos,text]"], "label_columns holds 'text', an input column of the run"),
@@ -293,3 +295,14 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
 def test_settings_of_another_task_or_that_read_the_answer_are_refused(settings, fragment):
     with pytest.raises(UserError, match=re.escape(fragment)):
         load_config(None, ["task=text-classification", *settings])
+
+
+def test_a_multi_label_threshold_that_tuning_replaces_says_so(capsys):
+    """multi_label_threshold=0.3 with tune_threshold on (the default): the tuned threshold replaces it after
+    training, said in one line; with tune_threshold=off it is kept, and nothing is said."""
+    for tune, said in (("global", True), ("off", False)):
+        cfg = load_config(None, ["multi_label_threshold=0.3", f"tune_threshold={tune}", "metric_for_best_model=null"])
+        cfg.resolve_problem("multi_label_classification")
+        err = capsys.readouterr().err
+        assert ("warning: multi_label_threshold=0.3 decides the labels while training; after it, tune_threshold=global "
+                "replaces it" in err) is said, err

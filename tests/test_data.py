@@ -218,8 +218,10 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
     (["01", "1", "02", "2", "01", "1"], "classes such as '01' and '1': the same number written two ways?"),
     (["no", "yes", "False", "True", "no", "yes"], "classes such as 'False' and 'no': yes/no written in more than one way?"),
     (["yes", "no", "maybe", "yes", "no", "maybe", "x"], "least populated class"),  # three answers: no hint
-    ([str(i % 39) for i in range(45)], "(39 classes, the whole numbers 0 to 38: scores to predict as numbers? then "
+    ([str(i % 39) for i in range(80)], "(39 classes, the whole numbers 0 to 38: scores to predict as numbers? then "
                                        "set problem_type=regression)"),
+    ([f"row-{i}" for i in range(12)], "(12 classes for 12 samples, most with one sample each: is 'label' an id or a "
+                                      "text column? set label_column to the column of classes)"),
 ])  # fmt: skip
 def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels, fragment, tmp_path):
     from finetune.config import load_config
@@ -480,3 +482,15 @@ def test_a_regression_target_that_never_varies_is_refused(tmp_path):
                              "label_column=score", "problem_type=regression"])  # fmt: skip
     with pytest.raises(UserError, match=r"label column 'score' holds the same number \(3.5\) in every training row"):
         load_splits(cfg.data_args)
+
+
+def test_a_split_folder_named_in_another_case_is_refused(tmp_path):
+    """Train/ and Validation/: the image folder loader would read them as class folders and train on both."""
+    from finetune.data import _check_image_folder
+    from finetune.errors import UserError
+
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"]})
+    _check_image_folder(folder)
+    (folder / "train").rename(folder / "Train")
+    with pytest.raises(UserError, match=r"Train is not read as the train split: .* rename it to train/"):
+        _check_image_folder(folder)

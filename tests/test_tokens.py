@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -118,6 +119,8 @@ def test_conll_files_read_with_comments_docstart_and_an_index_column(tmp_path):
         ("Ada B-PER\nsaid O extra\n", "line 2 has 3 column(s), the file's first token line has 2"),
         ("Ada\n", "line 1 has 1 column(s), a token and its tag"),
         ("# only a comment\n\n", "no token lines"),
+        ("Ada B-PER\nsaid O\n" * 60 + "\nok O\n", "reads as 2 sentence(s), one of 120 words: a CoNLL file has a "
+                                                   "blank line after each sentence"),
     ],
 )
 def test_a_damaged_conll_file_is_one_line_with_its_line(tmp_path, text, fragment):
@@ -624,3 +627,23 @@ def test_a_conll_line_of_the_word_hash_and_its_tag_is_a_word_not_a_comment(tmp_p
     ds = read_conll(str(path), "train", "tokens", "ner_tags")
     assert ds["tokens"][:] == [["#", "Ada", "went", "#", "home"], ["#", "Bo"]]
     assert ds["ner_tags"][:] == [["O", "B-PER", "O", "O", "O"], ["O", "B-PER"]]
+
+
+@pytest.mark.parametrize("task", ["token-classification", "null"])
+def test_word_and_tag_lists_under_other_names_are_named(task, tmp_path):
+    """{"words": [...], "tags": [...]} for a tagging run (or task=null): the line names both columns and the
+    settings that read them, not another task's data."""
+    from finetune.config import load_config
+    from finetune.data import infer_task, load_splits
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"tags": ["B-PER", "O"], "words": ["Ada", f"w{i}"]}) + "\n" for i in range(6)))
+    recipe = "finetune/configs/bert_ner.yaml" if task != "null" else None
+    cfg = load_config(recipe, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
+                               f"task={task}"])  # fmt: skip
+    retask = "" if task != "null" else "task=token-classification "
+    with pytest.raises(UserError, match=re.escape(f"'words' and 'tags' hold lists of words and their tags: to tag "
+                                                  f"words, set {retask}tokens_column=words tags_column=tags")):
+        if cfg.task is None:  # as finetune/run.py does: the task read from the data first
+            cfg.resolve_task(infer_task(cfg.data_args))
+        load_splits(cfg.data_args)
