@@ -316,8 +316,14 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
         marked = [p for p in root.glob(f"{PREFIX}*")
                   if p.name[len(PREFIX):].isdigit() and p.is_dir() and (p / COMPLETE).is_file()]  # fmt: skip
         if not marked:
-            raise UserError(f"resume_from_checkpoint=latest: no complete checkpoint in {root}; to start a new run "
-                            "there, leave resume_from_checkpoint out (or give the output_dir of the run to continue)")
+            from finetune.rundir import RunDir
+
+            held = RunDir(output_dir).holds_run()  # a run without checkpoints: leaving the resume out is refused too
+            again = (f"to start again there, pass overwrite_output_dir=true instead ({output_dir} holds {held} without "
+                     "a checkpoint: it is set aside, and deleted once the new run finishes)" if held else
+                     "to start a new run there, leave resume_from_checkpoint out")
+            raise UserError(f"resume_from_checkpoint=latest: no complete checkpoint in {root}; {again} (or give the "
+                            "output_dir of the run to continue)")
         named = re.compile(rf"(\.tmp-|\.old-)?{PREFIX}\d+")  # a checkpoint's, or one being saved or replaced
         renamed = sorted(p for p in root.iterdir() if p.is_dir() and (p / MANIFEST).is_file()
                          and not named.fullmatch(p.name))  # fmt: skip
@@ -354,6 +360,9 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
             f"{spec} is a run directory; resume it with resume_from_checkpoint=latest output_dir={spec}, or name "
             f"one of {RunDir(path).checkpoints}/{PREFIX}N"
         )
+    if path.name == CHECKPOINTS and any(p.is_dir() and (p / COMPLETE).is_file() for p in path.glob(f"{PREFIX}*")):
+        raise UserError(f"{spec} is a run's checkpoints folder; name one of its {PREFIX}N folders, or resume the run "
+                        f"with resume_from_checkpoint=latest output_dir={path.parent}")
     if not (path / COMPLETE).is_file():
         raise UserError(
             f"{spec} is not a complete checkpoint (no {COMPLETE} marker); "
@@ -616,9 +625,13 @@ def check_resume_compatible(
             "trained on); resume with the data it was trained on, or start a new run without resume_from_checkpoint"
         )
     if manifest.get("train_samples") not in (None, train_samples):
+        was = (manifest.get("config") or {}).get("validation_file")
+        why = ("another max_train_samples, or other training data" if was == cfg.validation_file else
+               f"the run had validation_file={was or 'null'}, this run has {cfg.validation_file or 'null'}: a run without "
+               "one holds out a share of the training data")
         raise UserError(
             f"the checkpoint's run trained on {manifest['train_samples']} samples an epoch, this run has {train_samples} "
-            "(another max_train_samples, or other training data); resume with the run's own data and settings"
+            f"({why}); resume with the run's own data and settings"
         )
     sharded = manifest.get("state") == "sharded"
     if sharded != fsdp:

@@ -733,7 +733,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         return value
     if origin is list:
         if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
+            value = [v.strip() for v in value.split(",") if v.strip()]  # "neg, pos": as a YAML list reads it
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
         return [_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
@@ -796,7 +796,7 @@ def _unknown_key(key: str, known: list[str]) -> UserError:
     if dot and head in known:  # model_config.hidden_size written in a recipe: the command line's form
         return UserError(f"unknown config key '{key}': in a recipe write {head}: {{{sub}: ...}} (KEY.SUBKEY=value "
                          "is the command line's form)")  # fmt: skip
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.52)  # not defaults -> peft (0.5)
     hint = f"; did you mean {close[0]}?" if close else ""
     return UserError(f"unknown config key '{key}'{hint}")
 

@@ -263,6 +263,8 @@ def _check_readable_and_separated(split: str, path: str) -> None:
     packed = next((name for name, head in COMPRESSED.items() if magic.startswith(head)), None)
     if packed is not None:
         raise UserError(f"{split} file {path} is compressed ({packed}); unpack it and give the file inside ({KINDS})")
+    if magic.startswith(b"PAR1") and Path(path).suffix.lower() != ".parquet":  # the file type is read from its name
+        raise UserError(f"{split} file {path} is a parquet file; name it {Path(path).stem}.parquet")
     if Path(path).suffix.lower() != ".parquet":
         _check_utf8(split, path)
     suffix = Path(path).suffix.lower()
@@ -276,6 +278,9 @@ def _check_readable_and_separated(split: str, path: str) -> None:
     if suffix == ".csv" and separator is not None and "," not in header:
         looks, fix = OTHER_SEPARATORS[separator]
         raise UserError(f"{split} file {path} looks {looks} (its header is {header[:80]!r}); this app reads {fix}")
+    if suffix == ".tsv" and "\t" not in header and "," in header:  # text,label in a file named .tsv
+        raise UserError(f"{split} file {path} looks comma-separated (its header is {header[:80]!r}), but a .tsv file "
+                        f"is read as tab-separated; name it {Path(path).stem}.csv")
     # datasets renames a repeated column (label, label.1) and reads the first: say so instead
     repeated = next((n for i, n in enumerate(names) if n and n in names[:i]), None)
     if repeated is not None:

@@ -549,7 +549,12 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     if labelled:
         ds = _float_class_ids(ds, args, what)
     if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError
-        ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)
+        try:
+            ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)
+        except UserError as e:  # training's fix (label_names) is no evaluation setting: the model's tags are fixed
+            said = str(e).replace("is not in label_names (tags:", "is not one of the model's tags (").replace(
+                "; fix the tag, or list it in label_names", "; fix the tag in the data (the model predicts only these)")
+            raise UserError(said) from None
     else:
         problem = args.problem_type or task_of(args.task).problems[0]
         ds = placeholder_labels(ds, args, problem, list(args.label_names or []))

@@ -85,6 +85,8 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
         load_config(recipe, ["learning_rate.x=1"])
     with pytest.raises(UserError, match="unknown config key 'model_confg'; did you mean model_config"):
         load_config(recipe, ["model_confg.image_size=32"])
+    with pytest.raises(UserError, match=r"^unknown config key 'defaults'$"):  # Hydra's key: no far-fetched guess
+        load_config(recipe, ["defaults=[]"])
 
 
 def test_metric_loss_means_lower_is_better(small_text_data, tmp_path):
@@ -306,3 +308,11 @@ def test_a_multi_label_threshold_that_tuning_replaces_says_so(capsys):
         err = capsys.readouterr().err
         assert ("warning: multi_label_threshold=0.3 decides the labels while training; after it, tune_threshold=global "
                 "replaces it" in err) is said, err
+
+
+def test_a_list_written_as_one_string_reads_as_a_yaml_list(tmp_path):
+    """label_names: neg, pos (a recipe line without brackets) is the list [neg, pos], not [neg, ' pos']."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("label_names: neg, pos\nreport_to: tensorboard,\nmodel_name_or_path: m\ntrain_file: t.csv\n")
+    cfg = load_config(recipe, [])
+    assert cfg.label_names == ["neg", "pos"] and cfg.report_to == ["tensorboard"]

@@ -494,3 +494,21 @@ def test_a_split_folder_named_in_another_case_is_refused(tmp_path):
     (folder / "train").rename(folder / "Train")
     with pytest.raises(UserError, match=r"Train is not read as the train split: .* rename it to train/"):
         _check_image_folder(folder)
+
+
+def test_a_file_whose_name_says_another_format_is_named(tmp_path):
+    """A comma-separated file named .tsv, a parquet file named .csv: the name decides how it is read, so the
+    line says which name fits (not 'column not found' or 'not UTF-8')."""
+    import pandas as pd
+
+    from finetune.data import _check_readable_and_separated
+    from finetune.errors import UserError
+
+    comma = tmp_path / "train.tsv"
+    comma.write_text("text,label\na,pos\n")
+    with pytest.raises(UserError, match="looks comma-separated .* a .tsv file is read as tab-separated; name it train.csv"):
+        _check_readable_and_separated("train", str(comma))
+    packed = tmp_path / "data.csv"
+    pd.DataFrame({"text": ["a"], "label": ["pos"]}).to_parquet(packed)
+    with pytest.raises(UserError, match="is a parquet file; name it data.parquet"):
+        _check_readable_and_separated("train", str(packed))

@@ -419,6 +419,10 @@ def test_the_bundled_ner_recipe_trains_and_prints_test_entity_f1(tmp_path, capsy
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("test entity F1 ")]
     assert len(lines) == 1 and lines[0].endswith(f" on {sentences} sentences ({words} words)"), lines
     assert sentences == 2077
+    other = _rows(tmp_path / "other.jsonl", [{"tokens": ["ada", "went"], "ner_tags": ["B-MISC", "O"]}])
+    line = user_error(capsys, evaluate, [str(tmp_path / "run" / "model"), "--data", str(other)])
+    assert "tag 'B-MISC' at row 1, word 1 is not one of the model's tags (" in line  # label_names: no evaluation key
+    assert line.endswith("; fix the tag in the data (the model predicts only these)"), line
 
 
 @pytest.mark.slow  # one launch of 2 processes running FSDP and DDP, ~60 s on 2 cores
