@@ -607,9 +607,15 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
             raise UserError(f"no training data: set train_file, data_dir or dataset_name{resuming}")
         if self.data_dir and self.output_dir and not self.train_file:
             data, out = Path(self.data_dir).expanduser().resolve(), Path(self.output_dir).expanduser().resolve()
-            if out == data or data in out.parents:  # the run's pictures would be read as images next time
-                raise UserError(f"output_dir {self.output_dir} is inside data_dir {self.data_dir}: the run's files "
-                                "would be read as data by the next run; choose an output_dir outside it")
+            from finetune.tasks import SPLIT_FOLDERS
+
+            inside = out.relative_to(data).parts if out == data or data in out.parents else None
+            split_folders = data.is_dir() and any(p.is_dir() and p.name in SPLIT_FOLDERS for p in data.iterdir())
+            if inside is not None and (not inside or inside[0] in SPLIT_FOLDERS or not split_folders):
+                # where the loader looks for images: the run's pictures would be read as a class next time
+                raise UserError(f"output_dir {self.output_dir} is inside data_dir {self.data_dir}, where the image "
+                                "folder loader reads: the run's files would be read as data by the next run; choose "
+                                "an output_dir outside it")
         self._validate_problem()
 
     def _validate_problem(self) -> None:

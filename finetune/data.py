@@ -498,6 +498,14 @@ def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | 
         )
     unknown = present - set(names)
     if unknown:
+        forms = {n.strip().casefold(): n for n in names}
+        twins = [(u, forms[u.strip().casefold()]) for u in sorted(unknown) if u.strip().casefold() in forms]
+        if twins:  # label_names=[NEG, POS] for neg, pos
+            raise UserError(
+                f"training labels {sorted(unknown)} are not in label_names {names}, which write them otherwise "
+                f"({twins[0][0]!r} is {twins[0][1]!r} there: letter case or spaces); write label_names as the data "
+                "does, or set label_names=null to take them from the data"
+            )
         raise UserError(
             f"training labels {sorted(unknown)} are not in label_names {names}; list them all in label_names, "
             "or set label_names=null to take them from the data (the recipe for your own files, "

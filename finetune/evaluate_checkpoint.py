@@ -645,7 +645,8 @@ def check_output(metrics_file: Path, target: Target) -> None:
     for other in output_paths(metrics_file):
         if other.exists() and not ours:
             raise UserError(
-                f"{other} exists beside {metrics_file.name} and was not written with it; "
+                f"{other} exists{' beside ' + metrics_file.name if metrics_file.exists() else ''} and was not written "
+                "by finetune.evaluate; "
                 "choose another --output"
             )
 

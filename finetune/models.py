@@ -17,20 +17,62 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from finetune.config import ModelArgs
 from finetune.errors import UserError, first_line
 from finetune.metrics import MULTI, REGRESSION, SINGLE
-from finetune.rundir import is_hub_name
+from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, RunDir, is_hub_name
 from finetune.tasks import task_of
 
 
 def load_error(what: str, name: str, e: Exception) -> UserError:
     """One line for a model, tokenizer or image processor that does not load; under HF_HUB_OFFLINE, a hub
-    name gets the hint to download it while online, a local folder not (it is read from disk)."""
+    name gets the hint to download it while online, a local folder not (it is read from disk). A local folder
+    that is no such folder at all (a data folder, a run's checkpoint, folder or adapter) is said to be that,
+    with what to give instead, not transformers' first line about it."""
     if not is_hub_name(name) and not Path(name).expanduser().exists():
         return UserError(f"{what} path does not exist: {name}")
     weights = Path(name).expanduser() / "model.safetensors"
     if weights.is_dir():
         return UserError(f"{what} '{name}': its model.safetensors is a folder, not a weights file; put back the "
                          "file it was saved with, or give another model")
+    lacks = _what_the_folder_lacks(what, Path(name).expanduser())
+    if lacks:
+        return UserError(f"{what} '{name}' {lacks}")
     return UserError(f"could not load {what} '{name}': {first_line(e)}{offline_hint(name)}")
+
+
+# What a folder must hold for each kind of thing loaded from it (any one of them); the first three are named.
+HOLDS = {
+    "tokenizer": ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "vocab.json", "merges.txt",
+                  "spiece.model", "sentencepiece.bpe.model", "tokenizer.model"),
+    "image processor": ("preprocessor_config.json",),
+    "model": ("config.json",),
+}  # fmt: skip
+
+
+def _what_the_folder_lacks(what: str, folder: Path) -> str | None:
+    """Why a local folder that does not load is no `what` folder at all (a run's training-state checkpoint,
+    a run's folder, a data folder), as the rest of the line after its name; None: it looks like one (its own
+    error says what is wrong inside)."""
+    if not folder.is_dir():
+        return None
+    if ((folder / MANIFEST).exists() or (folder / COMPLETE).exists()) and not (folder / "config.json").exists():
+        run = RunDir(folder.resolve().parent.parent)  # <run>/checkpoints/step-N
+        if folder.resolve().parent.name != CHECKPOINTS:  # moved out of its run
+            run = RunDir(folder / "no-run")
+        export = run.model if (run.model / "config.json").is_file() else "<run>/model"
+        own = f" output_dir={run.root}" if run.config.is_file() else ""  # the run's own recipe, as it ran
+        return (f"is a training-state checkpoint, not a model folder: give the run's export ({export}), or "
+                f"resume it with resume_from_checkpoint={folder}{own}")
+    needs = HOLDS.get(what, ())
+    if not needs or any((folder / file).exists() for file in needs):
+        return None
+    if (folder / "adapter_config.json").is_file():  # <run>/adapter: peft's LoRA matrices, no base model
+        export = RunDir(folder.resolve().parent).model
+        export = export if (export / "config.json").is_file() else "<run>/model"
+        return f"is a LoRA adapter alone (adapter_config.json), not a model folder: give the run's export ({export})"
+    if (RunDir(folder).model / "config.json").is_file():
+        return f"is a run's folder, not a model folder: give its export ({RunDir(folder).model})"
+    files = ", ".join(needs[:3]) + (", ..." if len(needs) > 3 else "")
+    return (f"holds no {what} files ({files}): give a model folder (an export, <run>/model) or "
+            + ("a hub name" if what == "model" else f"{'an' if what[0] in 'aeiou' else 'a'} {what}'s folder"))
 
 
 def offline_hint(name: str) -> str:
@@ -75,6 +117,7 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         # The labels and problem type are the data's, whatever the config (a saved model's) says.
         spec = {k: v for k, v in args.model_config.items() if k not in labels}
         model_type = spec.pop("model_type")
+        _check_has_head(model_type, args.task, auto)
         if vocab_size is not None:  # the tokenizer's: a model built for text
             spec.setdefault("vocab_size", vocab_size)
         try:
@@ -110,7 +153,7 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         if "Unrecognized configuration class" in str(e):
             raise UserError(
                 f"'{name}' is not a model that {auto.__name__} can load for {args.task}; "
-                f"choose a model type that has a {args.task} head (e.g. bert, vit)"
+                f"choose a model type that has {_a(args.task)} head (e.g. {', '.join(_types_with_head(auto))})"
             ) from None
         raise load_error("model", name, e) from None
     except OSError as e:
@@ -143,6 +186,55 @@ def freeze_layers(model: PreTrainedModel, n: int) -> None:
         raise UserError(f"freeze_layers={n} but {type(model).__name__} has {has}: set freeze_layers={len(layers)} or less")
     for name in [*embeddings, *layers[:n]]:
         model.get_submodule(name).requires_grad_(False)
+
+
+# The model types named when one has no head for the task: the first three that have one.
+KNOWN_TYPES = ("bert", "distilbert", "roberta", "vit", "deit", "convnext")
+
+
+def _head_types(auto) -> dict[str, str] | None:
+    """transformers' model types that `auto` (AutoModelForSequenceClassification...) builds a model for, from
+    its mapping (MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES); None where transformers names none."""
+    import re
+
+    from transformers.models.auto import modeling_auto
+
+    head = re.sub(r"(?<!^)(?=[A-Z])", "_", auto.__name__.removeprefix("AutoModelFor")).upper()
+    return getattr(modeling_auto, f"MODEL_FOR_{head}_MAPPING_NAMES", None)
+
+
+def _types_with_head(auto) -> list[str]:
+    types = _head_types(auto) or {}
+    return [t for t in KNOWN_TYPES if t in types][:3] or ["bert", "vit"]
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
+
+
+def _check_has_head(model_type: str, task: str, auto) -> None:
+    """A model type that has no head for the task (model_type=vit on text) is refused before its config is
+    built: the settings the task adds (a tokenizer's vocab_size) would be blamed instead. A type transformers
+    does not know at all is named with the closest that has one (not transformers' list of several hundred)."""
+    import difflib
+
+    from transformers import CONFIG_MAPPING
+
+    types = _head_types(auto)
+    if types is None or model_type in types:
+        return
+    kind = task_of(task).modality
+    examples = ", ".join(_types_with_head(auto))
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(str(model_type), sorted(types), n=1, cutoff=0.6)
+        raise UserError(
+            f"model_config.model_type={model_type} is not a model type that transformers knows; "
+            + (f"did you mean {close[0]}? " if close else "") + f"choose {_a(kind)} model type such as {examples}"
+        )
+    raise UserError(
+        f"model_config.model_type={model_type} has no {task} head in transformers ({auto.__name__}); choose "
+        f"{_a(kind)} model such as {examples}"
+    )
 
 
 def _check_config_keys(config: PretrainedConfig, spec: dict[str, Any]) -> None:

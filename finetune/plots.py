@@ -390,10 +390,35 @@ def _check_metrics_file(metrics: Path) -> None:
     except OSError as e:
         raise UserError(f"cannot read {metrics}: {e.strerror or e}") from None
     if not train and not evals:
+        not_a_log = _not_a_metrics_log(metrics)
+        if not_a_log:
+            raise UserError(
+                f"{metrics} is not a run's {METRICS_LOG} ({not_a_log}); give a run's {METRICS_LOG} "
+                f"(<output_dir>/{METRICS_LOG})"
+            )
         raise UserError(
             f"{metrics} holds no training or evaluation records yet (one JSON object a line, with its step): a run "
             "writes its first at its first logging step; draw it again later"
         )
+
+
+def _not_a_metrics_log(metrics: Path) -> str | None:
+    """Why a file without records is not a run's log at all (a data CSV, a dataset's JSON Lines), or None
+    for a log a run has not written a record to yet. A run writes `{"step": ...}` first on every line: its
+    first line is such a record, or one torn by a kill (it starts with `{`), or the file is still empty."""
+    with metrics.open() as f:
+        first = next((line.strip() for line in f if line.strip()), None)
+    if first is None:
+        return None
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError:
+        return None if first.startswith("{") else "its first line is not a JSON record"
+    if not isinstance(record, dict):
+        return "its first line is not a JSON record"
+    if "step" not in record:
+        return 'its first record has no "step": a run writes one on every line'
+    return None
 
 
 def _check_png(out: Path) -> None:

@@ -454,7 +454,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--space", default=",".join(SPACE), help=f"settings to search, of {', '.join(SPACE)}")
     parser.add_argument("settings", nargs="*", metavar="key=value", help="fixed settings of the recipe")
     args = parser.parse_intermixed_args(settings_from_flags(argv))
-    args.space = [s for s in args.space.split(",") if s]
+    args.space = [s.strip() for s in args.space.split(",") if s.strip()]  # "learning_rate, warmup_ratio," too
     unknown = [s for s in args.space if s not in SPACE]
     if unknown:
         raise UserError(f"--space: {', '.join(unknown)} cannot be searched; choose among {', '.join(SPACE)}")

@@ -289,7 +289,7 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
      "which an image-classification run does not read: leave them out (or, if the task is wrong, set task=)"),
     (["augment=[crop]"], "augment=[crop] augments training images"),
     (["task=image-classification", "freeze_embeddings=false", "data_dir=/tmp/imgs", "output_dir=/tmp/imgs/train/run"],
-     "output_dir /tmp/imgs/train/run is inside data_dir /tmp/imgs: the run's files would be read as data"),
+     "output_dir /tmp/imgs/train/run is inside data_dir /tmp/imgs, where the image folder loader reads"),
     (["task=token-classification", "text_pair_column=tokens"], "a token-classification run tags one list of words"),
     (["task=token-classification", "tags_column=tokens"], "tags_column is the tokens_column ('tokens')"),
     (["label_columns=[pos,text]"], "label_columns holds 'text', an input column of the run"),

@@ -179,7 +179,8 @@ def test_an_image_folder_without_class_folders_says_how_to_lay_it_out(tmp_path, 
     """Images straight in data_dir: datasets finds no labels; the line says where the classes go."""
     drawn_images(tmp_path, {"": [(60 * i, 0, 0) for i in range(4)]}, split="", size=(20, 20))  # no class folder
     recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")
-    line = user_error(capsys, main, ["--config", recipe, f"data_dir={tmp_path}", f"output_dir={tmp_path / 'o'}"])
+    out = tmp_path.parent / f"{tmp_path.name}-run"  # outside data_dir, which is refused
+    line = user_error(capsys, main, ["--config", recipe, f"data_dir={tmp_path}", f"output_dir={out}"])
     assert "column 'label' not found" in line and "<data_dir>/train/<class>/" in line
 
 

@@ -227,3 +227,96 @@ def test_a_local_model_folder_with_a_broken_config_has_no_download_hint(tmp_path
     assert "HF_HUB_OFFLINE" not in line and "download" not in line
     hub = load_error("model", "someone/not-here", OSError("not cached"))
     assert isinstance(hub, UserError) and "HF_HUB_OFFLINE is set" in str(hub)
+
+
+def _a_run_with_a_checkpoint(root: Path) -> Path:
+    """A run's folder as finetune.run leaves it (its files empty: nothing here reads them): returns its
+    training-state checkpoint."""
+    step = root / "checkpoints" / "step-00000002"
+    step.mkdir(parents=True)
+    for name in ("model.safetensors", "manifest.json", "COMPLETE", "optimizer.bin"):
+        (step / name).write_text("")
+    (root / "model").mkdir()
+    (root / "model" / "config.json").write_text("{}")
+    (root / "config.yaml").write_text("task: text-classification\n")
+    return step
+
+
+@pytest.mark.parametrize("what", ["model", "tokenizer", "image processor"])
+def test_a_folder_that_holds_no_model_says_what_it_is_and_what_to_give(what, tmp_path):
+    """A data folder, a run's training-state checkpoint or a run's folder given as a model, tokenizer or image
+    processor: one line that says what the folder is, not transformers' first line ("Couldn't instantiate the
+    backend tokenizer from one of:"), with what to give instead."""
+    from finetune.models import load_error
+
+    said = {}
+    error = OSError("Couldn't instantiate the backend tokenizer from one of:\n(1) a `tokenizers` library file")
+    for folder in (REPO / "data/fashion_mnist", REPO / "data/rotten_tomatoes"):
+        said[folder] = str(load_error(what, str(folder), error))
+    needs = {"model": "(config.json)", "tokenizer": "(tokenizer.json, vocab.txt, tokenizer_config.json, ...)",
+             "image processor": "(preprocessor_config.json)"}[what]  # fmt: skip
+    instead = {"model": "a hub name", "tokenizer": "a tokenizer's folder",
+               "image processor": "an image processor's folder"}[what]  # fmt: skip
+    for folder, line in said.items():
+        assert line == (f"{what} '{folder}' holds no {what} files {needs}: give a model folder (an export, "
+                        f"<run>/model) or {instead}")  # fmt: skip
+    step = _a_run_with_a_checkpoint(tmp_path / "run")
+    assert str(load_error(what, str(step), error)) == (
+        f"{what} '{step}' is a training-state checkpoint, not a model folder: give the run's export "
+        f"({tmp_path / 'run' / 'model'}), or resume it with resume_from_checkpoint={step} output_dir={tmp_path / 'run'}"
+    )
+    moved = tmp_path / "elsewhere"
+    step.rename(moved)
+    assert str(load_error(what, str(moved), error)).endswith(
+        "give the run's export (<run>/model), or resume it with resume_from_checkpoint=" + str(moved))
+    assert str(load_error(what, str(tmp_path / "run"), error)) == (
+        f"{what} '{tmp_path / 'run'}' is a run's folder, not a model folder: give its export ({tmp_path / 'run' / 'model'})")
+    (tmp_path / "run" / "adapter").mkdir()
+    (tmp_path / "run" / "adapter" / "adapter_config.json").write_text("{}")
+    assert str(load_error(what, str(tmp_path / "run" / "adapter"), error)) == (
+        f"{what} '{tmp_path / 'run' / 'adapter'}' is a LoRA adapter alone (adapter_config.json), not a model folder: "
+        f"give the run's export ({tmp_path / 'run' / 'model'})")
+    # A folder that holds what it should, whose file is broken: transformers' own line says what is wrong inside.
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text('{"model_type": "bert",')
+    if what == "model":
+        assert str(load_error(what, str(tmp_path / "broken"), ValueError("bad json"))).startswith("could not load model")
+
+
+def test_a_data_folder_as_the_tokenizer_is_one_line_from_the_command(small_text_data, tmp_path, capsys):
+    line = user_error(capsys, main, [*tiny_text_args(small_text_data, tmp_path / "o"),
+                                     f"tokenizer_name={REPO / 'data/fashion_mnist'}"],
+                      f"tokenizer '{REPO / 'data/fashion_mnist'}' holds no tokenizer files (tokenizer.json, vocab.txt",
+                      "give a model folder (an export, <run>/model) or a tokenizer's folder")  # fmt: skip
+    assert "Couldn't instantiate" not in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("model_type, message", [
+    ("vit", "model_config.model_type=vit has no text-classification head in transformers "
+            "(AutoModelForSequenceClassification); choose a text model such as bert, distilbert, roberta"),
+    ("bret", "model_config.model_type=bret is not a model type that transformers knows; did you mean bert? "
+             "choose a text model type such as bert, distilbert, roberta"),
+])  # fmt: skip
+def test_a_model_type_without_the_tasks_head_is_refused_first(model_type, message, small_text_data, tmp_path, capsys):
+    """model_config.model_type=vit on text: the type is blamed, not the vocab_size the text task adds to it."""
+    config = TINY_BERT.replace("model_type: bert", f"model_type: {model_type}")
+    line = user_error(capsys, main, [*tiny_text_args(small_text_data, tmp_path / "o"), f"model_config={config}"])
+    assert line == f"error: {message}"
+
+
+def test_a_model_type_without_the_tasks_head_is_refused_for_images_and_tags():
+    from finetune.config import ModelArgs
+    from finetune.errors import UserError
+    from finetune.models import build_model
+
+    for task, model_type, message in [
+        ("image-classification", "bert", "model_config.model_type=bert has no image-classification head in "
+         "transformers (AutoModelForImageClassification); choose an image model such as vit, deit, convnext"),
+        ("token-classification", "vit", "model_config.model_type=vit has no token-classification head in "
+         "transformers (AutoModelForTokenClassification); choose a text model such as bert, distilbert, roberta"),
+    ]:  # fmt: skip
+        args = ModelArgs(task=task, model_config={"model_type": model_type, "hidden_size": 16}, model_name_or_path=None)
+        with pytest.raises(UserError) as caught:
+            build_model(args, ["a", "b"], vocab_size=100 if task != "image-classification" else None)
+        assert str(caught.value) == message

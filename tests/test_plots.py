@@ -154,7 +154,7 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
     user_error(capsys, main, [str(empty.parent)], "is a folder", "did you mean", untouched=tmp_path)
     listed = tmp_path / "list.jsonl"
     listed.write_text("[1,2]\n")
-    user_error(capsys, main, [str(listed)], "holds no training or evaluation records", untouched=tmp_path)
+    user_error(capsys, main, [str(listed)], "is not a run's metrics.jsonl", untouched=tmp_path)
     listed.write_text(json.dumps({"step": 1, "epoch": 0, "loss": 0.5, "learning_rate": 1e-4}) + "\n")
     user_error(capsys, main, [str(listed), str(tmp_path)], "is a folder", untouched=tmp_path)
     user_error(capsys, main, [str(listed), str(tmp_path / "c.xyz")], "not a picture format", untouched=tmp_path)
@@ -176,3 +176,22 @@ def test_a_title_the_font_cannot_draw_is_one_warning_line(tmp_path, capsys):
     assert not [w for w in caught if "missing from font" in str(w.message)]
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(warned) == 1 and "no glyph for some characters" in warned[0]
+
+
+@pytest.mark.parametrize("text, why", [
+    ("text,label\ngood film,pos\n", "its first line is not a JSON record"),
+    ("\n[1, 2]\n", "its first line is not a JSON record"),
+    ('{"text": "good film", "label": "pos"}\n', 'its first record has no "step"'),
+])  # fmt: skip
+def test_a_file_that_is_no_metrics_log_is_not_told_to_wait(text, why, tmp_path, capsys):
+    """A data file given for a run's log: waiting would never help, so the line says what it is not; a
+    young log (empty, or its first line torn mid-write) is still "no records yet"."""
+    given = tmp_path / "train.csv"
+    given.write_text(text)
+    line = user_error(capsys, main, [str(given)], f"{given} is not a run's metrics.jsonl ({why}",
+                      "give a run's metrics.jsonl (<output_dir>/metrics.jsonl)", untouched=tmp_path)  # fmt: skip
+    assert "again later" not in line
+    torn = tmp_path / "metrics.jsonl"
+    for young in ("", "\n", '{"step": 1, "lo'):
+        torn.write_text(young)
+        user_error(capsys, main, [str(torn)], "holds no training or evaluation records yet", "draw it again later")

@@ -190,8 +190,8 @@ def test_a_search_into_a_folder_that_holds_no_search_is_refused(holds, small_tex
     (out / "model").mkdir(parents=True)
     (out / "model" / "model.safetensors").write_bytes(b"weights")
     if holds == "a finished run":
-        (out / "results.json").write_text("{}")
-        (out / "config.yaml").write_text("seed: 42\n")
+        (out / "results.json").write_text('{"step": 2}')
+        (out / "config.yaml").write_text("task: text-classification\nseed: 42\n")
     line = user_error(capsys, search, ["--budget", "60", *settings(small_text_data, out, "max_steps=2")],
                       "and no search (study.db); a search would write its trials and model/ there", untouched=out)
     assert ("holds a training run" in line) == (holds == "a finished run")
@@ -256,3 +256,15 @@ def test_trials_counts_the_trials_of_this_command(capsys):
     shown = " ".join(capsys.readouterr().out.split())
     assert "--trials N at most N trials in this command: a continued search adds up to N more" in shown
     assert "(`--trials N` counts this command's trials: a continued study gets up to N more)" in shown
+
+
+def test_space_names_are_read_without_the_spaces_around_them(capsys):
+    """`--space 'learning_rate, warmup_ratio,'`: the names as written, a trailing comma dropped; a name not
+    in the space is still refused (and named without its spaces)."""
+    from finetune.search import parse_args
+
+    args = parse_args(["--budget", "60", "--space", " learning_rate, warmup_ratio ,"])
+    assert args.space == ["learning_rate", "warmup_ratio"]
+    line = user_error(capsys, search, ["--budget", "60", "--space", "learning_rate, warmup_ration"],
+                      "--space: warmup_ration cannot be searched; choose among")  # fmt: skip
+    assert "choose among learning_rate, num_train_epochs" in line
