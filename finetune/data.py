@@ -172,6 +172,12 @@ def _what_the_labels_look_like(names: list[str]) -> str:
     if len(ids) >= 2 and len(words) >= 2:  # 0, 1, neg, pos: one set of classes written two ways?
         return (f"{len(names)} classes such as {ids[0]!r} and {words[0]!r}: ids and names of the same classes? "
                 "write each label one way")
+    folded = sorted({n.strip().casefold(): n for n in words}.items())
+    short = [(a, b) for (fa, a), (fb, b) in zip(folded, folded[1:], strict=False) if len(fa) >= 3 and fb.startswith(fa)]
+    if len(short) >= 2:  # neg, negative, pos, positive: each class written short and long?
+        (a, b), (c, d) = short[:2]
+        return (f"{len(names)} classes such as {a!r} and {b!r}, {c!r} and {d!r}: each class written short and in "
+                "full? write each label one way")
     return ""
 
 
@@ -305,7 +311,9 @@ def load_raw(
     for split, path in files.items():
         if not Path(path).is_file():
             why = _not_a_file(Path(path))
-            raise UserError(f"{split} file not found: {path}" if why == "not found" else f"{split} file {path} {why}")
+            relative = "" if Path(path).expanduser().is_absolute() else f" (read from the current folder, {Path.cwd()})"
+            raise UserError(f"{split} file not found: {path}{relative}" if why == "not found"
+                            else f"{split} file {path} {why}")
         if Path(path).stat().st_size == 0:
             raise UserError(f"{split} file is empty: {path} (0 bytes); save it with its samples, or name another file")
         _check_readable_and_separated(split, path)
@@ -705,6 +713,10 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                      and len(ds) and isinstance(ds[0][c], str)]  # fmt: skip
             if column in inputs and other == args.task and len(spare) == 1:  # "sentence" where the run read "text"
                 hint += f"; if '{spare[0]}' is that column, set {_setting_of(column, args)}={spare[0]}"
+            others = [c for c in ds.column_names if c not in (*label_columns, *inputs, *args.label_sources)]
+            if column == args.label_column and not args.label_columns and other == args.task and len(others) == 1 \
+                    and not hint:  # "labels" where the run read "label"  # fmt: skip
+                hint = f"; if '{others[0]}' holds the labels, set label_column={others[0]}"
             raise UserError(
                 f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
                 + hint

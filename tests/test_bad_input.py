@@ -364,7 +364,8 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     ),
     "label_column_missing": (
         lambda w: _text(w, "label_column=sentiment"),
-        "column 'sentiment' not found in the train data; columns are: text, label",
+        "column 'sentiment' not found in the train data; columns are: text, label; if 'label' holds the labels, set "
+        "label_column=label",
     ),
     "single_class": (
         lambda w: _text(w, f"train_file={w.root / 'single_class.csv'}"),

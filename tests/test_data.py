@@ -9,6 +9,7 @@ the catalogue, tests/test_bad_input.py.)
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import (
@@ -219,6 +220,8 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
     (["01", "1", "02", "2", "01", "1"], "classes such as '01' and '1': the same number written two ways?"),
     (["no", "yes", "False", "True", "no", "yes"], "classes such as 'False' and 'no': yes/no written in more than one way?"),
     (["yes", "no", "maybe", "yes", "no", "maybe", "x"], "least populated class"),  # three answers: no hint
+    (["neg", "negative", "pos", "positive", "neg", "pos"], "'neg' and 'negative', 'pos' and 'positive': each class "
+                                                          "written short and in full?"),
     ([str(i % 39) for i in range(80)], "(39 classes, the whole numbers 0 to 38: scores to predict as numbers? then "
                                        "set problem_type=regression)"),
     ([f"row-{i}" for i in range(12)], "(12 classes for 12 samples, most with one sample each: is 'label' an id or a "
@@ -513,3 +516,13 @@ def test_a_file_whose_name_says_another_format_is_named(tmp_path):
     pd.DataFrame({"text": ["a"], "label": ["pos"]}).to_parquet(packed)
     with pytest.raises(UserError, match="is a parquet file; name it data.parquet"):
         _check_readable_and_separated("train", str(packed))
+
+
+def test_a_relative_path_that_is_not_found_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    from finetune.data import load_raw
+    from finetune.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=re.escape(f"train file not found: ../d/t.csv (read from the current folder, "
+                                                  f"{tmp_path})")):
+        load_raw({"train": "../d/t.csv"}, None, None, None)
