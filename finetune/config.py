@@ -196,7 +196,9 @@ class ModelArgs(TaskArgs):
             if self.model_config is not None and key in self.model_config:
                 raise UserError(f"model_config.{key} is set from the data's labels, not here; {instead}")
         if self.freeze_embeddings and self.task and not task_of(self.task).has_word_embeddings:
-            raise UserError(f"freeze_embeddings is for models with a word-embedding table, not {self.task}")
+            raise UserError(f"freeze_embeddings is for models with a word-embedding table, not {self.task}: set "
+                            "freeze_embeddings=false (the text recipes set it), or use a recipe of that task "
+                            "(finetune/configs/)")
         if self.peft is not None:
             from finetune.lora import check_spec
 

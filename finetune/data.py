@@ -445,6 +445,14 @@ def _image_suffixes() -> set[str]:
 
 
 def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str | None) -> DatasetDict:
+    builders = {"csv": (".csv", ".tsv"), "json": (".json", ".jsonl"), "parquet": (".parquet",)}
+    if name in builders and data_dir and Path(data_dir).is_dir():  # dataset_name=json on a folder of CSVs
+        found = {p.suffix.lower() for p in Path(data_dir).rglob("*") if p.is_file()}
+        fits = next((b for b, suffixes in builders.items() if found & set(suffixes)), None)
+        if not found & set(builders[name]):
+            instead = f"; its files are {', '.join(sorted(found))}: set dataset_name={fits}" if fits else ""
+            raise UserError(f"data_dir {data_dir} holds no {' or '.join(builders[name])} file for "
+                            f"dataset_name={name}{instead}")
     try:
         if name in (None, "imagefolder") and data_dir:
             _check_image_folder(Path(data_dir))

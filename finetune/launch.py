@@ -90,6 +90,15 @@ def check_launch_values(args, config, path: Path | None) -> None:
     # -1 in a config is accelerate's "not set" (the launcher then counts the GPUs).
     if processes is not None and processes < 1 and not (processes == -1 and where != "--num_processes"):
         raise UserError(f"num_processes must be at least 1, got {processes} ({where})")
+    kind = getattr(getattr(config, "distributed_type", None), "value", getattr(config, "distributed_type", None))
+    mpirun = getattr(args, "mpirun_hostfile", None) or (getattr(config, "mpirun_config", None) or {}).get(
+        "mpirun_hostfile")
+    if str(kind) == "MULTI_CPU" and (processes or 1) > 1 and not mpirun and not getattr(args, "multi_gpu", False):
+        raise UserError(
+            f"accelerate config {path} asks for MULTI_CPU with {processes} processes, which accelerate starts only "
+            "through mpirun (mpirun_config): it would train in one process; for several CPU processes on one "
+            "machine use accelerate_configs/cpu_ddp.yaml (distributed_type MULTI_GPU with use_cpu: true)"
+        )
     machines, where = value("num_machines")
     if machines is not None and machines < 1:
         raise UserError(f"num_machines must be at least 1, got {machines} ({where})")

@@ -526,3 +526,15 @@ def test_a_relative_path_that_is_not_found_says_where_it_was_looked_for(tmp_path
     with pytest.raises(UserError, match=re.escape(f"train file not found: ../d/t.csv (read from the current folder, "
                                                   f"{tmp_path})")):
         load_raw({"train": "../d/t.csv"}, None, None, None)
+
+
+def test_a_folder_of_other_files_than_dataset_name_reads_is_named(tmp_path):
+    """dataset_name=json data_dir=<a folder of CSV files>: one line naming the files and the builder that
+    reads them (datasets printed its own JSON error, then ours without a fix)."""
+    from finetune.data import load_raw
+    from finetune.errors import UserError
+
+    write_csv(tmp_path / "train.csv", [{"text": "a", "label": "pos"}])
+    with pytest.raises(UserError, match=re.escape(f"data_dir {tmp_path} holds no .json or .jsonl file for "
+                                                  "dataset_name=json; its files are .csv: set dataset_name=csv")):
+        load_raw({}, "json", None, str(tmp_path))

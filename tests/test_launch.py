@@ -41,6 +41,15 @@ def test_unparsable_accelerate_config_is_one_line(tmp_path):
     _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(bad), "finetune/run.py"], tmp_path), str(bad), "not a valid")
 
 
+def test_a_multi_cpu_config_of_several_processes_without_mpirun_is_one_line(tmp_path):
+    """accelerate starts MULTI_CPU's processes through mpirun only: without it, one process trains alone."""
+    config = tmp_path / "ddp3.yaml"
+    config.write_text((REPO / "accelerate_configs/cpu.yaml").read_text().replace("distributed_type: 'NO'",
+                      "distributed_type: MULTI_CPU").replace("num_processes: 1", "num_processes: 3"))  # fmt: skip
+    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(config), "finetune/run.py"], tmp_path),
+                    "asks for MULTI_CPU with 3 processes", "accelerate_configs/cpu_ddp.yaml")
+
+
 def test_missing_script_is_one_line(tmp_path):
     _one_error_line(_run([*launch_command(launcher="finetune.launch"), "finetune/runn.py"], tmp_path), "finetune/runn.py")
 
