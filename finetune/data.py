@@ -862,6 +862,10 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     if looks:  # trained as classes, as asked; but say so (once the split held)
         warn(f"training a classifier of {looks}; list them in label_names to keep them as classes without "
              "this warning")
+    elif problem == SINGLE and not args.label_names and len(label_names) * 2 > len(raw["train"]) > 2:
+        warn(f"label column '{args.label_column}' holds {len(label_names)} classes for {len(raw['train'])} training "
+             "samples, most with one sample each: is it an id or a text column? set label_column to the column of "
+             "classes (or list them in label_names to keep them as classes without this warning)")
     if file_rows:  # the held-out split, drawn above
         raw["train"], raw["validation"] = (raw["train"].select(file_rows["train"]),
                                            raw["train"].select(file_rows["validation"]))  # fmt: skip

@@ -538,3 +538,17 @@ def test_a_folder_of_other_files_than_dataset_name_reads_is_named(tmp_path):
     with pytest.raises(UserError, match=re.escape(f"data_dir {tmp_path} holds no .json or .jsonl file for "
                                                   "dataset_name=json; its files are .csv: set dataset_name=csv")):
         load_raw({}, "json", None, str(tmp_path))
+
+
+def test_a_label_column_of_one_class_a_sample_trains_with_one_warning(tmp_path, capsys):
+    """Ids as labels, with a validation file (no split to fail): 12 classes for 12 samples is said."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    train = write_csv(tmp_path / "t.csv", [{"text": f"sample {i}", "label": f"row-{i}"} for i in range(12)])
+    validation = write_csv(tmp_path / "v.csv", [{"text": "other", "label": "row-1"}])
+    cfg = load_config(None, [f"train_file={train}", f"validation_file={validation}", "test_file=null",
+                             "label_names=null", "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
+    load_splits(cfg.data_args)
+    assert "label column 'label' holds 12 classes for 12 training samples, most with one sample each" in \
+        capsys.readouterr().err  # fmt: skip
