@@ -300,6 +300,12 @@ def test_a_resume_with_fewer_samples_than_consumed_is_refused_before_config_yaml
     line = user_error(capsys, main, recipe_text_args(data, out, "resume_from_checkpoint=latest", "max_train_samples=8",
                                                      "per_device_train_batch_size=4"), untouched=out)  # fmt: skip
     assert "trained on 37 samples an epoch, this run has 8" in line
+
+
+@pytest.mark.slow  # a second refused resume of the same kind (~10 s)
+def test_a_resume_whose_sample_count_changed_with_validation_file_names_it(saved_run, capsys):
+    """The run had a validation file; the resume has none, so it holds out a share of the training data."""
+    data, out = saved_run
     line = user_error(capsys, main, recipe_text_args(data, out, "resume_from_checkpoint=latest", "validation_file=null",
                                                      "per_device_train_batch_size=4"), untouched=out)  # fmt: skip
     assert "this run has 33 (the run had validation_file=" in line and "this run has null: a run without one" in line

@@ -170,7 +170,7 @@ def _export_state(out: Path) -> dict:
 
 
 @pytest.mark.parametrize("small_disk", ["64M"], indirect=True)
-@pytest.mark.parametrize("how", ["disk fills", "card write fails"])
+@pytest.mark.parametrize("how", ["disk fills", pytest.param("card write fails", marks=pytest.mark.slow)])
 def test_a_re_export_that_fails_keeps_the_earlier_export(how, small_text_data, small_disk, monkeypatch, capsys):
     """A finished run, resumed for one more step: the disk fills before the new export (safetensors
     writes its file whole or not at all), or the card, written last into the export, fails (ENOSPC);

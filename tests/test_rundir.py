@@ -28,6 +28,7 @@ from conftest import EARLIER_RUN, EVALUATED_RUN, file_hashes, recipe_text_args, 
 from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
+from finetune.errors import UserError
 from finetune.evaluate_checkpoint import main as evaluate
 from finetune.run import main
 from finetune.run import main as train
@@ -269,17 +270,18 @@ def test_an_export_or_a_run_given_to_resume_from_says_what_it_is(finished_run, t
                "is an exported model, not a training-state checkpoint", untouched=out)  # fmt: skip
     user_error(capsys, main, recipe_text_args(data, tmp_path / "next", f"resume_from_checkpoint={out}"),
                "is a run directory; resume it with resume_from_checkpoint=latest", untouched=out)  # fmt: skip
-    user_error(capsys, main, recipe_text_args(data, tmp_path / "next", f"resume_from_checkpoint={out / 'checkpoints'}"),
-               "is a run's checkpoints folder; name one of its step-N folders", untouched=out)  # fmt: skip
+    with pytest.raises(UserError, match="is a run's checkpoints folder; name one of its step-N folders"):
+        ckpt.resolve_checkpoint(str(out / "checkpoints"), tmp_path / "next")
 
 
-def test_latest_in_a_run_without_checkpoints_offers_the_overwrite(finished_run, tmp_path, capsys):
+def test_latest_in_a_run_without_checkpoints_offers_the_overwrite(finished_run, tmp_path):
     """A finished run that kept no checkpoint: leaving the resume out is refused too (it holds a run), so the
     line offers overwrite_output_dir=true, the fix that works."""
     out = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
     shutil.rmtree(out / "checkpoints")
-    user_error(capsys, main, recipe_text_args(finished_run.data(), out, "resume_from_checkpoint=latest"),
-               "no complete checkpoint in", "pass overwrite_output_dir=true instead", untouched=out)  # fmt: skip
+    with pytest.raises(UserError, match="no complete checkpoint in .*; to start again there, pass "
+                                        "overwrite_output_dir=true instead"):  # fmt: skip
+        ckpt.resolve_checkpoint("latest", out)
 
 
 # --- the user's files inside a run, and runs inside a run ------------------------------------------------

@@ -26,7 +26,7 @@ def _records(out, key):
 
 @pytest.mark.parametrize(
     "scheduler, accumulation",
-    [("linear", 1), ("cosine", 3), pytest.param("linear", 3, marks=pytest.mark.slow),
+    [pytest.param("linear", 1, marks=pytest.mark.slow), ("cosine", 3), pytest.param("linear", 3, marks=pytest.mark.slow),
      pytest.param("cosine", 1, marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_schedule_ends_where_planned(small_text_data, tmp_path, scheduler, accumulation):
