@@ -170,9 +170,12 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
         return
     state = run.holds_run()
     if state:
+        from finetune.checkpoint import list_checkpoints
+
+        resume = " resume_from_checkpoint=latest to continue it," if list_checkpoints(run.root) else ""
         raise UserError(
             f"output_dir {out} already holds {state}; pass overwrite_output_dir=true to replace "
-            "it, resume_from_checkpoint=latest to continue it, or choose another output_dir"
+            f"it,{resume} or choose another output_dir"
         )
     if any(run.root.iterdir()):
         raise UserError(

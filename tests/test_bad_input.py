@@ -1107,6 +1107,7 @@ def _disk_full(path: str = "") -> OSError:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
 
 
+@pytest.mark.slow  # tests/test_faults.py fills a real (tmpfs) disk during a checkpoint by default
 def test_disk_full_during_a_checkpoint_save(world, tmp_path, monkeypatch, capsys):
     """The second save runs out of space half-way: one line, the half-written save is removed, the
     first checkpoint is whole (it loads: tests/test_checkpoint.py resumes after a save cut short)."""
@@ -1147,7 +1148,7 @@ def test_disk_full_writing_the_manifest(world, tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in (out / ckpt.CHECKPOINTS).iterdir()) == ["step-00000001"]
 
 
-@pytest.mark.parametrize("where", ["export", "metrics log"])
+@pytest.mark.parametrize("where", ["export", pytest.param("metrics log", marks=pytest.mark.slow)])
 def test_disk_full_in_an_overwrite_keeps_the_earlier_run(where, world, copy, monkeypatch, capsys):
     def full(*args, **kwargs):
         raise _disk_full(str(copy / ("model/README.md" if where == "export" else "metrics.jsonl")))

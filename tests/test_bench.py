@@ -204,6 +204,7 @@ def test_bad_arguments_are_one_line(argv, message, tmp_path, capsys):
     assert exit_info.value.code == 2 and err.startswith("error:") and err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.slow  # ~7 s: the profiler over a few steps of the bundled model
 def test_profile_step_splits_the_step_into_groups(capsys):
     from benchmarks.profile_step import main as profile_main
 

@@ -49,6 +49,7 @@ def test_smoke_run_writes_the_report(tmp_path):
     assert "| multi-label (" in table and "micro f1 " in table
 
 
+@pytest.mark.slow  # ~5 s: builds every public task's files twice
 def test_the_public_tasks_build_the_same_bytes_twice_without_scikit_image(tmp_path, monkeypatch):
     """Two builds of every task, in two folders: the same sha256 over each task's files. The photos come
     from scikit-learn's and matplotlib's wheels (scikit-image, not an allowed dependency, is kept out)."""

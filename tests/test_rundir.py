@@ -282,6 +282,11 @@ def test_latest_in_a_run_without_checkpoints_offers_the_overwrite(finished_run, 
     with pytest.raises(UserError, match="no complete checkpoint in .*; to start again there, pass "
                                         "overwrite_output_dir=true instead"):  # fmt: skip
         ckpt.resolve_checkpoint("latest", out)
+    from finetune.rundir import check_output_dir  # and leaving the resume out offers no resume
+
+    with pytest.raises(UserError, match=r"already holds a finished run; pass overwrite_output_dir=true to replace "
+                                        r"it, or choose another output_dir$"):  # fmt: skip
+        check_output_dir(out, overwrite=False, resume=False, trackers=False)
 
 
 # --- the user's files inside a run, and runs inside a run ------------------------------------------------

@@ -439,6 +439,7 @@ def test_tagging_under_fsdp_equals_ddp(tagging, tmp_path):
         assert validation["num_words"] == _counts(tagging["validation"])[1]
 
 
+@pytest.mark.slow  # ~9 s; tests/test_verify.py checks verify itself by default
 def test_verify_checks_a_tagging_recipe(tagging, tmp_path, capsys, monkeypatch):
     from finetune import verify
 
