@@ -1019,6 +1019,9 @@ def load_config(
     _data_source_from_command_line(raw, given)
     for item in overrides or []:
         _apply_override(raw, *parse_override(item))
+    if not saved and isinstance(raw.get("task"), str) and raw["task"] in TASKS and "freeze_embeddings" not in given \
+            and not task_of(raw["task"]).has_word_embeddings:  # fmt: skip
+        raw["freeze_embeddings"] = False  # a text recipe's, under task=image-classification: nothing to freeze
     # Saved configs must work from any directory: local paths become absolute.
     for key in (*PATH_KEYS, "output_dir"):
         value = raw.get(key)

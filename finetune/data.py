@@ -173,7 +173,8 @@ def _what_the_labels_look_like(names: list[str]) -> str:
         return (f"{len(names)} classes such as {ids[0]!r} and {words[0]!r}: ids and names of the same classes? "
                 "write each label one way")
     folded = sorted({n.strip().casefold(): n for n in words}.items())
-    short = [(a, b) for (fa, a), (fb, b) in zip(folded, folded[1:], strict=False) if len(fa) >= 3 and fb.startswith(fa)]
+    short = [(a, b) for (fa, a), (fb, b) in zip(folded, folded[1:], strict=False)
+             if len(fa) >= 3 and fb.startswith(fa) and fb[len(fa):].isalpha()]  # neg/negative, not doc1/doc10
     if len(short) >= 2:  # neg, negative, pos, positive: each class written short and long?
         (a, b), (c, d) = short[:2]
         return (f"{len(names)} classes such as {a!r} and {b!r}, {c!r} and {d!r}: each class written short and in "
@@ -423,6 +424,12 @@ def _check_image_folder(root: Path) -> None:
         raise UserError(f"{cased} is not read as the {cased.name.lower()} split: the image folder loader knows split "
                         f"folders by their lower-case names only; rename it to {cased.name.lower()}/")
     splits = [p for p in root.iterdir() if p.is_dir() and p.name.lower() in SPLIT_FOLDERS] or [root]
+    from finetune.rundir import RunDir
+
+    for folder in (f for split in splits for f in sorted(split.iterdir()) if f.is_dir()):
+        if RunDir(folder).is_run() or RunDir(folder).holds_run():  # an output_dir once put there
+            raise UserError(f"{folder} is a run's output folder inside the image folder: its files would be read "
+                            "as a class of images; move it out of the image folder")
     for folder in splits:
         entries = sorted(folder.iterdir())
         loose = [p for p in entries if p.is_file() and p.suffix.lower() in _image_suffixes()]

@@ -316,3 +316,12 @@ def test_a_list_written_as_one_string_reads_as_a_yaml_list(tmp_path):
     recipe.write_text("label_names: neg, pos\nreport_to: tensorboard,\nmodel_name_or_path: m\ntrain_file: t.csv\n")
     cfg = load_config(recipe, [])
     assert cfg.label_names == ["neg", "pos"] and cfg.report_to == ["tensorboard"]
+
+
+def test_a_text_recipe_under_an_image_task_leaves_its_frozen_embeddings_out():
+    """task=image-classification over the default (text) recipe: the recipe's freeze_embeddings has nothing
+    to freeze and is left out; given on the command line, it is refused with how to turn it off."""
+    assert load_config(None, ["task=image-classification"]).freeze_embeddings is False
+    with pytest.raises(UserError, match="freeze_embeddings is for models with a word-embedding table, not "
+                                        "image-classification: set freeze_embeddings=false"):  # fmt: skip
+        load_config(None, ["task=image-classification", "freeze_embeddings=true"])

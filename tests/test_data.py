@@ -552,3 +552,17 @@ def test_a_label_column_of_one_class_a_sample_trains_with_one_warning(tmp_path, 
     load_splits(cfg.data_args)
     assert "label column 'label' holds 12 classes for 12 training samples, most with one sample each" in \
         capsys.readouterr().err  # fmt: skip
+
+
+def test_a_run_folder_inside_an_image_folder_is_named(tmp_path):
+    """A run written inside train/ (an output_dir there, from before that was refused): its folder would be
+    read as a class whose one image is its training curves."""
+    from finetune.data import _check_image_folder
+    from finetune.errors import UserError
+
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"]})
+    run = folder / "train" / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("task: image-classification\n")
+    with pytest.raises(UserError, match="train/run is a run's output folder inside the image folder"):
+        _check_image_folder(folder)
