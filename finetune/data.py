@@ -427,7 +427,8 @@ def _check_image_folder(root: Path) -> None:
     from finetune.rundir import RunDir
 
     for folder in (f for split in splits for f in sorted(split.iterdir()) if f.is_dir()):
-        if RunDir(folder).is_run() or RunDir(folder).holds_run():  # an output_dir once put there
+        run = RunDir(folder)
+        if run.is_run() or run.holds_run():  # an output_dir once put there
             raise UserError(f"{folder} is a run's output folder inside the image folder: its files would be read "
                             "as a class of images; move it out of the image folder")
     for folder in splits:

@@ -471,12 +471,12 @@ def _say_if_changed_since_the_run(target: Target, info: dict[str, Any]) -> None:
     (results.json's data_sha256): said in one line, since these scores are not the run's."""
     if target.path is None or info.get("data_sha256") is None:
         return
-    root = target.path.parent if target.kind == "export" else target.path.parent.parent
-    results, _ = _read_run_file(RunDir(root).results) if RunDir(root).results.is_file() else (None, None)
+    run = RunDir(target.path.parent if target.kind == "export" else target.path.parent.parent)
+    results, _ = _read_run_file(run.results) if run.results.is_file() else (None, None)
     recorded = ((results or {}).get("data_sha256") or {}).get(info["data"])
     if recorded is not None and recorded != info["data_sha256"]:
         warn(f"{info['data']} changed since the run trained on it (its sha256 differs from the one in "
-             f"{RunDir(root).results}): these are scores on the file as it is now, not the run's")
+             f"{run.results}): these are scores on the file as it is now, not the run's")
 
 
 def _pick_split(available: list[str], split: str | None, where: str) -> str:

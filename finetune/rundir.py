@@ -95,35 +95,34 @@ class RunDir:
     def _finished(self) -> bool:
         """A run's results.json (a record with its step), or one damaged beside the run's config.yaml; a
         results.json of the user's in a folder of other files is not a run's (an overwrite would delete it)."""
-        import yaml
-
         if not self.results.is_file():
             return False
         try:
             record = json.loads(self.results.read_text())
         except (OSError, ValueError):
-            record = None
-        if isinstance(record, dict):
-            return "step" in record
+            return self._config_of_a_run()
+        return "step" in record if isinstance(record, dict) else self._config_of_a_run()
+
+    def _started(self) -> bool:
+        """A run's log beside its config, as a run starts them (a metrics.jsonl of the user's, or of
+        another tool, is not a run's: an overwrite would set it aside and delete it)."""
+        try:
+            with self.metrics.open() as f:
+                line = f.readline()
+            first = json.loads(line) if line.strip() else {"step": None}  # stopped before its first line
+        except (OSError, ValueError):
+            return False
+        return isinstance(first, dict) and "step" in first and self._config_of_a_run()
+
+    def _config_of_a_run(self) -> bool:
+        """config.yaml here is a run's: a mapping that names its task."""
+        import yaml
+
         try:
             config = yaml.safe_load(self.config.read_text())
         except (OSError, ValueError, yaml.YAMLError):
             return False
         return isinstance(config, dict) and "task" in config
-
-    def _started(self) -> bool:
-        """A run's log beside its config, as a run starts them (a metrics.jsonl of the user's, or of
-        another tool, is not a run's: an overwrite would set it aside and delete it)."""
-        import yaml
-
-        try:
-            with self.metrics.open() as f:
-                line = f.readline()
-            first = json.loads(line) if line.strip() else {"step": None}  # stopped before its first line
-            config = yaml.safe_load(self.config.read_text())
-        except (OSError, ValueError, yaml.YAMLError):
-            return False
-        return isinstance(first, dict) and "step" in first and isinstance(config, dict) and "task" in config
 
     def is_run(self) -> bool:
         """A run's folder: its config beside its checkpoints, or a finished run."""
@@ -132,6 +131,10 @@ class RunDir:
     def run_files(self) -> list[str]:
         """What a run writes here, the trackers' folder (named after the output_dir) included."""
         return [*RUN_FILES, self.root.name]
+
+    def replaced_files(self) -> list[str]:
+        """What an overwrite sets aside: the run's files, and eval/ with the replaced model's scores."""
+        return [*self.run_files(), EVAL]
 
 
 def as_umask_allows(folder: Path) -> None:
@@ -326,7 +329,7 @@ def set_aside_previous_run(run: RunDir) -> None:
     has a checkpoint of its own (a mistake found mid-run, a full disk, a diverged loss), they come back.
     An earlier overwrite that never finished left the last finished run there: it stays, the unfinished
     run's files go. Main process only."""
-    names, aside = [*run.run_files(), EVAL], run.previous  # eval/: the replaced model's scores go with it
+    names, aside = run.replaced_files(), run.previous
     if aside.is_dir():
         _remove(run.root, names)
     else:
@@ -346,7 +349,7 @@ def restore_previous_run(run: RunDir) -> None:
 
     if not run.previous.is_dir() or list_checkpoints(run.root):
         return
-    _remove(run.root, [*run.run_files(), EVAL])
+    _remove(run.root, run.replaced_files())
     for path in run.previous.iterdir():
         os.replace(path, run.root / path.name)
     run.previous.rmdir()
