@@ -48,6 +48,7 @@ TaskName = Literal[TASK_NAMES]  # type: ignore[valid-type]  # finetune/tasks.py
 SchedulerType = Literal["linear", "cosine", "constant"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 AttnImplementation = Literal["eager", "sdpa"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]  # torch.compile's
 # transformers' names (PretrainedConfig.problem_type): what the pipeline and the loss follow.
 AUGMENT_OPS = ("crop", "color", "trivial")  # finetune/images.py, Augment
 ProblemType = Literal[tuple(PROBLEMS)]  # type: ignore[valid-type]  # finetune/metrics.py
@@ -515,6 +516,12 @@ class RunArgs:
     # step (finetune/shapes.py): static shapes with length_buckets, dynamic ones without. One process or
     # DDP; not FSDP or the layer split. The compile counts go into the run's summary and results.json.
     torch_compile: bool = setting(False, "compile the model with torch.compile (with length_buckets: static shapes)")
+    # torch.compile's mode: reduce-overhead replays each compiled block as a CUDA graph on a GPU (one
+    # launch for its kernels; needs static shapes: length_buckets); max-autotune also times matmul
+    # kernels at compile time (minutes). On a CPU every mode compiles as default.
+    torch_compile_mode: CompileMode = setting(
+        "default", "torch_compile: default, reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs"
+    )
 
     def _check_run(self) -> None:
         _positive(self, "logging_steps", "max_nonfinite_loss_steps", "ddp_timeout")
@@ -599,6 +606,9 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
         self._check_data()
         if self.torch_compile and self.model_parallel:
             raise UserError("torch_compile does not work with model_parallel=true (stages move tensors between devices)")
+        if self.torch_compile_mode != "default" and not self.torch_compile:
+            raise UserError(f"torch_compile_mode={self.torch_compile_mode} needs torch_compile=true; add it, or leave "
+                            "torch_compile_mode out")  # fmt: skip
         if self.dataset_name is None and self.train_file is None and self.data_dir is None:
             resuming = (
                 "; a resume with --config reads that recipe, not the run's saved config.yaml: leave --config "

@@ -37,7 +37,10 @@ def forward(model, batch: dict[str, torch.Tensor], chunks: int = 1, rows: int | 
     from finetune.shapes import fill_rows
 
     inputs, real = fill_rows(inputs, rows)
-    return model(**inputs).logits[:real]
+    # A compiled model in CUDA-graph mode (torch_compile_mode=reduce-overhead) writes every call's
+    # outputs into the same memory: a new step is marked, and the logits are copied out of it.
+    torch.compiler.cudagraph_mark_step_begin()
+    return model(**inputs).logits[:real].clone()
 
 
 @torch.no_grad()

@@ -311,7 +311,7 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
     train_loader, sampler, eval_loaders, shapes = make_loaders(cfg, accelerator, splits, preprocessor)
     if cfg.torch_compile:
         check_compile(accelerator)
-        compile_model(model, dynamic=shapes.dynamic)
+        compile_model(model, dynamic=shapes.dynamic, mode=cfg.torch_compile_mode)
     resume_path, manifest = resume_target(cfg, out)
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     train_data = train_data_fingerprint(cfg)

@@ -20,8 +20,9 @@ length and the epoch's short last batch its own row count, so a compiled run rec
   region by region with `module.compile()` (accelerate's regional compilation, in place: parameter
   names and checkpoints are unchanged), static shapes with buckets, `dynamic=True` without.
 - **Warmed once** (`warm_up`): before the first step each bucket's training step (forward and
-  backward, no optimizer step, no gradient all-reduce) and evaluation forward run once on real
-  samples cut to that length; the random state and the gradients are put back, so the run trains as
+  backward in training mode, no optimizer step, no gradient all-reduce) and evaluation forward run
+  on real samples cut to that length, with padding and without (SDPA attention drops the mask of a
+  batch with no padding: another graph); the random state and the gradients are put back, so the run trains as
   it would without it. The counters (`CompileCounter`) then say how many graphs were compiled before
   and after: after the warm-up, none should be.
 """
@@ -139,9 +140,10 @@ def check_compile(accelerator) -> None:
         )
 
 
-def compile_model(model, dynamic: bool) -> None:
+def compile_model(model, dynamic: bool, mode: str = "default") -> None:
     """The model's repeated blocks and its other parts compiled in place, region by region
-    (accelerate's regional compilation: the blocks share one compiled graph per shape)."""
+    (accelerate's regional compilation: the blocks share one compiled graph per shape), in torch.compile's
+    `mode` (reduce-overhead: each region replayed as a CUDA graph on a GPU)."""
     import torch._dynamo
     from accelerate.utils.other import compile_regions_deepspeed  # in place, for any module, despite its name
 
@@ -149,7 +151,7 @@ def compile_model(model, dynamic: bool) -> None:
     # default of 8 graphs a code object, after which it would run eagerly without a word.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 512)
-    compile_regions_deepspeed(model, dynamic=dynamic)
+    compile_regions_deepspeed(model, dynamic=dynamic, mode=mode)
 
 
 class CompileCounter:
@@ -256,21 +258,37 @@ def _same_randomness():
             torch.cuda.set_rng_state_all(cuda)
 
 
+def _with_and_without_padding(batch: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """A text batch as one with padding (its last row's last token masked) and one without (no token
+    masked); an image batch as it is. Only the compiled graphs see these, not the training."""
+    mask = batch.get("attention_mask")
+    if mask is None or mask.dim() != 2:
+        return [batch]
+    padded, full = mask.clone(), torch.ones_like(mask)
+    padded[-1, -1] = 0
+    return [{**batch, "attention_mask": padded}, {**batch, "attention_mask": full}]
+
+
 def warm_up(model, accelerator, optimizer, forward, shapes: Shapes) -> None:
     """Compile every shape the run will see before its first step: per bucket (or once, without
-    buckets) a training forward and backward at `train_rows` rows and an evaluation forward at
-    `eval_rows`, from the shapes' `example` (a collated batch at the largest length) cut to the bucket. No
-    optimizer step, no gradient all-reduce; the gradients and the random state are put back."""
+    buckets) a training forward and backward at `train_rows` rows, in training mode as the loop runs
+    it (a model loaded with from_pretrained starts in eval mode), and an evaluation forward at
+    `eval_rows`, from the shapes' `example` (a collated batch at the largest length) cut to the bucket.
+    Text runs twice a bucket: with padding and without, since transformers' SDPA attention drops the
+    mask of a batch with no padding (another graph). No optimizer step, no gradient all-reduce; the
+    gradients and the random state are put back."""
     lengths = shapes.buckets or [None]
     inputs = {k: v.to(accelerator.device) for k, v in shapes.example.items() if isinstance(v, torch.Tensor)}
     with _same_randomness():
         for length in lengths:
             cut = {k: v[:, :length].contiguous() if length is not None and v.dim() > 1 else v for k, v in inputs.items()}
-            with accelerator.no_sync(model):  # DDP: no all-reduce of these gradients
-                forward(model, cut, rows=shapes.train_rows).float().sum().backward()
-            optimizer.zero_grad(set_to_none=True)
-            model.eval()
-            with torch.no_grad():
-                forward(model, cut, rows=shapes.eval_rows)
-            model.train()
+            for variant in _with_and_without_padding(cut):
+                model.train()
+                with accelerator.no_sync(model):  # DDP: no all-reduce of these gradients
+                    forward(model, variant, rows=shapes.train_rows).float().sum().backward()
+                optimizer.zero_grad(set_to_none=True)
+                model.eval()
+                with torch.no_grad():
+                    forward(model, variant, rows=shapes.eval_rows)
+    model.train()
     shapes.counter.warmed()

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from finetune.evaluation import forward
 from finetune.run import main
 from finetune.shapes import Bucketed, choose_buckets, fill_rows, padded_ratio
-from tests.conftest import launch, tiny_text_args
+from tests.conftest import launch, tiny_text_args, user_error
 
 
 def _cost(batches: list[tuple[int, int]], buckets: list[int]) -> int:
@@ -139,8 +139,6 @@ def test_a_compiled_run_compiles_every_shape_in_its_warm_up_and_trains_as_the_ea
 
 
 def test_torch_compile_refuses_the_layer_split(small_text_data, tmp_path, capsys):
-    from tests.conftest import user_error
-
     line = user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "r", "torch_compile=true",
                                                     "model_parallel=true", "devices=cpu,cpu"))  # fmt: skip
     assert "torch_compile does not work with model_parallel=true" in line
@@ -164,3 +162,43 @@ def test_compiled_ddp_and_accumulation_equal_one_compiled_big_batch(small_text_d
         assert _worst(_weights(tmp_path / run), reference) < 1e-5, run
         shapes = json.loads((tmp_path / run / "results.json").read_text())["shapes"]
         assert shapes["graphs_compiled_after_warm_up"] == 0
+
+
+def test_the_compile_mode_reaches_torch_compile_and_needs_torch_compile(small_text_data, tmp_path, capsys,
+                                                                       monkeypatch):  # fmt: skip
+    """torch_compile_mode is passed to every region's compile (compiling itself left out here: the
+    warm-up then runs eagerly); without torch_compile=true it is refused, not ignored."""
+    import accelerate.utils.other
+
+    seen = []
+    monkeypatch.setattr(accelerate.utils.other, "compile_regions_deepspeed", lambda model, **kw: seen.append(kw))
+    args = ("per_device_train_batch_size=8", "length_buckets=2", "num_train_epochs=1", "save_steps=null")
+    main(tiny_text_args(small_text_data, tmp_path / "m", *args, "torch_compile=true",
+                        "torch_compile_mode=max-autotune-no-cudagraphs"))  # fmt: skip
+    assert seen == [{"dynamic": False, "mode": "max-autotune-no-cudagraphs"}]
+    line = user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "r", *args,
+                                                   "torch_compile_mode=reduce-overhead"))  # fmt: skip
+    assert "torch_compile_mode=reduce-overhead needs torch_compile=true" in line
+
+
+@pytest.mark.slow
+def test_a_compiled_pretrained_model_with_unpadded_batches_compiles_nothing_after_its_warm_up(tmp_path, capsys):
+    """A model loaded with from_pretrained starts in eval mode, and SDPA attention drops the mask of a
+    batch with no padding: the warm-up compiles the training graphs in training mode and both mask
+    variants of each bucket, so the loop, whose batches of equal lengths have no padding, compiles none."""
+    from tests.conftest import save_tiny_bert
+
+    folder = save_tiny_bert(tmp_path / "pretrained")
+    rows = [("one two three four", "pos"), ("five six seven eight", "neg")] * 8
+    rows += [("word " * n, "pos" if n % 2 else "neg") for n in range(1, 13)]
+    data = {}
+    for split in ("train", "validation"):
+        data[split] = tmp_path / f"{split}.csv"
+        data[split].write_text("text,label\n" + "".join(f"{t.strip()},{y}\n" for t, y in rows))
+    args = tiny_text_args(data, tmp_path / "out", f"model_name_or_path={folder}", "model_config=null",
+                          "attn_implementation=sdpa", "per_device_train_batch_size=8", "length_buckets=2",
+                          "torch_compile=true", *COMMON)  # fmt: skip
+    main(args)
+    shapes = json.loads((tmp_path / "out" / "results.json").read_text())["shapes"]
+    assert shapes["graphs_compiled_in_warm_up"] > 0 and shapes["graphs_compiled_after_warm_up"] == 0, shapes
+    assert "0 after it" in capsys.readouterr().out
