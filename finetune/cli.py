@@ -10,8 +10,15 @@ from __future__ import annotations
 import os
 import sys
 
-from finetune.config import TrainConfig, load_config, resumed_run_recipe, settings_from_flags, settings_help
-from finetune.errors import ArgumentParser, exit_on_user_error
+from finetune.config import (
+    TrainConfig,
+    load_config,
+    parse_override,
+    resumed_run_recipe,
+    settings_from_flags,
+    settings_help,
+)
+from finetune.errors import ArgumentParser, exit_on_user_error, warn
 from finetune.rundir import RunDir
 
 USAGE = """Fine-tune a text, token or image classifier: one loop, every topology through Accelerate.
@@ -51,6 +58,18 @@ def parse_args(argv: list[str]):
         settings = [*settings, f"output_dir={run}"]
     cfg: TrainConfig = load_config(saved or args.config, settings, saved=saved is not None)
     return cfg, args, saved
+
+
+def say_given_twice(settings: list[str]) -> None:
+    """A key given twice with two values is used with its last, as argparse does, but not without a
+    word (a pasted or edited command often repeats one)."""
+    given: dict[str, object] = {}
+    for item in settings:
+        key, value = parse_override(item)
+        if key in given and given[key] != value:
+            warn(f"{key} is given twice on the command line ({key}={given[key]}, then {key}={value}); the last, "
+                 f"{value}, is used")  # fmt: skip
+        given[key] = value
 
 
 @exit_on_user_error

@@ -807,13 +807,18 @@ LABEL_KEYS = {
 MODE_FLAGS = {"dry_run": "--dry-run", "plan_only": "--plan-only"}
 
 
-def _unknown_key(key: str, known: list[str]) -> UserError:
+def _unknown_key(key: str, known: list[str], value: Any = None) -> UserError:
     if key in MODE_FLAGS:
         return UserError(f"{key} is not a setting; pass the flag {MODE_FLAGS[key]}")
     head, dot, sub = key.partition(".")
     if dot and head in known:  # model_config.hidden_size written in a recipe: the command line's form
         return UserError(f"unknown config key '{key}': in a recipe write {head}: {{{sub}: ...}} (KEY.SUBKEY=value "
                          "is the command line's form)")  # fmt: skip
+    inside = sorted(k for k in value if k in known) if isinstance(value, dict) else []
+    if inside:  # a `training_args:` block holding settings (another tool's layout): a recipe is flat
+        shown = ", ".join(inside[:3]) + (", ..." if len(inside) > 3 else "")
+        return UserError(f"unknown config key '{key}': a recipe is flat: move the settings under it ({shown}) "
+                         f"to the top level and drop '{key}:'")  # fmt: skip
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.52)  # not defaults -> peft (0.5)
     hint = f"; did you mean {close[0]}?" if close else ""
     return UserError(f"unknown config key '{key}'{hint}")
@@ -1042,8 +1047,9 @@ def load_config(
         cfg = config_from_dict(raw, saved=saved)
     except UserError as e:  # a value of the run's own config.yaml (edited since), not of the command line
         key = re.split(r"[\s\[.=]", str(e), maxsplit=1)[0]
-        if not saved or recipe.name == MANIFEST or key in given or key.split("=")[0] in given:
-            raise
+        named = {name.split(".")[0] for name in given if re.search(rf"\b{re.escape(name.split('.')[0])}\b", str(e))}
+        if not saved or recipe.name == MANIFEST or key in given or key.split("=")[0] in given or named:
+            raise  # a check that names a setting the command line gave (model_config=null): the command line's
         raise UserError(f"{recipe}, the run's saved config: {e}; repair it there, or delete it: a resume then reads "
                         f"the config saved in its checkpoint's {MANIFEST}") from None
     _check_other_tasks_settings(cfg, {key.split(".")[0] for key in given})
@@ -1094,7 +1100,7 @@ def config_from_dict(raw: dict[str, Any], saved: bool = False) -> TrainConfig:
         if saved and key in MODE_FLAGS:
             continue
         if key not in hints:
-            raise _unknown_key(key, list(hints))
+            raise _unknown_key(key, list(hints), value)
         values[key] = _coerce(key, value, hints[key])
     return TrainConfig(**values)
 

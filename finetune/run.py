@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 from finetune import checkpoint as ckpt
 from finetune import steps
 from finetune.card import check_hub_access, launch_command
-from finetune.cli import parse_args
+from finetune.cli import parse_args, say_given_twice
 from finetune.config import TrainConfig, save_config
 from finetune.data import infer_task, load_splits, prepare_splits, train_data_fingerprint
 from finetune.errors import UserError, exit_on_user_error, first_line
@@ -845,6 +845,7 @@ def main(argv: list[str] | None = None, hooks: Hooks | None = None) -> dict[str,
     """The entry point: `argv` as the command line gives it; `hooks` for a tool that observes the run."""
     stop_outside_the_loop()
     cfg, args, saved = parse_args(sys.argv[1:] if argv is None else argv)
+    say_given_twice(args.settings)
     if saved is not None and os.environ.get("RANK", "0") == "0":
         print(f"resuming with the run's own recipe {saved} (--config chooses another)")
     quiet_libraries(cfg.log_level)

@@ -180,6 +180,8 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
             f"output_dir {out} already holds {state}; pass overwrite_output_dir=true to replace "
             f"it,{resume} or choose another output_dir"
         )
+    if (run.root / STUDY).is_file():
+        raise UserError(_holds_a_search(run))
     if any(run.root.iterdir()):
         raise UserError(
             f"output_dir {out} holds files that are not a run of this app; choose an empty or new "
@@ -187,9 +189,19 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
         )
 
 
+def _holds_a_search(run: RunDir) -> str:
+    """A search's folder (finetune/search.py) given to a training run: neither a run to replace nor a
+    folder to write into (its model/ is the best trial's export)."""
+    return (f"output_dir {run.root} holds a hyperparameter search ({STUDY}, its trials, and model/: the best "
+            "trial's export), not a run; choose another output_dir (to continue the search, run finetune/search.py "
+            "again with this output_dir)")  # fmt: skip
+
+
 def check_files_in_the_way(run: RunDir, trackers: bool) -> None:
     """overwrite_output_dir=true into a folder that holds no run writes into it and deletes nothing: so a
     file there with the name of one a run writes (the user's config.yaml, model/) is refused."""
+    if (run.root / STUDY).is_file():
+        raise UserError(_holds_a_search(run))
     names = run.run_files() if trackers else RUN_FILES
     found = [name + ("/" if (run.root / name).is_dir() else "") for name in names if (run.root / name).exists()]
     if found:

@@ -89,6 +89,12 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
             f"{world_size} processes were launched but they did not form one group "
             f"({accelerator.distributed_type}); check the accelerate config"
         )
+    if accelerator.num_processes == 1 and _one_of_several_started_alone():
+        accelerator.print(
+            "warning: accelerate launch was asked for several processes (MASTER_ADDR is set) but started this "
+            "one alone, so it trains in one process: a config with distributed_type MULTI_CPU starts several "
+            "only through mpirun; for several CPU processes on one machine use accelerate_configs/cpu_ddp.yaml"
+        )
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         # Accelerate has no fp16 autocast on a CPU: it would train in fp32 and report fp16.
         raise UserError(
@@ -103,6 +109,16 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
                 "(cpu_bf16.yaml is for CPUs with AMX or AVX512-BF16)"
             )
     return accelerator
+
+
+def _one_of_several_started_alone() -> bool:
+    """Accelerate's one-process launcher sets ACCELERATE_USE_CPU always and MASTER_ADDR only when asked
+    for several processes or machines (a MULTI_CPU config without mpirun starts one): both set, with no
+    rank from torchrun or MPI, means the others were never started."""
+    ranks = ("RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_RANK")
+    return "ACCELERATE_USE_CPU" in os.environ and "MASTER_ADDR" in os.environ and not any(
+        name in os.environ for name in ranks
+    )
 
 
 def native_bf16() -> bool:

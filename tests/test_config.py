@@ -87,6 +87,10 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
         load_config(recipe, ["model_confg.image_size=32"])
     with pytest.raises(UserError, match=r"^unknown config key 'defaults'$"):  # Hydra's key: no far-fetched guess
         load_config(recipe, ["defaults=[]"])
+    # Another tool's nested layout (training_args: {learning_rate: ...}): the fix is to flatten it.
+    with pytest.raises(UserError, match=r"^unknown config key 'training_args': a recipe is flat: move the settings "
+                                        r"under it \(learning_rate, seed\) to the top level"):  # fmt: skip
+        load_config(recipe, ["training_args={learning_rate: 1e-4, seed: 3, colour: red}"])
 
 
 def test_metric_loss_means_lower_is_better(small_text_data, tmp_path):
@@ -254,6 +258,10 @@ def test_a_resume_names_the_runs_saved_config_when_it_was_edited(tmp_path):
         parse_args(resume)
     with pytest.raises(UserError, match="^learning_rate must be a number, got 'xyz'$"):  # the command line's own
         parse_args([*resume, "learning_rate=xyz"])
+    # A check across settings that names one the command line gave (both set to null there): its own too.
+    (run / "config.yaml").write_text("task: text-classification\nmodel_config: {model_type: bert}\n")
+    with pytest.raises(UserError, match="^set model_name_or_path .* or model_config$"):
+        parse_args([*resume, "model_config=null", "model_name_or_path=null"])
     (run / "config.yaml").write_text("task: [text-classification\n")
     with pytest.raises(UserError, match="is not valid YAML .*; repair it, or delete it: a resume then reads the "
                                         "config saved in its checkpoint's manifest.json"):  # fmt: skip
@@ -325,3 +333,14 @@ def test_a_text_recipe_under_an_image_task_leaves_its_frozen_embeddings_out():
     with pytest.raises(UserError, match="freeze_embeddings is for models with a word-embedding table, not "
                                         "image-classification: set freeze_embeddings=false"):  # fmt: skip
         load_config(None, ["task=image-classification", "freeze_embeddings=true"])
+
+
+def test_a_key_given_twice_on_the_command_line_is_used_with_its_last_value_and_said(capsys):
+    """As argparse, the last value wins, but with one warning line naming both; the same value twice is
+    no mistake."""
+    from finetune.cli import say_given_twice
+
+    say_given_twice(["learning_rate=1e-4", "seed=3", "learning_rate=2e-4", "seed=3"])
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1
+    assert "learning_rate is given twice on the command line (learning_rate=1e-4, then learning_rate=2e-4); the last, 2e-4, is used" in err

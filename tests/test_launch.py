@@ -50,6 +50,24 @@ def test_a_multi_cpu_config_of_several_processes_without_mpirun_is_one_line(tmp_
                     "asks for MULTI_CPU with 3 processes", "accelerate_configs/cpu_ddp.yaml")
 
 
+def test_one_process_of_several_started_alone_by_plain_accelerate_launch_says_so(small_text_data, tmp_path,
+                                                                                 monkeypatch, capsys):  # fmt: skip
+    """Plain `accelerate launch` with that MULTI_CPU config starts one process with the environment of its
+    one-process launcher (ACCELERATE_USE_CPU, and MASTER_ADDR because several were asked for) and no
+    rank: the run says it trains alone."""
+    from finetune.run import main
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    main(tiny_text_args(small_text_data, tmp_path / "r", "max_steps=1", "save_steps=null"))
+    assert "started this one alone, so it trains in one process" in capsys.readouterr().out
+    from finetune.runtime import _one_of_several_started_alone
+
+    assert _one_of_several_started_alone()
+    monkeypatch.setenv("RANK", "0")  # started by torchrun or mpirun: nothing to say
+    assert not _one_of_several_started_alone()
+
+
 def test_missing_script_is_one_line(tmp_path):
     _one_error_line(_run([*launch_command(launcher="finetune.launch"), "finetune/runn.py"], tmp_path), "finetune/runn.py")
 

@@ -421,3 +421,19 @@ def test_a_resume_refuses_a_run_whose_export_holds_a_file_of_the_users(finished_
     (copy / "model" / "my_notes.txt").write_text("mine\n")
     user_error(capsys, main, [f"output_dir={copy}", "resume_from_checkpoint=latest"], "model/my_notes.txt",
                "the run replaces model/ whole", untouched=copy)  # fmt: skip
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_search_folder_given_to_a_run_is_named_as_a_search(tmp_path, overwrite):
+    """A search's folder (study.db, trials, model/: the best trial's export) is neither a run to replace
+    nor a folder of other files: the line names the search, and nothing there changes."""
+    from finetune.rundir import check_output_dir
+
+    out = tmp_path / "search"
+    (out / "model").mkdir(parents=True)
+    (out / "trial-0").mkdir()
+    (out / "study.db").write_bytes(b"SQLite format 3\0")
+    before = file_hashes(out)
+    with pytest.raises(UserError, match=r"holds a hyperparameter search \(study.db, its trials, and model/"):
+        check_output_dir(out, overwrite=overwrite, resume=False, trackers=False)
+    assert file_hashes(out) == before
