@@ -192,5 +192,44 @@ def cli() -> None:
     sys.exit(main())
 
 
+def write_default_config(path: Path | None = None) -> str:
+    """`accelerate config default`, and on a machine that trains on its CPU the one value accelerate
+    launch otherwise prints a three-line notice about on every launch: its threads per process
+    (accelerate's own count, the physical cores, kept under `mpirun_config`, whose keys the launcher
+    reads as its arguments; the training process sets torch's threads itself: `cpu_threads`). An
+    existing config is left as it is. What was done, as one line."""
+    import json
+
+    import psutil
+    from accelerate.commands.config.config_args import default_json_config_file
+    from accelerate.utils import write_basic_config
+
+    path = Path(path or default_json_config_file)
+    if path.exists():
+        return f"accelerate config {path} exists; left as it is"
+    try:
+        write_basic_config(mixed_precision="no", save_location=str(path))
+        config = json.loads(path.read_text())
+        threads = psutil.cpu_count(logical=False) or 1
+        if config.get("use_cpu") and threads > 1:
+            config["mpirun_config"] = {"num_cpu_threads_per_process": threads}
+            path.write_text(json.dumps(config, indent=2))
+    except OSError as e:
+        raise UserError(f"cannot write accelerate's config {path}: {e.strerror or e}") from None
+    return f"wrote accelerate's default config for this machine to {path}"
+
+
+@exit_on_user_error
+def configure(argv: list[str] | None = None) -> int:
+    """finetune-config: accelerate's default config for this machine, written once (README set-up)."""
+    from finetune.errors import ArgumentParser
+
+    parser = ArgumentParser(prog="finetune-config", description=write_default_config.__doc__,
+                            hint="see finetune-config --help")  # fmt: skip
+    parser.add_argument("--config_file", type=Path, help="where to write it (default: accelerate's default config)")
+    print(write_default_config(parser.parse_args(sys.argv[1:] if argv is None else argv).config_file))
+    return 0
+
+
 if __name__ == "__main__":
     cli()

@@ -241,3 +241,21 @@ def test_finetune_launch_bad_flag_is_one_line(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--bogus-flag" in err[0], err  # no usage page
+
+
+def test_the_set_up_config_launches_without_accelerates_notice_and_is_written_once(tmp_path, capsys):
+    """finetune-config writes accelerate's default config, with the threads per process that accelerate
+    launch otherwise prints a notice about on a CPU; a second call leaves the file as it is."""
+    from finetune.launch import configure
+
+    path = tmp_path / "accelerate" / "default_config.yaml"
+    assert configure(["--config_file", str(path)]) == 0
+    assert "wrote accelerate's default config" in capsys.readouterr().out
+    written = path.read_bytes()
+    plain = [sys.executable, "-m", "accelerate.commands.launch"]  # no flags: the config alone
+    out = subprocess.run([*plain, "--config_file", str(path), "finetune/run.py", "--help"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0 and "usage: finetune/run.py" in out.stdout
+    assert "were not passed to `accelerate launch`" not in out.stdout + out.stderr
+    configure(["--config_file", str(path)])
+    assert "exists; left as it is" in capsys.readouterr().out and path.read_bytes() == written
