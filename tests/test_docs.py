@@ -240,6 +240,7 @@ ENTRIES = (
           "finetune/evaluate_checkpoint.py", EVAL, EVAL),  # other settings: "cannot be set when evaluating"
     Entry(("finetune/verify.py", "finetune-verify", "finetune.verify"), "finetune/verify.py", ALL),
     Entry(("finetune/search.py", "finetune-search", "finetune.search"), "finetune/search.py", ALL, ALL),
+    Entry(("finetune-config",), "finetune/launch.py"),  # writes accelerate's config: takes no settings
 )  # fmt: skip
 LAUNCHERS = ("finetune-launch", "finetune.launch")  # accelerate launch's flags, then an entry point
 # The benchmarks' and scripts' own command lines: flags checked, `--override key=value` too.
