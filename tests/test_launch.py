@@ -55,14 +55,13 @@ def test_one_process_of_several_started_alone_by_plain_accelerate_launch_says_so
     """Plain `accelerate launch` with that MULTI_CPU config starts one process with the environment of its
     one-process launcher (ACCELERATE_USE_CPU, and MASTER_ADDR because several were asked for) and no
     rank: the run says it trains alone."""
-    from finetune.run import main
+    from finetune.config import load_config
+    from finetune.runtime import _one_of_several_started_alone, make_accelerator
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    main(tiny_text_args(small_text_data, tmp_path / "r", "max_steps=1", "save_steps=null"))
+    make_accelerator(load_config(None, tiny_text_args(small_text_data, tmp_path / "r")))  # as the run builds it
     assert "started this one alone, so it trains in one process" in capsys.readouterr().out
-    from finetune.runtime import _one_of_several_started_alone
-
     assert _one_of_several_started_alone()
     monkeypatch.setenv("RANK", "0")  # started by torchrun or mpirun: nothing to say
     assert not _one_of_several_started_alone()
