@@ -121,11 +121,14 @@ def write_failure(e: BaseException, where: str | os.PathLike | None = None) -> O
     for anything else. Not every library raises OSError: safetensors raises SafetensorError with
     Rust's "(os error 28)" in its message, torch's writer a RuntimeError without the cause; for
     those the errno is read from the message, or found by writing a probe file in `where`."""
-    if isinstance(e, OSError):
+    if isinstance(e, OSError) and e.errno is not None:
         return e if e.errno in ENVIRONMENT_ERRORS else None
-    text = str(e)
-    found = re.search(r"os error (\d+)", text)
-    code = int(found.group(1)) if found else next((c for c in ENVIRONMENT_ERRORS if os.strerror(c) in text), None)
+    text = str(e)  # shutil.Error (an OSError without errno): its copies' errors, "[Errno 28] ..." each
+    found = re.search(r"os error (\d+)|\[Errno (\d+)\]", text)
+    code = int(found.group(1) or found.group(2)) if found else next(
+        (c for c in ENVIRONMENT_ERRORS if os.strerror(c) in text), None)
+    if code is None and "database or disk is full" in text:  # SQLite's own words (optuna's study.db)
+        code = errno.ENOSPC
     # torch's zip writer: "PytorchStreamWriter failed writing file", "[enforce fail at inline_container.cc]
     # unexpected pos 576 vs 534" (a short write): no errno in either
     if code is None and where is not None and re.search(r"PytorchStreamWriter|file write failed|inline_container", text):

@@ -106,9 +106,13 @@ from finetune.tasks import task_of
 
 def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
     """Build, resume, loop over epochs and batches, evaluate, export. Returns the final metrics."""
-    hooks = hooks or Hooks()
+    with contextlib.ExitStack() as held:  # the output folder, held from its first write to the run's end
+        return _train(cfg, hooks or Hooks(), held)
+
+
+def _train(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack) -> dict[str, Any]:
     with hooks.phase("start-up"):
-        run = setup(cfg, hooks)  # the Accelerator, data, model, loaders, the step plan, optimizer, schedule
+        run = setup(cfg, hooks, held)  # the Accelerator, data, model, loaders, the step plan, optimizer, schedule
         hooks.mark("prepared", run)
         accelerator, model, optimizer, scheduler, plan = run.accelerator, run.model, run.optimizer, run.scheduler, run.plan
         processes, accumulation = accelerator.num_processes, cfg.gradient_accumulation_steps
@@ -289,6 +293,7 @@ class Run:
     manifest: dict | None
     log: MetricsLog
     checkpointer: ckpt.Checkpointer
+    held: contextlib.ExitStack | None  # what the run holds until it ends: its output folder (RunDir.in_use)
 
     def rows(self, kind: str) -> int | None:
         """The rows every "train" or "eval" batch is filled to for a compiled model, or None."""
@@ -297,7 +302,7 @@ class Run:
         return self.shapes.train_rows if kind == "train" else self.shapes.eval_rows
 
 
-def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
+def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = None) -> Run:
     """Everything the loop needs, in order: the Accelerator and the output folder's checks, data and
     model, the layer split, loaders, what a resume continues, the step plan, optimizer and schedule,
     then Accelerate's `prepare`."""
@@ -338,7 +343,7 @@ def setup(cfg: TrainConfig, hooks: Hooks) -> Run:
     balance = class_weights_of(train_labels, cfg.problem_type, len(label_names), cfg.class_weights)
     return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial,
                balance, eval_loaders, shapes,
-               plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer)  # fmt: skip
+               plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer, held)  # fmt: skip
 
 
 def resume(cfg: TrainConfig, run: Run) -> tuple[int, int, int]:
@@ -533,10 +538,12 @@ def start_run(cfg: TrainConfig, run: Run) -> None:
     accelerator, plan = run.accelerator, run.plan
     with agreed(accelerator):
         if accelerator.is_main_process:
-            if not cfg.resume_from_checkpoint and cfg.overwrite_output_dir and run.dir.root.exists() and run.dir.holds_run():
+            run.dir.root.mkdir(parents=True, exist_ok=True)
+            if run.held is not None:  # before anything is set aside or written: not a run still going
+                run.held.enter_context(run.dir.in_use())
+            if not cfg.resume_from_checkpoint and cfg.overwrite_output_dir and run.dir.holds_run():
                 # Only what a run writes, only where a run was; it comes back if this run fails early.
                 set_aside_previous_run(run.dir)
-            run.dir.root.mkdir(parents=True, exist_ok=True)
             save_config(cfg, run.dir.config)
     if cfg.report_to:
         scalars = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}

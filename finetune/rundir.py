@@ -23,6 +23,7 @@ This is the only module that spells these names; the others ask `RunDir`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -81,6 +82,30 @@ class RunDir:
     previous = property(lambda self: self.root / PREVIOUS)
     export_stage = property(lambda self: self.root / EXPORT_STAGE)
     export_aside = property(lambda self: self.root / EXPORT_ASIDE)
+
+    @contextlib.contextmanager
+    def in_use(self):
+        """The folder held by this run's main process until the block ends (flock on the folder itself,
+        released by the kernel however the process ends): a second command that would overwrite or
+        resume the run while it is still going is refused instead of deleting or interleaving its files.
+        A file system without flock (some network ones) runs without the guard."""
+        import fcntl
+
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UserError(
+                    f"output_dir {self.root} is in use by a run still going in another process; let it end (or "
+                    "stop it with Ctrl-C or SIGTERM: it saves a checkpoint), then run again, or choose another "
+                    "output_dir"
+                ) from None
+            except OSError:  # no flock here (ENOLCK, EOPNOTSUPP): no guard, as before
+                pass
+            yield
+        finally:
+            os.close(fd)
 
     def holds_run(self) -> str | None:
         """'a finished run', 'a started run' (checkpoints or a log), or None."""
@@ -249,6 +274,12 @@ def check_not_inside_a_run(out: Path) -> None:
     path = Path(out).expanduser().resolve()
     for inner in (path, *path.parents):
         outer = inner.parent
+        if inner.name == EVAL and _looks_like_a_run(outer):  # evaluations' own folder: no run's output_dir
+            raise UserError(
+                f"output_dir {out} {'is' if path == inner else 'is inside'} the eval/ folder of the run in {outer}, "
+                "where its evaluations go and which its next overwrite sets aside whole; choose an output_dir "
+                f"outside {inner}"
+            )
         if inner.name not in _REPLACED_WHOLE or not _looks_like_a_run(outer):
             continue
         if inner.name == CHECKPOINTS and path != inner:

@@ -60,8 +60,8 @@ from typing import Any
 import yaml
 
 from finetune.config import TrainConfig, load_config, settings_from_flags
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error
-from finetune.rundir import BEST_RECIPE, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error, on_failure
+from finetune.rundir import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir
 
 SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "warmup_ratio", "freeze_layers",
          "tune_threshold")  # fmt: skip
@@ -255,6 +255,16 @@ def _damaged(error: Exception) -> bool:
     return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
+def _remove_what_failed(out: Path, made: bool, new: bool) -> None:
+    """After a search that failed (a full disk while SQLite made its study): a study.db it created and
+    that holds nothing, and the output folder it created, if that is all there is."""
+    study = out / STUDY
+    if new and study.is_file() and study.stat().st_size == 0:
+        study.unlink()
+    if made and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+
+
 def search(recipe: str | None, overrides: list[str], budget: float, space: list[str], trials: int | None) -> dict:
     """Run trials until the budget or the number of trials is spent; returns the best trial's record."""
     import optuna
@@ -274,7 +284,9 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     if _main_process():
         refusal = _search_folder_problem(out)
     if _main_process() and refusal is None:
+        made, new = not out.exists(), not (out / STUDY).exists()
         out.mkdir(parents=True, exist_ok=True)
+        on_failure(lambda: _remove_what_failed(out, made, new))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         direction = "maximize" if base.greater_is_better else "minimize"
         try:
@@ -429,9 +441,13 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
         f"{best.value:.4f}): the recipe with the trial's settings.\n" + yaml.safe_dump(settings, sort_keys=False)
     )
     best_model, model = RunDir(out / f"{TRIAL_PREFIX}{best.number}").model, RunDir(out).model
-    if best_model.is_dir():
+    if best_model.is_dir():  # copied whole beside it first: a full disk leaves the earlier model/, no half copy
+        staged = out / f".{MODEL}-new"
+        shutil.rmtree(staged, ignore_errors=True)
+        on_failure(lambda: shutil.rmtree(staged, ignore_errors=True))
+        shutil.copytree(best_model, staged)
         shutil.rmtree(model, ignore_errors=True)
-        shutil.copytree(best_model, model)
+        os.replace(staged, model)
     cut = sum(bool(t.user_attrs.get(CUT)) for t in study.trials)
     record = {"best_trial": best.number, "value": best.value, "params": best.params, "trials": len(study.trials),
               "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),

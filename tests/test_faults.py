@@ -326,6 +326,26 @@ def test_the_libraries_own_write_errors_are_read_as_the_machine_s(small_disk):
     assert write_failure(RuntimeError("shapes do not match")) is None
 
 
+def test_a_search_on_a_full_disk_is_one_line_and_leaves_nothing(small_text_data, small_disk, capsys):
+    """SQLite's "database or disk is full" (optuna's study.db, through sqlalchemy) and a copy's shutil.Error
+    (an OSError without errno, its files' "[Errno 28]" inside) are the machine's error: one line, exit 2,
+    and the search leaves neither an empty study.db nor its folder."""
+    import errno
+
+    from conftest import tiny_text_args, user_error
+
+    from finetune.search import main as search
+
+    _fill(small_disk)
+    out = small_disk / "search"
+    user_error(capsys, search, ["--budget", "30", *tiny_text_args(small_text_data, out)], "No space left on device",
+               "free some space")  # fmt: skip
+    assert not out.exists()
+    with pytest.raises(shutil.Error) as copy_error:
+        shutil.copytree(Path(__file__).parent, small_disk / "copy")
+    assert write_failure(copy_error.value).errno == errno.ENOSPC
+
+
 # --- checks before anything is written --------------------------------------------------------------
 
 

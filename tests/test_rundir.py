@@ -324,17 +324,19 @@ def test_overwrite_refuses_a_file_of_the_users_where_it_sets_the_run_aside(finis
 
 
 @pytest.mark.parametrize("inside", ["checkpoints/step-00000002", "checkpoints", "checkpoints/.tmp-step-00000009",
-                                    "model", "model/sub"])  # fmt: skip
+                                    "model", "model/sub", "eval/mine"])  # fmt: skip
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_output_dir_inside_a_run_s_checkpoints_or_export_is_refused(finished_run, inside, overwrite, capsys):
     """A run there would be deleted by the outer run's checkpoint retention, resume or next export."""
     out = finished_run(*EARLIER_RUN)
     argv = tiny_text_args(finished_run.data(), out / inside, "max_steps=1", f"overwrite_output_dir={overwrite}")
-    what = {"model": "the export of the run in", "checkpoints": "the checkpoints folder of the run in"}
+    what = {"model": "the export of the run in", "checkpoints": "the checkpoints folder of the run in",
+            "eval": "the eval/ folder of the run in"}
     fragments = (["it is checkpoint step-00000002 of the run in", f"resume_from_checkpoint={out / inside}"]
                  if inside.endswith("step-00000002") else [what[inside.split("/")[0]]])  # fmt: skip
     user_error(capsys, main, argv, *fragments, str(out), untouched=out)
     assert not (out / "checkpoints" / ".tmp-step-00000009").exists() and not (out / "model" / "sub").exists()
+    assert not (out / "eval").exists()
 
 
 def test_a_resume_whose_config_yaml_is_gone_uses_the_checkpoint_s_config(finished_run, tmp_path, capsys):
@@ -437,3 +439,19 @@ def test_a_search_folder_given_to_a_run_is_named_as_a_search(tmp_path, overwrite
     with pytest.raises(UserError, match=r"holds a hyperparameter search \(study.db, its trials, and model/"):
         check_output_dir(out, overwrite=overwrite, resume=False, trackers=False)
     assert file_hashes(out) == before
+
+
+@pytest.mark.parametrize("how", ["overwrite_output_dir=true", "resume_from_checkpoint=latest"])
+def test_a_run_still_going_is_neither_overwritten_nor_resumed_beside(finished_run, tmp_path, how, capsys):
+    """While a run's main process holds its folder (RunDir.in_use, a flock: here on another open file,
+    as another process would), an overwrite would delete its checkpoints under it and a resume would
+    write beside it: both refused before anything moves, holding nothing after. (A run releases its
+    folder when it ends: the resume tests run twice in one process.)"""
+    from finetune.rundir import RunDir
+
+    copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, how)
+    with RunDir(copy).in_use():
+        user_error(capsys, main, argv, f"output_dir {copy} is in use by a run still going", untouched=copy)
+    with RunDir(copy).in_use():  # the refused command holds nothing
+        pass
