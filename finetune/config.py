@@ -575,6 +575,11 @@ class ParallelArgs:
                 "devices is for model_parallel=true; for data parallelism choose devices in the "
                 "accelerate config (accelerate launch --gpu_ids ...)"
             )
+        if self.max_memory and not self.model_parallel:
+            raise UserError(
+                "max_memory caps each device of the layer split and needs model_parallel=true; without it the "
+                "model is not split (leave max_memory out)"
+            )
 
 
 SECTIONS: tuple[type, ...] = (TaskArgs, ModelArgs, DataArgs, OptimArgs, RunArgs, ParallelArgs)

@@ -97,6 +97,16 @@ def apply_lora(model, spec: dict[str, Any]):
             f"peft.target_modules {missing} are not linear layers of {type(model).__name__}; "
             f"its linear layers are: {', '.join(known)}"
         )
+    import torch
+
+    widths = {min(m.in_features, m.out_features) for name, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in spec["target_modules"]}  # fmt: skip
+    if widths and spec["r"] > min(widths):  # a rank past a layer's width adds weights and nothing else
+        raise UserError(
+            f"peft.r={spec['r']} is above the width of the layers LoRA adapts ({min(widths)}: "
+            f"{', '.join(spec['target_modules'])}), where a low-rank update has rank at most {min(widths)}; "
+            f"use peft.r of at most {min(widths)} (LoRA's usual ranks are 4 to 64)"
+        )
     config = LoraConfig(
         r=spec["r"],
         lora_alpha=spec["alpha"],

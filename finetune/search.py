@@ -60,7 +60,7 @@ from typing import Any
 import yaml
 
 from finetune.config import TrainConfig, load_config, settings_from_flags
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error, on_failure
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error, on_failure, warn
 from finetune.rundir import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir
 
 SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "warmup_ratio", "freeze_layers",
@@ -119,6 +119,17 @@ def the_recipes_own(cfg: TrainConfig, space: list[str], layers: int) -> dict[str
     if not 1e-5 <= cfg.learning_rate <= 1e-3:
         del own["learning_rate"]
     return {k: v for k, v in own.items() if k in space}
+
+
+def say_what_trial_0_draws(cfg: TrainConfig, space: list[str], own: dict[str, Any]) -> None:
+    """One warning line for the searched settings whose value (the recipe's, or the command line's) the
+    space cannot hold, which trial 0 draws instead: else the user's value is dropped without a word."""
+    outside = [name for name in space if name not in own and name != "tune_threshold"]
+    if outside:
+        shown = ", ".join(f"{name}={getattr(cfg, name)}" for name in outside)
+        warn(f"{shown}: outside what the search draws from (--help: its ranges), so trial 0, the recipe's own "
+             f"settings, draws {'it' if len(outside) == 1 else 'them'} instead; to keep a value fixed, leave it "
+             "out of --space")  # fmt: skip
 
 
 class Pruning:
@@ -309,7 +320,9 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     layers = _layers(base)
     recipes_trial = None  # trial 0 of a new study: the recipe's own settings, run as the recipe runs
     if study is not None and not study.trials:
-        study.enqueue_trial(the_recipes_own(base, space, layers))
+        own = the_recipes_own(base, space, layers)
+        say_what_trial_0_draws(base, space, own)
+        study.enqueue_trial(own)
         recipes_trial = 0
     recipes_trial = _share(recipes_trial)  # every process runs trial 0 with the same evaluations
     by_epochs = "num_train_epochs" in space and base.max_steps is None  # trials fitted to the time left

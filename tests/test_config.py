@@ -78,9 +78,11 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
     from finetune.errors import UserError
 
     recipe = REPO / "finetune/configs/vit_fashion_mnist.yaml"
-    cfg = load_config(recipe, ["model_config.image_size=32", "max_memory.cpu=1GiB"])
+    cfg = load_config(recipe, ["model_config.image_size=32", "max_memory.cpu=1GiB", "model_parallel=true"])
     assert cfg.model_config["image_size"] == 32 and cfg.model_config["model_type"] == "vit"
     assert cfg.max_memory == {"cpu": "1GiB"}
+    with pytest.raises(UserError, match="max_memory caps each device of the layer split and needs model_parallel"):
+        load_config(recipe, ["max_memory.cuda:0=2GiB"])  # else ignored without a word
     with pytest.raises(UserError, match="learning_rate is not a mapping"):
         load_config(recipe, ["learning_rate.x=1"])
     with pytest.raises(UserError, match="unknown config key 'model_confg'; did you mean model_config"):

@@ -153,6 +153,21 @@ def test_unknown_target_modules_are_one_line(small_text_data, tmp_path, capsys):
     assert "its linear layers are: dense, key, query, value" in line
 
 
+def test_a_rank_above_the_width_of_the_adapted_layers_is_one_line():
+    """peft.r past the layers' width trains more weights than the model has and adds no rank."""
+    import transformers
+    from conftest import tiny_bert_config
+
+    from finetune.lora import apply_lora
+
+    model = transformers.BertForSequenceClassification(tiny_bert_config())
+    width = model.config.hidden_size
+    with pytest.raises(UserError, match=rf"peft.r={width + 1} is above the width of the layers LoRA adapts "
+                                        rf"\({width}: query, value\).* at most {width}"):  # fmt: skip
+        apply_lora(model, {"r": width + 1})
+    assert apply_lora(model, {"r": width}) is not None
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -164,6 +164,18 @@ def test_the_recipes_own_values_are_those_the_space_can_hold():
     assert the_recipes_own(TrainConfig(freeze_layers=3), ["freeze_layers", "tune_threshold"], layers=4) == {}
 
 
+def test_a_value_the_space_cannot_hold_is_said_not_dropped(capsys):
+    """learning_rate=1e-2 given with --space learning_rate: trial 0 draws it instead, and says so."""
+    from finetune.config import TrainConfig
+    from finetune.search import say_what_trial_0_draws, the_recipes_own
+
+    cfg = TrainConfig(model_name_or_path="data/bert_minilm_l6_uncased", train_file="data/x.csv", learning_rate=1e-2)
+    say_what_trial_0_draws(cfg, ["learning_rate"], the_recipes_own(cfg, ["learning_rate"], layers=6))
+    assert "warning: learning_rate=0.01: outside what the search draws from" in capsys.readouterr().err
+    say_what_trial_0_draws(cfg, ["per_device_train_batch_size"], the_recipes_own(cfg, ["per_device_train_batch_size"], 6))
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     ("left", "durations", "epoch_seconds", "by_epochs", "fits"),
     [
