@@ -782,32 +782,50 @@ def _check_one_type(ds: HFDataset, split: str, column: str) -> None:
     )
 
 
+def _image_digest(cell: dict | None) -> str | None:
+    """An undecoded image cell ({"bytes", "path"}) as the sha1 of its bytes (the file's, for a path)."""
+    if not cell:
+        return None
+    data = cell.get("bytes")
+    if data is None and cell.get("path"):
+        try:
+            data = Path(cell["path"]).read_bytes()
+        except OSError:  # named with its row by the image checks
+            return None
+    return hashlib.sha1(data).hexdigest() if data is not None else None
+
+
 def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path]) -> None:
-    """Text that says the splits are not what they seem: training samples all the same text; validation or
-    test samples that are mostly training samples (a shuffled copy of the training file), whose scores
-    measure what the model saw. A split read from the train_file itself is warned of on its own."""
-    if task_of(args.task).modality != "text":
-        return
-    columns = [c for c in args.input_columns if c in raw["train"].column_names]
+    """Text or images that say the splits are not what they seem: training samples all the same; validation
+    or test samples that are mostly training samples (a shuffled copy of the training file, an image folder
+    copied into another split), whose scores measure what the model saw. A split read from the train_file
+    itself is warned of on its own."""
+    images = task_of(args.task).modality == "image"
+    columns = [args.image_column] if images else args.input_columns
+    columns = [c for c in columns if c in raw["train"].column_names]
     if not columns:
         return
 
     def rows(ds: HFDataset) -> list[tuple]:
+        if images:  # the same image: the same bytes (an image folder copied into another split)
+            return [(_image_digest(cell),) for cell in ds.cast_column(columns[0], Image(decode=False))[columns[0]]]
         values = zip(*(ds[c] for c in columns), strict=True)
         return [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in values]
 
     train = rows(raw["train"])
-    seen = set(train)
+    seen = set(train) - {(None,)}
+    what = "image (the same bytes)" if images else " and ".join(columns)
     if len(seen) == 1 and len(train) > 1:
-        warn(f"every training sample has the same {' and '.join(columns)} ({str(train[0][0])[:40]!r}): the model "
-             f"cannot tell them apart; check {_setting_of(columns[0], args)}")
+        shown = "" if images else f" ({str(train[0][0])[:40]!r})"
+        warn(f"every training sample has the same {what}{shown}: the model cannot tell them apart; check "
+             f"{_setting_of(columns[0], args)}")  # fmt: skip
     for split in ("validation", "test"):
-        if split in raw and files.get(split) != files.get("train"):
+        if split in raw and not (split in files and files[split] == files.get("train")):
             shared = sum(row in seen for row in rows(raw[split]))
             if shared and shared * 2 >= len(raw[split]):
                 warn(f"{shared} of the {len(raw[split])} {split} samples are also training samples (the same "
-                     f"{' and '.join(columns)}): their scores measure samples the model trained on; give {split} "
-                     "samples that are not in the training data")
+                     f"{what}): their scores measure samples the model trained on; give {split} samples that are "
+                     "not in the training data")
 
 
 def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:

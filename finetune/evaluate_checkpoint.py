@@ -545,6 +545,13 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
                     f"column '{twin}' of {what} looks like the label column '{column}' in another case; to score "
                     f"it, pass {key}={twin}; to predict without labels, rename or drop that column"
                 )
+        names = list(args.label_names or [])
+        if args.problem_type == MULTI and not args.label_columns and names and set(names) <= set(ds.column_names):
+            listed = ",".join(names)  # a 0/1 column a label, named as the model's labels: labels, not inputs
+            raise UserError(
+                f"{what} has a column for each of the model's labels ({', '.join(names)}): labels, one column "
+                f"each; to score them, pass label_columns=[{listed}]; to predict without labels, drop those columns"
+            )
     check_columns(ds, what, args, labelled, model_task=True)
     if labelled:
         ds = _float_class_ids(ds, args, what)

@@ -28,6 +28,7 @@ a regression, a 0/1 column holding another value.
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Any
 
@@ -469,8 +470,15 @@ def tag_names(train: HFDataset, column: str, given: list[str] | None) -> list[st
             f"tags column '{column}' holds integer ids; set label_names to the tag of each id, in order "
             '(e.g. label_names=["O","B-PER","I-PER"])'
         )
-    tags = {str(t) for row in train[column] for t in row}
-    return sorted(tags, key=lambda t: (t != "O", t[2:], t[:2]))
+    counts = collections.Counter(str(t) for row in train[column] for t in row)
+    for tag, count in counts.items():  # 'B-LO' once beside many 'B-LOC': a file cut mid-line, not a new type
+        longer = max((t for t in counts if t != tag and t.startswith(tag)), key=counts.get, default=None)
+        if count == 1 and longer is not None and counts[longer] > 1:
+            raise UserError(
+                f"tag {tag!r} appears once in the train data and {longer!r} {counts[longer]} times: a tag cut short "
+                f"(a file that ends mid-line?); fix it, or set label_names to the full tag set if {tag!r} is meant"
+            )
+    return sorted(counts, key=lambda t: (t != "O", t[2:], t[:2]))
 
 
 def encode_tags(ds: HFDataset, args: DataArgs, tag_set: list[str], split: str) -> HFDataset:

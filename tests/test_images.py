@@ -62,6 +62,23 @@ def test_imagefolder_mixed_image_modes(tmp_path):
     assert results["validation"]["num_samples"] == 6
 
 
+def test_a_test_split_that_copies_the_training_images_is_warned_of(tmp_path, capsys):
+    """An image folder whose test/ is a copy of train/ (renamed files too): its scores would measure images
+    the model trained on. One line, as for text; a test split of other images: silence."""
+    from finetune.data import load_splits
+
+    root = image_folder(tmp_path / "images", classes=2, per_class=6)
+    shutil.copytree(root / "train", root / "test")
+    for png in (root / "test").rglob("*.png"):
+        png.rename(png.with_name(f"copy-{png.name}"))
+    load_splits(load_config(IMAGEFOLDER, [f"model_config={TINY_VIT}", f"data_dir={root}"]))
+    assert "12 of the 12 test samples are also training samples (the same image" in capsys.readouterr().err
+    shutil.rmtree(root / "test")
+    drawn_images(root, {"0_tshirt_top": [(9, 9, 9)], "1_trouser": [(200, 9, 9)]}, split="test")
+    load_splits(load_config(IMAGEFOLDER, [f"model_config={TINY_VIT}", f"data_dir={root}"]))
+    assert "also training samples" not in capsys.readouterr().err
+
+
 def test_resized_images_are_noticed_once(tmp_path, capsys):
     """32x32 images into a ViT built for 28: one line says so and how to change it; 28x28: silence."""
     from finetune.images import resize_notice

@@ -208,6 +208,10 @@ def test_multi_label_trains_evaluates_and_loads_in_a_pipeline(tmp_path, capsys):
     assert evaluated["problem_type"] == "multi_label_classification"
     for key in ("micro_f1", "macro_f1", "subset_accuracy", "loss"):
         assert evaluated[key] == pytest.approx(validation[key], abs=1e-5), key
+    # The same file without label_columns: its 0/1 columns are named as the model's labels, so they are
+    # labels, not data to predict without a word
+    user_error(capsys, evaluate_main, [str(out / "model"), "--data", str(csv_file)],
+               "has a column for each of the model's labels (bird, cat, dog)", "label_columns=[bird,cat,dog]")  # fmt: skip
     predictions = (tmp_path / "run" / "eval").glob("animals-*/predictions.jsonl")
     first = json.loads(next(predictions).read_text().splitlines()[0])
     assert first["labels"] == sorted(multi_label_rows(16, seed=1)[0]["labels"])

@@ -579,6 +579,15 @@ def test_a_wrong_column_count_in_a_conll_train_file_is_one_line(tmp_path, capsys
     assert "line 4 has 3 column(s)" in user_error(capsys, main, tagging_args(data, tmp_path / "run"))
 
 
+def test_a_conll_train_file_cut_mid_tag_is_one_line(tmp_path, capsys):
+    """A file that ends mid-line ('B-LO' beside the 'B-LOC' of every other location): no new entity type."""
+    train = tmp_path / "train.conll"
+    train.write_text("in O\nKew B-LOC\n\nto O\nParis B-LOC\n\nAda B-PER\n\nfrom O\nRome B-LO")
+    data = {"train": train, "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])}
+    line = user_error(capsys, main, [*tagging_args(data, tmp_path / "run"), "label_names=null"])
+    assert "tag 'B-LO' appears once in the train data and 'B-LOC' 2 times: a tag cut short" in line
+
+
 def test_a_validation_tag_unseen_in_training_says_so(tmp_path, capsys):
     """With label_names=null the tags are the training data's: the line names training, not label_names."""
     good = {"tokens": ["ada", "lovelace"], "ner_tags": ["B-PER", "I-PER"]}
