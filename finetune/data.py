@@ -121,7 +121,11 @@ def _diagnose_file(split: str, path: str) -> str | None:
         lines = [(n, t) for n, t in enumerate(text.splitlines(), 1) if t.strip()]
         for i, (number, text_line) in enumerate(lines):
             try:
-                json.loads(text_line, object_pairs_hook=_no_repeated_key)
+                value = json.loads(text_line, object_pairs_hook=_no_repeated_key)
+                if not isinstance(value, dict) and len(lines) > 1:  # valid JSON, but no record: "extra data" blamed line 2
+                    kind = {list: "an array", str: "a string", bool: "a boolean"}.get(type(value), "a number or null")
+                    return (f"{split} file {path} line {number} holds {kind}, not a record: each "
+                            "line of JSON Lines is one object ({\"text\": ..., \"label\": ...}); fix or remove that line")
             except _RepeatedKey as e:  # pyarrow refuses what Python's json reads (the last one wins)
                 return f"{split} file {path} line {number} has the key {e.args[0]!r} twice; keep one of them"
             except json.JSONDecodeError as e:
@@ -147,9 +151,11 @@ def _what_the_labels_look_like(names: list[str]) -> str:
     sets = [n for n in names if re.fullmatch(r"[^,;|]+([,;|] ?[^,;|]+)+", n) and not re.search(r"\d[,]\d", n)]
     numbers = [n for n in names if re.fullmatch(r"[-+]?[\d.,' ]*\d[\d.,' ]*%?", n.strip())
                and re.search(r"[.,%' ]", n.strip())]  # 1,000  3,5  0.25  50%: not the class ids 0, 1, 2
-    if len(numbers) > len(names) // 2:
-        return (f"{len(names)} classes such as {numbers[0]!r}: numbers, not classes? for a regression write them "
-                "plainly, 1000 or 0.5, and set problem_type=regression")
+    units = [n for n in names if re.fullmatch(r"[-+]?\d+([.,]\d+)?\s*[^\W\d_]+\.?", n.strip())
+             and not re.fullmatch(r"\d*(1st|2nd|3rd|\dth)", n.strip().lower())]  # 3.2 stars, 5kg; not 1st, 2nd
+    if len(numbers) + len(units) > len(names) // 2:
+        return (f"{len(names)} classes such as {(numbers or units)[0]!r}: numbers, not classes? for a regression "
+                "write them plainly, without units, 1000 or 0.5, and set problem_type=regression")
     if sets:
         return (f"{len(names)} classes such as {sets[0]!r}: several labels in one cell? for multi-label give lists "
                 "(JSON Lines) or 0/1 columns (label_columns)")
@@ -310,6 +316,9 @@ def load_raw(
     Files are loaded one split at a time, so that an error names the file that caused it and a
     column's type is inferred per file (labels are matched by name across splits anyway)."""
     for split, path in files.items():
+        if re.match(r"(https?|s3|gs|hf)://", str(path)):  # read as a local path, "not found" would mislead
+            raise UserError(f"{split} file {path} is a URL; files are read from this machine: download it first and "
+                            "give its path (or dataset_name= for a data set on the Hugging Face hub)")  # fmt: skip
         if not Path(path).is_file():
             why = _not_a_file(Path(path))
             relative = "" if Path(path).expanduser().is_absolute() else f" (read from the current folder, {Path.cwd()})"
@@ -730,6 +739,10 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if column in inputs and other == args.task and len(spare) == 1:  # "sentence" where the run read "text"
                 hint += f"; if '{spare[0]}' is that column, set {_setting_of(column, args)}={spare[0]}"
             others = [c for c in ds.column_names if c not in (*label_columns, *inputs, *args.label_sources)]
+            headed = next((c for c in ds.column_names if c in {str(v) for v in ds[c][:1000]}), None)
+            if headed is not None and not hint:  # "neg" a column's name and one of its values: a file without header
+                hint = (f"; the first row looks like data, not a header ('{headed}' is also a value of its column): "
+                        "the first line names the columns (e.g. text,label)")
             if column == args.label_column and not args.label_columns and other == args.task and len(others) == 1 \
                     and not hint:  # "labels" where the run read "label"  # fmt: skip
                 hint = f"; if '{others[0]}' holds the labels, set label_column={others[0]}"
@@ -965,6 +978,9 @@ def load_path(path: Path, args: DataArgs) -> DatasetDict:
     }
     if named:
         return load_raw(named, None, None, None, require_train=False, conll_columns=columns)
+    if args.task and task_of(args.task).modality != "image":  # not an image folder's model: no images asked for
+        raise UserError(f"--data {path} is a folder without data files ({KINDS}); give a file, or a folder of files "
+                        "named by split (test.csv, validation.jsonl, ...)")  # fmt: skip
     return load_raw({}, None, None, str(path), require_train=False)
 
 

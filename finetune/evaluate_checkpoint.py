@@ -94,9 +94,12 @@ from finetune.models import build_model, offline_hint
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import infer_problem_type, placeholder_labels, problem_type_of, scores
 from finetune.rundir import (
+    ADAPTER,
+    CHECKPOINTS,
     CONFUSION_MATRIX,
     EVAL,
     EVAL_METRICS,
+    MODEL,
     PREDICTIONS,
     RunDir,
     is_hub_name,
@@ -284,6 +287,15 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
             f"{spec} is a run directory; evaluate {run.model} (the final export) or one of "
             f"{run.checkpoints}/{ckpt.PREFIX}N"
         )
+    outer = path.parent
+    if path.name == CHECKPOINTS and RunDir(outer).holds_run():  # a run's checkpoints/ folder: which one?
+        newest = ckpt.list_checkpoints(outer)
+        which = f" (the newest: {newest[-1]})" if newest else ""
+        raise UserError(f"{spec} is a run's folder of checkpoints; evaluate one of them{which}, or the run's "
+                        f"export {RunDir(outer).model}")  # fmt: skip
+    if path.name == ADAPTER and (outer / MODEL).is_dir():  # LoRA's adapter alone: the export beside it is whole
+        raise UserError(f"{spec} is a run's LoRA adapter, not a whole model; evaluate the export beside it, "
+                        f"{outer / MODEL} (the adapter merged into the model)")  # fmt: skip
     raise UserError(
         f"{spec} is neither a training-state checkpoint (manifest.json, {ckpt.COMPLETE}, {WEIGHTS}) "
         "nor an exported model (config.json and weights)"

@@ -90,12 +90,13 @@ def padded_ratio(batches: list[tuple[int, int, int]], buckets: list[int] | None,
     return padded / max(real, 1)
 
 
-def batch_lengths(order: list[int], lengths: list[int], batch: int) -> list[tuple[int, int, int]]:
-    """(rows, longest, real tokens) of each batch of `batch` consecutive samples of `order`."""
+def batch_lengths(order: list[int], lengths: list[int], batch: int, filled: bool = True) -> list[tuple[int, int, int]]:
+    """(rows, longest, real tokens) of each batch of `batch` consecutive samples of `order`; `filled`: a
+    short last batch counts `batch` rows (a compiled model's full batches, `fill_rows`), else its own."""
     out = []
     for i in range(0, len(order), batch):
         chunk = [lengths[j] for j in order[i : i + batch]]
-        out.append((batch, max(chunk), sum(chunk)))  # rows: the batch is filled to its full size
+        out.append((batch if filled else len(chunk), max(chunk), sum(chunk)))
     return out
 
 
@@ -228,10 +229,11 @@ def plan_shapes(
     order, lengths = train
     padding = chosen = None
     if lengths is not None:
-        batches = batch_lengths(order, lengths, train_rows)
+        batches = batch_lengths(order, lengths, train_rows, filled=compiled)
         for split in evaluations:
             if split:
-                batches += batch_lengths(sorted(range(len(split)), key=lambda i: -split[i]), split, eval_rows)
+                longest_first = sorted(range(len(split)), key=lambda i: -split[i])
+                batches += batch_lengths(longest_first, split, eval_rows, filled=compiled)
         if buckets:
             longest = max([max(lengths)] + [max(split) for split in evaluations if split])
             chosen = choose_buckets([(r, n) for r, n, _ in batches], buckets, multiple or 8, longest)

@@ -214,6 +214,9 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
 @pytest.mark.parametrize(("labels", "fragment"), [
     (["1,000", "2,500", "3,000", "4,250", "5,000", "6,000"], "classes such as '1,000': numbers, not classes?"),
     (["50%", "20%", "30%", "40%", "60%", "70%"], "numbers, not classes?"),
+    (["3.2 stars", "4 stars", "1.5 stars", "5 stars", "2.5 stars", "4.5 stars"],
+     "stars': numbers, not classes? for a regression write them plainly, without units"),
+    (["1st", "2nd", "3rd", "4th", "5th", "6th"], "least populated class"),  # ordinals: classes, no hint
     (["art,film", "film", "art;music", "music", "news", "art"], "several labels in one cell?"),
     (["0", "1", "2", "3", "4", "5"], "least populated class"),  # class ids: no hint
     (["0", "1", "neg", "pos", "0", "neg"], "ids and names of the same classes?"),
@@ -566,3 +569,37 @@ def test_a_run_folder_inside_an_image_folder_is_named(tmp_path):
     (run / "config.yaml").write_text("task: image-classification\n")
     with pytest.raises(UserError, match="train/run is a run's output folder inside the image folder"):
         _check_image_folder(folder)
+
+
+def test_a_csv_without_its_header_row_is_named_as_such(tmp_path):
+    """The first row read as the header: 'neg' a column's name and its values; the line says the file's
+    first line should name the columns, not which setting to change."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    train = tmp_path / "train.csv"
+    train.write_text("poorly made,neg\ngreat fun,pos\nbad film,neg\nfine work,pos\n")
+    with pytest.raises(UserError, match=r"column 'label' not found in the train data; columns are: poorly made, neg; "
+                                        r"the first row looks like data, not a header \('neg' is also a value"):  # fmt: skip
+        load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
+
+
+def test_a_url_as_a_data_file_is_named_as_a_url():
+    """Not "not found (read from the current folder)": files are read from this machine."""
+    from finetune.data import load_raw
+    from finetune.errors import UserError
+
+    with pytest.raises(UserError, match=r"^train file https://example.com/t.csv is a URL; .* download it first"):
+        load_raw({"train": "https://example.com/t.csv"}, None, None, None)
+
+
+def test_a_json_lines_line_that_is_an_array_is_the_line_named(tmp_path):
+    """Valid JSON but no record (line 3 an array): that line, not "line 2: extra data"."""
+    from finetune.data import load_raw
+    from finetune.errors import UserError
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n["c", "x"]\n{"text": "d", "label": "y"}\n')
+    with pytest.raises(UserError, match=r"line 3 holds an array, not a record: each line of JSON Lines is one"):
+        load_raw({"train": str(path)}, None, None, None)

@@ -326,6 +326,8 @@ def _incomplete(run, tmp_path):
         ("missing", "checkpoint not found"),
         ("incomplete", "not a complete checkpoint"),
         ("run_dir", "is a run directory"),
+        ("checkpoints_dir", "is a run's folder of checkpoints; evaluate one of them (the newest: "),
+        ("folder_without_data", "is a folder without data files (.csv, .tsv, .json"),
         ("unknown_split", "unknown split 'bogus'"),
         ("missing_data", "--data not found"),
         ("data_without_rows", "the data has no rows ("),
@@ -343,10 +345,13 @@ def _incomplete(run, tmp_path):
 def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "metrics.json").write_text('{"accuracy": 1.0}\n')
+    (tmp_path / "empty").mkdir()
     args = {
         "missing": [str(tmp_path / "nope" / "checkpoints" / "step-00000001")],
         "incomplete": [_incomplete(run, tmp_path)],
         "run_dir": [str(run["dir"])],
+        "checkpoints_dir": [str(run["dir"] / "checkpoints")],
+        "folder_without_data": [str(run["checkpoint"]), "--data", str(tmp_path / "empty")],  # a text model
         "unknown_split": [str(run["checkpoint"]), "--split", "bogus"],
         "missing_data": [str(run["checkpoint"]), "--data", str(tmp_path / "nope.csv")],
         "data_without_rows": [str(run["checkpoint"]), "--data", str(write_csv(tmp_path / "header.csv", [], ["text", "label"]))],

@@ -49,6 +49,9 @@ def test_lora_trains_the_adapters_and_exports_a_merged_model(small_text_data, tm
         assert evaluated["loss"] == pytest.approx(results["validation"]["loss"], abs=1e-5), path
     [answer] = pipeline("text-classification", model=str(out / "model"))(["a gorgeous , witty movie ."])
     assert answer["label"] in ("0", "1")
+    # The adapter alone is no whole model: the line names the export beside it.
+    user_error(capsys, evaluate_main, [str(out / "adapter")], "is a run's LoRA adapter, not a whole model",
+                   str(out / "model"))  # fmt: skip
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from finetune.evaluation import forward
 from finetune.run import main
-from finetune.shapes import Bucketed, choose_buckets, fill_rows, padded_ratio
+from finetune.shapes import Bucketed, batch_lengths, choose_buckets, fill_rows, padded_ratio
 from tests.conftest import launch, tiny_text_args, user_error
 
 
@@ -50,6 +50,15 @@ def test_the_padding_ratio_counts_each_batch_at_its_bucket():
     assert padded_ratio(batches, [16, 24], None) == pytest.approx((4 * 16 + 4 * 24) / 100)
     assert padded_ratio(batches, None, 8) == pytest.approx((4 * 16 + 4 * 24) / 100)
     assert padded_ratio(batches, [24], None) == pytest.approx(8 * 24 / 100)
+
+
+
+def test_a_short_last_batch_counts_its_own_rows_unless_a_compiled_model_fills_it():
+    """Without torch_compile the epoch's short last batch is not filled: its padding is its own rows'."""
+    lengths = [5, 6, 7, 8, 3]  # batches of 4: [5, 6, 7, 8] and [3] alone
+    assert batch_lengths(list(range(5)), lengths, 4, filled=False) == [(4, 8, 26), (1, 3, 3)]
+    assert batch_lengths(list(range(5)), lengths, 4, filled=True) == [(4, 8, 26), (4, 3, 3)]
+    assert padded_ratio(batch_lengths(list(range(5)), lengths, 4, filled=False), [8], None) == pytest.approx(40 / 29)
 
 
 def test_a_bucketed_batch_is_padded_to_its_bucket():
