@@ -364,9 +364,19 @@ def plot_confusion_matrix(
 def _save(fig, path: Path, **kwargs: Any) -> None:
     """fig.savefig, with matplotlib's one warning per missing glyph (a run or class name in a script its
     font lacks: CJK, emoji) said as one line."""
+    path = Path(path)
+    # Written under a temporary name, then renamed: a full disk leaves no empty or half picture behind.
+    staged = path if path.name.startswith(".tmp-") else path.with_name(f".tmp-{path.name}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fig.savefig(path, **kwargs)
+        try:
+            fig.savefig(staged, **kwargs)
+            os.replace(staged, path)
+        except OSError as e:
+            staged.unlink(missing_ok=True)
+            if e.filename is None:  # a failed write() names no file: the line names the picture
+                e.filename = str(path)
+            raise
     missing = [w for w in caught if "missing from font" in str(w.message)]
     for w in caught:
         if w not in missing:

@@ -215,10 +215,15 @@ def _check_space_applies(space: list[str], cfg: TrainConfig, layers: int) -> Non
         )
 
 
+# Settings that change where and how a run reports, not what its trials score: a study continues across them.
+HOUSEKEEPING = ("output_dir", "overwrite_output_dir", "resume_from_checkpoint", "logging_steps", "log_level",
+                "report_to", "save_total_limit", "cpu_threads", "push_to_hub_model_id")  # fmt: skip
+
+
 def _other_settings(study, base: TrainConfig, space: list[str]) -> str | None:
     """A study is continued only with the settings it was made with (the searched ones aside): its trials'
     values are comparable only on the same data and recipe. A new study records them. The refusal, or None."""
-    fixed = {k: v for k, v in base.to_dict().items() if k not in (*space, "output_dir")}
+    fixed = {k: v for k, v in base.to_dict().items() if k not in (*space, *HOUSEKEEPING)}
     fixed = json.loads(json.dumps(fixed, default=str))
     made, searched = study.user_attrs.get("settings"), study.user_attrs.get("space")
     if made is None:
@@ -229,7 +234,7 @@ def _other_settings(study, base: TrainConfig, space: list[str]) -> str | None:
     if searched is not None and sorted(searched) != sorted(space):
         return (f"output_dir {base.output_dir} holds a search over --space {','.join(searched)}, not "
                 f"{','.join(space)}; continue it with --space {','.join(searched)}, or give a new output_dir")
-    differ = [k for k in sorted({*made, *fixed}) if made.get(k) != fixed.get(k)]
+    differ = [k for k in sorted({*made, *fixed} - set(HOUSEKEEPING)) if made.get(k) != fixed.get(k)]  # older studies kept them
     if not differ:
         return None
     shown = "; ".join(f"{k} was {made.get(k)!r}, now {fixed.get(k)!r}" for k in differ[:3])

@@ -326,6 +326,20 @@ def test_the_libraries_own_write_errors_are_read_as_the_machine_s(small_disk):
     assert write_failure(RuntimeError("shapes do not match")) is None
 
 
+def test_a_picture_that_does_not_fit_is_one_line_that_names_it_and_leaves_nothing(small_disk, tmp_path, capsys):
+    """python -m finetune.plots onto a full disk: the line names the picture; no empty .png is left."""
+    from conftest import user_error
+
+    from finetune.plots import main as plots
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(f'{{"step": {s}, "epoch": 1, "loss": {1 / s}, "learning_rate": 0.1}}\n' for s in (1, 2, 3)))
+    _fill(small_disk)
+    user_error(capsys, plots, [str(log), str(small_disk / "curves.png")], "No space left on device",
+               str(small_disk / "curves.png"))  # fmt: skip
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
 def test_a_search_on_a_full_disk_is_one_line_and_leaves_nothing(small_text_data, small_disk, capsys):
     """SQLite's "database or disk is full" (optuna's study.db, through sqlalchemy) and a copy's shutil.Error
     (an OSError without errno, its files' "[Errno 28]" inside) are the machine's error: one line, exit 2,

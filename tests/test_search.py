@@ -228,8 +228,8 @@ def test_a_study_is_continued_only_with_the_settings_it_was_made_with(small_text
                                 *settings(small_text_data, out, "max_steps=2")],
                "holds a search over --space learning_rate, not learning_rate,warmup_ratio; continue it with --space "
                "learning_rate", untouched=out)  # fmt: skip
-    again = search(["--budget", "300", "--trials", "1", "--space", "learning_rate",
-                    *settings(small_text_data, out, "max_steps=2")])  # fmt: skip
+    again = search(["--budget", "300", "--trials", "1", "--space", "learning_rate",  # where it reports: no matter
+                    *settings(small_text_data, out, "max_steps=2", "overwrite_output_dir=true", "logging_steps=7")])
     assert again["trials"] == 2
 
 
