@@ -345,7 +345,8 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
         )
     path = Path(spec)
     if not path.is_dir():
-        raise UserError(f"checkpoint not found: {spec}")
+        hint = "; the newest checkpoint is resume_from_checkpoint=latest (lower case)" if spec.strip().lower() == "latest" else ""
+        raise UserError(f"checkpoint not found: {spec}{hint}")
     from finetune.rundir import RunDir, kind_of
 
     kind = kind_of(path)

@@ -786,6 +786,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is str:
         if value is None and key == "output_dir":  # `output_dir=` with nothing after it
             raise UserError("output_dir is empty; give the folder the run writes to (output_dir=runs/my-run)")
+        if value is None and "[" not in key:  # null to unset a setting that has no unset: leave it out
+            raise UserError(f"{key} cannot be null: leave it out (its default), or give a value (the word null as a "
+                            f"value goes in quotes: '{key}=\"null\"')")  # fmt: skip
         if value is None or isinstance(value, bool):  # YAML 1.1: a bare null, None, ~, yes, no, on, off...
             read = "nothing (null)" if value is None else f"the boolean {str(value).lower()}"
             name = key.split("[")[0]
@@ -819,6 +822,9 @@ def _unknown_key(key: str, known: list[str], value: Any = None) -> UserError:
     if dot and head in known:  # model_config.hidden_size written in a recipe: the command line's form
         return UserError(f"unknown config key '{key}': in a recipe write {head}: {{{sub}: ...}} (KEY.SUBKEY=value "
                          "is the command line's form)")  # fmt: skip
+    if key in ("compute_environment", "distributed_type"):  # an accelerate config given as a recipe
+        return UserError(f"unknown config key '{key}': that file is an accelerate config; pass it to accelerate "
+                         "launch --config_file, and a recipe (finetune/configs/) to --config")  # fmt: skip
     inside = sorted(k for k in value if k in known) if isinstance(value, dict) else []
     if inside:  # a `training_args:` block holding settings (another tool's layout): a recipe is flat
         shown = ", ".join(inside[:3]) + (", ..." if len(inside) > 3 else "")
@@ -1045,6 +1051,9 @@ def load_config(
     # Saved configs must work from any directory: local paths become absolute.
     for key in (*PATH_KEYS, "output_dir"):
         value = raw.get(key)
+        if isinstance(value, str) and re.search(r"\$(\{\w+\}|[A-Za-z_]\w*)", value):  # read as it is written
+            raise UserError(f"{key}={value}: environment variables are not expanded in settings; write the path out "
+                            f"(on the command line the shell expands it: {key}=$HOME/...)")  # fmt: skip
         # ~/data too: the card shows paths under home so, quoted (no shell expands them)
         if isinstance(value, str) and (key == "output_dir" or Path(value).expanduser().exists()):
             raw[key] = str(Path(value).expanduser().resolve())

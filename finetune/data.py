@@ -367,7 +367,9 @@ def load_raw(
     else:
         raw = _load_folder_or_hub(dataset_name, dataset_config_name, data_dir)
     if require_train and "train" not in raw:
-        raise UserError(f"the data has no 'train' split (found: {', '.join(raw) or 'none'})")
+        fix = (f"; an image folder trains on {data_dir}/train/<label>/<image> (validation/ and test/ beside it)"
+               if data_dir else "; give train_file (or a data set with a train split)")
+        raise UserError(f"the data has no 'train' split (found: {', '.join(raw) or 'none'}){fix}")
     return raw
 
 
@@ -572,6 +574,14 @@ def _check_label_texts(train: HFDataset, column: str, present: set[str], label_n
         raise UserError(
             f"label column '{column}' holds the label {column!r} at row {row + 1}: the header repeated inside the "
             "file; remove that row (or, if it is a class's name, list it in label_names)"
+        )
+    broken = next((v for v in sorted(present) if re.search(r"\S[\r\n]+\S", v) and v not in named), None)
+    if broken is not None:  # "pos\nx": a quoted field that ran on into the next line
+        row = next(i for i, v in enumerate(train[column]) if str(v) == broken)
+        raise UserError(
+            f"label column '{column}' holds a label with a line break ({broken!r} at row {row + 1}): a quote left open "
+            "in the file, so the field ran on into the next line? fix the quoting (or, if that is a class's name, "
+            "list it in label_names)"
         )
     blank = next((v for v in sorted(present) if not v.strip()), None)
     if blank is not None:  # "   ": an empty label that a CSV kept as text
@@ -832,6 +842,15 @@ def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path
         shown = "" if images else f" ({str(train[0][0])[:40]!r})"
         warn(f"every training sample has the same {what}{shown}: the model cannot tell them apart; check "
              f"{_setting_of(columns[0], args)}")  # fmt: skip
+    labels = raw["train"][args.label_column] if not images and args.label_column in raw["train"].column_names else []
+    answers: dict[tuple, set] = {}
+    for row, label in zip(train, labels, strict=False):
+        if isinstance(label, (str, int, bool)):  # classes; not numbers to predict or label lists
+            answers.setdefault(row, set()).add(label)
+    torn = sum(len(a) > 1 for a in answers.values())
+    if torn > 1 and torn * 2 >= len(answers):  # most texts with two answers: nothing consistent to learn
+        warn(f"{torn} of the {len(answers)} distinct training {what}s appear with different labels (the same "
+             f"{what} once as one class and once as another): the model cannot learn them; check the labels")
     for split in ("validation", "test"):
         if split in raw and not (split in files and files[split] == files.get("train")):
             shared = sum(row in seen for row in rows(raw[split]))
@@ -849,7 +868,14 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     for split in raw:
         if len(raw[split]) == 0:
             raise UserError(f"{_the(split)} has no rows; check the file or folder")
-        check_columns(raw[split], split, args)
+        try:
+            check_columns(raw[split], split, args)
+        except UserError as e:  # train's columns passed: the fix is in this file, not in a setting both read
+            missing = re.match(r"column '([^']+)' not found in the \w+ data; columns are: [^;]*$", str(e))
+            if split == "train" or missing is None or missing.group(1) not in raw["train"].column_names:
+                raise
+            raise UserError(f"{e}; the train data has '{missing.group(1)}' (columns: "
+                            f"{', '.join(raw['train'].column_names)}): give every split the same column names") from None
     files = {s: Path(f).resolve() for s, f in args.files.items() if f}
     if "validation" in files and files["validation"] == files.get("train"):  # the verdict would be on seen samples
         warn(f"validation_file is the train_file ({args.files['train']}): validation scores and the model chosen "
@@ -1046,7 +1072,9 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
     if not sentences:
         raise UserError(f"{_the(split)} has no rows ({path}): no token lines; check the file")
     longest = max(len(w) for w, _ in sentences)
-    if longest > 100 and longest * 2 > sum(len(w) for w, _ in sentences):  # no blank lines: the file is one
+    # No blank lines: the file reads as one sentence (or a few, around a stray blank line). A file of many
+    # sentences has its blank lines, whatever the length of one of them (split into windows for the model).
+    if longest > 100 and longest * 2 > sum(len(w) for w, _ in sentences) and len(sentences) <= 3:
         raise UserError(
             f"{split} file {path} reads as {len(sentences)} sentence(s), one of {longest} words: a CoNLL file has a "
             "blank line after each sentence; put them in (a file without them reads as one long sentence)"

@@ -61,6 +61,9 @@ def check_launch_args(args) -> None:
             config = load_config_from_file(str(path))
         except Exception as e:  # YAML/JSON syntax, unknown keys, wrong values
             detail = " ".join(str(e).split())[:300]
+            if _is_a_recipe(path):
+                raise UserError(f"{path} is a finetune recipe, not an accelerate config: pass it to finetune/run.py "
+                                "as --config, and an accelerate config (accelerate_configs/) as --config_file") from None
             raise UserError(f"accelerate config {path} is not a valid accelerate config: {detail}") from None
         # accelerate launch --cpu drops an FSDP config's FSDP (and its processes) without a word.
         if args.cpu and getattr(config, "distributed_type", None) == "FSDP":
@@ -72,6 +75,22 @@ def check_launch_args(args) -> None:
     script = args.training_script
     if not (args.module or args.no_python) and not Path(script).is_file():
         raise UserError(f"script {script} does not exist; the training script is finetune/run.py")
+
+
+def _is_a_recipe(path: Path) -> bool:
+    """A YAML mapping whose keys are the app's settings (task, model_name_or_path, ...), not accelerate's."""
+    import dataclasses
+
+    import yaml
+
+    from finetune.config import TrainConfig
+
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    return isinstance(raw, dict) and bool(raw) and sum(k in names for k in raw) * 2 > len(raw)
 
 
 def check_launch_values(args, config, path: Path | None) -> None:

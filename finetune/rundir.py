@@ -175,7 +175,7 @@ def as_umask_allows(folder: Path) -> None:
 # --- the output-dir policy -------------------------------------------------------------------------
 
 
-def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: bool) -> None:
+def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: bool, resume_from: str | None = None) -> None:
     """Refuse to write over a run, or into a folder of other files, unless told to overwrite it or to
     resume it; refuse a path that cannot become a folder before anything runs; refuse a folder inside
     another run's checkpoints/ or export (`check_not_inside_a_run`); and, before an overwrite moves a
@@ -187,6 +187,14 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
         raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
+    elsewhere = resume_from not in (None, "", "latest") and run.root.resolve() not in Path(resume_from).expanduser().resolve().parents
+    state = run.holds_run() if elsewhere and run.root.is_dir() else None
+    if state:  # a checkpoint of another run continued here would write over this one, which it does not continue
+        raise UserError(
+            f"output_dir {out} holds {state} of its own, and resume_from_checkpoint={resume_from} is a checkpoint of "
+            "another run: the resumed run would write over it; choose a new output_dir (or leave output_dir out to "
+            "continue in the checkpoint's own run)"
+        )
     if overwrite and resume:  # a resume continues what is there: nothing is replaced
         warn(f"overwrite_output_dir=true is not used: resume_from_checkpoint continues the run in {run.root}, "
              "nothing there is replaced (leave one of them out)")

@@ -52,6 +52,7 @@ import argparse
 import json
 import math
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -60,12 +61,23 @@ from typing import Any
 import yaml
 
 from finetune.config import TrainConfig, load_config, settings_from_flags
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error, on_failure, warn
+from finetune.errors import (
+    ArgumentParser,
+    TrainingStopped,
+    UserError,
+    exit_on_user_error,
+    first_line,
+    on_failure,
+    warn,
+)
 from finetune.rundir import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir
 
 SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "warmup_ratio", "freeze_layers",
          "tune_threshold")  # fmt: skip
 CUT = "cut_at_budget"  # a pruned trial's user attribute in the study: the budget stopped it, not the pruner
+RECIPE = "recipes_own"  # the trial of the recipe's own settings (trial 0, or its run again after a signal)
+RERUN_OF = "run_again_of"  # a trial that runs again the settings of one a signal stopped
+STOPPED_BY_A_SIGNAL = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # TrainingStopped's exit codes (errors.py)
 
 
 BATCHES = [8, 16, 32, 64]
@@ -323,13 +335,12 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     if refusal is not None:
         raise UserError(refusal)
     layers = _layers(base)
-    recipes_trial = None  # trial 0 of a new study: the recipe's own settings, run as the recipe runs
-    if study is not None and not study.trials:
+    if study is not None and not study.trials:  # trial 0: the recipe's own settings, run as the recipe runs
         own = the_recipes_own(base, space, layers)
         say_what_trial_0_draws(base, space, own)
-        study.enqueue_trial(own)
-        recipes_trial = 0
-    recipes_trial = _share(recipes_trial)  # every process runs trial 0 with the same evaluations
+        study.enqueue_trial(own, user_attrs={RECIPE: True})
+    if study is not None:
+        _run_again_what_was_stopped(study)
     by_epochs = "num_train_epochs" in space and base.max_steps is None  # trials fitted to the time left
     durations: list[float] = []
     epoch_seconds: list[float] = []  # each trial's wall time per epoch it ran (its start-up included)
@@ -342,7 +353,8 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
         number = _share(trial.number if trial is not None else None)
         chosen = _share(suggest(trial, base, space, layers, fits) if trial is not None else None)
         run_dir = out / f"{TRIAL_PREFIX}{number}"
-        evaluations = [] if number == recipes_trial else _evaluations(chosen, base, samples)
+        recipes = _share(bool(trial.user_attrs.get(RECIPE)) if trial is not None else None)  # the same evaluations
+        evaluations = [] if recipes else _evaluations(chosen, base, samples)
         cfg = load_config(recipe, [*overrides, *(f"{k}={json.dumps(v)}" for k, v in chosen.items()),
                                    *evaluations, f"output_dir={run_dir}",
                                    "overwrite_output_dir=true", "push_to_hub_model_id=null"])  # fmt: skip
@@ -354,6 +366,16 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             # The decisions the export makes: at the tuned multi-label threshold, where one was tuned.
             value = (results.get("validation_tuned") or results["validation"]).get(metric)
             state = "complete"
+        except TrainingStopped as e:  # a signal: the study is kept, this trial runs again when it continues
+            if study is not None:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            if e.exit_code not in STOPPED_BY_A_SIGNAL:
+                raise
+            raise TrainingStopped(
+                f"{first_line(e).split(';')[0]} (trial {number}); the study is kept in {out / STUDY}: run the same "
+                f"search command again to continue it (trial {number}'s settings run again from the start)",
+                e.exit_code,
+            ) from None
         except optuna.TrialPruned:
             results, value, state = None, None, "cut at the budget" if pruning.cut else "pruned"
         finally:
@@ -374,6 +396,22 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
                                                              if state == "complete" else ""), flush=True)  # fmt: skip
             _keep_only_the_best(out, study)
     return _finish(out, study, recipe, overrides, started, budget) if study is not None else {}
+
+
+def _run_again_what_was_stopped(study) -> None:
+    """Trials that a signal stopped (FAIL), or that a killed process left running: each runs again, once,
+    with its settings (the recipe's own trial as the recipe runs), so that a continued search still ends
+    with at least the recipe's model. A trial left running is closed as failed first."""
+    import optuna
+
+    again = {t.user_attrs.get(RERUN_OF) for t in study.trials}
+    for t in study.trials:
+        if t.state not in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL) or t.number in again:
+            continue
+        if t.state == optuna.trial.TrialState.RUNNING:
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(t.params, user_attrs={**{k: v for k, v in t.user_attrs.items() if k == RECIPE},
+                                                  RERUN_OF: t.number})  # fmt: skip
 
 
 def epochs_that_fit(left: float, durations: list[float], epoch_seconds: list[float], by_epochs: bool) -> int:

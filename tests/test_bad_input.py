@@ -690,6 +690,8 @@ SETTINGS: dict[str, tuple[list[str], str]] = {
     "label_names_yaml_bool": (["label_names=[no, yes]"], "label_names[0] must be a string, but YAML read it as "
                                                          "the boolean false: put it in quotes"),
     "text_column_yaml_bool": (["text_column=on"], "text_column must be a string, but YAML read it as the boolean true"),
+    "label_column_null": (["label_column=null"], "label_column cannot be null: leave it out (its default)"),
+    "env_var_in_a_path": (["output_dir=${HOME}/runs/x"], "environment variables are not expanded in settings"),
     "warmup_steps_past_max_steps": (["warmup_steps=5"], "warmup_steps=5 exceeds max_steps=1"),
     "warmup_steps_past_the_run": (
         ["max_steps=null", "num_train_epochs=1", "warmup_steps=500"],

@@ -490,3 +490,12 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(finished_run, tmp
     main([*args, "resume_from_checkpoint=latest"])  # re-saves step 6 over the leftover
     assert not (out / ckpt.CHECKPOINTS / ".tmp-step-00000006").exists()
     assert_same_run(out, finished_run(*UNINTERRUPTED))
+
+
+def test_latest_in_another_case_is_pointed_to_the_keyword(tmp_path):
+    """resume_from_checkpoint=Latest is a path that does not exist; the line names the keyword."""
+    from finetune.errors import UserError
+
+    with pytest.raises(UserError, match=r"^checkpoint not found: Latest; the newest checkpoint is "
+                                        r"resume_from_checkpoint=latest \(lower case\)$"):  # fmt: skip
+        ckpt.resolve_checkpoint("Latest", tmp_path)

@@ -603,3 +603,39 @@ def test_a_json_lines_line_that_is_an_array_is_the_line_named(tmp_path):
     path.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n["c", "x"]\n{"text": "d", "label": "y"}\n')
     with pytest.raises(UserError, match=r"line 3 holds an array, not a record: each line of JSON Lines is one"):
         load_raw({"train": str(path)}, None, None, None)
+
+
+def test_a_validation_file_with_other_column_names_than_train_says_to_align_them(tmp_path):
+    """label_column=sentiment would fix validation and break train: the line says the splits differ."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    train, validation = tmp_path / "train.csv", tmp_path / "validation.csv"
+    train.write_text("text,label\n" + "".join(f"t{i},{'ab'[i % 2]}\n" for i in range(8)))
+    validation.write_text("review,sentiment\n" + "".join(f"r{i},{'ab'[i % 2]}\n" for i in range(4)))
+    with pytest.raises(UserError, match=r"not found in the validation data; columns are: review, sentiment; the train "
+                                        r"data has '(text|label)' .* give every split the same column names"):  # fmt: skip
+        load_splits(load_config(None, tiny_text_args({"train": train, "validation": validation}, tmp_path / "r")))
+
+
+def test_a_label_with_a_line_break_is_named_with_its_row(tmp_path):
+    """A quote left open: the label runs on into the next line ('pos\\nx'), a class of its own otherwise."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    train = tmp_path / "train.csv"
+    train.write_text('text,label\na,pos\nb,neg\nc,"pos\nx"\nd,neg\ne,pos\n')
+    with pytest.raises(UserError, match=r"holds a label with a line break \('pos\\nx' at row 3\): a quote left open"):
+        load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
+
+
+def test_texts_that_each_appear_with_two_labels_are_warned_of(tmp_path, capsys):
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n" + "".join(f"t{i},neg\nt{i},pos\n" for i in range(6)))
+    load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
+    assert "6 of the 6 distinct training texts appear with different labels" in capsys.readouterr().err

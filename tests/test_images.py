@@ -162,3 +162,12 @@ def test_an_image_cell_with_nothing_or_a_url_is_one_line(value, fragment):
     ds = Dataset.from_dict({"image": [value], "label": [0]}, features=stored)  # as a parquet file holds it
     with pytest.raises(UserError, match=re.escape(fragment)):
         verify_images(ds, "image", "train")
+
+
+def test_an_image_folder_without_a_train_split_says_where_training_images_go(tmp_path):
+    from finetune.data import load_raw
+    from finetune.errors import UserError
+
+    class_folders(tmp_path / "imgs", {"validation": ["cat", "dog"], "test": ["cat", "dog"]})
+    with pytest.raises(UserError, match=r"no 'train' split \(found: .*\); an image folder trains on .*/train/<label>/<image>"):
+        load_raw({}, None, None, str(tmp_path / "imgs"))

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, launch_command, logged_steps, one_error_line, tiny_text_args, wait_until
+from conftest import (
+    REPO,
+    launch_command,
+    logged_steps,
+    one_error_line,
+    tiny_text_args,
+    user_error,
+    wait_until,
+)
 
 from finetune import checkpoint as ckpt
 
@@ -258,3 +266,17 @@ def test_the_set_up_config_launches_without_accelerates_notice_and_is_written_on
     assert "were not passed to `accelerate launch`" not in out.stdout + out.stderr
     configure(["--config_file", str(path)])
     assert "exists; left as it is" in capsys.readouterr().out and path.read_bytes() == written
+
+
+def test_a_recipe_and_an_accelerate_config_swapped_are_named(capsys):
+    """A recipe given as the accelerate config, and an accelerate config given as the recipe: each line
+    says which file goes where, not which key the file lacks."""
+    from finetune.config import load_config
+    from finetune.errors import UserError
+    from finetune.launch import main as launch_main
+
+    recipe = REPO / "finetune/configs/bert_custom_files.yaml"
+    line = user_error(capsys, launch_main, ["--config_file", str(recipe), "finetune/run.py"])
+    assert "is a finetune recipe, not an accelerate config: pass it to finetune/run.py as --config" in line
+    with pytest.raises(UserError, match="that file is an accelerate config; pass it to accelerate launch --config_file"):
+        load_config(REPO / "accelerate_configs/cpu.yaml")

@@ -455,3 +455,14 @@ def test_a_run_still_going_is_neither_overwritten_nor_resumed_beside(finished_ru
         user_error(capsys, main, argv, f"output_dir {copy} is in use by a run still going", untouched=copy)
     with RunDir(copy).in_use():  # the refused command holds nothing
         pass
+
+
+def test_a_checkpoint_of_one_run_resumed_into_another_run_s_folder_is_refused(finished_run, tmp_path, capsys):
+    """resume_from_checkpoint=<run A's checkpoint> output_dir=<run B>: B is not the run resumed, and the
+    resume would write over it without setting it aside. Refused, B untouched."""
+    a = finished_run.copy(tmp_path / "a", *EARLIER_RUN)
+    b = finished_run.copy(tmp_path / "b", *EARLIER_RUN)
+    argv = tiny_text_args(finished_run.data(), b, *EARLIER_RUN, f"resume_from_checkpoint={a / 'checkpoints' / 'step-00000001'}",
+                          "max_steps=4")  # fmt: skip
+    user_error(capsys, main, argv, f"output_dir {b} holds a finished run of its own", "choose a new output_dir",
+               untouched=[a, b])  # fmt: skip

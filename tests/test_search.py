@@ -280,3 +280,31 @@ def test_space_names_are_read_without_the_spaces_around_them(capsys):
     line = user_error(capsys, search, ["--budget", "60", "--space", "learning_rate, warmup_ration"],
                       "--space: warmup_ration cannot be searched; choose among")  # fmt: skip
     assert "choose among learning_rate, num_train_epochs" in line
+
+
+def test_a_search_stopped_by_a_signal_says_how_to_continue_and_runs_that_trial_again(small_text_data, tmp_path, capsys,
+                                                                                     monkeypatch):  # fmt: skip
+    """A signal during trial 0: the line says to run the search again (not a trial's resume_from_checkpoint),
+    and the continued search runs trial 0's settings again, as the recipe's own, to the end."""
+    import finetune.run
+    from finetune.errors import TrainingStopped
+
+    def stopped(cfg, hooks=None):
+        raise TrainingStopped("received SIGTERM during training; saved checkpoint x; continue with "
+                              "resume_from_checkpoint=latest output_dir=x", 143)  # fmt: skip
+
+    out = tmp_path / "search"
+    argv = ["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(small_text_data, out, "max_steps=2")]
+    with monkeypatch.context() as m:
+        m.setattr(finetune.run, "train", stopped)
+        with pytest.raises(SystemExit) as stop:
+            search(argv)
+    assert stop.value.code == 143
+    err = capsys.readouterr().err
+    assert "(trial 0); the study is kept" in err and "run the same search command again" in err
+    assert "resume_from_checkpoint" not in err
+    search(argv)
+    study = optuna.load_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}")
+    again = [t for t in study.trials if t.user_attrs.get("run_again_of") == 0]
+    assert len(again) == 1 and again[0].user_attrs.get("recipes_own") is True
+    assert again[0].state == optuna.trial.TrialState.COMPLETE

@@ -130,6 +130,15 @@ def test_a_damaged_conll_file_is_one_line_with_its_line(tmp_path, text, fragment
         load_raw({"train": str(path)}, None, None, None)
 
 
+def test_a_conll_file_of_many_sentences_with_one_long_one_is_read(tmp_path):
+    """Twenty sentences with their blank lines, one of 600 words: a long sentence (split into windows for
+    the model), not a file without blank lines."""
+    path = tmp_path / "long.conll"
+    path.write_text("\n".join(["Ada B-PER\nsaid O\n"] * 19 + ["word O\n" * 600]))
+    ds = read_conll(str(path), "train", "tokens", "ner_tags")
+    assert len(ds) == 20 and max(len(w) for w in ds["tokens"]) == 600
+
+
 def test_first_subword_carries_the_tag_and_long_sentences_become_windows(tmp_path):
     """Every word is labelled exactly once, on its first subword, whatever the windows; with
     label_all_tokens the later subwords of a B- word train on its I- tag."""
