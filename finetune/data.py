@@ -133,6 +133,10 @@ def _diagnose_file(split: str, path: str) -> str | None:
                     line, column, msg = number, e.colno, e.msg
                 break
         one_document = len(lines) < 2 or text.lstrip().startswith(("[", "{\n"))  # removing the line removes it all
+        commas = [t for _, t in lines if t.rstrip().endswith("},")]
+        if not one_document and len(commas) * 2 >= len(lines):  # records written as a JSON array's, one a line
+            return (f"{split} file {path} is not valid JSON Lines: its lines end with a comma after each record "
+                    "('},'); JSON Lines has one object a line with nothing between them: remove the commas")
         return (
             f"{split} file {path} is not valid JSON or JSON Lines: line {line} column {column}: "
             f"{msg.removesuffix(' at').lower()}; " + ("fix the file there (cut off or mistyped?)" if one_document
@@ -913,6 +917,9 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
             if not looks and len(ints) == len(label_names) > 10:  # 0..39: scores, too rare to be classes?
                 looks = (f"{len(ints)} classes, the whole numbers {ints[0]} to {ints[-1]}: scores to predict as numbers? "
                          "then set problem_type=regression")
+            if not looks and args.validation_split_percentage < 1:  # 0.5 meant as a share: half a percent
+                looks = (f"validation_split_percentage={args.validation_split_percentage:g} is a percentage: it holds "
+                         f"out {args.validation_split_percentage:g}% of the samples; for half of them write 50")
             raise UserError(
                 f"cannot hold out a stratified validation split: {first_line(e)}{f' ({looks})' if looks else ''}"
                 "; give a validation_file, or enough samples of every class (2 or more) and a "

@@ -639,3 +639,27 @@ def test_texts_that_each_appear_with_two_labels_are_warned_of(tmp_path, capsys):
     train.write_text("text,label\n" + "".join(f"t{i},neg\nt{i},pos\n" for i in range(6)))
     load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
     assert "6 of the 6 distinct training texts appear with different labels" in capsys.readouterr().err
+
+
+def test_json_lines_with_a_comma_after_each_record_says_so(tmp_path):
+    from finetune.data import load_raw
+    from finetune.errors import UserError
+
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(f'{{"text": "t{i}", "label": "{"ab"[i % 2]}"}},\n' for i in range(6)))
+    with pytest.raises(UserError, match=r"its lines end with a comma after each record .*remove the commas"):
+        load_raw({"train": str(path)}, None, None, None)
+
+
+def test_a_validation_share_written_as_a_fraction_is_read_as_the_percentage_it_is(tmp_path):
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n" + "".join(f"t{i},{'ab'[i % 2]}\n" for i in range(20)))
+    args = tiny_text_args({"train": train, "validation": train}, tmp_path / "r", "validation_file=null",
+                          "validation_split_percentage=0.5")  # fmt: skip
+    with pytest.raises(UserError, match=r"validation_split_percentage=0.5 is a percentage: it holds out 0.5% of the "
+                                        r"samples; for half of them write 50"):  # fmt: skip
+        load_splits(load_config(None, args))
