@@ -187,7 +187,8 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
         raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
-    elsewhere = resume_from not in (None, "", "latest") and run.root.resolve() not in Path(resume_from).expanduser().resolve().parents
+    given = Path(resume_from).expanduser() if resume_from not in (None, "", "latest") else None
+    elsewhere = given is not None and given.is_dir() and run.root.resolve() not in given.resolve().parents
     state = run.holds_run() if elsewhere and run.root.is_dir() else None
     if state:  # a checkpoint of another run continued here would write over this one, which it does not continue
         raise UserError(

@@ -392,7 +392,9 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             else:
                 trial.set_user_attr(CUT, pruning.cut)
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            print(f"trial {number}: {chosen} -> {state}" + (f", validation {metric} {value:.4f}"
+            again = trial.user_attrs.get(RERUN_OF)
+            shown = f"trial {number}" + (f" (trial {again}'s settings again)" if again is not None else "")
+            print(f"{shown}: {chosen} -> {state}" + (f", validation {metric} {value:.4f}"
                                                              if state == "complete" else ""), flush=True)  # fmt: skip
             _keep_only_the_best(out, study)
     return _finish(out, study, recipe, overrides, started, budget) if study is not None else {}

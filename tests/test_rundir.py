@@ -466,3 +466,7 @@ def test_a_checkpoint_of_one_run_resumed_into_another_run_s_folder_is_refused(fi
                           "max_steps=4")  # fmt: skip
     user_error(capsys, main, argv, f"output_dir {b} holds a finished run of its own", "choose a new output_dir",
                untouched=[a, b])  # fmt: skip
+    # a mistyped checkpoint is no other run's: its own line (not found), not this one
+    typo = tiny_text_args(finished_run.data(), b, *EARLIER_RUN, "resume_from_checkpoint=Latest")
+    user_error(capsys, main, typo, "checkpoint not found: Latest; the newest checkpoint is resume_from_checkpoint=latest",
+               untouched=[a, b])  # fmt: skip

@@ -304,6 +304,7 @@ def test_a_search_stopped_by_a_signal_says_how_to_continue_and_runs_that_trial_a
     assert "(trial 0); the study is kept" in err and "run the same search command again" in err
     assert "resume_from_checkpoint" not in err
     search(argv)
+    assert "trial 1 (trial 0's settings again):" in capsys.readouterr().out
     study = optuna.load_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}")
     again = [t for t in study.trials if t.user_attrs.get("run_again_of") == 0]
     assert len(again) == 1 and again[0].user_attrs.get("recipes_own") is True
