@@ -81,7 +81,13 @@ from finetune.problems import (
     problem_type_of,
     trivial_prediction,
 )
-from finetune.rundir import RunDir, check_output_dir, check_shared_output_dir, set_aside_previous_run
+from finetune.rundir import (
+    RunDir,
+    check_output_dir,
+    check_shared_output_dir,
+    resumes_here,
+    set_aside_previous_run,
+)
 from finetune.runtime import (
     ScalerSkips,
     agreed,
@@ -542,7 +548,7 @@ def start_run(cfg: TrainConfig, run: Run) -> None:
             run.dir.root.mkdir(parents=True, exist_ok=True)
             if run.held is not None:  # before anything is set aside or written: not a run still going
                 run.held.enter_context(run.dir.in_use())
-            if not cfg.resume_from_checkpoint and cfg.overwrite_output_dir and run.dir.holds_run():
+            if cfg.overwrite_output_dir and not resumes_here(run.dir.root, cfg.resume_from_checkpoint) and run.dir.holds_run():
                 # Only what a run writes, only where a run was; it comes back if this run fails early.
                 set_aside_previous_run(run.dir)
             save_config(cfg, run.dir.config)

@@ -175,6 +175,14 @@ def as_umask_allows(folder: Path) -> None:
 # --- the output-dir policy -------------------------------------------------------------------------
 
 
+def resumes_here(root: Path, resume_from: str | None) -> bool:
+    """Whether `resume_from_checkpoint` continues the run in `root` (latest, or one of its checkpoints),
+    not another run's checkpoint continued in a new place."""
+    if not resume_from:
+        return False
+    return resume_from == "latest" or Path(root).resolve() in Path(resume_from).expanduser().resolve().parents
+
+
 def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: bool, resume_from: str | None = None) -> None:
     """Refuse to write over a run, or into a folder of other files, unless told to overwrite it or to
     resume it; refuse a path that cannot become a folder before anything runs; refuse a folder inside
@@ -187,15 +195,16 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
         raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
-    given = Path(resume_from).expanduser() if resume_from not in (None, "", "latest") else None
-    elsewhere = given is not None and given.is_dir() and run.root.resolve() not in given.resolve().parents
+    given = Path(resume_from).expanduser() if resume_from else None
+    elsewhere = given is not None and given.is_dir() and not resumes_here(run.root, resume_from)
     state = run.holds_run() if elsewhere and run.root.is_dir() else None
-    if state:  # a checkpoint of another run continued here would write over this one, which it does not continue
+    if state and not overwrite:  # a checkpoint of another run continued here would write over this one
         raise UserError(
             f"output_dir {out} holds {state} of its own, and resume_from_checkpoint={resume_from} is a checkpoint of "
             "another run: the resumed run would write over it; choose a new output_dir (or leave output_dir out to "
-            "continue in the checkpoint's own run)"
+            "continue in the checkpoint's own run; overwrite_output_dir=true replaces this one)"
         )
+    resume = resume and not elsewhere  # from elsewhere, what is here is replaced as by a fresh run
     if overwrite and resume:  # a resume continues what is there: nothing is replaced
         warn(f"overwrite_output_dir=true is not used: resume_from_checkpoint continues the run in {run.root}, "
              "nothing there is replaced (leave one of them out)")

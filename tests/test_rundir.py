@@ -466,6 +466,11 @@ def test_a_checkpoint_of_one_run_resumed_into_another_run_s_folder_is_refused(fi
                           "max_steps=4")  # fmt: skip
     user_error(capsys, main, argv, f"output_dir {b} holds a finished run of its own", "choose a new output_dir",
                untouched=[a, b])  # fmt: skip
+    # told to replace B: B is set aside as by a fresh run's overwrite, A (the checkpoint's run) untouched
+    before = file_hashes(a)
+    main([*argv, "overwrite_output_dir=true"])
+    assert file_hashes(a) == before and not (b / ".previous-run").exists()
+    assert json.loads((b / "results.json").read_text())["step"] == 4
     # a mistyped checkpoint is no other run's: its own line (not found), not this one
     typo = tiny_text_args(finished_run.data(), b, *EARLIER_RUN, "resume_from_checkpoint=Latest")
     user_error(capsys, main, typo, "checkpoint not found: Latest; the newest checkpoint is resume_from_checkpoint=latest",
