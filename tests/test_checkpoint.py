@@ -270,6 +270,7 @@ CONSTANT = ("max_steps=4", "save_steps=2", "lr_scheduler_type=constant", "warmup
             "per_device_train_batch_size=4")  # fmt: skip
 
 
+@pytest.mark.slow  # ~9 s
 def test_resume_from_the_last_step_trains_nothing_more(finished_run, tmp_path):
     """With a constant learning rate an extra step would change the weights."""
     finished = finished_run(*CONSTANT)
@@ -452,7 +453,8 @@ class _Killed(BaseException):
     """Stands for kill -9: nothing catches it, nothing after it runs."""
 
 
-@pytest.mark.parametrize("where", ["in save_state", pytest.param("before the rename", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("where", [pytest.param("in save_state", marks=pytest.mark.slow),  # ~20 s; test_faults: no partial save
+                                   pytest.param("before the rename", marks=pytest.mark.slow)])
 def test_kill_during_a_checkpoint_write_keeps_the_previous_one(finished_run, tmp_path, monkeypatch, where):
     """The second save dies half-way (files written, no COMPLETE; or complete but still hidden): the
     first checkpoint stays the latest, loads, and the resumed run ends where the uninterrupted one did."""

@@ -79,7 +79,7 @@ def test_missing_script_is_one_line(tmp_path):
     _one_error_line(_run([*launch_command(launcher="finetune.launch"), "finetune/runn.py"], tmp_path), "finetune/runn.py")
 
 
-@pytest.mark.slow  # ~8 s; test_a_data_mistake_under_two_processes_is_one_line keeps exit 2 through the launcher
+@pytest.mark.slow  # ~8 s; test_a_user_error_under_two_processes_is_one_line_and_exit_2 keeps exit 2 through the launcher
 def test_a_user_error_keeps_its_exit_status_through_the_launcher(tmp_path):
     """accelerate launch turns the process's exit 2 into exit 1 and a CalledProcessError traceback."""
     result = _run([*launch_command(launcher="finetune.launch"), "finetune/run.py", "bogus_key=1"], tmp_path)
@@ -100,6 +100,7 @@ def test_a_user_error_under_two_processes_is_one_line_and_exit_2(tmp_path):
     assert "ChildFailedError" not in result.stderr and "exitcode" not in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.slow  # ~12 s; test_a_user_error_under_two_processes_is_one_line_and_exit_2 keeps two processes' one line
 def test_a_data_mistake_under_two_processes_is_one_line(small_text_data, tmp_path):
     """A mistake found while the main process reads the data first (a wrong text_column) while the
     other waits for it: one line from the process that met it, no gloo traceback from the other."""
@@ -151,7 +152,8 @@ def _start_long_run(launcher: str, data: dict, out: Path, log: Path, new_group: 
 
 @pytest.mark.parametrize(
     "sig, status, group",
-    [(signal.SIGTERM, 143, False), pytest.param(signal.SIGINT, 130, False, marks=pytest.mark.slow),
+    [pytest.param(signal.SIGTERM, 143, False, marks=pytest.mark.slow),  # ~9 s; tests/test_signals.py in-process
+     pytest.param(signal.SIGINT, 130, False, marks=pytest.mark.slow),
      pytest.param(signal.SIGINT, 130, True, marks=pytest.mark.slow)],  # fmt: skip
     ids=["sigterm-to-launcher", "sigint-to-launcher", "ctrl-c-to-the-group"],
 )

@@ -199,7 +199,7 @@ def test_early_stopping_stops_when_the_metric_stalls(small_text_data, tmp_path):
     assert results["step"] == 3  # not the 30 planned steps
 
 
-@pytest.mark.parametrize("level", ["error", "info"])
+@pytest.mark.parametrize("level", ["error", pytest.param("info", marks=pytest.mark.slow)])
 def test_console_shows_the_run_not_the_libraries(small_text_data, tmp_path, capsys, level):
     """By default: the start summary, the training bar, each validation as computed, the end.
     log_level=info brings back datasets' and transformers' own lines and bars."""

@@ -282,6 +282,7 @@ def test_space_names_are_read_without_the_spaces_around_them(capsys):
     assert "choose among learning_rate, num_train_epochs" in line
 
 
+@pytest.mark.slow  # ~11 s: two searches
 def test_a_search_stopped_by_a_signal_says_how_to_continue_and_runs_that_trial_again(small_text_data, tmp_path, capsys,
                                                                                      monkeypatch):  # fmt: skip
     """A signal during trial 0: the line says to run the search again (not a trial's resume_from_checkpoint),

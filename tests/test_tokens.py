@@ -270,7 +270,8 @@ def test_tagging_resumes_mid_epoch_exactly(tagging, tmp_path):
     assert _worst(_weights(resumed), _weights(tmp_path / "full")) <= 1e-6
 
 
-@pytest.mark.parametrize("all_subwords, strategy", [(False, "first"), pytest.param(True, "simple", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("all_subwords, strategy", [pytest.param(False, "first", marks=pytest.mark.slow),  # ~27 s each
+                                                    pytest.param(True, "simple", marks=pytest.mark.slow)])
 def test_the_export_tags_in_a_pipeline_and_evaluates_word_by_word(all_subwords, strategy, tagging, tmp_path):
     """An overfit tiny tagger: the pipeline's entity spans with the aggregation its card names (first
     subwords trained: "first"; every subword: "simple"), and predictions.jsonl's words and tags."""
