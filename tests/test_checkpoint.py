@@ -248,6 +248,7 @@ def test_a_resume_with_another_learning_rate_goes_on_with_it(finished_run, tmp_p
     assert all(after[s] == pytest.approx(before[s] / 2, rel=1e-9, abs=1e-15) for s in after)
 
 
+@pytest.mark.slow  # ~12 s
 def test_only_an_evaluated_checkpoint_carries_metrics_or_can_be_best(small_text_data, tmp_path):
     """Checkpoints every 2 steps, evaluations every 3: a checkpoint at a step without an evaluation
     (4) holds no metrics, so it cannot be named best on the strength of step 3's evaluation."""
@@ -390,6 +391,7 @@ class _Optimizer(Hooks):
             self.weight_decay.append(self.run.optimizer.param_groups[0]["weight_decay"])
 
 
+@pytest.mark.slow  # ~10 s
 def test_a_resume_that_changes_what_may_change_says_so_and_keeps_the_history(small_text_data, tmp_path, capsys):
     """learning_rate, weight_decay, dropout, max_steps and the cadences may change on a resume: one line
     names each change, old -> new; the new weight decay is the one used (torch would restore the old);

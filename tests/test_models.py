@@ -129,6 +129,7 @@ def test_frozen_embeddings_stay_as_built_and_the_rest_trains(small_text_data, tm
     assert len(optimizer["state"]) == len(list(model.parameters())) - 1
 
 
+@pytest.mark.slow  # ~10 s
 def test_gradient_checkpointing_recomputes_layers_and_changes_no_numbers(
     small_text_data, tmp_path, monkeypatch
 ):
