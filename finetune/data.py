@@ -659,12 +659,14 @@ def _near_misses(unseen: list[str], known: list[str]) -> str:
     return f"; {pairs} differ from the training labels only by {what}: write each label the same way in every split"
 
 
-def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = True, model_task: bool = False) -> None:
+def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = True, model_task: bool = False,
+                  train_columns: list[str] | None = None) -> None:  # fmt: skip
     """The label column(s) (unless the data is `labelled=False`: predictions only) and the task's input
     columns exist and hold what they should; no label is null. `model_task`: the task is a trained
-    model's (evaluation), so data of another task is the wrong data, not a wrong `task`."""
+    model's (evaluation), so data of another task is the wrong data, not a wrong `task`. `train_columns`:
+    the train split's, for another split (a column train has: the fix is in this file, not a setting)."""
     try:
-        _check_columns(ds, split, args, labelled, model_task)
+        _check_columns(ds, split, args, labelled, model_task, train_columns)
     except UnicodeDecodeError as e:  # a parquet file's strings: read only when a value is
         raise UserError(
             f"the {split} data holds text that is not UTF-8 ({e.reason}); the file is damaged or in another "
@@ -693,7 +695,8 @@ def _word_and_tag_lists(ds: HFDataset) -> tuple[str, str] | None:
     return pairs[0] if len(pairs) == 1 else None
 
 
-def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, model_task: bool = False) -> None:
+def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, model_task: bool = False,
+                   train_columns: list[str] | None = None) -> None:  # fmt: skip
     task, label_columns, inputs = task_of(args.task), args.label_sources if labelled else [], args.input_columns
     for column in (*label_columns, *inputs):
         if column not in ds.column_names:
@@ -760,6 +763,9 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if column == args.label_column and not args.label_columns and other == args.task and len(others) == 1 \
                     and not hint:  # "labels" where the run read "label"  # fmt: skip
                 hint = f"; if '{others[0]}' holds the labels, set label_column={others[0]}"
+            if not hint and train_columns is not None and column in train_columns:  # train's passed: this file differs
+                hint = (f"; the train data has '{column}' (columns: {', '.join(train_columns)}): give every split the "
+                        "same column names")
             raise UserError(
                 f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
                 + hint
@@ -872,14 +878,7 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     for split in raw:
         if len(raw[split]) == 0:
             raise UserError(f"{_the(split)} has no rows; check the file or folder")
-        try:
-            check_columns(raw[split], split, args)
-        except UserError as e:  # train's columns passed: the fix is in this file, not in a setting both read
-            missing = re.match(r"column '([^']+)' not found in the \w+ data; columns are: [^;]*$", str(e))
-            if split == "train" or missing is None or missing.group(1) not in raw["train"].column_names:
-                raise
-            raise UserError(f"{e}; the train data has '{missing.group(1)}' (columns: "
-                            f"{', '.join(raw['train'].column_names)}): give every split the same column names") from None
+        check_columns(raw[split], split, args, train_columns=None if split == "train" else raw["train"].column_names)
     files = {s: Path(f).resolve() for s, f in args.files.items() if f}
     if "validation" in files and files["validation"] == files.get("train"):  # the verdict would be on seen samples
         warn(f"validation_file is the train_file ({args.files['train']}): validation scores and the model chosen "

@@ -314,8 +314,7 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     then Accelerate's `prepare`."""
     accelerator = make_accelerator(cfg)
     out = RunDir(cfg.output_dir)
-    check_output_dir(out.root, cfg.overwrite_output_dir, bool(cfg.resume_from_checkpoint), bool(cfg.report_to),
-                     cfg.resume_from_checkpoint)  # fmt: skip
+    check_output_dir(out.root, cfg.overwrite_output_dir, cfg.resume_from_checkpoint, bool(cfg.report_to))
     check_shared_output_dir(accelerator, out.root)  # multi-node: before anything reads or writes it
     set_seed(cfg.seed)
     model, preprocessor, splits, label_names = build_model_and_data(cfg, accelerator, hooks)
@@ -813,8 +812,7 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
     """What a run would do, without doing it: printed on the main process and returned."""
     accelerator = make_accelerator(cfg)
     out = RunDir(cfg.output_dir)
-    check_output_dir(out.root, cfg.overwrite_output_dir, bool(cfg.resume_from_checkpoint), bool(cfg.report_to),
-                     cfg.resume_from_checkpoint)  # fmt: skip
+    check_output_dir(out.root, cfg.overwrite_output_dir, cfg.resume_from_checkpoint, bool(cfg.report_to))
     set_seed(cfg.seed)
     model, _, splits, label_names = build_model_and_data(cfg, accelerator)
     processes, batch, accumulation = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps

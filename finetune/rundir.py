@@ -183,11 +183,12 @@ def resumes_here(root: Path, resume_from: str | None) -> bool:
     return resume_from == "latest" or Path(root).resolve() in Path(resume_from).expanduser().resolve().parents
 
 
-def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: bool, resume_from: str | None = None) -> None:
+def check_output_dir(out: str | Path, overwrite: bool, resume_from: str | None, trackers: bool) -> None:
     """Refuse to write over a run, or into a folder of other files, unless told to overwrite it or to
     resume it; refuse a path that cannot become a folder before anything runs; refuse a folder inside
     another run's checkpoints/ or export (`check_not_inside_a_run`); and, before an overwrite moves a
-    run aside, refuse one whose folders hold files of the user's (`check_only_run_entries`)."""
+    run aside, refuse one whose folders hold files of the user's (`check_only_run_entries`). `resume_from`:
+    resume_from_checkpoint (latest, a checkpoint's path) or None."""
     run = RunDir(out)
     check_not_inside_a_run(run.root)
     existing = next(p for p in (run.root, *run.root.parents) if p.exists())
@@ -195,36 +196,35 @@ def check_output_dir(out: str | Path, overwrite: bool, resume: bool, trackers: b
         raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
+    held = run.holds_run() if run.root.is_dir() else None  # 'a finished run', 'a started run', or None
     given = Path(resume_from).expanduser() if resume_from else None
     elsewhere = given is not None and given.is_dir() and not resumes_here(run.root, resume_from)
-    state = run.holds_run() if elsewhere and run.root.is_dir() else None
-    if state and not overwrite:  # a checkpoint of another run continued here would write over this one
+    if elsewhere and held and not overwrite:  # a checkpoint of another run continued here would write over this one
         raise UserError(
-            f"output_dir {out} holds {state} of its own, and resume_from_checkpoint={resume_from} is a checkpoint of "
+            f"output_dir {out} holds {held} of its own, and resume_from_checkpoint={resume_from} is a checkpoint of "
             "another run: the resumed run would write over it; choose a new output_dir (or leave output_dir out to "
             "continue in the checkpoint's own run; overwrite_output_dir=true replaces this one)"
         )
-    resume = resume and not elsewhere  # from elsewhere, what is here is replaced as by a fresh run
+    resume = bool(resume_from) and not elsewhere  # from elsewhere, what is here is replaced as by a fresh run
     if overwrite and resume:  # a resume continues what is there: nothing is replaced
         warn(f"overwrite_output_dir=true is not used: resume_from_checkpoint continues the run in {run.root}, "
              "nothing there is replaced (leave one of them out)")
-    if overwrite and not resume and run.root.is_dir() and not run.holds_run():
+    if not resume and not held and (run.root / STUDY).is_file():
+        raise UserError(_holds_a_search(run))
+    if overwrite and not resume and run.root.is_dir() and not held:
         check_files_in_the_way(run, trackers)  # the user's config.yaml: not written over
-    if (overwrite or resume) and run.root.is_dir() and run.holds_run():
+    if (overwrite or resume) and held:
         check_only_run_entries(run, evaluations=not resume)  # the user's notes in model/: deleted with it
     if resume or not run.root.exists() or overwrite:
         return
-    state = run.holds_run()
-    if state:
+    if held:
         from finetune.checkpoint import list_checkpoints
 
-        resume = " resume_from_checkpoint=latest to continue it," if list_checkpoints(run.root) else ""
+        offer = " resume_from_checkpoint=latest to continue it," if list_checkpoints(run.root) else ""
         raise UserError(
-            f"output_dir {out} already holds {state}; pass overwrite_output_dir=true to replace "
-            f"it,{resume} or choose another output_dir"
+            f"output_dir {out} already holds {held}; pass overwrite_output_dir=true to replace "
+            f"it,{offer} or choose another output_dir"
         )
-    if (run.root / STUDY).is_file():
-        raise UserError(_holds_a_search(run))
     if any(run.root.iterdir()):
         raise UserError(
             f"output_dir {out} holds files that are not a run of this app; choose an empty or new "
@@ -243,8 +243,6 @@ def _holds_a_search(run: RunDir) -> str:
 def check_files_in_the_way(run: RunDir, trackers: bool) -> None:
     """overwrite_output_dir=true into a folder that holds no run writes into it and deletes nothing: so a
     file there with the name of one a run writes (the user's config.yaml, model/) is refused."""
-    if (run.root / STUDY).is_file():
-        raise UserError(_holds_a_search(run))
     names = run.run_files() if trackers else RUN_FILES
     found = [name + ("/" if (run.root / name).is_dir() else "") for name in names if (run.root / name).exists()]
     if found:

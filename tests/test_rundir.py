@@ -286,7 +286,7 @@ def test_latest_in_a_run_without_checkpoints_offers_the_overwrite(finished_run, 
 
     with pytest.raises(UserError, match=r"already holds a finished run; pass overwrite_output_dir=true to replace "
                                         r"it, or choose another output_dir$"):  # fmt: skip
-        check_output_dir(out, overwrite=False, resume=False, trackers=False)
+        check_output_dir(out, overwrite=False, resume_from=None, trackers=False)
 
 
 # --- the user's files inside a run, and runs inside a run ------------------------------------------------
@@ -398,11 +398,11 @@ def test_a_results_json_of_the_users_is_not_a_finished_run(finished_run, tmp_pat
 def test_overwrite_beside_a_resume_is_said_to_be_unused(tmp_path, capsys):
     from finetune.rundir import check_output_dir
 
-    check_output_dir(tmp_path / "run", overwrite=True, resume=True, trackers=False)
+    check_output_dir(tmp_path / "run", overwrite=True, resume_from="latest", trackers=False)
     assert capsys.readouterr().err.splitlines() == [
         f"warning: overwrite_output_dir=true is not used: resume_from_checkpoint continues the run in {tmp_path / 'run'}, "
         "nothing there is replaced (leave one of them out)"]
-    check_output_dir(tmp_path / "run", overwrite=False, resume=True, trackers=False)
+    check_output_dir(tmp_path / "run", overwrite=False, resume_from="latest", trackers=False)
     assert capsys.readouterr().err == ""
 
 
@@ -437,7 +437,7 @@ def test_a_search_folder_given_to_a_run_is_named_as_a_search(tmp_path, overwrite
     (out / "study.db").write_bytes(b"SQLite format 3\0")
     before = file_hashes(out)
     with pytest.raises(UserError, match=r"holds a hyperparameter search \(study.db, its trials, and model/"):
-        check_output_dir(out, overwrite=overwrite, resume=False, trackers=False)
+        check_output_dir(out, overwrite=overwrite, resume_from=None, trackers=False)
     assert file_hashes(out) == before
 
 
