@@ -518,7 +518,7 @@ class RunArgs:
     torch_compile: bool = setting(False, "compile the model with torch.compile (with length_buckets: static shapes)")
     # torch.compile's mode: reduce-overhead replays each compiled block as a CUDA graph on a GPU (one
     # launch for its kernels; needs static shapes: length_buckets); max-autotune also times matmul
-    # kernels at compile time (minutes). On a CPU every mode compiles as default.
+    # kernels at compile time (minutes). A CPU has no CUDA graphs: reduce-overhead compiles as default there.
     torch_compile_mode: CompileMode = setting(
         "default", "torch_compile: default, reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs"
     )

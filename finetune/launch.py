@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from finetune.errors import EXIT_DIVERGED, EXIT_USER_ERROR, UserError, exit_on_user_error
+from finetune.errors import EXIT_DIVERGED, EXIT_USER_ERROR, ArgumentParser, UserError, exit_on_user_error
 from finetune.signals import forwarded_to_children
 
 # Exit statuses after which the training process has printed its own one-line reason.
@@ -83,10 +83,10 @@ def _is_a_recipe(path: Path) -> bool:
 
     import yaml
 
-    from finetune.config import TrainConfig
+    from finetune.config import TrainConfig, read_yaml
 
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_yaml(path.read_text())  # as a recipe is read
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     names = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -241,8 +241,6 @@ def write_default_config(path: Path | None = None) -> str:
 @exit_on_user_error
 def configure(argv: list[str] | None = None) -> int:
     """finetune-config: accelerate's default config for this machine, written once (README set-up)."""
-    from finetune.errors import ArgumentParser
-
     parser = ArgumentParser(prog="finetune-config", description=write_default_config.__doc__,
                             hint="see finetune-config --help")  # fmt: skip
     parser.add_argument("--config_file", type=Path, help="where to write it (default: accelerate's default config)")
