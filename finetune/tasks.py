@@ -20,8 +20,10 @@ config (and `--help`) does not load them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import unicodedata
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finetune.errors import UserError
@@ -222,7 +224,8 @@ class TextClassification(Task):
             return enc
 
         drop = [c for c in ds.column_names if c != "labels"]
-        return ds.map(tokenize, batched=True, remove_columns=drop, desc="tokenizing")
+        return ds.map(tokenize, batched=True, remove_columns=drop, desc="tokenizing",
+                      new_fingerprint=tokenized_fingerprint(ds, tokenize))  # fmt: skip
 
     def collator(self, preprocessor, pad_to_multiple_of: int | None):
         return PadText(preprocessor, pad_to_multiple_of)
@@ -600,7 +603,8 @@ class TokenClassification(TextClassification):
                 spans = again
             return out
 
-        return ds.map(windows, batched=True, with_indices=True, remove_columns=ds.column_names, desc="tokenizing words")
+        return ds.map(windows, batched=True, with_indices=True, remove_columns=ds.column_names, desc="tokenizing words",
+                      new_fingerprint=tokenized_fingerprint(ds, windows))  # fmt: skip
 
     def collator(self, preprocessor, pad_to_multiple_of: int | None):
         return PadWords(preprocessor, pad_to_multiple_of)
@@ -744,3 +748,35 @@ def task_of_model(config, spec: str, asked: str | None = None) -> Task:
         f"pass --task {' or --task '.join(TASK_NAMES)}"
     )
 
+
+def tokenized_fingerprint(ds, fn) -> str | None:
+    """The fingerprint of `ds.map(fn)` (datasets' cache key: an unchanged split is tokenized once, across
+    runs), made without pickling the tokenizer. datasets' own hashes `fn` with everything it closes over,
+    the tokenizer's whole vocabulary included, at every map: 0.7 s a split on 2 cores, most of a small
+    run's data phase. Here the tokenizer is named by its serialized form (what it does to text: its
+    vocabulary, normaliser, pre-tokenizer, post-processor and truncation side) with the settings its
+    Python side adds; the rest is `fn`'s code, the rest of its closure, this module's source (the helpers
+    `fn` calls) and the dataset's own fingerprint. None, datasets' own hashing, for a tokenizer without a
+    serialized form (a slow one)."""
+    from datasets.fingerprint import Hasher
+    from transformers import PreTrainedTokenizerBase
+
+    def named(value):
+        if not isinstance(value, PreTrainedTokenizerBase):
+            return value
+        serialized = json.loads(value.backend_tokenizer.to_str())
+        for state in ("truncation", "padding"):  # what the last call left set, not what the tokenizer is
+            serialized.pop(state, None)
+        return (type(value).__name__, serialized, value.model_max_length, value.padding_side,
+                value.truncation_side, sorted(value.special_tokens_map.items()))  # fmt: skip
+
+    cells = [cell.cell_contents for cell in fn.__closure__ or ()]
+    tokenizers = [v for v in cells if isinstance(v, PreTrainedTokenizerBase)]
+    if not tokenizers or not all(hasattr(t, "backend_tokenizer") for t in tokenizers):
+        return None
+    try:
+        source = Path(__file__).read_bytes()
+    except OSError:  # no source to read (an installed bytecode-only copy)
+        return None
+    code = fn.__code__
+    return Hasher.hash((ds._fingerprint, code.co_code, code.co_consts, code.co_names, [named(v) for v in cells], source))

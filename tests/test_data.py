@@ -663,3 +663,34 @@ def test_a_validation_share_written_as_a_fraction_is_read_as_the_percentage_it_i
     with pytest.raises(UserError, match=r"validation_split_percentage=0.5 is a percentage: it holds out 0.5% of the "
                                         r"samples; for half of them write 50"):  # fmt: skip
         load_splits(load_config(None, args))
+
+
+def test_a_tokenized_split_is_cached_under_what_makes_it_and_nothing_else(tmp_path):
+    """The same file, settings and tokenizer find datasets' cache (a second run tokenizes nothing); a
+    change to max_length or to the tokenizer (a token added) makes another key, and the result differs."""
+    from datasets import load_dataset
+
+    from finetune.config import load_config
+    from finetune.models import load_preprocessor
+    from finetune.tasks import task_of, tokenized_fingerprint
+
+    path = write_csv(tmp_path / "train.csv", rotten_rows(20))
+    task = task_of("text-classification")
+
+    def prepared(*overrides, add=None):
+        cfg = load_config(None, [f"train_file={path}", *overrides])
+        ds = load_dataset("csv", data_files={"train": str(path)}, cache_dir=str(tmp_path / "cache"))["train"]
+        tokenizer = load_preprocessor(cfg.model_args)
+        if add:
+            tokenizer.add_tokens([add])
+        return task.prepare(ds, tokenizer, cfg.data_args, "train", 3)
+
+    first, again = prepared(), prepared()
+    assert again._fingerprint == first._fingerprint and again.cache_files == first.cache_files
+    shorter = prepared("max_length=8")
+    assert shorter._fingerprint != first._fingerprint and max(shorter["length"]) == 8 < max(first["length"])
+    tokenizer = load_preprocessor(load_config(None, []).model_args)
+    word = next(w for row in rotten_rows(20) for w in row["text"].split() if len(tokenizer.tokenize(w)) > 2)
+    added = prepared(add=word)  # a word of several pieces becomes one token
+    assert added._fingerprint != first._fingerprint and added["input_ids"] != first["input_ids"]
+    assert tokenized_fingerprint(first, lambda batch: batch) is None  # no tokenizer: datasets' own hashing
