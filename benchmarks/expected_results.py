@@ -51,7 +51,7 @@ import yaml
 from benchmarks.recipes import SMOKE
 from benchmarks.report import machine, machine_line, write_report
 from finetune.config import CONFIGS_DIR, REPO_DIR
-from finetune.errors import ArgumentParser, exit_on_user_error
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error
 from finetune.runtime import native_bf16
 
 BUILDER = REPO_DIR / "scripts" / "public_tasks.py"
@@ -276,6 +276,10 @@ def markdown(report: dict[str, Any]) -> str:
         "Test metrics on the whole test split; `learned` is the app's verdict (its best validation value against "
         "the trivial baseline's). Wall time: the whole command, imports to export.",
     ]
+    earlier = [row for row in report["tasks"] if row.get("measured_by")]
+    if earlier:
+        lines += ["", "Rows kept from an earlier run on this machine (`--keep-others`):", ""]
+        lines += [f"- {row['task']}: `{row['measured_by'][0]}`; {row['measured_by'][1]}." for row in earlier]
     return "\n".join(lines) + "\n"
 
 
@@ -295,7 +299,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--tasks", nargs="+", choices=list(BY_NAME), default=list(BY_NAME), help="which tasks (default all)"
     )
+    p.add_argument("--keep-others", action="store_true",
+                   help="keep the rows of the other tasks in --out's report (measured on this machine; each row "
+                        "names the command that measured it and its date)")  # fmt: skip
     return parse_run_options(p, argv)
+
+
+def earlier_report(out: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """--keep-others: --out's report, checked before anything runs: refused where it was measured on
+    another machine, or by a smoke run where this is none (or the other way round)."""
+    path = out / "expected_results.json"
+    if not path.is_file():
+        raise UserError(f"--keep-others: {path} does not exist; run without it first")
+    old = json.loads(path.read_text())
+    if old["machine"].get("cpu") != report["machine"].get("cpu") or old["smoke"] != report["smoke"]:
+        raise UserError(f"--keep-others: {path} was measured on another machine or as another kind of run; "
+                        "rerun every task instead")  # fmt: skip
+    return old
+
+
+def kept_rows(old: dict[str, Any], report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of the earlier report for the tasks not run now, each with the command and date that
+    measured it, and the new rows, in the benchmark's order of tasks."""
+    rows = {row["key"]: {"measured_by": [old["invocation"], old["date"]], **row} for row in old["tasks"]}
+    rows.update({row["key"]: row for row in report["tasks"]})
+    return [rows[key] for key in BY_NAME if key in rows]
 
 
 def parse_run_options(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -331,6 +359,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     tasks = [BY_NAME[name] for name in args.tasks]
     report = report_head("benchmarks.expected_results", argv, args, tasks)
+    old = earlier_report(args.out, report) if args.keep_others else None
     with tempfile.TemporaryDirectory(prefix="finetune-expected-") as tmp:
         for key, task in zip(args.tasks, tasks, strict=True):
             load = wait_for_quiet(args.max_load, args.max_wait)
@@ -344,6 +373,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{task.name}: {row.get('last_line') or row.get('error', '')[-300:]} ({row['wall_s']:.1f} s)",
                 flush=True,
             )
+    if old is not None:
+        report["tasks"] = kept_rows(old, report)
     write_report(args.out, "expected_results", report, markdown(report))
     return report
 

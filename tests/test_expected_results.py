@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from benchmarks.expected_results import BUILDER, BY_NAME, main
+from benchmarks.expected_results import BUILDER, BY_NAME, earlier_report, kept_rows, main, markdown
+from finetune.errors import UserError
 from finetune.runtime import native_bf16
 
 
@@ -81,3 +82,29 @@ def test_the_public_tasks_build_the_same_bytes_twice_without_scikit_image(tmp_pa
     (tmp_path / "c" / "photos" / "mine.txt").write_text("x")
     with pytest.raises(SystemExit, match="did not build"):
         public_tasks.main([str(tmp_path / "c"), "--tasks", "photos"])
+
+
+def test_keep_others_replaces_the_rerun_rows_and_says_where_the_others_come_from(tmp_path):
+    """--keep-others: the tasks run now replace theirs, the others keep their figures with the command and date
+    that measured them (the table says so); a report from another machine, or none, is refused first."""
+    def row(key, wall):
+        return {"key": key, "task": BY_NAME[key].name, "kind": BY_NAME[key].kind, "data": "d", "recipe": "r",
+                "command": "c", "exit_status": 0, "wall_s": wall, "settings": {}, "test": {}, "test_baseline": {},
+                "learned": {"verdict": True}, "load_before": [0.1, 0.1, 0.1], "quiet": True}  # fmt: skip
+
+    machine = {"cpu": "this CPU", "cpu_count": 2, "torch_threads": 2, "torch": "t", "transformers": "t",
+               "accelerate": "a", "gpu": None}  # fmt: skip
+    old = {"invocation": "python -m benchmarks.expected_results --out x", "date": "2026-11-20", "machine": machine,
+           "smoke": False, "tasks": [row("single_sentence", 1.0), row("tagging", 2.0)]}  # fmt: skip
+    new = {**old, "invocation": "... --tasks tagging --keep-others", "date": "2026-11-26", "tasks": [row("tagging", 3.0)]}
+    with pytest.raises(UserError, match="does not exist"):
+        earlier_report(tmp_path, new)
+    (tmp_path / "expected_results.json").write_text(json.dumps(old))
+    with pytest.raises(UserError, match="another machine"):
+        earlier_report(tmp_path, {**new, "machine": {**machine, "cpu": "another CPU"}})
+    rows = kept_rows(earlier_report(tmp_path, new), new)
+    assert [(r["key"], r["wall_s"], r.get("measured_by")) for r in rows] == [
+        ("single_sentence", 1.0, ["python -m benchmarks.expected_results --out x", "2026-11-20"]), ("tagging", 3.0, None)]
+    table = markdown({**new, "tasks": rows})
+    assert "- single sentence: `python -m benchmarks.expected_results --out x`; 2026-11-20." in table
+    assert "tagging: `" not in table.split("Rows kept")[1]
