@@ -125,6 +125,7 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         except Exception as e:  # ValueError, TypeError, huggingface_hub's strict-dataclass validation
             raise UserError(f"cannot build a {args.task} model from model_config: {first_line(e)}") from None
         _check_config_keys(config, spec)
+        _check_config_values(config)
         set_dropout(config, args.dropout)
         _check_image_config(config)
         try:
@@ -249,6 +250,44 @@ def _check_config_keys(config: PretrainedConfig, spec: dict[str, Any]) -> None:
             raise UserError(f"model_config: {type(config).__name__} has no setting '{key}'{hint}")
 
 
+# Sizes a model built from model_config needs at 1 or more: at 0 or below it fails mid-build (a division
+# by zero, an empty table) or, for num_hidden_layers, trains a model with no layers without a word.
+POSITIVE = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+            "max_position_embeddings", "type_vocab_size", "image_size", "patch_size", "num_channels", "dim",
+            "hidden_dim", "n_heads", "n_layers")  # fmt: skip
+
+
+def _check_config_values(config: PretrainedConfig) -> None:
+    """A model_config value the model cannot be built or trained with, said before the build: a size below
+    1, a hidden size the heads do not divide (ViT would silently drop the remainder), an activation
+    transformers does not have, a pad token outside the vocabulary."""
+    from transformers.activations import ACT2FN
+
+    values = config.to_dict()
+    for key in POSITIVE:
+        value = values.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise UserError(f"model_config.{key}={value}: it must be 1 or more")
+    hidden = values.get("hidden_size", values.get("dim"))
+    heads = values.get("num_attention_heads", values.get("n_heads"))
+    if isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
+        raise UserError(
+            f"model_config: hidden_size {hidden} is not a multiple of num_attention_heads {heads} (each head "
+            f"takes an equal share); choose num_attention_heads among "
+            f"{', '.join(str(n) for n in range(1, hidden + 1) if hidden % n == 0 and n <= 64)}"
+        )
+    act = values.get("hidden_act", values.get("activation"))
+    if isinstance(act, str) and act not in ACT2FN:
+        known = ", ".join(sorted(k for k in ACT2FN if k in ("gelu", "relu", "silu", "swish", "tanh", "gelu_new")))
+        raise UserError(f"model_config.hidden_act={act!r} is not an activation transformers has; choose one of {known}")
+    pad, vocab = values.get("pad_token_id"), values.get("vocab_size")
+    if isinstance(pad, int) and isinstance(vocab, int) and not 0 <= pad < vocab:
+        raise UserError(
+            f"model_config.pad_token_id={pad} is outside the vocabulary (ids 0 to {vocab - 1}); leave it out, "
+            "or give the tokenizer's padding id"
+        )
+
+
 def _has_pickle_weights_only(name: str) -> bool:
     path = Path(name).expanduser()
     if not path.is_dir():
@@ -329,6 +368,13 @@ def check_tokenizer(
             + (f"set model_config.vocab_size={size} (or leave it out)" if built else
                "it is not the model's tokenizer (a padded table is a few percent larger, not more); use the "
                "model's own")
+        )
+    types = getattr(model.config, "type_vocab_size", None)
+    if pair and isinstance(types, int) and types < 2 and "token_type_ids" in tokenizer.model_input_names:
+        raise UserError(
+            f"sentence pairs mark their second text with token type 1, but the model has {types} token type: "
+            + ("set model_config.type_vocab_size=2" if built else "this model was not made for pairs; choose one "
+               "that was, or one whose tokenizer gives no token types (roberta)")
         )
     added = tokenizer.num_special_tokens_to_add(pair=pair)
     if max_length <= added:

@@ -521,7 +521,7 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     ),
     "model_config_heads_do_not_divide": (
         lambda w: _text(w, f"model_config={TINY_BERT.replace('hidden_size: 32', 'hidden_size: 30')}"),
-        "cannot build a text-classification model from model_config",
+        "hidden_size 30 is not a multiple of num_attention_heads 4",
     ),
     "model_folder_without_tokenizer_files": (
         lambda w: _text(w, "model_config=null", f"model_name_or_path={w.model_without_tokenizer}",
@@ -706,6 +706,12 @@ SETTINGS: dict[str, tuple[list[str], str]] = {
     "max_length_one": (["max_length=1", "pad_to_multiple_of=null"], "max_length=1 leaves no room for text"),
     "text_column_is_the_label_column": (["text_column=label"], "'label' is both the label column and a text"),
     "text_pair_is_the_text_column": (["text_pair_column=text"], "text_pair_column is the text_column"),
+    # model_config values the model cannot be built or trained with: said before the build
+    "model_config_size_zero": (["model_config.hidden_size=0"], "model_config.hidden_size=0: it must be 1 or more"),
+    "model_config_no_layers": (["model_config.num_hidden_layers=-1"], "num_hidden_layers=-1: it must be 1 or more"),
+    "model_config_no_positions": (["model_config.max_position_embeddings=0"], "max_position_embeddings=0: it must"),
+    "model_config_activation": (["model_config.hidden_act=swishy"], "'swishy' is not an activation transformers has"),
+    "model_config_pad_outside": (["model_config.pad_token_id=40000"], "pad_token_id=40000 is outside the vocabulary"),
 }
 
 assert not COMMANDS.keys() & SETTINGS.keys()

@@ -19,6 +19,7 @@ from conftest import (
     rotten_rows,
     tiny_text_args,
     user_error,
+    write_csv,
 )
 from safetensors.torch import load_file
 
@@ -202,6 +203,9 @@ def test_dropout_override_reaches_the_model(small_text_data, tmp_path):
     [
         ("model_config.image_sise=32", "ViTConfig has no setting 'image_sise'; did you mean image_size?"),
         ("model_config.image_size=big", "cannot build a image-classification model from model_config"),
+        # ViT itself would drop the remainder of 64 / 3 without a word
+        ("model_config.num_attention_heads=3", "hidden_size 64 is not a multiple of num_attention_heads 3"),
+        ("model_config.patch_size=0", "model_config.patch_size=0: it must be 1 or more"),
     ],
 )
 def test_a_mistake_inside_model_config_is_one_line(tmp_path, capsys, setting, message):
@@ -321,3 +325,14 @@ def test_a_model_type_without_the_tasks_head_is_refused_for_images_and_tags():
         with pytest.raises(UserError) as caught:
             build_model(args, ["a", "b"], vocab_size=100 if task != "image-classification" else None)
         assert str(caught.value) == message
+
+
+def test_sentence_pairs_on_a_model_with_one_token_type_are_refused(tmp_path, capsys):
+    """The second text of a pair has token type 1: a model built with type_vocab_size=1 has no row for it
+    (an IndexError at the first batch, after config.yaml was written)."""
+    rows = [{"s1": r["text"], "s2": r["text"][::-1], "label": r["label"]} for r in rotten_rows(20)]
+    data = {"train": write_csv(tmp_path / "pairs.csv", rows), "validation": write_csv(tmp_path / "v.csv", rows[:8])}
+    out = tmp_path / "run"
+    args = tiny_text_args(data, out, "text_column=s1", "text_pair_column=s2", "model_config.type_vocab_size=1")
+    assert "set model_config.type_vocab_size=2" in user_error(capsys, main, args)
+    assert not out.exists()
