@@ -316,14 +316,14 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
         marked = [p for p in root.glob(f"{PREFIX}*")
                   if p.name[len(PREFIX):].isdigit() and p.is_dir() and (p / COMPLETE).is_file()]  # fmt: skip
         if not marked:
-            from finetune.rundir import RunDir
+            from finetune.rundir import RunDir, set_aside_note
 
             held = RunDir(output_dir).holds_run()  # a run without checkpoints: leaving the resume out is refused too
             again = (f"to start again there, pass overwrite_output_dir=true instead ({output_dir} holds {held} without "
                      "a checkpoint: it is set aside, and deleted once the new run finishes)" if held else
                      "to start a new run there, leave resume_from_checkpoint out")
             raise UserError(f"resume_from_checkpoint=latest: no complete checkpoint in {root}; {again} (or give the "
-                            "output_dir of the run to continue)")
+                            "output_dir of the run to continue)" + set_aside_note(RunDir(output_dir)))
         named = re.compile(rf"(\.tmp-|\.old-)?{PREFIX}\d+")  # a checkpoint's, or one being saved or replaced
         renamed = sorted(p for p in root.iterdir() if p.is_dir() and (p / MANIFEST).is_file()
                          and not named.fullmatch(p.name))  # fmt: skip

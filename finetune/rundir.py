@@ -223,7 +223,7 @@ def check_output_dir(out: str | Path, overwrite: bool, resume_from: str | None, 
         offer = " resume_from_checkpoint=latest to continue it," if list_checkpoints(run.root) else ""
         raise UserError(
             f"output_dir {out} already holds {held}; pass overwrite_output_dir=true to replace "
-            f"it,{offer} or choose another output_dir"
+            f"it,{offer} or choose another output_dir" + set_aside_note(run)
         )
     if any(run.root.iterdir()):
         raise UserError(
@@ -382,6 +382,16 @@ def _remove(root: Path, names: list[str]) -> None:
             target.unlink()
 
 
+def set_aside_note(run: RunDir) -> str:
+    """Said where a refusal or an overwrite meets a run that an overwrite set aside and never finished
+    replacing (killed before it could put it back): what the folder holds, how to keep it."""
+    if not run.previous.is_dir():
+        return ""
+    return (f"; {run.previous} holds the run an earlier overwrite set aside and was killed before finishing: "
+            f"to keep that run, move the files of {PREVIOUS} back into {run.root} first (an overwrite deletes it "
+            "once the new run finishes)")  # fmt: skip
+
+
 def set_aside_previous_run(run: RunDir) -> None:
     """overwrite_output_dir=true over a run: its files move to <output_dir>/.previous-run (renames, no
     copy) until this run is finished, when `finish_overwrite` deletes them. If this run fails before it
@@ -390,6 +400,7 @@ def set_aside_previous_run(run: RunDir) -> None:
     run's files go. Main process only."""
     names, aside = run.replaced_files(), run.previous
     if aside.is_dir():
+        warn(f"overwrite_output_dir=true replaces the unfinished run in {run.root}{set_aside_note(run)}")
         _remove(run.root, names)
     else:
         moving = run.root / f"{PREVIOUS}.tmp"  # a kill while moving leaves this: the next overwrite goes on
