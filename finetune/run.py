@@ -56,7 +56,7 @@ from finetune.card import check_hub_access, launch_command
 from finetune.cli import parse_args, say_given_twice
 from finetune.config import TrainConfig, save_config
 from finetune.data import infer_task, load_splits, prepare_splits, train_data_fingerprint
-from finetune.errors import UserError, exit_on_user_error, first_line
+from finetune.errors import UserError, exit_on_user_error, first_line, warn
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import export_run
 from finetune.lora import apply_lora, is_lora
@@ -512,7 +512,13 @@ def resume_target(cfg: TrainConfig, out: RunDir) -> tuple[Path | None, dict | No
     if not cfg.resume_from_checkpoint:
         return None, None
     path = ckpt.resolve_checkpoint(cfg.resume_from_checkpoint, out.root)
-    return path, ckpt.read_manifest(path)
+    manifest = ckpt.read_manifest(path)
+    later = [p.name for p in ckpt.list_checkpoints(out.root) if int(p.name[len(ckpt.PREFIX):]) > manifest["step"]]
+    if later and path.parent.resolve() == out.checkpoints.resolve():  # an earlier checkpoint of this run: its later history is redone
+        warn(f"resuming from {path.name}, before this run's later checkpoint(s) {', '.join(later)}: they, and the "
+             f"export in {out.model}, are replaced as the run goes on from step {manifest['step']} (copy them "
+             "elsewhere first to keep them)")  # fmt: skip
+    return path, manifest
 
 
 def make_optimizer(cfg: TrainConfig, model, accelerator: Accelerator):

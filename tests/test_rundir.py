@@ -24,7 +24,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EARLIER_RUN, EVALUATED_RUN, file_hashes, recipe_text_args, tiny_text_args, user_error
+from conftest import (
+    EARLIER_RUN,
+    EVALUATED_RUN,
+    TWO_EPOCHS,
+    file_hashes,
+    recipe_text_args,
+    tiny_text_args,
+    user_error,
+)
 from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
@@ -495,3 +503,16 @@ def test_a_run_set_aside_by_a_killed_overwrite_is_named_wherever_it_could_be_los
     user_error(capsys, main, [*args, "resume_from_checkpoint=latest"], "no complete checkpoint", note, untouched=out)
     main([*args, "overwrite_output_dir=true", "max_steps=1"])
     assert note in capsys.readouterr().err
+
+
+def test_a_resume_from_an_earlier_checkpoint_says_which_later_ones_it_replaces(finished_run, tmp_path, capsys):
+    """Going on from step 5 of a run that reached step 10 redoes steps 6-10: their checkpoint and the export
+    are replaced as the run goes on, said before it starts (asked for, so not refused)."""
+    out = finished_run.copy(tmp_path / "run", *TWO_EPOCHS)
+    capsys.readouterr()
+    main(tiny_text_args(finished_run.data(), out, *TWO_EPOCHS,
+                        f"resume_from_checkpoint={out / 'checkpoints' / 'step-00000005'}"))  # fmt: skip
+    err = capsys.readouterr().err
+    assert "warning: resuming from step-00000005, before this run's later checkpoint(s) step-00000010" in err, err
+    main(tiny_text_args(finished_run.data(), out, *TWO_EPOCHS, "num_train_epochs=3", "resume_from_checkpoint=latest"))
+    assert "later checkpoint" not in capsys.readouterr().err  # the newest: nothing is redone
