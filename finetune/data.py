@@ -42,6 +42,7 @@ from finetune.problems import (
     infer_problem_type,
     label_names_for,
     look_alike,
+    punctuation_twins,
 )
 from finetune.tasks import shown, tag_problem, task_for_data, task_of
 
@@ -616,6 +617,13 @@ def _check_label_texts(train: HFDataset, column: str, present: set[str], label_n
         raise UserError(
             f"label column '{column}' holds {twins[0]!r} and {twins[1]!r}, which differ only by letter case and "
             "would be two classes; write each label the same way (or, if they are two classes, list both in "
+            "label_names)"
+        )
+    punctuated = punctuation_twins(present, allowed=named)
+    if punctuated:  # "neg" and "neg.": a stray full stop makes a class of its own
+        raise UserError(
+            f"label column '{column}' holds {punctuated[0]!r} and {punctuated[1]!r}, which differ only by punctuation "
+            "and would be two classes; write each label the same way (or, if they are two classes, list both in "
             "label_names)"
         )
 

@@ -239,6 +239,15 @@ def case_twins(names, allowed=()) -> tuple[str, str] | None:
     return _twins(names, str.casefold, allowed)
 
 
+PUNCTUATION = " .,;:!?'\"`"  # around a label: a typing slip, not part of a class's name
+
+
+def punctuation_twins(names, allowed=()) -> tuple[str, str] | None:
+    """The first two names that differ only by punctuation around them ('neg' and 'neg.'), unless `allowed`
+    holds both."""
+    return _twins(names, lambda name: name.strip(PUNCTUATION).casefold(), allowed)
+
+
 def look_alike(names, allowed=()) -> tuple[str, str] | None:
     """The first two names that read the same (`tasks.visible`: café composed and decomposed, pos and pos
     with a zero-width space), unless `allowed` holds both."""
@@ -246,8 +255,8 @@ def look_alike(names, allowed=()) -> tuple[str, str] | None:
 
 
 LOOK_ALIKE = ("which read the same (they differ only in Unicode form or by invisible characters such as a "
-              "zero-width space) and would be two {}; write each label the same way (normalize the file to NFC "
-              "and remove zero-width characters)")
+              "zero-width space) and would be two {}; write each label the same way (normalize the file to NFKC, "
+              "which also makes full-width letters plain, and remove zero-width characters)")
 
 
 def _check_no_null_in_lists(ds: HFDataset, column: str, split: str) -> None:
