@@ -878,6 +878,23 @@ def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path
                      "not in the training data")
 
 
+def _warn_held_out_repeats(train: HFDataset, file_rows: dict[str, list[int]], args: DataArgs) -> None:
+    """A training file that repeats its samples (every row written twice): the share held out for validation
+    is then mostly copies of samples kept for training, as a validation_file would be (`_warn_shared_samples`)."""
+    columns = [c for c in args.input_columns if c in train.column_names]
+    if not columns or task_of(args.task).modality == "image":
+        return
+    values = [tuple(tuple(v) if isinstance(v, list) else v for v in row)
+              for row in zip(*(train[c] for c in columns), strict=True)]  # fmt: skip
+    kept = {values[i] for i in file_rows["train"]}
+    held = file_rows["validation"]
+    shared = sum(values[i] in kept for i in held)
+    if held and shared * 2 >= len(held):
+        warn(f"{shared} of the {len(held)} validation samples held out of the training file are also training samples "
+             f"(the file repeats them, the same {' and '.join(columns)}): their scores measure samples the model "
+             "trained on; remove the repeated rows, or give a validation_file")
+
+
 def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     """Raw splits with encoded `labels` (class ids; numbers or multi-hot vectors, finetune/problems.py);
     a seeded validation split (stratified by class) when there is none."""
@@ -933,6 +950,7 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
                 "validation_split_percentage whose share holds one of each"
             ) from None
         file_rows = {"train": list(parts["train"]["file_row"]), "validation": list(parts["test"]["file_row"])}
+        _warn_held_out_repeats(raw["train"], file_rows, args)
         if held_out > 0.5:  # kept out of training, more than it trains on: 95 for 5, or for 0.95?
             warn(f"validation_split_percentage={args.validation_split_percentage:g} holds out "
                  f"{len(parts['test'])} of the {len(rows)} training samples and trains on {len(parts['train'])}; "

@@ -695,3 +695,15 @@ def test_a_tokenized_split_is_cached_under_what_makes_it_and_nothing_else(tmp_pa
     added = prepared(add=word)  # a word of several pieces becomes one token
     assert added._fingerprint != first._fingerprint and added["input_ids"] != first["input_ids"]
     assert tokenized_fingerprint(first, lambda batch: batch) is None  # no tokenizer: datasets' own hashing
+
+
+def test_a_training_file_that_repeats_its_rows_warns_that_the_held_out_share_was_trained_on(tmp_path, capsys):
+    rows = rotten_rows(30)
+    data = {"train": write_csv(tmp_path / "twice.csv", rows + rows), "validation": None}
+    main(tiny_text_args(data, tmp_path / "run", "validation_file=null", "max_steps=1"))
+    err = capsys.readouterr().err
+    assert re.search(r"warning: (\d+) of the \1 validation samples held out of the training file are also training "
+                     r"samples \(the file repeats them", err), err
+    main(tiny_text_args({"train": write_csv(tmp_path / "once.csv", rows), "validation": None}, tmp_path / "run2",
+                        "validation_file=null", "max_steps=1"))  # fmt: skip
+    assert "held out of the training file are also" not in capsys.readouterr().err
