@@ -114,6 +114,11 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
     if given is None:
         if kind == "class" and not isinstance(feature, ClassLabel):
             _check_not_numbers_with_a_stray_cell(train, column)
+        if kind == "list" and len(train) > 1 and all(labels is not None and len(labels) == 1 for labels in train[column]):
+            warn(f"label column '{column}' holds a list of exactly one label in every training sample: trained as "
+                 "multi-label (a yes or no for each label, any number a sample); for one class a sample, write the "
+                 f"label as a name, not a list (\"{column}\": \"neg\"), or set "
+                 "problem_type=multi_label_classification to keep it without this warning")
         return {"list": MULTI, "class": SINGLE, "int": SINGLE}[kind]
     if given == SINGLE and kind == "list":
         raise UserError(

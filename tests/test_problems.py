@@ -429,3 +429,16 @@ def test_a_multi_label_label_positive_on_every_training_sample_is_one_warning(ca
                                        "leave them out\n")  # fmt: skip
     _warn_labels_without_positives(train.select([0, 1]).map(lambda r: {"labels": [1.0, 0.0, 1.0]}), ["a", "b", "c"])
     assert "positive on every training sample ('a', 'c')" in capsys.readouterr().err
+
+
+def test_lists_of_exactly_one_label_train_as_multi_label_with_a_warning(tmp_path, capsys):
+    """["neg"] in every row: a multi-label problem by its lists, but probably one class a sample written as
+    a list; said once, and not when problem_type says multi-label."""
+    rows = [{"text": r["text"], "label": ["neg" if r["label"] == "0" else "pos"]} for r in rotten_rows(24)]
+    data = {"train": write_jsonl(tmp_path / "t.jsonl", rows), "validation": write_jsonl(tmp_path / "v.jsonl", rows[:6])}
+    warning = "holds a list of exactly one label in every training sample: trained as multi-label"
+    main(tiny_text_args(data, tmp_path / "run", "max_steps=1"))
+    config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert config["problem_type"] == "multi_label_classification" and warning in capsys.readouterr().err
+    main(tiny_text_args(data, tmp_path / "run2", "max_steps=1", "problem_type=multi_label_classification"))
+    assert warning not in capsys.readouterr().err
