@@ -35,6 +35,7 @@ from finetune.errors import TrainingStopped, UserError, first_line, warn
 from finetune.problems import (
     LOOK_ALIKE,
     MULTI,
+    REGRESSION,
     SINGLE,
     TOKENS,
     case_twins,
@@ -878,6 +879,28 @@ def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path
                      "not in the training data")
 
 
+def _warn_another_scale(raw: DatasetDict) -> None:
+    """Regression targets of a validation or test file mostly far outside the training targets' range (0-1
+    in training, 0-100 in validation): another scale, on which the model, trained on the first, is scored."""
+    import numpy as np
+
+    train = np.asarray(raw["train"]["labels"], dtype=np.float64).ravel()
+    train = train[np.isfinite(train)]
+    if not len(train):
+        return
+    lo, hi = float(train.min()), float(train.max())
+    span = max(hi - lo, 1e-12)
+    for split in ("validation", "test"):
+        if split not in raw:
+            continue
+        values = np.asarray(raw[split]["labels"], dtype=np.float64).ravel()
+        far = values[(values < lo - span) | (values > hi + span)]
+        if len(values) and len(far) * 2 >= len(values):
+            warn(f"{len(far)} of the {len(values)} {split} targets lie far outside the training targets' range {lo:g} "
+                 f"to {hi:g} (e.g. {far[0]:g}): another scale (0-1 against 0-100)? the model predicts on the "
+                 "training scale; put every split on the same scale")
+
+
 def _warn_held_out_repeats(train: HFDataset, file_rows: dict[str, list[int]], args: DataArgs) -> None:
     """A training file that repeats its samples (every row written twice): the share held out for validation
     is then mostly copies of samples kept for training, as a validation_file would be (`_warn_shared_samples`)."""
@@ -923,6 +946,8 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
         if problem == TOKENS:
             _check_tag_set(label_names, bool(args.label_names))
     raw = DatasetDict({s: encode_split(d, args, problem, label_names, s) for s, d in raw.items()})
+    if problem == REGRESSION:
+        _warn_another_scale(raw)
     file_rows: dict[str, list[int]] = {}  # a held-out split's rows: their rows in the training file (0-based)
     if "validation" not in raw:
         held_out = args.validation_split_percentage / 100

@@ -442,3 +442,16 @@ def test_lists_of_exactly_one_label_train_as_multi_label_with_a_warning(tmp_path
     assert config["problem_type"] == "multi_label_classification" and warning in capsys.readouterr().err
     main(tiny_text_args(data, tmp_path / "run2", "max_steps=1", "problem_type=multi_label_classification"))
     assert warning not in capsys.readouterr().err
+
+
+def test_regression_targets_of_another_scale_in_validation_are_warned_of(tmp_path, capsys):
+    """Training scores of a few points, validation scores of the same texts x100: the model is scored on a
+    scale it never saw; one warning, not just the run's 'did not learn'."""
+    train, validation = regression_rows(30, seed=0), regression_rows(12, seed=1)
+    data = {"train": write_jsonl(tmp_path / "t.jsonl", train),
+            "validation": write_jsonl(tmp_path / "v.jsonl", [{**r, "score": r["score"] * 100 + 500} for r in validation])}
+    main(tiny_text_args(data, tmp_path / "run", "label_column=score", "max_steps=1"))
+    assert "validation targets lie far outside the training targets' range" in capsys.readouterr().err
+    data["validation"] = write_jsonl(tmp_path / "v2.jsonl", validation)
+    main(tiny_text_args(data, tmp_path / "run2", "label_column=score", "max_steps=1"))
+    assert "far outside" not in capsys.readouterr().err
