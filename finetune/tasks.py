@@ -163,7 +163,7 @@ class TextClassification(Task):
     modality = "text"
     auto_class = "AutoModelForSequenceClassification"
     architecture_suffix = "ForSequenceClassification"
-    own_settings = frozenset({"max_length", "group_by_length", "freeze_embeddings", "pad_to_multiple_of",
+    own_settings = frozenset({"max_length", "group_by_length", "freeze_embeddings", "pad_to_multiple_of", "tokenizer_name",
                               "length_buckets"})  # fmt: skip
     has_word_embeddings = True
     preprocessor_first = True

@@ -298,6 +298,8 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
      "group_by_length=true, max_length=32 are settings of text-classification and token-classification runs, "
      "which an image-classification run does not read: leave them out (or, if the task is wrong, set task=)"),
     (["augment=[crop]"], "augment=[crop] augments training images"),
+    (["task=image-classification", "freeze_embeddings=false", "tokenizer_name=data/bert_minilm_l6_uncased"],
+     "is a setting of text-classification and token-classification runs, which an image-classification run does"),
     (["task=image-classification", "freeze_embeddings=false", "data_dir=/tmp/imgs", "output_dir=/tmp/imgs/train/run"],
      "output_dir /tmp/imgs/train/run is inside data_dir /tmp/imgs, where the image folder loader reads"),
     (["task=token-classification", "text_pair_column=tokens"], "a token-classification run tags one list of words"),
