@@ -98,6 +98,25 @@ def _root_cause(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
+def _cache_failure(e: BaseException) -> str | None:
+    """datasets writes every file it reads into its cache (HF_DATASETS_CACHE, under HF_HOME) first: a full,
+    read-only or unusable cache is said as such, not as a file that is not valid csv."""
+    import errno
+
+    from datasets import config
+
+    cache = config.HF_DATASETS_CACHE
+    for err in _chain(e):
+        full = "Not enough disk space" in str(err) or getattr(err, "errno", None) == errno.ENOSPC
+        if full or (isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EEXIST, errno.ENOTDIR)
+                    and str(err.filename or "").startswith(str(cache))):  # fmt: skip
+            why = ("is full" if full else "is a file, not a folder" if Path(cache).is_file() else
+                   f"cannot be written ({first_line(err)})")  # fmt: skip
+            return (f"the datasets cache it is copied into first ({cache}) {why}; free space there, or set "
+                    "HF_DATASETS_CACHE to a writable folder with room")
+    return None
+
+
 def _diagnose_file(split: str, path: str) -> str | None:
     """Why a data file does not parse, with a line number, when we can tell; None otherwise.
 
@@ -363,8 +382,11 @@ def load_raw(
                     frame = pd.read_csv(path, dtype=dict.fromkeys(huge, str), **kwargs)
                     raw[split] = HFDataset.from_pandas(frame, preserve_index=False)
                     continue
-                if "corresponds to no data" in _root_cause(e):  # a header and no rows
-                    raise UserError(f"{_the(split)} has no rows ({path}); check the file") from None
+                if "corresponds to no data" in _root_cause(e) or "BatchSize must be greater than 0" in _root_cause(e):
+                    raise UserError(f"{_the(split)} has no rows ({path}); check the file") from None  # a header alone
+                cache = _cache_failure(e)
+                if cache:
+                    raise UserError(f"could not load the {split} file {path}: {cache}") from None
                 raise UserError(
                     _diagnose_file(split, path)
                     or f"could not load the {split} file {path}: "

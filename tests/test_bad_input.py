@@ -1300,3 +1300,25 @@ def test_evaluating_an_export_whose_weights_are_another_models_is_one_line(copy,
     save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, copy / "model" / "model.safetensors")
     user_error(capsys, evaluate_main, [str(copy / "model")], "do not fit its config.json (another model's "
                "model.safetensors?)", "weight(s) missing", untouched=copy)  # fmt: skip
+
+
+def test_a_datasets_cache_that_cannot_be_written_is_named_not_the_file(world, tmp_path, capsys, monkeypatch):
+    """datasets copies every file it reads into its cache first: a cache that is a file (or full, or read-only:
+    the same line, tested by hand on a tmpfs) is said as such, not as a file that is not valid csv."""
+    import datasets
+
+    cache = tmp_path / "cache-is-a-file"
+    cache.write_text("x")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    user_error(capsys, main, _text(world, out=tmp_path / "o"),
+               f"the datasets cache it is copied into first ({cache}) is a file, not a folder")  # fmt: skip
+
+
+def test_a_parquet_file_without_rows_says_so(world, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"text": pa.array([], pa.string()), "label": pa.array([], pa.string())}), path)
+    user_error(capsys, main, _text(world, f"train_file={path}", out=tmp_path / "o"),
+               f"the train data has no rows ({path})")  # fmt: skip
