@@ -126,7 +126,12 @@ def _diagnose_file(split: str, path: str) -> str | None:
         with open(path, newline="", encoding="utf-8", errors="replace") as f:
             rows = csv.reader(f, delimiter="\t" if suffix == ".tsv" else ",")
             header = next(rows, [])
+            start = rows.line_num + 1
             for row in rows:
+                if row and len(row) != len(header) and any("\n" in field for field in row):
+                    return (f"{split} file {path} line {start} opens a quote that no quote closes: the field runs on "
+                            f"to line {rows.line_num}; close the quote, or remove it")
+                start = rows.line_num + 1
                 if row and len(row) != len(header):
                     return (
                         f"{split} file {path} line {rows.line_num} has {len(row)} fields, the header has "
@@ -312,6 +317,13 @@ def _check_readable_and_separated(split: str, path: str) -> None:
         header = f.readline().strip()
         f.seek(0)
         names = next(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","), [])
+    if re.fullmatch(r"\ufeff?sep=.?", header, re.I):  # Excel's hint line, above the header
+        raise UserError(f"{split} file {path} starts with the line {header!r}, a hint for Excel, not the header; "
+                        "delete that line (the header is the line after it)")
+    sep = "\t" if suffix == ".tsv" else ","
+    if header.lstrip("\ufeff").startswith("#") and sep not in header:  # a comment above the header, read as one
+        raise UserError(f"{split} file {path} starts with the line {header[:60]!r}, a comment, where the header "
+                        "belongs; delete the comment lines above the header")
     separator = next((sep for sep in OTHER_SEPARATORS if sep in header), None)
     if suffix == ".csv" and separator is not None and "," not in header:
         looks, fix = OTHER_SEPARATORS[separator]

@@ -1322,3 +1322,17 @@ def test_a_parquet_file_without_rows_says_so(world, tmp_path, capsys):
     pq.write_table(pa.table({"text": pa.array([], pa.string()), "label": pa.array([], pa.string())}), path)
     user_error(capsys, main, _text(world, f"train_file={path}", out=tmp_path / "o"),
                f"the train data has no rows ({path})")  # fmt: skip
+
+
+@pytest.mark.parametrize("first, fragment", [
+    ("sep=,\n", "starts with the line 'sep=,', a hint for Excel, not the header; delete that line"),
+    ("# exported by a tool\n", "starts with the line '# exported by a tool', a comment, where the header belongs"),
+    (None, "line 4 opens a quote that no quote closes: the field runs on to line 9"),
+])  # fmt: skip
+def test_a_csv_line_that_is_not_data_is_named(world, tmp_path, capsys, first, fragment):
+    rows = ["text,label", *(f"sample {i},{'pos' if i % 2 else 'neg'}" for i in range(8))]
+    if first is None:
+        rows[3] = '"an open quote,pos'  # line 4
+    path = tmp_path / "t.csv"
+    path.write_text((first or "") + "\n".join(rows) + "\n")
+    user_error(capsys, main, _text(world, f"train_file={path}", out=tmp_path / "o"), fragment)
