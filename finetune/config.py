@@ -191,6 +191,11 @@ class ModelArgs(TaskArgs):
             raise UserError("freeze_layers and peft together: LoRA already freezes every weight but its adapters")
         if self.model_name_or_path is None and self.model_config is None:
             raise UserError("set model_name_or_path (a hub name or a local directory) or model_config")
+        for key in ("model_name_or_path", "tokenizer_name", "image_processor_name"):
+            value = getattr(self, key)
+            if value and Path(value).expanduser().is_file():  # config.json, tokenizer.json: one file of the model's
+                raise UserError(f"{key}={value} is a file; give the folder that holds it ({Path(value).parent}), "
+                                "or a hub name")  # fmt: skip
         if self.model_config is not None and "model_type" not in self.model_config:
             raise UserError("model_config needs a model_type, e.g. {model_type: bert, hidden_size: 32, ...}")
         for key, instead in LABEL_KEYS.items():  # the data's labels set these: a value here would be ignored

@@ -134,11 +134,6 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
             raise UserError(f"cannot build a {args.task} model from model_config: {e}") from None
     name = args.model_name_or_path
     assert name is not None  # TrainConfig.validate guarantees a name or a config
-    if Path(name).expanduser().is_file():
-        raise UserError(
-            f"model_name_or_path {name} is a file; give the folder that holds config.json and the weights "
-            f"({Path(name).parent}, if that is the model's), or a hub name"
-        )
     try:
         # safetensors only, unless the user opts in: a pytorch_model.bin is a pickle that can run code
         # when loaded (transformers loads it with weights_only=True, still a wider surface).

@@ -801,7 +801,9 @@ def _loop(folder: Path) -> Path:
         (lambda t: [f"train_file={t}"], "is a folder, not a file"),
         (lambda t: [f"train_file={_loop(t)}"], "is a symlink loop"),
         (lambda t: ["model_config=null", f"model_name_or_path={DATA / 'bert_minilm_l6_uncased' / 'model.safetensors'}"],
-         "is a file; give the folder that holds config.json"),
+         "model.safetensors is a file; give the folder that holds it"),
+        (lambda t: [f"tokenizer_name={DATA / 'bert_minilm_l6_uncased' / 'tokenizer.json'}"],
+         f"tokenizer_name={DATA / 'bert_minilm_l6_uncased' / 'tokenizer.json'} is a file; give the folder that holds it"),
     ],
 )  # fmt: skip
 def test_lines_say_what_the_path_is(make, fragment, small_text_data, tmp_path, capsys):
