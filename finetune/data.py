@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -365,6 +366,11 @@ def load_raw(
             raise UserError(f"{split} file is empty: {path} (0 bytes); save it with its samples, or name another file")
         _check_readable_and_separated(split, path)
     if data_dir and not Path(data_dir).is_dir() and dataset_name in (None, "imagefolder"):
+        if zipfile.is_zipfile(data_dir):
+            raise UserError(f"data_dir {data_dir} is a zip file; unzip it and give the folder it holds")
+        if Path(data_dir).is_file():
+            raise UserError(f"data_dir {data_dir} is a file, not a folder of images (<class>/<image>); a file of "
+                            "samples is given as train_file=")  # fmt: skip
         raise UserError(f"data_dir not found: {data_dir}")
     if files and dataset_name in (None, "csv", "json", "parquet"):
         raw = DatasetDict()

@@ -810,6 +810,17 @@ def test_lines_say_what_the_path_is(make, fragment, small_text_data, tmp_path, c
     user_error(capsys, main, recipe_text_args(small_text_data, tmp_path / "run", *make(tmp_path)), fragment)
 
 
+def test_a_data_dir_that_is_a_zip_or_a_file_says_so(world, tmp_path, capsys):
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "images.zip", "w") as z:
+        z.writestr("train/cat/0.png", b"")
+    for path, fragment in [(tmp_path / "images.zip", "is a zip file; unzip it"),
+                           (world.train, "is a file, not a folder of images")]:  # fmt: skip
+        args = ["--config", IMAGEFOLDER, f"model_config={TINY_VIT}", f"data_dir={path}", f"output_dir={tmp_path / 'o'}"]
+        user_error(capsys, main, args, f"data_dir {path} {fragment}")
+
+
 def test_what_the_fuzzer_found_is_said_with_its_fix(small_text_data, tmp_path, capsys):
     """tests/test_fuzz.py's findings: a recipe with the command line's dotted form of a key; a held-out
     validation split that cannot hold every class (a class with one sample)."""
