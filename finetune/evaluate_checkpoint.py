@@ -955,7 +955,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--predictions", action="store_true", help="also write predictions.jsonl")
     parser.add_argument("--task", choices=TASK_NAMES, help="the task of a model evaluated without its run")
-    return parser.parse_intermixed_args(settings_from_flags(argv, EVAL_KEYS))
+    args = parser.parse_intermixed_args(settings_from_flags(argv, EVAL_KEYS))
+    second = next((o for o in args.overrides if "=" not in o and Path(o).expanduser().exists()), None)
+    if second is not None:  # a second checkpoint where settings go
+        raise UserError(f"{second} is a second model or checkpoint; one command evaluates one: run it again for "
+                        "each (settings after the checkpoint are key=value)")  # fmt: skip
+    return args
 
 
 @exit_on_user_error

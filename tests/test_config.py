@@ -232,6 +232,8 @@ def test_an_option_given_twice_and_a_setting_without_a_key_are_refused(tmp_path)
         parse_args(["--config", str(first), "--config", str(second)])
     with pytest.raises(UserError, match="expected key=value, got '=5': the key before '=' is empty"):
         parse_args(["=5"])
+    with pytest.raises(UserError, match=re.escape("'\u2013-config' starts with '\u2013' (U+2013), a dash that is not")):
+        parse_args(["\u2013-config", str(first)])  # an en dash pasted from a web page
 
 
 @pytest.mark.parametrize("text, fragment", [

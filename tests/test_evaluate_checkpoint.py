@@ -631,3 +631,10 @@ def test_the_runs_own_split_read_from_an_edited_file_is_said(run, tmp_path, caps
     evaluate([str(folder / "model"), "--output", str(tmp_path / "edited")])
     err = capsys.readouterr().err
     assert f"warning: {test.resolve()} changed since the run trained on it (its sha256 differs" in err
+
+
+def test_a_second_checkpoint_on_the_command_line_is_refused_as_such(tmp_path, capsys):
+    from conftest import user_error
+
+    model = str(REPO / "data" / "bert_minilm_l6_uncased")
+    user_error(capsys, evaluate, [model, str(tmp_path)], f"{tmp_path} is a second model or checkpoint; one command")
