@@ -738,9 +738,15 @@ def _word_and_tag_lists(ds: HFDataset) -> tuple[str, str] | None:
     words = [c for c, v in row.items() if isinstance(v, list) and v and all(isinstance(w, str) for w in v)]
     pairs = [(w, t) for w in words for t, v in row.items()
              if t != w and isinstance(v, list) and len(v) == len(row[w]) and all(isinstance(x, (str, int)) for x in v)]
+    tag = re.compile(r"O|[BIES]-\S+")
+
+    def tags(values) -> bool:
+        return all(isinstance(x, str) and tag.fullmatch(x) for x in values)
+
     if len(pairs) == 2 and pairs[0] == pairs[1][::-1]:  # two lists of strings: the tags are the ones that read so
-        tag = re.compile(r"O|[BIES]-\S+")
-        pairs = [(w, t) for w, t in pairs if all(tag.fullmatch(x) for x in row[t])]
+        pairs = [(w, t) for w, t in pairs if tags(row[t])]
+    if len(pairs) == 1 and tags(row[pairs[0][0]]) and not tags(row[pairs[0][1]]):  # words beside a number (1990)
+        return pairs[0][::-1]
     return pairs[0] if len(pairs) == 1 else None
 
 
@@ -784,12 +790,14 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             hint = task.missing_label_hint() if column in label_columns and ds.column_names == inputs else ""
             other = task_for_data(ds.features, args)
             lists = _word_and_tag_lists(ds)
-            if lists is not None and lists != (args.tokens_column, args.tags_column):  # words/tags under other names
-                retask = "" if task.problems == (TOKENS,) else "task=token-classification "
+            renamed = lists is not None and lists != (args.tokens_column, args.tags_column)
+            if renamed or (lists is not None and task.problems != (TOKENS,)):  # tagging data: words and tags
+                fix = [*(["task=token-classification"] if task.problems != (TOKENS,) else []),
+                       *([f"tokens_column={lists[0]}", f"tags_column={lists[1]}"] if renamed else [])]  # fmt: skip
                 raise UserError(
                     f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}; "
                     f"'{lists[0]}' and '{lists[1]}' hold lists of words and their tags: to tag words, set "
-                    f"{retask}tokens_column={lists[0]} tags_column={lists[1]}"
+                    f"{' '.join(fix)}"
                 )
             if column in label_columns and task.problems == (TOKENS,) and ds.column_names == inputs:
                 other = args.task  # words without tags: tagging data that lacks its tags, not another task's

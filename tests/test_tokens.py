@@ -671,3 +671,14 @@ def test_word_and_tag_lists_under_other_names_are_named(task, tmp_path):
         if cfg.task is None:  # as finetune/run.py does: the task read from the data first
             cfg.resolve_task(infer_task(cfg.data_args))
         load_splits(cfg.data_args)
+
+
+def test_tagging_data_with_a_number_among_the_words_is_not_read_the_wrong_way_round(tmp_path, capsys):
+    """[1990, "was", "good"] beside ["B-DATE", "O", "O"]: the tags are the list that reads as tags, so the line
+    offers the task, not tokens_column=ner_tags tags_column=tokens."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"tokens": [1990 + i, "was", "good"], "ner_tags": ["B-DATE", "O", "O"]}) + "\n"
+                            for i in range(8)))  # fmt: skip
+    line = user_error(capsys, main, ["task=null", f"train_file={path}", "validation_file=null", "test_file=null",
+                                     f"output_dir={tmp_path / 'o'}"], "to tag words, set task=token-classification")
+    assert "tokens_column=ner_tags" not in line
