@@ -534,6 +534,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise UserError(f"--space: {', '.join(unknown)} cannot be searched; choose among {', '.join(SPACE)}")
     if not args.budget > 0 or (args.trials is not None and args.trials < 1):
         raise UserError("--budget must be positive seconds, --trials at least 1")
+    resume = next((s for s in args.settings if s.partition("=")[0].strip() == "resume_from_checkpoint"), None)
+    if resume is not None:  # each trial is a run of the search's own: it resumes them itself
+        raise UserError(f"{resume} is not a setting of a search: to continue one, run the same command again with "
+                        "the same output_dir (its study goes on, and a trial cut short starts again)")  # fmt: skip
     return args
 
 

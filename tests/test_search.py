@@ -310,3 +310,14 @@ def test_a_search_stopped_by_a_signal_says_how_to_continue_and_runs_that_trial_a
     again = [t for t in study.trials if t.user_attrs.get("run_again_of") == 0]
     assert len(again) == 1 and again[0].user_attrs.get("recipes_own") is True
     assert again[0].state == optuna.trial.TrialState.COMPLETE
+
+
+def test_resume_from_checkpoint_given_to_a_search_is_refused_before_anything_is_written(tmp_path, capsys):
+    from conftest import user_error
+
+    from finetune.search import main as search_main
+
+    out = tmp_path / "search"
+    user_error(capsys, search_main, ["--budget", "60", "resume_from_checkpoint=latest", f"output_dir={out}"],
+               "resume_from_checkpoint=latest is not a setting of a search: to continue one, run the same command")
+    assert not out.exists()
