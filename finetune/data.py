@@ -791,7 +791,7 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             other = task_for_data(ds.features, args)
             lists = _word_and_tag_lists(ds)
             renamed = lists is not None and lists != (args.tokens_column, args.tags_column)
-            if renamed or (lists is not None and task.problems != (TOKENS,)):  # tagging data: words and tags
+            if renamed or (lists is not None and task.problems != (TOKENS,) and not model_task):  # words and tags
                 fix = [*(["task=token-classification"] if task.problems != (TOKENS,) else []),
                        *([f"tokens_column={lists[0]}", f"tags_column={lists[1]}"] if renamed else [])]  # fmt: skip
                 raise UserError(
