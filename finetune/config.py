@@ -871,6 +871,8 @@ def parse_override(item: str) -> tuple[str, Any]:
     if item[:1] in DASHES:  # "–-config": a dash a web page or a word processor made of "-"
         raise UserError(f"'{item}' starts with '{item[0]}' (U+{ord(item[0]):04X}), a dash that is not '-': "
                         "type the option's dashes again")  # fmt: skip
+    if not sep and "\uff1d" in item:  # "max_steps＝2": a full-width equals sign
+        raise UserError(f"'{item}' has '\uff1d' (U+FF1D, a full-width equals sign), not '='; type it again")
     if not sep:
         raise UserError(f"expected key=value, got '{item}' (no spaces around '=': learning_rate=3e-5)")
     if not key.strip():

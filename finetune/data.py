@@ -113,8 +113,9 @@ def _cache_failure(e: BaseException) -> str | None:
                     and str(err.filename or "").startswith(str(cache))):  # fmt: skip
             why = ("is full" if full else "is a file, not a folder" if Path(cache).is_file() else
                    f"cannot be written ({first_line(err)})")  # fmt: skip
-            return (f"the datasets cache it is copied into first ({cache}) {why}; free space there, or set "
-                    "HF_DATASETS_CACHE to a writable folder with room")
+            fix = "free space there, or set HF_DATASETS_CACHE to a folder with room" if full else (
+                "set HF_DATASETS_CACHE to a writable folder")
+            return f"the datasets cache it is copied into first ({cache}) {why}; {fix}"
     return None
 
 
@@ -384,6 +385,7 @@ def load_raw(
                 kwargs.update(keep_default_na=False, na_values=[""])
             # datasets' json builder logs its own "Failed to load JSON" line before raising: ours names the line
             logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
+            logging.getLogger("datasets.packaged_modules.csv.csv").setLevel(logging.CRITICAL)  # its own line too
             try:
                 raw[split] = load_dataset(builder, data_files={split: path}, **kwargs)[split]
                 if builder == "csv" and (zeros := _leading_zero_columns(raw[split], path, kwargs.get("sep", ","))):

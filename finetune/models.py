@@ -311,8 +311,13 @@ def _check_image_config(config: PretrainedConfig) -> None:
 
 
 def check_max_length(model: PreTrainedModel, max_length: int, pad_to_multiple_of: int | None) -> None:
-    """A text model's position table holds the longest batch: `max_length`, rounded up."""
+    """A text model's position table holds the longest batch: `max_length`, rounded up. RoBERTa-style
+    embeddings number positions from the padding id + 1, so their last rows are fewer than the table's size
+    (roberta-base: 514 rows, 512 positions)."""
     limit = getattr(model.config, "max_position_embeddings", None)
+    padding = getattr(getattr(model.base_model, "embeddings", None), "padding_idx", None)
+    if limit is not None and isinstance(padding, int):
+        limit -= padding + 1
     if limit is not None and max_length > limit:
         raise UserError(
             f"max_length {max_length} exceeds the model's position limit {limit}; "

@@ -244,13 +244,13 @@ def case_twins(names, allowed=()) -> tuple[str, str] | None:
     return _twins(names, str.casefold, allowed)
 
 
-PUNCTUATION = " .,;:!?'\"`"  # around a label: a typing slip, not part of a class's name
+PUNCTUATION = ".,;:!?'\"`"  # in a label: a typing slip or a spelling ('neg.', 'U.S.'), not what tells classes apart
 
 
 def punctuation_twins(names, allowed=()) -> tuple[str, str] | None:
-    """The first two names that differ only by punctuation around them ('neg' and 'neg.'), unless `allowed`
+    """The first two names that differ only by punctuation ('neg' and 'neg.', 'US' and 'U.S.'), unless `allowed`
     holds both."""
-    return _twins(names, lambda name: name.strip(PUNCTUATION).casefold(), allowed)
+    return _twins(names, lambda name: "".join(c for c in name if c not in PUNCTUATION).strip().casefold(), allowed)
 
 
 def look_alike(names, allowed=()) -> tuple[str, str] | None:

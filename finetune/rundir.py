@@ -211,6 +211,10 @@ def check_output_dir(out: str | Path, overwrite: bool, resume_from: str | None, 
              "nothing there is replaced (leave one of them out)")
     if not resume and not held and (run.root / STUDY).is_file():
         raise UserError(_holds_a_search(run))
+    if overwrite and not resume and run.previous.is_dir():  # an overwrite now would delete that run
+        raise UserError(f"output_dir {out} holds {PREVIOUS}: the run an earlier overwrite set aside and did "
+                        f"not finish replacing; to keep that run, move the files of {PREVIOUS} back into {run.root}, or "
+                        f"delete {PREVIOUS} to let this overwrite replace it")  # fmt: skip
     if overwrite and not resume and run.root.is_dir() and not held:
         check_files_in_the_way(run, trackers)  # the user's config.yaml: not written over
     if (overwrite or resume) and held:
@@ -387,7 +391,7 @@ def set_aside_note(run: RunDir) -> str:
     replacing (killed before it could put it back): what the folder holds, how to keep it."""
     if not run.previous.is_dir():
         return ""
-    return (f"; {run.previous} holds the run an earlier overwrite set aside and was killed before finishing: "
+    return (f"; {run.previous} holds the run an earlier overwrite set aside and did not finish replacing: "
             f"to keep that run, move the files of {PREVIOUS} back into {run.root} first (an overwrite deletes it "
             "once the new run finishes)")  # fmt: skip
 
@@ -399,8 +403,7 @@ def set_aside_previous_run(run: RunDir) -> None:
     An earlier overwrite that never finished left the last finished run there: it stays, the unfinished
     run's files go. Main process only."""
     names, aside = run.replaced_files(), run.previous
-    if aside.is_dir():
-        warn(f"overwrite_output_dir=true replaces the unfinished run in {run.root}{set_aside_note(run)}")
+    if aside.is_dir():  # check_output_dir refuses an overwrite that would delete it; here only by a race
         _remove(run.root, names)
     else:
         moving = run.root / f"{PREVIOUS}.tmp"  # a kill while moving leaves this: the next overwrite goes on

@@ -526,6 +526,12 @@ class TokenClassification(TextClassification):
     def check_inputs(self, ds, split: str, data: DataArgs) -> None:
         column, feature = data.tokens_column, ds.features[data.tokens_column]
         if not _word_lists(feature):
+            odd = next(((row, i, w) for row, words in enumerate(ds[column]) if isinstance(words, list)
+                        for i, w in enumerate(words) if not isinstance(w, str)), None)  # fmt: skip
+            if odd is not None:  # [1990, "was", "good"]: a number among the words
+                row, i, word = odd
+                raise UserError(f"the {split} data's word {i + 1} at row {row + 1} is {word!r}, not a string; write every "
+                                f"word in quotes (\"{word}\")")  # fmt: skip
             raise UserError(
                 f"tokens column '{column}' in the {split} data holds {feature}, not lists of words; give each row "
                 'its words as a list ("tokens": ["Ada", "lived", "in", "London"]), or a CoNLL file'

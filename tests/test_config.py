@@ -234,6 +234,8 @@ def test_an_option_given_twice_and_a_setting_without_a_key_are_refused(tmp_path)
         parse_args(["=5"])
     with pytest.raises(UserError, match=re.escape("'\u2013-config' starts with '\u2013' (U+2013), a dash that is not")):
         parse_args(["\u2013-config", str(first)])  # an en dash pasted from a web page
+    with pytest.raises(UserError, match="'max_steps\uff1d2' has '\uff1d' \\(U\\+FF1D, a full-width equals sign\\)"):
+        parse_args(["max_steps\uff1d2"])
 
 
 @pytest.mark.parametrize("text, fragment", [

@@ -34,6 +34,7 @@ from finetune.run import main
         (["[art, film]", "[art]", "film"], "holds a list written as text ('[art, film]' at row 1)"),
         (["pos", " pos", "neg"], "which differ only by spaces"),
         (["neg", "neg.", "pos"], "holds 'neg' and 'neg.', which differ only by punctuation"),
+        (["US", "U.S.", "UK"], "holds 'U.S.' and 'US', which differ only by punctuation"),
     ],
 )
 def test_labels_that_probably_mean_something_else_are_refused(labels, fragment, tmp_path, capsys):

@@ -336,3 +336,18 @@ def test_sentence_pairs_on_a_model_with_one_token_type_are_refused(tmp_path, cap
     args = tiny_text_args(data, out, "text_column=s1", "text_pair_column=s2", "model_config.type_vocab_size=1")
     assert "set model_config.type_vocab_size=2" in user_error(capsys, main, args)
     assert not out.exists()
+
+
+def test_a_roberta_position_table_holds_two_positions_fewer_than_its_rows():
+    """RoBERTa numbers positions from its padding id + 1: a table of 32 rows holds 30 positions, and a batch of
+    31 tokens would index past it (an IndexError mid-run)."""
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    from finetune.errors import UserError
+    from finetune.models import check_max_length
+
+    model = RobertaForSequenceClassification(RobertaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                           intermediate_size=32, max_position_embeddings=32))  # fmt: skip
+    check_max_length(model, 30, None)
+    with pytest.raises(UserError, match="max_length 31 exceeds the model's position limit 30"):
+        check_max_length(model, 31, None)

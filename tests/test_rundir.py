@@ -487,8 +487,9 @@ def test_a_checkpoint_of_one_run_resumed_into_another_run_s_folder_is_refused(fi
 
 def test_a_run_set_aside_by_a_killed_overwrite_is_named_wherever_it_could_be_lost(finished_run, tmp_path, capsys):
     """An overwrite killed before it finished (no checkpoint of its own: nothing could put the earlier run
-    back) leaves that run in .previous-run beside its own started files. A plain run there, a resume of the
-    latest checkpoint and a second overwrite each name it and how to keep it; the refusals touch nothing."""
+    back) leaves that run in .previous-run beside its own started files. A plain run there and a resume of the
+    latest checkpoint name it and how to keep it; a second overwrite, which would delete it, is refused until
+    the user moves it back or deletes it. The refusals touch nothing."""
     out = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
     aside = out / ".previous-run"
     aside.mkdir()
@@ -498,11 +499,14 @@ def test_a_run_set_aside_by_a_killed_overwrite_is_named_wherever_it_could_be_los
     (out / "config.yaml").write_text((aside / "config.yaml").read_text())  # the killed run's start
     (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.7}\n')
     args = tiny_text_args(finished_run.data(), out, *EARLIER_RUN, "warmup_ratio=0")
-    note = ".previous-run holds the run an earlier overwrite set aside and was killed before finishing"
+    note = ".previous-run holds the run an earlier overwrite set aside and did not finish replacing"
     user_error(capsys, main, args, "already holds a started run", note, untouched=out)
     user_error(capsys, main, [*args, "resume_from_checkpoint=latest"], "no complete checkpoint", note, untouched=out)
+    user_error(capsys, main, [*args, "overwrite_output_dir=true"], "holds .previous-run: the run an earlier overwrite "
+               "set aside", "or delete .previous-run to let this overwrite replace it", untouched=out)  # fmt: skip
+    shutil.rmtree(aside)  # the user's choice: that run may go
     main([*args, "overwrite_output_dir=true", "max_steps=1"])
-    assert note in capsys.readouterr().err
+    assert not aside.exists() and (out / "model").is_dir()
 
 
 def test_a_resume_from_an_earlier_checkpoint_says_which_later_ones_it_replaces(finished_run, tmp_path, capsys):

@@ -682,3 +682,5 @@ def test_tagging_data_with_a_number_among_the_words_is_not_read_the_wrong_way_ro
     line = user_error(capsys, main, ["task=null", f"train_file={path}", "validation_file=null", "test_file=null",
                                      f"output_dir={tmp_path / 'o'}"], "to tag words, set task=token-classification")
     assert "tokens_column=ner_tags" not in line
+    user_error(capsys, main, ["task=token-classification", f"train_file={path}", "validation_file=null", "test_file=null",
+                              f"output_dir={tmp_path / 'o'}"], "word 1 at row 1 is 1990, not a string")  # fmt: skip
