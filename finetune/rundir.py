@@ -387,13 +387,13 @@ def _remove(root: Path, names: list[str]) -> None:
 
 
 def set_aside_note(run: RunDir) -> str:
-    """Said where a refusal or an overwrite meets a run that an overwrite set aside and never finished
-    replacing (killed before it could put it back): what the folder holds, how to keep it."""
+    """Said where a refusal meets a run that an overwrite set aside and never finished replacing (killed
+    before it could put it back): what the folder holds, how to keep it."""
     if not run.previous.is_dir():
         return ""
     return (f"; {run.previous} holds the run an earlier overwrite set aside and did not finish replacing: "
-            f"to keep that run, move the files of {PREVIOUS} back into {run.root} first (an overwrite deletes it "
-            "once the new run finishes)")  # fmt: skip
+            f"to keep that run, move the files of {PREVIOUS} back into {run.root} (an overwrite is refused while "
+            "it is there)")  # fmt: skip
 
 
 def set_aside_previous_run(run: RunDir) -> None:
