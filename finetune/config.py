@@ -868,7 +868,7 @@ DASHES = "\u2010\u2011\u2012\u2013\u2014\u2015\u2212"  # hyphen, non-breaking hy
 def parse_override(item: str) -> tuple[str, Any]:
     """`key=value` from the command line: the value read as YAML (a string where YAML fails)."""
     key, sep, text = item.partition("=")
-    if item[:1] in DASHES:  # "–-config": a dash a web page or a word processor made of "-"
+    if item and item[0] in DASHES:  # "–-config": a dash a web page or a word processor made of "-"
         raise UserError(f"'{item}' starts with '{item[0]}' (U+{ord(item[0]):04X}), a dash that is not '-': "
                         "type the option's dashes again")  # fmt: skip
     if not sep and "\uff1d" in item:  # "max_steps＝2": a full-width equals sign

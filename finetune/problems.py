@@ -249,8 +249,13 @@ PUNCTUATION = ".,;:!?'\"`"  # in a label: a typing slip or a spelling ('neg.', '
 
 def punctuation_twins(names, allowed=()) -> tuple[str, str] | None:
     """The first two names that differ only by punctuation ('neg' and 'neg.', 'US' and 'U.S.'), unless `allowed`
-    holds both."""
-    return _twins(names, lambda name: "".join(c for c in name if c not in PUNCTUATION).strip().casefold(), allowed)
+    holds both. Names with a digit are left out: '1.5' and '15' are two numbers."""
+    def key(name: str) -> str:
+        if any(c.isdigit() for c in name):
+            return name
+        return "".join(c for c in name if c not in PUNCTUATION).strip().casefold()
+
+    return _twins(names, key, allowed)
 
 
 def look_alike(names, allowed=()) -> tuple[str, str] | None:

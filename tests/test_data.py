@@ -708,3 +708,12 @@ def test_a_training_file_that_repeats_its_rows_warns_that_the_held_out_share_was
     main(tiny_text_args({"train": write_csv(tmp_path / "once.csv", rows), "validation": None}, tmp_path / "run2",
                         "validation_file=null", "max_steps=1"))  # fmt: skip
     assert "held out of the training file are also" not in capsys.readouterr().err
+
+
+def test_punctuation_twins_leave_numbers_and_other_symbols_alone():
+    from finetune.problems import punctuation_twins
+
+    assert punctuation_twins(["neg", "neg.", "pos"]) == ("neg", "neg.")
+    assert punctuation_twins(["1.5", "15", "2"]) is None  # two numbers
+    assert punctuation_twins(["C", "C#", "C++"]) is None  # other symbols name other classes
+    assert punctuation_twins(["neg", "neg."], allowed=["neg", "neg."]) is None  # both listed: the user's own
