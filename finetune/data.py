@@ -901,8 +901,7 @@ def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path
     def rows(ds: HFDataset) -> list[tuple]:
         if images:  # the same image: the same bytes (an image folder copied into another split)
             return [(_image_digest(cell),) for cell in ds.cast_column(columns[0], Image(decode=False))[columns[0]]]
-        values = zip(*(ds[c] for c in columns), strict=True)
-        return [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in values]
+        return _text_rows(ds, columns)
 
     train = rows(raw["train"])
     seen = set(train) - {(None,)}
@@ -951,14 +950,18 @@ def _warn_another_scale(raw: DatasetDict) -> None:
                  "training scale; put every split on the same scale")
 
 
+def _text_rows(ds: HFDataset, columns: list[str]) -> list[tuple]:
+    """Each row's values in `columns`, hashable (a list of words as a tuple): rows to compare across splits."""
+    return [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in zip(*(ds[c] for c in columns), strict=True)]
+
+
 def _warn_held_out_repeats(train: HFDataset, file_rows: dict[str, list[int]], args: DataArgs) -> None:
     """A training file that repeats its samples (every row written twice): the share held out for validation
     is then mostly copies of samples kept for training, as a validation_file would be (`_warn_shared_samples`)."""
     columns = [c for c in args.input_columns if c in train.column_names]
     if not columns or task_of(args.task).modality == "image":
         return
-    values = [tuple(tuple(v) if isinstance(v, list) else v for v in row)
-              for row in zip(*(train[c] for c in columns), strict=True)]  # fmt: skip
+    values = _text_rows(train, columns)
     kept = {values[i] for i in file_rows["train"]}
     held = file_rows["validation"]
     shared = sum(values[i] in kept for i in held)

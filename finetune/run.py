@@ -513,8 +513,9 @@ def resume_target(cfg: TrainConfig, out: RunDir) -> tuple[Path | None, dict | No
         return None, None
     path = ckpt.resolve_checkpoint(cfg.resume_from_checkpoint, out.root)
     manifest = ckpt.read_manifest(path)
-    later = [p.name for p in ckpt.list_checkpoints(out.root) if int(p.name[len(ckpt.PREFIX):]) > manifest["step"]]
-    if later and path.parent.resolve() == out.checkpoints.resolve():  # an earlier checkpoint of this run: its later history is redone
+    mine = path.parent.resolve() == out.checkpoints.resolve()  # a checkpoint of this run: what came after it is redone
+    later = [p.name for p in ckpt.list_checkpoints(out.root) if int(p.name[len(ckpt.PREFIX):]) > manifest["step"]] if mine else []
+    if later:
         warn(f"resuming from {path.name}, before this run's later checkpoint(s) {', '.join(later)}: they, and the "
              f"export in {out.model}, are replaced as the run goes on from step {manifest['step']} (copy them "
              "elsewhere first to keep them)")  # fmt: skip
