@@ -136,14 +136,14 @@ LEVERS: dict[str, dict[str, Any]] = {
     },
     "eager_vs_compiled_buckets": {
         "on": "no torch.compile",
-        "off": "torch_compile=true length_buckets=4: regional compile, static shapes (warm-up outside the timing)",
+        "off": "torch_compile=true length_buckets=4: whole-model compile, static shapes (warm-up outside the timing)",
         "overrides": ["torch_compile=true", "length_buckets=4"],
         "task": lambda task: "length_buckets" in task.own_settings,
         "optional": True,
     },
     "eager_vs_compiled_dynamic": {
         "on": "no torch.compile",
-        "off": "torch_compile=true: regional compile, dynamic shapes (warm-up outside the timing)",
+        "off": "torch_compile=true: whole-model compile, dynamic shapes (warm-up outside the timing)",
         "overrides": ["torch_compile=true"],
         "optional": True,
     },

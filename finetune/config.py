@@ -517,11 +517,11 @@ class RunArgs:
     cpu_threads: int | None = setting(
         None, "CPU: torch threads per process (default: this machine's cores / processes)", evaluation=True
     )
-    # torch.compile (inductor) of the model's blocks, in place, warmed once per shape before the first
+    # torch.compile (inductor) of the whole model, in place, warmed once per shape before the first
     # step (finetune/shapes.py): static shapes with length_buckets, dynamic ones without. One process or
     # DDP; not FSDP or the layer split. The compile counts go into the run's summary and results.json.
     torch_compile: bool = setting(False, "compile the model with torch.compile (with length_buckets: static shapes)")
-    # torch.compile's mode: reduce-overhead replays each compiled block as a CUDA graph on a GPU (one
+    # torch.compile's mode: reduce-overhead replays the compiled model as CUDA graphs on a GPU (one
     # launch for its kernels; needs static shapes: length_buckets); max-autotune also times matmul
     # kernels at compile time (minutes). A CPU has no CUDA graphs: reduce-overhead compiles as default there.
     torch_compile_mode: CompileMode = setting(

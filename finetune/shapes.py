@@ -16,13 +16,16 @@ length and the epoch's short last batch its own row count, so a compiled run rec
 - **Full batches** (`fill_rows`): a batch with fewer rows than the loader's batch size (an epoch's or
   an evaluation's last) is filled with copies of its first row before the model and the extra rows
   are cut from the logits after it, so the loss, the predictions and the metrics never see them.
-- **Compiled in place** (`compile_model`): the model's repeated blocks (its layers) and the rest
-  region by region with `module.compile()` (accelerate's regional compilation, in place: parameter
-  names and checkpoints are unchanged), static shapes with buckets, `dynamic=True` without.
+- **Compiled whole, in place** (`compile_model`): `model.compile()` (parameter names and checkpoints
+  are unchanged), static shapes with buckets, `dynamic=True` without. Whole, not region by region:
+  transformers checks a batch's attention mask for padding outside the layers (`padding_mask.all()`),
+  which eagerly costs a host-device synchronisation every step on a GPU; compiled whole, the check is
+  traced away. On the 2-core CPU the two scopes cost about the same; the whole model compiles in
+  far fewer graphs (`benchmarks/results/compile_scope.md`).
 - **Warmed once** (`warm_up`): before the first step each bucket's training step (forward and
   backward in training mode, no optimizer step, no gradient all-reduce) and evaluation forward run
-  on real samples cut to that length, with padding and without (SDPA attention drops the mask of a
-  batch with no padding: another graph); the random state and the gradients are put back, so the run trains as
+  on real samples cut to that length, with padding and without (for a model whose attention takes
+  another path when a batch has no padding: another graph); the random state and the gradients are put back, so the run trains as
   it would without it. The counters (`CompileCounter`) then say how many graphs were compiled before
   and after: after the warm-up, none should be.
 """
@@ -142,17 +145,15 @@ def check_compile(accelerator) -> None:
 
 
 def compile_model(model, dynamic: bool, mode: str = "default") -> None:
-    """The model's repeated blocks and its other parts compiled in place, region by region
-    (accelerate's regional compilation: the blocks share one compiled graph per shape), in torch.compile's
-    `mode` (reduce-overhead: each region replayed as a CUDA graph on a GPU)."""
+    """The model compiled whole and in place (`nn.Module.compile`: its parameters, their names and its
+    checkpoints unchanged), in torch.compile's `mode` (reduce-overhead: replayed as CUDA graphs on a GPU)."""
     import torch._dynamo
-    from accelerate.utils.other import compile_regions_deepspeed  # in place, for any module, despite its name
 
     # Buckets x (the training variants of frozen and trained layers, evaluation): more than dynamo's
     # default of 8 graphs a code object, after which it would run eagerly without a word.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 512)
-    compile_regions_deepspeed(model, dynamic=dynamic, mode=mode)
+    model.compile(dynamic=dynamic, mode=mode)
 
 
 class CompileCounter:
@@ -276,8 +277,8 @@ def warm_up(model, accelerator, optimizer, forward, shapes: Shapes) -> None:
     buckets) a training forward and backward at `train_rows` rows, in training mode as the loop runs
     it (a model loaded with from_pretrained starts in eval mode), and an evaluation forward at
     `eval_rows`, from the shapes' `example` (a collated batch at the largest length) cut to the bucket.
-    Text runs twice a bucket: with padding and without, since transformers' SDPA attention drops the
-    mask of a batch with no padding (another graph). No optimizer step, no gradient all-reduce; the
+    Text runs twice a bucket: with padding and without, for a model whose attention takes another path
+    when a batch has no padding (another graph). No optimizer step, no gradient all-reduce; the
     gradients and the random state are put back."""
     lengths = shapes.buckets or [None]
     inputs = {k: v.to(accelerator.device) for k, v in shapes.example.items() if isinstance(v, torch.Tensor)}

@@ -175,12 +175,10 @@ def test_compiled_ddp_and_accumulation_equal_one_compiled_big_batch(small_text_d
 
 def test_the_compile_mode_reaches_torch_compile_and_needs_torch_compile(small_text_data, tmp_path, capsys,
                                                                        monkeypatch):  # fmt: skip
-    """torch_compile_mode is passed to every region's compile (compiling itself left out here: the
+    """torch_compile_mode is passed to the model's compile (compiling itself left out here: the
     warm-up then runs eagerly); without torch_compile=true it is refused, not ignored."""
-    import accelerate.utils.other
-
     seen = []
-    monkeypatch.setattr(accelerate.utils.other, "compile_regions_deepspeed", lambda model, **kw: seen.append(kw))
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda model, **kw: seen.append(kw))
     args = ("per_device_train_batch_size=8", "length_buckets=2", "num_train_epochs=1", "save_steps=null")
     main(tiny_text_args(small_text_data, tmp_path / "m", *args, "torch_compile=true",
                         "torch_compile_mode=max-autotune-no-cudagraphs"))  # fmt: skip
