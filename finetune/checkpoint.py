@@ -50,7 +50,7 @@ from finetune.errors import (
     warn,
     write_failure,
 )
-from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, PREFIX, RunDir, as_umask_allows
+from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, PREFIX, RunDir, as_umask_allows, step_of
 from finetune.runtime import agreed
 
 # What a resume reads from a manifest, all counts.
@@ -214,9 +214,8 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     root = Path(output_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir()  # step-N only: a copy of the user's (step-00000002-backup) is none
-             if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit() and p.is_dir() and is_complete(p)]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
+    found = [p for p in root.iterdir() if step_of(p) is not None and p.is_dir() and is_complete(p)]
+    return sorted(found, key=step_of)
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -313,8 +312,7 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
     otherwise a checkpoint directory, which must load."""
     if spec == "latest":
         root = Path(output_dir) / CHECKPOINTS
-        marked = [p for p in root.glob(f"{PREFIX}*")
-                  if p.name[len(PREFIX):].isdigit() and p.is_dir() and (p / COMPLETE).is_file()]  # fmt: skip
+        marked = [p for p in root.glob(f"{PREFIX}*") if step_of(p) is not None and p.is_dir() and (p / COMPLETE).is_file()]
         if not marked:
             from finetune.rundir import RunDir, set_aside_note
 
@@ -328,11 +326,11 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
         renamed = sorted(p for p in root.iterdir() if p.is_dir() and (p / MANIFEST).is_file()
                          and not named.fullmatch(p.name))  # fmt: skip
         problems = [(p, f"it is not named {PREFIX}<step> (renamed?); to resume from it, give its path") for p in renamed]
-        newest = max(int(p.name[len(PREFIX):]) for p in marked)
+        newest = max(map(step_of, marked))
         problems += [(p, f"it has no {COMPLETE} marker (a save cut short): the run saves that step again")
-                     for p in sorted(root.glob(f"{PREFIX}*")) if p.is_dir() and p.name[len(PREFIX):].isdigit()
-                     and not (p / COMPLETE).is_file() and int(p.name[len(PREFIX):]) > newest]  # fmt: skip
-        for path in sorted(marked, key=lambda p: int(p.name[len(PREFIX) :]), reverse=True):
+                     for p in sorted(root.glob(f"{PREFIX}*")) if p.is_dir() and (step_of(p) or 0) > newest
+                     and not (p / COMPLETE).is_file()]  # fmt: skip
+        for path in sorted(marked, key=step_of, reverse=True):
             problem = checkpoint_problem(path)
             if problem is None:
                 for skipped, why in problems:

@@ -87,6 +87,7 @@ from finetune.rundir import (
     check_shared_output_dir,
     resumes_here,
     set_aside_previous_run,
+    step_of,
 )
 from finetune.runtime import (
     ScalerSkips,
@@ -514,7 +515,7 @@ def resume_target(cfg: TrainConfig, out: RunDir) -> tuple[Path | None, dict | No
     path = ckpt.resolve_checkpoint(cfg.resume_from_checkpoint, out.root)
     manifest = ckpt.read_manifest(path)
     mine = path.parent.resolve() == out.checkpoints.resolve()  # a checkpoint of this run: what came after it is redone
-    later = [p.name for p in ckpt.list_checkpoints(out.root) if int(p.name[len(ckpt.PREFIX):]) > manifest["step"]] if mine else []
+    later = [p.name for p in ckpt.list_checkpoints(out.root) if step_of(p) > manifest["step"]] if mine else []
     if later:
         warn(f"resuming from {path.name}, before this run's later checkpoint(s) {', '.join(later)}: they, and the "
              f"export in {out.model}, are replaced as the run goes on from step {manifest['step']} (copy them "

@@ -224,11 +224,11 @@ def check_output_dir(out: str | Path, overwrite: bool, resume_from: str | None, 
     if held:
         from finetune.checkpoint import list_checkpoints
 
-        offer = " resume_from_checkpoint=latest to continue it," if list_checkpoints(run.root) else ""
-        raise UserError(
-            f"output_dir {out} already holds {held}; pass overwrite_output_dir=true to replace "
-            f"it,{offer} or choose another output_dir" + set_aside_note(run)
-        )
+        # An overwrite is offered only where it would not be refused (a set-aside run is in the way).
+        offers = [] if run.previous.is_dir() else ["pass overwrite_output_dir=true to replace it"]
+        offers += ["resume_from_checkpoint=latest to continue it"] if list_checkpoints(run.root) else []
+        said = ", ".join(offers) + (", or " if offers else "")
+        raise UserError(f"output_dir {out} already holds {held}; {said}choose another output_dir" + set_aside_note(run))
     if any(run.root.iterdir()):
         raise UserError(
             f"output_dir {out} holds files that are not a run of this app; choose an empty or new "
@@ -386,6 +386,13 @@ def _remove(root: Path, names: list[str]) -> None:
             target.unlink()
 
 
+def step_of(path: Path) -> int | None:
+    """The optimizer step in a checkpoint folder's name (step-00000010: 10), or None for another name
+    (a copy such as step-00000002-backup is none)."""
+    tail = path.name[len(PREFIX) :] if path.name.startswith(PREFIX) else ""
+    return int(tail) if tail.isdigit() else None
+
+
 def set_aside_note(run: RunDir) -> str:
     """Said where a refusal meets a run that an overwrite set aside and never finished replacing (killed
     before it could put it back): what the folder holds, how to keep it."""
@@ -532,8 +539,8 @@ def resumed_run_config(resume: str | None, output_dir: str | Path) -> Path | Non
     if named is not None and named.parent != run.checkpoints.resolve():
         return None  # not <run>/checkpoints/<step>: resolve_checkpoint says what it is
     steps = [named] if named is not None else sorted(
-        (p for p in run.checkpoints.glob(f"{PREFIX}*") if p.name[len(PREFIX):].isdigit() and (p / COMPLETE).is_file()),
-        key=lambda p: int(p.name[len(PREFIX):]), reverse=True)  # fmt: skip
+        (p for p in run.checkpoints.glob(f"{PREFIX}*") if step_of(p) is not None and (p / COMPLETE).is_file()),
+        key=step_of, reverse=True)  # fmt: skip
     if not steps or not all(p.is_dir() for p in steps):
         return None  # no checkpoint: the resume says so
     for step in steps:

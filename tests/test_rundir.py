@@ -500,7 +500,8 @@ def test_a_run_set_aside_by_a_killed_overwrite_is_named_wherever_it_could_be_los
     (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.7}\n')
     args = tiny_text_args(finished_run.data(), out, *EARLIER_RUN, "warmup_ratio=0")
     note = ".previous-run holds the run an earlier overwrite set aside and did not finish replacing"
-    user_error(capsys, main, args, "already holds a started run", note, untouched=out)
+    line = user_error(capsys, main, args, "already holds a started run", note, untouched=out)
+    assert "pass overwrite_output_dir=true" not in line  # it would be refused: not offered
     user_error(capsys, main, [*args, "resume_from_checkpoint=latest"], "no complete checkpoint", note, untouched=out)
     user_error(capsys, main, [*args, "overwrite_output_dir=true"], "holds .previous-run: the run an earlier overwrite "
                "set aside", "or delete .previous-run to let this overwrite replace it", untouched=out)  # fmt: skip
