@@ -474,9 +474,7 @@ def _check_image_folder(root: Path) -> None:
                     f"{path} is a link to a folder ({os.readlink(path)}), which the image folder loader does not "
                     "follow: its images would be left out; copy the folder in its place, or link each image file"
                 )
-            if path.is_symlink() and not path.exists():
-                raise UserError(f"{path} is a link to {os.readlink(path)}, which does not exist: the image would be "
-                                "left out; fix the link or delete it")
+            _refuse_dangling_link(path)
     cased = next((p for p in sorted(root.iterdir()) if p.is_dir() and p.name.lower() in SPLIT_FOLDERS
                   and p.name not in SPLIT_FOLDERS), None)  # fmt: skip
     if cased is not None:  # Train/, Validation/: read as class folders, every split's images trained on
@@ -499,9 +497,14 @@ def _check_image_folder(root: Path) -> None:
                 "by the folder it is in; move it into its class's folder, or delete it"
             )
     for link in root.glob("*/*/*"):  # an image in a class folder of a split
-        if link.is_symlink() and not link.exists():
-            raise UserError(f"{link} is a link to {os.readlink(link)}, which does not exist: the image would be "
-                            "left out; fix the link or delete it")
+        _refuse_dangling_link(link)
+
+
+def _refuse_dangling_link(path: Path) -> None:
+    """A link to a file that is gone: the image folder loader would leave it out without a word."""
+    if path.is_symlink() and not path.exists():
+        raise UserError(f"{path} is a link to {os.readlink(path)}, which does not exist: the image would be "
+                        "left out; fix the link or delete it")
 
 
 @functools.cache
