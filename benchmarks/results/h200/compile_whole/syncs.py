@@ -26,7 +26,7 @@ size = "hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, intermedi
 cfg = load_config(RECIPES["bert_full"], [
     f"model_config={{model_type: bert, {size}, max_position_embeddings: 512}}", "output_dir=/tmp/syncs",
     "overwrite_output_dir=true", "max_length=128", "pad_to_multiple_of=128", f"per_device_train_batch_size={16 if small else 256}",
-    "max_steps=22", "max_eval_samples=256", "test_file=null", "torch_compile=true", "length_buckets=1", "logging_steps=10"])
+    "max_steps=22", "max_eval_samples=256", "test_file=null", "torch_compile=true", "length_buckets=1", "logging_steps=10"] + [a for a in sys.argv[1:] if "=" in a])
 cuda = torch.cuda.is_available()
 seen = collections.Counter()
 watching = [False]
