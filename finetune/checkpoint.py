@@ -342,6 +342,9 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
             "start again without resume_from_checkpoint, or repair one"
         )
     path = Path(spec)
+    if path.is_file():
+        raise UserError(f"resume_from_checkpoint={spec} is a file, not a checkpoint folder; give "
+                        f"<run>/checkpoints/{PREFIX}<step>, or resume_from_checkpoint=latest with the run's output_dir")
     if not path.is_dir():
         hint = "; the newest checkpoint is resume_from_checkpoint=latest (lower case)" if spec.strip().lower() == "latest" else ""
         raise UserError(f"checkpoint not found: {spec}{hint}")

@@ -18,7 +18,7 @@ from finetune.config import (
     settings_from_flags,
     settings_help,
 )
-from finetune.errors import ArgumentParser, exit_on_user_error, warn
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error, warn
 from finetune.rundir import RunDir
 
 USAGE = """Fine-tune a text, token or image classifier: one loop, every topology through Accelerate.
@@ -49,6 +49,9 @@ def parse_args(argv: list[str]):
         except BrokenPipeError:  # `--help | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         raise SystemExit(0)
+    if args.dry_run and args.plan_only:
+        raise UserError("--dry-run and --plan-only print two different plans (the run's steps and learning rates; "
+                        "the layer split's devices): give one of them")  # fmt: skip
     saved = resumed_run_recipe(args.settings) if args.config is None else None
     settings = args.settings
     if saved is not None and not any(s.partition("=")[0].strip() == "output_dir" for s in settings):

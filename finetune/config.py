@@ -877,11 +877,21 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise UserError(f"expected key=value, got '{item}' (no spaces around '=': learning_rate=3e-5)")
     if not key.strip():
         raise UserError(f"expected key=value, got '{item}': the key before '=' is empty")
+    if re.search(r"(^|\s)#", text) and not re.search("[\"']", text):  # unquoted: YAML would read the rest as a
+        # comment, a value cut short (or null)
+        raise UserError(f"{key.strip()}={text}: YAML reads '#' at the start of a value or after a space as a "
+                        f"comment, which would cut the value; quote it: {key.strip()}='\"{text.strip()}\"'")  # fmt: skip
     try:
         return key.strip(), read_yaml(text) if text != "" else None
     except DuplicateKey as e:
         raise UserError(f"{key.strip()}={text}: {e.problem}") from None
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
+        opened = text.lstrip()[:1]
+        if opened in ("[", "{"):  # meant as a list or a mapping: read as a string, it would mean something else
+            closing = "]" if opened == "[" else "}"
+            raise UserError(f"{key.strip()}={text}: the value opens a YAML {'list' if opened == '[' else 'mapping'} "
+                            f"with '{opened}' that does not parse ({getattr(e, 'problem', None) or 'not valid YAML'}); "
+                            f"check the closing '{closing}' and the commas") from None  # fmt: skip
         return key.strip(), text
 
 

@@ -106,12 +106,16 @@ def _cache_failure(e: BaseException) -> str | None:
 
     from datasets import config
 
-    cache = config.HF_DATASETS_CACHE
+    cache = str(config.HF_DATASETS_CACHE)
     for err in _chain(e):
         full = "Not enough disk space" in str(err) or getattr(err, "errno", None) == errno.ENOSPC
+        named = str(getattr(err, "filename", None) or "")
+        # in the cache, or a folder on its way (HOME or HF_HOME a file: ~/.cache cannot be made)
+        inside = named and (named.startswith(cache) or cache.startswith(named.rstrip("/") + "/"))
         if full or (isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EEXIST, errno.ENOTDIR)
-                    and str(err.filename or "").startswith(str(cache))):  # fmt: skip
-            why = ("is full" if full else "is a file, not a folder" if Path(cache).is_file() else
+                    and inside):  # fmt: skip
+            blocking = next((p for p in (Path(cache), *Path(cache).parents) if p.is_file()), None)
+            why = ("is full" if full else f"cannot be made: {blocking} is a file, not a folder" if blocking else
                    f"cannot be written ({first_line(err)})")  # fmt: skip
             fix = "free space there, or set HF_DATASETS_CACHE to a folder with room" if full else (
                 "set HF_DATASETS_CACHE to a writable folder")
@@ -815,7 +819,8 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                 hint += f"; these look like {other} data: set task={other} (or task=null to read it from the data)"
             spare = [c for c in ds.column_names if c not in (*label_columns, *inputs, *args.label_sources)
                      and len(ds) and isinstance(ds[0][c], str)]  # fmt: skip
-            if column in inputs and other == args.task and len(spare) == 1:  # "sentence" where the run read "text"
+            train_has = train_columns is not None and column in train_columns  # then the split's name is wrong
+            if column in inputs and other == args.task and len(spare) == 1 and not train_has:  # "sentence", not "text"
                 hint += f"; if '{spare[0]}' is that column, set {_setting_of(column, args)}={spare[0]}"
             others = [c for c in ds.column_names if c not in (*label_columns, *inputs, *args.label_sources)]
             headed = next((c for c in ds.column_names if c in {str(v) for v in ds[c][:1000]}), None)
@@ -825,7 +830,7 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if column == args.label_column and not args.label_columns and other == args.task and len(others) == 1 \
                     and not hint:  # "labels" where the run read "label"  # fmt: skip
                 hint = f"; if '{others[0]}' holds the labels, set label_column={others[0]}"
-            if not hint and train_columns is not None and column in train_columns:  # train's passed: this file differs
+            if not hint and train_has:  # train's passed: this file differs
                 hint = (f"; the train data has '{column}' (columns: {', '.join(train_columns)}): give every split the "
                         "same column names")
             raise UserError(
@@ -896,15 +901,12 @@ def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path
     copied into another split), whose scores measure what the model saw. A split read from the train_file
     itself is warned of on its own."""
     images = task_of(args.task).modality == "image"
-    columns = [args.image_column] if images else args.input_columns
-    columns = [c for c in columns if c in raw["train"].column_names]
+    columns = _compared_columns(raw["train"], args)
     if not columns:
         return
 
     def rows(ds: HFDataset) -> list[tuple]:
-        if images:  # the same image: the same bytes (an image folder copied into another split)
-            return [(_image_digest(cell),) for cell in ds.cast_column(columns[0], Image(decode=False))[columns[0]]]
-        return _text_rows(ds, columns)
+        return _sample_rows(ds, columns, images)
 
     train = rows(raw["train"])
     seen = set(train) - {(None,)}
@@ -913,15 +915,17 @@ def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path
         shown = "" if images else f" ({str(train[0][0])[:40]!r})"
         warn(f"every training sample has the same {what}{shown}: the model cannot tell them apart; check "
              f"{_setting_of(columns[0], args)}")  # fmt: skip
-    labels = raw["train"][args.label_column] if not images and args.label_column in raw["train"].column_names else []
+    labels = raw["train"][args.label_column] if args.label_column in raw["train"].column_names else []
     answers: dict[tuple, set] = {}
     for row, label in zip(train, labels, strict=False):
         if isinstance(label, (str, int, bool)):  # classes; not numbers to predict or label lists
             answers.setdefault(row, set()).add(label)
     torn = sum(len(a) > 1 for a in answers.values())
     if torn > 1 and torn * 2 >= len(answers):  # most texts with two answers: nothing consistent to learn
-        warn(f"{torn} of the {len(answers)} distinct training {what}s appear with different labels (the same "
-             f"{what} once as one class and once as another): the model cannot learn them; check the labels")
+        many = "images (the same bytes)" if images else f"{what}s"
+        warn(f"{torn} of the {len(answers)} distinct training {many} appear with different labels (the same "
+             f"{'image' if images else what} once as one class and once as another): the model cannot learn them; "
+             f"check the labels{' (an image copied into two class folders?)' if images else ''}")
     for split in ("validation", "test"):
         if split in raw and not (split in files and files[split] == files.get("train")):
             shared = sum(row in seen for row in rows(raw[split]))
@@ -953,24 +957,36 @@ def _warn_another_scale(raw: DatasetDict) -> None:
                  "training scale; put every split on the same scale")
 
 
-def _text_rows(ds: HFDataset, columns: list[str]) -> list[tuple]:
-    """Each row's values in `columns`, hashable (a list of words as a tuple): rows to compare across splits."""
+def _compared_columns(train: HFDataset, args: DataArgs) -> list[str]:
+    """The columns that make a sample what it is (its texts, words or image), as far as the data has them."""
+    images = task_of(args.task).modality == "image"
+    return [c for c in ([args.image_column] if images else args.input_columns) if c in train.column_names]
+
+
+def _sample_rows(ds: HFDataset, columns: list[str], images: bool) -> list[tuple]:
+    """Each row's values in `columns`, hashable (a list of words as a tuple; an image as its bytes' digest: an
+    image folder copied into another class or split is the same bytes): rows to compare across splits."""
+    if images:
+        return [(_image_digest(cell),) for cell in ds.cast_column(columns[0], Image(decode=False))[columns[0]]]
     return [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in zip(*(ds[c] for c in columns), strict=True)]
 
 
 def _warn_held_out_repeats(train: HFDataset, file_rows: dict[str, list[int]], args: DataArgs) -> None:
     """A training file that repeats its samples (every row written twice): the share held out for validation
     is then mostly copies of samples kept for training, as a validation_file would be (`_warn_shared_samples`)."""
-    columns = [c for c in args.input_columns if c in train.column_names]
-    if not columns or task_of(args.task).modality == "image":
+    columns = _compared_columns(train, args)
+    if not columns:
         return
-    values = _text_rows(train, columns)
+    images = task_of(args.task).modality == "image"
+    values = _sample_rows(train, columns, images)
     kept = {values[i] for i in file_rows["train"]}
     held = file_rows["validation"]
     shared = sum(values[i] in kept for i in held)
     if held and shared * 2 >= len(held):
-        warn(f"{shared} of the {len(held)} validation samples held out of the training file are also training samples "
-             f"(the file repeats them, the same {' and '.join(columns)}): their scores measure samples the model "
+        source = "folder" if images else "file"
+        warn(f"{shared} of the {len(held)} validation samples held out of the training {source} are also training "
+             f"samples (the {source} repeats them, the same "
+             f"{'image bytes' if images else ' and '.join(columns)}): their scores measure samples the model "
              "trained on; remove the repeated rows, or give a validation_file")
 
 

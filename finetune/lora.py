@@ -91,6 +91,12 @@ def apply_lora(model, spec: dict[str, Any]):
                 f"peft.target_modules=[...] from its linear layers: {', '.join(known)}"
             )
         spec = {**spec, "target_modules": fits}
+    heads = [t for t in spec["target_modules"] if t in HEADS and t not in known]
+    if heads:  # the head is trained whole beside the adapters (modules_to_save): it takes no adapter
+        raise UserError(
+            f"peft.target_modules {heads}: the classification head is trained whole beside the adapters, so it takes "
+            f"no adapter; leave it out (the layers LoRA can adapt: {', '.join(known)})"
+        )
     missing = [t for t in spec["target_modules"] if t not in known]
     if missing:
         raise UserError(

@@ -180,7 +180,9 @@ def resumes_here(root: Path, resume_from: str | None) -> bool:
     not another run's checkpoint continued in a new place."""
     if not resume_from:
         return False
-    return resume_from == "latest" or Path(root).resolve() in Path(resume_from).expanduser().resolve().parents
+    given, root = Path(resume_from).expanduser().resolve(), Path(root).resolve()
+    return resume_from == "latest" or given == root or root in given.parents  # the run's own folder: resume
+    # says what to give instead (resolve_checkpoint)
 
 
 def check_output_dir(out: str | Path, overwrite: bool, resume_from: str | None, trackers: bool) -> None:

@@ -164,7 +164,7 @@ class TextClassification(Task):
     auto_class = "AutoModelForSequenceClassification"
     architecture_suffix = "ForSequenceClassification"
     own_settings = frozenset({"max_length", "group_by_length", "freeze_embeddings", "pad_to_multiple_of", "tokenizer_name",
-                              "length_buckets"})  # fmt: skip
+                              "length_buckets", "text_column", "text_pair_column"})  # fmt: skip
     has_word_embeddings = True
     preprocessor_first = True
 
@@ -188,6 +188,12 @@ class TextClassification(Task):
                         f"the {split} data is one record whose '{column}' is a list: a JSON object of columns; give "
                         'one record per row (JSON Lines: {"text": ..., "label": ...} on each line, or a JSON array '
                         "of such records)"
+                    )
+                if isinstance(feature, Value) and feature.dtype.startswith(("int", "uint", "float", "bool")):
+                    raise UserError(  # a column the file's reader found to hold only numbers (or true/false)
+                        f"text column '{column}' in the {split} data holds only numbers ({feature.dtype}), no words: "
+                        f"a model classifies text, and these values would be read as numbers written out; set "
+                        f"{setting} to the column of texts (if '{column}' is a label or an id, it is not the text)"
                     )
                 raise UserError(
                     f"text column '{column}' in the {split} data holds {feature}, not text; "
@@ -332,7 +338,7 @@ class ImageClassification(Task):
     modality = "image"
     auto_class = "AutoModelForImageClassification"
     architecture_suffix = "ForImageClassification"
-    own_settings = frozenset({"random_flip", "augment", "image_processor_name"})
+    own_settings = frozenset({"random_flip", "augment", "image_processor_name", "image_column"})
 
     def input_columns(self, data: DataArgs) -> list[str]:
         return [data.image_column]
@@ -511,7 +517,8 @@ class TokenClassification(TextClassification):
     name = "token-classification"
     auto_class = "AutoModelForTokenClassification"
     architecture_suffix = "ForTokenClassification"
-    own_settings = TextClassification.own_settings | {"tokens_column", "tags_column", "label_all_tokens"}
+    own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column"}) | {
+        "tokens_column", "tags_column", "label_all_tokens"}  # words in lists, not texts
     problems = ("token_classification",)
 
     def input_columns(self, data: DataArgs) -> list[str]:

@@ -192,7 +192,11 @@ def variant_args(variant: Variant, recipe: list[str], samples: int, out_dir: Pat
         "push_to_hub_model_id": None,  # never upload from a check (a key a later version may have)
     }
     keys = {f.name for f in dataclasses.fields(TrainConfig)}
-    return [*recipe, *(f"{k}={json.dumps(v)}" for k, v in fixed.items() if k in keys)]
+    fixed = {k: v for k, v in fixed.items() if k in keys}
+    # the user's value of a key the check fixes is left out, not overridden (run.py would warn of a key given twice)
+    kept = [item for i, item in enumerate(recipe) if item.startswith("-") or (i and recipe[i - 1] == "--config")
+            or item.partition("=")[0].strip() not in fixed]  # fmt: skip
+    return [*kept, *(f"{k}={json.dumps(v)}" for k, v in fixed.items())]
 
 
 # --- running and comparing ------------------------------------------------------------------------------

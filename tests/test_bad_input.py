@@ -378,7 +378,7 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     ),
     "numeric_text": (
         lambda w: _text(w, f"train_file={w.root / 'numeric_text.csv'}"),
-        "text column 'text' in the train data holds Value('int64'), not text",
+        "text column 'text' in the train data holds only numbers (int64), no words",
     ),
     "null_text": (
         lambda w: _text(w, f"train_file={w.root / 'null_text.csv'}"),
@@ -1323,8 +1323,14 @@ def test_a_datasets_cache_that_cannot_be_written_is_named_not_the_file(world, tm
     cache = tmp_path / "cache-is-a-file"
     cache.write_text("x")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    user_error(capsys, main, _text(world, out=tmp_path / "o"),
-               f"the datasets cache it is copied into first ({cache}) is a file, not a folder")  # fmt: skip
+    user_error(capsys, main, _text(world, out=tmp_path / "o"), f"the datasets cache it is copied into first "
+               f"({cache}) cannot be made: {cache} is a file, not a folder", "set HF_DATASETS_CACHE")  # fmt: skip
+    # HOME (or HF_HOME) a file: the cache below it cannot be made; the data file is not blamed
+    under = cache / ".cache" / "huggingface" / "datasets"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", under)
+    line = user_error(capsys, main, _text(world, out=tmp_path / "o2"),
+                      f"({under}) cannot be made: {cache} is a file, not a folder")  # fmt: skip
+    assert "valid csv" not in line
 
 
 def test_a_parquet_file_without_rows_says_so(world, tmp_path, capsys):

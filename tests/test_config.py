@@ -309,6 +309,14 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
     (["task=token-classification", "text_pair_column=tokens"], "a token-classification run tags one list of words"),
     (["task=token-classification", "tags_column=tokens"], "tags_column is the tokens_column ('tokens')"),
     (["label_columns=[pos,text]"], "label_columns holds 'text', an input column of the run"),
+    (["image_column=img"], "image_column=img is a setting of image-classification runs, which a text-classification "
+                           "run does not read"),
+    (["task=image-classification", "freeze_embeddings=false", "text_pair_column=foo"],
+     "text_pair_column=foo is a setting of text-classification runs, which an image-classification run does not"),
+    (["task=token-classification", "image_column=img"], "image_column=img is a setting of image-classification runs, "
+                                                        "which a token-classification run does not read"),
+    (["task=token-classification", "text_column=sentence"], "text_column=sentence is a setting of "
+                                                            "text-classification runs"),
 ])  # fmt: skip
 def test_settings_of_another_task_or_that_read_the_answer_are_refused(settings, fragment):
     with pytest.raises(UserError, match=re.escape(fragment)):

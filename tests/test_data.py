@@ -619,6 +619,10 @@ def test_a_validation_file_with_other_column_names_than_train_says_to_align_them
     with pytest.raises(UserError, match=r"not found in the validation data; columns are: review, sentiment; the train "
                                         r"data has '(text|label)' .* give every split the same column names"):  # fmt: skip
         load_splits(load_config(None, tiny_text_args({"train": train, "validation": validation}, tmp_path / "r")))
+    # only the text column renamed: text_column=sentence would fit validation and break train, so not offered
+    validation.write_text("sentence,label\n" + "".join(f"r{i},{'ab'[i % 2]}\n" for i in range(4)))
+    with pytest.raises(UserError, match=r"the train data has 'text' .* give every split the same column names$"):
+        load_splits(load_config(None, tiny_text_args({"train": train, "validation": validation}, tmp_path / "r")))
 
 
 def test_a_label_with_a_line_break_is_named_with_its_row(tmp_path):
@@ -641,6 +645,22 @@ def test_texts_that_each_appear_with_two_labels_are_warned_of(tmp_path, capsys):
     train.write_text("text,label\n" + "".join(f"t{i},neg\nt{i},pos\n" for i in range(6)))
     load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
     assert "6 of the 6 distinct training texts appear with different labels" in capsys.readouterr().err
+
+
+def test_images_copied_into_two_class_folders_are_warned_of(tmp_path, capsys):
+    """The same image bytes in cat/ and in dog/: two answers for every image, and the share held out for
+    validation is copies of training images; both said, as for text."""
+    from conftest import drawn_images, tiny_image_args
+
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    shades = [(30 * i, 10 * i, 0) for i in range(8)]
+    folder = drawn_images(tmp_path / "img", {"cat": shades, "dog": shades}, size=(8, 8))
+    load_splits(load_config(None, tiny_image_args(folder, tmp_path / "r")))
+    err = capsys.readouterr().err
+    assert "8 of the 8 distinct training images (the same bytes) appear with different labels" in err, err
+    assert "validation samples held out of the training folder are also training samples (the folder repeats" in err
 
 
 def test_json_lines_with_a_comma_after_each_record_says_so(tmp_path):

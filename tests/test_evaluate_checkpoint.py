@@ -193,7 +193,7 @@ def test_other_data_is_mapped_by_label_name(run, tmp_path):
         )
 
 
-def test_predictions_carry_the_text_and_its_pair(run, tmp_path):
+def test_predictions_carry_the_text_and_its_pair(run, tmp_path, capsys):
     first, second = _rows(6, 400), _rows(6, 500)
     data = write_csv(
         tmp_path / "pairs.csv",
@@ -206,6 +206,8 @@ def test_predictions_carry_the_text_and_its_pair(run, tmp_path):
         [str(run["dir"] / "model"), "--data", str(data), "--predictions", "--output", str(tmp_path / "eval")]
         + ["text_column=premise", "text_pair_column=hypothesis"]
     )
+    # the run's model read single texts: scored on pairs, as asked, with one line that says so
+    assert "warning: text_pair_column=hypothesis: this model was trained on single texts" in capsys.readouterr().err
     lines = [json.loads(line) for line in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]
     assert [list(r)[:3] for r in lines] == [["index", "text", "text_pair"]] * 6
     assert [(r["text"], r["text_pair"]) for r in lines] == [
@@ -340,6 +342,8 @@ def _incomplete(run, tmp_path):
             "training_setting",
             "learning_rate cannot be set when evaluating; evaluation settings are: text_column",
         ),
+        ("label_columns_on_single", "label_columns (0/1 columns, one per label) is multi-label data, and this model "
+                                    "was trained for single_label_classification: give its labels in one column"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
@@ -363,6 +367,7 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
                                                                            ["text", "label"]))],  # fmt: skip
         "foreign_output": [str(run["checkpoint"]), "--output", str(tmp_path / "foreign")],  # its metrics.json is not ours
         "training_setting": [str(run["checkpoint"]), "learning_rate=1e-3"],
+        "label_columns_on_single": [str(run["dir"] / "model"), "label_columns=[a,b]"],
     }[case]
     with pytest.raises(SystemExit) as exit_info:
         evaluate(args)

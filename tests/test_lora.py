@@ -154,6 +154,8 @@ def test_unknown_target_modules_are_one_line(small_text_data, tmp_path, capsys):
     )
     assert "peft.target_modules ['q_proj'] are not linear layers of BertForSequenceClassification" in line
     assert "its linear layers are: dense, key, query, value" in line
+    line = user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "out", "peft.target_modules=[classifier]"))
+    assert "the classification head is trained whole beside the adapters, so it takes no adapter" in line
 
 
 def test_a_rank_above_the_width_of_the_adapted_layers_is_one_line():

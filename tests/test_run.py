@@ -21,6 +21,7 @@ from conftest import (
     recipe_text_args,
     rotten_rows,
     tiny_text_args,
+    user_error,
     write_csv,
     write_jsonl,
 )
@@ -112,6 +113,9 @@ def test_plan_only_prints_the_plan_and_trains_nothing(small_text_data, tmp_path,
     printed = capsys.readouterr().out
     assert "cpu" in printed and "embeddings" in printed
     assert not (out / "model").exists()
+    # with --dry-run as well: two plans, one of them would be left out without a word
+    user_error(capsys, main, tiny_text_args(small_text_data, out, "model_parallel=true", "devices=cpu,cpu",
+                                            "--plan-only", "--dry-run"), "give one of them")  # fmt: skip
 
 
 # A learning rate of 1e30 from the first step: the weights overflow after one step, every loss after is NaN.

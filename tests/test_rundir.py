@@ -521,3 +521,16 @@ def test_a_resume_from_an_earlier_checkpoint_says_which_later_ones_it_replaces(f
     assert "warning: resuming from step-00000005, before this run's later checkpoint(s) step-00000010" in err, err
     main(tiny_text_args(finished_run.data(), out, *TWO_EPOCHS, "num_train_epochs=3", "resume_from_checkpoint=latest"))
     assert "later checkpoint" not in capsys.readouterr().err  # the newest: nothing is redone
+
+
+def test_a_runs_own_folder_as_the_checkpoint_to_resume_is_named_as_such(finished_run, tmp_path, capsys):
+    """resume_from_checkpoint=<the run's folder> with output_dir=<the same folder>: the line says it is a run
+    directory and how to resume it, not that it is "a checkpoint of another run"; the same for a file of the
+    run given as the checkpoint."""
+    out = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    args = tiny_text_args(finished_run.data(), out, *EARLIER_RUN)
+    line = user_error(capsys, main, [*args, f"resume_from_checkpoint={out}"], "is a run directory; resume it with "
+                      "resume_from_checkpoint=latest", untouched=out)  # fmt: skip
+    assert "another run" not in line
+    user_error(capsys, main, [*args, f"resume_from_checkpoint={out / 'config.yaml'}"], "is a file, not a checkpoint "
+               "folder", untouched=out)  # fmt: skip
