@@ -856,8 +856,10 @@ def settings_from_flags(argv: list[str], keys: typing.Collection[str] | None = N
         elif i + 1 < len(argv) and not argv[i + 1].startswith("--") and "=" not in argv[i + 1]:
             out.append(f"{name}={argv[i + 1]}")
             i += 1
-        else:
+        elif bool in (hint := _field_types().get(name.split(".")[0]), *typing.get_args(hint)) or "." in name:
             out.append(f"{name}=true")
+        else:  # `--output_dir` with nothing after it: not a flag
+            raise UserError(f"--{name} needs a value: --{name} VALUE, --{name}=VALUE or {name}=VALUE")
         i += 1
     return out
 
@@ -879,8 +881,10 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise UserError(f"expected key=value, got '{item}': the key before '=' is empty")
     if re.search(r"(^|\s)#", text) and not re.search("[\"']", text):  # unquoted: YAML would read the rest as a
         # comment, a value cut short (or null)
+        fix = ("remove the comment (a list or a mapping cannot be one quoted string)" if text.lstrip()[:1] in "[{"
+               else f"quote it: {key.strip()}='\"{text.strip()}\"'")  # fmt: skip
         raise UserError(f"{key.strip()}={text}: YAML reads '#' at the start of a value or after a space as a "
-                        f"comment, which would cut the value; quote it: {key.strip()}='\"{text.strip()}\"'")  # fmt: skip
+                        f"comment, which would cut the value; {fix}")  # fmt: skip
     try:
         return key.strip(), read_yaml(text) if text != "" else None
     except DuplicateKey as e:
@@ -904,6 +908,9 @@ def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
     hint = _field_types().get(name)
     if hint is None:
         raise _unknown_key(name, list(_field_types()))
+    if not sub.strip():
+        raise UserError(f"{key}: the key after the dot is empty; KEY.SUBKEY=value sets one key of a mapping "
+                        f"({name}.hidden_size=32)")  # fmt: skip
     if dict not in (typing.get_origin(hint), *map(typing.get_origin, typing.get_args(hint))) or not sub:
         mappings = [k for k, h in _field_types().items() if "dict" in str(h)]
         raise UserError(f"{key}: {name} is not a mapping; KEY.SUBKEY=value works for {', '.join(mappings)}")

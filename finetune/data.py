@@ -779,7 +779,8 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                                 "around the names in the file's header")
             cased = {c: next((n for n in ds.column_names if n.strip().lower() == c.lower()), None)
                      for c in (*label_columns, *inputs) if c not in ds.column_names}  # fmt: skip
-            if cased.get(column) is not None:  # Text,Label: the names in another case
+            if cased.get(column) is not None and not (train_columns is not None and column in train_columns):
+                # Text,Label: the names in another case (in train too: a split that differs is said below)
                 fixes = " ".join(f"{_setting_of(c, args)}={n}" for c, n in cased.items() if n is not None)
                 raise UserError(f"column '{column}' not found in the {split} data, but {cased[column]!r} is (the names "
                                 f"differ in case): set {fixes}, or rename the columns")
@@ -920,12 +921,13 @@ def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path
     for row, label in zip(train, labels, strict=False):
         if isinstance(label, (str, int, bool)):  # classes; not numbers to predict or label lists
             answers.setdefault(row, set()).add(label)
-    torn = sum(len(a) > 1 for a in answers.values())
-    if torn > 1 and torn * 2 >= len(answers):  # most texts with two answers: nothing consistent to learn
+    torn = [(row, sorted(map(str, a))) for row, a in answers.items() if len(a) > 1]
+    if torn and len(seen) > 1:  # the same sample with two answers (all the same: said above)
         many = "images (the same bytes)" if images else f"{what}s"
-        warn(f"{torn} of the {len(answers)} distinct training {many} appear with different labels (the same "
-             f"{'image' if images else what} once as one class and once as another): the model cannot learn them; "
-             f"check the labels{' (an image copied into two class folders?)' if images else ''}")
+        example = "" if images else f", e.g. {str(torn[0][0][0])[:40]!r}: {' and '.join(torn[0][1][:3])}"
+        warn(f"{len(torn)} of the {len(answers)} distinct training {many} appear with different labels (the same "
+             f"{'image' if images else what} once as one class and once as another{example}): the model cannot "
+             f"learn them; check the labels{' (an image copied into two class folders?)' if images else ''}")
     for split in ("validation", "test"):
         if split in raw and not (split in files and files[split] == files.get("train")):
             shared = sum(row in seen for row in rows(raw[split]))

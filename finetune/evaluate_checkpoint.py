@@ -341,6 +341,11 @@ def eval_config(target: Target, task: str | None, data: str | None, overrides: l
         warn(f"text_pair_column={raw['text_pair_column']}: this model was trained on single texts (its run had no "
              "text_pair_column), so it never saw sentence pairs and its scores on them measure input it was not "
              "trained for; leave text_pair_column out, or evaluate a model trained on pairs")  # fmt: skip
+    if "text_pair_column" in given and not raw.get("text_pair_column") and target.cfg is not None \
+            and target.cfg.text_pair_column is not None:  # fmt: skip
+        warn(f"text_pair_column=null: this model was trained on sentence pairs (text_pair_column="
+             f"{target.cfg.text_pair_column}), so its scores on single texts measure input it was not trained for; "
+             "give the second sentence's column as text_pair_column")  # fmt: skip
     return config_from_dict(raw, saved=True)
 
 
@@ -558,13 +563,14 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     if empty:
         ds = ds.remove_columns(empty)
     labelled = any(column in ds.column_names for column in args.label_sources)
-    if not labelled:  # a "Label" column beside a model that reads "label": labels, not data to predict
+    if not labelled:  # a "Label" or "labels" column beside a model that reads "label": labels, not data to predict
         for column in args.label_sources:
-            twin = next((c for c in ds.column_names if c.lower() == column.lower()), None)
+            twin = next((c for c in ds.column_names if c.lower().rstrip("s") == column.lower().rstrip("s")), None)
             if twin is not None:
                 key = "tags_column" if column == args.tags_column else "label_column"
+                how = "in another case" if twin.lower() == column.lower() else "by another name"
                 raise UserError(
-                    f"column '{twin}' of {what} looks like the label column '{column}' in another case; to score "
+                    f"column '{twin}' of {what} looks like the label column '{column}' {how}; to score "
                     f"it, pass {key}={twin}; to predict without labels, rename or drop that column"
                 )
         names = list(args.label_names or [])

@@ -123,7 +123,8 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         try:
             config = AutoConfig.for_model(model_type, **spec, **labels)
         except Exception as e:  # ValueError, TypeError, huggingface_hub's strict-dataclass validation
-            raise UserError(f"cannot build a {args.task} model from model_config: {first_line(e)}") from None
+            said = " ".join(line.strip() for line in str(e).splitlines()[:2] if line.strip())  # its field, its why
+            raise UserError(f"cannot build a {args.task} model from model_config: {said or first_line(e)}") from None
         _check_config_keys(config, spec)
         _check_config_values(config)
         set_dropout(config, args.dropout)

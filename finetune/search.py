@@ -532,8 +532,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = [s for s in args.space if s not in SPACE]
     if unknown:
         raise UserError(f"--space: {', '.join(unknown)} cannot be searched; choose among {', '.join(SPACE)}")
-    if not args.budget > 0 or (args.trials is not None and args.trials < 1):
-        raise UserError("--budget must be positive seconds, --trials at least 1")
+    if not 0 < args.budget < math.inf:  # nan and inf too: a search without an end
+        raise UserError(f"--budget must be a positive, finite number of seconds, got {args.budget}")
+    if args.trials is not None and args.trials < 1:
+        raise UserError(f"--trials must be at least 1, got {args.trials}")
     resume = next((s for s in args.settings if s.partition("=")[0].strip() == "resume_from_checkpoint"), None)
     if resume is not None:  # each trial is a run of the search's own: it resumes them itself
         raise UserError(f"{resume} is not a setting of a search: to continue one, run the same command again with "

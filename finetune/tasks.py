@@ -164,7 +164,8 @@ class TextClassification(Task):
     auto_class = "AutoModelForSequenceClassification"
     architecture_suffix = "ForSequenceClassification"
     own_settings = frozenset({"max_length", "group_by_length", "freeze_embeddings", "pad_to_multiple_of", "tokenizer_name",
-                              "length_buckets", "text_column", "text_pair_column"})  # fmt: skip
+                              "length_buckets", "text_column", "text_pair_column", "label_column",
+                              "label_columns"})  # fmt: skip
     has_word_embeddings = True
     preprocessor_first = True
 
@@ -338,7 +339,8 @@ class ImageClassification(Task):
     modality = "image"
     auto_class = "AutoModelForImageClassification"
     architecture_suffix = "ForImageClassification"
-    own_settings = frozenset({"random_flip", "augment", "image_processor_name", "image_column"})
+    own_settings = frozenset({"random_flip", "augment", "image_processor_name", "image_column", "label_column",
+                              "label_columns"})  # fmt: skip
 
     def input_columns(self, data: DataArgs) -> list[str]:
         return [data.image_column]
@@ -517,7 +519,8 @@ class TokenClassification(TextClassification):
     name = "token-classification"
     auto_class = "AutoModelForTokenClassification"
     architecture_suffix = "ForTokenClassification"
-    own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column"}) | {
+    own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column", "label_column",
+                                                       "label_columns"}) | {
         "tokens_column", "tags_column", "label_all_tokens"}  # words in lists, not texts
     problems = ("token_classification",)
 

@@ -1301,6 +1301,10 @@ def test_a_label_column_in_another_case_is_not_predicted_silently(world, tmp_pat
                "column 'Label' of", "looks like the label column 'label' in another case; to score it, pass "
                "label_column=Label")  # fmt: skip
     assert not (tmp_path / "e").exists()
+    # "labels" beside a model that reads "label": the same, by another name
+    data = write_csv(tmp_path / "labels.csv", [{"text": r["text"], "labels": r["label"]} for r in rotten_rows(6)])
+    user_error(capsys, evaluate_main, [str(world.done / "model"), "--data", str(data), "--output", str(tmp_path / "e")],
+               "looks like the label column 'label' by another name; to score it, pass label_column=labels")  # fmt: skip
 
 
 def test_evaluating_an_export_whose_weights_are_another_models_is_one_line(copy, capsys):

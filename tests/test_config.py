@@ -12,7 +12,7 @@ import re
 
 import pytest
 import yaml
-from conftest import EARLIER_RUN, REPO, recipe_text_args, tiny_text_args
+from conftest import EARLIER_RUN, REPO, recipe_text_args, tiny_text_args, user_error
 
 from finetune.config import CONFIGS_DIR, load_config, read_yaml
 from finetune.errors import UserError
@@ -148,6 +148,16 @@ def test_transformers_style_flags_and_fractional_epochs(small_text_data, tmp_pat
     assert saved["num_train_epochs"] == 1.5
     epochs = {json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()}
     assert epochs == {1, 2}  # counted from 1, as the console counts them
+
+
+def test_a_flag_without_its_value_is_one_line(capsys):
+    """`--output_dir` with nothing after it was read as output_dir=true; a bare flag is true only for a yes/no
+    setting (`--group_by_length`)."""
+    from finetune.config import settings_from_flags
+
+    assert settings_from_flags(["--group_by_length", "--max_steps", "3"]) == ["group_by_length=true", "max_steps=3"]
+    user_error(capsys, main, ["--output_dir"], "--output_dir needs a value: --output_dir VALUE")
+    user_error(capsys, main, ["--max_steps", "--dry-run"], "--max_steps needs a value")
 
 
 def test_a_train_file_of_ones_own_beside_the_recipe_s_test_file_is_said(tmp_path, monkeypatch, capsys):
@@ -317,6 +327,8 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
                                                         "which a token-classification run does not read"),
     (["task=token-classification", "text_column=sentence"], "text_column=sentence is a setting of "
                                                             "text-classification runs"),
+    (["task=token-classification", "label_column=foo"], "label_column=foo is a setting of image-classification and "
+                                                        "text-classification runs, which a token-classification run"),
 ])  # fmt: skip
 def test_settings_of_another_task_or_that_read_the_answer_are_refused(settings, fragment):
     with pytest.raises(UserError, match=re.escape(fragment)):

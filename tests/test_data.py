@@ -619,10 +619,12 @@ def test_a_validation_file_with_other_column_names_than_train_says_to_align_them
     with pytest.raises(UserError, match=r"not found in the validation data; columns are: review, sentiment; the train "
                                         r"data has '(text|label)' .* give every split the same column names"):  # fmt: skip
         load_splits(load_config(None, tiny_text_args({"train": train, "validation": validation}, tmp_path / "r")))
-    # only the text column renamed: text_column=sentence would fit validation and break train, so not offered
-    validation.write_text("sentence,label\n" + "".join(f"r{i},{'ab'[i % 2]}\n" for i in range(4)))
-    with pytest.raises(UserError, match=r"the train data has 'text' .* give every split the same column names$"):
-        load_splits(load_config(None, tiny_text_args({"train": train, "validation": validation}, tmp_path / "r")))
+    # only the text column renamed, or in another case: text_column=sentence (or =Text) would fit validation and
+    # break train, so not offered
+    for header in ("sentence,label", "Text,label"):
+        validation.write_text(f"{header}\n" + "".join(f"r{i},{'ab'[i % 2]}\n" for i in range(4)))
+        with pytest.raises(UserError, match=r"the train data has 'text' .* give every split the same column names$"):
+            load_splits(load_config(None, tiny_text_args({"train": train, "validation": validation}, tmp_path / "r")))
 
 
 def test_a_label_with_a_line_break_is_named_with_its_row(tmp_path):
@@ -645,6 +647,11 @@ def test_texts_that_each_appear_with_two_labels_are_warned_of(tmp_path, capsys):
     train.write_text("text,label\n" + "".join(f"t{i},neg\nt{i},pos\n" for i in range(6)))
     load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
     assert "6 of the 6 distinct training texts appear with different labels" in capsys.readouterr().err
+    # one text of many with two labels: said too, with the text and its labels
+    train.write_text("text,label\n" + "".join(f"t{i},{'neg' if i % 2 else 'pos'}\n" for i in range(20)) + "t3,pos\n")
+    load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
+    assert "1 of the 20 distinct training texts appear with different labels (the same text once as one class and " \
+           "once as another, e.g. 't3': neg and pos)" in capsys.readouterr().err
 
 
 def test_images_copied_into_two_class_folders_are_warned_of(tmp_path, capsys):
@@ -661,6 +668,11 @@ def test_images_copied_into_two_class_folders_are_warned_of(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "8 of the 8 distinct training images (the same bytes) appear with different labels" in err, err
     assert "validation samples held out of the training folder are also training samples (the folder repeats" in err
+    # two of eight copied: the two answers still said
+    other = drawn_images(tmp_path / "img2", {"cat": shades, "dog": shades[:2] + [(0, 9 * i, 200) for i in range(6)]},
+                         size=(8, 8))  # fmt: skip
+    load_splits(load_config(None, tiny_image_args(other, tmp_path / "r2")))
+    assert "2 of the 14 distinct training images (the same bytes) appear with different labels" in capsys.readouterr().err
 
 
 def test_json_lines_with_a_comma_after_each_record_says_so(tmp_path):

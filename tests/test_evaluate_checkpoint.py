@@ -36,6 +36,7 @@ from conftest import (
     rotten_rows,
     save_tiny_bert,
     tiny_bert_config,
+    tiny_text_args,
     user_error,
     write_csv,
     write_jsonl,
@@ -191,6 +192,24 @@ def test_other_data_is_mapped_by_label_name(run, tmp_path):
         assert result["metrics_file"] == str(
             run["dir"] / "eval" / f"{data.stem}-{digest[:8]}" / "metrics.json"
         )
+
+
+def test_a_pair_model_scored_on_single_texts_says_so(tmp_path, capsys):
+    """A model trained on sentence pairs, evaluated with text_pair_column=null: scored, as asked, with one line
+    that it never read single texts."""
+    from finetune.run import main as train_main
+
+    rows = [{"premise": a["text"], "hypothesis": b["text"], "label": a["label"]}
+            for a, b in zip(rotten_rows(12), rotten_rows(12, start=50), strict=True)]  # fmt: skip
+    data = write_csv(tmp_path / "pairs.csv", rows)
+    train_main(tiny_text_args({"train": data, "validation": data}, tmp_path / "run", "text_column=premise",
+                              "text_pair_column=hypothesis", "max_steps=1"))  # fmt: skip
+    capsys.readouterr()
+    evaluate([str(tmp_path / "run" / "model"), "--data", str(data), "--output", str(tmp_path / "eval"),
+              "text_pair_column=null"])  # fmt: skip
+    assert "warning: text_pair_column=null: this model was trained on sentence pairs (text_pair_column=hypothesis)" \
+        in capsys.readouterr().err
+    assert (tmp_path / "eval" / "metrics.json").is_file()
 
 
 def test_predictions_carry_the_text_and_its_pair(run, tmp_path, capsys):

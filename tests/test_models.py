@@ -202,7 +202,9 @@ def test_dropout_override_reaches_the_model(small_text_data, tmp_path):
     "setting, message",
     [
         ("model_config.image_sise=32", "ViTConfig has no setting 'image_sise'; did you mean image_size?"),
-        ("model_config.image_size=big", "cannot build a image-classification model from model_config"),
+        ("model_config.image_size=big", "cannot build a image-classification model from model_config: Validation "
+                                        "error for field 'image_size': TypeError: Field 'image_size' with value "
+                                        "'big'"),
         # ViT itself would drop the remainder of 64 / 3 without a word
         ("model_config.num_attention_heads=3", "hidden_size 64 is not a multiple of num_attention_heads 3"),
         ("model_config.patch_size=0", "model_config.patch_size=0: it must be 1 or more"),

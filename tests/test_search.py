@@ -280,6 +280,9 @@ def test_space_names_are_read_without_the_spaces_around_them(capsys):
     line = user_error(capsys, search, ["--budget", "60", "--space", "learning_rate, warmup_ration"],
                       "--space: warmup_ration cannot be searched; choose among")  # fmt: skip
     assert "choose among learning_rate, num_train_epochs" in line
+    for budget in ("inf", "nan", "0", "-5"):  # a search without an end, or none at all
+        user_error(capsys, search, ["--budget", budget], "--budget must be a positive, finite number of seconds")
+    user_error(capsys, search, ["--budget", "60", "--trials", "0"], "--trials must be at least 1, got 0")
 
 
 @pytest.mark.slow  # ~11 s: two searches
