@@ -916,6 +916,11 @@ def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path
         shown = "" if images else f" ({str(train[0][0])[:40]!r})"
         warn(f"every training sample has the same {what}{shown}: the model cannot tell them apart; check "
              f"{_setting_of(columns[0], args)}")  # fmt: skip
+    if not images and len(columns) == 2:  # sentence pairs whose second sentence is the first
+        twins = sum(a == b for a, b in train)
+        if twins * 2 >= len(train):
+            warn(f"{twins} of the {len(train)} training pairs have the same text in {columns[0]} and {columns[1]}: "
+                 f"each sentence would be paired with itself; check {_setting_of(columns[1], args)}")  # fmt: skip
     labels = raw["train"][args.label_column] if args.label_column in raw["train"].column_names else []
     answers: dict[tuple, set] = {}
     for row, label in zip(train, labels, strict=False):
@@ -1084,8 +1089,15 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
 
 
 def _check_list_label_texts(train: HFDataset, column: str) -> None:
-    """Multi-label lists of names: names that differ only by surrounding spaces would be two labels."""
+    """Multi-label lists of names: names that differ only by surrounding spaces would be two labels; a name
+    written twice in one list (["a", "a"]: a typo for another label?) is said once."""
     stripped: dict[str, str] = {}
+    repeated = [(row, labels) for row, labels in enumerate(train[column])
+                if labels and len(labels) != len({str(v) for v in labels})]  # fmt: skip
+    if repeated:
+        row, labels = repeated[0]
+        warn(f"{len(repeated)} training row(s) of label column '{column}' name a label twice (row {row + 1}: "
+             f"{labels}): it counts once; a typo for another label? check those rows")  # fmt: skip
     for row, labels in enumerate(train[column]):
         for name in labels or []:
             if not isinstance(name, str):

@@ -219,11 +219,14 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
 
     kind = kind_of(path)
     if kind == "checkpoint":
-        if not ckpt.is_complete(path):
+        if not (path / ckpt.COMPLETE).is_file():
             raise UserError(
-                f"{spec} is not a complete checkpoint (no {ckpt.COMPLETE} marker or manifest); it "
+                f"{spec} is not a complete checkpoint (no {ckpt.COMPLETE} marker); it "
                 "was probably interrupted while saving: evaluate an earlier one or <run>/model"
             )
+        if not (path / ckpt.MANIFEST).is_file():  # saved whole, then a file of it lost
+            raise UserError(f"{path / ckpt.MANIFEST} is missing: the checkpoint cannot say what it holds; evaluate "
+                            "an earlier one or <run>/model")  # fmt: skip
         try:
             manifest = ckpt.read_manifest(path)
         except ValueError as e:

@@ -515,7 +515,10 @@ def resume_target(cfg: TrainConfig, out: RunDir) -> tuple[Path | None, dict | No
     path = ckpt.resolve_checkpoint(cfg.resume_from_checkpoint, out.root)
     manifest = ckpt.read_manifest(path)
     mine = path.parent.resolve() == out.checkpoints.resolve()  # a checkpoint of this run: what came after it is redone
-    later = [p.name for p in ckpt.list_checkpoints(out.root) if step_of(p) > manifest["step"]] if mine else []
+    # every later step's folder, a damaged one that `latest` skipped too: the run saves those steps again
+    later = sorted((p for p in out.checkpoints.iterdir() if p.is_dir() and (step_of(p) or 0) > manifest["step"]),
+                   key=step_of) if mine else []  # fmt: skip
+    later = [p.name for p in later]
     if later:
         warn(f"resuming from {path.name}, before this run's later checkpoint(s) {', '.join(later)}: they, and the "
              f"export in {out.model}, are replaced as the run goes on from step {manifest['step']} (copy them "

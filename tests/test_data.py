@@ -654,6 +654,19 @@ def test_texts_that_each_appear_with_two_labels_are_warned_of(tmp_path, capsys):
            "once as another, e.g. 't3': neg and pos)" in capsys.readouterr().err
 
 
+def test_pairs_whose_second_sentence_is_the_first_are_warned_of(tmp_path, capsys):
+    """text_pair_column=text is refused; a file whose two columns hold the same sentences means the same."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    train = tmp_path / "pairs.csv"
+    train.write_text("s1,s2,label\n" + "".join(f"t{i},t{i},{'ab'[i % 2]}\n" for i in range(10)))
+    load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r",
+                                                 "text_column=s1", "text_pair_column=s2")))  # fmt: skip
+    assert "10 of the 10 training pairs have the same text in s1 and s2: each sentence would be paired with " \
+           "itself; check text_pair_column" in capsys.readouterr().err
+
+
 def test_images_copied_into_two_class_folders_are_warned_of(tmp_path, capsys):
     """The same image bytes in cat/ and in dog/: two answers for every image, and the share held out for
     validation is copies of training images; both said, as for text."""

@@ -334,6 +334,13 @@ def test_help_lists_the_settings_an_evaluation_reads(capsys):
     assert "learning_rate" not in out and "recipe" not in settings  # only what evaluation reads
 
 
+def _manifest_lost(run, tmp_path):
+    copy = tmp_path / "step-00000098"
+    shutil.copytree(run["checkpoint"], copy, ignore=shutil.ignore_patterns("eval"))
+    (copy / "manifest.json").unlink()
+    return str(copy)
+
+
 def _incomplete(run, tmp_path):
     copy = tmp_path / "step-00000099"
     shutil.copytree(run["checkpoint"], copy, ignore=shutil.ignore_patterns("eval"))
@@ -346,6 +353,7 @@ def _incomplete(run, tmp_path):
     [
         ("missing", "checkpoint not found"),
         ("incomplete", "not a complete checkpoint"),
+        ("manifest_lost", "manifest.json is missing: the checkpoint cannot say what it holds"),
         ("run_dir", "is a run directory"),
         ("checkpoints_dir", "is a run's folder of checkpoints; evaluate one of them (the newest: "),
         ("folder_without_data", "is a folder without data files (.csv, .tsv, .json"),
@@ -372,6 +380,7 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
     args = {
         "missing": [str(tmp_path / "nope" / "checkpoints" / "step-00000001")],
         "incomplete": [_incomplete(run, tmp_path)],
+        "manifest_lost": [_manifest_lost(run, tmp_path)],
         "run_dir": [str(run["dir"])],
         "checkpoints_dir": [str(run["dir"] / "checkpoints")],
         "folder_without_data": [str(run["checkpoint"]), "--data", str(tmp_path / "empty")],  # a text model

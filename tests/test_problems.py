@@ -444,6 +444,18 @@ def test_lists_of_exactly_one_label_train_as_multi_label_with_a_warning(tmp_path
     assert warning not in capsys.readouterr().err
 
 
+def test_a_label_named_twice_in_one_multi_label_list_is_warned_of(tmp_path, capsys):
+    """["a", "a"]: it counts once (a set of labels), but is probably a typo for another label: said once."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    rows = [{"text": f"t{i}", "labels": [["a", "a"], ["b"], ["a", "c"]][i % 3]} for i in range(12)]
+    data = {"train": write_jsonl(tmp_path / "t.jsonl", rows), "validation": write_jsonl(tmp_path / "v.jsonl", rows[:3])}
+    load_splits(load_config(None, tiny_text_args(data, tmp_path / "r", "label_column=labels", "label_names=null")))
+    assert "warning: 4 training row(s) of label column 'labels' name a label twice (row 1: ['a', 'a'])" \
+        in capsys.readouterr().err
+
+
 def test_regression_targets_of_another_scale_in_validation_are_warned_of(tmp_path, capsys):
     """Training scores of a few points, validation scores of the same texts x100: the model is scored on a
     scale it never saw; one warning, not just the run's 'did not learn'."""

@@ -521,6 +521,13 @@ def test_a_resume_from_an_earlier_checkpoint_says_which_later_ones_it_replaces(f
     assert "warning: resuming from step-00000005, before this run's later checkpoint(s) step-00000010" in err, err
     main(tiny_text_args(finished_run.data(), out, *TWO_EPOCHS, "num_train_epochs=3", "resume_from_checkpoint=latest"))
     assert "later checkpoint" not in capsys.readouterr().err  # the newest: nothing is redone
+    # the newest damaged (its manifest gone): latest skips it, goes on from the one before, and says that the
+    # damaged one is replaced too
+    newest = sorted((out / "checkpoints").iterdir())[-1]
+    (newest / "manifest.json").unlink()
+    main(tiny_text_args(finished_run.data(), out, *TWO_EPOCHS, "num_train_epochs=3", "resume_from_checkpoint=latest"))
+    err = capsys.readouterr().err
+    assert f"before this run's later checkpoint(s) {newest.name}" in err, err
 
 
 def test_a_runs_own_folder_as_the_checkpoint_to_resume_is_named_as_such(finished_run, tmp_path, capsys):
