@@ -990,7 +990,7 @@ def _warn_held_out_repeats(train: HFDataset, file_rows: dict[str, list[int]], ar
     held = file_rows["validation"]
     shared = sum(values[i] in kept for i in held)
     if held and shared * 2 >= len(held):
-        source = "folder" if images else "file"
+        source = "folder" if images and args.data_dir else "file"  # an image folder, or a file of image paths
         warn(f"{shared} of the {len(held)} validation samples held out of the training {source} are also training "
              f"samples (the {source} repeats them, the same "
              f"{'image bytes' if images else ' and '.join(columns)}): their scores measure samples the model "
