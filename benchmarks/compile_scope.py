@@ -47,12 +47,7 @@ def run_one(scope: str, argv: list[str]) -> None:
         from finetune import shapes
 
         def regional(model, dynamic: bool, mode: str = "default") -> None:
-            import torch._dynamo
-
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            torch._dynamo.config.accumulated_recompile_limit = max(
-                torch._dynamo.config.accumulated_recompile_limit, 512
-            )
+            shapes.raise_recompile_limits()  # as the app's compile_model
             compile_regions_deepspeed(model, dynamic=dynamic, mode=mode)
 
         assert finetune.run.compile_model is shapes.compile_model

@@ -911,7 +911,7 @@ def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
     if not sub.strip():
         raise UserError(f"{key}: the key after the dot is empty; KEY.SUBKEY=value sets one key of a mapping "
                         f"({name}.hidden_size=32)")  # fmt: skip
-    if dict not in (typing.get_origin(hint), *map(typing.get_origin, typing.get_args(hint))) or not sub:
+    if dict not in (typing.get_origin(hint), *map(typing.get_origin, typing.get_args(hint))):
         mappings = [k for k, h in _field_types().items() if "dict" in str(h)]
         raise UserError(f"{key}: {name} is not a mapping; KEY.SUBKEY=value works for {', '.join(mappings)}")
     current = raw.get(name)

@@ -1092,13 +1092,13 @@ def _check_list_label_texts(train: HFDataset, column: str) -> None:
     """Multi-label lists of names: names that differ only by surrounding spaces would be two labels; a name
     written twice in one list (["a", "a"]: a typo for another label?) is said once."""
     stripped: dict[str, str] = {}
-    repeated = [(row, labels) for row, labels in enumerate(train[column])
-                if labels and len(labels) != len({str(v) for v in labels})]  # fmt: skip
+    lists = train[column]
+    repeated = [(row, labels) for row, labels in enumerate(lists) if labels and len(labels) != len({str(v) for v in labels})]
     if repeated:
         row, labels = repeated[0]
         warn(f"{len(repeated)} training row(s) of label column '{column}' name a label twice (row {row + 1}: "
              f"{labels}): it counts once; a typo for another label? check those rows")  # fmt: skip
-    for row, labels in enumerate(train[column]):
+    for row, labels in enumerate(lists):
         for name in labels or []:
             if not isinstance(name, str):
                 continue

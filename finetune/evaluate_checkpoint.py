@@ -327,28 +327,30 @@ def eval_config(target: Target, task: str | None, data: str | None, overrides: l
         gradient_accumulation_steps=1,
         label_names=target.label_names,
     )
+    given = set()
     for item in overrides:
         key, value = parse_override(item)
+        given.add(key)
         if key not in EVAL_KEYS:
             raise UserError(
                 f"{key} cannot be set when evaluating; evaluation settings are: {', '.join(EVAL_KEYS)}"
             )
         raw[key] = value
-    given = {parse_override(item)[0] for item in overrides}
     if "label_columns" in given and raw.get("label_columns") and raw.get("problem_type") not in (None, MULTI):
         raise UserError(f"label_columns (0/1 columns, one per label) is multi-label data, and this model was trained "
                         f"for {raw['problem_type']}: give its labels in one column with label_column=, or leave "
                         "label_columns out")  # fmt: skip
-    if "text_pair_column" in given and raw.get("text_pair_column") and target.cfg is not None \
-            and target.cfg.text_pair_column is None:  # fmt: skip
-        warn(f"text_pair_column={raw['text_pair_column']}: this model was trained on single texts (its run had no "
-             "text_pair_column), so it never saw sentence pairs and its scores on them measure input it was not "
-             "trained for; leave text_pair_column out, or evaluate a model trained on pairs")  # fmt: skip
-    if "text_pair_column" in given and not raw.get("text_pair_column") and target.cfg is not None \
-            and target.cfg.text_pair_column is not None:  # fmt: skip
-        warn(f"text_pair_column=null: this model was trained on sentence pairs (text_pair_column="
-             f"{target.cfg.text_pair_column}), so its scores on single texts measure input it was not trained for; "
-             "give the second sentence's column as text_pair_column")  # fmt: skip
+    trained = target.cfg.text_pair_column if target.cfg is not None else None
+    if "text_pair_column" in given and target.cfg is not None and bool(raw.get("text_pair_column")) != bool(trained):
+        # sentence pairs for a model of single texts, or single texts for a model of pairs: scored, and said
+        if trained is None:
+            warn(f"text_pair_column={raw['text_pair_column']}: this model was trained on single texts (its run had "
+                 "no text_pair_column), so it never saw sentence pairs and its scores on them measure input it was "
+                 "not trained for; leave text_pair_column out, or evaluate a model trained on pairs")  # fmt: skip
+        else:
+            warn(f"text_pair_column=null: this model was trained on sentence pairs (text_pair_column={trained}), so "
+                 "its scores on single texts measure input it was not trained for; give the second sentence's "
+                 "column as text_pair_column")  # fmt: skip
     return config_from_dict(raw, saved=True)
 
 

@@ -147,13 +147,17 @@ def check_compile(accelerator) -> None:
 def compile_model(model, dynamic: bool, mode: str = "default") -> None:
     """The model compiled whole and in place (`nn.Module.compile`: its parameters, their names and its
     checkpoints unchanged), in torch.compile's `mode` (reduce-overhead: replayed as CUDA graphs on a GPU)."""
+    raise_recompile_limits()
+    model.compile(dynamic=dynamic, mode=mode)
+
+
+def raise_recompile_limits() -> None:
+    """Buckets x (the training variants of frozen and trained layers, evaluation): more than dynamo's
+    default of 8 graphs a code object, after which it would run eagerly without a word."""
     import torch._dynamo
 
-    # Buckets x (the training variants of frozen and trained layers, evaluation): more than dynamo's
-    # default of 8 graphs a code object, after which it would run eagerly without a word.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 512)
-    model.compile(dynamic=dynamic, mode=mode)
 
 
 class CompileCounter:
