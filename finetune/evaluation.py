@@ -98,7 +98,7 @@ def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[st
     (padded to one length first: windows differ in length), put back into their sentences."""
     model.eval()
     pieces: dict[int, list[tuple[int, list[int], list[int]]]] = {}  # sentence -> (first word, preds, gold)
-    loss_sum, terms, rows = 0.0, 0, 0
+    loss_sum, terms, windows = 0.0, 0, 0
     for batch in loader:
         logits = forward(model, batch, chunks, rows)
         labels = batch["labels"].to(logits.device)
@@ -108,13 +108,13 @@ def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[st
         meta = batch["meta"]
         gathered = accelerator.gather_for_metrics((preds, labels, loss, weight, meta["sentence"], meta["first_word"]))
         preds, labels, loss, weight, sentence, first_word = (t.cpu() for t in gathered)
-        loss_sum, terms, rows = loss_sum + loss.double().sum().item(), terms + int(weight.sum()), rows + len(labels)
+        loss_sum, terms, windows = loss_sum + loss.double().sum().item(), terms + int(weight.sum()), windows + len(labels)
         for p, g, s, w in zip(preds, labels, sentence.tolist(), first_word.tolist(), strict=True):
             scored = g != -100
             pieces.setdefault(s, []).append((w, p[scored].tolist(), g[scored].tolist()))
     model.train()
-    if rows != len(loader.dataset):
-        raise RuntimeError(f"evaluated {rows} windows, the dataset has {len(loader.dataset)}")
+    if windows != len(loader.dataset):
+        raise RuntimeError(f"evaluated {windows} windows, the dataset has {len(loader.dataset)}")
     sentences = sorted(pieces)
     if sentences != list(range(len(sentences))):
         raise RuntimeError("the evaluated windows do not cover every sentence once")

@@ -565,6 +565,38 @@ def test_invalid_iob2_in_a_held_out_share_names_the_file_row(tmp_path, capsys):
            "file, word 2)" in held[0], warnings  # fmt: skip
 
 
+def test_tag_evaluation_gives_the_model_each_batch_as_it_is():
+    """Each evaluation batch reaches the model at its own size: none is filled to the windows counted so far
+    (that made the bundled recipe's test evaluation five times slower), and every window is scored once."""
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from finetune.evaluation import evaluate_model
+    from finetune.metrics import TOKENS
+
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[int] = []
+            self.head = torch.nn.Embedding(10, 3)
+
+        def forward(self, input_ids, attention_mask):
+            self.seen.append(len(input_ids))
+            return SimpleNamespace(logits=self.head(input_ids))
+
+    windows = [{"input_ids": torch.tensor([1, 2 + i % 3, 3]), "attention_mask": torch.ones(3, dtype=torch.long),
+                "labels": torch.tensor([-100, i % 3, -100]), "meta": {"sentence": i, "first_word": 0}}
+               for i in range(7)]  # fmt: skip
+    model = Tagger()
+    metrics = evaluate_model(model, DataLoader(windows, batch_size=2), Accelerator(cpu=True), ["O", "B-X", "I-X"],
+                             problem_type=TOKENS)  # fmt: skip
+    assert model.seen == [2, 2, 2, 1]
+    assert metrics["num_words"] == 7 and metrics["num_sentences"] == 7
+
+
 def test_which_words_are_no_token():
     """What the bad-input cases rest on, for the bundled MiniLM tokenizer: control characters, zero-width
     characters and an emoji's variation selector tokenize to nothing; whole emoji (faces, a flag, a
