@@ -699,8 +699,11 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
 
     @property
     def data_args(self) -> DataArgs:
-        """The data section, for the data builders (`data.py`)."""
-        return _view(DataArgs, self)
+        """The data section, for the data builders (`data.py`); `label_names_recipe`: the recipe whose
+        label_names came with data given on the command line (`load_config`), else None."""
+        view = _view(DataArgs, self)
+        object.__setattr__(view, "label_names_recipe", getattr(self, "label_names_recipe", None))
+        return view
 
     @property
     def model_args(self) -> ModelArgs:
@@ -1072,6 +1075,10 @@ def load_config(
             raw[key] = str(REPO_DIR / value)
 
     given = dict(parse_override(item) for item in overrides or [])
+    # The recipe's label_names over data the command line names: they were written for the recipe's own data
+    # (finetune/problems.py says so when they decode integer tag ids, which nothing could check).
+    names_of_recipe = (not saved and raw.get("label_names") and "label_names" not in given
+                       and any(given.get(key) is not None for key in (*FILE_KEYS[:1], *FOLDER_KEYS[:2])))  # fmt: skip
     _data_source_from_command_line(raw, given)
     for item in overrides or []:
         _apply_override(raw, *parse_override(item))
@@ -1097,6 +1104,7 @@ def load_config(
         raise UserError(f"{recipe}, the run's saved config: {e}; repair it there, or delete it: a resume then reads "
                         f"the config saved in its checkpoint's {MANIFEST}") from None
     _check_other_tasks_settings(cfg, {key.split(".")[0] for key in given})
+    object.__setattr__(cfg, "label_names_recipe", str(recipe) if names_of_recipe else None)
     return cfg
 
 

@@ -1088,16 +1088,23 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     return raw, label_names
 
 
-def _check_list_label_texts(train: HFDataset, column: str) -> None:
-    """Multi-label lists of names: names that differ only by surrounding spaces would be two labels; a name
-    written twice in one list (["a", "a"]: a typo for another label?) is said once."""
-    stripped: dict[str, str] = {}
-    lists = train[column]
-    repeated = [(row, labels) for row, labels in enumerate(lists) if labels and len(labels) != len({str(v) for v in labels})]
+def warn_repeated_labels(lists: list, column: str, where: str) -> None:
+    """Multi-label lists of names: a name written twice in one list (["a", "a"]: a typo for another
+    label?) counts once, which is said in one line. `where`: whose rows ("training", an evaluated file)."""
+    repeated = [(row, labels) for row, labels in enumerate(lists)
+                if isinstance(labels, list) and len(labels) != len({str(v) for v in labels})]  # fmt: skip
     if repeated:
         row, labels = repeated[0]
-        warn(f"{len(repeated)} training row(s) of label column '{column}' name a label twice (row {row + 1}: "
+        warn(f"{len(repeated)} {where} row(s) of label column '{column}' name a label twice (row {row + 1}: "
              f"{labels}): it counts once; a typo for another label? check those rows")  # fmt: skip
+
+
+def _check_list_label_texts(train: HFDataset, column: str) -> None:
+    """Multi-label lists of names: names that differ only by surrounding spaces would be two labels; a name
+    written twice in one list is said once (`warn_repeated_labels`)."""
+    stripped: dict[str, str] = {}
+    lists = train[column]
+    warn_repeated_labels(lists, column, "training")
     for row, labels in enumerate(lists):
         for name in labels or []:
             if not isinstance(name, str):

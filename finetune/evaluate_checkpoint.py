@@ -85,7 +85,7 @@ from finetune.config import (
     settings_from_flags,
     settings_help,
 )
-from finetune.data import check_columns, encode_split, file_sha256, load_path, load_splits
+from finetune.data import check_columns, encode_split, file_sha256, load_path, load_splits, warn_repeated_labels
 from finetune.errors import UserError, exit_on_user_error, first_line, remedy, warn, write_failure
 from finetune.evaluation import evaluate_model
 from finetune.lora import apply_lora, merge_lora
@@ -588,6 +588,8 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     check_columns(ds, what, args, labelled, model_task=True)
     if labelled:
         ds = _float_class_ids(ds, args, what)
+        if args.problem_type == MULTI and not args.label_columns and args.label_column in ds.column_names:
+            warn_repeated_labels(ds[args.label_column], args.label_column, what)
     if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError
         try:
             ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)

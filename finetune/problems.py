@@ -198,7 +198,13 @@ def label_names_for(train: HFDataset, args: DataArgs, problem: str) -> list[str]
     given = list(args.label_names) if args.label_names else None
     if problem == TOKENS:
         _check_tag_lists(train, args, "train")  # a string of tags would be read as its characters
-        return tag_names(train, args.tags_column, given)
+        names = tag_names(train, args.tags_column, given)
+        recipe = getattr(args, "label_names_recipe", None)
+        if given and recipe and _kind(getattr(train.features[args.tags_column], "feature", None)) == "int":
+            warn(f"tags column '{args.tags_column}' holds integer ids, read through the label_names of {recipe} "
+                 f"({', '.join(f'{i}={n}' for i, n in enumerate(given))}), which were written for that recipe's own "
+                 "data; if your ids mean other tags, set label_names=[the tag of each id] on the command line")  # fmt: skip
+        return names
     if problem == REGRESSION:
         if given and len(given) != 1:
             raise UserError(f"a regression model has one output; label_names names it, got {given}")

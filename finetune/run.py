@@ -567,14 +567,15 @@ def start_run(cfg: TrainConfig, run: Run) -> None:
         accelerator.init_trackers(run.dir.root.name, config=scalars)
     processes, batch, accumulation = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     threads = f" x {torch.get_num_threads()} threads" if accelerator.device.type == "cpu" else ""
+    task = task_of(cfg.task)
     unwrapped = accelerator.unwrap_model(run.model)
     total = sum(p.numel() for p in unwrapped.parameters())  # DTensor: global
     base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # under LoRA
     name = type(base).__name__.removeprefix("FSDP")  # fully_shard's subclass
     problem = f" ({cfg.problem_type})" if cfg.problem_type not in (None, SINGLE) else ""
     accelerator.print(
-        f"{cfg.task}{problem}: {name}, train {plan.samples} / validation "
-        f"{len(run.splits['validation'])} samples, {processes} process(es) on {accelerator.device}{threads} "
+        f"{cfg.task}{problem}: {name}, train {task.counted(run.splits['train'])} / validation "
+        f"{task.counted(run.splits['validation'])}, {processes} process(es) on {accelerator.device}{threads} "
         f"({accelerator.distributed_type}), precision {accelerator.mixed_precision}, global batch "
         f"{processes * batch * accumulation} ({processes} x {batch} x {accumulation} accumulation), "
         f"{plan.total_steps} optimizer steps, {run.trained:,} of {total:,} weights trained"

@@ -117,6 +117,10 @@ class Task:
         """Data-loader workers when `dataloader_num_workers` is null."""
         return 0
 
+    def counted(self, ds) -> str:
+        """A prepared split's size as the start summary says it: "201 samples"."""
+        return f"{len(ds):,} samples"
+
     def sample_inputs(self, ds, data: DataArgs) -> list[dict[str, Any]]:
         """What each sample was, for predictions.jsonl."""
         raise NotImplementedError
@@ -523,6 +527,11 @@ class TokenClassification(TextClassification):
                                                        "label_columns"}) | {
         "tokens_column", "tags_column", "label_all_tokens"}  # words in lists, not texts
     problems = ("token_classification",)
+
+    def counted(self, ds) -> str:
+        """Sentences, and the windows they make where a long one was split: "5 sentences (7 windows)"."""
+        sentences = len(set(ds["sentence"]))
+        return f"{sentences:,} sentences" + (f" ({len(ds):,} windows)" if len(ds) != sentences else "")
 
     def input_columns(self, data: DataArgs) -> list[str]:
         return [data.tokens_column]

@@ -454,6 +454,13 @@ def test_a_label_named_twice_in_one_multi_label_list_is_warned_of(tmp_path, caps
     load_splits(load_config(None, tiny_text_args(data, tmp_path / "r", "label_column=labels", "label_names=null")))
     assert "warning: 4 training row(s) of label column 'labels' name a label twice (row 1: ['a', 'a'])" \
         in capsys.readouterr().err
+    # The same at evaluation: the evaluated file's rows are named, not dropped without a word.
+    clean = [{"text": r["text"], "labels": sorted(set(r["labels"]))} for r in rows]
+    data = {"train": write_jsonl(tmp_path / "t2.jsonl", clean), "validation": write_jsonl(tmp_path / "v2.jsonl", clean[:3])}
+    main(tiny_text_args(data, tmp_path / "run", "label_column=labels", "label_names=null", "max_steps=1"))
+    capsys.readouterr()
+    evaluate_main([str(tmp_path / "run" / "model"), "--data", str(tmp_path / "t.jsonl"), "--output", str(tmp_path / "e")])
+    assert "row(s) of label column 'labels' name a label twice (row 1: ['a', 'a'])" in capsys.readouterr().err
 
 
 def test_regression_targets_of_another_scale_in_validation_are_warned_of(tmp_path, capsys):

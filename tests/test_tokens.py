@@ -202,6 +202,34 @@ def test_tags_from_parquet_json_and_integer_ids_with_label_names(tmp_path):
         load("seven.jsonl", TAGS)
 
 
+def test_the_start_summary_counts_sentences_and_their_windows(tagging, tmp_path, capsys):
+    """A tagging run's first line counts sentences, as its scores do, and the windows the long ones make."""
+    main(tagging_args(tagging, tmp_path / "run", "max_steps=1"))
+    found = re.search(r"train 37 sentences \((\d+) windows\) / validation 13 sentences \((\d+) windows\)",
+                      capsys.readouterr().out)  # fmt: skip
+    assert found and int(found.group(1)) > 37 and int(found.group(2)) > 13  # every 9th sentence is split
+
+
+def test_integer_tags_read_through_a_recipe_s_label_names_are_said(tmp_path, capsys):
+    """Integer tag ids of the user's own file, decoded by the NER recipe's label_names (written for its own
+    data): one warning that names the mapping and the fix; none when label_names come from the command line,
+    nor for tags written as names, nor for the recipe's own data."""
+    rows = [json.loads(line) for line in write_tagging(tmp_path / "s.jsonl", 12, seed=3).read_text().splitlines()]
+    ids = _rows(tmp_path / "ids.jsonl", [{"tokens": r["tokens"], "ner_tags": [TAGS.index(t) for t in r["ner_tags"]]}
+                                         for r in rows])  # fmt: skip
+    recipe = REPO / "finetune" / "configs" / "bert_ner.yaml"
+
+    def said(*overrides: str) -> bool:
+        capsys.readouterr()
+        load_splits(load_config(recipe, ["validation_file=null", "test_file=null", *overrides]).data_args)
+        return "read through the label_names of" in capsys.readouterr().err
+
+    assert said(f"train_file={ids}")
+    assert not said(f"train_file={ids}", f"label_names={json.dumps(TAGS)}")
+    assert not said(f"train_file={tmp_path / 's.jsonl'}")
+    assert not said()
+
+
 def test_invalid_iob2_is_counted_and_seqeval_strict_scores_on_entities():
     ids = {t: i for i, t in enumerate(TAGS)}
     gold = [[ids[t] for t in s] for s in (["O", "I-PER", "O"], ["B-LOC", "I-LOC", "I-PER"])]
