@@ -85,7 +85,14 @@ from finetune.config import (
     settings_from_flags,
     settings_help,
 )
-from finetune.data import check_columns, encode_split, file_sha256, load_path, load_splits, warn_repeated_labels
+from finetune.data import (
+    check_columns,
+    encode_split,
+    file_sha256,
+    load_path,
+    load_splits,
+    warn_repeated_labels,
+)
 from finetune.errors import UserError, exit_on_user_error, first_line, remedy, warn, write_failure
 from finetune.evaluation import evaluate_model
 from finetune.lora import apply_lora, merge_lora
