@@ -515,6 +515,7 @@ def apply_learning_rate(optimizer, scheduler, manifest: dict[str, Any], learning
     max_steps) applies from the first resumed step, not from the second (the checkpoint holds the old
     plan's rate, 0 at its end). Unchanged, both give back exactly the saved rates."""
     inner = getattr(scheduler, "scheduler", scheduler)  # Accelerate's wrapper
+    stored = optimizer.param_groups[0]["lr"]  # the checkpoint's rate at its step, before any scaling
     saved = (manifest.get("config") or {}).get("learning_rate")
     if isinstance(saved, (int, float)) and saved > 0 and saved != learning_rate:
         ratio = learning_rate / saved
@@ -534,19 +535,20 @@ def apply_learning_rate(optimizer, scheduler, manifest: dict[str, Any], learning
         for group, lr in zip(optimizer.param_groups, planned, strict=True):
             group["lr"] = lr
         inner._last_lr = planned
-        say(f"learning rate {restored[0]:.3g} in the checkpoint, {planned[0]:.3g} on this run's schedule from here")
+        say(f"learning rate {stored:.3g} at the checkpoint's step, {planned[0]:.3g} from here on this run's schedule")
 
 
 # What makes a run what it is: the data order (seed, grouping, the samples), what a sample is (its
-# columns, max_length, the held-out share, the image augmentation), the weights that train (freezing,
-# LoRA), the loss and labels (task, problem type, subword labels, label smoothing, class weights) and
-# what "best" means. A resume keeps them all; one that differs is named, with the checkpoint's value.
+# columns, max_length, the held-out share, the image augmentation), the model built from a config
+# (model_config), the weights that train (freezing, LoRA), the loss and labels (task, problem type,
+# subword labels, label smoothing, class weights) and what "best" means. A resume keeps them all; one
+# that differs is named, with the checkpoint's value.
 # The topology (processes, batch, accumulation) may change only with resume_allow_topology_change.
-FIXED_ON_RESUME = ("task", "problem_type", "seed", "group_by_length", "freeze_embeddings", "freeze_layers", "peft",
-                   "label_all_tokens", "max_length", "text_column", "text_pair_column", "image_column",
-                   "tokens_column", "tags_column", "label_column", "label_columns", "validation_split_percentage",
-                   "random_flip", "augment", "label_smoothing", "class_weights", "metric_for_best_model",
-                   "greater_is_better")  # fmt: skip
+FIXED_ON_RESUME = ("task", "problem_type", "model_config", "seed", "group_by_length", "freeze_embeddings",
+                   "freeze_layers", "peft", "label_all_tokens", "max_length", "text_column", "text_pair_column",
+                   "image_column", "tokens_column", "tags_column", "label_column", "label_columns",
+                   "validation_split_percentage", "random_flip", "augment", "label_smoothing", "class_weights",
+                   "metric_for_best_model", "greater_is_better")  # fmt: skip
 # Settings that say where and how the processes run, not what is trained (or that are checked apart:
 # label_names with the labels, the samples by their count): a resume changes them without a word.
 # Any other setting may change on a resume (learning_rate, weight_decay, dropout, max_steps, the cadences
@@ -609,6 +611,9 @@ def check_resume_compatible(
             continue
         if key == "problem_type" and saved is None:
             saved = "single_label_classification"
+        if saved != now and isinstance(saved, dict) and isinstance(now, dict):  # model_config, peft: the sub-key
+            sub = next(k for k in sorted({*saved, *now}, key=str) if saved.get(k) != now.get(k))
+            key, saved, now = f"{key}.{sub}", saved.get(sub), now.get(sub)
         if saved != now:
             raise UserError(
                 f"the checkpoint was trained with {key}={_shown(saved)}, this run has {key}={_shown(now)}; resume with "

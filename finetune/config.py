@@ -770,7 +770,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         return [_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise UserError(f"{key} must be a mapping like {{a: 1}}, got {value!r}")
+            example = MAPPING_EXAMPLES.get(key, "{key: value}")
+            raise UserError(f"{key} must be a mapping like {example}, got {value!r}")
         return value
     if hint is bool:
         if isinstance(value, bool):
@@ -823,6 +824,9 @@ LABEL_KEYS = {
 MODE_FLAGS = {"dry_run": "--dry-run", "plan_only": "--plan-only"}
 
 
+MAPPING_EXAMPLES = {"peft": "{r: 8, alpha: 16}", "model_config": "{model_type: bert, hidden_size: 128}"}
+
+
 def _unknown_key(key: str, known: list[str], value: Any = None) -> UserError:
     if key in MODE_FLAGS:
         return UserError(f"{key} is not a setting; pass the flag {MODE_FLAGS[key]}")
@@ -838,7 +842,7 @@ def _unknown_key(key: str, known: list[str], value: Any = None) -> UserError:
         shown = ", ".join(inside[:3]) + (", ..." if len(inside) > 3 else "")
         return UserError(f"unknown config key '{key}': a recipe is flat: move the settings under it ({shown}) "
                          f"to the top level and drop '{key}:'")  # fmt: skip
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.52)  # not defaults -> peft (0.5)
+    close = difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.52)  # not defaults -> peft (0.5)
     hint = f"; did you mean {close[0]}?" if close else ""
     return UserError(f"unknown config key '{key}'{hint}")
 
@@ -852,6 +856,13 @@ def settings_from_flags(argv: list[str], keys: typing.Collection[str] | None = N
     while i < len(argv):
         token = argv[i]
         name, eq, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        head = name.split(".")[0]
+        if name and head not in names and head.replace("-", "_") in names:  # --max-steps: HfArgumentParser's too
+            name = name.replace("-", "_", head.count("-"))
+        elif name and head not in names:  # an option of the command (--config), or a setting mistyped
+            close = difflib.get_close_matches(head.replace("-", "_").lower(), sorted(names), n=1, cutoff=0.8)
+            if close:
+                raise UserError(f"unknown setting --{head}; did you mean --{close[0]} ({close[0]}=VALUE)?")
         if name.split(".")[0] not in names:
             out.append(token)
         elif eq:

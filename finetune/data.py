@@ -764,6 +764,9 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
     task, label_columns, inputs = task_of(args.task), args.label_sources if labelled else [], args.input_columns
     for column in (*label_columns, *inputs):
         if column not in ds.column_names:
+            if len(ds) == 1 and {"model_type", "architectures"} & set(ds.column_names):  # an export's config.json
+                raise UserError(f"the {split} data is one record with the keys of a model's config.json (model_type, "
+                                "architectures, ...): that file describes a model, it holds no samples; give a data file")  # fmt: skip
             why = task.missing_label_error(ds, split, args) if column in label_columns else None
             if why:
                 raise UserError(why)

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import TrainConfig, load_config
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error, warn
 from finetune.rundir import RunDir
 
 DEFAULT_STEPS = 3
@@ -401,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
                 run_in_process(args[v])
         comparisons = [compare(root / reference.dirname, root / v.dirname, v) for v in variants[1:]]
         reference_steps = json.loads(RunDir(root / reference.dirname).results.read_text())["step"]
+        if reference_steps < opts.steps:  # the data held fewer samples than the check takes (after a held-out share)
+            warn(f"the training data gave fewer than the check's {samples} samples: each variant ran {reference_steps} "
+                 f"optimizer step(s), not {opts.steps}, so the last step's short window was not checked; give more "
+                 f"training data, or --steps {reference_steps}")  # fmt: skip
         ok = report(comparisons, reference, reference_steps, opts.tolerance, cfg.learning_rate)
     finally:
         if not opts.keep:

@@ -377,6 +377,24 @@ def test_settings_that_define_the_data_or_the_loss_are_fixed_on_resume(key, valu
     assert f"the checkpoint was trained with {shown}, this run has {key}=" in str(refused.value)
 
 
+def test_a_resume_with_another_model_config_names_the_sub_key(saved_run):
+    """The run built its model from a config; the resume gives the same config with a wider layer: the line
+    names the sub-key and both values, not damaged weights; the same config resumes."""
+    from finetune.config import config_from_dict
+    from finetune.errors import UserError
+
+    manifest = ckpt.read_manifest(ckpt.list_checkpoints(saved_run[1])[-1])
+    built = manifest["config"]["model_config"]
+    wider = config_from_dict({**manifest["config"], "model_config": {**built, "hidden_size": built["hidden_size"] * 2}},
+                             saved=True)  # fmt: skip
+    with pytest.raises(UserError) as refused:
+        ckpt.check_resume_compatible(manifest, wider, 1, manifest["label_names"], 37, fsdp=False)
+    assert (f"trained with model_config.hidden_size={built['hidden_size']}, this run has "
+            f"model_config.hidden_size={built['hidden_size'] * 2}") in str(refused.value)  # fmt: skip
+    same = config_from_dict({**manifest["config"], "model_config": dict(built)}, saved=True)
+    assert ckpt.check_resume_compatible(manifest, same, 1, manifest["label_names"], 37, fsdp=False) is False
+
+
 class _Optimizer(Hooks):
     """Keeps the weight decay of the optimizer's first group at each step (after the resume's restore)."""
 

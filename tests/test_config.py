@@ -160,6 +160,19 @@ def test_a_flag_without_its_value_is_one_line(capsys):
     user_error(capsys, main, ["--max_steps", "--dry-run"], "--max_steps needs a value")
 
 
+def test_setting_flags_with_hyphens_read_and_mistyped_ones_get_the_nearest(capsys):
+    """`--max-steps 3` is HfArgumentParser's other spelling of --max_steps; a mistyped `--num_train_epoch`
+    or an upper-case key gets the nearest setting, not argparse's "unrecognized arguments"."""
+    from finetune.config import settings_from_flags
+
+    assert settings_from_flags(["--max-steps", "3", "--group-by-length", "--dry-run"]) == [
+        "max_steps=3", "group_by_length=true", "--dry-run"]  # fmt: skip
+    user_error(capsys, main, ["--num_train_epoch", "1"], "unknown setting --num_train_epoch; did you mean "
+               "--num_train_epochs (num_train_epochs=VALUE)?")  # fmt: skip
+    user_error(capsys, main, ["--MAX_STEPS", "1"], "did you mean --max_steps")
+    user_error(capsys, main, ["MAX_STEPS=1"], "unknown config key 'MAX_STEPS'; did you mean max_steps?")
+
+
 def test_a_train_file_of_ones_own_beside_the_recipe_s_test_file_is_said(tmp_path, monkeypatch, capsys):
     """The NER recipe with only train_file set keeps the bundled test set: kept, but said in one line with
     the fix; naming the evaluation files (or null) says nothing; a file beside the recipe's own neither."""

@@ -43,6 +43,19 @@ def test_labels_that_probably_mean_something_else_are_refused(labels, fragment, 
     assert fragment in user_error(capsys, main, recipe_text_args(data, tmp_path / "run"))
 
 
+def test_a_model_s_config_json_given_as_data_is_named(tmp_path, capsys):
+    """An export's config.json as train_file (it is JSON, and names a file, not a folder) is said to describe a
+    model, not listed as columns (model_type, architectures, ...) that lack the label."""
+    config = tmp_path / "model" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"architectures": ["BertForSequenceClassification"], "model_type": "bert",
+                                  "hidden_size": 16, "id2label": {"0": "neg", "1": "pos"}}))  # fmt: skip
+    rows = [{"text": f"sentence {i}", "label": ["pos", "neg"][i % 2]} for i in range(12)]
+    data = {"train": config, "validation": write_csv(tmp_path / "v.csv", rows)}
+    user_error(capsys, main, recipe_text_args(data, tmp_path / "run"), "the keys of a model's config.json",
+               "give a data file")  # fmt: skip
+
+
 def test_a_label_that_differs_only_by_spaces_or_case_in_validation_is_named(tmp_path, capsys):
     rows = [{"text": f"sentence {i}", "label": ["pos", "neg"][i % 2]} for i in range(12)]
     other = [{**row, "label": {"pos": "pos ", "neg": "Neg"}[row["label"]]} for row in rows]

@@ -43,7 +43,7 @@ def test_accumulation_agrees_with_one_big_batch(recipe, tmp_path, capsys):
     # the batch given as the docs show it: each variant sets its own, without a "given twice" warning
     assert verify.main(["--config", str(recipe), "--keep", str(tmp_path / "runs"), "per_device_train_batch_size=8"]) == 0
     printed, err = capsys.readouterr()
-    assert "given twice" not in err
+    assert "given twice" not in err and "fewer than the check's" not in err
     assert "1 x 8 x 1" in printed and "1 x 4 x 2" in printed
     assert "OK: every variant agrees with one big batch within 1e-05" in printed
     assert not (tmp_path / "never-written").exists()  # the recipe's own output_dir is left alone
@@ -51,6 +51,16 @@ def test_accumulation_agrees_with_one_big_batch(recipe, tmp_path, capsys):
     assert "on 19 samples" in printed
     config = (tmp_path / "runs" / "accumulation" / "config.yaml").read_text()
     assert "hidden_dropout_prob: 0.0" in config or "dropout: 0.0" in config
+
+
+def test_a_check_longer_than_the_data_says_how_far_it_ran(recipe, capsys):
+    """6 steps of 8 want 6 x 8 - 5 = 43 samples; the file has 37: 5 steps ran, which is said, not hidden
+    behind the header's plan."""
+    assert verify.main(["--config", str(recipe), "--steps", "6"]) == 0
+    printed, err = capsys.readouterr()
+    assert "6 optimizer steps on 43 samples" in printed
+    assert "warning: the training data gave fewer than the check's 43 samples: each variant ran 5 optimizer " \
+           "step(s), not 6" in err and "--steps 5" in err  # fmt: skip
 
 
 def test_frozen_lower_layers_agree_with_one_big_batch(recipe, tmp_path, capsys):
