@@ -607,7 +607,7 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         lambda w: ["--config", str(w.root / "nope.yaml"), f"output_dir={w.done}"],
         "config file not found",
     ),
-    "unknown_option": (lambda w: [*_text(w), "--learning-rate", "1"], "unrecognized arguments: --learning-rate"),
+    "unknown_option": (lambda w: [*_text(w), "--fast", "1"], "unrecognized arguments: --fast"),
     "not_key_value": (lambda w: [*_text(w), "fast"], "expected key=value, got 'fast' (no spaces around '='"),
     # the output directory and the hardware
     "finished_output_dir": (
