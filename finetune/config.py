@@ -989,7 +989,7 @@ def read_yaml(text: str) -> Any:
 FILE_KEYS, FOLDER_KEYS = ("train_file", "validation_file", "test_file"), ("data_dir", "dataset_name", "dataset_config_name")
 
 
-def _data_source_from_command_line(raw: dict[str, Any], given: dict[str, Any]) -> None:
+def _data_source_from_command_line(raw: dict[str, Any], given: dict[str, Any], saved: bool = False) -> None:
     """The data comes from files or from a folder (or the hub), not both: the loader reads the files when
     there are any and ignores data_dir, and an imagefolder or hub dataset_name ignores the files. So a
     command line that names one source (data_dir=..., or train_file=...) and no value for the other's keys
@@ -1000,7 +1000,8 @@ def _data_source_from_command_line(raw: dict[str, Any], given: dict[str, Any]) -
         if given.get(source) is not None and all(given.get(key) is None for key in other):
             for key in other:
                 raw.pop(key, None)
-    _warn_of_the_recipe_s_evaluation_files(raw, given)
+    if not saved:  # a run's own config.yaml holds the user's files, not a recipe's
+        _warn_of_the_recipe_s_evaluation_files(raw, given)
     _model_from_command_line(raw, given)
 
 
@@ -1090,7 +1091,7 @@ def load_config(
     # (finetune/problems.py says so when they decode integer tag ids, which nothing could check).
     names_of_recipe = (not saved and raw.get("label_names") and "label_names" not in given
                        and any(given.get(key) is not None for key in (*FILE_KEYS[:1], *FOLDER_KEYS[:2])))  # fmt: skip
-    _data_source_from_command_line(raw, given)
+    _data_source_from_command_line(raw, given, saved)
     for item in overrides or []:
         _apply_override(raw, *parse_override(item))
     if not saved and isinstance(raw.get("task"), str) and raw["task"] in TASKS and "freeze_embeddings" not in given \

@@ -1086,6 +1086,13 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
             f"max_train_samples={args.max_train_samples} leaves the training data one class ({only!r}: the first "
             f"{args.max_train_samples} rows are taken); a classifier needs at least two: raise max_train_samples"
         )
+    if problem == SINGLE and "validation" in raw and len(raw["validation"]) > 1:
+        held = set(raw["validation"]["labels"])
+        if len(held) == 1:  # its accuracy is that of always answering that class: "learned" cannot be judged there
+            only = label_names[next(iter(held))]
+            warn(f"the validation data holds one class ({only!r}) of the {len(label_names)}: its scores are those of "
+                 "always answering it, and cannot tell whether the model learned; give validation data with every "
+                 "class, or leave validation_file out to hold out a stratified share of train")  # fmt: skip
     for split, rows_of in file_rows.items():  # read by the notices (finetune/tasks.py: a tag's row)
         raw[split].file_rows = rows_of[: len(raw[split])]
     return raw, label_names
@@ -1171,6 +1178,11 @@ def infer_task(args: DataArgs) -> str:
     return task_for_data(raw["train"].features, args)
 
 
+# A first line of these (word, tag; TOKEN, NE...) is a table's header, not a token: CoNLL files have none.
+CONLL_HEADER_WORDS = {"word", "words", "token", "tokens", "form", "tag", "tags", "ner", "ner_tag", "ner_tags", "ne",
+                      "label", "labels", "iob", "bio", "entity"}  # fmt: skip
+
+
 def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> HFDataset:
     """A CoNLL/IOB2 text file as sentences: {tokens_column: [words], tags_column: [tags]}.
 
@@ -1198,6 +1210,10 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                 if (text.startswith("#") and not text.startswith("#\t") and not hash_word) or fields[0] == "-DOCSTART-":
                     continue
                 if columns is None:
+                    if (len(fields) >= 2 and not re.fullmatch(r"O|[BIES]-\S+", fields[-1])
+                            and {fields[0].lower(), fields[-1].lower()} & CONLL_HEADER_WORDS):  # fmt: skip
+                        raise UserError(f"{split} file {path} line {number} looks like a header ({' '.join(fields)!r}): a "
+                                        "CoNLL file has none, only a token and its tag on each line; delete that line")  # fmt: skip
                     columns = len(fields)
                     looks = [i for i, f in enumerate(fields) if i and re.fullmatch(r"O|[BIES]-\S+", f)]
                     tag_at = looks[-1] if looks else -1

@@ -50,6 +50,11 @@ import os
 # which cost nothing measurable on a quiet machine (README, "CPU threads"). A user's own policy is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+if __name__ == "__main__":
+    from finetune.signals import stop_while_starting
+
+    stop_while_starting()  # Ctrl-C or SIGTERM during the imports (seconds): one line, not a traceback
+
 import argparse
 import contextlib
 import dataclasses

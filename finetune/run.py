@@ -412,6 +412,10 @@ def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: 
         model.get_input_embeddings().requires_grad_(False)
     if cfg.freeze_layers:
         freeze_layers(model, cfg.freeze_layers)
+        if cfg.model_config is not None and not cfg.resume_from_checkpoint:  # built at random, not loaded
+            warn(f"freeze_layers={cfg.freeze_layers} freezes the embeddings and layers of a model built at random "
+                 "from model_config: they stay random and only the rest learns; freezing is for pretrained weights "
+                 "(model_name_or_path): set freeze_layers=0")  # fmt: skip
     if cfg.gradient_checkpointing:
         if not model.supports_gradient_checkpointing:
             raise UserError(f"{type(model).__name__} does not support gradient_checkpointing")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Sampler
 
-from finetune.errors import UserError
+from finetune.errors import UserError, warn
 
 
 def step_loss(loss_sum: torch.Tensor, window_count: int, processes: int, accumulation: int) -> torch.Tensor:
@@ -188,11 +188,15 @@ def plan_steps(cfg, processes: int, samples: int, manifest: dict | None = None, 
         math.ceil(cfg.num_train_epochs) if cfg.max_steps is None else math.ceil(total_steps / steps_per_epoch) + 1
     )
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else math.ceil(cfg.warmup_ratio * total_steps)
-    if warmup > total_steps:
+    if warmup >= total_steps and cfg.warmup_steps is not None:  # the first step's rate is 0: never at learning_rate
         raise UserError(
-            f"warmup_steps={warmup} exceeds the {total_steps} optimizer steps of the run: the learning rate "
-            "would never reach learning_rate; lower warmup_steps"
+            f"warmup_steps={warmup} covers all {total_steps} optimizer step(s) of the run: the learning rate would "
+            "never reach learning_rate; lower warmup_steps"
         )
+    if warmup >= total_steps and (manifest is None or manifest["step"] < total_steps):
+        warn(f"warmup_ratio={cfg.warmup_ratio:g} makes all {total_steps} optimizer step(s) warm-up steps: the "
+             "learning rate never reaches learning_rate (the first step's is 0, so one step trains nothing); train "
+             "more steps, or set warmup_ratio=0")  # fmt: skip
     return StepPlan(samples, batches, steps_per_epoch, total_steps, num_epochs, warmup)
 
 

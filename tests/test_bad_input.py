@@ -695,7 +695,7 @@ SETTINGS: dict[str, tuple[list[str], str]] = {
     "warmup_steps_past_max_steps": (["warmup_steps=5"], "warmup_steps=5 exceeds max_steps=1"),
     "warmup_steps_past_the_run": (
         ["max_steps=null", "num_train_epochs=1", "warmup_steps=500"],
-        "warmup_steps=500 exceeds the 2 optimizer steps of the run",
+        "warmup_steps=500 covers all 2 optimizer step(s) of the run",
     ),
     "logging_steps_zero": (["logging_steps=0"], "logging_steps must be a positive integer"),
     "eval_steps_zero": (["eval_steps=0"], "eval_steps must be positive"),

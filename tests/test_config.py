@@ -190,6 +190,11 @@ def test_a_train_file_of_ones_own_beside_the_recipe_s_test_file_is_said(tmp_path
     bundled = REPO / "data" / "uner_english_ewt" / "validation.jsonl"
     load_config(recipe, [f"train_file={bundled}"])
     assert "warning:" not in capsys.readouterr().err
+    # A resume reads the run's own config.yaml: its evaluation files are the user's, not a recipe's.
+    saved = tmp_path / "config.yaml"
+    saved.write_text(recipe.read_text())
+    load_config(saved, [f"train_file={mine}"], saved=True)
+    assert "warning:" not in capsys.readouterr().err
 
 
 def test_a_key_set_twice_in_a_recipe_is_refused_with_its_lines(tmp_path):

@@ -56,6 +56,18 @@ def test_a_model_s_config_json_given_as_data_is_named(tmp_path, capsys):
                "give a data file")  # fmt: skip
 
 
+def test_a_validation_file_of_one_class_is_said(tmp_path, capsys):
+    """Its accuracy is that of always answering the class, so it cannot judge the model: one warning."""
+    rows = [{"text": f"sentence {i}", "label": ["pos", "neg"][i % 2]} for i in range(12)]
+    data = {"train": write_csv(tmp_path / "t.csv", rows),
+            "validation": write_csv(tmp_path / "v.csv", [r for r in rows if r["label"] == "pos"])}
+    main(recipe_text_args(data, tmp_path / "run", "max_steps=1"))
+    assert "warning: the validation data holds one class ('pos') of the 2" in capsys.readouterr().err
+    data["validation"] = write_csv(tmp_path / "v2.csv", rows[:4])
+    main(recipe_text_args(data, tmp_path / "run2", "max_steps=1"))
+    assert "holds one class" not in capsys.readouterr().err
+
+
 def test_a_label_that_differs_only_by_spaces_or_case_in_validation_is_named(tmp_path, capsys):
     rows = [{"text": f"sentence {i}", "label": ["pos", "neg"][i % 2]} for i in range(12)]
     other = [{**row, "label": {"pos": "pos ", "neg": "Neg"}[row["label"]]} for row in rows]

@@ -157,7 +157,7 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_numbers(
     assert max((plain[k] - checkpointed[k]).abs().max().item() for k in plain) <= 1e-6
 
 
-def test_freeze_layers_keeps_embeddings_and_lower_layers_as_loaded(small_text_data, tmp_path, monkeypatch):
+def test_freeze_layers_keeps_embeddings_and_lower_layers_as_loaded(small_text_data, tmp_path, monkeypatch, capsys):
     initial = {}
     real_build = run_module.build_model
 
@@ -175,6 +175,8 @@ def test_freeze_layers_keeps_embeddings_and_lower_layers_as_loaded(small_text_da
     assert frozen and not frozen & changed, frozen & changed
     # the layer above and the head trained
     assert any(k.startswith("bert.encoder.layer.1.") for k in changed) and "classifier.weight" in changed
+    # the model was built at random from model_config: its frozen layers stay random, which is said
+    assert "warning: freeze_layers=1 freezes the embeddings and layers of a model built at random" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

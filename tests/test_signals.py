@@ -57,6 +57,20 @@ def _checkpoint_steps(out: Path) -> list[int]:
 # --- in the training loop -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("script, arg", [("finetune/run.py", "--dry-run"), ("finetune/evaluate_checkpoint.py", "model")])
+def test_ctrl_c_while_an_entry_point_imports_is_one_line(script, arg, tmp_path):
+    """Ctrl-C in the seconds the entry point spends importing torch and transformers: one `stopped:` line and
+    exit 130, not a KeyboardInterrupt traceback, for training and for evaluation alike."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(REPO / script), arg], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(1.0)  # the imports take several seconds
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip() == "stopped: interrupted while starting; nothing was written"
+
+
 def test_sigterm_saves_a_checkpoint_and_resume_is_exact(finished_run, tmp_path):
     """`python finetune/run.py ...` as a one-process job: the process that gets the signal trains."""
     data, reference = finished_run.data(), finished_run(*UNINTERRUPTED)

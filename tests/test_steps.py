@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import (
     tiny_text_args,
+    user_error,
 )
 from transformers import get_scheduler
 
@@ -81,3 +82,15 @@ def test_dry_run_prints_the_plan_and_writes_nothing(small_text_data, tmp_path, c
     printed = capsys.readouterr().out
     assert "total_optimizer_steps" in printed and "last_learning_rate" in printed
     assert not out.exists()
+
+
+def test_a_warm_up_as_long_as_the_run_is_said_or_refused(small_text_data, tmp_path, capsys):
+    """max_steps=1 with a warm-up ratio: the only step's learning rate is 0, so nothing trains: one warning.
+    warmup_steps as many as the run's steps (from its epochs) never reach learning_rate: refused."""
+    main(tiny_text_args(small_text_data, tmp_path / "one", "--dry-run", "max_steps=1", "warmup_ratio=0.1"))
+    assert "warning: warmup_ratio=0.1 makes all 1 optimizer step(s) warm-up steps" in capsys.readouterr().err
+    main(tiny_text_args(small_text_data, tmp_path / "two", "--dry-run", "max_steps=2", "warmup_ratio=0.1"))
+    assert "warm-up steps" not in capsys.readouterr().err
+    user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "r", "--dry-run", "per_device_train_batch_size=37",
+                                            "num_train_epochs=2", "warmup_steps=2"),
+               "warmup_steps=2 covers all 2 optimizer step(s) of the run")  # fmt: skip

@@ -130,6 +130,17 @@ def test_a_damaged_conll_file_is_one_line_with_its_line(tmp_path, text, fragment
         load_raw({"train": str(path)}, None, None, None)
 
 
+def test_a_conll_file_with_a_header_line_is_refused_as_such(tmp_path):
+    """`word<TAB>tag` (a table's header) on the first line is said to be one; a first word "Word" tagged O is
+    a token."""
+    path = tmp_path / "h.conll"
+    path.write_text("TOKEN\tNE\nAda\tB-PER\nwrote\tO\n")
+    with pytest.raises(UserError, match=r"line 1 looks like a header \('TOKEN NE'\): a CoNLL file has none"):
+        read_conll(str(path), "train", "tokens", "ner_tags")
+    path.write_text("Word\tO\nAda\tB-PER\n")
+    assert read_conll(str(path), "train", "tokens", "ner_tags")["tokens"] == [["Word", "Ada"]]
+
+
 def test_a_conll_file_of_many_sentences_with_one_long_one_is_read(tmp_path):
     """Twenty sentences with their blank lines, one of 600 words: a long sentence (split into windows for
     the model), not a file without blank lines."""
