@@ -119,6 +119,7 @@ from finetune.rundir import (
     replaced_whole_around,
 )
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
+from finetune.signals import started
 from finetune.tasks import TASK_NAMES, task_of, task_of_model
 
 FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
@@ -1000,6 +1001,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    started()  # a later Ctrl-C is not "while starting"
     return evaluate_checkpoint(parse_args(sys.argv[1:] if argv is None else argv))
 
 

@@ -332,6 +332,7 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     )  # before anything is written: a resume that would change the run is refused now
     plan = plan_steps(cfg, accelerator.num_processes, len(splits["train"]), manifest, moved)
     ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)  # a max_steps short of the checkpoint
+    warn_of_later_checkpoints(out, resume_path, manifest)
     optimizer, trained = make_optimizer(cfg, model, accelerator)
     scheduler = make_scheduler(cfg, optimizer, plan)
     if cfg.push_to_hub_model_id:
@@ -517,7 +518,13 @@ def resume_target(cfg: TrainConfig, out: RunDir) -> tuple[Path | None, dict | No
     if not cfg.resume_from_checkpoint:
         return None, None
     path = ckpt.resolve_checkpoint(cfg.resume_from_checkpoint, out.root)
-    manifest = ckpt.read_manifest(path)
+    return path, ckpt.read_manifest(path)
+
+
+def warn_of_later_checkpoints(out: RunDir, path: Path | None, manifest: dict | None) -> None:
+    """A resume before this run's later checkpoints redoes them: said once the resume's checks passed."""
+    if path is None:
+        return
     mine = path.parent.resolve() == out.checkpoints.resolve()  # a checkpoint of this run: what came after it is redone
     # every later step's folder, a damaged one that `latest` skipped too: the run saves those steps again
     later = sorted((p for p in out.checkpoints.iterdir() if p.is_dir() and (step_of(p) or 0) > manifest["step"]),
@@ -527,7 +534,6 @@ def resume_target(cfg: TrainConfig, out: RunDir) -> tuple[Path | None, dict | No
         warn(f"resuming from {path.name}, before this run's later checkpoint(s) {', '.join(later)}: they, and the "
              f"export in {out.model}, are replaced as the run goes on from step {manifest['step']} (copy them "
              "elsewhere first to keep them)")  # fmt: skip
-    return path, manifest
 
 
 def make_optimizer(cfg: TrainConfig, model, accelerator: Accelerator):
@@ -839,6 +845,7 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
     )
     plan = plan_steps(cfg, processes, len(splits["train"]), manifest, moved)
     ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)
+    warn_of_later_checkpoints(out, resume_path, manifest)
     optimizer, _ = make_optimizer(cfg, model, accelerator)
     lam = make_scheduler(cfg, optimizer, plan).lr_lambdas[0]
     summary = {

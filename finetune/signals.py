@@ -41,6 +41,14 @@ def stop_while_starting() -> None:
         signal.signal(sig, stopped)
 
 
+def started() -> None:
+    """The imports are done (`stop_while_starting`'s end): Ctrl-C is a KeyboardInterrupt again, which the
+    entry point says in one `stopped:` line (finetune/errors.py), and SIGTERM ends the process."""
+    if _in_main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def stop_outside_the_loop() -> None:
     """SIGTERM outside the training loop (loading, building, before the first step) ends the process
     as Ctrl-C does there: one `stopped:` line, exit 143, and what the start registered to undo on a

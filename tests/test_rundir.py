@@ -514,9 +514,14 @@ def test_a_resume_from_an_earlier_checkpoint_says_which_later_ones_it_replaces(f
     """Going on from step 5 of a run that reached step 10 redoes steps 6-10: their checkpoint and the export
     are replaced as the run goes on, said before it starts (asked for, so not refused)."""
     out = finished_run.copy(tmp_path / "run", *TWO_EPOCHS)
+    early = f"resume_from_checkpoint={out / 'checkpoints' / 'step-00000005'}"
+    # a resume that a check refuses replaces nothing, and says nothing of it
     capsys.readouterr()
-    main(tiny_text_args(finished_run.data(), out, *TWO_EPOCHS,
-                        f"resume_from_checkpoint={out / 'checkpoints' / 'step-00000005'}"))  # fmt: skip
+    with pytest.raises(SystemExit):
+        main(tiny_text_args(finished_run.data(), out, *TWO_EPOCHS, early, "seed=7"))
+    err = capsys.readouterr().err
+    assert "the checkpoint was trained with seed=42" in err and "later checkpoint" not in err, err
+    main(tiny_text_args(finished_run.data(), out, *TWO_EPOCHS, early))
     err = capsys.readouterr().err
     assert "warning: resuming from step-00000005, before this run's later checkpoint(s) step-00000010" in err, err
     main(tiny_text_args(finished_run.data(), out, *TWO_EPOCHS, "num_train_epochs=3", "resume_from_checkpoint=latest"))

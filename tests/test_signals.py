@@ -71,6 +71,23 @@ def test_ctrl_c_while_an_entry_point_imports_is_one_line(script, arg, tmp_path):
     assert "Traceback" not in err and err.strip() == "stopped: interrupted while starting; nothing was written"
 
 
+def test_the_evaluation_gives_ctrl_c_back_once_it_has_started(tmp_path, capsys):
+    """After its imports the evaluation's Ctrl-C is a KeyboardInterrupt again (said as one `stopped:` line by
+    the entry point), not the imports' "interrupted while starting"."""
+    from finetune.evaluate_checkpoint import main as evaluate
+    from finetune.signals import stop_while_starting
+
+    stop_while_starting()
+    try:
+        with pytest.raises(SystemExit):
+            evaluate([str(tmp_path / "no-model")])
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def test_sigterm_saves_a_checkpoint_and_resume_is_exact(finished_run, tmp_path):
     """`python finetune/run.py ...` as a one-process job: the process that gets the signal trains."""
     data, reference = finished_run.data(), finished_run(*UNINTERRUPTED)
