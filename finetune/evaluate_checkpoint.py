@@ -607,7 +607,7 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
         try:
             ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)
         except UserError as e:  # training's fix (label_names) is no evaluation setting: the model's tags are fixed
-            said = str(e).replace("is not in label_names (tags:", "is not one of the model's tags (").replace(
+            said = str(e).replace("is not in label_names (tags: ", "is not one of the model's tags (").replace(
                 "; fix the tag, or list it in label_names", "; fix the tag in the data (the model predicts only these)")
             raise UserError(said) from None
     else:

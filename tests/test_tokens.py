@@ -470,7 +470,7 @@ def test_the_bundled_ner_recipe_trains_and_prints_test_entity_f1(tmp_path, capsy
     assert sentences == 2077
     other = _rows(tmp_path / "other.jsonl", [{"tokens": ["ada", "went"], "ner_tags": ["B-MISC", "O"]}])
     line = user_error(capsys, evaluate, [str(tmp_path / "run" / "model"), "--data", str(other)])
-    assert "tag 'B-MISC' at row 1, word 1 is not one of the model's tags (" in line  # label_names: no evaluation key
+    assert "tag 'B-MISC' at row 1, word 1 is not one of the model's tags (O, B-PER, " in line  # no evaluation key
     assert line.endswith("; fix the tag in the data (the model predicts only these)"), line
 
 
