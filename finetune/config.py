@@ -1090,7 +1090,7 @@ def load_config(
     # The recipe's label_names over data the command line names: they were written for the recipe's own data
     # (finetune/problems.py says so when they decode integer tag ids, which nothing could check).
     names_of_recipe = (not saved and raw.get("label_names") and "label_names" not in given
-                       and any(given.get(key) is not None for key in (*FILE_KEYS[:1], *FOLDER_KEYS[:2])))  # fmt: skip
+                       and any(given.get(key) is not None for key in ("train_file", "data_dir", "dataset_name")))  # fmt: skip
     _data_source_from_command_line(raw, given, saved)
     for item in overrides or []:
         _apply_override(raw, *parse_override(item))

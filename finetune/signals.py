@@ -68,16 +68,13 @@ def masked():
     """SIGTERM and SIGINT ignored in the block (an undo cut short would lose what it restores); after
     it, Python's defaults: the process is ending, and a SIGTERM now (torchrun stopping the other
     processes while they give process 0 time to speak) ends it silently."""
-    main = _in_main_thread()
-    if main:
+    if _in_main_thread():
         for sig in STOPS:
             signal.signal(sig, signal.SIG_IGN)
     try:
         yield
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own: KeyboardInterrupt
+        started()  # Python's own: SIGTERM ends the process, SIGINT is a KeyboardInterrupt
 
 
 class StopOnSignal:
