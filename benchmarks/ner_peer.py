@@ -12,7 +12,8 @@ Where each number comes from:
   fp32), once per `--seeds` seed. It trains on what the recipe trains on: `validation.jsonl` less
   its seeded 10% held out (the recipe's validation split, evaluated at each epoch's end as the recipe
   does). The hooks (`TestCurve`) score the recipe's test split every `--app-eval-steps` optimizer steps
-  and after the last one, through the app's own `evaluate_model` (the word's tag is its first
+  and after the last one (past `--app-dense-s` seconds of its clock, every `--app-eval-steps-after`),
+  through the app's own `evaluate_model` (the word's tag is its first
   subword's; a sentence longer than a window is split into windows, so every word is scored once);
   the global RNG states are put back after each such evaluation, so the run trains exactly as it
   would without them. Passing the test file as the validation split instead would change what it
@@ -114,19 +115,24 @@ class Clock(Hooks):
 
 class TestCurve(Clock):
     """The app's hooks: after every `every`-th optimizer step and the last, the test split scored
-    with the app's `evaluate_model` (word predictions, first subwords), the global RNG states kept."""
+    with the app's `evaluate_model` (word predictions, first subwords), the global RNG states kept.
+    Once the clock is past `dense_s` seconds (None: never), every `then_every`-th step instead."""
 
-    def __init__(self, every: int, gold: list[list[str]]) -> None:
+    def __init__(self, every: int, gold: list[list[str]], dense_s: float | None = None,
+                 then_every: int | None = None) -> None:  # fmt: skip
         super().__init__()
         self.every, self.gold = every, gold
+        self.dense_s, self.then_every = dense_s, then_every or every
         self.run: Any = None
         self.points: list[dict[str, Any]] = []
 
     def mark(self, name: str, value: Any = None) -> None:
         if name == "prepared":
             self.run = value
-        elif name == "step" and (due(self.every, value) or value == self.run.plan.total_steps):
-            self.score(value)
+        elif name == "step":
+            dense = self.dense_s is None or self.now() <= self.dense_s
+            if due(self.every if dense else self.then_every, value) or value == self.run.plan.total_steps:
+                self.score(value)
 
     def score(self, step: int) -> None:
         run = self.run
@@ -179,10 +185,12 @@ def test_gold(cfg: TrainConfig) -> list[list[str]]:
     return [[names[i] for i in tags] for tags in raw["test"]["labels"]]
 
 
-def run_app(cfg: TrainConfig, precision: str, every: int, gold: list[list[str]]) -> dict[str, Any]:
-    """`train(cfg, hooks)` with a test point every `every` optimizer steps (`TestCurve`)."""
+def run_app(cfg: TrainConfig, precision: str, every: int, gold: list[list[str]], dense_s: float | None = None,
+            then_every: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """`train(cfg, hooks)` with a test point every `every` optimizer steps (`TestCurve`), every
+    `then_every` once the clock is past `dense_s`."""
     reset_accelerate()
-    hooks = TestCurve(every, gold)
+    hooks = TestCurve(every, gold, dense_s, then_every)
     try:
         with environment({"ACCELERATE_MIXED_PRECISION": precision}):
             results = train(cfg, hooks)
@@ -363,6 +371,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the app's seeds (default: the recipe's seed, then 1 and 2)")  # fmt: skip
     p.add_argument("--peer-seed", type=int, default=None, help="the peer's seed (default: the recipe's)")
     p.add_argument("--app-eval-steps", type=int, default=10)
+    p.add_argument("--app-dense-s", type=float, default=None,
+                   help="past this many seconds of the app's clock, test every --app-eval-steps-after steps instead")
+    p.add_argument("--app-eval-steps-after", type=int, default=None)
     p.add_argument("--peer-eval-steps", type=int, default=25)
     p.add_argument("--peer-epochs", type=int, default=RUN_NER["epochs"])
     p.add_argument("--quiet-load", type=float, default=0.8,
@@ -375,7 +386,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     curve = dict.fromkeys(("test_file", "validation_file", "train_file", "seed"),
                           "the benchmark gives both loops the recipe's files and seeds (--seeds)")  # fmt: skip
-    check_arguments(p, args, ["app_eval_steps", "peer_eval_steps", "peer_epochs", "quiet_wait"],
+    check_arguments(p, args, ["app_eval_steps", "app_dense_s", "app_eval_steps_after", "peer_eval_steps", "peer_epochs",
+                              "quiet_wait"],
                     {**RESERVED_OVERRIDES, **curve})  # fmt: skip
     if args.smoke:
         args.no_command, args.quiet_load = True, None
@@ -409,7 +421,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in seeds:
             cfg = load_config(RECIPE, [*base, f"output_dir={tmp}/app-{seed}", f"seed={seed}", *args.override])
             report["load"][f"app seed {seed}"] = wait_for_quiet(args.quiet_load, args.quiet_wait)
-            runs.append(run_app(cfg, precision, args.app_eval_steps, gold))
+            runs.append(run_app(cfg, precision, args.app_eval_steps, gold, args.app_dense_s, args.app_eval_steps_after))
         label = f"{RECIPE.name}, {'fp32' if precision == 'no' else precision}"
         report["app"] = {"label": label, "precision": precision, "runs": runs,
                          "source": "finetune.run.train(cfg, hooks) on the recipe; test scored by its hooks"}  # fmt: skip

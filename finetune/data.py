@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import zipfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from finetune.problems import (
     look_alike,
     punctuation_twins,
 )
-from finetune.tasks import shown, tag_problem, task_for_data, task_of
+from finetune.tasks import plain_tags, shown, tag_problem, task_for_data, task_of
 
 # The csv module's checks of a file (a repeated header, leading zeros) read every cell; its default limit of
 # 131,072 characters a cell would fail on a long document that pandas (datasets' reader) reads.
@@ -759,14 +760,34 @@ def _word_and_tag_lists(ds: HFDataset) -> tuple[str, str] | None:
     return pairs[0] if len(pairs) == 1 else None
 
 
+# The keys that mark a one-record JSON file as one of a model folder's own files, not data.
+MODEL_FILES = {
+    "config.json (model_type, architectures, ...)": {"model_type", "architectures"},
+    "tokenizer_config.json (tokenizer_class, model_max_length, ...)": {"tokenizer_class", "model_max_length",
+                                                                       "added_tokens_decoder"},
+    "tokenizer.json (added_tokens, normalizer, pre_tokenizer, ...)": {"added_tokens", "normalizer", "pre_tokenizer"},
+    "special_tokens_map.json (cls_token, pad_token, ...)": {"cls_token", "pad_token", "unk_token", "sep_token"},
+    "preprocessor_config.json (image_processor_type, ...)": {"image_processor_type", "feature_extractor_type"},
+    "generation_config.json (decoder_start_token_id, ...)": {"decoder_start_token_id", "transformers_version"},
+}
+
+
+def _model_file(ds: HFDataset) -> str | None:
+    """The model folder's file that a one-record data set was read from, by its keys, or None."""
+    if len(ds) != 1:
+        return None
+    return next((name for name, keys in MODEL_FILES.items() if keys & set(ds.column_names)), None)
+
+
 def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, model_task: bool = False,
                    train_columns: list[str] | None = None) -> None:  # fmt: skip
     task, label_columns, inputs = task_of(args.task), args.label_sources if labelled else [], args.input_columns
     for column in (*label_columns, *inputs):
         if column not in ds.column_names:
-            if len(ds) == 1 and {"model_type", "architectures"} & set(ds.column_names):  # an export's config.json
-                raise UserError(f"the {split} data is one record with the keys of a model's config.json (model_type, "
-                                "architectures, ...): that file describes a model, it holds no samples; give a data file")  # fmt: skip
+            described = _model_file(ds)
+            if described is not None:  # an export's config.json, tokenizer_config.json, ...
+                raise UserError(f"the {split} data is one record with the keys of a model's {described}: that file "
+                                "describes a model, it holds no samples; give a data file")  # fmt: skip
             why = task.missing_label_error(ds, split, args) if column in label_columns else None
             if why:
                 raise UserError(why)
@@ -1042,12 +1063,19 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
         except ValueError as e:
             looks = _what_the_labels_look_like(label_names)
             ints = sorted(int(n) for n in label_names if re.fullmatch(r"\s*-?\d+\s*", n))
-            if not looks and len(label_names) * 2 > len(raw["train"]):  # an id or a text column as the label?
+            counts = Counter(raw["train"]["labels"])
+            single = sum(counts[i] == 1 for i in range(len(label_names)))
+            if not looks and len(label_names) * 2 > len(raw["train"]) and single * 2 > len(label_names):
+                # an id or a text column as the label?
                 looks = (f"{len(label_names)} classes for {len(raw['train'])} samples, most with one sample each: is "
                          f"'{args.label_column}' an id or a text column? set label_column to the column of classes")
             if not looks and len(ints) == len(label_names) > 10:  # 0..39: scores, too rare to be classes?
                 looks = (f"{len(ints)} classes, the whole numbers {ints[0]} to {ints[-1]}: scores to predict as numbers? "
                          "then set problem_type=regression")
+            if not looks and len(ints) == len(label_names) >= 3 and ints == list(range(1, ints[-1] + 1)):
+                # 1 to 5: stars or grades, most likely (class ids count from 0, and get no hint)
+                looks = (f"the classes are the whole numbers 1 to {ints[-1]}: if they are scores (stars, "
+                         "grades), problem_type=regression predicts them as numbers and needs no sample of each")
             if not looks and args.validation_split_percentage < 1:  # 0.5 meant as a share: half a percent
                 looks = (f"validation_split_percentage={args.validation_split_percentage:g} is a percentage: it holds "
                          f"out {args.validation_split_percentage:g}% of the samples; for half of them write 50")
@@ -1128,10 +1156,12 @@ def _check_list_label_texts(train: HFDataset, column: str) -> None:
 
 
 def _check_tag_set(tags: list[str], named: bool) -> None:
-    """Every tag of the tag set is IOB2 (strict IOB2 scoring reads no other); the data's own tags were
-    checked with their rows (finetune/tasks.py), so this names the tags of label_names or of a ClassLabel."""
+    """Every tag of the tag set is IOB2 (strict IOB2 scoring reads no other), or the set is plain (parts of
+    speech, `tasks.plain_tags`); the data's own tags were checked with their rows (finetune/tasks.py), so
+    this names the tags of label_names or of a ClassLabel."""
+    plain = plain_tags(tags)
     for tag in tags:
-        why = tag_problem(str(tag))
+        why = tag_problem(str(tag), plain)
         if why:
             where = "label_names' tag" if named else "the tags column's tag name"
             raise UserError(f"{where} {str(tag)!r} {why}")

@@ -27,7 +27,10 @@ How each number is computed (y_true = references, y_pred = predictions):
 - tags (`token_report`): seqeval's entity-level precision, recall and F1 in strict IOB2 mode (an
   entity is a B-X followed by its I-X; an I-X after O or another type starts none), micro over all
   entities and per entity type; word accuracy is the share of words whose tag is right. Each word
-  of the data counts once (`num_words`), each sentence once (`num_sentences`, `num_samples`).
+  of the data counts once (`num_words`), each sentence once (`num_sentences`, `num_samples`). A plain
+  tag set (no B-/I- tags: parts of speech, `tasks.plain_tags`) makes each word an entity of its own
+  tag: the entity scores are then micro precision/recall/F1 over the words whose tag is not O, and
+  per tag (with no O they all equal word accuracy).
 
 `evaluate.load("accuracy")` and friends call these same scikit-learn functions, but fetch their
 scripts from the Hub at run time, which fails offline.
@@ -379,7 +382,11 @@ def token_report(predictions: list[list[int]], references: list[list[int]], labe
     from seqeval.metrics.v1 import precision_recall_fscore_support, unique_labels
     from seqeval.scheme import IOB2
 
+    from finetune.tasks import plain_tags
+
     names = [str(n) for n in label_names]
+    if plain_tags(names):  # parts of speech: each word an entity of its own tag (micro F1 over words, O left out)
+        names = [n if n == "O" else f"B-{n}" for n in names]
     y_true = [[names[i] for i in sentence] for sentence in references]
     y_pred = [[names[i] for i in sentence] for sentence in predictions]
     if [len(s) for s in y_true] != [len(s) for s in y_pred]:

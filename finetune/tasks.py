@@ -563,9 +563,10 @@ class TokenClassification(TextClassification):
                 raise UserError(f"the {split} data has an empty word at row {row + 1}, word {blank + 1}; give it its text")
         tags = ds.features.get(data.tags_column)
         if _word_lists(tags):  # tags as names (integer ids are named by label_names: check_tag_names)
+            plain = plain_tags({t for names in ds[data.tags_column] for t in names or [] if t is not None})
             for row, names in enumerate(ds[data.tags_column]):
                 for word, tag in enumerate(names or []):
-                    why = tag_problem(tag) if tag is not None else None
+                    why = tag_problem(tag, plain) if tag is not None else None
                     if why:
                         raise UserError(f"the {split} data's tag {tag!r} at row {row + 1}, word {word + 1} {why}")
 
@@ -643,6 +644,15 @@ class TokenClassification(TextClassification):
         from finetune.problems import invalid_iob2
 
         lines = []
+        names = raw["train"].features["labels"].feature.names if "train" in raw else []
+        if plain_tags(names) and "O" in names:  # O, PER, LOC: entities without B-/I-, scored word by word
+            kinds = [n for n in names if n != "O"]
+            listed = ", ".join(kinds[:5]) + (", ..." if len(kinds) > 5 else "")
+            lines.append(
+                f"warning: the tags have no B-/I- prefixes (O, {listed}): each word is scored on its own "
+                "(entity F1 is the F1 over the words not tagged O); to score whole entities, write them in IOB2 "
+                "(B-PER for an entity's first word, I-PER for the words after it)"
+            )
         for split, ds in raw.items():
             places = invalid_iob2(ds["labels"], ds.features["labels"].feature.names)
             if places:
@@ -702,15 +712,26 @@ class PadWords:
 
 
 IOB2_TAG = re.compile(r"O|[BI]-\S(?:.*\S)?", re.S)
+# A tag that reads as an entity's part in some scheme: B-, I-, E-, S-, L-, U- (any case), or such a bare prefix.
+SCHEME_PREFIX = re.compile(r"[BIESLU](-.*)?", re.S | re.I)
 
 
-def tag_problem(tag: str) -> str | None:
-    """What is wrong with a tag that is not IOB2 (`O`, or `B-`/`I-` and a type), with the fix; None when it
-    is one. Strict IOB2 scoring (seqeval) cannot read another tag."""
-    if IOB2_TAG.fullmatch(tag):
-        return None
+def plain_tags(tags) -> bool:
+    """Whether a tag set is plain: tags of words, not parts of entities (parts of speech: NOUN, VERB, DET;
+    or entity types without B-/I-: O, PER, LOC). No tag has a scheme's prefix, and one is not O. Such a
+    set is scored word by word (`metrics.token_report`); any other is read as IOB2."""
+    tags = {str(t) for t in tags}
+    return bool(tags - {"O"}) and not any(SCHEME_PREFIX.fullmatch(t.strip()) for t in tags)
+
+
+def tag_problem(tag: str, plain: bool = False) -> str | None:
+    """What is wrong with a tag, with the fix; None when there is nothing. In an IOB2 tag set every tag is
+    `O`, or `B-`/`I-` and a type (strict IOB2 scoring, seqeval, cannot read another); in a plain one
+    (`plain_tags`) any name is a tag, but not a number (a CoNLL file's other column) nor a padded one."""
     if tag != tag.strip():
         return "has surrounding spaces, so it would be a tag of its own; strip the spaces in the data"
+    if IOB2_TAG.fullmatch(tag) or (plain and tag and not tag.isdigit()):
+        return None
     if tag[:1] in ("o", "b", "i") and IOB2_TAG.fullmatch(tag[:1].upper() + tag[1:]):
         return (
             f"is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in capitals "
@@ -727,8 +748,9 @@ def tag_problem(tag: str) -> str | None:
             "convert the tags to IOB2"
         )
     return (
-        "is not IOB2 (O, or B- or I- and an entity type, e.g. B-PER); give each entity's first word B-<type> "
-        "and the words after it I-<type> (a tag without a prefix, like PER, is neither)"
+        "is not IOB2 (O, or B- or I- and an entity type, e.g. B-PER), beside tags that are: give each entity's "
+        "first word B-<type> and the words after it I-<type> (a tag without a prefix, like PER, is neither); "
+        "a set with no B-/I- tags at all (parts of speech) is scored word by word"
     )
 
 

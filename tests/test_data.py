@@ -43,6 +43,16 @@ def test_labels_that_probably_mean_something_else_are_refused(labels, fragment, 
     assert fragment in user_error(capsys, main, recipe_text_args(data, tmp_path / "run"))
 
 
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "special_tokens_map.json"])
+def test_a_model_folder_s_other_files_given_as_data_are_named(name, tmp_path, capsys):
+    """The bundled model's own tokenizer files as train_file: named as the model file each is, not listed as
+    columns that lack the label."""
+    rows = [{"text": f"sentence {i}", "label": ["pos", "neg"][i % 2]} for i in range(12)]
+    data = {"train": REPO / "data/bert_minilm_l6_uncased" / name, "validation": write_csv(tmp_path / "v.csv", rows)}
+    user_error(capsys, main, recipe_text_args(data, tmp_path / "run"), f"the keys of a model's {name}",
+               "give a data file")  # fmt: skip
+
+
 def test_a_model_s_config_json_given_as_data_is_named(tmp_path, capsys):
     """An export's config.json as train_file (it is JSON, and names a file, not a folder) is said to describe a
     model, not listed as columns (model_type, architectures, ...) that lack the label."""
@@ -254,6 +264,8 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
                                                           "written short and in full?"),
     ([str(i % 39) for i in range(80)], "(39 classes, the whole numbers 0 to 38: scores to predict as numbers? then "
                                        "set problem_type=regression)"),
+    (["1", "2", "3", "4", "5", "1", "2", "3", "4"], "(the classes are the whole numbers 1 to 5: if they are scores "
+                                                    "(stars, grades), problem_type=regression predicts them"),
     ([f"row-{i}" for i in range(12)], "(12 classes for 12 samples, most with one sample each: is 'label' an id or a "
                                       "text column? set label_column to the column of classes)"),
 ])  # fmt: skip

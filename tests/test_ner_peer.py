@@ -45,3 +45,27 @@ def test_the_peer_metric_starts_an_entity_at_a_stray_i_tag_and_strict_iob2_does_
 def test_time_to_the_target_is_the_first_point_at_or_above_it():
     curve = [{"seconds": 1.0, "f1": 0.3}, {"seconds": 2.0, "f1": 0.5}, {"seconds": 3.0, "f1": 0.6}]
     assert time_to(curve, 0.5) == 2.0 and time_to(curve, 0.7) is None
+
+
+def test_the_app_curve_thins_out_past_its_dense_seconds(monkeypatch):
+    """--app-dense-s: a point every --app-eval-steps while the clock is at or below it, every
+    --app-eval-steps-after past it, and always at the last step."""
+    from types import SimpleNamespace
+
+    from benchmarks.ner_peer import TestCurve
+
+    curve = TestCurve(2, gold=[], dense_s=10.0, then_every=6)
+    curve.mark("prepared", SimpleNamespace(plan=SimpleNamespace(total_steps=21)))
+    scored: list[int] = []
+    monkeypatch.setattr(curve, "score", scored.append)
+    for step in range(1, 22):
+        monkeypatch.setattr(curve, "now", lambda step=step: float(step))  # one second a step
+        curve.mark("step", step)
+    assert scored == [2, 4, 6, 8, 10, 12, 18, 21]
+    dense = TestCurve(2, gold=[])  # no dense_s: every 2nd step throughout
+    dense.mark("prepared", SimpleNamespace(plan=SimpleNamespace(total_steps=7)))
+    monkeypatch.setattr(dense, "score", scored.append)
+    scored.clear()
+    for step in range(1, 8):
+        dense.mark("step", step)
+    assert scored == [2, 4, 6, 7]

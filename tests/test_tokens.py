@@ -254,6 +254,26 @@ def test_invalid_iob2_is_counted_and_seqeval_strict_scores_on_entities():
     assert report["word_accuracy"] == pytest.approx(4 / 6)
 
 
+def test_a_plain_tag_set_is_scored_word_by_word():
+    """Parts of speech (no B-/I- tags): each word is an entity of its own tag, so the micro F1 is word
+    accuracy when no tag is O, and each tag has its own precision, recall and F1."""
+    from finetune.tasks import plain_tags
+
+    upos = ["DET", "NOUN", "VERB", "PUNCT"]
+    gold = [[0, 1, 2, 3], [0, 1, 1, 2]]
+    predicted = [[0, 1, 1, 3], [0, 1, 1, 2]]
+    report = token_report(predicted, gold, upos)
+    assert report["word_accuracy"] == report["entity_f1"] == pytest.approx(7 / 8)
+    assert report["per_class"]["VERB"] == {"precision": 1.0, "recall": 0.5, "f1": pytest.approx(2 / 3), "support": 2}
+    assert report["per_class"]["NOUN"]["precision"] == pytest.approx(3 / 4)
+    # O, PER, LOC (entities without prefixes): the words tagged O are left out of the entity scores
+    io = token_report([[1, 1, 0]], [[1, 0, 0]], ["O", "PER"])
+    assert (io["entity_precision"], io["entity_recall"], io["word_accuracy"]) == (0.5, 1.0, pytest.approx(2 / 3))
+    assert plain_tags(upos) and plain_tags(["O", "PER"]) and plain_tags(["NN", "-LRB-", "X", "."])
+    assert not plain_tags(TAGS) and not plain_tags(["O"]) and not plain_tags(["O", "PER", "B-LOC"])
+    assert not plain_tags(["S-PER", "O"]) and not plain_tags(["b-per", "o"]) and not plain_tags(["B", "I", "O"])
+
+
 # --- runs ----------------------------------------------------------------------------------------------
 
 
@@ -560,23 +580,47 @@ def test_bad_tagging_data_is_one_line_with_its_row(rows, fragment, tmp_path, cap
     assert not out.exists()  # nothing written
 
 
-@pytest.mark.parametrize("label_names", ["null", "[O,PER,LOC]"])
-def test_tags_without_a_prefix_are_refused_before_training(label_names, tmp_path, capsys):
-    """`PER`, `LOC`, `O` (no B-/I-): strict IOB2 scoring cannot read them; refused with the first, before the
-    output folder is made, also when label_names lists them."""
-    rows = [{"tokens": ["ada", "went", "to", "paris"], "ner_tags": ["PER", "O", "O", "LOC"]}] * 4
+def test_parts_of_speech_train_and_are_scored_word_by_word(tmp_path, capsys):
+    """A tag set without B-/I- (UPOS) trains, with no warning about its tags, and is scored per word: its entity F1 is
+    word accuracy (no O), its per-type scores are per tag."""
+    rows = [{"tokens": ["the", "cat", "sat", "."], "upos": ["DET", "NOUN", "VERB", "PUNCT"]},
+            {"tokens": ["a", "dog", "ran", "home"], "upos": ["DET", "NOUN", "VERB", "NOUN"]}] * 6  # fmt: skip
     data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
     out = tmp_path / "run"
-    user_error(capsys, main, tagging_args(data, out, f"label_names={label_names}"),
-               "the train data's tag 'PER' at row 1, word 1 is not IOB2")  # fmt: skip
+    main(tagging_args(data, out, "tags_column=upos", "label_names=null", "max_steps=2"))
+    assert "B-/I-" not in capsys.readouterr().out  # (a tiny model's 2 steps may warn that it did not learn)
+    validation = json.loads((out / "results.json").read_text())["validation"]
+    assert validation["entity_f1"] == pytest.approx(validation["word_accuracy"])
+    assert set(validation["per_class"]) == {"DET", "NOUN", "VERB", "PUNCT"} and validation["num_words"] == 48
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert sorted(config["label2id"]) == ["DET", "NOUN", "PUNCT", "VERB"]
+
+
+@pytest.mark.parametrize("label_names", ["null", "[O,PER,LOC]"])
+def test_entity_tags_without_prefixes_train_word_by_word_with_one_warning(label_names, tmp_path, capsys):
+    """`PER`, `LOC`, `O` (the IO scheme): accepted as a plain tag set, scored word by word, with one warning
+    that says so and how to get entity-level scores."""
+    rows = [{"tokens": ["ada", "went", "to", "paris"], "ner_tags": ["PER", "O", "O", "LOC"]}] * 4
+    data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
+    main(tagging_args(data, tmp_path / "run", f"label_names={label_names}", "max_steps=1"))
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:") and "B-" in line]
+    assert len(warnings) == 1 and "the tags have no B-/I- prefixes (O, " in warnings[0], warnings
+    assert "write them in IOB2" in warnings[0]
+
+
+def test_a_tag_set_that_mixes_iob2_and_plain_tags_is_refused(tmp_path, capsys):
+    """B-PER beside LOC: neither scheme reads it; refused before the output folder is made, also when
+    label_names lists it for integer tags."""
+    rows = [{"tokens": ["ada", "went", "to", "paris"], "ner_tags": ["B-PER", "O", "O", "LOC"]}] * 4
+    data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
+    out = tmp_path / "run"
+    user_error(capsys, main, tagging_args(data, out, "label_names=null"),
+               "the train data's tag 'LOC' at row 1, word 4 is not IOB2", "beside tags that are")  # fmt: skip
     assert not out.exists()
-
-
-def test_label_names_that_are_not_iob2_are_refused_for_integer_tags(tmp_path, capsys):
     rows = [{"tokens": ["ada", "went", "to", "paris"], "ner_tags": [1, 0, 0, 2]}] * 4
     data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
-    user_error(capsys, main, tagging_args(data, tmp_path / "run", "label_names=[O,PER,LOC]"),
-               "label_names' tag 'PER' is not IOB2")  # fmt: skip
+    user_error(capsys, main, tagging_args(data, tmp_path / "run", "label_names=[O,B-PER,LOC]"),
+               "label_names' tag 'LOC' is not IOB2")  # fmt: skip
 
 
 def test_a_conll_file_with_the_tag_first_is_refused(tmp_path, capsys):
