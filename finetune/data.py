@@ -54,7 +54,8 @@ from finetune.tasks import plain_tags, shown, tag_problem, task_for_data, task_o
 csv.field_size_limit(2**31 - 1)
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv",
-                 ".conll": "conll", ".iob2": "conll", ".iob": "conll", ".bio": "conll", ".txt": "conll"}  # fmt: skip
+                 ".conll": "conll", ".conllu": "conll", ".iob2": "conll", ".iob": "conll", ".bio": "conll",
+                 ".txt": "conll"}  # fmt: skip
 KINDS = ".csv, .tsv, .json, .jsonl, .parquet, or CoNLL (.conll, .iob2, .txt)"
 
 
@@ -1213,13 +1214,19 @@ CONLL_HEADER_WORDS = {"word", "words", "token", "tokens", "form", "tag", "tags",
                       "label", "labels", "iob", "bio", "entity"}  # fmt: skip
 
 
+# A CoNLL-U file (Universal Dependencies): ID FORM LEMMA UPOS XPOS FEATS HEAD DEPREL DEPS MISC.
+CONLLU_COLUMNS, CONLLU_UPOS = 10, 3
+
+
 def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> HFDataset:
     """A CoNLL/IOB2 text file as sentences: {tokens_column: [words], tags_column: [tags]}.
 
     One token per line (tab- or space-separated columns), a blank line between sentences, `#` comments
     and `-DOCSTART-` lines skipped (a line `# O` is the word # and its tag). The word is the first column, or the second when the first is a
     running index (UD and UNER files); the tag is the last column of the first token line that reads
-    as a tag (O, or B-/I-/E-/S- and a type: CoNLL-2003's chunk tags stand before its NER tags). A file of
+    as a tag (O, or B-/I-/E-/S- and a type: CoNLL-2003's chunk tags stand before its NER tags), else the
+    last column; in a CoNLL-U file (ten columns, an index first) with no such column, UPOS, the fourth,
+    and its multiword-token ranges (1-2) and empty nodes (8.1) are skipped. A file of
     one column is words without tags (data to predict: no tags column). A line with another number of
     columns than the file's first token line is refused with its line number; so is a file that is not
     UTF-8. Read by hand: datasets has no CoNLL builder (its hub scripts are gone)."""
@@ -1239,6 +1246,8 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                     re.fullmatch(r"O|[BIES]-\S+", fields[tag_at if columns else -1]))
                 if (text.startswith("#") and not text.startswith("#\t") and not hash_word) or fields[0] == "-DOCSTART-":
                     continue
+                if len(fields) == CONLLU_COLUMNS and re.fullmatch(r"\d+[-.]\d+", fields[0]):
+                    continue  # CoNLL-U: a multiword token's range (1-2 don't) or an empty node (8.1), not a word
                 if columns is None:
                     if (len(fields) >= 2 and not re.fullmatch(r"O|[BIES]-\S+", fields[-1])
                             and {fields[0].lower(), fields[-1].lower()} & CONLL_HEADER_WORDS):  # fmt: skip
@@ -1247,6 +1256,8 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                     columns = len(fields)
                     looks = [i for i, f in enumerate(fields) if i and re.fullmatch(r"O|[BIES]-\S+", f)]
                     tag_at = looks[-1] if looks else -1
+                    if not looks and columns == CONLLU_COLUMNS and fields[0].isdigit():
+                        tag_at = CONLLU_UPOS  # a CoNLL-U file (UD): its universal part-of-speech column
                 if len(fields) != columns or (columns < 2 and Path(path).suffix.lower() == ".txt"):
                     what = f"the file's first token line has {columns}" if columns >= 2 else "a token and its tag"
                     if Path(path).suffix.lower() == ".txt":  # often a CSV or TSV saved as .txt

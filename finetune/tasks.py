@@ -730,6 +730,8 @@ def tag_problem(tag: str, plain: bool = False) -> str | None:
     (`plain_tags`) any name is a tag, but not a number (a CoNLL file's other column) nor a padded one."""
     if tag != tag.strip():
         return "has surrounding spaces, so it would be a tag of its own; strip the spaces in the data"
+    if tag == "_":  # CoNLL's placeholder for a value not given
+        return "is '_', CoNLL's mark for a value not given: that column holds no tags; give each word its tag"
     if IOB2_TAG.fullmatch(tag) or (plain and tag and not tag.isdigit()):
         return None
     if tag[:1] in ("o", "b", "i") and IOB2_TAG.fullmatch(tag[:1].upper() + tag[1:]):

@@ -113,6 +113,27 @@ def test_conll_files_read_with_comments_docstart_and_an_index_column(tmp_path):
     assert ds["words"] == [["Ada", "said"], ["#"]] and ds["tags"] == [["B-PER", "O"], ["O"]]
 
 
+def test_a_conllu_file_gives_its_words_and_parts_of_speech(tmp_path, capsys):
+    """Universal Dependencies' ten columns: FORM and UPOS, a multiword token's range and an empty node
+    skipped; trained as a plain tag set. Its MISC column of `_` would be no tags: a `_` tag is refused."""
+    rows = ["# sent_id = 1", "# text = Ada didn't go.",
+            "1\tAda\tAda\tPROPN\tNNP\t_\t3\tnsubj\t_\t_", "2-3\tdidn't\t_\t_\t_\t_\t_\t_\t_\t_",
+            "2\tdid\tdo\tAUX\tVBD\t_\t4\taux\t_\t_", "3\tn't\tnot\tPART\tRB\t_\t4\tadvmod\t_\t_",
+            "4\tgo\tgo\tVERB\tVB\t_\t0\troot\t_\tSpaceAfter=No", "4.1\tgone\t_\t_\t_\t_\t_\t_\t_\t_",
+            "5\t.\t.\tPUNCT\t.\t_\t4\tpunct\t_\t_", ""]  # fmt: skip
+    path = tmp_path / "ud.conllu"
+    path.write_text("\n".join(rows * 12))
+    ds = read_conll(str(path), "train", "tokens", "upos")
+    assert ds["tokens"][0] == ["Ada", "did", "n't", "go", "."] and len(ds) == 12
+    assert ds["upos"][0] == ["PROPN", "AUX", "PART", "VERB", "PUNCT"]
+    main(tagging_args({"train": path, "validation": path}, tmp_path / "run", "label_names=null", "max_steps=1"))
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["validation"]["num_words"] == 60
+    blank = tmp_path / "misc.conll"  # a word and its MISC column
+    blank.write_text("Ada\t_\ngo\t_\n\n")
+    user_error(capsys, main, tagging_args({"train": blank, "validation": path}, tmp_path / "run2", "label_names=null"),
+               "tag '_' at row 1, word 1 is '_', CoNLL's mark for a value not given")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "text, fragment",
     [
