@@ -56,7 +56,7 @@ csv.field_size_limit(2**31 - 1)
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv",
                  ".conll": "conll", ".conllu": "conll", ".iob2": "conll", ".iob": "conll", ".bio": "conll",
                  ".txt": "conll"}  # fmt: skip
-KINDS = ".csv, .tsv, .json, .jsonl, .parquet, or CoNLL (.conll, .iob2, .txt)"
+KINDS = ".csv, .tsv, .json, .jsonl, .parquet, or CoNLL (.conll, .conllu, .iob2, .txt)"
 
 
 # --- loading ---------------------------------------------------------------------------------------
