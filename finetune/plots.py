@@ -370,7 +370,9 @@ def _save(fig, path: Path, **kwargs: Any) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            fig.savefig(staged, **kwargs)
+            # The format from the picture's own name: the staged name's suffix is not read (with none,
+            # matplotlib would add ".png" to the staged name and the rename would miss it).
+            fig.savefig(staged, format=kwargs.pop("format", None) or path.suffix[1:].lower() or "png", **kwargs)
             os.replace(staged, path)
         except OSError as e:
             staged.unlink(missing_ok=True)
@@ -454,6 +456,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     metrics = Path(args.metrics).expanduser()
     out = Path(args.out).expanduser() if args.out else RunDir(metrics.parent).curves
+    if not out.suffix and not out.is_dir():  # as matplotlib names it: a PNG with its extension
+        out = out.with_name(out.name + ".png")
     _check_metrics_file(metrics)
     _check_png(out)
     print(plot_training_curves(metrics, out))

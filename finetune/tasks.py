@@ -712,8 +712,11 @@ class PadWords:
 
 
 IOB2_TAG = re.compile(r"O|[BI]-\S(?:.*\S)?", re.S)
-# A tag that reads as an entity's part in some scheme: B-, I-, E-, S-, L-, U- (any case), or such a bare prefix.
-SCHEME_PREFIX = re.compile(r"[BIESLU](-.*)?", re.S | re.I)
+# A tag that reads as an entity's part in some scheme: B-, I-, E-, S-, L-, U- (any case), or such a bare prefix;
+# B_PER, B.PER, B:PER (another separator); PER-B, PER_I (the part written after the type).
+SCHEME_PREFIX = re.compile(r"[BIESLU](-.*)?|[BIESLU][_.:]\S+|\S+[-_.:][BIES]", re.S | re.I)
+OTHER_SEPARATOR = re.compile(r"([BI])[_.:](\S+)")
+PART_AFTER = re.compile(r"(\S+?)[-_.:]([BI])")
 
 
 def plain_tags(tags) -> bool:
@@ -739,6 +742,11 @@ def tag_problem(tag: str, plain: bool = False) -> str | None:
             f"is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in capitals "
             f"({tag[:1].upper() + tag[1:]!r})"
         )
+    other, after = OTHER_SEPARATOR.fullmatch(tag), PART_AFTER.fullmatch(tag)
+    if other:
+        return f"is not IOB2: write a hyphen after its B- or I- ({other[1]}-{other[2]!s})"
+    if after:
+        return f"is not IOB2: its B- or I- comes first ({after[2]}-{after[1]})"
     if tag.isdigit():  # a CoNLL file's tags are read as names
         return (
             "is a number, not an IOB2 tag name (O, B-PER, I-PER...); write the tag names in the file, or give "

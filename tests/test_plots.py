@@ -161,6 +161,11 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
     user_error(capsys, main, [], "required", untouched=tmp_path)
     main([str(listed), str(tmp_path / "c.png")])
     assert (tmp_path / "c.png").is_file()
+    main([str(listed), str(tmp_path / "curves")])  # no extension: a PNG named as matplotlib names it
+    assert Image.open(tmp_path / "curves.png").format == "PNG"
+    main([str(listed), str(tmp_path / "c.JPG")])  # the format from the name's suffix, whatever its case
+    assert Image.open(tmp_path / "c.JPG").format == "JPEG"
+    assert not list(tmp_path.glob(".tmp-*"))
 
 
 def test_a_title_the_font_cannot_draw_is_one_warning_line(tmp_path, capsys):

@@ -293,6 +293,9 @@ def test_a_plain_tag_set_is_scored_word_by_word():
     assert plain_tags(upos) and plain_tags(["O", "PER"]) and plain_tags(["NN", "-LRB-", "X", "."])
     assert not plain_tags(TAGS) and not plain_tags(["O"]) and not plain_tags(["O", "PER", "B-LOC"])
     assert not plain_tags(["S-PER", "O"]) and not plain_tags(["b-per", "o"]) and not plain_tags(["B", "I", "O"])
+    # IOB2 written with another separator or the part after the type: not plain (refused, with the fix)
+    assert not plain_tags(["O", "B_CITY", "I_CITY"]) and not plain_tags(["O", "FOOD-B", "FOOD-I"])
+    assert plain_tags(["NOUN", "-LRB-", "PRP$", "NNP", "VBZ", "SCONJ"])
 
 
 # --- runs ----------------------------------------------------------------------------------------------
@@ -587,6 +590,10 @@ def _rows(path: Path, rows: list[dict]) -> Path:
          "capitals ('B-per')"),
         ([{"tokens": ["ada", "said"], "ner_tags": ["O", "PER"]}], "tag 'PER' at row 2, word 2 is not IOB2 (O, or B- or I-"),
         ([{"tokens": ["ada"], "ner_tags": ["E-PER"]}], "tag 'E-PER' at row 2, word 1 is not IOB2"),
+        ([{"tokens": ["ada"], "ner_tags": ["B_PER"]}], "tag 'B_PER' at row 2, word 1 is not IOB2: write a hyphen after "
+                                                       "its B- or I- (B-PER)"),
+        ([{"tokens": ["ada"], "ner_tags": ["PER-B"]}], "tag 'PER-B' at row 2, word 1 is not IOB2: its B- or I- comes "
+                                                       "first (B-PER)"),
         ([{"tokens": ["ada"], "ner_tags": ["B-PER "]}], "tag 'B-PER ' at row 2, word 1 has surrounding spaces"),
         # a CoNLL file's integer ids are read as strings: names that are numbers
         ([{"tokens": ["ada"], "ner_tags": ["3"]}], "tag '3' at row 2, word 1 is a number, not an IOB2 tag name"),
