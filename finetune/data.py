@@ -179,6 +179,23 @@ def _diagnose_file(split: str, path: str) -> str | None:
     return None
 
 
+def _misspelt_class(names: list[str], counts: Counter, named) -> str:
+    """A rare class whose name is one slip away from a common one ('positve' once beside 'positive' 180
+    times: at most 2 samples, the other 10 or more and 10 times as many, a similarity of 0.8 or more),
+    said as "'positve' (1 sample) beside 'positive' (180): a misspelling?"; "" when none, or when
+    label_names lists both."""
+    import difflib
+
+    named, of = set(named or ()), {names[i]: c for i, c in counts.items()}
+    common = [n for n, c in of.items() if c >= 10]
+    for rare, count in sorted(((n, c) for n, c in of.items() if c <= 2), key=lambda x: x[1]):
+        near = difflib.get_close_matches(rare, [n for n in common if of[n] >= 10 * count], n=1, cutoff=0.8)
+        if near and not {rare, near[0]} <= named:
+            return (f"{rare!r} ({count} sample{'s' if count > 1 else ''}) beside {near[0]!r} ({of[near[0]]}): a "
+                    "misspelling?")
+    return ""
+
+
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "y", "t", "on"), ("false", "no", "n", "f", "off")
 
 
@@ -1066,6 +1083,9 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
             ints = sorted(int(n) for n in label_names if re.fullmatch(r"\s*-?\d+\s*", n))
             counts = Counter(raw["train"]["labels"])
             single = sum(counts[i] == 1 for i in range(len(label_names)))
+            misspelt = _misspelt_class(label_names, counts, args.label_names)
+            if not looks and misspelt:
+                looks = f"{misspelt} fix that label in the data"
             if not looks and len(label_names) * 2 > len(raw["train"]) and single * 2 > len(label_names):
                 # an id or a text column as the label?
                 looks = (f"{len(label_names)} classes for {len(raw['train'])} samples, most with one sample each: is "
@@ -1092,6 +1112,10 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
                  f"{len(parts['test'])} of the {len(rows)} training samples and trains on {len(parts['train'])}; "
                  "it is the share held out for validation (10 holds out a tenth)")
     looks = _what_the_labels_look_like(label_names) if problem == SINGLE and not args.label_names else ""
+    misspelt = _misspelt_class(label_names, Counter(raw["train"]["labels"]), args.label_names) if problem == SINGLE else ""
+    if misspelt:  # 'positve' once beside 'positive' 180 times: a class of its own, never learned
+        warn(f"label column '{args.label_column}' holds {misspelt} fix the label in the data, or list both in "
+             "label_names if they are two classes")
     if looks:  # trained as classes, as asked; but say so (once the split held)
         warn(f"training a classifier of {looks}; list them in label_names to keep them as classes without "
              "this warning")

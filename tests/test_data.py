@@ -799,3 +799,21 @@ def test_punctuation_twins_leave_numbers_and_other_symbols_alone():
     assert punctuation_twins(["1.5", "15", "2"]) is None  # two numbers
     assert punctuation_twins(["C", "C#", "C++"]) is None  # other symbols name other classes
     assert punctuation_twins(["neg", "neg."], allowed=["neg", "neg."]) is None  # both listed: the user's own
+
+
+def test_a_rare_class_one_slip_from_a_common_one_is_said(tmp_path, capsys):
+    """'positve' once beside 'positive' 40 times: a warning naming both (a class of its own would never be
+    learned); where a stratified split cannot hold it, the refusal says the same. Two classes that label_names
+    lists are left alone, and so are two common ones."""
+    rows = [{"text": f"sentence {i}", "label": ["negative", "positive"][i % 2]} for i in range(80)]
+    typo = [*rows, {"text": "one more", "label": "positve"}]
+    val = write_csv(tmp_path / "v.csv", rows[:20])
+    main(recipe_text_args({"train": write_csv(tmp_path / "t.csv", typo), "validation": val}, tmp_path / "a", "max_steps=1"))
+    err = capsys.readouterr().err
+    assert "holds 'positve' (1 sample) beside 'positive' (40): a misspelling? fix the label in the data" in err
+    user_error(capsys, main, recipe_text_args({"train": tmp_path / "t.csv", "validation": val}, tmp_path / "b",
+                                              "validation_file=null"),  # fmt: skip
+               "('positve' (1 sample) beside 'positive' (40): a misspelling? fix that label in the data)")
+    main(recipe_text_args({"train": tmp_path / "t.csv", "validation": val}, tmp_path / "c", "max_steps=1",
+                          "label_names=[negative,positive,positve]"))  # fmt: skip
+    assert "misspelling" not in capsys.readouterr().err
