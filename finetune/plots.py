@@ -422,6 +422,13 @@ def _not_a_metrics_log(metrics: Path) -> str | None:
         first = next((line.strip() for line in f if line.strip()), None)
     if first is None:
         return None
+    if first == "{" and metrics.stat().st_size < 2**24:  # a JSON document over many lines: an evaluation's metrics.json?
+        try:
+            whole = json.loads(metrics.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            whole = None
+        if isinstance(whole, dict):
+            return "it is one JSON document over many lines, such as an evaluation's metrics.json, not a record a line"
     try:
         record = json.loads(first)
     except json.JSONDecodeError:

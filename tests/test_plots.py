@@ -152,6 +152,10 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
     user_error(capsys, main, [str(empty)], "holds no training or evaluation records yet", untouched=tmp_path)
     user_error(capsys, main, [str(tmp_path / "missing.jsonl")], "does not exist", untouched=tmp_path)
     user_error(capsys, main, [str(empty.parent)], "is a folder", "did you mean", untouched=tmp_path)
+    evaluation = tmp_path / "metrics.json"  # evaluate_checkpoint.py's output, given by mistake
+    evaluation.write_text(json.dumps({"accuracy": 0.8, "num_samples": 10}, indent=2))
+    user_error(capsys, main, [str(evaluation)], "is not a run's metrics.jsonl (it is one JSON document over many "
+               "lines, such as an evaluation's metrics.json", untouched=tmp_path)  # fmt: skip
     listed = tmp_path / "list.jsonl"
     listed.write_text("[1,2]\n")
     user_error(capsys, main, [str(listed)], "is not a run's metrics.jsonl", untouched=tmp_path)
