@@ -542,6 +542,8 @@ class RunArgs:
             )
         if not 0 < self.multi_label_threshold < 1:
             raise UserError(f"multi_label_threshold must be in (0, 1), got {self.multi_label_threshold}")
+        if list(self.report_to) == ["none"]:  # transformers' way of saying no tracker
+            self.report_to = []
         if not self.report_to:
             return
         from accelerate.utils import LoggerType  # accelerate imports torch: only when trackers are named
@@ -550,7 +552,8 @@ class RunArgs:
         for name in self.report_to:
             if name not in trackers:
                 raise UserError(
-                    f"report_to: unknown tracker {name!r}; Accelerate's trackers are {', '.join(sorted(trackers))}"
+                    f"report_to: unknown tracker {name!r}; Accelerate's trackers are {', '.join(sorted(trackers))} "
+                    "(none, or [], for no tracker)"
                 )
 
 
@@ -827,6 +830,20 @@ MODE_FLAGS = {"dry_run": "--dry-run", "plan_only": "--plan-only"}
 MAPPING_EXAMPLES = {"peft": "{r: 8, alpha: 16}", "model_config": "{model_type: bert, hidden_size: 128}"}
 
 
+# transformers' TrainingArguments that are not settings here, and what does their work.
+PRECISION = ("the precision is accelerate's: launch with --mixed_precision {} (or an accelerate config such as "
+             "accelerate_configs/cpu_bf16.yaml, single_gpu_bf16.yaml, single_gpu_fp16.yaml)")
+OTHER_TOOLS = {
+    "fp16": PRECISION.format("fp16"),
+    "bf16": PRECISION.format("bf16"),
+    "evaluation_strategy": "validation runs every eval_steps optimizer steps (null: at each epoch's end)",
+    "eval_strategy": "validation runs every eval_steps optimizer steps (null: at each epoch's end)",
+    "save_strategy": "checkpoints are saved every save_steps optimizer steps, and at each epoch's end with "
+                     "save_at_epoch_end=true",
+    "logging_strategy": "the loss is logged every logging_steps optimizer steps",
+}
+
+
 def _unknown_key(key: str, known: list[str], value: Any = None) -> UserError:
     if key in MODE_FLAGS:
         return UserError(f"{key} is not a setting; pass the flag {MODE_FLAGS[key]}")
@@ -842,6 +859,8 @@ def _unknown_key(key: str, known: list[str], value: Any = None) -> UserError:
         shown = ", ".join(inside[:3]) + (", ..." if len(inside) > 3 else "")
         return UserError(f"unknown config key '{key}': a recipe is flat: move the settings under it ({shown}) "
                          f"to the top level and drop '{key}:'")  # fmt: skip
+    if key in OTHER_TOOLS:  # TrainingArguments' habits
+        return UserError(f"unknown config key '{key}': {OTHER_TOOLS[key]}")
     close = difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.52)  # not defaults -> peft (0.5)
     hint = f"; did you mean {close[0]}?" if close else ""
     return UserError(f"unknown config key '{key}'{hint}")

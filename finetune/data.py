@@ -1256,7 +1256,7 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
     UTF-8. Read by hand: datasets has no CoNLL builder (its hub scripts are gone)."""
     sentences, words, tags, columns, tag_at, first = [], [], [], None, -1, None
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a BOM (a Windows editor's) is not part of the first line
             for number, line in enumerate(f, 1):
                 text = line.rstrip("\r\n")
                 if not text.strip():
@@ -1265,8 +1265,8 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                         words, tags = [], []
                     continue
                 fields = text.split("\t") if "\t" in text else text.split()
-                # `# O`: the word # and its tag, not a comment (`# text = ...`, `# sent_id = 3` have no tag there)
-                hash_word = fields[0] == "#" and len(fields) == (columns or 2) and bool(
+                # `# O`, `#foodie O`: a word and its tag, not a comment (`# text = ...`, `# sent_id = 3` have no tag there)
+                hash_word = fields[0].startswith("#") and len(fields) == (columns or 2) and bool(
                     re.fullmatch(r"O|[BIES]-\S+", fields[tag_at if columns else -1]))
                 if (text.startswith("#") and not text.startswith("#\t") and not hash_word) or fields[0] == "-DOCSTART-":
                     continue

@@ -477,7 +477,8 @@ def _check_tag_lists(ds: HFDataset, args: DataArgs, split: str) -> None:
 
 def tag_names(train: HFDataset, column: str, given: list[str] | None) -> list[str]:
     """The tag set in id order: `label_names`; a ClassLabel's names; else train's tags, "O" first then
-    sorted by entity type, B- before I- (integer tags need `label_names`)."""
+    sorted by entity type, B- before I- (a plain set, `tasks.plain_tags`: by name), refused when two differ
+    only by case (integer tags need `label_names`)."""
     inner = getattr(train.features[column], "feature", None)
     present = {t for row in train[column] for t in row}
     if len(present) < 2:  # all O: the loss is 0 from the first step, and nothing is learned
@@ -503,6 +504,16 @@ def tag_names(train: HFDataset, column: str, given: list[str] | None) -> list[st
                 f"tag {tag!r} appears once in the train data and {longer!r} {counts[longer]} times: a tag cut short "
                 f"(a file that ends mid-line?); fix it, or set label_names to the full tag set if {tag!r} is meant"
             )
+    twins = case_twins(counts)  # B-PERSON and B-Person: one entity type written two ways
+    if twins:
+        raise UserError(
+            f"the train data's tags {twins[0]!r} and {twins[1]!r} differ only by letter case and would be two "
+            "tags; write each tag the same way (or, if they are two tags, list both in label_names)"
+        )
+    from finetune.tasks import plain_tags
+
+    if plain_tags(counts):  # parts of speech: O (if any) first, then by name
+        return sorted(counts, key=lambda t: (t != "O", t))
     return sorted(counts, key=lambda t: (t != "O", t[2:], t[:2]))
 
 

@@ -411,6 +411,10 @@ def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: 
         raise UserError("attn_implementation needs a newer transformers (PreTrainedModel.set_attn_implementation)")
     if cfg.freeze_embeddings:
         model.get_input_embeddings().requires_grad_(False)
+        if cfg.model_config is not None and not cfg.resume_from_checkpoint and not cfg.freeze_layers:
+            warn("freeze_embeddings=true freezes the word embeddings of a model built at random from model_config: "
+                 "they stay random and only the rest learns; freezing is for pretrained weights "
+                 "(model_name_or_path): set freeze_embeddings=false")  # fmt: skip
     if cfg.freeze_layers:
         freeze_layers(model, cfg.freeze_layers)
         if cfg.model_config is not None and not cfg.resume_from_checkpoint:  # built at random, not loaded

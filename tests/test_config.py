@@ -93,6 +93,15 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
     with pytest.raises(UserError, match=r"^unknown config key 'training_args': a recipe is flat: move the settings "
                                         r"under it \(learning_rate, seed\) to the top level"):  # fmt: skip
         load_config(recipe, ["training_args={learning_rate: 1e-4, seed: 3, colour: red}"])
+    # transformers' TrainingArguments habits: what does their work here
+    with pytest.raises(UserError, match=r"^unknown config key 'bf16': the precision is accelerate's: launch with "
+                                        r"--mixed_precision bf16"):  # fmt: skip
+        load_config(recipe, ["bf16=true"])
+    with pytest.raises(UserError, match=r"^unknown config key 'evaluation_strategy': validation runs every eval_steps"):
+        load_config(recipe, ["evaluation_strategy=steps"])
+    assert load_config(recipe, ["report_to=none"]).report_to == []
+    with pytest.raises(UserError, match=r"unknown tracker 'nothing'.*\(none, or \[\], for no tracker\)"):
+        load_config(recipe, ["report_to=nothing"])
 
 
 def test_metric_loss_means_lower_is_better(small_text_data, tmp_path):

@@ -179,6 +179,16 @@ def test_freeze_layers_keeps_embeddings_and_lower_layers_as_loaded(small_text_da
     assert "warning: freeze_layers=1 freezes the embeddings and layers of a model built at random" in capsys.readouterr().err
 
 
+def test_frozen_embeddings_of_a_model_built_at_random_are_said(small_text_data, tmp_path, capsys):
+    """freeze_embeddings=true (the default recipe's) on a model from model_config: its random word embeddings
+    would stay random; one warning, as for freeze_layers. Silent when they are not frozen."""
+    main(tiny_text_args(small_text_data, tmp_path / "a", "max_steps=1", "freeze_embeddings=true"))
+    assert "warning: freeze_embeddings=true freezes the word embeddings of a model built at random" in (
+        capsys.readouterr().err)
+    main(tiny_text_args(small_text_data, tmp_path / "b", "max_steps=1"))
+    assert "freeze_embeddings" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

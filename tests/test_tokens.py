@@ -113,6 +113,34 @@ def test_conll_files_read_with_comments_docstart_and_an_index_column(tmp_path):
     assert ds["words"] == [["Ada", "said"], ["#"]] and ds["tags"] == [["B-PER", "O"], ["O"]]
 
 
+def test_conll_words_that_start_with_a_hash_and_a_bom_are_read_as_words(tmp_path):
+    """`#foodie O` inside a sentence is a word and its tag, not a comment (`# sent_id = 1` still is); a
+    BOM before `-DOCSTART-` or a first comment is not part of the line."""
+    path = tmp_path / "tweets.conll"
+    path.write_text("\ufeff-DOCSTART- -X- -X- O\n\n#Marta B-PER\nloves O\n#foodie O\n\n# a comment here\n#1 O\n",
+                    encoding="utf-8")  # fmt: skip
+    ds = read_conll(str(path), "train", "tokens", "ner_tags")
+    assert ds["tokens"] == [["#Marta", "loves", "#foodie"], ["#1"]]
+    assert ds["ner_tags"] == [["B-PER", "O", "O"], ["O"]]
+    ud = tmp_path / "bom.conllu"
+    ud.write_text("\ufeff# sent_id = 1\n1\tAda\tAda\tPROPN\tNNP\t_\t2\tnsubj\t_\t_\n2\twent\tgo\tVERB\tVBD\t_\t0\troot\t_\t_\n",
+                  encoding="utf-8")  # fmt: skip
+    assert read_conll(str(ud), "train", "tokens", "upos")["upos"] == [["PROPN", "VERB"]]
+
+
+def test_tags_that_differ_only_by_case_are_refused_and_a_plain_set_is_ordered_by_name(tmp_path, capsys):
+    from finetune.problems import tag_names
+
+    rows = [{"tokens": ["ada", "went"], "ner_tags": ["B-PERSON", "O"]}, {"tokens": ["bo", "ran"], "ner_tags": ["B-Person", "O"]}]
+    data = {"train": _rows(tmp_path / "t.jsonl", rows * 3), "validation": _rows(tmp_path / "v.jsonl", rows)}
+    user_error(capsys, main, tagging_args(data, tmp_path / "run", "label_names=null"),
+               "tags 'B-PERSON' and 'B-Person' differ only by letter case")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+    upos = _rows(tmp_path / "p.jsonl", [{"tokens": ["a", "b", "c", "d"], "upos": ["VERB", "ADJ", "NOUN", "DET"]}])
+    assert tag_names(load_raw({"train": str(upos)}, None, None, None)["train"], "upos", None) == ["ADJ", "DET", "NOUN",
+                                                                                                  "VERB"]
+
+
 def test_a_conllu_file_gives_its_words_and_parts_of_speech(tmp_path, capsys):
     """Universal Dependencies' ten columns: FORM and UPOS, a multiword token's range and an empty node
     skipped; trained as a plain tag set. Its MISC column of `_` would be no tags: a `_` tag is refused."""
