@@ -313,6 +313,9 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
         refusal = _search_folder_problem(out)
     if _main_process() and refusal is None:
         made, new = not out.exists(), not (out / STUDY).exists()
+        if not new and base.overwrite_output_dir:  # a search never deletes its study: it continues it
+            warn(f"overwrite_output_dir=true does not start a search over: this one continues the study in "
+                 f"{out / STUDY}; to start over, give another output_dir (or move that study away)")  # fmt: skip
         out.mkdir(parents=True, exist_ok=True)
         on_failure(lambda: _remove_what_failed(out, made, new))
         optuna.logging.set_verbosity(optuna.logging.WARNING)

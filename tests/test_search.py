@@ -231,6 +231,9 @@ def test_a_study_is_continued_only_with_the_settings_it_was_made_with(small_text
     again = search(["--budget", "300", "--trials", "1", "--space", "learning_rate",  # where it reports: no matter
                     *settings(small_text_data, out, "max_steps=2", "overwrite_output_dir=true", "logging_steps=7")])
     assert again["trials"] == 2
+    # overwrite_output_dir does not start it over (its study is never deleted), which is said
+    assert "warning: overwrite_output_dir=true does not start a search over: this one continues the study" in (
+        capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("damage", ["cut to a third", "an SQLite header and then garbage", "a text file"])
