@@ -215,6 +215,13 @@ def _usage(example: str, problem: str, model_json: dict, public: dict[str, Any])
     pipeline returns every label's probability and applies no threshold, so the example applies the
     thresholds tuned on validation (config.json's `multi_label_thresholds`, what evaluation uses) or,
     without them, the run's fixed `multi_label_threshold`."""
+    if problem == "token_classification":
+        from finetune.tasks import plain_tags
+
+        if plain_tags((model_json.get("id2label") or {}).values()):  # parts of speech: a tag per word, no spans
+            example += ('\n# a tag per word (no B-/I-): the pipeline joins adjacent words of one tag into one span; '
+                        'aggregation_strategy="none" gives each subword its own tag')
+        return example
     if problem != "multi_label_classification":
         return example
     # `classify(x)  # ...` -> `[scores] = classify([x])`: with top_k=None a pipeline gives one list per

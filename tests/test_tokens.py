@@ -650,6 +650,8 @@ def test_parts_of_speech_train_and_are_scored_word_by_word(tmp_path, capsys):
     assert set(validation["per_class"]) == {"DET", "NOUN", "VERB", "PUNCT"} and validation["num_words"] == 48
     config = json.loads((out / "model" / "config.json").read_text())
     assert sorted(config["label2id"]) == ["DET", "NOUN", "PUNCT", "VERB"]
+    # the card's pipeline example says how a pipeline groups a tag per word
+    assert "the pipeline joins adjacent words of one tag into one span" in (out / "model" / "README.md").read_text()
 
 
 @pytest.mark.parametrize("label_names", ["null", "[O,PER,LOC]"])
