@@ -833,11 +833,12 @@ MAPPING_EXAMPLES = {"peft": "{r: 8, alpha: 16}", "model_config": "{model_type: b
 # transformers' TrainingArguments that are not settings here, and what does their work.
 PRECISION = ("the precision is accelerate's: launch with --mixed_precision {} (or an accelerate config such as "
              "accelerate_configs/cpu_bf16.yaml, single_gpu_bf16.yaml, single_gpu_fp16.yaml)")
+EVALUATION = "validation runs every eval_steps optimizer steps (null: at each epoch's end)"
 OTHER_TOOLS = {
     "fp16": PRECISION.format("fp16"),
     "bf16": PRECISION.format("bf16"),
-    "evaluation_strategy": "validation runs every eval_steps optimizer steps (null: at each epoch's end)",
-    "eval_strategy": "validation runs every eval_steps optimizer steps (null: at each epoch's end)",
+    "evaluation_strategy": EVALUATION,
+    "eval_strategy": EVALUATION,
     "save_strategy": "checkpoints are saved every save_steps optimizer steps, and at each epoch's end with "
                      "save_at_epoch_end=true",
     "logging_strategy": "the loss is logged every logging_steps optimizer steps",

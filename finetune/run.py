@@ -411,16 +411,15 @@ def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: 
         raise UserError("attn_implementation needs a newer transformers (PreTrainedModel.set_attn_implementation)")
     if cfg.freeze_embeddings:
         model.get_input_embeddings().requires_grad_(False)
-        if cfg.model_config is not None and not cfg.resume_from_checkpoint and not cfg.freeze_layers:
-            warn("freeze_embeddings=true freezes the word embeddings of a model built at random from model_config: "
-                 "they stay random and only the rest learns; freezing is for pretrained weights "
-                 "(model_name_or_path): set freeze_embeddings=false")  # fmt: skip
     if cfg.freeze_layers:
         freeze_layers(model, cfg.freeze_layers)
-        if cfg.model_config is not None and not cfg.resume_from_checkpoint:  # built at random, not loaded
-            warn(f"freeze_layers={cfg.freeze_layers} freezes the embeddings and layers of a model built at random "
-                 "from model_config: they stay random and only the rest learns; freezing is for pretrained weights "
-                 "(model_name_or_path): set freeze_layers=0")  # fmt: skip
+    if (cfg.freeze_embeddings or cfg.freeze_layers) and cfg.model_config is not None and not cfg.resume_from_checkpoint:
+        # built at random, not loaded: what is frozen stays random
+        what, fix = ((f"freeze_layers={cfg.freeze_layers} freezes the embeddings and layers", "freeze_layers=0")
+                     if cfg.freeze_layers else ("freeze_embeddings=true freezes the word embeddings",
+                                                "freeze_embeddings=false"))  # fmt: skip
+        warn(f"{what} of a model built at random from model_config: they stay random and only the rest learns; "
+             f"freezing is for pretrained weights (model_name_or_path): set {fix}")
     if cfg.gradient_checkpointing:
         if not model.supports_gradient_checkpointing:
             raise UserError(f"{type(model).__name__} does not support gradient_checkpointing")
