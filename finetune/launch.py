@@ -199,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.prog = "finetune-launch"
 
     def usage_error(message: str):  # one line, not accelerate's page of usage
+        unknown = message.split(":", 1)[1].split() if message.startswith("unrecognized arguments:") else []
+        if any(a == "--config" or a.startswith("--config=") for a in unknown):  # the recipe, before the script
+            raise UserError("--config (the recipe) is finetune/run.py's option: put it after the script, as in "
+                            "finetune-launch finetune/run.py --config finetune/configs/<recipe>.yaml; the "
+                            "launcher's own is --config_file (accelerate_configs/)")
         raise UserError(f"{message}; see finetune-launch --help (accelerate launch's arguments)")
 
     parser.error = usage_error

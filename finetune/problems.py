@@ -380,7 +380,28 @@ def _encode_regression(ds: HFDataset, column: str, split: str) -> HFDataset:
             f"row {tiny[0] + 1}: {values[tiny[0]]:g}, which rounds to 0); scale the targets (multiply them by a "
             "constant, or take their logarithm) and scale the predictions back"
         )
+    _warn_far_targets(values, column, split)
     return _replace_labels(ds, [column], lambda b: [float(v) for v in b[column]], Value("float32"), split)
+
+
+FAR_TARGET = 15  # robust standard deviations (1.4826 x the median absolute deviation) from the median
+
+
+def _warn_far_targets(values: np.ndarray, column: str, split: str) -> None:
+    """Targets far outside the others (45 typed for 4.5): trained on, they pull the model toward them
+    and dominate the squared loss. Measured against the median and its absolute deviation, which the
+    outliers themselves do not move much (a standard deviation would grow with them)."""
+    if len(values) < 5:
+        return
+    median = np.median(values)
+    spread = 1.4826 * np.median(np.abs(values - median))
+    if spread == 0:
+        return
+    far = np.flatnonzero(np.abs(values - median) > FAR_TARGET * spread)
+    if len(far):
+        warn(f"label column '{column}' in the {split} data has {len(far)} target(s) more than {FAR_TARGET} robust "
+             f"standard deviations from the median {median:g} (first at row {far[0] + 1}: {values[far[0]]:g}); "
+             "if they are typos, fix them; if they are right, a logarithm of the targets may train better")
 
 
 def _encode_lists(ds: HFDataset, column: str, label_names: list[str], split: str) -> HFDataset:

@@ -280,5 +280,9 @@ def test_a_recipe_and_an_accelerate_config_swapped_are_named(capsys):
     recipe = REPO / "finetune/configs/bert_custom_files.yaml"
     line = user_error(capsys, launch_main, ["--config_file", str(recipe), "finetune/run.py"])
     assert "is a finetune recipe, not an accelerate config: pass it to finetune/run.py as --config" in line
+    # the recipe's own option before the script: the launcher does not know it
+    for before in (["--config", str(recipe)], [f"--config={recipe}"]):
+        line = user_error(capsys, launch_main, [*before, "finetune/run.py"])
+        assert "--config (the recipe) is finetune/run.py's option: put it after the script" in line
     with pytest.raises(UserError, match="that file is an accelerate config; pass it to accelerate launch --config_file"):
         load_config(REPO / "accelerate_configs/cpu.yaml")

@@ -474,3 +474,18 @@ def test_regression_targets_of_another_scale_in_validation_are_warned_of(tmp_pat
     data["validation"] = write_jsonl(tmp_path / "v2.jsonl", validation)
     main(tiny_text_args(data, tmp_path / "run2", "label_column=score", "max_steps=1"))
     assert "far outside" not in capsys.readouterr().err
+
+
+def test_a_regression_target_far_from_the_others_is_named_once(capsys):
+    """45 typed for 4.5 on a 1-5 scale: one warning with its row; ordinary spreads say nothing."""
+    values = np.array([3.0, 4.5, 2.0, 3.5, 4.0, 45.0, 1.5, 2.5, 3.0, 4.0])
+    problems._warn_far_targets(values, "score", "train")
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1
+    assert "label column 'score' in the train data has 1 target(s) more than 15 robust standard deviations" in err
+    assert "(first at row 6: 45)" in err
+    rng = np.random.default_rng(0)
+    for ordinary in (rng.normal(3, 1, 5000), rng.uniform(0, 5, 5000), rng.poisson(2, 5000).astype(float),
+                     np.array([0.0] * 60 + [1.0, 2.0, 7.0])):  # a normal sample, a scale, counts, mostly zeros
+        problems._warn_far_targets(ordinary, "score", "train")
+    assert capsys.readouterr().err == ""
