@@ -39,7 +39,7 @@ from finetune.config import REPO_DIR, DataArgs
 from finetune.errors import REDACTED, SECRET_VALUE, UserError, first_line
 from finetune.metrics import METRICS, PROBLEMS, SINGLE, TOKENS
 from finetune.rundir import is_hub_name
-from finetune.tasks import DEFAULT_TASK, TASKS, task_of
+from finetune.tasks import DEFAULT_TASK, TASKS, plain_tags, task_of
 
 CARD = "README.md"
 TEMPLATE = Path(__file__).with_name("templates") / "model_card.md"  # Jinja, rendered by ModelCard
@@ -216,8 +216,6 @@ def _usage(example: str, problem: str, model_json: dict, public: dict[str, Any])
     thresholds tuned on validation (config.json's `multi_label_thresholds`, what evaluation uses) or,
     without them, the run's fixed `multi_label_threshold`."""
     if problem == "token_classification":
-        from finetune.tasks import plain_tags
-
         if plain_tags((model_json.get("id2label") or {}).values()):  # parts of speech: a tag per word, no spans
             example += ('\n# a tag per word (no B-/I-): the pipeline joins adjacent words of one tag into one span; '
                         'aggregation_strategy="none" gives each subword its own tag')
@@ -326,6 +324,9 @@ def write_model_card(
     splits = {s: m for s in ("validation", "test") if isinstance(m := results.get(s), dict)}
     problem = public.get("problem_type") or SINGLE
     shown = [METRICS[key] for key in PROBLEMS[problem].shown]  # the card's table; those with a type: model-index
+    if problem == TOKENS and plain_tags(label_names):  # no spans: entity F1 is scored word by word
+        shown = [dataclasses.replace(m, card_args={"average": "micro", "scored": "word by word, O left out"})
+                 if m.card_args and m.card_args.get("scheme") else m for m in shown]  # fmt: skip
     evals = _eval_results(task, source, public.get("dataset_config_name"), splits, [m for m in shown if m.card_type])
     name = repo_id.split("/")[-1] if repo_id else export_dir.parent.name
     data = ModelCardData(
@@ -387,6 +388,7 @@ def write_model_card(
             else [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(label_names)]
         ),
         entity_split=per_class_split if per_class and problem == TOKENS else None,
+        word_by_word=problem == TOKENS and plain_tags(label_names),
         entities=_cells([[f"`{t}`", *(v.get(k) for k in stats)] for t, v in per_class.items()])
         if problem == TOKENS
         else None,

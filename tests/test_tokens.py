@@ -651,7 +651,10 @@ def test_parts_of_speech_train_and_are_scored_word_by_word(tmp_path, capsys):
     config = json.loads((out / "model" / "config.json").read_text())
     assert sorted(config["label2id"]) == ["DET", "NOUN", "PUNCT", "VERB"]
     # the card's pipeline example says how a pipeline groups a tag per word
-    assert "the pipeline joins adjacent words of one tag into one span" in (out / "model" / "README.md").read_text()
+    card = (out / "model" / "README.md").read_text()
+    assert "the pipeline joins adjacent words of one tag into one span" in card
+    # its model-index names how entity F1 was scored: word by word, not by IOB2 spans
+    assert "scored: word by word, O left out" in card and "IOB2" not in card
 
 
 @pytest.mark.parametrize("label_names", ["null", "[O,PER,LOC]"])
