@@ -66,6 +66,9 @@ KINDS = ".csv, .tsv, .json, .jsonl, .parquet, or CoNLL (.conll, .conllu, .iob2, 
 COMPRESSED = {"gzip": b"\x1f\x8b", "zip": b"PK\x03\x04", "bzip2": b"BZh", "xz": b"\xfd7zXZ", "zstd": b"\x28\xb5\x2f\xfd"}
 
 
+# What looks like an IOB/IOBES tag (O, B-PER, E-LOC): to find a file's tag column, or its words read as tags.
+A_TAG = re.compile(r"O|[BIES]-\S+")
+
 # A .csv whose header has no comma but one of these: how it looks, and what this app reads instead.
 _SAVE = "comma-separated .csv or tab-separated .tsv: save it with one of those"
 OTHER_SEPARATORS = {
@@ -766,10 +769,8 @@ def _word_and_tag_lists(ds: HFDataset) -> tuple[str, str] | None:
     words = [c for c, v in row.items() if isinstance(v, list) and v and all(isinstance(w, str) for w in v)]
     pairs = [(w, t) for w in words for t, v in row.items()
              if t != w and isinstance(v, list) and len(v) == len(row[w]) and all(isinstance(x, (str, int)) for x in v)]
-    tag = re.compile(r"O|[BIES]-\S+")
-
     def tags(values) -> bool:
-        return all(isinstance(x, str) and tag.fullmatch(x) for x in values)
+        return all(isinstance(x, str) and A_TAG.fullmatch(x) for x in values)
 
     if len(pairs) == 2 and pairs[0] == pairs[1][::-1]:  # two lists of strings: the tags are the ones that read so
         pairs = [(w, t) for w, t in pairs if tags(row[t])]
@@ -1267,18 +1268,18 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                 fields = text.split("\t") if "\t" in text else text.split()
                 # `# O`, `#foodie O`: a word and its tag, not a comment (`# text = ...`, `# sent_id = 3` have no tag there)
                 hash_word = fields[0].startswith("#") and len(fields) == (columns or 2) and bool(
-                    re.fullmatch(r"O|[BIES]-\S+", fields[tag_at if columns else -1]))
+                    A_TAG.fullmatch(fields[tag_at if columns else -1]))
                 if (text.startswith("#") and not text.startswith("#\t") and not hash_word) or fields[0] == "-DOCSTART-":
                     continue
                 if len(fields) == CONLLU_COLUMNS and re.fullmatch(r"\d+[-.]\d+", fields[0]):
                     continue  # CoNLL-U: a multiword token's range (1-2 don't) or an empty node (8.1), not a word
                 if columns is None:
-                    if (len(fields) >= 2 and not re.fullmatch(r"O|[BIES]-\S+", fields[-1])
+                    if (len(fields) >= 2 and not A_TAG.fullmatch(fields[-1])
                             and {fields[0].lower(), fields[-1].lower()} & CONLL_HEADER_WORDS):  # fmt: skip
                         raise UserError(f"{split} file {path} line {number} looks like a header ({' '.join(fields)!r}): a "
                                         "CoNLL file has none, only a token and its tag on each line; delete that line")  # fmt: skip
                     columns = len(fields)
-                    looks = [i for i, f in enumerate(fields) if i and re.fullmatch(r"O|[BIES]-\S+", f)]
+                    looks = [i for i, f in enumerate(fields) if i and A_TAG.fullmatch(f)]
                     tag_at = looks[-1] if looks else -1
                     if not looks and columns == CONLLU_COLUMNS and fields[0].isdigit():
                         tag_at = CONLLU_UPOS  # a CoNLL-U file (UD): its universal part-of-speech column
@@ -1322,10 +1323,9 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
 def _check_conll_columns(split: str, path: str, sentences: list, first: tuple[int, list[str]] | None) -> None:
     """Words read as tags: the file's tag column comes first (`B-PER Ada`), so its words are read as the
     tags. Said when no tag read looks like a tag and every word does."""
-    looks = re.compile(r"O|[BIES]-\S+")
     tags = [t for _, row in sentences for t in row]
     words = [w for row, _ in sentences for w in row]
-    if any(looks.fullmatch(t) for t in tags) or not all(looks.fullmatch(w) for w in words):
+    if any(A_TAG.fullmatch(t) for t in tags) or not all(A_TAG.fullmatch(w) for w in words):
         return
     number, fields = first or (0, [])
     raise UserError(
