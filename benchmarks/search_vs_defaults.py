@@ -62,8 +62,9 @@ from benchmarks.expected_results import (
 )
 from benchmarks.recipes import SMOKE
 from benchmarks.report import machine_line, write_report
-from finetune.config import CONFIGS_DIR, REPO_DIR
+from finetune.config import CONFIGS_DIR, REPO_DIR, load_config
 from finetune.errors import ArgumentParser, UserError, exit_on_user_error
+from finetune.metrics import METRICS
 
 TASKS = {"multi_label": "micro_f1", "regression": "mse", "sentence_pair": "accuracy"}  # BY_NAME key: the metric
 DEFAULT_TASKS = ["multi_label", "regression"]
@@ -100,14 +101,15 @@ def launch(config_file: Path) -> list[str]:
     return [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file", str(config_file)]
 
 
-def run_defaults(task: Task, data: Path, out: Path, extra: list[str]) -> dict[str, Any]:
-    """The recipe's command with the data keys alone, in a fresh process: its wall time and metrics."""
+def run_defaults(task: Task, data: Path, out: Path, extra: list[str], longer: list[str] = ()) -> dict[str, Any]:
+    """The recipe's command with the data keys alone (and `longer`, the settings that give it more time),
+    in a fresh process: its wall time and metrics."""
     recipe, config_file = CONFIGS_DIR / task.recipe, accelerate_config_file(task)
-    settings = data_settings(task, data)
+    settings = [*data_settings(task, data), *longer]
     shown = ["accelerate", "launch", "--config_file", shown_path(config_file), "finetune/run.py", "--config",
              shown_path(recipe), *settings]  # fmt: skip
     proc, wall = timed([*launch(config_file), str(REPO_DIR / "finetune" / "run.py"), "--config", str(recipe), *settings,
-                        *extra, f"output_dir={out}", "overwrite_output_dir=true", "report_to=[]"])  # fmt: skip
+                        *extra, *longer, f"output_dir={out}", "overwrite_output_dir=true", "report_to=[]"])  # fmt: skip
     row: dict[str, Any] = {"command": shlex.join(shown), "exit_status": proc.returncode, "wall_s": round(wall, 1)}
     if proc.returncode != 0:
         row["error"] = (proc.stderr or proc.stdout)[-3000:]
@@ -139,6 +141,18 @@ def run_search(task: Task, data: Path, out: Path, budget: float, extra: list[str
     return row
 
 
+def longer(task: Task, factor: float, smoke: bool) -> list[str]:
+    """The settings that give the recipe's defaults `factor` times their training: its epochs (or
+    max_steps) times `factor`, every other hyperparameter its own; the schedule stretches with them."""
+    if smoke:
+        steps = int(dict(s.split("=", 1) for s in SMOKE_STEPS)["max_steps"])
+        return [f"max_steps={math.ceil(steps * factor)}"]
+    cfg = load_config(str(CONFIGS_DIR / task.recipe), [])
+    if cfg.max_steps:
+        return [f"max_steps={math.ceil(cfg.max_steps * factor)}"]
+    return [f"num_train_epochs={cfg.num_train_epochs * factor:g}"]
+
+
 def key_of(task: Task) -> str:
     return next(k for k, t in BY_NAME.items() if t is task)
 
@@ -156,37 +170,57 @@ def cell(run: dict[str, Any], metric: str) -> str:
     return f"{fmt(run['validation'].get(metric))} / {fmt(run['test'].get(metric))}"
 
 
+def verdict(search: dict[str, Any], longer: dict[str, Any], metric: str) -> str:
+    """Whether the search's best trial beats the defaults given the budget, on validation and on test."""
+    if not search or not longer or search.get("exit_status") or longer.get("exit_status"):
+        return "–"
+    sign = 1 if METRICS[metric].greater_is_better else -1
+
+    def beats(split: str) -> str:
+        a, b = search[split].get(metric), longer[split].get(metric)
+        return "–" if a is None or b is None else "yes" if sign * (a - b) > 0 else "no"
+
+    return f"{beats('validation')}, {beats('test')}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [
         machine_line(report["machine"]) + ".",
         f"Command: `{report['invocation']}`; {report['date']}." + (" Smoke run: tiny models." if report["smoke"] else ""),
         "",
-        "| task | metric | defaults: validation / test | defaults' wall time (s) | search: validation / test "
-        "(best trial) | search's budget / wall time (s) | trials (pruned, cut at the budget) | best settings | "
-        "load before |",
-        "|---|---|---|---:|---|---:|---|---|---:|",
+        "| task | metric | defaults: validation / test | defaults' wall time (s) | defaults given the budget: "
+        "validation / test | their wall time (s) | search: validation / test (best trial) | search's budget / "
+        "wall time (s) | search better than the defaults given the budget (validation, test) | trials (pruned, "
+        "cut at the budget) | best settings | load before |",
+        "|---|---|---|---:|---|---:|---|---:|---|---|---|---:|",
     ]
     for row in report["tasks"]:
         d, s, metric = row["defaults"], row["search"], row["metric"]
+        more = row.get("defaults_longer") or {}
         record = s.get("search") or {}
         trials = f"{record['trials']} ({record['pruned']}, {record['cut_at_budget']})" if record else "–"
         settings = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                              for k, v in (record.get("params") or {}).items()) or "–"  # fmt: skip
         budget = f"{s['budget_s']:g} / {s['wall_s']:.1f}" if "budget_s" in s else "–"
+        longer_cells = f"{cell(more, metric)} | {more['wall_s']:.1f}" if more else "– | –"
         lines.append(
-            f"| {row['task']} (`{row['recipe']}`) | {metric} | {cell(d, metric)} | {d['wall_s']:.1f} | "
-            f"{cell(s, metric) if s else '–'} | {budget} | {trials} | {settings} | {row['load_before'][0]:.2f}"
-            f"{'' if row['quiet'] else ' (busy)'} |"
+            f"| {row['task']} (`{row['recipe']}`) | {metric} | {cell(d, metric)} | {d['wall_s']:.1f} | {longer_cells} | "
+            f"{cell(s, metric) if s else '–'} | {budget} | {verdict(s, more, metric)} | {trials} | {settings} | "
+            f"{row['load_before'][0]:.2f}{'' if row['quiet'] else ' (busy)'} |"
         )
+    factor = report["budget_factor"]
     lines += [
         "",
         "Validation at the tuned multi-label threshold where the run tuned one; test on the whole test split, "
-        f"never used to choose. The search's budget is {report['budget_factor']:g} times the defaults' wall time "
-        "(the whole command each); its first trial is the recipe's defaults (finetune/search.py), so with a "
-        "budget of 1 times it ties them (tests/test_search.py::test_trial_0_is_the_recipes_own_settings_run_as_"
-        "the_recipe_runs).",
+        f"never used to choose. The search's budget is {factor:g} times the defaults' wall time (the whole command "
+        "each); its first trial is the recipe's defaults (finetune/search.py), so with a budget of 1 times it ties "
+        "them (tests/test_search.py::test_trial_0_is_the_recipes_own_settings_run_as_the_recipe_runs). The "
+        f"defaults given the budget are the same command with {factor:g} times the recipe's epochs (its schedule "
+        "stretched with them): the other way to spend the same time. The search is better where its value beats "
+        "theirs on validation and on test.",
         "",
-        *(f"- {row['task']}: defaults `{row['defaults']['command']}`; search `{row['search'].get('command', '–')}`"
+        *(f"- {row['task']}: defaults `{row['defaults']['command']}`; given the budget "
+          f"`{(row.get('defaults_longer') or {}).get('command', '–')}`; search `{row['search'].get('command', '–')}`"
           for row in report["tasks"]),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -229,6 +263,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"{task.name}: the search, {budget:g} s", flush=True)
                 row["search"] = run_search(task, args.data, Path(tmp) / key / "search", budget, extra, args.space,
                                            1 if args.smoke else None)  # fmt: skip
+                more = longer(task, args.budget_factor, args.smoke)
+                print(f"{task.name}: the recipe's defaults with {' '.join(more)}", flush=True)
+                row["defaults_longer"] = run_defaults(task, args.data, Path(tmp) / key / "longer", extra, more)
             row["load_after"] = [round(x, 2) for x in os.getloadavg()]
             report["tasks"].append(row)
     write_report(args.out, "search_vs_defaults", report, markdown(report))

@@ -33,7 +33,14 @@ def test_smoke_run_writes_the_report(tmp_path):
     for run in (defaults, search):  # validation at the tuned threshold (the recipe tunes one), and test
         assert run["validation_at"] == "tuned threshold"
         assert 0 <= run["validation"]["micro_f1"] <= 1 and run["test"]["num_samples"] == 32
+    # the other way to spend the budget: the same command with the recipe's training times the factor
+    longer = row["defaults_longer"]
+    assert longer["exit_status"] == 0, longer.get("error")
+    assert longer["command"] == defaults["command"] + " max_steps=8"  # the smoke run's 4 steps, times 2
+    assert longer["optimizer_steps"] == 2 * defaults["optimizer_steps"] == 8
+    assert longer["validation_at"] == "tuned threshold" and longer["test"]["num_samples"] == 32
     assert row["quiet"] in (True, False) and len(row["load_before"]) == 3 and len(row["load_after"]) == 3
     assert report["data"]["uner_entity_types"]["sha256_of_files"]
     table = (out / "search_vs_defaults.md").read_text()
     assert "| task | metric | defaults: validation / test |" in table and "| multi-label (" in table
+    assert "| defaults given the budget: validation / test |" in table and "max_steps=8`" in table
