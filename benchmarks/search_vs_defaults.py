@@ -1,7 +1,7 @@
 """Search against defaults: on two tasks, the recipe's default command, then `finetune.search` given
 --budget-factor times its wall time; validation and test metrics of both.
 
-    python -m benchmarks.search_vs_defaults --out benchmarks/results        # about 25 min on 2 cores, quiet
+    python -m benchmarks.search_vs_defaults --out benchmarks/results        # about 35 min on 2 cores, quiet
     python -m benchmarks.search_vs_defaults --out /tmp/svd --tasks multi_label --budget-factor 1
     python -m benchmarks.search_vs_defaults --smoke --out /tmp/svd          # tiny models: the test's run
 
