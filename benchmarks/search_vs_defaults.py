@@ -26,6 +26,9 @@ Writes `search_vs_defaults.json` and `search_vs_defaults.md` into --out. Where e
   are those of the best trial by validation (its results.json; the test split is never looked at to
   choose). Validation is at the tuned multi-label threshold where the run tuned one
   (`validation_tuned`), as both the search and the app's own verdict read it.
+- **the defaults given the budget**: the defaults' command again, with the recipe's `num_train_epochs`
+  (or `max_steps`) times --budget-factor, its schedule stretched with them: the other way to spend the
+  search's time. The report says whether the search's best trial beats it on validation and on test.
 - **the machine**: its CPU, threads and libraries, and the 1-minute load average, waited on before
   each task (below --max-load, at most --max-wait seconds) and recorded before and after it: wall
   times on a loaded machine are not comparable, and a search on a busy machine runs fewer trials.
