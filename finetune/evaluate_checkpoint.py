@@ -104,7 +104,7 @@ from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_report, summary_line
 from finetune.models import build_model, offline_hint
 from finetune.plots import plot_confusion_matrix
-from finetune.problems import infer_problem_type, placeholder_labels, problem_type_of, scores
+from finetune.problems import UnknownTag, infer_problem_type, placeholder_labels, problem_type_of, scores
 from finetune.rundir import (
     ADAPTER,
     CHECKPOINTS,
@@ -599,17 +599,17 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
                 f"each; to score them, pass label_columns=[{listed}]; to predict without labels, drop those columns"
             )
     check_columns(ds, what, args, labelled, model_task=True)
-    if labelled:
+    if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError
         ds = _float_class_ids(ds, args, what)
         if args.problem_type == MULTI and not args.label_columns and args.label_column in ds.column_names:
             warn_repeated_labels(ds[args.label_column], args.label_column, what)
-    if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError
         try:
             ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)
-        except UserError as e:  # training's fix (label_names) is no evaluation setting: the model's tags are fixed
-            said = str(e).replace("is not in label_names (tags: ", "is not one of the model's tags (").replace(
-                "; fix the tag, or list it in label_names", "; fix the tag in the data (the model predicts only these)")
-            raise UserError(said) from None
+        except UnknownTag as e:  # training's fix (label_names) is no evaluation setting: the model's tags are fixed
+            raise UserError(
+                f"the {e.split} data's tag {e.tag!r} at row {e.row}, word {e.word} is not one of the model's tags "
+                f"({', '.join(e.tag_set)}); fix the tag in the data (the model predicts only these)"
+            ) from None
     else:
         problem = args.problem_type or task_of(args.task).problems[0]
         ds = placeholder_labels(ds, args, problem, list(args.label_names or []))

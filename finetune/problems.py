@@ -538,6 +538,17 @@ def tag_names(train: HFDataset, column: str, given: list[str] | None) -> list[st
     return sorted(counts, key=lambda t: (t != "O", t[2:], t[:2]))
 
 
+class UnknownTag(UserError):
+    """A tag outside the tag set, at its row and word; said with training's fix (evaluation says its own:
+    a model's tags are fixed)."""
+
+    def __init__(self, split: str, tag: Any, row: int, word: int, tag_set: list[str], listed: bool) -> None:
+        self.split, self.tag, self.row, self.word, self.tag_set = split, tag, row, word, tag_set
+        where = "is not in label_names" if listed else "was not seen in training" if split != "train" else "is unknown"
+        super().__init__(f"the {split} data's tag {tag!r} at row {row}, word {word} {where} (tags: "
+                         f"{', '.join(tag_set)}); fix the tag, or list it in label_names")  # fmt: skip
+
+
 def encode_tags(ds: HFDataset, args: DataArgs, tag_set: list[str], split: str) -> HFDataset:
     """Each row's tags into `labels`: a list of tag ids, one per word, by name (integer tags through
     `label_names`); a tag outside the tag set is refused with its row and word."""
@@ -561,12 +572,7 @@ def encode_tags(ds: HFDataset, args: DataArgs, tag_set: list[str], split: str) -
             except KeyError:
                 known = False
             if not known:
-                where = ("is not in label_names" if args.label_names
-                         else "was not seen in training" if split != "train" else "is unknown")
-                raise UserError(
-                    f"the {split} data's tag {tag!r} at row {row + 1}, word {word + 1} {where} (tags: "
-                    f"{', '.join(tag_set)}); fix the tag, or list it in label_names"
-                )
+                raise UnknownTag(split, tag, row + 1, word + 1, tag_set, listed=bool(args.label_names))
     return _replace_labels(
         ds,
         [args.tags_column],
