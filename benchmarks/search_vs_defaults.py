@@ -144,13 +144,10 @@ def run_search(task: Task, data: Path, out: Path, budget: float, extra: list[str
     return row
 
 
-def longer(task: Task, factor: float, smoke: bool) -> list[str]:
+def longer(task: Task, data: Path, extra: list[str], factor: float) -> list[str]:
     """The settings that give the recipe's defaults `factor` times their training: its epochs (or
     max_steps) times `factor`, every other hyperparameter its own; the schedule stretches with them."""
-    if smoke:
-        steps = int(dict(s.split("=", 1) for s in SMOKE_STEPS)["max_steps"])
-        return [f"max_steps={math.ceil(steps * factor)}"]
-    cfg = load_config(str(CONFIGS_DIR / task.recipe), [])
+    cfg = load_config(str(CONFIGS_DIR / task.recipe), [*data_settings(task, data), *extra])
     if cfg.max_steps:
         return [f"max_steps={math.ceil(cfg.max_steps * factor)}"]
     return [f"num_train_epochs={cfg.num_train_epochs * factor:g}"]
@@ -266,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"{task.name}: the search, {budget:g} s", flush=True)
                 row["search"] = run_search(task, args.data, Path(tmp) / key / "search", budget, extra, args.space,
                                            1 if args.smoke else None)  # fmt: skip
-                more = longer(task, args.budget_factor, args.smoke)
+                more = longer(task, args.data, extra, args.budget_factor)
                 print(f"{task.name}: the recipe's defaults with {' '.join(more)}", flush=True)
                 row["defaults_longer"] = run_defaults(task, args.data, Path(tmp) / key / "longer", extra, more)
             row["load_after"] = [round(x, 2) for x in os.getloadavg()]
