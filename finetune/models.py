@@ -8,6 +8,7 @@ Models know nothing of the runtime: no devices, ranks or dtypes here; Accelerate
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from finetune.config import ModelArgs
-from finetune.errors import UserError, first_line
+from finetune.errors import UserError, first_line, warn
 from finetune.metrics import MULTI, REGRESSION, SINGLE
 from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, RunDir, is_hub_name
 from finetune.tasks import task_of
@@ -139,12 +140,17 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         # safetensors only, unless the user opts in: a pytorch_model.bin is a pickle that can run code
         # when loaded (transformers loads it with weights_only=True, still a wider surface).
         config = AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code, **labels)
+        head = _fine_tuned_head(AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code))
+        new_head = head is not None and len(head) != len(label_names)
+        if head is not None and head != list(label_names):
+            _say_the_head_changes(name, head, list(label_names), new_head)
         set_dropout(config, args.dropout)
         model = auto.from_pretrained(
             name,
             config=config,
             trust_remote_code=args.trust_remote_code,
             use_safetensors=None if args.allow_pickle_weights else True,
+            ignore_mismatched_sizes=new_head,  # another number of labels: its encoder, a new head
         )
     except ValueError as e:
         if "Unrecognized configuration class" in str(e):
@@ -165,6 +171,30 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         raise UserError(f"the weights of model '{name}' are damaged ({first_line(e)}): replace them") from None
     _check_image_config(model.config)
     return model
+
+
+def _fine_tuned_head(config: PretrainedConfig) -> list[str] | None:
+    """The labels a fine-tuned model's head was trained for (an export of a run, a classifier from the
+    Hub), in id order; None for a pretrained base model (its labels are transformers' LABEL_0, ...)."""
+    names = [str(v) for _, v in sorted((int(k), v) for k, v in (config.id2label or {}).items())]
+    heads = [a for a in (config.architectures or []) if "For" in a and not a.endswith(("MaskedLM", "PreTraining"))]
+    if not heads or all(re.fullmatch(r"LABEL_\d+", n) for n in names):
+        return None
+    return names
+
+
+def _say_the_head_changes(name: str, head: list[str], labels: list[str], new_head: bool) -> None:
+    """One warning when a fine-tuned model is trained on for other labels than its head's."""
+    def shown(names: list[str]) -> str:
+        return ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+
+    if new_head:
+        warn(f"model '{name}' was fine-tuned for {len(head)} labels ({shown(head)}) and the data has {len(labels)} "
+             f"({shown(labels)}): its encoder is kept and a new head is trained from random weights")
+    else:
+        warn(f"model '{name}' was fine-tuned for the labels ({shown(head)}); the data's are ({shown(labels)}): its "
+             "head's outputs are trained on as the data's labels, in that order; if they mean other things, start "
+             "from its base model")
 
 
 def freeze_layers(model: PreTrainedModel, n: int) -> None:

@@ -16,6 +16,7 @@ from conftest import (
     REPO,
     TINY_BERT,
     recipe_text_args,
+    reset_accelerate,
     rotten_rows,
     tiny_text_args,
     user_error,
@@ -365,3 +366,31 @@ def test_a_roberta_position_table_holds_two_positions_fewer_than_its_rows():
     check_max_length(model, 30, None)
     with pytest.raises(UserError, match="max_length 31 exceeds the model's position limit 30"):
         check_max_length(model, 31, None)
+
+
+def test_training_on_from_a_fine_tuned_export_with_other_labels_says_what_happens_to_its_head(
+    finished_run, tmp_path, capsys
+):
+    """A 0/1 export trained on for three classes: its encoder kept, a new head (transformers raised on
+    the head's shape); for two other names: its head trained on, with a line that says so. The same
+    labels again: no word."""
+    export = finished_run() / "model"  # labels 0 and 1
+    rows = rotten_rows(24)
+    three = [{**r, "label": ["a", "b", "c"][i % 3]} for i, r in enumerate(rows)]
+    named = [{**r, "label": ["neg", "pos"][int(r["label"])]} for r in rows]
+    for name, data, said in [
+        ("three", three, "was fine-tuned for 2 labels (0, 1) and the data has 3 (a, b, c): its encoder is kept and "
+                         "a new head is trained"),
+        ("named", named, "was fine-tuned for the labels (0, 1); the data's are (neg, pos): its head's outputs are "
+                         "trained on as the data's labels"),
+        ("same", rows, None),
+    ]:  # fmt: skip
+        files = {s: write_csv(tmp_path / f"{name}-{s}.csv", data) for s in ("train", "validation")}
+        out = tmp_path / name
+        args = [a for a in tiny_text_args(files, out) if not a.startswith(("model_config=", "tokenizer_name="))]
+        main([*args, f"model_name_or_path={export}", "max_steps=1"])
+        reset_accelerate()
+        heads = [line for line in capsys.readouterr().err.splitlines() if "was fine-tuned for" in line]
+        assert len(heads) == (1 if said else 0) and all(h.startswith(f"warning: model '{export}' {said}") for h in heads)
+        config = json.loads((out / "model" / "config.json").read_text())
+        assert sorted(config["label2id"]) == sorted({r["label"] for r in data})
