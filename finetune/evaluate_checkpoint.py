@@ -671,8 +671,17 @@ def _is_ours(metrics_file: Path) -> bool:
         return False
 
 
-def check_output(metrics_file: Path, target: Target) -> None:
-    """Write only into the eval outputs we own: never over a checkpoint's or anyone else's files."""
+def _evaluated_there(metrics_file: Path) -> str | None:
+    """The model whose evaluation a metrics.json of ours holds."""
+    try:
+        return json.loads(metrics_file.read_text()).get("checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_output(metrics_file: Path, target: Target, chosen: bool = False) -> None:
+    """Write only into the eval outputs we own: never over a checkpoint's or anyone else's files, nor,
+    in the default folder (not `chosen` with --output), over another model's evaluation."""
     folder = metrics_file.parent
     for above in (folder, *folder.parents):
         if above.exists() or above.is_symlink():
@@ -696,6 +705,13 @@ def check_output(metrics_file: Path, target: Target) -> None:
         raise UserError(
             f"{metrics_file} exists and is not a metrics.json written by finetune.evaluate; "
             "choose another --output"
+        )
+    other = _evaluated_there(metrics_file) if ours and not chosen else None
+    mine = str(target.path) if target.path is not None else target.spec
+    if other is not None and other != mine:  # two models of one name (both `model/`) on the same data
+        raise UserError(
+            f"{folder} holds the evaluation of another model of the same name ({other}) on the same data; pass "
+            "--output DIR for this one (or move that evaluation away)"
         )
     for other in output_paths(metrics_file):
         if other.exists() and not ours:
@@ -799,7 +815,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         # As split "eval", never "train": that would add the training-time augmentation.
         prepared = task.prepare(ds, preprocessor, cfg.data_args, "eval", getattr(model.config, "num_channels", 3))
     metrics_file = metrics_path(args.output, target, name)
-    check_output(metrics_file, target)
+    check_output(metrics_file, target, chosen=args.output is not None)
 
     loader = DataLoader(
         prepared,

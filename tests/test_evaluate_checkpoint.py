@@ -636,6 +636,26 @@ def test_evaluations_go_outside_the_export_and_data_without_labels_is_predicted(
     assert json.loads((tmp_path / "eval-blank" / "metrics.json").read_text())["labelled"] is False
 
 
+def test_two_models_of_one_name_never_share_a_default_evaluation(finished_run, tmp_path, monkeypatch, capsys):
+    """Two exports each in a folder named `model`, outside a run, evaluated on one file: both default to
+    ./eval/model/<data>/. The second is refused (it would have replaced the first); the first evaluated
+    again replaces its own."""
+    import shutil
+
+    first = Path(shutil.copytree(finished_run() / "model", tmp_path / "a" / "model"))
+    second = Path(shutil.copytree(finished_run("seed=7") / "model", tmp_path / "b" / "model"))
+    data = write_csv(tmp_path / "test.csv", rotten_rows(6, start=300))
+    monkeypatch.chdir(tmp_path)
+    evaluate([str(first), "--data", str(data)])
+    (folder,) = (tmp_path / "eval" / "model").iterdir()
+    before = (folder / "metrics.json").read_bytes()
+    line = user_error(capsys, evaluate, [str(second), "--data", str(data)])
+    assert f"holds the evaluation of another model of the same name ({first}) on the same data; pass --output" in line
+    assert (folder / "metrics.json").read_bytes() == before
+    evaluate([str(first), "--data", str(data)])
+    assert "(replaced the previous one)" in capsys.readouterr().out
+
+
 def test_predictions_without_labels_use_the_tuned_thresholds(multi_label_export, tmp_path):
     text = "the cat saw a dog"
     labelled = predicted_by_evaluate(multi_label_export, [{"text": text, "labels": ["cat"]}], tmp_path / "labelled")
