@@ -29,7 +29,9 @@ a regression, a 0/1 column holding another value.
 from __future__ import annotations
 
 import collections
+import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -321,7 +323,22 @@ def encode(ds: HFDataset, args: DataArgs, problem: str, label_names: list[str], 
         encoded = _encode_lists(ds, args.label_column, label_names, split)
     if split == "train":
         _warn_labels_without_positives(encoded, label_names or list(args.label_columns or []))
+        if not args.label_names and not args.label_columns:
+            _warn_joined_labels(label_names, args.label_column)
     return encoded
+
+
+JOINED = re.compile(r"[^,;|]+([,;|] ?[^,;|]+)+")  # art,film  art;film  art|film
+
+
+def _warn_joined_labels(names: list[str], column: str) -> None:
+    """Multi-label items that hold several labels joined in one string (["art,film"]): each such string
+    would be a label of its own, beside its parts and their other orders."""
+    joined = [n for n in names if JOINED.fullmatch(n) and not re.search(r"\d,\d", n)]
+    if joined:
+        warn(f"label column '{column}' has {len(joined)} label(s) such as {joined[0]!r}: several labels joined in one "
+             f"item? give each its own item ({json.dumps(re.split(r'[,;|] ?', joined[0]))}), or list the labels in "
+             "label_names to keep them as they are")
 
 
 def _warn_labels_without_positives(train: HFDataset, names: list[str]) -> None:

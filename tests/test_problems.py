@@ -19,6 +19,7 @@ from conftest import (
     multi_label_rows,
     recipe_text_args,
     regression_rows,
+    reset_accelerate,
     rotten_rows,
     tiny_text_args,
     user_error,
@@ -488,4 +489,24 @@ def test_a_regression_target_far_from_the_others_is_named_once(capsys):
     for ordinary in (rng.normal(3, 1, 5000), rng.uniform(0, 5, 5000), rng.poisson(2, 5000).astype(float),
                      np.array([0.0] * 60 + [1.0, 2.0, 7.0])):  # a normal sample, a scale, counts, mostly zeros
         problems._warn_far_targets(ordinary, "score", "train")
+    assert capsys.readouterr().err == ""
+
+
+def test_multi_label_items_that_join_several_labels_are_named_once(tmp_path, capsys):
+    """["acting,plot"]: a label of its own beside 'acting' and 'plot,acting'; said in one warning with the
+    lists to write. Decimal-looking names and a run that lists its label_names say nothing."""
+    rows = [{"text": f"sample {i}", "labels": [["acting,plot"], ["plot"], ["plot,acting"], ["acting"]][i % 4]}
+            for i in range(12)]  # fmt: skip
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    data = {"train": path, "validation": path}
+    main(tiny_text_args(data, tmp_path / "run", "label_column=labels", "max_steps=1"))
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "joined in one item" in ln]
+    assert lines == ["warning: label column 'labels' has 2 label(s) such as 'acting,plot': several labels joined in "
+                     'one item? give each its own item (["acting", "plot"]), or list the labels in label_names to keep '
+                     "them as they are"]  # fmt: skip
+    reset_accelerate()
+    main(tiny_text_args(data, tmp_path / "kept", "label_column=labels", "max_steps=1",
+                        "label_names=[acting,plot,'acting,plot','plot,acting']"))  # fmt: skip
+    assert "joined in one item" not in capsys.readouterr().err
+    problems._warn_joined_labels(["3,5", "4,5"], "labels")
     assert capsys.readouterr().err == ""
