@@ -182,6 +182,21 @@ def _diagnose_file(split: str, path: str) -> str | None:
     return None
 
 
+def _no_label_mark(names: list[str], counts: Counter) -> str:
+    """A class that is a data set's mark for "no label", said as "'-1' (40 of 400 samples) beside the classes
+    0, 1: ..."; "" when none: -1 beside the class ids 0, 1, ... on at most 15% of the samples (the Hub's
+    ClassLabel value for a missing label), or '-' beside other classes (SNLI's "no gold label")."""
+    of = {names[i]: c for i, c in counts.items()}
+    total = sum(of.values())
+    others = [n for n in names if n not in ("-1", "-")]
+    ids = all(re.fullmatch(r"\d+", n) for n in others)
+    for mark, why in (("-1", "the Hub's value for a sample without a label"), ("-", "SNLI's mark for no gold label")):
+        if mark in of and len(others) >= 2 and (mark == "-" or (ids and of[mark] <= 0.15 * total)):
+            return (f"{mark!r} ({of[mark]} of {total} samples) beside the classes {', '.join(others[:5])}: {why}, "
+                    "trained as a class of its own")
+    return ""
+
+
 def _misspelt_class(names: list[str], counts: Counter, named) -> str:
     """A rare class whose name is one slip away from a common one ('positve' once beside 'positive' 180
     times: at most 2 samples, the other 10 or more and 10 times as many, a similarity of 0.8 or more),
@@ -1114,6 +1129,10 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
                  "it is the share held out for validation (10 holds out a tenth)")
     looks = _what_the_labels_look_like(label_names) if problem == SINGLE and not args.label_names else ""
     misspelt = _misspelt_class(label_names, Counter(raw["train"]["labels"]), args.label_names) if problem == SINGLE else ""
+    unlabelled = _no_label_mark(label_names, Counter(raw["train"]["labels"])) if problem == SINGLE else ""
+    if unlabelled and not args.label_names:
+        warn(f"label column '{args.label_column}' holds {unlabelled}; drop those rows (or list the label in "
+             "label_names to keep it as a class)")
     if misspelt:  # 'positve' once beside 'positive' 180 times: a class of its own, never learned
         warn(f"label column '{args.label_column}' holds {misspelt} fix the label in the data, or list both in "
              "label_names if they are two classes")

@@ -510,3 +510,23 @@ def test_multi_label_items_that_join_several_labels_are_named_once(tmp_path, cap
     assert "joined in one item" not in capsys.readouterr().err
     problems._warn_joined_labels(["3,5", "4,5"], "labels")
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("labels", "said"),
+    [
+        (["0", "1", "1", "0", "0", "1", "1", "0", "1", "-1"] * 3,
+         "label column 'label' holds '-1' (3 of 30 samples) beside the classes 0, 1: the Hub's value for a sample "
+         "without a label, trained as a class of its own; drop those rows"),
+        (["entailment", "neutral", "contradiction", "entailment", "-"] * 6,
+         "label column 'label' holds '-' (6 of 30 samples) beside the classes contradiction, entailment, neutral: "
+         "SNLI's mark for no gold label"),
+        (["-1", "0", "1"] * 10, None),  # a third of the samples: a class (negative, neutral, positive)
+    ],
+)  # fmt: skip
+def test_a_no_label_mark_among_the_classes_is_named(labels, said, tmp_path, capsys):
+    rows = [{"text": f"sample {i}", "label": v} for i, v in enumerate(labels)]
+    data = {"train": write_csv(tmp_path / "train.csv", rows), "validation": write_csv(tmp_path / "v.csv", rows)}
+    main(tiny_text_args(data, tmp_path / "run", "max_steps=1"))
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "trained as a class of its own" in ln]
+    assert len(lines) == (1 if said else 0) and all(said in line for line in lines)
