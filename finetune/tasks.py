@@ -26,7 +26,7 @@ import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finetune.errors import UserError
+from finetune.errors import UserError, warn
 
 if TYPE_CHECKING:
     from finetune.config import DataArgs, ModelArgs
@@ -162,6 +162,16 @@ class Task:
 # --- text ---------------------------------------------------------------------------------------------
 
 
+PAIRS = {"premise": "hypothesis", "text_a": "text_b", "sentence_a": "sentence_b", "text": "text_pair"}
+
+
+def pair_partner(column: str, columns: list[str]) -> str | None:
+    """The column that a pair data set keeps beside `column`: sentence1 -> sentence2, question1 -> question2,
+    premise -> hypothesis, text_a -> text_b."""
+    partner = PAIRS.get(column) or (column[:-1] + "2" if column.endswith("1") else None)
+    return partner if partner in columns else None
+
+
 class TextClassification(Task):
     name = "text-classification"
     modality = "text"
@@ -223,6 +233,10 @@ class TextClassification(Task):
                     f"text column '{column}' in the {split} data has an empty (blank) text{invisible} at row "
                     f"{blank + 1}; fill it in or drop that row"
                 )
+        partner = pair_partner(data.text_column, ds.column_names)
+        if split == "train" and data.text_pair_column is None and partner is not None:
+            warn(f"column '{partner}' is not read: the model sees '{data.text_column}' alone; for sentence pairs set "
+                 f"text_pair_column={partner}")
 
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
         """Tokenized once (datasets caches it), without padding (the collator pads each batch); `length`

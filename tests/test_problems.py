@@ -530,3 +530,17 @@ def test_a_no_label_mark_among_the_classes_is_named(labels, said, tmp_path, caps
     main(tiny_text_args(data, tmp_path / "run", "max_steps=1"))
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "trained as a class of its own" in ln]
     assert len(lines) == (1 if said else 0) and all(said in line for line in lines)
+
+
+def test_a_pair_data_sets_second_sentence_left_unread_is_said(tmp_path, capsys):
+    """sentence1/sentence2 trained with text_column=sentence1 alone: one warning naming text_pair_column;
+    with it set, none."""
+    rows = [{"sentence1": f"a man sleeps {i}", "sentence2": f"a person rests {i}", "label": ["yes", "no"][i % 2]}
+            for i in range(12)]  # fmt: skip
+    data = {"train": write_csv(tmp_path / "train.csv", rows), "validation": write_csv(tmp_path / "v.csv", rows)}
+    main(tiny_text_args(data, tmp_path / "one", "text_column=sentence1", "max_steps=1"))
+    assert ("warning: column 'sentence2' is not read: the model sees 'sentence1' alone; for sentence pairs set "
+            "text_pair_column=sentence2") in capsys.readouterr().err.splitlines()
+    reset_accelerate()
+    main(tiny_text_args(data, tmp_path / "pair", "text_column=sentence1", "text_pair_column=sentence2", "max_steps=1"))
+    assert "is not read" not in capsys.readouterr().err
