@@ -346,7 +346,12 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
         raise UserError(f"resume_from_checkpoint={spec} is a file, not a checkpoint folder; give "
                         f"<run>/checkpoints/{PREFIX}<step>, or resume_from_checkpoint=latest with the run's output_dir")
     if not path.is_dir():
-        hint = "; the newest checkpoint is resume_from_checkpoint=latest (lower case)" if spec.strip().lower() == "latest" else ""
+        hint = ""
+        if spec.strip().lower() in ("latest", "last", "newest", "last-checkpoint"):
+            hint = "; the newest checkpoint is resume_from_checkpoint=latest (lower case)"
+        elif trainers := re.fullmatch(r"(?:.*/)?checkpoint-(\d+)/?", spec.strip()):
+            hint = (f"; a run's checkpoints are <output_dir>/checkpoints/{PREFIX}<step> (Trainer's checkpoint-N): "
+                    f"resume_from_checkpoint=<output_dir>/checkpoints/{PREFIX}{trainers[1]}, or latest")
         raise UserError(f"checkpoint not found: {spec}{hint}")
     from finetune.rundir import RunDir, kind_of
 

@@ -11,6 +11,7 @@ import os
 import sys
 
 from finetune.config import (
+    OTHER_TOOLS,
     TrainConfig,
     load_config,
     parse_override,
@@ -42,6 +43,10 @@ def parse_args(argv: list[str]):
     parser.add_argument("--dry-run", action="store_true", help="print the plan (devices, steps, learning rates) and exit")
     parser.add_argument("--plan-only", action="store_true", help="print the model-parallel plan and exit")
     parser.add_argument("settings", nargs="*", metavar="key=value", help="override any setting of the recipe")
+    for token in argv:  # --do_train, --fp16: transformers' flags, whatever comes after them
+        name = token[2:].split("=", 1)[0] if token.startswith("--") else None
+        if name in OTHER_TOOLS:
+            raise UserError(f"{token} is a flag of transformers' scripts, not of this one: {OTHER_TOOLS[name]}")
     args = parser.parse_intermixed_args(settings_from_flags(argv))  # key=value before and after the flags
     if args.help:
         try:

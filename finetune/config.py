@@ -758,6 +758,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
                 return _coerce(key, value, arg)
             except UserError as e:
                 errors.append(str(e))
+        if type(None) in args and isinstance(value, str) and value.strip() in ("None", "NONE", "Nil", "nil"):
+            raise UserError(f"{key}={value.strip()} is the text {value.strip()!r}; to leave {key} unset write "
+                            f"{key}=null (YAML's none)")  # fmt: skip
         raise UserError(errors[0] if errors else f"{key}: bad value {value!r}")
     if origin is Literal:
         if isinstance(value, bool) and ("off" if value is False else "on") in args:
@@ -801,6 +804,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if value is None and "[" not in key:  # null to unset a setting that has no unset: leave it out
             raise UserError(f"{key} cannot be null: leave it out (its default), or give a value (the word null as a "
                             f"value goes in quotes: '{key}=\"null\"')")  # fmt: skip
+        if key == "resume_from_checkpoint" and value is True:  # Trainer's resume_from_checkpoint=True
+            raise UserError("resume_from_checkpoint=true: the newest checkpoint of output_dir is "
+                            "resume_from_checkpoint=latest; or give a checkpoint's folder")  # fmt: skip
         if value is None or isinstance(value, bool):  # YAML 1.1: a bare null, None, ~, yes, no, on, off...
             read = "nothing (null)" if value is None else f"the boolean {str(value).lower()}"
             name = key.split("[")[0]
@@ -842,6 +848,13 @@ OTHER_TOOLS = {
     "save_strategy": "checkpoints are saved every save_steps optimizer steps, and at each epoch's end with "
                      "save_at_epoch_end=true",
     "logging_strategy": "the loss is logged every logging_steps optimizer steps",
+    "task_name": "run_glue's GLUE task is a data set here: dataset_name=glue dataset_config_name=<task> (e.g. mnli)",
+    "pad_to_max_length": "each batch is padded to its longest sample; to pad to fixed lengths set length_buckets "
+                         "(or pad_to_multiple_of)",
+    "do_train": "a run always trains; test_file=... adds the test evaluation",
+    "do_eval": "a run evaluates on validation_file (or a held-out share of the training data) as it trains",
+    "do_predict": "predictions on a file come from finetune/evaluate_checkpoint.py <export> --data <file>",
+    "max_seq_length": "the tokenizer's limit is max_length",
 }
 
 

@@ -100,6 +100,17 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
     with pytest.raises(UserError, match=r"^unknown config key 'evaluation_strategy': validation runs every eval_steps"):
         load_config(recipe, ["evaluation_strategy=steps"])
     assert load_config(recipe, ["report_to=none"]).report_to == []
+    # run_glue's and Trainer's: what does their work here, not a near name
+    with pytest.raises(UserError, match=r"^unknown config key 'task_name': .* dataset_name=glue dataset_config_name="):
+        load_config(recipe, ["task_name=mnli"])
+    with pytest.raises(UserError, match=r"^unknown config key 'pad_to_max_length': each batch is padded to its longest"):
+        load_config(recipe, ["pad_to_max_length=true"])
+    with pytest.raises(UserError, match=r"^save_total_limit=None is the text 'None'; to leave save_total_limit unset "
+                                        r"write save_total_limit=null"):  # fmt: skip
+        load_config(recipe, ["save_total_limit=None"])
+    with pytest.raises(UserError, match=r"^resume_from_checkpoint=true: the newest checkpoint of output_dir is "
+                                        r"resume_from_checkpoint=latest"):  # fmt: skip
+        load_config(recipe, ["resume_from_checkpoint=true"])
     with pytest.raises(UserError, match=r"unknown tracker 'nothing'.*\(none, or \[\], for no tracker\)"):
         load_config(recipe, ["report_to=nothing"])
 
@@ -399,3 +410,26 @@ def test_a_key_given_twice_on_the_command_line_is_used_with_its_last_value_and_s
     err = capsys.readouterr().err
     assert err.count("warning:") == 1
     assert "learning_rate is given twice on the command line (learning_rate=1e-4, then learning_rate=2e-4); the last, 2e-4, is used" in err
+
+
+def test_transformers_flags_are_answered_wherever_they_stand(capsys):
+    """`--do_train` before other settings: its own line, not "unrecognized arguments: --do_train output_dir=..."."""
+    from finetune.cli import parse_args
+
+    for argv in (["--do_train", "output_dir=runs/x"], ["learning_rate=1e-4", "--do_eval", "seed=3"]):
+        with pytest.raises(UserError, match=r"^--do_(train|eval) is a flag of transformers' scripts, not of this one: "
+                                            r"a run (always trains|evaluates on validation_file)"):  # fmt: skip
+            parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    ("spec", "hint"),
+    [
+        ("last", "; the newest checkpoint is resume_from_checkpoint=latest (lower case)"),
+        ("runs/x/checkpoint-2", "; a run's checkpoints are <output_dir>/checkpoints/step-<step> (Trainer's checkpoint-N): "
+                                "resume_from_checkpoint=<output_dir>/checkpoints/step-2, or latest"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_named_the_trainers_way_gets_the_apps_name(spec, hint, small_text_data, tmp_path, capsys):
+    line = user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "run", f"resume_from_checkpoint={spec}"))
+    assert line.endswith(f"checkpoint not found: {spec}{hint}")
