@@ -338,6 +338,49 @@ def _check_utf8(split: str, path: str) -> None:
             offset += len(chunk)
 
 
+def _pandas_layout(path: str) -> str | None:
+    """The orient of a pandas `to_json` file that is not records: 'split' ({"columns", "index", "data"}),
+    'columns' (the default: {column: {row index: value}}), 'index' ({row index: {column: value}}) or
+    'values' (lists of lists); None for records or anything else."""
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None  # not one JSON document (JSON Lines, or damaged): datasets says what it finds
+
+    def numbered(keys) -> bool:
+        return bool(keys) and all(re.fullmatch(r"\d+", str(k)) for k in keys)
+
+    if isinstance(data, dict) and data:
+        if {"columns", "data"} <= set(data) and set(data) <= {"columns", "index", "data", "index_names", "column_names"}:
+            return "split"
+        values = list(data.values())
+        if all(isinstance(v, dict) for v in values):
+            if numbered(data) and not all(numbered(v) for v in values):
+                return "index"
+            if all(numbered(v) for v in values):
+                return "columns"
+    if isinstance(data, list) and data and all(isinstance(r, list) for r in data[:100]):
+        return "values"
+    return None
+
+
+def _a_workbook(path: str, magic: bytes) -> bool:
+    """An .xlsx/.ods (a zip holding the sheets) or an old .xls (an OLE2 compound file)."""
+    import zipfile
+
+    if magic.startswith(b"\xd0\xcf\x11\xe0"):
+        return True
+    if not magic.startswith(COMPRESSED["zip"]):
+        return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = set(z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return "xl/workbook.xml" in names or "content.xml" in names and "mimetype" in names
+
+
 def _check_readable_and_separated(split: str, path: str) -> None:
     """Before `datasets` reads the file: that it may be read, and that a .csv is comma-separated. A file
     separated by semicolons (a spreadsheet's export in many locales) reads as one column, or as rows of
@@ -347,6 +390,9 @@ def _check_readable_and_separated(split: str, path: str) -> None:
     with open(path, "rb") as f:
         magic = f.read(6)
     packed = next((name for name, head in COMPRESSED.items() if magic.startswith(head)), None)
+    if _a_workbook(path, magic):
+        raise UserError(f"{split} file {path} is a spreadsheet workbook (Excel, LibreOffice), not a data file; save "
+                        "the sheet as CSV (UTF-8) and give that file")  # fmt: skip
     if packed is not None:
         raise UserError(f"{split} file {path} is compressed ({packed}); unpack it and give the file inside ({KINDS})")
     if magic.startswith(b"PAR1") and Path(path).suffix.lower() != ".parquet":  # the file type is read from its name
@@ -354,6 +400,13 @@ def _check_readable_and_separated(split: str, path: str) -> None:
     if Path(path).suffix.lower() != ".parquet":
         _check_utf8(split, path)
     suffix = Path(path).suffix.lower()
+    if suffix == ".json" and os.path.getsize(path) < 256 * 2**20:
+        layout = _pandas_layout(path)
+        if layout is not None:
+            raise UserError(
+                f"{split} file {path} is a pandas DataFrame.to_json layout (orient='{layout}'), not one record per "
+                "sample; save it with df.to_json(path, orient='records', lines=True) as a .jsonl file"
+            )
     if suffix not in (".csv", ".tsv"):
         return
     with open(path, encoding="utf-8", errors="replace", newline="") as f:

@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,14 @@ def world(finished_run, tmp_path_factory) -> World:
     (root / "pipes.csv").write_text("text|label\n" + "".join(f"{r['text']}|{r['label']}\n" for r in rows))
     write_csv(root / "spaced_header.csv", [{"text": r["text"], " label": r["label"]} for r in rows])
     (root / "nested_records.json").write_text(json.dumps({"data": rows}))
+    frame = {"text": {str(i): r["text"] for i, r in enumerate(rows)}, "label": {str(i): r["label"] for i, r in enumerate(rows)}}
+    (root / "pandas_columns.json").write_text(json.dumps(frame))  # DataFrame.to_json()'s default
+    (root / "pandas_index.json").write_text(json.dumps({str(i): r for i, r in enumerate(rows)}))
+    (root / "pandas_split.json").write_text(json.dumps({"columns": ["text", "label"], "index": list(range(len(rows))),
+                                                        "data": [[r["text"], r["label"]] for r in rows]}))  # fmt: skip
+    with zipfile.ZipFile(root / "train.xlsx", "w") as z:  # the parts of a workbook that name it one
+        z.writestr("[Content_Types].xml", "<Types/>")
+        z.writestr("xl/workbook.xml", "<workbook/>")
     (root / "text_as_images.csv").write_text("text,label\na fine film,1\na dull film,0\n")
     words = {"0": "neg", "1": "pos"}
     write_csv(root / "string_labels.csv", [{"text": r["text"], "label": words[r["label"]]} for r in rows])
@@ -345,6 +354,18 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "tab_separated_csv": (
         lambda w: _text(w, f"train_file={w.root / 'tabs.csv'}", "validation_file=null"),
         "looks tab-separated (its header is 'text\\tlabel'); this app reads a .csv as comma-separated: rename it to .tsv",
+    ),
+    **{
+        f"pandas_{orient}_json": (
+            lambda w, orient=orient: _text(w, f"train_file={w.root / f'pandas_{orient}.json'}", "validation_file=null"),
+            f"is a pandas DataFrame.to_json layout (orient='{orient}'), not one record per sample; save it with "
+            "df.to_json(path, orient='records', lines=True)",
+        )
+        for orient in ("columns", "index", "split")
+    },
+    "excel_workbook": (
+        lambda w: _text(w, f"train_file={w.root / 'train.xlsx'}", "validation_file=null"),
+        "is a spreadsheet workbook (Excel, LibreOffice), not a data file; save the sheet as CSV (UTF-8)",
     ),
     "gzipped_csv": (
         lambda w: _text(w, f"train_file={w.root / 'train.csv.gz'}", "validation_file=null"),
