@@ -924,6 +924,12 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                 other = args.task  # words without tags: tagging data that lacks its tags, not another task's
                 hint = ("; a tagging run trains on a tag for each word (CoNLL: the word and its tag on each line; "
                         "JSON: a list of tags beside the list of words)")
+            last = ds.column_names[-1] if ds.column_names else None
+            tags = [v for v in ds[last][:200]] if last is not None and len(ds) else []
+            if (task.problems == (TOKENS,) and len(ds.column_names) <= 4 and tags
+                    and sum(isinstance(v, str) and bool(A_TAG.fullmatch(v)) for v in tags) * 2 > len(tags)):
+                other = args.task  # a word and its tag on each line, read as a table: CoNLL under another name
+                hint = "; its rows read as a word and its tag on each line: a CoNLL file; name it .conll"
             if other != args.task and model_task:  # a model of one task, data of another
                 hint += (f"; these look like {other} data, and the model is a {args.task} model: give it "
                          f"{args.task} data, or evaluate a {other} model on these")

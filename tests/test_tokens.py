@@ -860,3 +860,14 @@ def test_tagging_data_with_a_number_among_the_words_is_not_read_the_wrong_way_ro
     assert "tokens_column=ner_tags" not in line
     user_error(capsys, main, ["task=token-classification", f"train_file={path}", "validation_file=null", "test_file=null",
                               f"output_dir={tmp_path / 'o'}"], "word 1 at row 1 is 1990, not a string")  # fmt: skip
+
+
+def test_a_conll_file_named_tsv_is_told_to_be_named_conll(tmp_path, capsys):
+    """word<TAB>tag lines with blank lines between sentences, saved as .tsv: read as a table, whose line
+    says to name it .conll, not that the data looks like another task's."""
+    text = "Ada\tB-PER\nLovelace\tI-PER\nwrote\tO\n\nParis\tB-LOC\nis\tO\nbig\tO\n\n"
+    path = tmp_path / "ner.tsv"
+    path.write_text(text * 4)
+    line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"))
+    assert line.endswith("its rows read as a word and its tag on each line: a CoNLL file; name it .conll")
+    assert "text-classification" not in line
