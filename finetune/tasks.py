@@ -807,10 +807,20 @@ def task_for_data(features, data: DataArgs) -> str:
 
 
 def task_of_model(config, spec: str, asked: str | None = None) -> Task:
-    """The task of a saved model, from its config's `architectures` (or `asked`, from --task)."""
+    """The task of a saved model, from its config's `architectures` (or `asked`, from --task). A pretrained
+    base model (BertModel, BertForMaskedLM: no head of ours, transformers' default labels) is refused:
+    its classifier would be random weights."""
+    architectures = getattr(config, "architectures", None) or []
+    heads = [a for a in architectures if any(a.endswith(t.architecture_suffix) for t in TASKS.values())]
+    defaults = all(re.fullmatch(r"LABEL_\d+", str(v)) for v in (getattr(config, "id2label", None) or {}).values())
+    if architectures and not heads and defaults:
+        raise UserError(
+            f"{spec} is a pretrained base model ({', '.join(architectures)}), not a fine-tuned one: it has no "
+            f"classifier to evaluate; fine-tune it first (finetune/run.py model_name_or_path={spec}) and evaluate "
+            "the run's export (<output_dir>/model)"
+        )
     if asked is not None:
         return task_of(asked)
-    architectures = getattr(config, "architectures", None) or []
     for task in TASKS.values():
         if any(a.endswith(task.architecture_suffix) for a in architectures):
             return task

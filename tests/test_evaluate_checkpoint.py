@@ -691,3 +691,15 @@ def test_a_second_checkpoint_on_the_command_line_is_refused_as_such(tmp_path, ca
 
     model = str(REPO / "data" / "bert_minilm_l6_uncased")
     user_error(capsys, evaluate, [model, str(tmp_path)], f"{tmp_path} is a second model or checkpoint; one command")
+
+
+@pytest.mark.parametrize("task", [None, "text-classification"])
+def test_a_pretrained_base_model_is_refused_as_such(pretrained_run, task, tmp_path, capsys):
+    """A masked-LM BERT (no classifier, transformers' default labels) given to the evaluation, with or
+    without --task: not "pass --task ...", nor damaged weights, but what it is and what to evaluate."""
+    data = write_csv(tmp_path / "test.csv", rotten_rows(6))
+    base = pretrained_run["base"]
+    line = user_error(capsys, evaluate, [str(base), "--data", str(data), "--output", str(tmp_path / "ev"),
+                                         *(["--task", task] if task else [])])  # fmt: skip
+    assert f"{base} is a pretrained base model (BertForMaskedLM), not a fine-tuned one: it has no classifier" in line
+    assert not (tmp_path / "ev").exists()
