@@ -646,6 +646,43 @@ def _label_values(ds: HFDataset, column: str) -> list[Any]:
     return sorted(set(ds[column]), key=lambda v: (str(type(v)), v))
 
 
+def _ids_read_through_label_names(raw: DatasetDict, args: DataArgs, problem: str) -> DatasetDict:
+    """Class ids (0, 1, ...) in the label column beside `label_names` that are names (the Hub's habit: the
+    ids in the data, the names in its card): each id is read as the name at its place in label_names,
+    in every split, with one warning that says so. Single-label and multi-label lists; a ClassLabel
+    column names its ids itself."""
+    names, column = list(args.label_names or []), args.label_column
+    if problem not in (SINGLE, MULTI) or not names or args.label_columns:
+        return raw
+    if any(isinstance(d.features.get(column), ClassLabel) or column not in d.column_names for d in raw.values()):
+        return raw
+
+    def as_id(v):
+        if isinstance(v, bool):
+            return None
+        if isinstance(v, int) or (isinstance(v, str) and re.fullmatch(r"\d+", v.strip())):
+            return int(v)
+        return None
+
+    def values(ds: HFDataset) -> list:
+        rows = ds[column]
+        return [v for row in rows for v in (row or [])] if problem == MULTI else rows
+
+    ids = {as_id(v) for d in raw.values() for v in values(d)}
+    if not ids or None in ids or not all(0 <= i < len(names) for i in ids) or {str(i) for i in ids} & set(names):
+        return raw
+
+    def named(batch):
+        if problem == MULTI:
+            return {column: [[names[as_id(v)] for v in row] for row in batch[column]]}
+        return {column: [names[as_id(v)] for v in batch[column]]}
+
+    shown = ", ".join(f"{i} -> {names[i]}" for i in sorted(ids)[:4]) + (", ..." if len(ids) > 4 else "")
+    warn(f"label column '{column}' holds class ids, read as the names at their places in label_names ({shown}); "
+         "if label_names lists them in another order, fix its order")
+    return DatasetDict({s: d.map(named, batched=True, desc=f"labels ({s})") for s, d in raw.items()})
+
+
 def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | None) -> list[str]:
     """Label names in id order: `label_names` as given, a ClassLabel's names, else the sorted
     distinct values of train."""
@@ -1133,6 +1170,7 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
              "on; give a separate test file")
     _warn_shared_samples(raw, args, files)
     problem = infer_problem_type(raw["train"], args)  # regression and multi-label: finetune/problems.py
+    raw = _ids_read_through_label_names(raw, args, problem)
     if problem == SINGLE:
         label_names = resolve_label_names(raw["train"], args.label_column, args.label_names)
     else:

@@ -544,3 +544,18 @@ def test_a_pair_data_sets_second_sentence_left_unread_is_said(tmp_path, capsys):
     reset_accelerate()
     main(tiny_text_args(data, tmp_path / "pair", "text_column=sentence1", "text_pair_column=sentence2", "max_steps=1"))
     assert "is not read" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_class_ids_beside_label_names_are_read_as_those_names(multi, tmp_path, capsys):
+    """The Hub's habit: ids 0, 1 in the data, the names in label_names. Each id is the name at its place, in
+    every split, with one warning; the model's labels are the names."""
+    rows = [{"text": f"sample {i}", "label": [i % 3] if multi else i % 3} for i in range(18)]
+    data = {"train": write_jsonl(tmp_path / "t.jsonl", rows), "validation": write_jsonl(tmp_path / "v.jsonl", rows)}
+    main(tiny_text_args(data, tmp_path / "run", "label_names=[neg,neutral,pos]", "max_steps=1",
+                        *(["problem_type=multi_label_classification"] if multi else [])))  # fmt: skip
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "class ids" in ln]
+    assert said == ["warning: label column 'label' holds class ids, read as the names at their places in label_names "
+                    "(0 -> neg, 1 -> neutral, 2 -> pos); if label_names lists them in another order, fix its order"]
+    config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "neutral", "2": "pos"}
