@@ -230,6 +230,14 @@ def write_default_config(path: Path | None = None) -> str:
 
     path = Path(path or default_json_config_file)
     if path.exists():
+        from accelerate.commands.config.config_args import load_config_from_file
+
+        try:
+            load_config_from_file(str(path))
+        except Exception as e:  # YAML/JSON syntax, unknown keys: every launch would fail on it
+            detail = " ".join(str(e).split())[:200]
+            raise UserError(f"accelerate config {path} exists but is not a valid accelerate config ({detail}); "
+                            "fix it, or delete it and run finetune-config again") from None  # fmt: skip
         return f"accelerate config {path} exists; left as it is"
     try:
         write_basic_config(mixed_precision="no", save_location=str(path))

@@ -268,6 +268,11 @@ def test_the_set_up_config_launches_without_accelerates_notice_and_is_written_on
     assert "were not passed to `accelerate launch`" not in out.stdout + out.stderr
     configure(["--config_file", str(path)])
     assert "exists; left as it is" in capsys.readouterr().out and path.read_bytes() == written
+    # one that does not parse (a tab in its YAML): said now, not at the next launch, and left as it is
+    path.write_text("compute_environment: LOCAL_MACHINE\n\tdistributed_type: NO\n")
+    line = user_error(capsys, configure, ["--config_file", str(path)])
+    assert f"accelerate config {path} exists but is not a valid accelerate config" in line
+    assert path.read_text().startswith("compute_environment")
 
 
 def test_a_recipe_and_an_accelerate_config_swapped_are_named(capsys):
