@@ -592,6 +592,17 @@ def _check_image_folder(root: Path) -> None:
             )
     for link in root.glob("*/*/*"):  # an image in a class folder of a split
         _refuse_dangling_link(link)
+    unread = sorted(p for p in root.rglob("*") if p.suffix.lower() in UNREADABLE_PHOTOS and p.is_file()
+                    and any(q.suffix.lower() in _image_suffixes() for q in p.parent.iterdir()))  # fmt: skip
+    if unread:  # left out by the loader, which knows images by their names (a folder of them alone: refused)
+        kinds = ", ".join(sorted({p.suffix.lower() for p in unread}))
+        warn(f"{len(unread)} photo(s) in {root} are {kinds} files, which cannot be read here and are left out "
+             f"(first: {unread[0]}); convert them to JPEG or PNG to train on them")
+
+
+# Photo formats that cameras and phones write and that PIL reads only with plugins: the image folder
+# loader skips them as if they were not images.
+UNREADABLE_PHOTOS = (".heic", ".heif", ".avif", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf")
 
 
 def _refuse_dangling_link(path: Path) -> None:

@@ -498,6 +498,12 @@ def _check_no_empty_class_folder(data_dir: str) -> None:
         if not folder.name.startswith(".") and not any(
             f.suffix.lower() in images and f.is_file() for f in folder.rglob("*")
         ):
+            from finetune.data import UNREADABLE_PHOTOS
+
+            kinds = sorted({f.suffix.lower() for f in folder.rglob("*") if f.suffix.lower() in UNREADABLE_PHOTOS})
+            if kinds:
+                raise UserError(f"class folder {folder} holds only {', '.join(kinds)} photos, which cannot be read "
+                                "here: convert them to JPEG or PNG")  # fmt: skip
             raise UserError(
                 f"class folder {folder} holds no image, so its class would be left out; add its images, or "
                 "remove the folder"

@@ -17,6 +17,7 @@ from conftest import (
     class_folders,
     drawn_images,
     recipe_text_args,
+    reset_accelerate,
     rotten_rows,
     tiny_image_args,
     tiny_text_args,
@@ -101,6 +102,25 @@ def test_an_empty_class_folder_is_refused(tmp_path, capsys):
     (folder / "train" / "fox" / "notes.txt").write_text("to do: photos")
     line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"))
     assert f"class folder {folder / 'train' / 'fox'} holds no image, so its class would be left out" in line
+
+
+def test_phone_photos_that_cannot_be_read_are_named(tmp_path, capsys):
+    """.HEIC photos (an iPhone's): among JPEGs, left out with one warning that counts them; a class folder
+    of them alone is refused as such, not as empty."""
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"]})
+    heic = b"\x00\x00\x00\x18ftypheic" + bytes(64)
+    (folder / "train" / "cat" / "IMG_0001.HEIC").write_bytes(heic)
+    main(tiny_image_args(folder, tmp_path / "run", "max_steps=1"))
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if "cannot be read here" in ln]
+    assert warned == [f"warning: 1 photo(s) in {folder} are .heic files, which cannot be read here and are left out "
+                      f"(first: {folder / 'train' / 'cat' / 'IMG_0001.HEIC'}); convert them to JPEG or PNG to train "
+                      "on them"]  # fmt: skip
+    reset_accelerate()
+    (folder / "train" / "fox").mkdir()
+    (folder / "train" / "fox" / "IMG_0002.heic").write_bytes(heic)
+    line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "fox"))
+    assert line.endswith(f"class folder {folder / 'train' / 'fox'} holds only .heic photos, which cannot be read "
+                         "here: convert them to JPEG or PNG")  # fmt: skip
 
 
 def test_an_image_class_that_differs_only_by_case_is_named(tmp_path, capsys):
