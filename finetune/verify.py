@@ -49,6 +49,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -209,7 +210,15 @@ def run_in_process(args: list[str]) -> None:
     from finetune.run import main as train_main
 
     try:
-        train_main(args)
+        train_main.__wrapped__(args)  # its mistakes reach verify's own one line (exit_on_user_error)
+    except UserError as e:
+        if re.match(r"gradient_accumulation_steps=\d+ exceeds", str(e)):
+            raise UserError(
+                "the training data is too small for finetune.verify: its accumulation variant takes "
+                f"{str(e).split(' exceeds')[0]} batches a step, more than an epoch holds; give more training data "
+                "(or a smaller per_device_train_batch_size)"
+            ) from None
+        raise
     finally:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()

@@ -63,6 +63,20 @@ def test_a_check_longer_than_the_data_says_how_far_it_ran(recipe, capsys):
            "step(s), not 6" in err and "--steps 5" in err  # fmt: skip
 
 
+def test_training_data_too_small_for_the_accumulation_variant_is_said_as_such(recipe, tmp_path, capsys):
+    """Four rows: the accumulation variant (2 micro-batches of 4 a step) has one batch an epoch. The line
+    is verify's, about the data, not the sub-run's "lower gradient_accumulation_steps" (a setting the user
+    never gave)."""
+    rows = rotten_rows(40)
+    tiny = write_csv(tmp_path / "four.csv", [r for r in rows if r["label"] == "0"][:2] + [r for r in rows if r["label"] == "1"][:2])
+    with pytest.raises(SystemExit) as stop:
+        verify.main(["--config", str(recipe), f"train_file={tiny}"])
+    assert stop.value.code == 2
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert line.startswith("error: the training data is too small for finetune.verify: its accumulation variant takes "
+                           "gradient_accumulation_steps=2 batches a step")  # fmt: skip
+
+
 def test_frozen_lower_layers_agree_with_one_big_batch(recipe, tmp_path, capsys):
     """freeze_layers (the full-data recipe's lever) keeps accumulation equal to one big batch."""
     assert verify.main(["--config", str(recipe), "freeze_layers=1", "--keep", str(tmp_path / "runs")]) == 0
