@@ -855,6 +855,8 @@ OTHER_TOOLS = {
     "do_eval": "a run evaluates on validation_file (or a held-out share of the training data) as it trains",
     "do_predict": "predictions on a file come from finetune/evaluate_checkpoint.py <export> --data <file>",
     "max_seq_length": "the tokenizer's limit is max_length",
+    "optim": "the optimizer is AdamW (fused where the device has one); set learning_rate, weight_decay, adam_beta1, "
+             "adam_beta2 and adam_epsilon",
 }
 
 

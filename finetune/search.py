@@ -521,10 +521,21 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
     return record
 
 
+def duration(text: str) -> float:
+    """--budget: seconds, or a number with s, m or h after it (30m, 1.5h)."""
+    import re
+
+    found = re.fullmatch(r"\s*([-+]?(?:\d+\.?\d*|\.\d+|inf|nan))\s*(s|m|min|h)?\s*", text, re.I)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give seconds (1800) or 30m, 2h")
+    return float(found[1]) * {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}[(found[2] or "").lower() or None]
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = ArgumentParser(prog="finetune.search", description=__doc__, hint="see --help")
     parser.add_argument("--config", metavar="PATH", help="the recipe to search around (default: the MiniLM recipe)")
-    parser.add_argument("--budget", type=float, required=True, help="wall-clock seconds: no trial starts after them")
+    parser.add_argument("--budget", type=duration, required=True,
+                        help="wall-clock seconds (1800), or minutes or hours (30m, 2h): no trial starts after them")
     parser.add_argument("--trials", type=int, metavar="N",
                         help="at most N trials in this command: a continued search adds up to N more to its study "
                         "(default: as many as the budget allows)")  # fmt: skip

@@ -286,6 +286,11 @@ def test_space_names_are_read_without_the_spaces_around_them(capsys):
     for budget in ("inf", "nan", "0", "-5"):  # a search without an end, or none at all
         user_error(capsys, search, ["--budget", budget], "--budget must be a positive, finite number of seconds")
     user_error(capsys, search, ["--budget", "60", "--trials", "0"], "--trials must be at least 1, got 0")
+    # a duration as people write it: 30m, 2h; anything else names the forms
+    from finetune.search import duration
+
+    assert [duration(t) for t in ("1800", "90s", "30m", "1.5h", "2 H")] == [1800, 90, 1800, 5400, 7200]
+    user_error(capsys, search, ["--budget", "30 minutes"], "'30 minutes' is not a duration: give seconds (1800) or 30m, 2h")
 
 
 @pytest.mark.slow  # ~11 s: two searches
