@@ -350,8 +350,12 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
         if spec.strip().lower() in ("latest", "last", "newest", "last-checkpoint"):
             hint = "; the newest checkpoint is resume_from_checkpoint=latest (lower case)"
         elif trainers := re.fullmatch(r"(?:.*/)?checkpoint-(\d+)/?", spec.strip()):
-            hint = (f"; a run's checkpoints are <output_dir>/checkpoints/{PREFIX}<step> (Trainer's checkpoint-N): "
-                    f"resume_from_checkpoint=<output_dir>/checkpoints/{PREFIX}{trainers[1]}, or latest")
+            hint = (f"; a run's checkpoints are <output_dir>/checkpoints/{PREFIX}<step, 8 digits> (Trainer's "
+                    f"checkpoint-N): resume_from_checkpoint=<output_dir>/checkpoints/{PREFIX}{int(trainers[1]):08d}, "
+                    "or latest")  # fmt: skip
+        elif ours := re.fullmatch(rf"(?:.*/)?{PREFIX}(\d+)/?", spec.strip()):
+            hint = (f"; a run's checkpoints are <output_dir>/checkpoints/{PREFIX}<step, 8 digits>: give the path, "
+                    f"resume_from_checkpoint=<output_dir>/checkpoints/{PREFIX}{int(ours[1]):08d}, or latest")
         raise UserError(f"checkpoint not found: {spec}{hint}")
     from finetune.rundir import RunDir, kind_of
 

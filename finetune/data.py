@@ -340,6 +340,7 @@ def _check_utf8(split: str, path: str) -> None:
 
 def _pandas_layout(path: str) -> str | None:
     """The orient of a pandas `to_json` file that is not records: 'split' ({"columns", "index", "data"}),
+    'table' ({"schema", "data"}),
     'columns' (the default: {column: {row index: value}}), 'index' ({row index: {column: value}}) or
     'values' (lists of lists); None for records or anything else."""
     try:
@@ -354,6 +355,8 @@ def _pandas_layout(path: str) -> str | None:
     if isinstance(data, dict) and data:
         if {"columns", "data"} <= set(data) and set(data) <= {"columns", "index", "data", "index_names", "column_names"}:
             return "split"
+        if set(data) == {"schema", "data"} and isinstance(data["schema"], dict) and "fields" in data["schema"]:
+            return "table"
         values = list(data.values())
         if all(isinstance(v, dict) for v in values):
             if numbered(data) and not all(numbered(v) for v in values):
@@ -592,9 +595,11 @@ def _check_image_folder(root: Path) -> None:
             )
     for link in root.glob("*/*/*"):  # an image in a class folder of a split
         _refuse_dangling_link(link)
+    train = root / "train" if (root / "train").is_dir() else root  # its class folders of them alone: refused
     unread = sorted(p for p in root.rglob("*") if p.suffix.lower() in UNREADABLE_PHOTOS and p.is_file()
-                    and any(q.suffix.lower() in _image_suffixes() for q in p.parent.iterdir()))  # fmt: skip
-    if unread:  # left out by the loader, which knows images by their names (a folder of them alone: refused)
+                    and (p.parent.parent != train or any(q.suffix.lower() in _image_suffixes()
+                                                         for q in p.parent.iterdir())))  # fmt: skip
+    if unread:  # left out by the loader, which knows images by their names
         kinds = ", ".join(sorted({p.suffix.lower() for p in unread}))
         warn(f"{len(unread)} photo(s) in {root} are {kinds} files, which cannot be read here and are left out "
              f"(first: {unread[0]}); convert them to JPEG or PNG to train on them")

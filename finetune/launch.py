@@ -93,6 +93,9 @@ def _is_a_recipe(path: Path) -> bool:
     return isinstance(raw, dict) and bool(raw) and sum(k in names for k in raw) * 2 > len(raw)
 
 
+WHOLE_NUMBERS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
+
+
 def check_launch_values(args, config, path: Path | None) -> None:
     """Values accelerate takes as they come and fails on later — in the launcher (a division by zero
     machines, an assertion) or in every training process (an unknown precision) — with a traceback, or
@@ -103,7 +106,10 @@ def check_launch_values(args, config, path: Path | None) -> None:
         flag = getattr(args, name, None)
         if flag is not None:
             return flag, f"--{name}"
-        return getattr(config, name, None), f"in accelerate config {path}"
+        held, where = getattr(config, name, None), f"in accelerate config {path}"
+        if name in WHOLE_NUMBERS and held is not None and (isinstance(held, bool) or not isinstance(held, int)):
+            raise UserError(f"{name} {held!r} ({where}) is not a whole number; write it as one (e.g. {name}: 2)")
+        return held, where
 
     processes, where = value("num_processes")
     # -1 in a config is accelerate's "not set" (the launcher then counts the GPUs).
@@ -230,12 +236,15 @@ def write_default_config(path: Path | None = None) -> str:
 
     path = Path(path or default_json_config_file)
     if path.exists():
+        import argparse
+
         from accelerate.commands.config.config_args import load_config_from_file
 
         try:
-            load_config_from_file(str(path))
-        except Exception as e:  # YAML/JSON syntax, unknown keys: every launch would fail on it
-            detail = " ".join(str(e).split())[:200]
+            config = load_config_from_file(str(path))
+            check_launch_values(argparse.Namespace(dynamo_backend=None), config, path)  # its values, as a launch
+        except Exception as e:  # YAML/JSON syntax, unknown keys, wrong values: every launch would fail on it
+            detail = " ".join(str(e).split())[:200] if not isinstance(e, AttributeError) else "an empty file"
             raise UserError(f"accelerate config {path} exists but is not a valid accelerate config ({detail}); "
                             "fix it, or delete it and run finetune-config again") from None  # fmt: skip
         return f"accelerate config {path} exists; left as it is"

@@ -172,6 +172,12 @@ def pair_partner(column: str, columns: list[str]) -> str | None:
     return partner if partner in columns else None
 
 
+def pair_first(column: str, columns: list[str]) -> str | None:
+    """The pair's first column when `column` is its second: sentence2 -> sentence1, hypothesis -> premise."""
+    first = {b: a for a, b in PAIRS.items()}.get(column) or (column[:-1] + "1" if column.endswith("2") else None)
+    return first if first in columns else None
+
+
 class TextClassification(Task):
     name = "text-classification"
     modality = "text"
@@ -233,10 +239,13 @@ class TextClassification(Task):
                     f"text column '{column}' in the {split} data has an empty (blank) text{invisible} at row "
                     f"{blank + 1}; fill it in or drop that row"
                 )
+        first = pair_first(data.text_column, ds.column_names)
         partner = pair_partner(data.text_column, ds.column_names)
-        if split == "train" and data.text_pair_column is None and partner is not None:
-            warn(f"column '{partner}' is not read: the model sees '{data.text_column}' alone; for sentence pairs set "
-                 f"text_pair_column={partner}")
+        if split == "train" and data.text_pair_column is None and (partner or first) is not None:
+            fix = (f"text_pair_column={partner}" if partner else
+                   f"text_column={first} text_pair_column={data.text_column}")  # fmt: skip
+            warn(f"column '{partner or first}' is not read: the model sees '{data.text_column}' alone; for sentence "
+                 f"pairs set {fix}")
 
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
         """Tokenized once (datasets caches it), without padding (the collator pads each batch); `length`

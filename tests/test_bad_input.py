@@ -154,6 +154,8 @@ def world(finished_run, tmp_path_factory) -> World:
     (root / "pandas_index.json").write_text(json.dumps({str(i): r for i, r in enumerate(rows)}))
     (root / "pandas_split.json").write_text(json.dumps({"columns": ["text", "label"], "index": list(range(len(rows))),
                                                         "data": [[r["text"], r["label"]] for r in rows]}))  # fmt: skip
+    (root / "pandas_table.json").write_text(json.dumps({"schema": {"fields": [{"name": "text"}, {"name": "label"}]},
+                                                        "data": rows}))  # fmt: skip
     with zipfile.ZipFile(root / "train.xlsx", "w") as z:  # the parts of a workbook that name it one
         z.writestr("[Content_Types].xml", "<Types/>")
         z.writestr("xl/workbook.xml", "<workbook/>")
@@ -361,7 +363,7 @@ COMMANDS: dict[str, tuple[Args, str]] = {
             f"is a pandas DataFrame.to_json layout (orient='{orient}'), not one record per sample; save it with "
             "df.to_json(path, orient='records', lines=True)",
         )
-        for orient in ("columns", "index", "split")
+        for orient in ("columns", "index", "split", "table")
     },
     "excel_workbook": (
         lambda w: _text(w, f"train_file={w.root / 'train.xlsx'}", "validation_file=null"),

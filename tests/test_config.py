@@ -426,8 +426,10 @@ def test_transformers_flags_are_answered_wherever_they_stand(capsys):
     ("spec", "hint"),
     [
         ("last", "; the newest checkpoint is resume_from_checkpoint=latest (lower case)"),
-        ("runs/x/checkpoint-2", "; a run's checkpoints are <output_dir>/checkpoints/step-<step> (Trainer's checkpoint-N): "
-                                "resume_from_checkpoint=<output_dir>/checkpoints/step-2, or latest"),
+        ("runs/x/checkpoint-2", "; a run's checkpoints are <output_dir>/checkpoints/step-<step, 8 digits> (Trainer's "
+                                "checkpoint-N): resume_from_checkpoint=<output_dir>/checkpoints/step-00000002, or latest"),
+        ("step-2", "; a run's checkpoints are <output_dir>/checkpoints/step-<step, 8 digits>: give the path, "
+                   "resume_from_checkpoint=<output_dir>/checkpoints/step-00000002, or latest"),
     ],
 )  # fmt: skip
 def test_a_checkpoint_named_the_trainers_way_gets_the_apps_name(spec, hint, small_text_data, tmp_path, capsys):

@@ -121,6 +121,14 @@ def test_phone_photos_that_cannot_be_read_are_named(tmp_path, capsys):
     line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "fox"))
     assert line.endswith(f"class folder {folder / 'train' / 'fox'} holds only .heic photos, which cannot be read "
                          "here: convert them to JPEG or PNG")  # fmt: skip
+    # in the validation split, a class of them alone would just be missing there: counted in the warning
+    (folder / "train" / "fox" / "IMG_0002.heic").rename(folder / "validation" / "IMG_0002.heic")
+    (folder / "train" / "fox").rmdir()
+    (folder / "validation" / "fox").mkdir()
+    (folder / "validation" / "IMG_0002.heic").rename(folder / "validation" / "fox" / "IMG_0002.heic")
+    reset_accelerate()
+    main(tiny_image_args(folder, tmp_path / "val", "max_steps=1"))
+    assert "warning: 2 photo(s) in" in capsys.readouterr().err
 
 
 def test_an_image_class_that_differs_only_by_case_is_named(tmp_path, capsys):

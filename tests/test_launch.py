@@ -273,6 +273,14 @@ def test_the_set_up_config_launches_without_accelerates_notice_and_is_written_on
     line = user_error(capsys, configure, ["--config_file", str(path)])
     assert f"accelerate config {path} exists but is not a valid accelerate config" in line
     assert path.read_text().startswith("compute_environment")
+    # one that parses, with a value no launch can use: said by finetune-config, and by a launch without a traceback
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_processes: two\nuse_cpu: true\n")
+    line = user_error(capsys, configure, ["--config_file", str(path)])
+    assert "num_processes 'two' (in accelerate config" in line and "is not a whole number" in line
+    from finetune.launch import main as launch_main
+
+    line = user_error(capsys, launch_main, ["--config_file", str(path), "finetune/run.py", "--dry-run"])
+    assert "num_processes 'two' (in accelerate config" in line
 
 
 def test_a_recipe_and_an_accelerate_config_swapped_are_named(capsys):

@@ -542,6 +542,10 @@ def test_a_pair_data_sets_second_sentence_left_unread_is_said(tmp_path, capsys):
     assert ("warning: column 'sentence2' is not read: the model sees 'sentence1' alone; for sentence pairs set "
             "text_pair_column=sentence2") in capsys.readouterr().err.splitlines()
     reset_accelerate()
+    main(tiny_text_args(data, tmp_path / "two", "text_column=sentence2", "max_steps=1"))  # the second alone
+    assert ("warning: column 'sentence1' is not read: the model sees 'sentence2' alone; for sentence pairs set "
+            "text_column=sentence1 text_pair_column=sentence2") in capsys.readouterr().err.splitlines()
+    reset_accelerate()
     main(tiny_text_args(data, tmp_path / "pair", "text_column=sentence1", "text_pair_column=sentence2", "max_steps=1"))
     assert "is not read" not in capsys.readouterr().err
 
