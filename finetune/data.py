@@ -338,6 +338,13 @@ def _check_utf8(split: str, path: str) -> None:
             offset += len(chunk)
 
 
+def _one_line(path: str) -> bool:
+    """A file of one line (a JSON document saved as .jsonl)."""
+    with open(path, "rb") as f:
+        f.readline()
+        return not f.read(4096).strip()
+
+
 def _pandas_layout(path: str) -> str | None:
     """The orient of a pandas `to_json` file that is not records: 'split' ({"columns", "index", "data"}),
     'table' ({"schema", "data"}),
@@ -403,7 +410,7 @@ def _check_readable_and_separated(split: str, path: str) -> None:
     if Path(path).suffix.lower() != ".parquet":
         _check_utf8(split, path)
     suffix = Path(path).suffix.lower()
-    if suffix == ".json" and os.path.getsize(path) < 256 * 2**20:
+    if (suffix == ".json" or suffix == ".jsonl" and _one_line(path)) and os.path.getsize(path) < 256 * 2**20:
         layout = _pandas_layout(path)
         if layout is not None:
             raise UserError(
@@ -423,6 +430,10 @@ def _check_readable_and_separated(split: str, path: str) -> None:
     if header.lstrip("\ufeff").startswith("#") and sep not in header:  # a comment above the header, read as one
         raise UserError(f"{split} file {path} starts with the line {header[:60]!r}, a comment, where the header "
                         "belongs; delete the comment lines above the header")
+    fields = header.split()
+    if 2 <= len(fields) <= 4 and A_TAG.fullmatch(fields[-1]) and "," not in header:  # "Ada B-PER": CoNLL
+        raise UserError(f"{split} file {path} reads as a word and its tag on each line (its first line is "
+                        f"{header[:80]!r}): a CoNLL file; name it {Path(path).stem}.conll")  # fmt: skip
     separator = next((sep for sep in OTHER_SEPARATORS if sep in header), None)
     if suffix == ".csv" and separator is not None and "," not in header:
         looks, fix = OTHER_SEPARATORS[separator]

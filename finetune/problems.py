@@ -328,7 +328,7 @@ def encode(ds: HFDataset, args: DataArgs, problem: str, label_names: list[str], 
     return encoded
 
 
-JOINED = re.compile(r"[^,;|]+([,;|] ?[^,;|]+)+")  # art,film  art;film  art|film
+JOINED = re.compile(r"[^,;|/]+(([,;|] ?| / )[^,;|/]+)+")  # art,film  art;film  art|film  art / film
 
 
 def _warn_joined_labels(names: list[str], column: str) -> None:
@@ -337,7 +337,7 @@ def _warn_joined_labels(names: list[str], column: str) -> None:
     joined = [n for n in names if JOINED.fullmatch(n) and not re.search(r"\d,\d", n)]
     if joined:
         warn(f"label column '{column}' has {len(joined)} label(s) such as {joined[0]!r}: several labels joined in one "
-             f"item? give each its own item ({json.dumps(re.split(r'[,;|] ?', joined[0]))}), or list the labels in "
+             f"item? give each its own item ({json.dumps(re.split(r'[,;|] ?| / ', joined[0]))}), or list the labels in "
              "label_names to keep them as they are")
 
 

@@ -151,6 +151,7 @@ def world(finished_run, tmp_path_factory) -> World:
     (root / "nested_records.json").write_text(json.dumps({"data": rows}))
     frame = {"text": {str(i): r["text"] for i, r in enumerate(rows)}, "label": {str(i): r["label"] for i, r in enumerate(rows)}}
     (root / "pandas_columns.json").write_text(json.dumps(frame))  # DataFrame.to_json()'s default
+    (root / "pandas_columns.jsonl").write_text(json.dumps(frame) + "\n")  # the same, named as JSON Lines
     (root / "pandas_index.json").write_text(json.dumps({str(i): r for i, r in enumerate(rows)}))
     (root / "pandas_split.json").write_text(json.dumps({"columns": ["text", "label"], "index": list(range(len(rows))),
                                                         "data": [[r["text"], r["label"]] for r in rows]}))  # fmt: skip
@@ -365,6 +366,10 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         )
         for orient in ("columns", "index", "split", "table")
     },
+    "pandas_columns_as_jsonl": (
+        lambda w: _text(w, f"train_file={w.root / 'pandas_columns.jsonl'}", "validation_file=null"),
+        "is a pandas DataFrame.to_json layout (orient='columns'), not one record per sample",
+    ),
     "excel_workbook": (
         lambda w: _text(w, f"train_file={w.root / 'train.xlsx'}", "validation_file=null"),
         "is a spreadsheet workbook (Excel, LibreOffice), not a data file; save the sheet as CSV (UTF-8)",

@@ -508,8 +508,10 @@ def test_multi_label_items_that_join_several_labels_are_named_once(tmp_path, cap
     main(tiny_text_args(data, tmp_path / "kept", "label_column=labels", "max_steps=1",
                         "label_names=[acting,plot,'acting,plot','plot,acting']"))  # fmt: skip
     assert "joined in one item" not in capsys.readouterr().err
-    problems._warn_joined_labels(["3,5", "4,5"], "labels")
+    problems._warn_joined_labels(["3,5", "4,5", "n/a", "and/or"], "labels")
     assert capsys.readouterr().err == ""
+    problems._warn_joined_labels(["music", "visuals / music"], "labels")  # joined with " / "
+    assert '(["visuals", "music"])' in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

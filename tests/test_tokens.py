@@ -866,8 +866,10 @@ def test_a_conll_file_named_tsv_is_told_to_be_named_conll(tmp_path, capsys):
     """word<TAB>tag lines with blank lines between sentences, saved as .tsv: read as a table, whose line
     says to name it .conll, not that the data looks like another task's."""
     text = "Ada\tB-PER\nLovelace\tI-PER\nwrote\tO\n\nParis\tB-LOC\nis\tO\nbig\tO\n\n"
-    path = tmp_path / "ner.tsv"
-    path.write_text(text * 4)
-    line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"))
-    assert line.endswith("its rows read as a word and its tag on each line: a CoNLL file; name it .conll")
-    assert "text-classification" not in line
+    for name, body in [("ner.tsv", text), ("ner.csv", text), ("spaced.tsv", text.replace("\t", " "))]:
+        path = tmp_path / name
+        path.write_text(body * 4)
+        line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"))
+        assert line.endswith(f"reads as a word and its tag on each line (its first line is {body.splitlines()[0]!r}): "
+                             f"a CoNLL file; name it {path.stem}.conll")  # fmt: skip
+        assert "text-classification" not in line and "tab-separated" not in line
