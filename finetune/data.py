@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -422,18 +423,24 @@ def _check_readable_and_separated(split: str, path: str) -> None:
     with open(path, encoding="utf-8", errors="replace", newline="") as f:
         header = f.readline().strip()
         f.seek(0)
+        # CoNLL's first word line, past comments (CoNLL-U's "# sent_id = 1"), -DOCSTART- and blank lines
+        word_line = next((line.strip() for line in itertools.islice(f, 50) if line.strip()
+                          and not line.lstrip("\ufeff").startswith(("#", "-DOCSTART-"))), "")  # fmt: skip
+        f.seek(0)
         names = next(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","), [])
     if re.fullmatch(r"\ufeff?sep=.?", header, re.I):  # Excel's hint line, above the header
         raise UserError(f"{split} file {path} starts with the line {header!r}, a hint for Excel, not the header; "
                         "delete that line (the header is the line after it)")
     sep = "\t" if suffix == ".tsv" else ","
+    fields, columns = word_line.split(), word_line.split("\t")
+    conllu = len(columns) == 10 and re.fullmatch(r"\d+([-.]\d+)?", columns[0]) and re.fullmatch(r"\d+|_", columns[6])
+    if conllu or (2 <= len(fields) <= 4 and A_TAG.fullmatch(fields[-1]) and "," not in word_line):  # "Ada B-PER"
+        which = "first line" if word_line == header.lstrip("\ufeff") else "first line of words"
+        raise UserError(f"{split} file {path} reads as a word and its tag on each line (its {which} is "
+                        f"{word_line[:80]!r}): a CoNLL file; name it {Path(path).stem}.conll")  # fmt: skip
     if header.lstrip("\ufeff").startswith("#") and sep not in header:  # a comment above the header, read as one
         raise UserError(f"{split} file {path} starts with the line {header[:60]!r}, a comment, where the header "
                         "belongs; delete the comment lines above the header")
-    fields = header.split()
-    if 2 <= len(fields) <= 4 and A_TAG.fullmatch(fields[-1]) and "," not in header:  # "Ada B-PER": CoNLL
-        raise UserError(f"{split} file {path} reads as a word and its tag on each line (its first line is "
-                        f"{header[:80]!r}): a CoNLL file; name it {Path(path).stem}.conll")  # fmt: skip
     separator = next((sep for sep in OTHER_SEPARATORS if sep in header), None)
     if suffix == ".csv" and separator is not None and "," not in header:
         looks, fix = OTHER_SEPARATORS[separator]

@@ -142,7 +142,9 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         config = AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code, **labels)
         head = _fine_tuned_head(AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code))
         new_head = head is not None and len(head) != len(label_names)
-        if head is not None and head != list(label_names):
+        # The same labels in another order (label_names written otherwise): the head's outputs follow by name.
+        order = [head.index(n) for n in label_names] if head and not new_head and sorted(head) == sorted(label_names) else None
+        if head is not None and head != list(label_names) and order is None:
             _say_the_head_changes(name, head, list(label_names), new_head)
         set_dropout(config, args.dropout)
         model = auto.from_pretrained(
@@ -169,8 +171,28 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         raise load_error("model", name, e) from None
     except SafetensorError as e:
         raise UserError(f"the weights of model '{name}' are damaged ({first_line(e)}): replace them") from None
+    if order is not None and order != sorted(order) and not _reorder_head(model, order):
+        _say_the_head_changes(name, head, list(label_names), new_head)
     _check_image_config(model.config)
     return model
+
+
+def _reorder_head(model: PreTrainedModel, order: list[int]) -> bool:
+    """Output i of the model becomes its output `order[i]`: the rows of the head's last layer (the one
+    linear layer outside the base model with an output per label) permuted. False where there is not
+    exactly one such layer."""
+    import torch
+
+    prefix = getattr(model, "base_model_prefix", "")
+    last = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(order)
+            and not (prefix and (n == prefix or n.startswith(prefix + ".")))]  # fmt: skip
+    if len(last) != 1:
+        return False
+    with torch.no_grad():
+        last[0].weight.copy_(last[0].weight[order])
+        if last[0].bias is not None:
+            last[0].bias.copy_(last[0].bias[order])
+    return True
 
 
 def _fine_tuned_head(config: PretrainedConfig) -> list[str] | None:

@@ -714,7 +714,7 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         word_baseline = (validation.get("baseline") or {}).get(words)
         if learned(words, validation.get(words), word_baseline, validation.get("num_words") or 0) is False:
             verdict, key, value, baseline = False, words, validation.get(words), word_baseline
-    shown = METRICS[key].name
+    shown = METRICS[key].name + (" at the tuned threshold" if tuned is not None else "")  # the final line: at the fixed one
     trivial = {"regression": "mean", MULTI: "frequency of each label, as its probability"}.get(
         cfg.problem_type, "most frequent answer"
     )

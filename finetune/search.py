@@ -24,7 +24,10 @@ tunes one (`results["validation_tuned"]`: the decisions its export makes), else 
 
 Trial 0 of a new study is the recipe's own settings (`the_recipes_own`; for multi-label with the
 threshold tuned globally), run with the recipe's evaluations: a budget that holds one run of the recipe
-ends with at least its model, and the best trial is never worse on validation.
+ends with at least its model, and the best trial is never worse on validation. Trial 1 is the same
+settings at another learning rate, chosen from trial 0's curve (`the_next_rate`: 3x higher if it was
+still improving at its last evaluation, 3x lower if it was best before its end); optuna's sampler
+draws the rest.
 
 The budget is wall-clock seconds from the start of the command. Each trial's wall time per epoch it
 ran is measured; where the epochs are searched, a later trial gets no more epochs than the time left
@@ -77,6 +80,7 @@ SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "wa
 CUT = "cut_at_budget"  # a pruned trial's user attribute in the study: the budget stopped it, not the pruner
 RECIPE = "recipes_own"  # the trial of the recipe's own settings (trial 0, or its run again after a signal)
 RERUN_OF = "run_again_of"  # a trial that runs again the settings of one a signal stopped
+GUIDED = "guided_by"  # trial 1: the recipe's settings at another learning rate, chosen from trial 0's curve
 STOPPED_BY_A_SIGNAL = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # TrainingStopped's exit codes (errors.py)
 
 
@@ -133,6 +137,26 @@ def the_recipes_own(cfg: TrainConfig, space: list[str], layers: int) -> dict[str
     return {k: v for k, v in own.items() if k in space}
 
 
+RATE_STEP = 3.0  # the learning rate of trial 1 against the recipe's: 3x higher or lower
+
+
+def the_next_rate(rate: float, curve: list[float], greater_is_better: bool) -> tuple[float, str] | None:
+    """Trial 1's learning rate, from the curve of trial 0 (the recipe's own settings): still improving at
+    its last evaluation, the recipe trains too little in its time, so 3x higher; best before its end, too
+    much, so 3x lower; within the space's range. None where the curve tells nothing (fewer than two
+    evaluations) or the rate is at the range's end. With few trials in a budget, one guided step is worth
+    more than a random draw; later trials are optuna's."""
+    if len(curve) < 2:
+        return None
+    best = max(curve) if greater_is_better else min(curve)
+    improving = curve[-1] == best
+    new = min(1e-3, rate * RATE_STEP) if improving else max(1e-5, rate / RATE_STEP)
+    if math.isclose(new, rate):
+        return None
+    why = "was still improving at its last evaluation" if improving else "was best before its end"
+    return new, f"trial 0 {why}: its settings at learning_rate {new:.3g}"
+
+
 def say_what_trial_0_draws(cfg: TrainConfig, space: list[str], own: dict[str, Any]) -> None:
     """One warning line for the searched settings whose value (the recipe's, or the command line's) the
     space cannot hold, which trial 0 draws instead: else the user's value is dropped without a word."""
@@ -163,6 +187,7 @@ class Pruning:
         self.trial, self.metric, self.deadline, self.hooks = trial, metric, deadline, Report()
         self.total_steps: int | None = None
         self.step = 0  # the last evaluated step
+        self.curve: list[float] = []  # the metric at each evaluation (process 0's)
         self.cut = False
 
     def fraction_done(self) -> float:
@@ -178,6 +203,7 @@ class Pruning:
         verdict = None  # None: go on; "pruned" or "cut"
         if self.trial is not None:
             if isinstance(value, (int, float)) and math.isfinite(value):
+                self.curve.append(float(value))
                 self.trial.report(value, step)
                 verdict = "pruned" if self.trial.should_prune() else None
             last = self.total_steps is not None and step >= self.total_steps  # only the export is left
@@ -395,12 +421,30 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             else:
                 trial.set_user_attr(CUT, pruning.cut)
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            again = trial.user_attrs.get(RERUN_OF)
-            shown = f"trial {number}" + (f" (trial {again}'s settings again)" if again is not None else "")
+            again, guided = trial.user_attrs.get(RERUN_OF), trial.user_attrs.get(GUIDED)
+            shown = f"trial {number}" + (f" (trial {again}'s settings again)" if again is not None else
+                                         f" ({guided})" if guided else "")  # fmt: skip
             print(f"{shown}: {chosen} -> {state}" + (f", validation {metric} {value:.4f}"
                                                              if state == "complete" else ""), flush=True)  # fmt: skip
             _keep_only_the_best(out, study)
+            if state == "complete" and trial.user_attrs.get(RECIPE):
+                _guide_trial_1(study, chosen, pruning.curve, base.greater_is_better,
+                               epochs_that_fit(budget - (time.monotonic() - started), durations, epoch_seconds, by_epochs))  # fmt: skip
     return _finish(out, study, recipe, overrides, started, budget) if study is not None else {}
+
+
+def _guide_trial_1(study, own: dict[str, Any], curve: list[float], greater_is_better: bool, fits: int) -> None:
+    """After the recipe's own trial: the next trial is its settings at the learning rate its curve points
+    to (`the_next_rate`), with no more epochs than the time left holds; once in a study."""
+    if "learning_rate" not in own or fits == 0 or any(t.user_attrs.get(GUIDED) for t in study.trials):
+        return
+    step = the_next_rate(own["learning_rate"], curve, greater_is_better)
+    if step is None:
+        return
+    settings = {**own, "learning_rate": step[0]}
+    if "num_train_epochs" in settings:
+        settings["num_train_epochs"] = min(settings["num_train_epochs"], fits)
+    study.enqueue_trial(settings, user_attrs={GUIDED: step[1]})
 
 
 def _run_again_what_was_stopped(study) -> None:

@@ -353,6 +353,21 @@ def test_sentence_pairs_on_a_model_with_one_token_type_are_refused(tmp_path, cap
     assert not out.exists()
 
 
+def test_the_same_labels_in_another_order_keep_their_head_outputs_by_name(finished_run, capsys):
+    """label_names [1, 0] against a [0, 1] export: the head's rows are swapped, so each name keeps the
+    output it was trained as (not the output at its place), and nothing is said: nothing changes."""
+    from finetune.models import build_model
+
+    export = finished_run() / "model"  # labels 0 and 1
+    cfg = load_config(None, [f"model_name_or_path={export}", f"output_dir={export.parent / 'unused'}"])
+    as_trained, swapped = build_model(cfg.model_args, ["0", "1"]), build_model(cfg.model_args, ["1", "0"])
+    assert swapped.config.id2label == {0: "1", 1: "0"}
+    assert torch.equal(swapped.classifier.weight, as_trained.classifier.weight[[1, 0]])
+    assert torch.equal(swapped.classifier.bias, as_trained.classifier.bias[[1, 0]])
+    assert not torch.equal(swapped.classifier.weight, as_trained.classifier.weight)
+    assert "fine-tuned for" not in capsys.readouterr().err
+
+
 def test_a_roberta_position_table_holds_two_positions_fewer_than_its_rows():
     """RoBERTa numbers positions from its padding id + 1: a table of 32 rows holds 30 positions, and a batch of
     31 tokens would index past it (an IndexError mid-run)."""

@@ -277,6 +277,9 @@ def test_the_verdict_reads_the_tuned_validation_when_there_is_one():
     assert judge(cfg, fixed, best)["verdict"] is False  # at 0.5 nothing is predicted: below the prior
     verdict = judge(cfg, fixed, best, tuned)
     assert verdict["verdict"] is True and verdict["value"] == 0.80 and verdict["baseline"] == 0.45
+    # the final line shows validation at the fixed threshold: the verdict says which value it quotes
+    assert "micro F1 at the tuned threshold 0.8000" in verdict["said"], verdict["said"]
+    assert "tuned" not in judge(cfg, fixed, best)["said"]
 
 
 def test_a_tagger_must_also_beat_every_word_o():

@@ -147,6 +147,40 @@ def test_trial_0_is_the_recipes_own_settings_run_as_the_recipe_runs(small_text_d
     assert json.loads((out / "trial-0" / "results.json").read_text())["validation"] == plain
 
 
+@pytest.mark.parametrize(
+    ("curve", "greater", "rate", "expected"),
+    [
+        ([0.6, 0.7, 0.8], True, 1e-4, 3e-4),  # still improving: 3x higher
+        ([0.6, 0.8, 0.7], True, 1e-4, 1e-4 / 3),  # best before its end: 3x lower
+        ([0.30, 0.25, 0.20], False, 1e-4, 3e-4),  # a loss-like metric still falling: improving
+        ([0.30, 0.20, 0.25], False, 1e-4, 1e-4 / 3),
+        ([0.6, 0.7], True, 5e-4, 1e-3),  # never past the space's range
+        ([0.7], True, 1e-4, None),  # one evaluation tells nothing
+        ([0.6, 0.7], True, 1e-3, None),  # at the range's end already
+    ],
+)
+def test_trial_1s_rate_follows_trial_0s_curve(curve, greater, rate, expected):
+    from finetune.search import the_next_rate
+
+    step = the_next_rate(rate, curve, greater)
+    assert (step if step is None else pytest.approx(step[0])) == expected
+
+
+def test_trial_1_is_the_recipes_settings_at_the_rate_trial_0s_curve_points_to(small_text_data, tmp_path, capsys):
+    out = tmp_path / "search"
+    search(["--budget", "300", "--trials", "2", "--space", "learning_rate,num_train_epochs",
+            *tiny_text_args(small_text_data, out), "per_device_train_batch_size=12", "learning_rate=3e-4",
+            "num_train_epochs=2"])  # fmt: skip
+    records = [json.loads(line) for line in (out / "trial-0" / "metrics.jsonl").read_text().splitlines()]
+    curve = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
+    assert len(curve) == 2
+    improving = curve[-1] == max(curve)
+    study = optuna.load_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}")
+    assert study.trials[1].params == {"learning_rate": pytest.approx(9e-4 if improving else 1e-4), "num_train_epochs": 2}
+    said = "was still improving at its last evaluation" if improving else "was best before its end"
+    assert f"trial 1 (trial 0 {said}: its settings at learning_rate" in capsys.readouterr().out
+
+
 def test_the_recipes_own_values_are_those_the_space_can_hold():
     from finetune.config import TrainConfig as Config
     from finetune.search import SPACE, the_recipes_own

@@ -873,3 +873,13 @@ def test_a_conll_file_named_tsv_is_told_to_be_named_conll(tmp_path, capsys):
         assert line.endswith(f"reads as a word and its tag on each line (its first line is {body.splitlines()[0]!r}): "
                              f"a CoNLL file; name it {path.stem}.conll")  # fmt: skip
         assert "text-classification" not in line and "tab-separated" not in line
+    # a comment or -DOCSTART- first (CoNLL-2003, CoNLL-U's "# sent_id"): still named as CoNLL, not as a
+    # comment above a header; a CoNLL-U file (ten columns, UPOS tags) too
+    conllu = "1\tAda\tAda\tPROPN\tNNP\t_\t2\tnsubj\t_\t_\n2\twrote\twrite\tVERB\tVBD\t_\t0\troot\t_\t_\n\n"
+    for name, body, first in [("c.tsv", "# sent_id = 1\n" + text, "Ada\tB-PER"),
+                              ("d.tsv", "-DOCSTART- -X- O O\n\n" + text, "Ada\tB-PER"),
+                              ("u.tsv", "# sent_id = 1\n# text = Ada wrote\n" + conllu, conllu.splitlines()[0])]:
+        path = tmp_path / name
+        path.write_text(body * 4)
+        line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"))
+        assert line.endswith(f"(its first line of words is {first!r}): a CoNLL file; name it {path.stem}.conll"), line
