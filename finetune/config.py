@@ -197,6 +197,12 @@ class ModelArgs(TaskArgs):
                 raise UserError(f"{key}={value} is a file; give the folder that holds it ({Path(value).parent}), "
                                 "or a hub name")  # fmt: skip
         if self.model_config is not None and "model_type" not in self.model_config:
+            given = ", ".join(f"model_config.{k}" for k in list(self.model_config)[:2])
+            if self.model_name_or_path and given:  # a pretrained model's config changed key by key: not what it does
+                drop = next((v for k, v in self.model_config.items() if "dropout" in k), None)
+                fix = f"; its dropout is set with dropout={drop}" if drop is not None else ""
+                raise UserError(f"{given} beside model_name_or_path: model_config builds a new model from random "
+                                f"weights and needs a model_type; a pretrained model keeps its architecture{fix}")  # fmt: skip
             raise UserError("model_config needs a model_type, e.g. {model_type: bert, hidden_size: 32, ...}")
         for key, instead in LABEL_KEYS.items():  # the data's labels set these: a value here would be ignored
             if self.model_config is not None and key in self.model_config:
@@ -860,6 +866,20 @@ OTHER_TOOLS = {
 }
 
 
+# Short names other tools and papers use for settings here (too far from the name for difflib).
+SHORT_NAMES = {
+    "lr": "learning_rate", "epochs": "num_train_epochs", "num_epochs": "num_train_epochs",
+    "n_epochs": "num_train_epochs", "max_epochs": "num_train_epochs", "batch_size": "per_device_train_batch_size",
+    "bs": "per_device_train_batch_size", "train_batch_size": "per_device_train_batch_size",
+    "eval_batch_size": "per_device_eval_batch_size", "model": "model_name_or_path", "model_name": "model_name_or_path",
+    "model_id": "model_name_or_path", "base_model": "model_name_or_path",
+    "checkpoint": "model_name_or_path (to start from a model) or resume_from_checkpoint (to continue a run)",
+    "warmup": "warmup_ratio (or warmup_steps)", "grad_accum": "gradient_accumulation_steps",
+    "gradient_accumulation": "gradient_accumulation_steps", "accumulation_steps": "gradient_accumulation_steps",
+    "max_len": "max_length", "seq_len": "max_length", "wd": "weight_decay", "out_dir": "output_dir",
+}  # fmt: skip
+
+
 def _unknown_key(key: str, known: list[str], value: Any = None) -> UserError:
     if key in MODE_FLAGS:
         return UserError(f"{key} is not a setting; pass the flag {MODE_FLAGS[key]}")
@@ -877,6 +897,11 @@ def _unknown_key(key: str, known: list[str], value: Any = None) -> UserError:
                          f"to the top level and drop '{key}:'")  # fmt: skip
     if key in OTHER_TOOLS:  # TrainingArguments' habits
         return UserError(f"unknown config key '{key}': {OTHER_TOOLS[key]}")
+    if key.lower() in SHORT_NAMES:
+        return UserError(f"unknown config key '{key}': the setting is {SHORT_NAMES[key.lower()]}")
+    if key == "defaults" and isinstance(value, list):  # Hydra's defaults list
+        return UserError("unknown config key 'defaults': a recipe is one flat YAML file, not a Hydra config; write the "
+                         "settings themselves in it (one recipe's: --config <file>, then key=value to change some)")  # fmt: skip
     close = difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.52)  # not defaults -> peft (0.5)
     hint = f"; did you mean {close[0]}?" if close else ""
     return UserError(f"unknown config key '{key}'{hint}")
@@ -896,6 +921,9 @@ def settings_from_flags(argv: list[str], keys: typing.Collection[str] | None = N
             name = name.replace("-", "_", head.count("-"))
         elif name and head not in names:  # an option of the command (--config), or a setting mistyped
             close = difflib.get_close_matches(head.replace("-", "_").lower(), sorted(names), n=1, cutoff=0.8)
+            short = SHORT_NAMES.get(head.replace("-", "_").lower())
+            if short is not None and short.split()[0] in names:
+                raise UserError(f"unknown setting --{head}: the setting is {short} ({short.split()[0]}=VALUE)")
             if close:
                 raise UserError(f"unknown setting --{head}; did you mean --{close[0]} ({close[0]}=VALUE)?")
         if name.split(".")[0] not in names:

@@ -189,13 +189,20 @@ def _no_label_mark(names: list[str], counts: Counter) -> str:
     ClassLabel value for a missing label), or '-' beside other classes (SNLI's "no gold label")."""
     of = {names[i]: c for i, c in counts.items()}
     total = sum(of.values())
-    others = [n for n in names if n not in ("-1", "-")]
+    others = [n for n in names if n not in ("-1", "-", *EMPTY_CELL)]
     ids = all(re.fullmatch(r"\d+", n) for n in others)
     for mark, why in (("-1", "the Hub's value for a sample without a label"), ("-", "SNLI's mark for no gold label")):
         if mark in of and len(others) >= 2 and (mark == "-" or (ids and of[mark] <= 0.15 * total)):
             return (f"{mark!r} ({of[mark]} of {total} samples) beside the classes {', '.join(others[:5])}: {why}, "
                     "trained as a class of its own")
+    for mark in (n for n in names if n in EMPTY_CELL and others):
+        return (f"{mark!r} ({of.get(mark, 0)} of {total} samples) beside the classes {', '.join(others[:5])}: an empty "
+                "cell written as text (pandas' astype(str), a spreadsheet's #N/A), trained as a class of its own")
     return ""
+
+
+# An empty cell written out as text: pandas' astype(str) of NaN or pd.NA, a database's NULL, Excel's #N/A.
+EMPTY_CELL = ("nan", "NaN", "NAN", "<NA>", "null", "NULL", "N/A", "n/a", "#N/A")
 
 
 def _misspelt_class(names: list[str], counts: Counter, named) -> str:

@@ -413,9 +413,11 @@ def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: 
         model.get_input_embeddings().requires_grad_(False)
     if cfg.freeze_layers:
         freeze_layers(model, cfg.freeze_layers)
-    if (cfg.freeze_embeddings or cfg.freeze_layers) and cfg.model_config is not None and not cfg.resume_from_checkpoint:
-        # built at random, not loaded: what is frozen stays random
-        what, fix = ((f"freeze_layers={cfg.freeze_layers} freezes the embeddings and layers", "freeze_layers=0")
+    if (cfg.freeze_embeddings or cfg.freeze_layers or cfg.peft is not None) and cfg.model_config is not None \
+            and not cfg.resume_from_checkpoint:  # built at random, not loaded: what is frozen stays random
+        what, fix = (("peft (LoRA) freezes every weight but its adapters and the head", "peft=null")
+                     if cfg.peft is not None else
+                     (f"freeze_layers={cfg.freeze_layers} freezes the embeddings and layers", "freeze_layers=0")
                      if cfg.freeze_layers else ("freeze_embeddings=true freezes the word embeddings",
                                                 "freeze_embeddings=false"))  # fmt: skip
         warn(f"{what} of a model built at random from model_config: they stay random and only the rest learns; "

@@ -25,9 +25,9 @@ tunes one (`results["validation_tuned"]`: the decisions its export makes), else 
 Trial 0 of a new study is the recipe's own settings (`the_recipes_own`; for multi-label with the
 threshold tuned globally), run with the recipe's evaluations: a budget that holds one run of the recipe
 ends with at least its model, and the best trial is never worse on validation. Trial 1 is the same
-settings at another learning rate, chosen from trial 0's curve (`the_next_rate`: 3x higher if it was
-still improving at its last evaluation, 3x lower if it was best before its end); optuna's sampler
-draws the rest.
+settings with one change chosen from trial 0's curve (`the_next_step`: half the batch if it was still
+improving at its last evaluation, a third of the learning rate if it was best before its end);
+optuna's sampler draws the rest.
 
 The budget is wall-clock seconds from the start of the command. Each trial's wall time per epoch it
 ran is measured; where the epochs are searched, a later trial gets no more epochs than the time left
@@ -80,7 +80,7 @@ SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "wa
 CUT = "cut_at_budget"  # a pruned trial's user attribute in the study: the budget stopped it, not the pruner
 RECIPE = "recipes_own"  # the trial of the recipe's own settings (trial 0, or its run again after a signal)
 RERUN_OF = "run_again_of"  # a trial that runs again the settings of one a signal stopped
-GUIDED = "guided_by"  # trial 1: the recipe's settings at another learning rate, chosen from trial 0's curve
+GUIDED = "guided_by"  # trial 1: the recipe's settings with one change, chosen from trial 0's curve
 STOPPED_BY_A_SIGNAL = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # TrainingStopped's exit codes (errors.py)
 
 
@@ -137,24 +137,26 @@ def the_recipes_own(cfg: TrainConfig, space: list[str], layers: int) -> dict[str
     return {k: v for k, v in own.items() if k in space}
 
 
-RATE_STEP = 3.0  # the learning rate of trial 1 against the recipe's: 3x higher or lower
-
-
-def the_next_rate(rate: float, curve: list[float], greater_is_better: bool) -> tuple[float, str] | None:
-    """Trial 1's learning rate, from the curve of trial 0 (the recipe's own settings): still improving at
-    its last evaluation, the recipe trains too little in its time, so 3x higher; best before its end, too
-    much, so 3x lower; within the space's range. None where the curve tells nothing (fewer than two
-    evaluations) or the rate is at the range's end. With few trials in a budget, one guided step is worth
-    more than a random draw; later trials are optuna's."""
+def the_next_step(own: dict[str, Any], curve: list[float], greater_is_better: bool) -> tuple[dict[str, Any], str] | None:
+    """Trial 1's change to trial 0's settings (the recipe's own), from trial 0's curve: still improving at
+    its last evaluation, it needs more updates than it had, so half the batch (twice the optimizer steps
+    in about the same time); best before its end, it learned too fast, so a third of the learning rate.
+    None where the curve tells nothing (fewer than two evaluations) or the setting is not searched or at
+    the end of its range. With few trials in a budget, one guided step is worth more than a random draw;
+    optuna draws the trials after it."""
     if len(curve) < 2:
         return None
     best = max(curve) if greater_is_better else min(curve)
-    improving = curve[-1] == best
-    new = min(1e-3, rate * RATE_STEP) if improving else max(1e-5, rate / RATE_STEP)
-    if math.isclose(new, rate):
+    if curve[-1] == best:
+        batch = own.get("per_device_train_batch_size")
+        if batch is None or batch % 2 or batch // 2 not in BATCHES:  # a value the space holds
+            return None
+        return ({"per_device_train_batch_size": batch // 2},
+                f"trial 0 was still improving at its last evaluation: its settings at half the batch, {batch // 2}")
+    rate = own.get("learning_rate")
+    if rate is None or rate / 3 < 1e-5:
         return None
-    why = "was still improving at its last evaluation" if improving else "was best before its end"
-    return new, f"trial 0 {why}: its settings at learning_rate {new:.3g}"
+    return {"learning_rate": rate / 3}, "trial 0 was best before its end: its settings at a third of the learning rate"
 
 
 def say_what_trial_0_draws(cfg: TrainConfig, space: list[str], own: dict[str, Any]) -> None:
@@ -434,14 +436,12 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
 
 
 def _guide_trial_1(study, own: dict[str, Any], curve: list[float], greater_is_better: bool, fits: int) -> None:
-    """After the recipe's own trial: the next trial is its settings at the learning rate its curve points
-    to (`the_next_rate`), with no more epochs than the time left holds; once in a study."""
-    if "learning_rate" not in own or fits == 0 or any(t.user_attrs.get(GUIDED) for t in study.trials):
+    """After the recipe's own trial: the next trial is its settings with the change its curve points to
+    (`the_next_step`), with no more epochs than the time left holds; once in a study."""
+    step = None if fits == 0 else the_next_step(own, curve, greater_is_better)
+    if step is None or any(t.user_attrs.get(GUIDED) for t in study.trials):
         return
-    step = the_next_rate(own["learning_rate"], curve, greater_is_better)
-    if step is None:
-        return
-    settings = {**own, "learning_rate": step[0]}
+    settings = {**own, **step[0]}
     if "num_train_epochs" in settings:
         settings["num_train_epochs"] = min(settings["num_train_epochs"], fits)
     study.enqueue_trial(settings, user_attrs={GUIDED: step[1]})

@@ -87,8 +87,13 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
         load_config(recipe, ["learning_rate.x=1"])
     with pytest.raises(UserError, match="unknown config key 'model_confg'; did you mean model_config"):
         load_config(recipe, ["model_confg.image_size=32"])
-    with pytest.raises(UserError, match=r"^unknown config key 'defaults'$"):  # Hydra's key: no far-fetched guess
+    with pytest.raises(UserError, match=r"^unknown config key 'defaults': a recipe is one flat YAML file, not a Hydra "
+                                        r"config"):  # Hydra's key: no far-fetched guess (peft)
         load_config(recipe, ["defaults=[]"])
+    for short, setting in [("lr", "learning_rate"), ("epochs", "num_train_epochs"), ("batch_size",
+                           "per_device_train_batch_size"), ("model", "model_name_or_path")]:  # fmt: skip
+        with pytest.raises(UserError, match=rf"^unknown config key '{short}': the setting is {setting}"):
+            load_config(recipe, [f"{short}=1"])
     # Another tool's nested layout (training_args: {learning_rate: ...}): the fix is to flatten it.
     with pytest.raises(UserError, match=r"^unknown config key 'training_args': a recipe is flat: move the settings "
                                         r"under it \(learning_rate, seed\) to the top level"):  # fmt: skip
@@ -190,6 +195,7 @@ def test_setting_flags_with_hyphens_read_and_mistyped_ones_get_the_nearest(capsy
     user_error(capsys, main, ["--num_train_epoch", "1"], "unknown setting --num_train_epoch; did you mean "
                "--num_train_epochs (num_train_epochs=VALUE)?")  # fmt: skip
     user_error(capsys, main, ["--MAX_STEPS", "1"], "did you mean --max_steps")
+    user_error(capsys, main, ["--lr", "1e-4"], "unknown setting --lr: the setting is learning_rate (learning_rate=VALUE)")
     user_error(capsys, main, ["MAX_STEPS=1"], "unknown config key 'MAX_STEPS'; did you mean max_steps?")
 
 
@@ -435,3 +441,13 @@ def test_transformers_flags_are_answered_wherever_they_stand(capsys):
 def test_a_checkpoint_named_the_trainers_way_gets_the_apps_name(spec, hint, small_text_data, tmp_path, capsys):
     line = user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "run", f"resume_from_checkpoint={spec}"))
     assert line.endswith(f"checkpoint not found: {spec}{hint}")
+
+
+def test_model_config_keys_beside_a_pretrained_model_say_what_model_config_is():
+    """model_config.hidden_dropout_prob=0.2 with the MiniLM: the user meant to change the pretrained
+    model's config; the line says model_config builds a new model, and where its dropout is set."""
+    with pytest.raises(UserError, match=r"^model_config.hidden_dropout_prob beside model_name_or_path: model_config "
+                                        r"builds a new model .* its dropout is set with dropout=0.2$"):  # fmt: skip
+        load_config(None, ["model_config.hidden_dropout_prob=0.2"])
+    with pytest.raises(UserError, match=r"^model_config needs a model_type"):
+        load_config(None, ["model_name_or_path=null", "model_config.hidden_size=32"])

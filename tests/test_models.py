@@ -188,6 +188,9 @@ def test_frozen_embeddings_of_a_model_built_at_random_are_said(small_text_data, 
         capsys.readouterr().err)
     main(tiny_text_args(small_text_data, tmp_path / "b", "max_steps=1"))
     assert "freeze_embeddings" not in capsys.readouterr().err
+    main(tiny_text_args(small_text_data, tmp_path / "c", "max_steps=1", "peft={r: 4}"))  # LoRA: the same
+    assert "warning: peft (LoRA) freezes every weight but its adapters and the head of a model built at random" in (
+        capsys.readouterr().err)
 
 
 @pytest.mark.parametrize(

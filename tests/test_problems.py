@@ -524,6 +524,10 @@ def test_multi_label_items_that_join_several_labels_are_named_once(tmp_path, cap
          "label column 'label' holds '-' (6 of 30 samples) beside the classes contradiction, entailment, neutral: "
          "SNLI's mark for no gold label"),
         (["-1", "0", "1"] * 10, None),  # a third of the samples: a class (negative, neutral, positive)
+        (["pos", "neg", "pos", "neg", "nan"] * 6,  # pandas' astype(str) of an empty cell
+         "label column 'label' holds 'nan' (6 of 30 samples) beside the classes neg, pos: an empty cell written as "
+         "text"),
+        (["pos", "neg", "none"] * 10, None),  # "none" is a class name people give
     ],
 )  # fmt: skip
 def test_a_no_label_mark_among_the_classes_is_named(labels, said, tmp_path, capsys):

@@ -148,37 +148,41 @@ def test_trial_0_is_the_recipes_own_settings_run_as_the_recipe_runs(small_text_d
 
 
 @pytest.mark.parametrize(
-    ("curve", "greater", "rate", "expected"),
+    ("curve", "greater", "own", "expected"),
     [
-        ([0.6, 0.7, 0.8], True, 1e-4, 3e-4),  # still improving: 3x higher
-        ([0.6, 0.8, 0.7], True, 1e-4, 1e-4 / 3),  # best before its end: 3x lower
-        ([0.30, 0.25, 0.20], False, 1e-4, 3e-4),  # a loss-like metric still falling: improving
-        ([0.30, 0.20, 0.25], False, 1e-4, 1e-4 / 3),
-        ([0.6, 0.7], True, 5e-4, 1e-3),  # never past the space's range
-        ([0.7], True, 1e-4, None),  # one evaluation tells nothing
-        ([0.6, 0.7], True, 1e-3, None),  # at the range's end already
+        ([0.6, 0.7, 0.8], True, {"per_device_train_batch_size": 32}, {"per_device_train_batch_size": 16}),  # improving
+        ([0.6, 0.8, 0.7], True, {"learning_rate": 3e-4}, {"learning_rate": 1e-4}),  # best before its end
+        ([0.30, 0.25, 0.20], False, {"per_device_train_batch_size": 16}, {"per_device_train_batch_size": 8}),  # mse falling
+        ([0.30, 0.20, 0.25], False, {"learning_rate": 3e-4}, {"learning_rate": 1e-4}),
+        ([0.6, 0.7], True, {"per_device_train_batch_size": 8}, None),  # no smaller batch in the space
+        ([0.6, 0.7], True, {"per_device_train_batch_size": 24}, None),  # 12: not a batch the space holds
+        ([0.6, 0.7], True, {"learning_rate": 1e-4}, None),  # the batch is not searched
+        ([0.7, 0.6], True, {"learning_rate": 2e-5}, None),  # a third would leave the range
+        ([0.7], True, {"per_device_train_batch_size": 32}, None),  # one evaluation tells nothing
     ],
 )
-def test_trial_1s_rate_follows_trial_0s_curve(curve, greater, rate, expected):
-    from finetune.search import the_next_rate
+def test_trial_1s_change_follows_trial_0s_curve(curve, greater, own, expected):
+    from finetune.search import the_next_step
 
-    step = the_next_rate(rate, curve, greater)
+    step = the_next_step(own, curve, greater)
     assert (step if step is None else pytest.approx(step[0])) == expected
 
 
-def test_trial_1_is_the_recipes_settings_at_the_rate_trial_0s_curve_points_to(small_text_data, tmp_path, capsys):
+def test_trial_1_is_the_recipes_settings_with_the_change_trial_0s_curve_points_to(small_text_data, tmp_path, capsys):
     out = tmp_path / "search"
-    search(["--budget", "300", "--trials", "2", "--space", "learning_rate,num_train_epochs",
-            *tiny_text_args(small_text_data, out), "per_device_train_batch_size=12", "learning_rate=3e-4",
+    search(["--budget", "300", "--trials", "2", "--space", "learning_rate,per_device_train_batch_size,num_train_epochs",
+            *tiny_text_args(small_text_data, out), "per_device_train_batch_size=16", "learning_rate=3e-4",
             "num_train_epochs=2"])  # fmt: skip
     records = [json.loads(line) for line in (out / "trial-0" / "metrics.jsonl").read_text().splitlines()]
     curve = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
     assert len(curve) == 2
     improving = curve[-1] == max(curve)
     study = optuna.load_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}")
-    assert study.trials[1].params == {"learning_rate": pytest.approx(9e-4 if improving else 1e-4), "num_train_epochs": 2}
+    changed = {"per_device_train_batch_size": 8} if improving else {"learning_rate": pytest.approx(1e-4)}
+    assert study.trials[1].params == {"learning_rate": 3e-4, "per_device_train_batch_size": 16, "num_train_epochs": 2,
+                                      **changed}  # fmt: skip
     said = "was still improving at its last evaluation" if improving else "was best before its end"
-    assert f"trial 1 (trial 0 {said}: its settings at learning_rate" in capsys.readouterr().out
+    assert f"trial 1 (trial 0 {said}: its settings at" in capsys.readouterr().out
 
 
 def test_the_recipes_own_values_are_those_the_space_can_hold():
