@@ -548,7 +548,7 @@ def apply_learning_rate(optimizer, scheduler, manifest: dict[str, Any], learning
 
 
 # What makes a run what it is: the data order (seed, grouping, the samples), what a sample is (its
-# columns, max_length, the held-out share, the image augmentation), the model built from a config
+# columns, max_length, the tokenizer or image processor, the held-out share, the image augmentation), the model built from a config
 # (model_config), the weights that train (freezing, LoRA), the loss and labels (task, problem type,
 # subword labels, label smoothing, class weights) and what "best" means. A resume keeps them all; one
 # that differs is named, with the checkpoint's value.
@@ -557,7 +557,7 @@ FIXED_ON_RESUME = ("task", "problem_type", "model_config", "seed", "group_by_len
                    "freeze_layers", "peft", "label_all_tokens", "max_length", "text_column", "text_pair_column",
                    "image_column", "tokens_column", "tags_column", "label_column", "label_columns",
                    "validation_split_percentage", "random_flip", "augment", "label_smoothing", "class_weights",
-                   "metric_for_best_model", "greater_is_better")  # fmt: skip
+                   "metric_for_best_model", "greater_is_better", "tokenizer_name", "image_processor_name")  # fmt: skip
 # Settings that say where and how the processes run, not what is trained (or that are checked apart:
 # label_names with the labels, the samples by their count): a resume changes them without a word.
 # Any other setting may change on a resume (learning_rate, weight_decay, dropout, max_steps, the cadences
@@ -620,6 +620,9 @@ def check_resume_compatible(
             continue
         if key == "problem_type" and saved is None:
             saved = "single_label_classification"
+        if key in ("tokenizer_name", "image_processor_name") and saved and now and Path(saved).is_dir() \
+                and Path(now).is_dir() and Path(saved).resolve() == Path(now).resolve():
+            continue  # one folder, by another path (relative, absolute)
         if saved != now and isinstance(saved, dict) and isinstance(now, dict):  # model_config, peft: the sub-key
             sub = next(k for k in sorted({*saved, *now}, key=str) if saved.get(k) != now.get(k))
             key, saved, now = f"{key}.{sub}", saved.get(sub), now.get(sub)

@@ -1240,7 +1240,7 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
             misspelt = _misspelt_class(label_names, counts, args.label_names)
             if not looks and misspelt:
                 looks = f"{misspelt} fix that label in the data"
-            if not looks and len(label_names) * 2 > len(raw["train"]) and single * 2 > len(label_names):
+            if not looks and len(label_names) * 2 > len(raw["train"]) >= 10 and single * 2 > len(label_names):
                 # an id or a text column as the label?
                 looks = (f"{len(label_names)} classes for {len(raw['train'])} samples, most with one sample each: is "
                          f"'{args.label_column}' an id or a text column? set label_column to the column of classes")
@@ -1254,6 +1254,8 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
             if not looks and args.validation_split_percentage < 1:  # 0.5 meant as a share: half a percent
                 looks = (f"validation_split_percentage={args.validation_split_percentage:g} is a percentage: it holds "
                          f"out {args.validation_split_percentage:g}% of the samples; for half of them write 50")
+            if not looks and len(raw["train"]) < 10:  # a few rows to try the app (an id column needs more to tell)
+                looks = f"{len(raw['train'])} training samples: too few to hold out one of each class"
             raise UserError(
                 f"cannot hold out a stratified validation split: {first_line(e)}{f' ({looks})' if looks else ''}"
                 "; give a validation_file, or enough samples of every class (2 or more) and a "
@@ -1368,6 +1370,9 @@ def load_path(path: Path, args: DataArgs) -> DatasetDict:
     """What `--data` names: a file (one split, "data"), a folder of data files named by split
     (train.csv, test.jsonl, ...), or an image folder (<dir>/<split>/<label>/<image>)."""
     columns = (args.tokens_column, args.tags_column)
+    if path.is_file() and path.suffix.lower() in (*_image_suffixes(), *UNREADABLE_PHOTOS):
+        raise UserError(f"--data {path} is one image; give a folder of images (an image folder: a subfolder per "
+                        "class, as in training)")  # fmt: skip
     if path.is_file():
         return load_raw({"data": str(path)}, None, None, None, require_train=False, conll_columns=columns)
     named = {

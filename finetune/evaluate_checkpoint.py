@@ -571,6 +571,10 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     """A file, or a folder (an image folder, or data files named by split), with the run's columns."""
     path = Path(data).expanduser()  # it exists: checked with the other arguments
     loaded = load_path(path, args)  # training's own loader: the same formats, the same one-line errors
+    if path.is_dir() and split is None and len(loaded) > 1 and not {"test", "validation"} & set(loaded):
+        shown = ", ".join(list(loaded)[:5])  # a.csv and b.csv: two parts of one set, or two sets? not the first alone
+        raise UserError(f"--data {data} holds {len(loaded)} data sets not named by split ({shown}); pass --split with "
+                        "one of them, or one file as --data (a file each time to score each)")  # fmt: skip
     name = "data" if path.is_file() else _pick_split(list(loaded), split, f"--data {data}")
     what = f"--data {data}" + (f" [{name}]" if path.is_dir() else "")
     ds = loaded[name]
@@ -592,6 +596,11 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
                     f"it, pass {key}={twin}; to predict without labels, rename or drop that column"
                 )
         names = list(args.label_names or [])
+        unread = _unread_label_column(ds, args, names)
+        if unread is not None:  # the model's labels under another column name: labels, not data to predict
+            column, holds = unread
+            raise UserError(f"column '{column}' of {what} holds {holds}; to score it, pass label_column={column}; to "
+                            "predict without labels, rename or drop that column")  # fmt: skip
         if args.problem_type == MULTI and not args.label_columns and names and set(names) <= set(ds.column_names):
             listed = ",".join(names)  # a 0/1 column a label, named as the model's labels: labels, not inputs
             raise UserError(
@@ -621,6 +630,32 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     }
     stem = path.stem if path.is_file() or len(loaded) == 1 else f"{path.name}-{name}"
     return ds, f"{stem}-{info['data_sha256'][:8]}", info
+
+
+# Column names that hold a data set's targets (a regression's numbers among them).
+TARGET_NAMES = ("label", "labels", "score", "scores", "target", "targets", "y", "rating", "ratings", "similarity",
+                "relatedness_score", "class", "category", "sentiment", "gold_label", "value")  # fmt: skip
+
+
+def _unread_label_column(ds: HFDataset, args: DataArgs, names: list[str]) -> tuple[str, str] | None:
+    """A column the model's label column is not, that holds its labels: single-label classes that are all
+    the model's (`sentiment` holding neg/pos), or a regression's numbers under a target's name (`label`
+    beside a model that reads `score`). (The column, what it holds), or None."""
+    inputs = {c for c in (args.text_column, args.text_pair_column, args.image_column, args.tokens_column) if c}
+    for column in (c for c in ds.column_names if c not in inputs):
+        values = [v for v in ds[column] if v is not None]
+        if not values:
+            continue
+        if args.problem_type == REGRESSION:
+            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+            if numbers and column.lower() in TARGET_NAMES:
+                return column, f"numbers, as the model's target '{args.label_column}' does"
+        elif args.problem_type in (None, SINGLE) and names and len(names) > 1:
+            plain = all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in values)
+            shown = {str(v).strip() for v in values}
+            if plain and len(shown) > 1 and shown <= set(names):
+                return column, f"the model's classes ({', '.join(sorted(shown)[:5])})"
+    return None
 
 
 def _float_class_ids(ds: HFDataset, args: DataArgs, what: str) -> HFDataset:

@@ -334,6 +334,9 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     base, samples = _resolved(load_config(recipe, overrides))  # the problem type and its metric, from the data
     _check_space_applies(space, base, _layers(base))
     if base.max_steps is not None:  # max_steps decides the length: epochs would change nothing
+        if "num_train_epochs" in space and space != list(SPACE) and _main_process():  # asked for by name
+            warn(f"max_steps={base.max_steps} decides each trial's length, so num_train_epochs is not searched; to "
+                 "search it, set max_steps=null")  # fmt: skip
         space = [name for name in space if name != "num_train_epochs"]
     out, metric = Path(base.output_dir), base.metric_for_best_model
     study, refusal = None, None  # process 0 decides, and every process stops on its refusal (no hang)

@@ -377,6 +377,24 @@ def test_settings_that_define_the_data_or_the_loss_are_fixed_on_resume(key, valu
     assert f"the checkpoint was trained with {shown}, this run has {key}=" in str(refused.value)
 
 
+def test_a_resume_with_another_tokenizer_is_refused_and_the_same_by_another_path_is_not(saved_run, monkeypatch):
+    """The tokenizer says what a sample is: another one is refused; the same folder given relative to
+    the working directory instead of absolute is the same tokenizer."""
+    import os
+
+    from finetune.config import config_from_dict
+    from finetune.errors import UserError
+
+    manifest = ckpt.read_manifest(ckpt.list_checkpoints(saved_run[1])[-1])
+    saved = manifest["config"]["tokenizer_name"]
+    other = config_from_dict({**manifest["config"], "tokenizer_name": "bert-base-cased"}, saved=True)
+    with pytest.raises(UserError, match=f"trained with tokenizer_name={saved}, this run has tokenizer_name="):
+        ckpt.check_resume_compatible(manifest, other, 1, manifest["label_names"], 37, fsdp=False)
+    monkeypatch.chdir(Path(saved).parent)
+    relative = config_from_dict({**manifest["config"], "tokenizer_name": os.path.basename(saved)}, saved=True)
+    ckpt.check_resume_compatible(manifest, relative, 1, manifest["label_names"], 37, fsdp=False)
+
+
 def test_a_resume_with_another_model_config_names_the_sub_key(saved_run):
     """The run built its model from a config; the resume gives the same config with a wider layer: the line
     names the sub-key and both values, not damaged weights; the same config resumes."""

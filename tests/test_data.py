@@ -296,6 +296,7 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
                                                     "(stars, grades), problem_type=regression predicts them"),
     ([f"row-{i}" for i in range(12)], "(12 classes for 12 samples, most with one sample each: is 'label' an id or a "
                                       "text column? set label_column to the column of classes)"),
+    (["neg", "pos"], "(2 training samples: too few to hold out one of each class)"),  # not "an id column?"
 ])  # fmt: skip
 def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels, fragment, tmp_path):
     from finetune.config import load_config

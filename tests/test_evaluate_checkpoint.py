@@ -341,6 +341,18 @@ def _manifest_lost(run, tmp_path):
     return str(copy)
 
 
+def _two_unnamed_files(folder):
+    folder.mkdir()
+    for name in ("a", "b"):
+        write_csv(folder / f"{name}.csv", _rows(4, 0))
+    return folder
+
+
+def _one_image(path):
+    PIL.Image.new("RGB", (8, 8)).save(path)
+    return path
+
+
 def _incomplete(run, tmp_path):
     copy = tmp_path / "step-00000099"
     shutil.copytree(run["checkpoint"], copy, ignore=shutil.ignore_patterns("eval"))
@@ -371,6 +383,9 @@ def _incomplete(run, tmp_path):
         ),
         ("label_columns_on_single", "label_columns (0/1 columns, one per label) is multi-label data, and this model "
                                     "was trained for single_label_classification: give its labels in one column"),
+        ("two_unnamed_files", "holds 2 data sets not named by split (a, b); pass --split with one of them"),
+        ("classes_in_another_column", "holds the model's classes (neg, pos); to score it, pass label_column=sentiment"),
+        ("one_image", "is one image; give a folder of images"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
@@ -396,6 +411,10 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         "foreign_output": [str(run["checkpoint"]), "--output", str(tmp_path / "foreign")],  # its metrics.json is not ours
         "training_setting": [str(run["checkpoint"]), "learning_rate=1e-3"],
         "label_columns_on_single": [str(run["dir"] / "model"), "label_columns=[a,b]"],
+        "two_unnamed_files": [str(run["dir"] / "model"), "--data", str(_two_unnamed_files(tmp_path / "parts"))],
+        "classes_in_another_column": [str(run["dir"] / "model"), "--data", str(write_csv(
+            tmp_path / "s.csv", [{"text": r["text"], "sentiment": r["label"]} for r in _rows(6, 0)]))],  # fmt: skip
+        "one_image": [str(run["dir"] / "model"), "--data", str(_one_image(tmp_path / "cat.png"))],
     }[case]
     with pytest.raises(SystemExit) as exit_info:
         evaluate(args)
@@ -703,3 +722,17 @@ def test_a_pretrained_base_model_is_refused_as_such(pretrained_run, task, tmp_pa
                                          *(["--task", task] if task else [])])  # fmt: skip
     assert f"{base} is a pretrained base model (BertForMaskedLM), not a fine-tuned one: it has no classifier" in line
     assert not (tmp_path / "ev").exists()
+
+
+def test_a_regressions_target_under_a_targets_name_is_named():
+    """A regression model that reads `score`, on a file whose numbers are in `label`: scored on nothing, it
+    would only predict; the column is named, with label_column. An id column of numbers is not a target."""
+    from types import SimpleNamespace
+
+    from finetune.evaluate_checkpoint import _unread_label_column
+
+    args = SimpleNamespace(text_column="text", text_pair_column=None, image_column="image", tokens_column="tokens",
+                           label_column="score", problem_type="regression")  # fmt: skip
+    ds = Dataset.from_dict({"text": ["a", "b"], "idx": [0, 1], "label": [0.5, 3.0]})
+    assert _unread_label_column(ds, args, ["score"]) == ("label", "numbers, as the model's target 'score' does")
+    assert _unread_label_column(ds.remove_columns("label"), args, ["score"]) is None

@@ -247,12 +247,18 @@ def test_a_search_into_a_folder_that_holds_no_search_is_refused(holds, small_tex
     assert ("holds a training run" in line) == (holds == "a finished run")
 
 
-def test_epochs_are_not_searched_when_max_steps_decides_the_length(small_text_data, tmp_path):
+def test_epochs_are_not_searched_when_max_steps_decides_the_length(small_text_data, tmp_path, capsys):
     out = tmp_path / "search"
     record = search(["--budget", "300", "--trials", "1", "--space", "learning_rate,num_train_epochs",
                      *settings(small_text_data, out, "max_steps=2")])  # fmt: skip
     # trial 0, the recipe's: its epochs (the default 3) would otherwise have been drawn, max_steps set
     assert "num_train_epochs" not in record["params"] and "learning_rate" in record["params"]
+    # asked for by name, the epochs dropped from the space are said (the default space: no word)
+    said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning: max_steps=2")]
+    assert said == ["warning: max_steps=2 decides each trial's length, so num_train_epochs is not searched; to "
+                    "search it, set max_steps=null"]  # fmt: skip
+    search(["--budget", "300", "--trials", "1", *settings(small_text_data, tmp_path / "s2", "max_steps=2")])
+    assert "num_train_epochs is not searched" not in capsys.readouterr().err
 
 
 def test_a_study_is_continued_only_with_the_settings_it_was_made_with(small_text_data, tmp_path, capsys):
