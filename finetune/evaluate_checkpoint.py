@@ -869,6 +869,10 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     tuned = getattr(accelerator.unwrap_model(model).config, "multi_label_thresholds", None)
     asked = any(parse_override(item)[0] == "multi_label_threshold" for item in args.overrides)
     threshold = tuned if tuned and not asked else cfg.multi_label_threshold
+    if args.data is not None and labelled and accelerator.is_main_process:
+        _warn_training_data(target, info)
+    if problem == REGRESSION and labelled and args.data is not None and accelerator.is_main_process:
+        _warn_another_scale(target, ds["labels"], name)
     report, predictions = evaluate_with_predictions(model, loader, accelerator, target, problem, keep, threshold)
     if not labelled:  # the placeholder labels score nothing: only what was predicted, and how much
         report = {k: v for k, v in report.items() if k in ("num_samples", "num_sentences", "num_words", "threshold")}
@@ -901,6 +905,41 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     accelerator.print(f"{name}: {said} -> {metrics_file.parent}" + (" (replaced the previous one)" if replaced else ""))
     accelerator.end_training()
     return {**record, "metrics_file": str(metrics_file)}
+
+
+def _warn_training_data(target: Target, info: dict[str, Any]) -> None:
+    """--data that is the run's own training file (its bytes): scores on it say how well the model fits what it
+    trained on, not how it does on data it never saw."""
+    train = Path(target.cfg.train_file).expanduser() if target.cfg is not None and target.cfg.train_file else None
+    if train is not None and train.is_file() and info.get("data_sha256") == sha256_of(train):
+        warn(f"--data {info['data']} is the run's training file: the model trained on these samples, so its scores "
+             "here are higher than on data it never saw; evaluate the test or validation file for those")  # fmt: skip
+
+
+def _warn_another_scale(target: Target, targets: list, name: str) -> None:
+    """Regression targets mostly far outside the range of the run's training targets (trained on 0-5,
+    scored on 0-500): another scale, on which the scores say nothing. Training's own rule (data.py); said
+    where the run and its training data are at hand."""
+    import numpy as np
+
+    if target.cfg is None or not target.cfg.train_file:
+        return
+    try:
+        raw, _ = load_splits(target.cfg.data_args)
+    except (UserError, OSError):  # the run's data moved or changed: nothing to compare with
+        return
+    trained = np.asarray(raw["train"]["labels"], dtype=np.float64).ravel()
+    values = np.asarray(targets, dtype=np.float64).ravel()
+    trained = trained[np.isfinite(trained)]
+    if not len(trained) or not len(values):
+        return
+    lo, hi = float(trained.min()), float(trained.max())
+    span = max(hi - lo, 1e-12)
+    far = values[(values < lo - span) | (values > hi + span)]
+    if len(far) * 2 >= len(values):
+        warn(f"{len(far)} of the {len(values)} targets of {name} lie far outside the training targets' range {lo:g} "
+             f"to {hi:g} (e.g. {far[0]:g}): another scale (0-5 against 0-500)? the model predicts on the training "
+             "scale; put the targets on it")  # fmt: skip
 
 
 def metrics_path(output: str | None, target: Target, name: str) -> Path:

@@ -475,6 +475,14 @@ def test_regression_targets_of_another_scale_in_validation_are_warned_of(tmp_pat
     data["validation"] = write_jsonl(tmp_path / "v2.jsonl", validation)
     main(tiny_text_args(data, tmp_path / "run2", "label_column=score", "max_steps=1"))
     assert "far outside" not in capsys.readouterr().err
+    # the export evaluated on other data of the other scale: the same rule, against the run's training targets
+    other = write_jsonl(tmp_path / "x100.jsonl", [{**r, "score": r["score"] * 100 + 500} for r in validation])
+    evaluate_main([str(tmp_path / "run2" / "model"), "--data", str(other)])
+    assert "targets of x100-" in capsys.readouterr().err
+    evaluate_main([str(tmp_path / "run2" / "model"), "--data", str(data["validation"])])
+    assert "far outside" not in capsys.readouterr().err
+    evaluate_main([str(tmp_path / "run2" / "model"), "--data", str(data["train"])])  # its own training file
+    assert "is the run's training file: the model trained on these samples" in capsys.readouterr().err
 
 
 def test_a_regression_target_far_from_the_others_is_named_once(capsys):
