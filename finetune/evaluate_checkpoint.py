@@ -609,6 +609,11 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
             )
     check_columns(ds, what, args, labelled, model_task=True)
     if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError
+        inner = getattr(ds.features.get(args.tags_column), "feature", None)
+        if args.tags_column in ds.column_names and getattr(inner, "dtype", "").startswith("int") and args.label_names:
+            shown = ", ".join(f"{i}={t}" for i, t in enumerate(args.label_names[:5]))
+            warn(f"the tags of {what} are numbers, read as the model's tags at those places ({shown}, ...); if the "
+                 "data numbers its tags in another order, the scores are wrong: write the tags as names")  # fmt: skip
         ds = _float_class_ids(ds, args, what)
         if args.problem_type == MULTI and not args.label_columns and args.label_column in ds.column_names:
             warn_repeated_labels(ds[args.label_column], args.label_column, what)

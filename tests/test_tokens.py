@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DATA, REPO, TINY_BERT, TOKENIZER, launch, user_error
+from conftest import DATA, REPO, TINY_BERT, TOKENIZER, launch, user_error, write_jsonl
 from datasets import ClassLabel, Dataset, Sequence
 from safetensors.torch import load_file
 
@@ -883,3 +883,20 @@ def test_a_conll_file_named_tsv_is_told_to_be_named_conll(tmp_path, capsys):
         path.write_text(body * 4)
         line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"))
         assert line.endswith(f"(its first line of words is {first!r}): a CoNLL file; name it {path.stem}.conll"), line
+
+
+def test_tags_given_as_numbers_to_an_evaluation_are_read_by_place_with_one_warning(tagging, tmp_path, capsys):
+    """The Hub's habit, tags as ids: read as the model's tags at those places, which is right only if the
+    data numbers its tags in the model's order; one warning says so and how to be sure."""
+    out = tmp_path / "run"
+    main(tagging_args(tagging, out, "max_steps=1"))
+    id2label = json.loads((out / "model" / "config.json").read_text())["id2label"]
+    to_id = {name: int(i) for i, name in id2label.items()}
+    rows = [json.loads(line) for line in tagging["validation"].read_text().splitlines()]
+    ids = write_jsonl(tmp_path / "ids.jsonl", [{**r, "ner_tags": [to_id[t] for t in r["ner_tags"]]} for r in rows])
+    capsys.readouterr()
+    by_id = evaluate([str(out / "model"), "--data", str(ids), "--output", str(tmp_path / "by-id")])
+    assert f"are numbers, read as the model's tags at those places (0={id2label['0']}, " in capsys.readouterr().err
+    by_name = evaluate([str(out / "model"), "--data", str(tagging["validation"]), "--output", str(tmp_path / "by-name")])
+    assert by_id["word_accuracy"] == by_name["word_accuracy"]
+    assert "are numbers" not in capsys.readouterr().err
