@@ -861,6 +861,11 @@ def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str
     unseen = sorted(seen - set(to_id))
     if unseen:
         near = _near_misses(unseen, label_names)
+        ids = seen == {str(i) for i in range(len(seen))} and len(seen) <= len(label_names)
+        if not near and ids and not set(seen) & set(to_id):  # 0/1 for a model of neg/pos: class ids, its order?
+            shown = ", ".join(f"{i} is {n}" for i, n in enumerate(label_names[: len(seen)]))
+            near = (f"; the labels are class ids and the model's classes are names: write the names in the data "
+                    f"(in the model's order, {shown})")  # fmt: skip
         raise UserError(f"{split} labels {unseen[:5]} were not seen in training (known: {', '.join(label_names)})"
                         + (near or "; a model predicts only the labels it was trained on: relabel or drop those "
                                    "rows, or train with them"))  # fmt: skip
@@ -1016,8 +1021,13 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             spare = [c for c in ds.column_names if c not in (*label_columns, *inputs, *args.label_sources)
                      and len(ds) and isinstance(ds[0][c], str)]  # fmt: skip
             train_has = train_columns is not None and column in train_columns  # then the split's name is wrong
+            missing = [c for c in inputs if c not in ds.column_names]
             if column in inputs and other == args.task and len(spare) == 1 and not train_has:  # "sentence", not "text"
                 hint += f"; if '{spare[0]}' is that column, set {_setting_of(column, args)}={spare[0]}"
+            elif column in inputs and other == args.task and len(missing) == len(spare) == 2 and not train_has:
+                # premise/hypothesis for a model of sentence1/sentence2: the pair under other names, in order
+                hint += (f"; if '{spare[0]}' and '{spare[1]}' are the pair, set {_setting_of(missing[0], args)}="
+                         f"{spare[0]} {_setting_of(missing[1], args)}={spare[1]}")
             others = [c for c in ds.column_names if c not in (*label_columns, *inputs, *args.label_sources)]
             headed = next((c for c in ds.column_names if c in {str(v) for v in ds[c][:1000]}), None)
             if headed is not None and not hint:  # "neg" a column's name and one of its values: a file without header

@@ -354,6 +354,23 @@ def _entries_not_of_a_run(run: RunDir, evaluations: bool) -> list[Path]:
     return found
 
 
+def _evaluations_of_kept_models(run: RunDir) -> list[tuple[Path, Path]]:
+    """The folders of eval/ that hold the evaluation of a model an overwrite does not replace (model/ renamed
+    model_v1 to keep it, then evaluated): (the folder, the model)."""
+    evals, kept = run.root / EVAL, []
+    replaced = [run.checkpoints.resolve(), run.model.resolve(), run.adapter.resolve()]
+    for metrics in sorted(evals.glob(f"*/{EVAL_METRICS}")) if evals.is_dir() and not evals.is_symlink() else []:
+        try:
+            spec = json.loads(metrics.read_text()).get("checkpoint")
+        except (OSError, ValueError, AttributeError):
+            continue
+        model = Path(spec) if isinstance(spec, str) and spec else None
+        where = model.resolve() if model is not None and model.is_dir() else None
+        if where is not None and not any(where == r or r in where.parents for r in replaced):
+            kept.append((metrics.parent, model))
+    return kept
+
+
 def check_only_run_entries(run: RunDir, evaluations: bool = True) -> None:
     """overwrite_output_dir=true over a run moves its checkpoints/ and model/ (and adapter/, and eval/ with
     the replaced model's evaluations: `evaluations`, an overwrite, not a resume) aside whole and
@@ -368,6 +385,12 @@ def check_only_run_entries(run: RunDir, evaluations: bool = True) -> None:
                 f"output_dir {run.root} holds {name}, a file no run of this app wrote; overwrite_output_dir=true "
                 f"sets the earlier run aside under that name: move or rename {path}, then run again"
             )
+    kept = _evaluations_of_kept_models(run) if evaluations else []
+    if kept:  # model/ renamed to keep it: its evaluations went to the run's eval/, which the overwrite replaces
+        folder, model = kept[0]
+        raise UserError(f"output_dir {run.root} holds {folder}, the evaluation of {model}, which the overwrite keeps "
+                        "(no run of this app wrote it there) but would delete with the replaced run's eval/: move "
+                        f"{folder} out of {run.root / EVAL}, then run again")  # fmt: skip
     found = _entries_not_of_a_run(run, evaluations)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""

@@ -210,6 +210,11 @@ def test_a_pair_model_scored_on_single_texts_says_so(tmp_path, capsys):
     assert "warning: text_pair_column=null: this model was trained on sentence pairs (text_pair_column=hypothesis)" \
         in capsys.readouterr().err
     assert (tmp_path / "eval" / "metrics.json").is_file()
+    # the pair under other names (sentence1/sentence2 for a premise/hypothesis model): both named, in order
+    other = write_csv(tmp_path / "s12.csv", [{"sentence1": r["premise"], "sentence2": r["hypothesis"],
+                                              "label": r["label"]} for r in rows])  # fmt: skip
+    user_error(capsys, evaluate, [str(tmp_path / "run" / "model"), "--data", str(other)],
+               "if 'sentence1' and 'sentence2' are the pair, set text_column=sentence1 text_pair_column=sentence2")
 
 
 def test_predictions_carry_the_text_and_its_pair(run, tmp_path, capsys):
@@ -386,6 +391,8 @@ def _incomplete(run, tmp_path):
         ("two_unnamed_files", "holds 2 data sets not named by split (a, b); pass --split with one of them"),
         ("classes_in_another_column", "holds the model's classes (neg, pos); to score it, pass label_column=sentiment"),
         ("one_image", "is one image; give a folder of images"),
+        ("ids_for_names", "the labels are class ids and the model's classes are names: write the names in the data "
+                          "(in the model's order, 0 is neg, 1 is pos)"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
@@ -415,6 +422,8 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         "classes_in_another_column": [str(run["dir"] / "model"), "--data", str(write_csv(
             tmp_path / "s.csv", [{"text": r["text"], "sentiment": r["label"]} for r in _rows(6, 0)]))],  # fmt: skip
         "one_image": [str(run["dir"] / "model"), "--data", str(_one_image(tmp_path / "cat.png"))],
+        "ids_for_names": [str(run["dir"] / "model"), "--data", str(write_csv(
+            tmp_path / "ids.csv", [{"text": r["text"], "label": ["neg", "pos"].index(r["label"])} for r in _rows(6, 0)]))],  # fmt: skip
     }[case]
     with pytest.raises(SystemExit) as exit_info:
         evaluate(args)

@@ -320,6 +320,24 @@ def test_overwrite_refuses_a_run_whose_folders_hold_files_of_the_user_s(finished
     user_error(capsys, main, argv, "eval/test/thoughts.md", "the run replaces eval/ whole", untouched=copy)
 
 
+def test_overwrite_refuses_to_delete_the_evaluation_of_a_model_it_keeps(finished_run, tmp_path, capsys):
+    """model/ renamed model_v1 to keep it, then evaluated (into the run's eval/): the overwrite keeps model_v1
+    but would delete its evaluation with the replaced run's eval/. Refused, naming both; with the
+    evaluation moved out, the overwrite goes on and model_v1 stays."""
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    (copy / "model").rename(copy / "model_v1")
+    evaluate([str(copy / "model_v1"), "--data", str(finished_run.data()["validation"])])
+    evaluated = next((copy / "eval").glob("*/metrics.json")).parent
+    argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, "overwrite_output_dir=true")
+    user_error(capsys, main, argv, f"holds {evaluated}, the evaluation of ", "model_v1, which the overwrite keeps",
+               untouched=copy)  # fmt: skip
+    shutil.move(evaluated, tmp_path / "kept-eval")
+    main(argv)
+    assert (copy / "model_v1" / "config.json").is_file() and (tmp_path / "kept-eval" / "metrics.json").is_file()
+
+
 def test_overwrite_refuses_a_file_of_the_users_where_it_sets_the_run_aside(finished_run, tmp_path, capsys):
     """A file named .previous-run (or .previous-run.tmp) in a run's folder: the overwrite would move the run
     into a folder there and fail half-way, the run's files stranded. Refused before anything moves."""
