@@ -27,7 +27,10 @@ threshold tuned globally), run with the recipe's evaluations: a budget that hold
 ends with at least its model, and the best trial is never worse on validation. Trial 1 is the same
 settings with one change chosen from trial 0's curve (`the_next_step`: half the batch if it was still
 improving at its last evaluation, a third of the learning rate if it was best before its end);
-optuna's sampler draws the rest.
+optuna's sampler draws the rest. The last of the budget, where it holds less than two more trials of the
+median length but an epoch or more, trains on from the export of the best trial so far if that one
+was still improving at its end (`_continuation`: a new schedule over the epochs that fit); a
+continuation's recipe is its first trial's settings with the epochs of both.
 
 The budget is wall-clock seconds from the start of the command. Each trial's wall time per epoch it
 ran is measured; where the epochs are searched, a later trial gets no more epochs than the time left
@@ -81,6 +84,9 @@ CUT = "cut_at_budget"  # a pruned trial's user attribute in the study: the budge
 RECIPE = "recipes_own"  # the trial of the recipe's own settings (trial 0, or its run again after a signal)
 RERUN_OF = "run_again_of"  # a trial that runs again the settings of one a signal stopped
 GUIDED = "guided_by"  # trial 1: the recipe's settings with one change, chosen from trial 0's curve
+EXTENDS = "continues"  # a trial that trains on from the export of an earlier one (its number)
+IMPROVING = "improving_at_its_end"  # a finished trial whose curve was still rising (falling, for a loss)
+SETTINGS = "settings"  # a trial's settings in all: for a continuation, its first trial's, with the epochs of both
 STOPPED_BY_A_SIGNAL = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # TrainingStopped's exit codes (errors.py)
 
 
@@ -378,18 +384,26 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     by_epochs = "num_train_epochs" in space and base.max_steps is None  # trials fitted to the time left
     durations: list[float] = []
     epoch_seconds: list[float] = []  # each trial's wall time per epoch it ran (its start-up included)
-    ran = 0
+    ran, extension = 0, None
     while True:
         fits = epochs_that_fit(budget - (time.monotonic() - started), durations, epoch_seconds, by_epochs)
         if _share(fits == 0 or (trials is not None and ran >= trials)):
             break
-        trial = study.ask() if study is not None else None
+        fits, extension = _share((fits, extension))  # process 0's: the clocks of the others differ  # (the trial it continues, its settings, the epochs in all), or None
+        if extension is not None:  # no draw: the continued trial's settings, on from its export
+            trial = study.ask() if study is not None else None
+            if trial is not None:
+                trial.set_user_attr(EXTENDS, extension[0])
+            chosen, continues = {**extension[1], "num_train_epochs": fits}, [
+                f"model_name_or_path={out / f'{TRIAL_PREFIX}{extension[0]}' / MODEL}", "model_config=null"]
+        else:
+            trial = study.ask() if study is not None else None
+            chosen, continues = _share(suggest(trial, base, space, layers, fits) if trial is not None else None), []
         number = _share(trial.number if trial is not None else None)
-        chosen = _share(suggest(trial, base, space, layers, fits) if trial is not None else None)
         run_dir = out / f"{TRIAL_PREFIX}{number}"
         recipes = _share(bool(trial.user_attrs.get(RECIPE)) if trial is not None else None)  # the same evaluations
         evaluations = [] if recipes else _evaluations(chosen, base, samples)
-        cfg = load_config(recipe, [*overrides, *(f"{k}={json.dumps(v)}" for k, v in chosen.items()),
+        cfg = load_config(recipe, [*overrides, *(f"{k}={json.dumps(v)}" for k, v in chosen.items()), *continues,
                                    *evaluations, f"output_dir={run_dir}",
                                    "overwrite_output_dir=true", "push_to_hub_model_id=null"])  # fmt: skip
         began = time.monotonic()
@@ -422,20 +436,53 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
         ran += 1
         if study is not None:
             if state == "complete" and isinstance(value, (int, float)) and math.isfinite(value):
+                trial.set_user_attr(IMPROVING, improving(pruning.curve, base.greater_is_better))
+                trial.set_user_attr(SETTINGS, chosen if extension is None else
+                                    {**extension[1], "num_train_epochs": extension[2] + fits})  # fmt: skip
                 study.tell(trial, value)
             else:
                 trial.set_user_attr(CUT, pruning.cut)
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             again, guided = trial.user_attrs.get(RERUN_OF), trial.user_attrs.get(GUIDED)
             shown = f"trial {number}" + (f" (trial {again}'s settings again)" if again is not None else
-                                         f" ({guided})" if guided else "")  # fmt: skip
+                                         f" ({guided})" if guided else
+                                         f" (trial {extension[0]} was still improving at its end: {fits} more "
+                                         "epoch(s) from its export)" if extension is not None else "")  # fmt: skip
             print(f"{shown}: {chosen} -> {state}" + (f", validation {metric} {value:.4f}"
                                                              if state == "complete" else ""), flush=True)  # fmt: skip
             _keep_only_the_best(out, study)
-            if state == "complete" and trial.user_attrs.get(RECIPE):
-                _guide_trial_1(study, chosen, pruning.curve, base.greater_is_better,
-                               epochs_that_fit(budget - (time.monotonic() - started), durations, epoch_seconds, by_epochs))  # fmt: skip
+            left = budget - (time.monotonic() - started)
+            fits_next = epochs_that_fit(left, durations, epoch_seconds, by_epochs)
+            extension = _continuation(study, out, left, durations, fits_next) if by_epochs else None
+            if extension is None and state == "complete" and trial.user_attrs.get(RECIPE):
+                _guide_trial_1(study, chosen, pruning.curve, base.greater_is_better, fits_next)
+        else:
+            extension = None
     return _finish(out, study, recipe, overrides, started, budget) if study is not None else {}
+
+
+def improving(curve: list[float], greater_is_better: bool) -> bool:
+    """Whether a trial's curve was still improving at its end: its last evaluation its best (of two or more)."""
+    return len(curve) >= 2 and curve[-1] == (max(curve) if greater_is_better else min(curve))
+
+
+def _continuation(study, out: Path, left: float, durations: list[float], fits: int) -> tuple | None:
+    """The last of the budget, where it holds less than two more trials of the median length but one epoch
+    or more: spent training on the best trial so far, from its export (a new schedule over `fits` epochs),
+    if it was still improving at its end; a new trial there would be shorter than the ones before it, and
+    the best one asks for more training. (The trial, its settings, its epochs in all), or None."""
+    import optuna
+
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not complete or fits == 0 or not durations or left >= 2 * sorted(durations)[len(durations) // 2]:
+        return None
+    if any(t.state == optuna.trial.TrialState.WAITING for t in study.trials):  # a queued trial runs first
+        return None
+    best = study.best_trial
+    settings = best.user_attrs.get(SETTINGS)
+    if not best.user_attrs.get(IMPROVING) or not settings or not (out / f"{TRIAL_PREFIX}{best.number}" / MODEL).is_dir():
+        return None
+    return best.number, {k: v for k, v in settings.items() if k != "num_train_epochs"}, settings.get("num_train_epochs", 0)
 
 
 def _guide_trial_1(study, own: dict[str, Any], curve: list[float], greater_is_better: bool, fits: int) -> None:
@@ -459,6 +506,10 @@ def _run_again_what_was_stopped(study) -> None:
     again = {t.user_attrs.get(RERUN_OF) for t in study.trials}
     for t in study.trials:
         if t.state not in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL) or t.number in again:
+            continue
+        if t.user_attrs.get(EXTENDS) is not None:  # a continuation: decided again from the trials' state
+            if t.state == optuna.trial.TrialState.RUNNING:
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             continue
         if t.state == optuna.trial.TrialState.RUNNING:
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
@@ -540,13 +591,16 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
             f"{budget:g} s budget); give a larger --budget"
         )
     best = study.best_trial
+    params = best.user_attrs.get(SETTINGS) or best.params  # a continuation's: its first trial's, all its epochs
     source = load_config(recipe, overrides).to_dict()
-    settings = {**{k: v for k, v in source.items() if v is not None}, **best.params,
-                "output_dir": str(out / "best-run")}  # fmt: skip
+    settings = {**{k: v for k, v in source.items() if v is not None}, **params, "output_dir": str(out / "best-run")}
+    continued = best.user_attrs.get(EXTENDS)
+    note = (f"# Trial {best.number} trained on from trial {continued}'s export, a new schedule over its epochs; this "
+            "recipe trains all of them in one schedule.\n" if continued is not None else "")  # fmt: skip
     (out / BEST_RECIPE).write_text(
         f"# accelerate launch finetune/run.py --config {out / BEST_RECIPE}\n"
         f"# The best of {len(study.trials)} trials of finetune.search (trial {best.number}, validation value "
-        f"{best.value:.4f}): the recipe with the trial's settings.\n" + yaml.safe_dump(settings, sort_keys=False)
+        f"{best.value:.4f}): the recipe with the trial's settings.\n" + note + yaml.safe_dump(settings, sort_keys=False)
     )
     best_model, model = RunDir(out / f"{TRIAL_PREFIX}{best.number}").model, RunDir(out).model
     if best_model.is_dir():  # copied whole beside it first: a full disk leaves the earlier model/, no half copy
@@ -557,12 +611,13 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
         shutil.rmtree(model, ignore_errors=True)
         os.replace(staged, model)
     cut = sum(bool(t.user_attrs.get(CUT)) for t in study.trials)
-    record = {"best_trial": best.number, "value": best.value, "params": best.params, "trials": len(study.trials),
+    record = {"best_trial": best.number, "value": best.value, "params": params, "trials": len(study.trials),
+              "continues": continued,
               "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
               "cut_at_budget": cut, "seconds": seconds, "budget_s": budget,
               "over_budget_s": round(max(0.0, seconds - budget), 1)}  # fmt: skip
     (out / SEARCH_RECORD).write_text(json.dumps(record, indent=2))
-    print(f"best: trial {best.number}, validation {best.value:.4f} with {best.params}; model in {model}, "
+    print(f"best: trial {best.number}, validation {best.value:.4f} with {params}; model in {model}, "
           f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {cut} of them cut "
           f"at the budget; wall time {seconds} s of a {budget:g} s budget)")
     return record

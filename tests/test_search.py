@@ -376,3 +376,54 @@ def test_resume_from_checkpoint_given_to_a_search_is_refused_before_anything_is_
     user_error(capsys, search_main, ["--budget", "60", "resume_from_checkpoint=latest", f"output_dir={out}"],
                "resume_from_checkpoint=latest is not a setting of a search: to continue one, run the same command")
     assert not out.exists()
+
+
+def test_the_last_of_the_budget_continues_the_best_trial_if_it_was_still_improving(tmp_path):
+    """Less than two more median trials left, but an epoch or more: the best trial, if its curve was still
+    rising at its end, trains on from its export; otherwise (or with time for two trials, or its export
+    gone) a new trial is drawn."""
+    from finetune.search import IMPROVING, SETTINGS, _continuation
+
+    def study_of(improving: bool):
+        study = optuna.create_study(direction="maximize")
+        own = {"learning_rate": 1e-4, "num_train_epochs": 3}
+        study.add_trial(optuna.trial.create_trial(value=0.8, user_attrs={IMPROVING: improving, SETTINGS: own}))
+        study.add_trial(optuna.trial.create_trial(value=0.7, user_attrs={IMPROVING: True, SETTINGS: own}))
+        return study
+
+    (tmp_path / "trial-0" / "model").mkdir(parents=True)
+    assert _continuation(study_of(True), tmp_path, 100.0, [90.0], 2) == (0, {"learning_rate": 1e-4}, 3)
+    assert _continuation(study_of(False), tmp_path, 100.0, [90.0], 2) is None  # it had stopped improving
+    assert _continuation(study_of(True), tmp_path, 190.0, [90.0], 2) is None  # two more trials fit: draw
+    assert _continuation(study_of(True), tmp_path, 100.0, [90.0], 0) is None  # not one epoch
+    (tmp_path / "trial-0" / "model").rmdir()
+    assert _continuation(study_of(True), tmp_path, 100.0, [90.0], 2) is None  # no export to train on from
+
+
+def test_a_continuation_trains_on_from_the_trials_export_and_its_recipe_counts_every_epoch(
+    small_text_data, tmp_path, monkeypatch, capsys
+):
+    """The continuation (forced here after trial 0) trains from trial 0's export for the epochs that fit;
+    if it is the best, best_recipe.yaml holds trial 0's settings with the epochs of both."""
+    import finetune.search as search_module
+
+    real = search_module._continuation
+    monkeypatch.setattr(search_module, "_continuation", lambda study, out, left, durations, fits: real(
+        study, out, 0.0 if len(study.trials) == 1 else left, [1.0], 1 if len(study.trials) == 1 else 0))  # fmt: skip
+    out = tmp_path / "search"
+    record = search(["--budget", "300", "--trials", "2", "--space", "learning_rate,num_train_epochs",
+                     *tiny_text_args(small_text_data, out), "per_device_train_batch_size=12", "learning_rate=3e-4",
+                     "num_train_epochs=2"])  # fmt: skip
+    study = optuna.load_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}")
+    first = study.trials[0]
+    if not first.user_attrs["improving_at_its_end"]:
+        pytest.skip("trial 0 of this tiny run was not improving at its end: nothing to continue")
+    trained = yaml.safe_load((out / "trial-1" / "config.yaml").read_text())
+    assert trained["model_name_or_path"] == str(out / "trial-0" / "model") and trained["model_config"] is None
+    more = int(trained["num_train_epochs"])  # as many as the time left holds (the space's 5 here)
+    assert more == 5 and study.trials[1].user_attrs["continues"] == 0
+    assert f"trial 1 (trial 0 was still improving at its end: {more} more epoch(s) from its export)" in \
+        capsys.readouterr().out
+    if record["best_trial"] == 1:
+        best = yaml.safe_load((out / "best_recipe.yaml").read_text())
+        assert best["num_train_epochs"] == 2 + more and best["learning_rate"] == 3e-4 and record["continues"] == 0
