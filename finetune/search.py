@@ -152,8 +152,7 @@ def the_next_step(own: dict[str, Any], curve: list[float], greater_is_better: bo
     optuna draws the trials after it."""
     if len(curve) < 2:
         return None
-    best = max(curve) if greater_is_better else min(curve)
-    if curve[-1] == best:
+    if improving(curve, greater_is_better):
         batch = own.get("per_device_train_batch_size")
         if batch is None or batch % 2 or batch // 2 not in BATCHES:  # a value the space holds
             return None
@@ -389,7 +388,8 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
         fits = epochs_that_fit(budget - (time.monotonic() - started), durations, epoch_seconds, by_epochs)
         if _share(fits == 0 or (trials is not None and ran >= trials)):
             break
-        fits, extension = _share((fits, extension))  # process 0's: the clocks of the others differ  # (the trial it continues, its settings, the epochs in all), or None
+        # Process 0's (the clocks of the others differ); the continuation: (the trial, its settings, its epochs) or None
+        fits, extension = _share((fits, extension))
         if extension is not None:  # no draw: the continued trial's settings, on from its export
             trial = study.ask() if study is not None else None
             if trial is not None:
