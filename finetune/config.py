@@ -793,6 +793,11 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, str) and re.fullmatch(r"[-+]?[0-9][0-9_]*", value.strip()):  # 010, 1_000: base 10
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
+            share = {"warmup_steps": "warmup_ratio", "eval_steps": None, "save_steps": None, "logging_steps": None}
+            if key in share and isinstance(value, float) and 0 < value < 1:  # Trainer reads a float < 1 as a share
+                fix = f"set {share[key]}={value:g}" if share[key] else "give a count of optimizer steps"
+                raise UserError(f"{key}={value:g} is a count of optimizer steps here, not a share of the training "
+                                f"(as transformers' Trainer reads a number below 1): {fix}")  # fmt: skip
             raise UserError(f"{key} must be an integer, got {value!r}")
         return value
     if hint is float:

@@ -451,3 +451,14 @@ def test_model_config_keys_beside_a_pretrained_model_say_what_model_config_is():
         load_config(None, ["model_config.hidden_dropout_prob=0.2"])
     with pytest.raises(UserError, match=r"^model_config needs a model_type"):
         load_config(None, ["model_name_or_path=null", "model_config.hidden_size=32"])
+
+
+def test_a_share_where_a_count_of_steps_goes_names_the_setting_of_the_share():
+    """warmup_steps=0.1: transformers' Trainer reads a number below 1 as a share of the training; here it
+    is a count, and the share has its own setting."""
+    with pytest.raises(UserError, match=r"^warmup_steps=0.1 is a count of optimizer steps here, .*: set warmup_ratio=0.1$"):
+        load_config(None, ["warmup_steps=0.1"])
+    with pytest.raises(UserError, match=r"^eval_steps=0.25 is a count of optimizer steps here, .*: give a count of"):
+        load_config(None, ["eval_steps=0.25"])
+    with pytest.raises(UserError, match=r"^warmup_steps must be an integer, got 2.5$"):
+        load_config(None, ["warmup_steps=2.5"])
