@@ -1013,6 +1013,13 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                     and sum(isinstance(v, str) and bool(A_TAG.fullmatch(v)) for v in tags) * 2 > len(tags)):
                 other = args.task  # a word and its tag on each line, read as a table: CoNLL under another name
                 hint = "; its rows read as a word and its tag on each line: a CoNLL file; name it .conll"
+                if not A_TAG.fullmatch(last.strip()):  # a header (Kaggle's Sentence #,Word,POS,Tag): a table of words
+                    word = next((c for c in ds.column_names[:-1] if all(isinstance(v, str) for v in ds[c][:200])
+                                 and c.strip().lower() in ("word", "words", "token", "tokens", "form")), None)  # fmt: skip
+                    hint = (f"; it is a table with a row per word{f' (the word in {word!r}, ' if word else ' ('}its tag in "
+                            f"{last!r}): a tagging run reads a sentence per row (JSON Lines: a list of words beside a "
+                            "list of tags) or a CoNLL file; group the rows by sentence (pandas: fill the sentence "
+                            "column down, groupby(...).agg(list), to_json(orient='records', lines=True))")  # fmt: skip
             if other != args.task and model_task:  # a model of one task, data of another
                 hint += (f"; these look like {other} data, and the model is a {args.task} model: give it "
                          f"{args.task} data, or evaluate a {other} model on these")

@@ -22,21 +22,24 @@ from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, RunDir, is_hub_name
 from finetune.tasks import task_of
 
 
-def load_error(what: str, name: str, e: Exception) -> UserError:
+def load_error(what: str, name: str, e: Exception, setting: str | None = None) -> UserError:
     """One line for a model, tokenizer or image processor that does not load; under HF_HUB_OFFLINE, a hub
     name gets the hint to download it while online, a local folder not (it is read from disk). A local folder
     that is no such folder at all (a data folder, a run's checkpoint, folder or adapter) is said to be that,
-    with what to give instead, not transformers' first line about it."""
+    with what to give instead, not transformers' first line about it. `setting`: the setting the user gave
+    the name in, where it is not `what`'s own (a tokenizer read from model_name_or_path)."""
+    said = setting or what
     if not is_hub_name(name) and not Path(name).expanduser().exists():
-        return UserError(f"{what} path does not exist: {name}")
+        return UserError(f"{said} path does not exist: {name}")
     weights = Path(name).expanduser() / "model.safetensors"
     if weights.is_dir():
-        return UserError(f"{what} '{name}': its model.safetensors is a folder, not a weights file; put back the "
+        return UserError(f"{said} '{name}': its model.safetensors is a folder, not a weights file; put back the "
                          "file it was saved with, or give another model")
     lacks = _what_the_folder_lacks(what, Path(name).expanduser())
     if lacks:
-        return UserError(f"{what} '{name}' {lacks}")
-    return UserError(f"could not load {what} '{name}': {first_line(e)}{offline_hint(name)}")
+        return UserError(f"{said} '{name}' {lacks}")
+    return UserError(f"could not load {what} '{name}'{f' ({setting})' if setting else ''}: {first_line(e)}"
+                     f"{offline_hint(name)}")
 
 
 # What a folder must hold for each kind of thing loaded from it (any one of them); the first three are named.

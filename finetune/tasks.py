@@ -285,7 +285,7 @@ class TextClassification(Task):
         try:
             return AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
         except (OSError, ValueError) as e:
-            raise load_error("tokenizer", name, e) from None
+            raise load_error("tokenizer", name, e, None if args.tokenizer_name else "model_name_or_path") from None
 
     def load_saved_preprocessor(self, source: str):
         from transformers import AutoTokenizer
@@ -467,7 +467,7 @@ class ImageClassification(Task):
         try:
             return AutoImageProcessor.from_pretrained(name, trust_remote_code=args.trust_remote_code)
         except (OSError, ValueError) as e:
-            raise load_error("image processor", name, e) from None
+            raise load_error("image processor", name, e, None if args.image_processor_name else "model_name_or_path") from None
 
     def load_saved_preprocessor(self, source: str):
         from transformers import AutoImageProcessor

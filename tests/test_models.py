@@ -315,6 +315,15 @@ def test_a_data_folder_as_the_tokenizer_is_one_line_from_the_command(small_text_
     assert not (tmp_path / "o").exists()
 
 
+def test_a_checkpoint_as_the_model_is_named_by_the_setting_the_user_gave(small_text_data, tmp_path, capsys):
+    """model_name_or_path=<run>/checkpoints/step-N, no tokenizer_name: the tokenizer is read from it first,
+    but the line names model_name_or_path, the setting the user gave, not a tokenizer they never set."""
+    step = _a_run_with_a_checkpoint(tmp_path / "run")
+    args = [a for a in tiny_text_args(small_text_data, tmp_path / "o") if not a.startswith(("model_config=", "tokenizer_name="))]
+    line = user_error(capsys, main, [*args, f"model_name_or_path={step}"])
+    assert line.startswith(f"error: model_name_or_path '{step}' is a training-state checkpoint, not a model folder")
+
+
 @pytest.mark.parametrize("model_type, message", [
     ("vit", "model_config.model_type=vit has no text-classification head in transformers "
             "(AutoModelForSequenceClassification); choose a text model such as bert, distilbert, roberta"),

@@ -862,6 +862,16 @@ def test_tagging_data_with_a_number_among_the_words_is_not_read_the_wrong_way_ro
                               f"output_dir={tmp_path / 'o'}"], "word 1 at row 1 is 1990, not a string")  # fmt: skip
 
 
+def test_a_table_with_a_row_per_word_is_told_to_be_grouped_by_sentence(tmp_path, capsys):
+    """Kaggle's NER CSV (Sentence #,Word,POS,Tag; a row per word): not a CoNLL file under another name (its
+    first line is a header), but a table to group into a sentence per row."""
+    path = tmp_path / "ner.csv"
+    path.write_text("Sentence #,Word,POS,Tag\n" + "Sentence: 1,Ada,NNP,B-PER\n,went,VBD,O\n,to,TO,O\n,Paris,NNP,B-LOC\n" * 3)
+    line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"))
+    assert "it is a table with a row per word (the word in 'Word', its tag in 'Tag')" in line and "groupby" in line
+    assert "name it" not in line
+
+
 def test_a_conll_file_named_tsv_is_told_to_be_named_conll(tmp_path, capsys):
     """word<TAB>tag lines with blank lines between sentences, saved as .tsv: read as a table, whose line
     says to name it .conll, not that the data looks like another task's."""
