@@ -1471,6 +1471,13 @@ def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> H
                             "CSV file should be named .csv (a tab-separated one .tsv), words alone to tag (one a "
                             "line) .conll"
                         )
+                    commas = text.split(",")
+                    if len(commas) >= 2 and A_TAG.fullmatch(commas[-1].strip()):  # a CSV of words renamed .conll
+                        raise UserError(
+                            f"{split} file {path} line {number} separates its fields with commas ({text[:60]!r}): a "
+                            "CoNLL file holds a token and its tag separated by a space or a tab; a table of words "
+                            "is a .csv, read as a sentence per row (a list of words beside a list of tags)"
+                        )
                     raise UserError(
                         f"{split} file {path} line {number} has {len(fields)} column(s), {what}; each line holds "
                         "a token and its tag (the tag last), a blank line between sentences"

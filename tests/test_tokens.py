@@ -870,6 +870,10 @@ def test_a_table_with_a_row_per_word_is_told_to_be_grouped_by_sentence(tmp_path,
     line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"))
     assert "it is a table with a row per word (the word in 'Word', its tag in 'Tag')" in line and "groupby" in line
     assert "name it" not in line
+    renamed = tmp_path / "ner.conll"  # then renamed .conll all the same: its commas are named
+    renamed.write_text(path.read_text())
+    user_error(capsys, main, tagging_args({"train": renamed, "validation": renamed}, tmp_path / "run"),
+               "separates its fields with commas", "a token and its tag separated by a space or a tab")
 
 
 def test_a_conll_file_named_tsv_is_told_to_be_named_conll(tmp_path, capsys):
