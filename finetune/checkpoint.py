@@ -113,6 +113,8 @@ def save_checkpoint(accelerator, output_dir: str | Path, step: int, manifest: di
         with agreed(accelerator):
             if accelerator.is_main_process:
                 as_umask_allows(tmp)
+                # What the checkpoint holds, so that a file put in it later is known as not its own (rundir.py)
+                manifest = {**manifest, "files": sorted({*(p.name for p in tmp.iterdir()), MANIFEST, COMPLETE})}
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
                 _fsync_tree(tmp)
                 (tmp / COMPLETE).write_text(str(step))

@@ -958,6 +958,13 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if described is not None:  # an export's config.json, tokenizer_config.json, ...
                 raise UserError(f"the {split} data is one record with the keys of a model's {described}: that file "
                                 "describes a model, it holds no samples; give a data file")  # fmt: skip
+            pixels = [c for c in ds.column_names if re.fullmatch(r"(pixel|px|p)_?\d+|\d+x\d+", c.strip().lower())]
+            if len(pixels) >= 64:  # Kaggle's MNIST-style CSV: an image as a row of pixel columns
+                raise UserError(
+                    f"the {split} data holds images as {len(pixels)} pixel columns ({pixels[0]} ... {pixels[-1]}): this "
+                    "app reads images from files; save each row as a PNG in a folder of its class "
+                    "(<dir>/train/<label>/<n>.png) and give data_dir with an image recipe (finetune/configs/vit_*.yaml)"
+                )
             why = task.missing_label_error(ds, split, args) if column in label_columns else None
             if why:
                 raise UserError(why)

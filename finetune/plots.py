@@ -372,7 +372,10 @@ def _save(fig, path: Path, **kwargs: Any) -> None:
         try:
             # The format from the picture's own name: the staged name's suffix is not read (with none,
             # matplotlib would add ".png" to the staged name and the rename would miss it).
-            fig.savefig(staged, format=kwargs.pop("format", None) or path.suffix[1:].lower() or "png", **kwargs)
+            kind = kwargs.pop("format", None) or path.suffix[1:].lower() or "png"
+            if kind in ("jpg", "jpeg"):  # a JPEG names no drawing program: a comment, for _drawn_by_matplotlib
+                kwargs.setdefault("pil_kwargs", {"comment": b"drawn with matplotlib"})
+            fig.savefig(staged, format=kind, **kwargs)
             os.replace(staged, path)
         except OSError as e:
             staged.unlink(missing_ok=True)
@@ -452,6 +455,25 @@ def _check_png(out: Path) -> None:
     formats = FigureCanvasBase.get_supported_filetypes()
     if out.suffix and out.suffix[1:].lower() not in formats:
         raise UserError(f"cannot write {out}: '{out.suffix}' is not a picture format; use .png (or {', '.join(sorted(formats))})")
+    for folder in out.resolve().parents:  # a run's checkpoints/, model/, adapter/: replaced or deleted whole
+        run = RunDir(folder.parent)
+        if folder in (run.checkpoints, run.model, run.adapter) and run.is_run():
+            raise UserError(f"cannot write {out}: it is inside {folder}, which the run replaces or deletes whole "
+                            f"(checkpoint retention, an export, an overwrite); write it beside the run ({run.curves})")
+    if out.is_file() and not _drawn_by_matplotlib(out):
+        raise UserError(f"{out} exists and is not a picture drawn here (matplotlib's); it is left as it is: give "
+                        "another file name, or move it away first")
+
+
+def _drawn_by_matplotlib(path: Path) -> bool:
+    """Whether a picture file was drawn by matplotlib (this app's curves, or another plot): its PNG Software
+    text, its PDF producer, its SVG comment name it in the first 64 KiB. A photo or a user's file does not."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    return b"matplotlib" in head.lower()
 
 
 @exit_on_user_error

@@ -344,6 +344,14 @@ def _entries_not_of_a_run(run: RunDir, evaluations: bool) -> list[Path]:
     for folder, written in ((run.checkpoints, _CHECKPOINT_NAME), (run.model, _EXPORT_ENTRY), (run.adapter, _EXPORT_ENTRY)):
         if folder.is_dir() and not folder.is_symlink():
             found += [p for p in sorted(folder.iterdir()) if not written.fullmatch(p.name)]
+    if run.checkpoints.is_dir() and not run.checkpoints.is_symlink():  # inside a checkpoint: what it holds
+        for step in sorted(p for p in run.checkpoints.iterdir() if _CHECKPOINT_NAME.fullmatch(p.name) and p.is_dir()):
+            try:
+                own = json.loads((step / MANIFEST).read_text()).get("files")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(own, list):  # a checkpoint saved since the manifest names its files
+                found += [p for p in sorted(step.iterdir()) if p.name not in own]
     evals = run.root / EVAL
     if evaluations and evals.is_dir() and not evals.is_symlink():
         for entry in sorted(evals.iterdir()):

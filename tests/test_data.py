@@ -846,3 +846,16 @@ def test_a_rare_class_one_slip_from_a_common_one_is_said(tmp_path, capsys):
     main(recipe_text_args({"train": tmp_path / "t.csv", "validation": val}, tmp_path / "c", "max_steps=1",
                           "label_names=[negative,positive,positve]"))  # fmt: skip
     assert "misspelling" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", [None, "finetune/configs/vit_fashion_mnist.yaml"])
+def test_images_as_pixel_columns_are_named_as_such(recipe, tmp_path, capsys):
+    """Kaggle's Fashion-MNIST CSV (label, pixel1 ... pixel784), given to a text or an image recipe: one line
+    that names the layout and says how this app reads images, not 785 columns or "set task=..."."""
+    path = tmp_path / "fm.csv"
+    path.write_text("label," + ",".join(f"pixel{i}" for i in range(1, 785)) + "\n"
+                    + "".join(f"{r % 3}," + ",".join(["0"] * 784) + "\n" for r in range(12)))  # fmt: skip
+    args = [*(["--config", str(REPO / recipe), "data_dir=null"] if recipe else []), f"train_file={path}",
+            f"output_dir={tmp_path / 'o'}"]  # fmt: skip
+    line = user_error(capsys, main, args, "holds images as 784 pixel columns (pixel1 ... pixel784)", "data_dir")
+    assert len(line) < 400

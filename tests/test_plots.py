@@ -170,6 +170,20 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
     main([str(listed), str(tmp_path / "c.JPG")])  # the format from the name's suffix, whatever its case
     assert Image.open(tmp_path / "c.JPG").format == "JPEG"
     assert not list(tmp_path.glob(".tmp-*"))
+    for drawn in ("c.png", "c.JPG", "curves.png"):  # drawn again over its own picture: replaced
+        main([str(listed), str(tmp_path / drawn)])
+    photo = tmp_path / "photo.png"  # a picture of the user's: never written over
+    Image.new("RGB", (4, 4)).save(photo)
+    user_error(capsys, main, [str(listed), str(photo)], "exists and is not a picture drawn here", untouched=tmp_path)
+
+
+def test_a_picture_inside_a_runs_checkpoints_or_export_is_refused(finished_run, tmp_path, capsys):
+    """checkpoints/step-N/curves.png: checkpoint retention deletes the folder whole, the picture with it."""
+    run = finished_run.copy(tmp_path / "run", "save_steps=1")
+    step = sorted((run / "checkpoints").iterdir())[-1]
+    for inside in (step / "curves.png", run / "model" / "curves.png"):
+        user_error(capsys, main, [str(run / "metrics.jsonl"), str(inside)], "which the run replaces or deletes whole",
+                   untouched=run)  # fmt: skip
 
 
 def test_a_title_the_font_cannot_draw_is_one_warning_line(tmp_path, capsys):

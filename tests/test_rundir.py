@@ -320,6 +320,19 @@ def test_overwrite_refuses_a_run_whose_folders_hold_files_of_the_user_s(finished
     user_error(capsys, main, argv, "eval/test/thoughts.md", "the run replaces eval/ whole", untouched=copy)
 
 
+def test_a_file_of_the_users_inside_a_checkpoint_is_refused_before_retention_could_delete_it(
+    finished_run, tmp_path, capsys
+):
+    """NOTES.txt put inside checkpoints/step-N: a resume's checkpoint retention deletes step-N whole. The
+    checkpoint's manifest names the files it was saved with; anything else is refused by name."""
+    copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
+    step = sorted((copy / "checkpoints").iterdir())[-1]
+    assert "manifest.json" in json.loads((step / "manifest.json").read_text())["files"]
+    (step / "NOTES.txt").write_text("n")
+    argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, "resume_from_checkpoint=latest", "max_steps=4")
+    user_error(capsys, main, argv, f"{step / 'NOTES.txt'}", "move it out", untouched=copy)
+
+
 def test_overwrite_refuses_to_delete_the_evaluation_of_a_model_it_keeps(finished_run, tmp_path, capsys):
     """model/ renamed model_v1 to keep it, then evaluated (into the run's eval/): the overwrite keeps model_v1
     but would delete its evaluation with the replaced run's eval/. Refused, naming both; with the
