@@ -949,6 +949,17 @@ def _model_file(ds: HFDataset) -> str | None:
     return next((name for name, keys in MODEL_FILES.items() if keys & set(ds.column_names)), None)
 
 
+def _refuse_pixel_columns(ds: HFDataset, split: str) -> None:
+    """Kaggle's MNIST-style CSV (label, pixel1 ... pixel784): images as rows of pixel columns."""
+    pixels = [c for c in ds.column_names if re.fullmatch(r"(pixel|px|p)_?\d+|\d+x\d+", c.strip().lower())]
+    if len(pixels) >= 64:
+        raise UserError(
+            f"the {split} data holds images as {len(pixels)} pixel columns ({pixels[0]} ... {pixels[-1]}): this app "
+            "reads images from files; save each row as a PNG in a folder of its class (<dir>/train/<label>/<n>.png) "
+            "and give data_dir with an image recipe (finetune/configs/vit_*.yaml)"
+        )
+
+
 def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, model_task: bool = False,
                    train_columns: list[str] | None = None) -> None:  # fmt: skip
     task, label_columns, inputs = task_of(args.task), args.label_sources if labelled else [], args.input_columns
@@ -958,13 +969,7 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if described is not None:  # an export's config.json, tokenizer_config.json, ...
                 raise UserError(f"the {split} data is one record with the keys of a model's {described}: that file "
                                 "describes a model, it holds no samples; give a data file")  # fmt: skip
-            pixels = [c for c in ds.column_names if re.fullmatch(r"(pixel|px|p)_?\d+|\d+x\d+", c.strip().lower())]
-            if len(pixels) >= 64:  # Kaggle's MNIST-style CSV: an image as a row of pixel columns
-                raise UserError(
-                    f"the {split} data holds images as {len(pixels)} pixel columns ({pixels[0]} ... {pixels[-1]}): this "
-                    "app reads images from files; save each row as a PNG in a folder of its class "
-                    "(<dir>/train/<label>/<n>.png) and give data_dir with an image recipe (finetune/configs/vit_*.yaml)"
-                )
+            _refuse_pixel_columns(ds, split)
             why = task.missing_label_error(ds, split, args) if column in label_columns else None
             if why:
                 raise UserError(why)

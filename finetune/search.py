@@ -390,15 +390,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             break
         # Process 0's (the clocks of the others differ); the continuation: (the trial, its settings, its epochs) or None
         fits, extension = _share((fits, extension))
-        if extension is not None:  # no draw: the continued trial's settings, on from its export
-            trial = study.ask() if study is not None else None
-            if trial is not None:
-                trial.set_user_attr(EXTENDS, extension[0])
-            chosen, continues = {**extension[1], "num_train_epochs": fits}, [
-                f"model_name_or_path={out / f'{TRIAL_PREFIX}{extension[0]}' / MODEL}", "model_config=null"]
-        else:
-            trial = study.ask() if study is not None else None
-            chosen, continues = _share(suggest(trial, base, space, layers, fits) if trial is not None else None), []
+        trial, chosen, continues = _next_trial(study, extension, fits, base, space, layers, out)
         number = _share(trial.number if trial is not None else None)
         run_dir = out / f"{TRIAL_PREFIX}{number}"
         recipes = _share(bool(trial.user_attrs.get(RECIPE)) if trial is not None else None)  # the same evaluations
@@ -435,21 +427,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             epoch_seconds.append(durations[-1] / (done * float(cfg.num_train_epochs)))
         ran += 1
         if study is not None:
-            if state == "complete" and isinstance(value, (int, float)) and math.isfinite(value):
-                trial.set_user_attr(IMPROVING, improving(pruning.curve, base.greater_is_better))
-                trial.set_user_attr(SETTINGS, chosen if extension is None else
-                                    {**extension[1], "num_train_epochs": extension[2] + fits})  # fmt: skip
-                study.tell(trial, value)
-            else:
-                trial.set_user_attr(CUT, pruning.cut)
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            again, guided = trial.user_attrs.get(RERUN_OF), trial.user_attrs.get(GUIDED)
-            shown = f"trial {number}" + (f" (trial {again}'s settings again)" if again is not None else
-                                         f" ({guided})" if guided else
-                                         f" (trial {extension[0]} was still improving at its end: {fits} more "
-                                         "epoch(s) from its export)" if extension is not None else "")  # fmt: skip
-            print(f"{shown}: {chosen} -> {state}" + (f", validation {metric} {value:.4f}"
-                                                             if state == "complete" else ""), flush=True)  # fmt: skip
+            _tell(study, trial, state, value, pruning, chosen, extension, fits, base.greater_is_better)
             _keep_only_the_best(out, study)
             left = budget - (time.monotonic() - started)
             fits_next = epochs_that_fit(left, durations, epoch_seconds, by_epochs)
@@ -459,6 +437,43 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
         else:
             extension = None
     return _finish(out, study, recipe, overrides, started, budget) if study is not None else {}
+
+
+def _next_trial(study, extension: tuple | None, fits: int, base: TrainConfig, space: list[str], layers: int,
+                out: Path) -> tuple[Any, dict[str, Any], list[str]]:
+    """The next trial (process 0's; None on the others), its settings (every process's) and the settings
+    that make it a continuation: with `extension`, no draw, the continued trial's settings on from its
+    export; else the queued or drawn ones."""
+    trial = study.ask() if study is not None else None
+    if extension is None:
+        return trial, _share(suggest(trial, base, space, layers, fits) if trial is not None else None), []
+    if trial is not None:
+        trial.set_user_attr(EXTENDS, extension[0])
+    export = out / f"{TRIAL_PREFIX}{extension[0]}" / MODEL
+    return trial, {**extension[1], "num_train_epochs": fits}, [f"model_name_or_path={export}", "model_config=null"]
+
+
+def _tell(study, trial, state: str, value, pruning: Pruning, chosen: dict[str, Any], extension: tuple | None,
+          fits: int, greater_is_better: bool) -> None:
+    """The trial's end told to the study (a finished one with its curve's shape and its settings in all),
+    and said in one line."""
+    import optuna
+
+    if state == "complete" and isinstance(value, (int, float)) and math.isfinite(value):
+        trial.set_user_attr(IMPROVING, improving(pruning.curve, greater_is_better))
+        trial.set_user_attr(SETTINGS, chosen if extension is None else
+                            {**extension[1], "num_train_epochs": extension[2] + fits})  # fmt: skip
+        study.tell(trial, value)
+    else:
+        trial.set_user_attr(CUT, pruning.cut)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    again, guided = trial.user_attrs.get(RERUN_OF), trial.user_attrs.get(GUIDED)
+    shown = f"trial {trial.number}" + (f" (trial {again}'s settings again)" if again is not None else
+                                       f" ({guided})" if guided else
+                                       f" (trial {extension[0]} was still improving at its end: {fits} more "
+                                       "epoch(s) from its export)" if extension is not None else "")  # fmt: skip
+    print(f"{shown}: {chosen} -> {state}" + (f", validation {pruning.metric} {value:.4f}"
+                                             if state == "complete" else ""), flush=True)  # fmt: skip
 
 
 def improving(curve: list[float], greater_is_better: bool) -> bool:
