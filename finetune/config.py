@@ -881,6 +881,7 @@ SHORT_NAMES = {
     "checkpoint": "model_name_or_path (to start from a model) or resume_from_checkpoint (to continue a run)",
     "warmup": "warmup_ratio (or warmup_steps)", "grad_accum": "gradient_accumulation_steps",
     "gradient_accumulation": "gradient_accumulation_steps", "accumulation_steps": "gradient_accumulation_steps",
+    "model_type": "model_config.model_type (a model built from a config; a pretrained one: model_name_or_path)",
     "max_len": "max_length", "seq_len": "max_length", "wd": "weight_decay", "out_dir": "output_dir",
 }  # fmt: skip
 
@@ -892,6 +893,9 @@ def _unknown_key(key: str, known: list[str], value: Any = None) -> UserError:
     if dot and head in known:  # model_config.hidden_size written in a recipe: the command line's form
         return UserError(f"unknown config key '{key}': in a recipe write {head}: {{{sub}: ...}} (KEY.SUBKEY=value "
                          "is the command line's form)")  # fmt: skip
+    if key in ("architectures", "_name_or_path", "transformers_version"):  # a model's config.json
+        return UserError(f"unknown config key '{key}': that file is a model's config.json, not a recipe; give the model "
+                         "as model_name_or_path=<its folder>, and a recipe (finetune/configs/) to --config")  # fmt: skip
     if key in ("compute_environment", "distributed_type"):  # an accelerate config given as a recipe
         return UserError(f"unknown config key '{key}': that file is an accelerate config; pass it to accelerate "
                          "launch --config_file, and a recipe (finetune/configs/) to --config")  # fmt: skip
@@ -957,6 +961,11 @@ def parse_override(item: str) -> tuple[str, Any]:
                         "type the option's dashes again")  # fmt: skip
     if not sep and "\uff1d" in item:  # "max_steps＝2": a full-width equals sign
         raise UserError(f"'{item}' has '\uff1d' (U+FF1D, a full-width equals sign), not '='; type it again")
+    if not sep and Path(item).expanduser().is_file() and Path(item).suffix.lower() in (".yaml", ".yml"):
+        raise UserError(f"'{item}' is a file given without its option: a recipe goes after --config ({item})")
+    if not sep and Path(item).expanduser().is_file():  # a data file on its own: which split is it?
+        raise UserError(f"'{item}' is a file given without a key: name its split, train_file={item} (or "
+                        "validation_file=, test_file=)")  # fmt: skip
     if not sep:
         raise UserError(f"expected key=value, got '{item}' (no spaces around '=': learning_rate=3e-5)")
     if not key.strip():

@@ -482,6 +482,13 @@ def load_raw(
                             "give its path (or dataset_name= for a data set on the Hugging Face hub)")  # fmt: skip
         if not Path(path).is_file():
             why = _not_a_file(Path(path))
+            parts = [p.strip() for p in str(path).split(",")]
+            if why == "not found" and len(parts) > 1 and all(Path(p).is_file() for p in parts):  # HF's data_files habit
+                raise UserError(f"{split} file {path} names {len(parts)} files; a split is one file: join them into "
+                                "one (the same columns)")  # fmt: skip
+            if why == "not found" and any(c in str(path) for c in "*?["):  # a glob the shell did not expand
+                raise UserError(f"{split} file {path} is a pattern; a split is one file: give its path (join the "
+                                "matching files into one first)")  # fmt: skip
             relative = "" if Path(path).expanduser().is_absolute() else f" (read from the current folder, {Path.cwd()})"
             raise UserError(f"{split} file not found: {path}{relative}" if why == "not found"
                             else f"{split} file {path} {why}")
@@ -1055,6 +1062,9 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if column == args.label_column and not args.label_columns and other == args.task and len(others) == 1 \
                     and not hint:  # "labels" where the run read "label"  # fmt: skip
                 hint = f"; if '{others[0]}' holds the labels, set label_column={others[0]}"
+            if not hint and train_has and column in label_columns and split in ("validation", "test"):
+                hint = (f"; the {split} split is scored, so it needs its labels; to predict on a file without them: "
+                        "finetune/evaluate_checkpoint.py <output_dir>/model --data <file>")  # fmt: skip
             if not hint and train_has:  # train's passed: this file differs
                 hint = (f"; the train data has '{column}' (columns: {', '.join(train_columns)}): give every split the "
                         "same column names")

@@ -91,7 +91,8 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
                                         r"config"):  # Hydra's key: no far-fetched guess (peft)
         load_config(recipe, ["defaults=[]"])
     for short, setting in [("lr", "learning_rate"), ("epochs", "num_train_epochs"), ("batch_size",
-                           "per_device_train_batch_size"), ("model", "model_name_or_path")]:  # fmt: skip
+                           "per_device_train_batch_size"), ("model", "model_name_or_path"),
+                           ("model_type", "model_config.model_type")]:  # fmt: skip
         with pytest.raises(UserError, match=rf"^unknown config key '{short}': the setting is {setting}"):
             load_config(recipe, [f"{short}=1"])
     # Another tool's nested layout (training_args: {learning_rate: ...}): the fix is to flatten it.

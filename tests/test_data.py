@@ -859,3 +859,21 @@ def test_images_as_pixel_columns_are_named_as_such(recipe, tmp_path, capsys):
             f"output_dir={tmp_path / 'o'}"]  # fmt: skip
     line = user_error(capsys, main, args, "holds images as 784 pixel columns (pixel1 ... pixel784)", "data_dir")
     assert len(line) < 400
+
+
+def test_round_19s_data_mistakes_get_their_own_fix(small_text_data, tmp_path, capsys):
+    """Two files joined with a comma (the Hub's data_files habit), a glob the shell left alone, a data file
+    with no key, a model's config.json as the recipe, and a test file without labels (to predict on)."""
+    train = small_text_data["train"]
+    joined = f"{train},{small_text_data['validation']}"
+    base = [a for a in recipe_text_args(small_text_data, tmp_path / "run") if not a.startswith("train_file=")]
+    user_error(capsys, main, [*base, f"train_file={joined}"], "names 2 files; a split is one file: join them")
+    user_error(capsys, main, [*base, f"train_file={train.parent / '*.csv'}"], "is a pattern; a split is one file")
+    user_error(capsys, main, [*base, str(train)], f"is a file given without a key: name its split, train_file={train}")
+    user_error(capsys, main, [*base, f"train_file={train}", "--config", str(REPO / "data/bert_minilm_l6_uncased/config.json")],
+               "that file is a model's config.json, not a recipe; give the model as model_name_or_path=")  # fmt: skip
+    unlabelled = write_csv(tmp_path / "unlabelled.csv", [{"text": "a film"}, {"text": "another"}], ["text"])
+    user_error(capsys, main, [*base, f"train_file={train}", f"test_file={unlabelled}"],
+               "the test split is scored, so it needs its labels; to predict on a file without them: "
+               "finetune/evaluate_checkpoint.py")  # fmt: skip
+    assert not (tmp_path / "run").exists()
