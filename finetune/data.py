@@ -649,6 +649,13 @@ def _refuse_dangling_link(path: Path) -> None:
                         "left out; fix the link or delete it")
 
 
+def _image_paths(values: list) -> bool:
+    """Whether a column's values are image file paths (nine in ten end in an image suffix)."""
+    suffixes = _image_suffixes()
+    paths = [v for v in values if isinstance(v, str) and Path(v.strip()).suffix.lower() in suffixes]
+    return bool(values) and len(paths) * 10 >= len(values) * 9
+
+
 @functools.cache
 def _image_suffixes() -> set[str]:
     import PIL.Image
@@ -910,6 +917,11 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = Tr
             f"the {split} data holds text that is not UTF-8 ({e.reason}); the file is damaged or in another "
             "encoding: save it again as UTF-8"
         ) from None
+    texts = [c for c in args.input_columns if task_of(args.task).modality == "text" and c in ds.column_names
+             and _image_paths(ds[c][:200])]  # fmt: skip
+    if texts and split == "train":  # a CSV of image paths given to a text recipe: the file names would be learned
+        warn(f"column '{texts[0]}' holds image file paths ({ds[texts[0]][0]}), read as text: the model learns their "
+             f"names, not the pictures; to train on the images, use an image recipe with image_column={texts[0]}")
 
 
 def _setting_of(column: str, args: DataArgs) -> str:
@@ -983,6 +995,7 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if column == args.image_column:  # images under another column's name
                 held = next((c for c, f in ds.features.items() if isinstance(f, Image)
                              or (isinstance(f, dict) and {"bytes", "path"} <= set(f))), None)  # fmt: skip
+                held = held or next((c for c in ds.column_names if _image_paths(ds[c][:200])), None)
                 if held is not None:
                     raise UserError(f"column '{column}' not found in the {split} data, but '{held}' holds images: "
                                     f"set image_column={held}")

@@ -599,8 +599,9 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
         unread = _unread_label_column(ds, args, names)
         if unread is not None:  # the model's labels under another column name: labels, not data to predict
             column, holds = unread
-            raise UserError(f"column '{column}' of {what} holds {holds}; to score it, pass label_column={column}; to "
-                            "predict without labels, rename or drop that column")  # fmt: skip
+            fix = f"label_column={column}" + (" label_columns=null" if args.label_columns else "")
+            raise UserError(f"column '{column}' of {what} holds {holds}; to score it, pass {fix}; to predict without "
+                            "labels, rename or drop that column")  # fmt: skip
         if args.problem_type == MULTI and not args.label_columns and names and set(names) <= set(ds.column_names):
             listed = ",".join(names)  # a 0/1 column a label, named as the model's labels: labels, not inputs
             raise UserError(
@@ -655,6 +656,10 @@ def _unread_label_column(ds: HFDataset, args: DataArgs, names: list[str]) -> tup
             numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
             if numbers and column.lower() in TARGET_NAMES:
                 return column, f"numbers, as the model's target '{args.label_column}' does"
+        elif args.problem_type == MULTI and names:  # lists of the model's labels (a model of 0/1 columns)
+            lists = all(isinstance(v, list) for v in values) and any(values)
+            if lists and {str(x) for v in values for x in v} <= set(names):
+                return column, "lists of the model's labels"
         elif args.problem_type in (None, SINGLE) and names and len(names) > 1:
             plain = all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in values)
             shown = {str(v).strip() for v in values}

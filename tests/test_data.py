@@ -877,3 +877,24 @@ def test_round_19s_data_mistakes_get_their_own_fix(small_text_data, tmp_path, ca
                "the test split is scored, so it needs its labels; to predict on a file without them: "
                "finetune/evaluate_checkpoint.py")  # fmt: skip
     assert not (tmp_path / "run").exists()
+
+
+def test_a_column_of_image_paths_is_named_for_images_and_warned_of_as_text(small_text_data, tmp_path, capsys):
+    """A CSV of image paths (filepath, class): given to an image recipe without image_column, the line names
+    the column of paths; given to a text recipe, it trains (the names are text) with one warning."""
+    from PIL import Image
+
+    from conftest import TINY_VIT
+
+    rows = []
+    for i in range(12):
+        path = tmp_path / "pics" / ["cat", "dog"][i % 2] / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), (i * 20, 0, 0)).save(path)
+        rows.append({"filepath": str(path), "label": ["cat", "dog"][i % 2]})
+    data = write_csv(tmp_path / "paths.csv", rows)
+    user_error(capsys, main, ["--config", str(REPO / "finetune/configs/vit_imagefolder.yaml"), f"model_config={TINY_VIT}",
+                              "data_dir=null", f"train_file={data}", f"output_dir={tmp_path / 'i'}"],
+               "but 'filepath' holds images: set image_column=filepath")  # fmt: skip
+    main(tiny_text_args({"train": data, "validation": data}, tmp_path / "t", "text_column=filepath", "max_steps=1"))
+    assert "warning: column 'filepath' holds image file paths" in capsys.readouterr().err

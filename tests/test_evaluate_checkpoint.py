@@ -745,3 +745,19 @@ def test_a_regressions_target_under_a_targets_name_is_named():
     ds = Dataset.from_dict({"text": ["a", "b"], "idx": [0, 1], "label": [0.5, 3.0]})
     assert _unread_label_column(ds, args, ["score"]) == ("label", "numbers, as the model's target 'score' does")
     assert _unread_label_column(ds.remove_columns("label"), args, ["score"]) is None
+
+
+def test_multi_label_lists_for_a_model_of_label_columns_are_named():
+    """A multi-label model trained on 0/1 columns, evaluated on a file whose `labels` holds lists of its labels:
+    labels, not data to predict; the line gives both settings."""
+    from types import SimpleNamespace
+
+    from finetune.evaluate_checkpoint import _unread_label_column
+
+    args = SimpleNamespace(text_column="text", text_pair_column=None, image_column="image", tokens_column="tokens",
+                           label_column="labels", problem_type="multi_label_classification")  # fmt: skip
+    names = ["action", "comedy", "drama"]
+    ds = Dataset.from_dict({"text": ["a", "b"], "labels": [["comedy", "drama"], ["action"]]})
+    assert _unread_label_column(ds, args, names) == ("labels", "lists of the model's labels")
+    other = Dataset.from_dict({"text": ["a", "b"], "tags": [["x"], ["y"]]})
+    assert _unread_label_column(other, args, names) is None
