@@ -779,6 +779,11 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             value = [v.strip() for v in value.split(",") if v.strip()]  # "neg, pos": as a YAML list reads it
         if not isinstance(value, list):
             raise UserError(f"{key} must be a list, got {value!r}")
+        if args[0] is str and any(v is None or isinstance(v, bool) for v in value):  # [no, yes]: YAML's booleans
+            words = ", ".join(repr({True: "yes", False: "no", None: "null"}.get(v, v) if v is None or isinstance(v, bool)
+                                   else str(v)) for v in value)  # fmt: skip
+            raise UserError(f"{key} must hold strings, but YAML read some as booleans or null ({value!r}): put them in "
+                            f"quotes ({key}=\"[{words}]\" on the command line, or the same quotes in a recipe)")  # fmt: skip
         return [_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
@@ -820,8 +825,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
                             "resume_from_checkpoint=latest; or give a checkpoint's folder")  # fmt: skip
         if value is None or isinstance(value, bool):  # YAML 1.1: a bare null, None, ~, yes, no, on, off...
             read = "nothing (null)" if value is None else f"the boolean {str(value).lower()}"
-            name = key.split("[")[0]
-            how = (f"{name}=\"['yes', 'no', 'null']\"" if "[" in key else f"'{name}=\"yes\"'") + " on the command line"
+            how = f"'{key}=\"yes\"' on the command line"  # (a list's items: said whole by the list's check)
             raise UserError(f"{key} must be a string, but YAML read it as {read}: put it in quotes ({how}, "
                             "or the same quotes in a recipe)")
         if isinstance(value, (dict, list)):

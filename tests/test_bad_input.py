@@ -713,10 +713,11 @@ SETTINGS: dict[str, tuple[list[str], str]] = {
                                                                             "label's decision threshold of a multi-label run"),
     "model_config_num_labels": (["model_config.num_labels=5"], "model_config.num_labels is set from the data's labels"),
     "model_config_problem_type": (["model_config.problem_type=regression"], "set problem_type= (a setting of its own)"),
-    "label_names_yaml_null": (["label_names=[neg, null]"], "label_names[1] must be a string, but YAML read it as "
-                                                           "nothing (null): put it in quotes"),
-    "label_names_yaml_bool": (["label_names=[no, yes]"], "label_names[0] must be a string, but YAML read it as "
-                                                         "the boolean false: put it in quotes"),
+    "label_names_yaml_null": (["label_names=[neg, null]"], "label_names must hold strings, but YAML read some as "
+                                                           "booleans or null (['neg', None]): put them in quotes "
+                                                           "(label_names=\"['neg', 'null']\""),
+    "label_names_yaml_bool": (["label_names=[no, yes]"], "put them in quotes (label_names=\"['no', 'yes']\" on the "
+                                                         "command line"),
     "text_column_yaml_bool": (["text_column=on"], "text_column must be a string, but YAML read it as the boolean true"),
     "label_column_null": (["label_column=null"], "label_column cannot be null: leave it out (its default)"),
     "env_var_in_a_path": (["output_dir=${HOME}/runs/x"], "environment variables are not expanded in settings"),

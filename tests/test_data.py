@@ -882,9 +882,8 @@ def test_round_19s_data_mistakes_get_their_own_fix(small_text_data, tmp_path, ca
 def test_a_column_of_image_paths_is_named_for_images_and_warned_of_as_text(small_text_data, tmp_path, capsys):
     """A CSV of image paths (filepath, class): given to an image recipe without image_column, the line names
     the column of paths; given to a text recipe, it trains (the names are text) with one warning."""
-    from PIL import Image
-
     from conftest import TINY_VIT
+    from PIL import Image
 
     rows = []
     for i in range(12):
