@@ -124,6 +124,12 @@ def check_launch_values(args, config, path: Path | None) -> None:
             "through mpirun (mpirun_config): it would train in one process; for several CPU processes on one "
             "machine use accelerate_configs/cpu_ddp.yaml (distributed_type MULTI_GPU with use_cpu: true)"
         )
+    if str(kind) == "NO" and (processes or 1) > 1 and not getattr(args, "multi_gpu", False):  # edited by hand
+        raise UserError(
+            f"num_processes {processes} ({where}) with distributed_type NO: accelerate starts one process and it "
+            "would train alone; for several CPU processes use accelerate_configs/cpu_ddp.yaml (on GPUs, "
+            "distributed_type MULTI_GPU), or set num_processes: 1"
+        )
     machines, where = value("num_machines")
     if machines is not None and machines < 1:
         raise UserError(f"num_machines must be at least 1, got {machines} ({where})")

@@ -56,6 +56,11 @@ def test_a_multi_cpu_config_of_several_processes_without_mpirun_is_one_line(tmp_
                       "distributed_type: MULTI_CPU").replace("num_processes: 1", "num_processes: 3"))  # fmt: skip
     _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(config), "finetune/run.py"], tmp_path),
                     "asks for MULTI_CPU with 3 processes", "accelerate_configs/cpu_ddp.yaml")
+    # the same count with distributed_type NO (the default config edited by hand): one process too
+    alone = tmp_path / "no4.yaml"
+    alone.write_text((REPO / "accelerate_configs/cpu.yaml").read_text().replace("num_processes: 1", "num_processes: 4"))
+    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(alone), "finetune/run.py"], tmp_path),
+                    "num_processes 4 (in accelerate config", "with distributed_type NO", "cpu_ddp.yaml")
 
 
 def test_one_process_of_several_started_alone_by_plain_accelerate_launch_says_so(small_text_data, tmp_path,
