@@ -1075,7 +1075,8 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if column == args.label_column and not args.label_columns and other == args.task and len(others) == 1 \
                     and not hint:  # "labels" where the run read "label"  # fmt: skip
                 hint = f"; if '{others[0]}' holds the labels, set label_column={others[0]}"
-            if not hint and train_has and column in label_columns and split in ("validation", "test"):
+            if not hint and train_has and column in label_columns and split in ("validation", "test") \
+                    and all(c in ds.column_names for c in inputs):  # its inputs there, no labels  # fmt: skip
                 hint = (f"; the {split} split is scored, so it needs its labels; to predict on a file without them: "
                         "finetune/evaluate_checkpoint.py <output_dir>/model --data <file>")  # fmt: skip
             if not hint and train_has:  # train's passed: this file differs

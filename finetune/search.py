@@ -411,9 +411,11 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
             if e.exit_code not in STOPPED_BY_A_SIGNAL:
                 raise
+            again = (f"trial {number}'s settings run again from the start" if extension is None else
+                     f"whether to continue trial {extension[0]} is decided again")  # fmt: skip
             raise TrainingStopped(
                 f"{first_line(e).split(';')[0]} (trial {number}); the study is kept in {out / STUDY}: run the same "
-                f"search command again to continue it (trial {number}'s settings run again from the start)",
+                f"search command again to continue it ({again})",
                 e.exit_code,
             ) from None
         except optuna.TrialPruned:
