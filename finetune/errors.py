@@ -66,10 +66,29 @@ SECRET_VALUE = re.compile(
 REDACTED = "<redacted>"
 
 
+_SAID: set[str] | None = None  # within `said_once`: the lines said so far
+
+
 def warn(line: str) -> None:
-    """One `warning:` line on stderr, from the main process only (every process finds the same)."""
+    """One `warning:` line on stderr, from the main process only (every process finds the same); within
+    `said_once`, a line said before is not said again."""
+    if _SAID is not None:
+        if line in _SAID:
+            return
+        _SAID.add(line)
     if os.environ.get("RANK", "0") == "0":
         print(f"warning: {line}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def said_once():
+    """Each warning line once in the block: a search's trials read the same data and say the same things."""
+    global _SAID
+    outer, _SAID = _SAID, set() if _SAID is None else _SAID
+    try:
+        yield
+    finally:
+        _SAID = outer
 
 
 def first_line(e: BaseException) -> str:

@@ -74,6 +74,7 @@ from finetune.errors import (
     exit_on_user_error,
     first_line,
     on_failure,
+    said_once,
     warn,
 )
 from finetune.rundir import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir
@@ -683,7 +684,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     stop_outside_the_loop()
-    record = search(args.config, args.settings, args.budget, args.space, args.trials)
+    with said_once():  # each trial reads the same data: its warnings said once, not once a trial
+        record = search(args.config, args.settings, args.budget, args.space, args.trials)
     end_processes()
     return record
 

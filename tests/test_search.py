@@ -427,3 +427,11 @@ def test_a_continuation_trains_on_from_the_trials_export_and_its_recipe_counts_e
     if record["best_trial"] == 1:
         best = yaml.safe_load((out / "best_recipe.yaml").read_text())
         assert best["num_train_epochs"] == 2 + more and best["learning_rate"] == 3e-4 and record["continues"] == 0
+
+
+def test_a_warning_every_trial_meets_is_said_once(small_text_data, tmp_path, capsys):
+    """freeze_embeddings=true on a model built at random: each trial warns the same; the search says it once."""
+    search(["--budget", "300", "--trials", "2", "--space", "learning_rate",
+            *settings(small_text_data, tmp_path / "s", "max_steps=2", "freeze_embeddings=true")])  # fmt: skip
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "freeze_embeddings=true freezes" in ln]
+    assert len(said) == 1, said
