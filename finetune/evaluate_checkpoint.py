@@ -98,7 +98,7 @@ from finetune.data import (
     load_splits,
     warn_repeated_labels,
 )
-from finetune.errors import UserError, exit_on_user_error, first_line, remedy, warn, write_failure
+from finetune.errors import UserError, exit_on_user_error, first_line, remedy, unsaid, warn, write_failure
 from finetune.evaluation import evaluate_model
 from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_report, summary_line
@@ -935,7 +935,8 @@ def _warn_another_scale(target: Target, targets: list, name: str) -> None:
     if target.cfg is None or not target.cfg.train_file:
         return
     try:
-        raw, _ = load_splits(target.cfg.data_args)
+        with unsaid():  # the training data's own warnings were said by its run
+            raw, _ = load_splits(target.cfg.data_args)
     except (UserError, OSError):  # the run's data moved or changed: nothing to compare with
         return
     trained = np.asarray(raw["train"]["labels"], dtype=np.float64).ravel()

@@ -435,3 +435,17 @@ def test_a_warning_every_trial_meets_is_said_once(small_text_data, tmp_path, cap
             *settings(small_text_data, tmp_path / "s", "max_steps=2", "freeze_embeddings=true")])  # fmt: skip
     said = [ln for ln in capsys.readouterr().err.splitlines() if "freeze_embeddings=true freezes" in ln]
     assert len(said) == 1, said
+
+
+def test_warnings_are_said_once_in_said_once_and_not_at_all_in_unsaid(capsys):
+    """said_once (a search's trials) says a line once; unsaid (data read again to compare with, whose own
+    run said its warnings) says none; outside both, every line is said."""
+    from finetune.errors import said_once, unsaid, warn
+
+    with said_once():
+        warn("a"), warn("a"), warn("b")
+    with unsaid():
+        warn("c")
+    warn("a")
+    assert capsys.readouterr().err.splitlines() == ["warning: a", "warning: b", "warning: a"]
+
