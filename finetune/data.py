@@ -917,9 +917,9 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = Tr
             f"the {split} data holds text that is not UTF-8 ({e.reason}); the file is damaged or in another "
             "encoding: save it again as UTF-8"
         ) from None
-    texts = [c for c in args.input_columns if task_of(args.task).modality == "text" and c in ds.column_names
-             and _image_paths(ds[c][:200])]  # fmt: skip
-    if texts and split == "train":  # a CSV of image paths given to a text recipe: the file names would be learned
+    text = split == "train" and task_of(args.task).modality == "text"  # said once, for the split that trains
+    texts = [c for c in args.input_columns if text and c in ds.column_names and _image_paths(ds[c][:200])]
+    if texts:  # a CSV of image paths given to a text recipe: the file names would be learned
         warn(f"column '{texts[0]}' holds image file paths ({ds[texts[0]][0]}), read as text: the model learns their "
              f"names, not the pictures; to train on the images, use an image recipe with image_column={texts[0]}")
 

@@ -516,12 +516,24 @@ def _say_if_changed_since_the_run(target: Target, info: dict[str, Any]) -> None:
     (results.json's data_sha256): said in one line, since these scores are not the run's."""
     if target.path is None or info.get("data_sha256") is None:
         return
-    run = RunDir(target.path.parent if target.kind == "export" else target.path.parent.parent)
-    results, _ = _read_run_file(run.results) if run.results.is_file() else (None, None)
-    recorded = ((results or {}).get("data_sha256") or {}).get(info["data"])
+    recorded = _recorded_digests(target).get(info["data"])
     if recorded is not None and recorded != info["data_sha256"]:
         warn(f"{info['data']} changed since the run trained on it (its sha256 differs from the one in "
-             f"{run.results}): these are scores on the file as it is now, not the run's")
+             f"{_run_of(target).results}): these are scores on the file as it is now, not the run's")
+
+
+def _run_of(target: Target) -> RunDir:
+    return RunDir(target.path.parent if target.kind == "export" else target.path.parent.parent)
+
+
+def _recorded_digests(target: Target) -> dict[str, str]:
+    """The sha256 of each data file the run read, by its resolved path (results.json's data_sha256); {} for a
+    model without its run, or a run that did not finish."""
+    if target.path is None:
+        return {}
+    run = _run_of(target)
+    results, _ = _read_run_file(run.results) if run.results.is_file() else (None, None)
+    return (results or {}).get("data_sha256") or {}
 
 
 def _pick_split(available: list[str], split: str | None, where: str) -> str:
@@ -921,7 +933,11 @@ def _warn_training_data(target: Target, info: dict[str, Any]) -> None:
     """--data that is the run's own training file (its bytes): scores on it say how well the model fits what it
     trained on, not how it does on data it never saw."""
     train = Path(target.cfg.train_file).expanduser() if target.cfg is not None and target.cfg.train_file else None
-    if train is not None and train.is_file() and info.get("data_sha256") == sha256_of(train):
+    if train is None or info.get("data_sha256") is None:
+        return
+    # the bytes it trained on (results.json), else (a run not finished) the file as it is
+    trained = _recorded_digests(target).get(str(train.resolve())) or (sha256_of(train) if train.is_file() else None)
+    if info["data_sha256"] == trained:
         warn(f"--data {info['data']} is the run's training file: the model trained on these samples, so its scores "
              "here are higher than on data it never saw; evaluate the test or validation file for those")  # fmt: skip
 
