@@ -817,15 +817,14 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if hint is str:
         if value is None and key == "output_dir":  # `output_dir=` with nothing after it
             raise UserError("output_dir is empty; give the folder the run writes to (output_dir=runs/my-run)")
-        if value is None and "[" not in key:  # null to unset a setting that has no unset: leave it out
+        if value is None:  # null to unset a setting that has no unset: leave it out
             raise UserError(f"{key} cannot be null: leave it out (its default), or give a value (the word null as a "
                             f"value goes in quotes: '{key}=\"null\"')")  # fmt: skip
         if key == "resume_from_checkpoint" and value is True:  # Trainer's resume_from_checkpoint=True
             raise UserError("resume_from_checkpoint=true: the newest checkpoint of output_dir is "
                             "resume_from_checkpoint=latest; or give a checkpoint's folder")  # fmt: skip
-        if value is None or isinstance(value, bool):  # YAML 1.1: a bare null, None, ~, yes, no, on, off...
-            read = "nothing (null)" if value is None else f"the boolean {str(value).lower()}"
-            how = f"'{key}=\"yes\"' on the command line"  # (a list's items: said whole by the list's check)
+        if isinstance(value, bool):  # YAML 1.1: yes, no, on, off... (null is answered above; a list's items by its check)
+            read, how = f"the boolean {str(value).lower()}", f"'{key}=\"yes\"' on the command line"
             raise UserError(f"{key} must be a string, but YAML read it as {read}: put it in quotes ({how}, "
                             "or the same quotes in a recipe)")
         if isinstance(value, (dict, list)):
