@@ -280,7 +280,7 @@ def warm_up(model, accelerator, optimizer, forward, shapes: Shapes) -> None:
     """Compile every shape the run will see before its first step: per bucket (or once, without
     buckets) a training forward and backward at `train_rows` rows, in training mode as the loop runs
     it (a model loaded with from_pretrained starts in eval mode), and an evaluation forward at
-    `eval_rows`, from the shapes' `example` (a collated batch at the largest length) cut to the bucket.
+    `eval_rows` (fewer rows than the example's cut to them, more filled), from the shapes' `example` (a collated batch at the largest length) cut to the bucket.
     Text runs twice a bucket: with padding and without, for a model whose attention takes another path
     when a batch has no padding (another graph). No optimizer step, no gradient all-reduce; the
     gradients and the random state are put back."""
@@ -294,6 +294,8 @@ def warm_up(model, accelerator, optimizer, forward, shapes: Shapes) -> None:
                 with accelerator.no_sync(model):  # DDP: no all-reduce of these gradients
                     forward(model, variant, rows=shapes.train_rows).float().sum().backward()
                 optimizer.zero_grad(set_to_none=True)
+            # The evaluation's rows, cut before the mask variants (the padded one masks its last row).
+            for variant in _with_and_without_padding({k: v[: shapes.eval_rows] for k, v in cut.items()}):
                 model.eval()
                 with torch.no_grad():
                     forward(model, variant, rows=shapes.eval_rows)

@@ -220,3 +220,24 @@ def test_warmup_that_leaves_no_step_to_time_is_refused(tmp_path, capsys):
         main(["--steps", "2", "--warmup", "5", "--out", str(tmp_path / "report")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "leaves none of --steps 2 to time" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_the_launcher_benchmark_starts_the_app_through_both_launchers(tmp_path):
+    """benchmarks/launcher.py: `accelerate launch`, `accelerate-launch` and plain python each start
+    run.py (its --help printed, or the benchmark stops); the report holds each one's seconds."""
+    from benchmarks.launcher import main as launcher
+
+    report = launcher(["--reps", "1", "--out", str(tmp_path)])
+    assert set(report["median"]) == {"accelerate launch", "accelerate-launch", "python (no launcher)"}
+    assert all(s > 0 for s in report["median"].values())
+    assert json.loads((tmp_path / "launcher.json").read_text())["median"] == report["median"]
+    assert "| `accelerate-launch` |" in (tmp_path / "launcher.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_launcher_benchmark_stops_when_a_command_fails(tmp_path):
+    from benchmarks.launcher import main as launcher
+
+    with pytest.raises(SystemExit, match="failed"):
+        launcher(["--reps", "1", "--config-file", str(tmp_path / "missing.yaml"), "--out", str(tmp_path)])

@@ -209,3 +209,18 @@ def test_a_compiled_pretrained_model_with_unpadded_batches_compiles_nothing_afte
     shapes = json.loads((tmp_path / "out" / "results.json").read_text())["shapes"]
     assert shapes["graphs_compiled_in_warm_up"] > 0 and shapes["graphs_compiled_after_warm_up"] == 0, shapes
     assert "0 after it" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_an_evaluation_batch_smaller_than_the_training_batch_is_compiled_in_the_warm_up(
+    small_text_data, tmp_path, capsys
+):
+    """The warm-up's evaluation forward runs at the evaluation batch's rows, not the training batch's:
+    with per_device_eval_batch_size below per_device_train_batch_size nothing compiles after it (on one
+    H200, batch 256 with evaluation at 128 compiled one graph at the first evaluation before this)."""
+    args = ("per_device_train_batch_size=8", "per_device_eval_batch_size=4", "length_buckets=1",
+            "torch_compile=true", *COMMON)  # fmt: skip
+    main(tiny_text_args(small_text_data, tmp_path / "out", *args))
+    shapes = json.loads((tmp_path / "out" / "results.json").read_text())["shapes"]
+    assert shapes["graphs_compiled_in_warm_up"] > 0 and shapes["graphs_compiled_after_warm_up"] == 0, shapes
+    assert "0 after it" in capsys.readouterr().out
