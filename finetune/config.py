@@ -862,6 +862,8 @@ OTHER_TOOLS = {
     "save_strategy": "checkpoints are saved every save_steps optimizer steps, and at each epoch's end with "
                      "save_at_epoch_end=true",
     "logging_strategy": "the loss is logged every logging_steps optimizer steps",
+    "logging_dir": "the logs are written into output_dir: metrics.jsonl, and with report_to=tensorboard the "
+                   "tracker's files under <output_dir>/<run name>/",
     "task_name": "run_glue's GLUE task is a data set here: dataset_name=glue dataset_config_name=<task> (e.g. mnli)",
     "pad_to_max_length": "each batch is padded to its longest sample; to pad to fixed lengths set length_buckets "
                          "(or pad_to_multiple_of)",

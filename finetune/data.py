@@ -48,7 +48,7 @@ from finetune.problems import (
     look_alike,
     punctuation_twins,
 )
-from finetune.tasks import plain_tags, shown, tag_problem, task_for_data, task_of
+from finetune.tasks import character_span, plain_tags, shown, spans_error, tag_problem, task_for_data, task_of
 
 # The csv module's checks of a file (a repeated header, leading zeros) read every cell; its default limit of
 # 131,072 characters a cell would fail on a long document that pandas (datasets' reader) reads.
@@ -543,6 +543,10 @@ def load_raw(
                 ) from None
     else:
         raw = _load_folder_or_hub(dataset_name, dataset_config_name, data_dir)
+    for split in raw:  # parquet's exact decimals (a database's NUMERIC, pandas' Decimal) are numbers: floats
+        for column, feature in raw[split].features.items():
+            if isinstance(feature, Value) and feature.dtype.startswith("decimal"):
+                raw[split] = raw[split].cast_column(column, Value("float64"))
     if require_train and "train" not in raw:
         fix = (f"; an image folder trains on {data_dir}/train/<label>/<image> (validation/ and test/ beside it)"
                if data_dir else "; give train_file (or a data set with a train split)")
@@ -968,8 +972,28 @@ def _model_file(ds: HFDataset) -> str | None:
     return next((name for name, keys in MODEL_FILES.items() if keys & set(ds.column_names)), None)
 
 
-def _refuse_pixel_columns(ds: HFDataset, split: str) -> None:
-    """Kaggle's MNIST-style CSV (label, pixel1 ... pixel784): images as rows of pixel columns."""
+def _nested_field_hint(ds, column: str, setting: str) -> str:
+    """A column missing because it sits inside another's records ({"data": {"text": ...}}): nested fields
+    are not read, so the fix is to flatten them into columns."""
+    held = {c: sorted(ds[0][c]) for c in ds.column_names if len(ds) and isinstance(ds[0][c], dict)}
+    head, _, sub = column.partition(".")
+    inside = head if sub and sub in held.get(head, ()) else next((c for c, keys in held.items() if column in keys), None)
+    if inside is None:
+        return ""
+    flat = column if sub else f"{inside}.{column}"
+    return (f"; '{inside}' holds fields ({', '.join(held[inside])}), and nested fields are not read: flatten them "
+            f"into columns (pandas: pd.json_normalize(records).to_json(orient='records', lines=True)) and set "
+            f"{setting}={flat}")
+
+
+def _refuse_other_layouts(ds: HFDataset, split: str) -> None:
+    """Samples laid out as another tool keeps them, where a column is missing: Kaggle's MNIST-style CSV
+    (label, pixel1 ... pixel784: images as rows of pixel columns), or entities as character spans
+    (spaCy's, Label Studio's) where tags for each word are read."""
+    for column in ds.column_names:
+        example = next((v[0] for v in ds[column][:20] if isinstance(v, list) and v), None)
+        if character_span(example):
+            raise UserError(spans_error(column, split, example))
     pixels = [c for c in ds.column_names if re.fullmatch(r"(pixel|px|p)_?\d+|\d+x\d+", c.strip().lower())]
     if len(pixels) >= 64:
         raise UserError(
@@ -988,7 +1012,7 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if described is not None:  # an export's config.json, tokenizer_config.json, ...
                 raise UserError(f"the {split} data is one record with the keys of a model's {described}: that file "
                                 "describes a model, it holds no samples; give a data file")  # fmt: skip
-            _refuse_pixel_columns(ds, split)
+            _refuse_other_layouts(ds, split)
             why = task.missing_label_error(ds, split, args) if column in label_columns else None
             if why:
                 raise UserError(why)
@@ -1084,7 +1108,7 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                         "same column names")
             raise UserError(
                 f"column '{column}' not found in the {split} data; columns are: {', '.join(ds.column_names)}"
-                + hint
+                + (hint or _nested_field_hint(ds, column, _setting_of(column, args)))
             )
     lists = set(task.input_columns(args) + task.label_columns(args)) if task.problems == (TOKENS,) else set()
     for column in (*inputs, *label_columns):

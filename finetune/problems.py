@@ -43,7 +43,7 @@ from datasets import Dataset as HFDataset
 from finetune.config import DataArgs
 from finetune.errors import UserError, warn
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS
-from finetune.tasks import BLANK, shown, task_of, visible
+from finetune.tasks import BLANK, character_span, shown, spans_error, task_of, visible
 
 # --- which problem ---------------------------------------------------------------------------------
 
@@ -291,6 +291,8 @@ def _check_no_null_in_lists(ds: HFDataset, column: str, split: str) -> None:
                 f"{row + 1}; name every label, or drop the empty one (an empty list is a sample with no label)"
             )
         nested = next((v for v in labels or () if isinstance(v, (list, tuple, dict))), None)
+        if character_span(nested):  # [[0, 12, "PER"]]: entities by their characters, not labels of the text
+            raise UserError(spans_error(column, split, nested))
         if nested is not None:  # [["a"]] would train a label named "['a']"
             raise UserError(
                 f"label column '{column}' in the {split} data has a list inside the list at row {row + 1} "

@@ -197,9 +197,12 @@ def _train(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack) -> dict[s
         # Finish: the final evaluation and the export (a signal now is only recorded: the run is done in
         # seconds, and an export cut short would look finished without its card).
         results = finish(cfg, run, step, evaluations, hooks)
-    final, split = results.get("test", results["validation"]), "test" if "test" in results else "validation"
+    # The last line scores the export's own decisions: multi-label at the threshold tuned on validation.
+    tuned = " at the tuned threshold" if "validation_tuned" in results else ""
+    final, split = ((results["test"], "test") if "test" in results else
+                    (results.get("validation_tuned") or results["validation"], "validation"))  # fmt: skip
     accelerator.print(f"model saved to {run.dir.model} ({results['exported']['why']})")
-    accelerator.print(f"{split} {headline(final)}")
+    accelerator.print(f"{split} {headline(final)}{tuned}")
     accelerator.print("seconds: " + ", ".join(f"{name} {s:.1f}" for name, s in sorted(hooks.seconds.items(), key=_phase_order)))
     if cfg.torch_compile:
         compiled = results["shapes"]

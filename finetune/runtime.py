@@ -100,6 +100,12 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         raise UserError(
             "mixed precision fp16 needs a GPU; on a CPU use bf16 (accelerate_configs/cpu_bf16.yaml) or no"
         )
+    if accelerator.device.type == "cpu" and world_size == 1 and _a_gpu_was_asked_for():
+        accelerator.print(
+            "warning: the accelerate config is for a GPU (use_cpu: false) but torch sees none, so this run trains "
+            "on the CPU; on a machine without a GPU launch with --config_file accelerate_configs/cpu.yaml (or "
+            "--cpu), else check the GPU's driver and CUDA_VISIBLE_DEVICES"
+        )
     if accelerator.device.type == "cpu":
         torch.set_num_threads(cpu_threads(cfg.cpu_threads, accelerator.num_processes))
         if accelerator.mixed_precision == "bf16" and not native_bf16():
@@ -109,6 +115,13 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
                 "(cpu_bf16.yaml is for CPUs with AMX or AVX512-BF16)"
             )
     return accelerator
+
+
+def _a_gpu_was_asked_for() -> bool:
+    """Accelerate's launcher sets ACCELERATE_USE_CPU from the config's use_cpu (or --cpu): false there is
+    a config written for a GPU (`accelerate config` on a machine without one writes use_cpu: true). Unset
+    (plain python), nothing was asked for."""
+    return os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in ("false", "0", "no")
 
 
 def _one_of_several_started_alone() -> bool:

@@ -29,8 +29,9 @@ settings with one change chosen from trial 0's curve (`the_next_step`: half the 
 improving at its last evaluation, a third of the learning rate if it was best before its end);
 optuna's sampler draws the rest. The last of the budget, where it holds less than two more trials of the
 median length but an epoch or more, trains on from the export of the best trial so far if that one
-was still improving at its end (`_continuation`: a new schedule over the epochs that fit); a
-continuation's recipe is its first trial's settings with the epochs of both.
+was still improving at its end (`_continuation`: a new schedule over the epochs that fit, at half its
+batch where the space holds it, for the same reason as trial 1's); a continuation's recipe is its
+first trial's settings with the epochs of both, at the continuation's batch.
 
 The budget is wall-clock seconds from the start of the command. Each trial's wall time per epoch it
 ran is measured; where the epochs are searched, a later trial gets no more epochs than the time left
@@ -93,6 +94,10 @@ STOPPED_BY_A_SIGNAL = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # TrainingSto
 
 BATCHES = [8, 16, 32, 64]
 MAX_EPOCHS = 5
+# An epoch at half the batch, planned as this many of the measured ones: twice the steps, each of half
+# the work. Where the step is bound by the work (a CPU) it takes little longer; where it waits on the
+# host (a small model on a GPU) up to twice as long, and a continuation that outruns the budget is cut.
+HALF_BATCH_EPOCH = 1.15
 
 
 def batches(cfg: TrainConfig) -> list[int]:
@@ -386,7 +391,8 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     epoch_seconds: list[float] = []  # each trial's wall time per epoch it ran (its start-up included)
     ran, extension = 0, None
     while True:
-        fits = epochs_that_fit(budget - (time.monotonic() - started), durations, epoch_seconds, by_epochs)
+        slower = extension[3] if extension is not None else 1.0  # a continuation at half the batch
+        fits = epochs_that_fit(budget - (time.monotonic() - started), durations, epoch_seconds, by_epochs, slower)
         if _share(fits == 0 or (trials is not None and ran >= trials)):
             break
         # Process 0's (the clocks of the others differ); the continuation: (the trial, its settings, its epochs) or None
@@ -434,7 +440,8 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             _keep_only_the_best(out, study)
             left = budget - (time.monotonic() - started)
             fits_next = epochs_that_fit(left, durations, epoch_seconds, by_epochs)
-            extension = _continuation(study, out, left, durations, fits_next) if by_epochs else None
+            halved = epochs_that_fit(left, durations, epoch_seconds, by_epochs, HALF_BATCH_EPOCH)
+            extension = _continuation(study, out, left, durations, fits_next, halved) if by_epochs else None
             if extension is None and state == "complete" and trial.user_attrs.get(RECIPE):
                 _guide_trial_1(study, chosen, pruning.curve, base.greater_is_better, fits_next)
         else:
@@ -471,10 +478,11 @@ def _tell(study, trial, state: str, value, pruning: Pruning, chosen: dict[str, A
         trial.set_user_attr(CUT, pruning.cut)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     again, guided = trial.user_attrs.get(RERUN_OF), trial.user_attrs.get(GUIDED)
+    half = f" at half its batch, {chosen.get('per_device_train_batch_size')}" if extension and extension[3] > 1 else ""
     shown = f"trial {trial.number}" + (f" (trial {again}'s settings again)" if again is not None else
                                        f" ({guided})" if guided else
                                        f" (trial {extension[0]} was still improving at its end: {fits} more "
-                                       "epoch(s) from its export)" if extension is not None else "")  # fmt: skip
+                                       f"epoch(s) from its export{half})" if extension is not None else "")  # fmt: skip
     print(f"{shown}: {chosen} -> {state}" + (f", validation {pruning.metric} {value:.4f}"
                                              if state == "complete" else ""), flush=True)  # fmt: skip
 
@@ -484,11 +492,14 @@ def improving(curve: list[float], greater_is_better: bool) -> bool:
     return len(curve) >= 2 and curve[-1] == (max(curve) if greater_is_better else min(curve))
 
 
-def _continuation(study, out: Path, left: float, durations: list[float], fits: int) -> tuple | None:
+def _continuation(study, out: Path, left: float, durations: list[float], fits: int, halved: int = 0) -> tuple | None:
     """The last of the budget, where it holds less than two more trials of the median length but one epoch
     or more: spent training on the best trial so far, from its export (a new schedule over `fits` epochs),
     if it was still improving at its end; a new trial there would be shorter than the ones before it, and
-    the best one asks for more training. (The trial, its settings, its epochs in all), or None."""
+    the best one asks for more training. At half its batch (twice the updates an epoch, as trial 1 after
+    an improving trial 0) where the batch is searched, the space holds half of it and `halved` (the
+    epochs that fit at half the batch) is one or more. (The trial, its settings, its epochs in all, the
+    planned cost of its epoch against the measured ones), or None."""
     import optuna
 
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -500,7 +511,12 @@ def _continuation(study, out: Path, left: float, durations: list[float], fits: i
     settings = best.user_attrs.get(SETTINGS)
     if not best.user_attrs.get(IMPROVING) or not settings or not (out / f"{TRIAL_PREFIX}{best.number}" / MODEL).is_dir():
         return None
-    return best.number, {k: v for k, v in settings.items() if k != "num_train_epochs"}, settings.get("num_train_epochs", 0)
+    kept = {k: v for k, v in settings.items() if k != "num_train_epochs"}
+    batch = kept.get("per_device_train_batch_size")
+    if halved > 0 and batch is not None and batch % 2 == 0 and batch // 2 in BATCHES:
+        return best.number, {**kept, "per_device_train_batch_size": batch // 2}, settings.get("num_train_epochs", 0), \
+            HALF_BATCH_EPOCH
+    return best.number, kept, settings.get("num_train_epochs", 0), 1.0
 
 
 def _guide_trial_1(study, own: dict[str, Any], curve: list[float], greater_is_better: bool, fits: int) -> None:
@@ -535,15 +551,17 @@ def _run_again_what_was_stopped(study) -> None:
                                                   RERUN_OF: t.number})  # fmt: skip
 
 
-def epochs_that_fit(left: float, durations: list[float], epoch_seconds: list[float], by_epochs: bool) -> int:
+def epochs_that_fit(left: float, durations: list[float], epoch_seconds: list[float], by_epochs: bool,
+                    slower: float = 1.0) -> int:
     """How many epochs the next trial may have (0: start none). No trial starts that is expected to
     outrun the time left: where the epochs are searched, one of more epochs than the time left holds at
-    the median wall time per epoch of the trials so far; else one as long as the median trial."""
+    the median wall time per epoch of the trials so far (times `slower`, for a continuation at half the
+    batch); else one as long as the median trial."""
     if left <= 0:
         return 0
     median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     if by_epochs and epoch_seconds:
-        return min(MAX_EPOCHS, int(left // median(epoch_seconds)))
+        return min(MAX_EPOCHS, int(left // (median(epoch_seconds) * slower)))
     return MAX_EPOCHS if not durations or left >= median(durations) else 0
 
 
@@ -613,8 +631,14 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
     source = load_config(recipe, overrides).to_dict()
     settings = {**{k: v for k, v in source.items() if v is not None}, **params, "output_dir": str(out / "best-run")}
     continued = best.user_attrs.get(EXTENDS)
-    note = (f"# Trial {best.number} trained on from trial {continued}'s export, a new schedule over its epochs; this "
-            "recipe trains all of them in one schedule.\n" if continued is not None else "")  # fmt: skip
+    note = ""
+    if continued is not None:
+        first = study.trials[continued].user_attrs.get(SETTINGS) or {}
+        key = "per_device_train_batch_size"
+        changed = (f" at batch {params.get(key)} (trial {continued}'s was {first.get(key)})"
+                   if first.get(key) != params.get(key) else "")  # fmt: skip
+        note = (f"# Trial {best.number} trained on from trial {continued}'s export, a new schedule over its epochs"
+                f"{changed}; this recipe trains all of them in one schedule at the continuation's settings.\n")
     (out / BEST_RECIPE).write_text(
         f"# accelerate launch finetune/run.py --config {out / BEST_RECIPE}\n"
         f"# The best of {len(study.trials)} trials of finetune.search (trial {best.number}, validation value "

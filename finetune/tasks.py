@@ -45,6 +45,23 @@ def visible(text: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf")
 
 
+def character_span(value: Any) -> bool:
+    """One entity as character offsets: [start, end, label] (spaCy's training tuples) or a record with
+    start, end and label (Label Studio's and doccano's exports)."""
+    if isinstance(value, dict):
+        return {"start", "end"} <= set(value) and any(k in value for k in ("label", "labels", "type"))
+    return (isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[2], str)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value[:2]))  # fmt: skip
+
+
+def spans_error(column: str, split: str, example: Any) -> str:
+    """The line for entities given as character spans, where a tag for each word is read."""
+    return (f"column '{column}' of the {split} data holds entities as character spans ({example!r}: start, end, "
+            "label, as spaCy and annotation tools export them); a tagging run reads a list of words and a list of "
+            "IOB2 tags for each row (JSON: \"tokens\": [...], \"ner_tags\": [...]) or a CoNLL file: convert the spans "
+            "first (spaCy: offsets_to_biluo_tags, then biluo_to_iob)")
+
+
 def shown(text: str) -> str:
     """`text` quoted, its invisible and combining characters written as escapes ('cafe\\u0301', 'pos\\u200b'):
     two names that `visible` makes one are told apart."""

@@ -189,7 +189,7 @@ def launch_command(num_processes: int = 1, launcher: str = "accelerate.commands.
            "--num_cpu_threads_per_process", str(threads)]  # fmt: skip
     if num_processes > 1:
         return cmd + ["--multi_gpu", "--num_processes", str(num_processes), "--main_process_port", str(free_port())]
-    return cmd + ["--num_processes", "1"]
+    return cmd + ["--num_processes", "1", "--cpu"]  # as cpu.yaml (use_cpu: true): this machine has no GPU
 
 
 def launch(args: list[str], num_processes: int = 1, script: str = "finetune/run.py", timeout: int = 300,

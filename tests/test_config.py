@@ -111,6 +111,8 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
         load_config(recipe, ["task_name=mnli"])
     with pytest.raises(UserError, match=r"^unknown config key 'pad_to_max_length': each batch is padded to its longest"):
         load_config(recipe, ["pad_to_max_length=true"])
+    with pytest.raises(UserError, match=r"^unknown config key 'logging_dir': the logs are written into output_dir"):
+        load_config(recipe, ["logging_dir=runs/logs"])  # not logging_steps, the near name: a folder, not a count
     with pytest.raises(UserError, match=r"^save_total_limit=None is the text 'None'; to leave save_total_limit unset "
                                         r"write save_total_limit=null"):  # fmt: skip
         load_config(recipe, ["save_total_limit=None"])

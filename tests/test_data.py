@@ -454,6 +454,11 @@ def test_max_train_samples_that_leaves_one_class_is_refused(tmp_path):
                     '{"tokens": "Bo ran", "ner_tags": ["B-PER", "O"]}\n',
      "column 'tokens' of the train data holds a string in each row, beside lists of tags in 'ner_tags': a tagging "
      "run needs a list of words for each list of tags"),
+    ("nested.jsonl", '{"data": {"text": "a", "lang": "en"}, "label": 0}\n{"data": {"text": "b", "lang": "en"}, '
+                     '"label": 1}\n',
+     "column 'text' not found in the train data; columns are: data, label; 'data' holds fields (lang, text), and "
+     "nested fields are not read: flatten them into columns (pandas: pd.json_normalize(records).to_json("
+     "orient='records', lines=True)) and set text_column=data.text"),
 ])  # fmt: skip
 def test_columns_almost_right_say_the_fix(name, text, fragment, tmp_path):
     from finetune.config import load_config
@@ -897,3 +902,73 @@ def test_a_column_of_image_paths_is_named_for_images_and_warned_of_as_text(small
                "but 'filepath' holds images: set image_column=filepath")  # fmt: skip
     main(tiny_text_args({"train": data, "validation": data}, tmp_path / "t", "text_column=filepath", "max_steps=1"))
     assert "warning: column 'filepath' holds image file paths" in capsys.readouterr().err
+
+
+def test_a_nested_field_named_with_a_dot_is_pointed_to_flattening(tmp_path):
+    """text_column=data.text for {"data": {"text": ...}}: the dotted name is the flattened column's, which
+    pandas' json_normalize makes; the nested field itself is not read."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    path = tmp_path / "nested.jsonl"
+    path.write_text("".join(f'{{"data": {{"text": "t{i}"}}, "label": {i % 2}}}\n' for i in range(6)))
+    args = [f"train_file={path}", f"validation_file={path}", "test_file=null", "label_names=null",
+            "max_train_samples=null", "max_eval_samples=null"]  # fmt: skip
+    with pytest.raises(UserError, match=r"'data' holds fields \(text\), and nested fields are not read: flatten"):
+        load_splits(load_config(None, [*args, "text_column=data.text"]).data_args)
+    flat = tmp_path / "flat.jsonl"
+    flat.write_text("".join(f'{{"data.text": "t{i}", "label": {i % 2}}}\n' for i in range(6)))
+    raw, _ = load_splits(load_config(None, [*args, f"train_file={flat}", f"validation_file={flat}",
+                                            "text_column=data.text"]).data_args)  # fmt: skip
+    assert raw["train"]["data.text"][:2] == ["t0", "t1"]
+
+
+def test_parquet_decimals_are_read_as_numbers(tmp_path):
+    """A parquet column of exact decimals (a database's NUMERIC, pandas' Decimal) is a regression target,
+    not an unknown type."""
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    path = tmp_path / "train.parquet"
+    scores = [decimal.Decimal(f"{i % 5}.{i % 10}") for i in range(20)]
+    pq.write_table(pa.table({"text": [f"t{i}" for i in range(20)], "score": pa.array(scores, pa.decimal128(5, 2))}),
+                   path)  # fmt: skip
+    cfg = load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
+                             "label_column=score", "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
+    raw, _ = load_splits(cfg.data_args)
+    assert raw["train"].features["labels"].dtype.startswith("float")
+    assert max([*raw["train"]["labels"], *raw["validation"]["labels"]]) == pytest.approx(4.9)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "column", "entities"),
+    [
+        ("finetune/configs/bert_ner.yaml", "entities", [[0, 3, "PER"], [12, 18, "LOC"]]),  # spaCy's tuples
+        ("finetune/configs/bert_ner.yaml", "spans", [{"start": 0, "end": 3, "label": "PER"}]),  # Label Studio's
+        ("finetune/configs/bert_multi_label.yaml", "entities", [[0, 3, "PER"]]),  # read as lists of labels
+    ],
+)
+def test_entities_as_character_spans_are_named_with_the_conversion(tmp_path, recipe, column, entities):
+    """Entities as character offsets, where a tag for each word is read (or, under a multi-label recipe,
+    lists of label names): one line naming the spans and how to turn them into words and IOB2 tags."""
+    import json
+
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"text": f"Ada went to London {i}", column: entities}) + "\n" for i in range(8)))
+    tagging = "ner" in recipe  # the tagging recipe reads tokens and ner_tags, no label_column
+    cfg = load_config(recipe, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
+                               *([] if tagging else [f"label_column={column}"]), "max_train_samples=null",
+                               "max_eval_samples=null"])  # fmt: skip
+    with pytest.raises(UserError, match=rf"^column '{column}' of the train data holds entities as character spans .*"
+                                        r"offsets_to_biluo_tags, then biluo_to_iob\)$"):  # fmt: skip
+        load_splits(cfg.data_args)

@@ -179,6 +179,16 @@ def test_regression_trains_evaluates_and_loads_in_a_pipeline(tmp_path, capsys):
     assert answer["label"] == "score" and answer["score"] == pytest.approx(first["prediction"], abs=1e-4)
 
 
+def test_a_multi_label_runs_last_line_scores_the_exports_decisions_at_the_tuned_threshold(tmp_path, capsys):
+    """With the threshold tuned on validation and no test split, the last line is validation at that
+    threshold (the export's decisions, as evaluate_checkpoint.py scores it), and says so."""
+    data, out = _split_files(tmp_path, multi_label_rows), tmp_path / "run"
+    results = main(tiny_text_args(data, out, *_quiet("label_column=labels", "tune_threshold=global")))
+    assert "test" not in results
+    (last,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("validation micro F1 ")]
+    assert f"micro F1 {results['validation_tuned']['micro_f1']:.4f}" in last and last.endswith(" at the tuned threshold")
+
+
 def test_multi_label_trains_evaluates_and_loads_in_a_pipeline(tmp_path, capsys):
     from transformers import pipeline
 

@@ -126,3 +126,24 @@ def test_openmp_threads_sleep_when_they_wait_unless_the_user_says(module):
     assert spincount() == "'0'"
     if module == "finetune.run":
         assert spincount(OMP_WAIT_POLICY="ACTIVE") != "'0'"
+
+
+@pytest.mark.parametrize(("use_cpu", "warned"), [("False", True), ("true", False), (None, False)])
+def test_a_gpu_config_on_a_machine_without_a_gpu_says_it_trains_on_the_cpu(monkeypatch, capsys, tmp_path,
+                                                                             use_cpu, warned):
+    """The launcher sets ACCELERATE_USE_CPU from the config's use_cpu: false (single_gpu.yaml) where torch
+    sees no GPU is one warning that names cpu.yaml; a CPU config, or plain python, none."""
+    from finetune import runtime
+    from finetune.config import DEFAULT_RECIPE, load_config
+
+    if use_cpu is None:
+        monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_USE_CPU", use_cpu)
+    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: False)
+    accelerator = runtime.make_accelerator(load_config(DEFAULT_RECIPE, [f"output_dir={tmp_path}"]))
+    assert accelerator.device.type == "cpu"
+    said = [line for line in capsys.readouterr().out.splitlines() if "torch sees none" in line]
+    assert len(said) == int(warned)
+    if warned:
+        assert said[0].startswith("warning: the accelerate config is for a GPU") and "cpu.yaml" in said[0]

@@ -232,6 +232,14 @@ def test_a_trial_gets_no_more_epochs_than_the_time_left_holds(left, durations, e
     assert epochs_that_fit(left, durations, epoch_seconds, by_epochs) == fits
 
 
+def test_epochs_planned_slower_fit_fewer():
+    """A continuation at half the batch plans its epochs as slower ones: three 30 s epochs fit in 100 s,
+    two at 1.15 times 30 s."""
+    from finetune.search import epochs_that_fit
+
+    assert epochs_that_fit(100.0, [90.0], [30.0], True, 1.15) == 2 < epochs_that_fit(100.0, [90.0], [30.0], True)
+
+
 @pytest.mark.parametrize("holds", ["a finished run", "the user's files"])
 def test_a_search_into_a_folder_that_holds_no_search_is_refused(holds, small_text_data, tmp_path, capsys):
     """A search writes model/ and trial-N/ into its output_dir: over a finished run's export it would
@@ -392,12 +400,39 @@ def test_the_last_of_the_budget_continues_the_best_trial_if_it_was_still_improvi
         return study
 
     (tmp_path / "trial-0" / "model").mkdir(parents=True)
-    assert _continuation(study_of(True), tmp_path, 100.0, [90.0], 2) == (0, {"learning_rate": 1e-4}, 3)
+    assert _continuation(study_of(True), tmp_path, 100.0, [90.0], 2) == (0, {"learning_rate": 1e-4}, 3, 1.0)
     assert _continuation(study_of(False), tmp_path, 100.0, [90.0], 2) is None  # it had stopped improving
     assert _continuation(study_of(True), tmp_path, 190.0, [90.0], 2) is None  # two more trials fit: draw
     assert _continuation(study_of(True), tmp_path, 100.0, [90.0], 0) is None  # not one epoch
     (tmp_path / "trial-0" / "model").rmdir()
     assert _continuation(study_of(True), tmp_path, 100.0, [90.0], 2) is None  # no export to train on from
+
+
+@pytest.mark.parametrize(
+    ("batch", "halved", "continued_at", "cost"),
+    [
+        (32, 2, 16, "half"),  # twice the updates an epoch, planned as slower epochs
+        (32, 0, 32, 1.0),  # not one epoch fits at half the batch: the same batch
+        (8, 2, 8, 1.0),  # half of 8 is not a batch the space holds
+        (None, 2, None, 1.0),  # the batch is not searched: left as the recipe has it
+    ],
+)
+def test_a_continuation_trains_at_half_the_batch_where_an_epoch_of_it_fits(tmp_path, batch, halved, continued_at,
+                                                                            cost):
+    """The best trial was still improving at its end: it needs more updates, as trial 0 does before trial 1
+    (`the_next_step`), so its continuation runs at half its batch; its epochs are planned at
+    HALF_BATCH_EPOCH times the measured ones."""
+    from finetune.search import HALF_BATCH_EPOCH, IMPROVING, SETTINGS, _continuation
+
+    own = {"learning_rate": 1e-4, "num_train_epochs": 3}
+    if batch is not None:
+        own["per_device_train_batch_size"] = batch
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=0.8, user_attrs={IMPROVING: True, SETTINGS: own}))
+    (tmp_path / "trial-0" / "model").mkdir(parents=True)
+    number, settings, epochs, slower = _continuation(study, tmp_path, 100.0, [90.0], 2, halved)
+    assert (number, epochs) == (0, 3) and settings.get("per_device_train_batch_size") == continued_at
+    assert slower == (HALF_BATCH_EPOCH if cost == "half" else cost) and HALF_BATCH_EPOCH > 1
 
 
 def test_a_continuation_trains_on_from_the_trials_export_and_its_recipe_counts_every_epoch(
@@ -408,11 +443,12 @@ def test_a_continuation_trains_on_from_the_trials_export_and_its_recipe_counts_e
     import finetune.search as search_module
 
     real = search_module._continuation
-    monkeypatch.setattr(search_module, "_continuation", lambda study, out, left, durations, fits: real(
-        study, out, 0.0 if len(study.trials) == 1 else left, [1.0], 1 if len(study.trials) == 1 else 0))  # fmt: skip
+    monkeypatch.setattr(search_module, "_continuation", lambda study, out, left, durations, fits, halved: real(
+        study, out, 0.0 if len(study.trials) == 1 else left, [1.0], *((1, 1) if len(study.trials) == 1 else (0, 0))))  # fmt: skip
     out = tmp_path / "search"
-    record = search(["--budget", "300", "--trials", "2", "--space", "learning_rate,num_train_epochs",
-                     *tiny_text_args(small_text_data, out), "per_device_train_batch_size=12", "learning_rate=3e-4",
+    record = search(["--budget", "300", "--trials", "2", "--space",
+                     "learning_rate,num_train_epochs,per_device_train_batch_size",
+                     *tiny_text_args(small_text_data, out), "per_device_train_batch_size=16", "learning_rate=3e-4",
                      "num_train_epochs=2"])  # fmt: skip
     study = optuna.load_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}")
     first = study.trials[0]
@@ -422,11 +458,14 @@ def test_a_continuation_trains_on_from_the_trials_export_and_its_recipe_counts_e
     assert trained["model_name_or_path"] == str(out / "trial-0" / "model") and trained["model_config"] is None
     more = int(trained["num_train_epochs"])  # as many as the time left holds (the space's 5 here)
     assert more == 5 and study.trials[1].user_attrs["continues"] == 0
-    assert f"trial 1 (trial 0 was still improving at its end: {more} more epoch(s) from its export)" in \
-        capsys.readouterr().out
+    assert trained["per_device_train_batch_size"] == 8  # half trial 0's: it needs more updates
+    assert f"trial 1 (trial 0 was still improving at its end: {more} more epoch(s) from its export at half its " \
+        "batch, 8)" in capsys.readouterr().out
     if record["best_trial"] == 1:
         best = yaml.safe_load((out / "best_recipe.yaml").read_text())
         assert best["num_train_epochs"] == 2 + more and best["learning_rate"] == 3e-4 and record["continues"] == 0
+        assert best["per_device_train_batch_size"] == 8
+        assert "at batch 8 (trial 0's was 16)" in (out / "best_recipe.yaml").read_text()
 
 
 def test_a_warning_every_trial_meets_is_said_once(small_text_data, tmp_path, capsys):
