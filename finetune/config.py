@@ -659,6 +659,18 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
             dict.fromkeys(m for p in PROBLEMS.values() for m in p.reported)
         )
         if self.metric_for_best_model is not None and self.metric_for_best_model not in metrics:
+            given, name = self.metric_for_best_model, self.metric_for_best_model.removeprefix("eval_")
+            if name != given and name in metrics:
+                raise UserError(f"metric_for_best_model={given}: the metric is named without the Trainer's eval_ "
+                                f"prefix here: metric_for_best_model={name}")  # fmt: skip
+            if problem is None:  # read from the data later: each problem type's own, and the names it may mean
+                near = [f"{m} ({p})" for p, spec in PROBLEMS.items() for m in spec.reported
+                        if name in m.split("_") and m != "loss"]  # "f1": macro_f1, micro_f1, entity_f1
+                raise UserError(
+                    f"metric_for_best_model must be a metric of the run's problem type, got {given!r}"
+                    + (f"; the ones it may mean: {', '.join(near)}" if near else "; each problem type's: " + "; ".join(
+                        f"{p}: {', '.join(spec.reported)}" for p, spec in PROBLEMS.items()))
+                )
             raise UserError(
                 f"metric_for_best_model must be one of {', '.join(metrics)}"
                 f"{f' for {problem}' if problem else ''}, got {self.metric_for_best_model!r}"

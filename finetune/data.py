@@ -880,6 +880,10 @@ def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str
     if unseen:
         near = _near_misses(unseen, label_names)
         ids = seen == {str(i) for i in range(len(seen))} and len(seen) <= len(label_names)
+        if not near and label_names == [f"LABEL_{i}" for i in range(len(label_names))]:  # transformers' defaults
+            near = ("; those are transformers' default names: the model's config.json holds no id2label (it was "
+                    "saved without its class names); put them back in its id2label and label2id, or give the "
+                    "labels as class ids (0, 1, ...)")  # fmt: skip
         if not near and ids and not set(seen) & set(to_id):  # 0/1 for a model of neg/pos: class ids, its order?
             shown = ", ".join(f"{i} is {n}" for i, n in enumerate(label_names[: len(seen)]))
             near = (f"; the labels are class ids and the model's classes are names: write the names in the data "
@@ -1286,6 +1290,10 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     if "test" in files and files["test"] == files.get("train"):
         warn(f"test_file is the train_file ({args.files['train']}): test scores measure samples the model trained "
              "on; give a separate test file")
+    elif "test" in files and files["test"] == files.get("validation"):
+        warn(f"test_file is the validation_file ({args.files['test']}): the test scores are then validation's, the "
+             "split that judged the run (and chose its best checkpoint or threshold, where those are tuned); give a "
+             "separate test file, or test_file=null")
     _warn_shared_samples(raw, args, files)
     problem = infer_problem_type(raw["train"], args)  # regression and multi-label: finetune/problems.py
     raw = _ids_read_through_label_names(raw, args, problem)

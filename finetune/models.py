@@ -74,6 +74,11 @@ def _what_the_folder_lacks(what: str, folder: Path) -> str | None:
         return f"is a LoRA adapter alone (adapter_config.json), not a model folder: give the run's export ({export})"
     if (RunDir(folder).model / "config.json").is_file():
         return f"is a run's folder, not a model folder: give its export ({RunDir(folder).model})"
+    other = {"tokenizer": ("image processor", "an image", "a text"), "image processor": ("tokenizer", "a text", "an image")}
+    if what in other and (folder / "config.json").is_file() and any((folder / f).exists() for f in HOLDS[other[what][0]]):
+        held, kind, wanted = other[what]  # a ViT export given to a text run, or a BERT export to an image run
+        return (f"is {kind} model's folder ({'an' if held[0] in 'aeiou' else 'a'} {held}, no {what}): {wanted} run "
+                f"starts from {wanted} model; give one as model_name_or_path")
     files = ", ".join(needs[:3]) + (", ..." if len(needs) > 3 else "")
     return (f"holds no {what} files ({files}): give a model folder (an export, <run>/model) or "
             + ("a hub name" if what == "model" else f"{'an' if what[0] in 'aeiou' else 'a'} {what}'s folder"))

@@ -279,8 +279,10 @@ def report(
     reference_steps: int,
     tolerance: float,
     learning_rate: float,
+    moved: bool = True,
 ) -> bool:
-    """Print the table; True when every variant agrees with the reference within `tolerance`.
+    """Print the table; True when every variant agrees with the reference within `tolerance` and the
+    weights `moved` (not one step at learning rate 0, where every variant agrees trivially).
 
     A wrong gradient (a bad divisor, an unmasked duplicate) moves the weights by about the learning
     rate per step. fp32 rounding moves them by far less, but AdamW divides by sqrt(v) + eps, so in a
@@ -303,6 +305,11 @@ def report(
             f"{c.variant.name:<15} {c.variant.shape:<34} {c.steps:>5} {c.max_abs:>14.1e} {c.max_rel:>10.1e} "
             f"{loss:>13}   {'ok' if agrees else 'DIFFERENT'}"
         )
+    if not moved:
+        print("FAILED: the one optimizer step ran at learning rate 0 (the first step of its warm-up), so no "
+              "variant's weights moved and their agreement says nothing; give more training data or --steps, "
+              "or warmup_ratio=0")  # fmt: skip
+        return False
     if ok:
         print(f"OK: every variant agrees with one big batch within {tolerance:g}")
     else:
@@ -414,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
             warn(f"the training data gave fewer than the check's {samples} samples: each variant ran {reference_steps} "
                  f"optimizer step(s), not {opts.steps}, so the last step's short window was not checked; give more "
                  f"training data, or --steps {reference_steps}")  # fmt: skip
-        ok = report(comparisons, reference, reference_steps, opts.tolerance, cfg.learning_rate)
+        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else math.ceil(cfg.warmup_ratio * reference_steps)
+        moved = not (reference_steps == 1 and warmup >= 1)  # finetune/steps.py: a warm-up's first step has rate 0
+        ok = report(comparisons, reference, reference_steps, opts.tolerance, cfg.learning_rate, moved)
     finally:
         if not opts.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -688,9 +688,12 @@ SETTINGS: dict[str, tuple[list[str], str]] = {
     "ddp_timeout_past_timedelta": (["ddp_timeout=100000000000000"], "ddp_timeout must be at most 604800"),
     "metric_for_best_model_unknown": (
         ["metric_for_best_model=bogus"],
-        "metric_for_best_model must be one of accuracy, macro_f1",
+        "metric_for_best_model must be a metric of the run's problem type, got 'bogus'; each problem type's: "
+        "single_label_classification: accuracy, macro_f1",
     ),
-    "metric_with_eval_prefix": (["metric_for_best_model=eval_accuracy"], "metric_for_best_model must be one of"),
+    "metric_with_eval_prefix": (["metric_for_best_model=eval_accuracy"], "metric_for_best_model=eval_accuracy: "
+                                "the metric is named without the Trainer's eval_ prefix here: metric_for_best_model="
+                                "accuracy"),
     "greater_is_better_not_a_bool": (["greater_is_better=maybe"], "greater_is_better must be true or false"),
     "max_grad_norm_negative": (["max_grad_norm=-1"], "max_grad_norm must be >= 0"),
     "max_grad_norm_nan": (["max_grad_norm=.nan"], "max_grad_norm must be a finite number"),

@@ -113,6 +113,10 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
         load_config(recipe, ["pad_to_max_length=true"])
     with pytest.raises(UserError, match=r"^unknown config key 'logging_dir': the logs are written into output_dir"):
         load_config(recipe, ["logging_dir=runs/logs"])  # not logging_steps, the near name: a folder, not a count
+    # A metric name before the data says the problem type: the ones it may mean, with their problem types
+    with pytest.raises(UserError, match=r"got 'f1'; the ones it may mean: macro_f1 \(single_label_classification\), "
+                                        r"micro_f1 \(multi_label_classification\), .*entity_f1 \(token_classification\)$"):
+        load_config("finetune/configs/bert_custom_files.yaml", ["metric_for_best_model=f1", "train_file=x.csv"])
     with pytest.raises(UserError, match=r"^save_total_limit=None is the text 'None'; to leave save_total_limit unset "
                                         r"write save_total_limit=null"):  # fmt: skip
         load_config(recipe, ["save_total_limit=None"])

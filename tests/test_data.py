@@ -504,6 +504,22 @@ def test_a_validation_file_that_is_the_train_file_is_one_warning(tmp_path, capsy
         assert len(lines) == warned, lines
 
 
+def test_a_test_file_that_is_the_validation_file_is_one_warning(tmp_path, capsys):
+    """The test split is the one no decision saw: the validation file again as test is said, once."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    train, held = tmp_path / "train.csv", tmp_path / "held.csv"
+    train.write_text("text,label\n" + "".join(f"t{i},{i % 2}\n" for i in range(8)))
+    held.write_text("text,label\n" + "".join(f"h{i},{i % 2}\n" for i in range(6)))
+    for test, warned in ((held, True), (tmp_path / "." / "held.csv", True), (train, False), ("null", False)):
+        cfg = load_config(None, [f"train_file={train}", f"validation_file={held}", f"test_file={test}",
+                                 "label_names=null", "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
+        load_splits(cfg.data_args)
+        lines = [line for line in capsys.readouterr().err.splitlines() if "test_file is the validation_file" in line]
+        assert len(lines) == warned, lines
+
+
 def test_labels_written_with_spaces_around_them_train_with_one_warning(capsys):
     """'pos ' and 'neg ' (a CSV written with ', ' between fields) have no twin without the space: they
     train as written, and one line says so; names listed in label_names are the user's own."""

@@ -391,8 +391,6 @@ def _incomplete(run, tmp_path):
         ("two_unnamed_files", "holds 2 data sets not named by split (a, b); pass --split with one of them"),
         ("classes_in_another_column", "holds the model's classes (neg, pos); to score it, pass label_column=sentiment"),
         ("one_image", "is one image; give a folder of images"),
-        ("ids_for_names", "the labels are class ids and the model's classes are names: write the names in the data "
-                          "(in the model's order, 0 is neg, 1 is pos)"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
@@ -422,14 +420,40 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         "classes_in_another_column": [str(run["dir"] / "model"), "--data", str(write_csv(
             tmp_path / "s.csv", [{"text": r["text"], "sentiment": r["label"]} for r in _rows(6, 0)]))],  # fmt: skip
         "one_image": [str(run["dir"] / "model"), "--data", str(_one_image(tmp_path / "cat.png"))],
-        "ids_for_names": [str(run["dir"] / "model"), "--data", str(write_csv(
-            tmp_path / "ids.csv", [{"text": r["text"], "label": ["neg", "pos"].index(r["label"])} for r in _rows(6, 0)]))],  # fmt: skip
     }[case]
     with pytest.raises(SystemExit) as exit_info:
         evaluate(args)
     assert exit_info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0]
+
+
+def test_class_ids_are_read_as_the_models_classes_at_those_places(run, tmp_path, capsys):
+    """0/1 for a neg/pos model, as training reads ids through label_names: the same scores as the names,
+    with one warning naming the places; for a model saved without names (transformers' LABEL_0, LABEL_1),
+    the id is the name's, said in no warning."""
+    rows = _rows(6, 0)
+    names = write_csv(tmp_path / "names.csv", rows)
+    ids = write_csv(tmp_path / "ids.csv", [{"text": r["text"], "label": ["neg", "pos"].index(r["label"])} for r in rows])
+    by_name = evaluate([str(run["dir"] / "model"), "--data", str(names), "--output", str(tmp_path / "n")])
+    capsys.readouterr()
+    by_id = evaluate([str(run["dir"] / "model"), "--data", str(ids), "--output", str(tmp_path / "i")])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert by_id["accuracy"] == by_name["accuracy"] and by_id["num_samples"] == by_name["num_samples"] == 6
+    assert any("are class ids, read as the model's classes at those places (0=neg, 1=pos)" in w for w in warnings)
+    unnamed = tmp_path / "unnamed"
+    shutil.copytree(run["dir"] / "model", unnamed)
+    config = json.loads((unnamed / "config.json").read_text())
+    config.pop("id2label"), config.pop("label2id")  # transformers fills in LABEL_0, LABEL_1
+    (unnamed / "config.json").write_text(json.dumps(config))
+    default = evaluate([str(unnamed), "--data", str(ids), "--output", str(tmp_path / "u")])
+    assert default["accuracy"] == by_name["accuracy"]
+    assert not [line for line in capsys.readouterr().err.splitlines() if "class ids" in line]
+    with pytest.raises(SystemExit) as exit_info:  # its classes by name: the lost names are said, and the fix
+        evaluate([str(unnamed), "--data", str(names), "--output", str(tmp_path / "u2")])
+    assert exit_info.value.code == 2
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "those are transformers' default names: the model's config.json holds no id2label" in error
 
 
 def test_an_export_whose_weights_do_not_fit_its_config_is_one_line(run, tmp_path, capsys):

@@ -304,6 +304,20 @@ def test_a_folder_that_holds_no_model_says_what_it_is_and_what_to_give(what, tmp
     (tmp_path / "broken" / "config.json").write_text('{"model_type": "bert",')
     if what == "model":
         assert str(load_error(what, str(tmp_path / "broken"), ValueError("bad json"))).startswith("could not load model")
+    # An image model's export given to a text run (a tokenizer read from it), or a text model's to an image run.
+    vision, text = tmp_path / "vit-export", tmp_path / "bert-export"
+    for folder, file in ((vision, "preprocessor_config.json"), (text, "tokenizer.json")):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        (folder / file).write_text("{}")
+    if what == "tokenizer":
+        assert str(load_error(what, str(vision), error)) == (
+            f"tokenizer '{vision}' is an image model's folder (an image processor, no tokenizer): a text run starts "
+            "from a text model; give one as model_name_or_path")
+    if what == "image processor":
+        assert str(load_error(what, str(text), error)) == (
+            f"image processor '{text}' is a text model's folder (a tokenizer, no image processor): an image run "
+            "starts from an image model; give one as model_name_or_path")
 
 
 def test_a_data_folder_as_the_tokenizer_is_one_line_from_the_command(small_text_data, tmp_path, capsys):

@@ -63,6 +63,17 @@ def test_a_check_longer_than_the_data_says_how_far_it_ran(recipe, capsys):
            "step(s), not 6" in err and "--steps 5" in err  # fmt: skip
 
 
+@pytest.mark.parametrize(("warmup", "exit_status"), [("warmup_ratio=0.2", 1), ("warmup_ratio=0", 0)])
+def test_one_step_at_learning_rate_0_is_not_called_agreement(recipe, tmp_path, capsys, warmup, exit_status):
+    """Eight rows hold one step of the check: inside a warm-up it runs at rate 0, the weights do not move,
+    every variant equals the reference trivially, and the check says it checked nothing instead of OK."""
+    few = write_csv(tmp_path / "few.csv", rotten_rows(8))
+    assert verify.main(["--config", str(recipe), f"train_file={few}", warmup]) == exit_status
+    printed = capsys.readouterr().out
+    assert ("FAILED: the one optimizer step ran at learning rate 0" in printed) == bool(exit_status)
+    assert ("OK: every variant agrees" in printed) != bool(exit_status)
+
+
 def test_training_data_too_small_for_the_accumulation_variant_is_said_as_such(recipe, tmp_path, capsys):
     """Four rows: the accumulation variant (2 micro-batches of 4 a step) has one batch an epoch. The line
     is verify's, about the data, not the sub-run's "lower gradient_accumulation_steps" (a setting the user
