@@ -1218,26 +1218,32 @@ def _warn_shared_samples(raw: DatasetDict, args: DataArgs, files: dict[str, Path
                      "not in the training data")
 
 
-def _warn_another_scale(raw: DatasetDict) -> None:
-    """Regression targets of a validation or test file mostly far outside the training targets' range (0-1
-    in training, 0-100 in validation): another scale, on which the model, trained on the first, is scored."""
+def another_scale(trained, values, what: str) -> str | None:
+    """Regression targets (`values`, of `what`) mostly far outside the range of the `trained` targets (0-1
+    in training, 0-100 here): another scale, on which a model trained on the first is scored. The line's
+    start, or None."""
     import numpy as np
 
-    train = np.asarray(raw["train"]["labels"], dtype=np.float64).ravel()
-    train = train[np.isfinite(train)]
-    if not len(train):
-        return
-    lo, hi = float(train.min()), float(train.max())
+    trained = np.asarray(trained, dtype=np.float64).ravel()
+    trained, values = trained[np.isfinite(trained)], np.asarray(values, dtype=np.float64).ravel()
+    values = values[np.isfinite(values)]
+    if not len(trained) or not len(values):
+        return None
+    lo, hi = float(trained.min()), float(trained.max())
     span = max(hi - lo, 1e-12)
+    far = values[(values < lo - span) | (values > hi + span)]
+    if len(far) * 2 < len(values):
+        return None
+    return (f"{len(far)} of the {len(values)} {what} lie far outside the training targets' range {lo:g} to {hi:g} "
+            f"(they span {float(values.min()):g} to {float(values.max()):g}): another scale?")
+
+
+def _warn_another_scale(raw: DatasetDict) -> None:
+    """A validation or test file's regression targets on another scale than training's (another_scale)."""
     for split in ("validation", "test"):
-        if split not in raw:
-            continue
-        values = np.asarray(raw[split]["labels"], dtype=np.float64).ravel()
-        far = values[(values < lo - span) | (values > hi + span)]
-        if len(values) and len(far) * 2 >= len(values):
-            warn(f"{len(far)} of the {len(values)} {split} targets lie far outside the training targets' range {lo:g} "
-                 f"to {hi:g} (e.g. {far[0]:g}): another scale (0-1 against 0-100)? the model predicts on the "
-                 "training scale; put every split on the same scale")
+        said = another_scale(raw["train"]["labels"], raw[split]["labels"], f"{split} targets") if split in raw else None
+        if said:
+            warn(f"{said} the model predicts on the training scale; put every split on the same scale")
 
 
 def _compared_columns(train: HFDataset, args: DataArgs) -> list[str]:

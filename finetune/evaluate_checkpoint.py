@@ -91,6 +91,7 @@ from finetune.config import (
     settings_help,
 )
 from finetune.data import (
+    another_scale,
     check_columns,
     encode_split,
     file_sha256,
@@ -967,10 +968,8 @@ def _warn_training_data(target: Target, info: dict[str, Any]) -> None:
 
 def _warn_another_scale(target: Target, targets: list, name: str) -> None:
     """Regression targets mostly far outside the range of the run's training targets (trained on 0-5,
-    scored on 0-500): another scale, on which the scores say nothing. Training's own rule (data.py); said
-    where the run and its training data are at hand."""
-    import numpy as np
-
+    scored on 0-500): another scale, on which the scores say nothing. Training's own rule
+    (data.another_scale); said where the run and its training data are at hand."""
     if target.cfg is None or not target.cfg.train_file:
         return
     try:
@@ -978,18 +977,9 @@ def _warn_another_scale(target: Target, targets: list, name: str) -> None:
             raw, _ = load_splits(target.cfg.data_args)
     except (UserError, OSError):  # the run's data moved or changed: nothing to compare with
         return
-    trained = np.asarray(raw["train"]["labels"], dtype=np.float64).ravel()
-    values = np.asarray(targets, dtype=np.float64).ravel()
-    trained = trained[np.isfinite(trained)]
-    if not len(trained) or not len(values):
-        return
-    lo, hi = float(trained.min()), float(trained.max())
-    span = max(hi - lo, 1e-12)
-    far = values[(values < lo - span) | (values > hi + span)]
-    if len(far) * 2 >= len(values):
-        warn(f"{len(far)} of the {len(values)} targets of {name} lie far outside the training targets' range {lo:g} "
-             f"to {hi:g} (e.g. {far[0]:g}): another scale (0-5 against 0-500)? the model predicts on the training "
-             "scale; put the targets on it")  # fmt: skip
+    said = another_scale(raw["train"]["labels"], targets, f"targets of {name}")
+    if said:
+        warn(f"{said} the model predicts on the training scale; put the targets on it")
 
 
 def metrics_path(output: str | None, target: Target, name: str) -> Path:

@@ -481,7 +481,10 @@ def test_regression_targets_of_another_scale_in_validation_are_warned_of(tmp_pat
     data = {"train": write_jsonl(tmp_path / "t.jsonl", train),
             "validation": write_jsonl(tmp_path / "v.jsonl", [{**r, "score": r["score"] * 100 + 500} for r in validation])}
     main(tiny_text_args(data, tmp_path / "run", "label_column=score", "max_steps=1"))
-    assert "validation targets lie far outside the training targets' range" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    low, high = min(r["score"] * 100 + 500 for r in validation), max(r["score"] * 100 + 500 for r in validation)
+    assert "validation targets lie far outside the training targets' range" in said
+    assert f"(they span {low:g} to {high:g}): another scale?" in said  # the data's own range, not a canned one
     data["validation"] = write_jsonl(tmp_path / "v2.jsonl", validation)
     main(tiny_text_args(data, tmp_path / "run2", "label_column=score", "max_steps=1"))
     assert "far outside" not in capsys.readouterr().err
