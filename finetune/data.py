@@ -1279,16 +1279,8 @@ def _warn_held_out_repeats(train: HFDataset, file_rows: dict[str, list[int]], ar
              "trained on; remove the repeated rows, or give a validation_file")
 
 
-def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
-    """Raw splits with encoded `labels` (class ids; numbers or multi-hot vectors, finetune/problems.py);
-    a seeded validation split (stratified by class) when there is none."""
-    raw = load_raw(args.files, args.dataset_name, args.dataset_config_name, args.data_dir,
-                   conll_columns=(args.tokens_column, args.tags_column))  # fmt: skip
-    for split in raw:
-        if len(raw[split]) == 0:
-            raise UserError(f"{_the(split)} has no rows; check the file or folder")
-        check_columns(raw[split], split, args, train_columns=None if split == "train" else raw["train"].column_names)
-    files = {s: Path(f).resolve() for s, f in args.files.items() if f}
+def _warn_same_files(args: DataArgs, files: dict[str, Path]) -> None:
+    """One split's file given again as another's: scores that measure what they seem not to."""
     if "validation" in files and files["validation"] == files.get("train"):  # the verdict would be on seen samples
         warn(f"validation_file is the train_file ({args.files['train']}): validation scores and the model chosen "
              "by them measure samples it trained on; give a separate file, or leave validation_file out to hold "
@@ -1300,6 +1292,19 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
         warn(f"test_file is the validation_file ({args.files['test']}): the test scores are then validation's, the "
              "split that judged the run (and chose its best checkpoint or threshold, where those are tuned); give a "
              "separate test file, or test_file=null")
+
+
+def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
+    """Raw splits with encoded `labels` (class ids; numbers or multi-hot vectors, finetune/problems.py);
+    a seeded validation split (stratified by class) when there is none."""
+    raw = load_raw(args.files, args.dataset_name, args.dataset_config_name, args.data_dir,
+                   conll_columns=(args.tokens_column, args.tags_column))  # fmt: skip
+    for split in raw:
+        if len(raw[split]) == 0:
+            raise UserError(f"{_the(split)} has no rows; check the file or folder")
+        check_columns(raw[split], split, args, train_columns=None if split == "train" else raw["train"].column_names)
+    files = {s: Path(f).resolve() for s, f in args.files.items() if f}
+    _warn_same_files(args, files)
     _warn_shared_samples(raw, args, files)
     problem = infer_problem_type(raw["train"], args)  # regression and multi-label: finetune/problems.py
     raw = _ids_read_through_label_names(raw, args, problem)

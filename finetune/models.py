@@ -152,8 +152,7 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         new_head = head is not None and len(head) != len(label_names)
         # The same labels in another order (label_names written otherwise): the head's outputs follow by name.
         order = [head.index(n) for n in label_names] if head and not new_head and sorted(head) == sorted(label_names) else None
-        if head is not None and head != list(label_names) and order is None:
-            _say_the_head_changes(name, head, list(label_names), new_head)
+        changes = head is not None and head != list(label_names) and order is None  # said once the model loads
         set_dropout(config, args.dropout)
         model = auto.from_pretrained(
             name,
@@ -179,7 +178,7 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         raise load_error("model", name, e) from None
     except SafetensorError as e:
         raise UserError(f"the weights of model '{name}' are damaged ({first_line(e)}): replace them") from None
-    if order is not None and order != sorted(order) and not _reorder_head(model, order):
+    if changes or (order is not None and order != sorted(order) and not _reorder_head(model, order)):
         _say_the_head_changes(name, head, list(label_names), new_head)
     _check_image_config(model.config)
     return model

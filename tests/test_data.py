@@ -547,6 +547,8 @@ def test_splits_that_are_not_what_they_seem_warn(tmp_path, capsys):
     train.write_text("text,label\n" + "".join(rows))
     copy.write_text("text,label\n" + "".join(reversed(rows)))
     other.write_text("text,label\n" + "".join(f"other {i},{['pos', 'neg'][i % 2]}\n" for i in range(6)))
+    held = tmp_path / "held.csv"
+    held.write_text("text,label\n" + "".join(f"held {i},{['pos', 'neg'][i % 2]}\n" for i in range(6)))
     same = tmp_path / "same.csv"
     same.write_text("text,label\n" + "".join(f"same text,{['pos', 'neg'][i % 2]}\n" for i in range(12)))
 
@@ -556,13 +558,13 @@ def test_splits_that_are_not_what_they_seem_warn(tmp_path, capsys):
         load_splits(cfg.data_args)
         return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
 
-    assert warnings(train, other, other) == []
+    assert warnings(train, other, held) == []
     assert warnings(train, other, train) == [f"warning: test_file is the train_file ({train}): test scores measure "
                                              "samples the model trained on; give a separate test file"]  # fmt: skip
-    assert warnings(train, copy, other) == [
+    assert warnings(train, copy, held) == [
         "warning: 12 of the 12 validation samples are also training samples (the same text): their scores measure "
         "samples the model trained on; give validation samples that are not in the training data"]
-    assert warnings(same, other, other) == [
+    assert warnings(same, other, held) == [
         "warning: every training sample has the same text ('same text'): the model cannot tell them apart; check "
         "text_column"]
 
