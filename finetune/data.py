@@ -48,7 +48,16 @@ from finetune.problems import (
     look_alike,
     punctuation_twins,
 )
-from finetune.tasks import character_span, plain_tags, shown, spans_error, tag_problem, task_for_data, task_of
+from finetune.tasks import (
+    character_span,
+    plain_tags,
+    shown,
+    spans_error,
+    tag_problem,
+    task_for_data,
+    task_of,
+    token_record,
+)
 
 # The csv module's checks of a file (a repeated header, leading zeros) read every cell; its default limit of
 # 131,072 characters a cell would fail on a long document that pandas (datasets' reader) reads.
@@ -990,14 +999,32 @@ def _nested_field_hint(ds, column: str, setting: str) -> str:
             f"{setting}={flat}")
 
 
+def _refuse_joined_tags(ds: HFDataset, column: str, split: str) -> None:
+    """A column of IOB2 tags joined by spaces in one string a row ("O B-geo I-geo O"): a tagging row's tags
+    in one cell, which a classifier would read as one class each."""
+    strings = [v for v in ds[column][:200] if isinstance(v, str)] if column in ds.column_names else []
+    joined = [v for v in strings if len(v.split()) >= 2 and all(A_TAG.fullmatch(t) for t in v.split())]
+    if not joined or len(joined) * 2 <= len(strings) or not any(re.search(r"(^|\s)[BI]-", v) for v in joined):
+        return
+    raise UserError(
+        f"column '{column}' of the {split} data holds tags joined by spaces in one string a row ({joined[0]!r}): "
+        "tagging data; a tagging run reads a list of words and a list of IOB2 tags for each row (JSON Lines: "
+        "\"tokens\": [...], \"ner_tags\": [...]) or a CoNLL file: split both columns into lists (pandas: "
+        "df[col].str.split()), write JSON Lines, and train with finetune/configs/bert_ner.yaml"
+    )
+
+
 def _refuse_other_layouts(ds: HFDataset, split: str) -> None:
     """Samples laid out as another tool keeps them, where a column is missing: Kaggle's MNIST-style CSV
     (label, pixel1 ... pixel784: images as rows of pixel columns), or entities as character spans
     (spaCy's, Label Studio's) where tags for each word are read."""
-    for column in ds.column_names:
-        example = next((v[0] for v in ds[column][:20] if isinstance(v, list) and v), None)
-        if character_span(example):
-            raise UserError(spans_error(column, split, example))
+    for column in ds.column_names:  # Kaggle's NER CSV by sentence: "O B-geo O" in one cell
+        _refuse_joined_tags(ds, column, split)
+    examples = {c: next((v[0] for v in ds[c][:1000] if isinstance(v, list) and v), None) for c in ds.column_names}
+    found = next((c for c, v in examples.items() if character_span(v)), None)  # the spans, else the token records
+    found = found or next((c for c, v in examples.items() if token_record(v)), None)
+    if found is not None:
+        raise UserError(spans_error(found, split, examples[found]))
     pixels = [c for c in ds.column_names if re.fullmatch(r"(pixel|px|p)_?\d+|\d+x\d+", c.strip().lower())]
     if len(pixels) >= 64:
         raise UserError(
@@ -1309,6 +1336,7 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     problem = infer_problem_type(raw["train"], args)  # regression and multi-label: finetune/problems.py
     raw = _ids_read_through_label_names(raw, args, problem)
     if problem == SINGLE:
+        _refuse_joined_tags(raw["train"], args.label_column, "train")
         label_names = resolve_label_names(raw["train"], args.label_column, args.label_names)
     else:
         if problem == MULTI and not args.label_columns:

@@ -723,11 +723,14 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
     trivial = {"regression": "mean", MULTI: "frequency of each label, as its probability"}.get(
         cfg.problem_type, "most frequent answer"
     )
+    spread = ((validation.get("baseline") or {}).get("mse") or 0) ** 0.5  # about the targets' spread
     said = (
         f"the model did not learn beyond a trivial baseline: best validation {shown} {value:.4f}, against "
         f"{baseline if baseline is None else round(baseline, 4)} for a model that predicts the same for every "
         f"input (the training labels' {trivial}); "
-        "try more epochs or more data, a learning_rate 3-10x higher or lower, or a larger pretrained model "
+        + (f"targets that spread over about {spread:.3g} train slowly from a head that starts near 0: scale them "
+           "(divide by their spread, or standardize) and scale the predictions back; also " if spread > 100 else "")
+        + "try more epochs or more data, a learning_rate 3-10x higher or lower, or a larger pretrained model "
         "(docs/your-own-data.md)"
         if verdict is False
         else f"best validation {shown} {value:.4f}, clearly above the trivial baseline's "

@@ -54,10 +54,18 @@ def character_span(value: Any) -> bool:
             and all(isinstance(v, int) and not isinstance(v, bool) for v in value[:2]))  # fmt: skip
 
 
+def token_record(value: Any) -> bool:
+    """One token as a record of its text and character offsets (Prodigy's `tokens`)."""
+    return isinstance(value, dict) and "text" in value and {"start", "end"} <= set(value)
+
+
 def spans_error(column: str, split: str, example: Any) -> str:
-    """The line for entities given as character spans, where a tag for each word is read."""
-    return (f"column '{column}' of the {split} data holds entities as character spans ({example!r}: start, end, "
-            "label, as spaCy and annotation tools export them); a tagging run reads a list of words and a list of "
+    """The line for entities given as character spans (or tokens as records of character offsets), where
+    a tag for each word is read."""
+    held = ("tokens as records of their text and character offsets" if token_record(example) else
+            "entities as character spans")  # fmt: skip
+    return (f"column '{column}' of the {split} data holds {held} ({example!r}: as spaCy, Prodigy and annotation "
+            "tools export them); a tagging run reads a list of words and a list of "
             "IOB2 tags for each row (JSON: \"tokens\": [...], \"ner_tags\": [...]) or a CoNLL file: convert the spans "
             "first (spaCy: offsets_to_biluo_tags, then biluo_to_iob)")
 

@@ -970,6 +970,7 @@ def test_parquet_decimals_are_read_as_numbers(tmp_path):
         ("finetune/configs/bert_ner.yaml", "entities", [[0, 3, "PER"], [12, 18, "LOC"]]),  # spaCy's tuples
         ("finetune/configs/bert_ner.yaml", "spans", [{"start": 0, "end": 3, "label": "PER"}]),  # Label Studio's
         ("finetune/configs/bert_multi_label.yaml", "entities", [[0, 3, "PER"]]),  # read as lists of labels
+        ("finetune/configs/bert_ner.yaml", "tokens", [{"text": "Ada", "start": 0, "end": 3, "id": 0}]),  # Prodigy's
     ],
 )
 def test_entities_as_character_spans_are_named_with_the_conversion(tmp_path, recipe, column, entities):
@@ -987,6 +988,25 @@ def test_entities_as_character_spans_are_named_with_the_conversion(tmp_path, rec
     cfg = load_config(recipe, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
                                *([] if tagging else [f"label_column={column}"]), "max_train_samples=null",
                                "max_eval_samples=null"])  # fmt: skip
-    with pytest.raises(UserError, match=rf"^column '{column}' of the train data holds entities as character spans .*"
+    with pytest.raises(UserError, match=rf"^column '{column}' of the train data holds (entities as character spans|"
+                                        r"tokens as records of their text and character offsets) .*"
                                         r"offsets_to_biluo_tags, then biluo_to_iob\)$"):  # fmt: skip
+        load_splits(cfg.data_args)
+
+
+@pytest.mark.parametrize("recipe", ["finetune/configs/bert_ner.yaml", "finetune/configs/bert_custom_files.yaml"])
+def test_tags_joined_by_spaces_in_one_cell_are_named_as_tagging_data(tmp_path, recipe):
+    """Kaggle's NER CSV by sentence ("O B-geo O" a row): under the tagging recipe the words and tags are not
+    lists; under a classifier each joined string would be a class. Both: one line, how to make the lists."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    path = tmp_path / "ner.csv"
+    path.write_text("Sentence,Tag\n" + "Ada went to London,B-per O O B-geo\nThe UN met,O B-org O\n" * 6)
+    keys = [] if "ner" in recipe else ["text_column=Sentence", "label_column=Tag"]
+    cfg = load_config(recipe, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
+                               "max_train_samples=null", "max_eval_samples=null", *keys])  # fmt: skip
+    with pytest.raises(UserError, match=r"^column 'Tag' of the train data holds tags joined by spaces in one string a "
+                                        r"row \('B-per O O B-geo'\): tagging data; .*bert_ner.yaml$"):  # fmt: skip
         load_splits(cfg.data_args)

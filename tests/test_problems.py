@@ -590,3 +590,19 @@ def test_class_ids_beside_label_names_are_read_as_those_names(multi, tmp_path, c
                     "(0 -> neg, 1 -> neutral, 2 -> pos); if label_names lists them in another order, fix its order"]
     config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "neutral", "2": "pos"}
+
+
+def test_a_regression_that_did_not_learn_on_large_targets_says_to_scale_them(tmp_path, capsys):
+    """House prices (hundreds of thousands): a head that starts near 0 needs many steps to reach them; the
+    'did not learn' warning says to scale the targets, and not for targets of a few points."""
+    rows = regression_rows(40, seed=0)
+    for scale, said in ((1e5, True), (1, False)):
+        data = {split: write_jsonl(tmp_path / f"{split}{scale:g}.jsonl", [{**r, "score": r["score"] * scale}
+                                                                          for r in rows[i::2]])
+                for i, split in enumerate(("train", "validation"))}  # fmt: skip
+        main(tiny_text_args(data, tmp_path / f"run{scale:g}", "label_column=score", "problem_type=regression",
+                            "max_steps=1"))  # fmt: skip
+        err = "".join(capsys.readouterr())  # the verdict is the run's own line (stdout), the rest stderr
+        if said:
+            assert "the model did not learn beyond a trivial baseline" in err
+        assert ("train slowly from a head that starts near 0: scale them" in err) == said
