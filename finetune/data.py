@@ -127,7 +127,8 @@ def _cache_failure(e: BaseException) -> str | None:
         named = str(getattr(err, "filename", None) or "")
         # in the cache, or a folder on its way (HOME or HF_HOME a file: ~/.cache cannot be made)
         inside = named and (named.startswith(cache) or cache.startswith(named.rstrip("/") + "/"))
-        if full or (isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EEXIST, errno.ENOTDIR)
+        if full or (isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EEXIST, errno.ENOTDIR,
+                                                               errno.ENOENT)  # under /proc: cannot be made
                     and inside):  # fmt: skip
             blocking = next((p for p in (Path(cache), *Path(cache).parents) if p.is_file()), None)
             why = ("is full" if full else f"cannot be made: {blocking} is a file, not a folder" if blocking else

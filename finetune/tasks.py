@@ -283,8 +283,11 @@ class TextClassification(Task):
             return enc
 
         drop = [c for c in ds.column_names if c != "labels"]
-        return ds.map(tokenize, batched=True, remove_columns=drop, desc="tokenizing",
-                      new_fingerprint=tokenized_fingerprint(ds, tokenize))  # fmt: skip
+        tokenized = ds.map(tokenize, batched=True, remove_columns=drop, desc="tokenizing",
+                           new_fingerprint=tokenized_fingerprint(ds, tokenize))  # fmt: skip
+        if split == "train":
+            _warn_unknown_tokens(ds[columns[0]][:2000], tokenized[:2000]["input_ids"], preprocessor)
+        return tokenized
 
     def collator(self, preprocessor, pad_to_multiple_of: int | None):
         return PadText(preprocessor, pad_to_multiple_of)
@@ -868,6 +871,25 @@ def task_of_model(config, spec: str, asked: str | None = None) -> Task:
         f"cannot tell the task of {spec} from its config (architectures {architectures}); "
         f"pass --task {' or --task '.join(TASK_NAMES)}"
     )
+
+
+def _warn_unknown_tokens(texts: list, ids: list[list[int]], tokenizer) -> None:
+    """Texts the tokenizer reads as unknown tokens ([UNK]): a script its vocabulary does not cover (Amharic,
+    Tibetan, ... for an English vocabulary). One warning when a fifth of the texts are nothing else, or
+    half of all their tokens are unknown: the model would train on none of their words."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not ids:
+        return
+    special = set(tokenizer.all_special_ids) - {unk}
+    words = [[t for t in row if t not in special] for row in ids]
+    only = [i for i, row in enumerate(words) if row and all(t == unk for t in row)]
+    total, unknown = sum(map(len, words)), sum(row.count(unk) for row in words)
+    if len(only) * 5 < len(words) and not (total and unknown * 2 >= total):
+        return
+    example = texts[only[0]] if only else next((t for t, row in zip(texts, words, strict=False) if unk in row), "")
+    warn(f"{len(only)} of the first {len(words)} training texts are nothing but unknown tokens to the tokenizer "
+         f"({tokenizer.unk_token}), and {unknown} of their {total} tokens are unknown (e.g. {shown(str(example)[:40])}): "
+         "the model cannot read their words; use a model whose tokenizer covers their script (a multilingual one)")
 
 
 def tokenized_fingerprint(ds, fn) -> str | None:

@@ -1367,6 +1367,11 @@ def test_a_datasets_cache_that_cannot_be_written_is_named_not_the_file(world, tm
     line = user_error(capsys, main, _text(world, out=tmp_path / "o2"),
                       f"({under}) cannot be made: {cache} is a file, not a folder")  # fmt: skip
     assert "valid csv" not in line
+    # a cache under a folder nothing can be made in (/proc): the same line, with the system's reason
+    proc = Path("/proc/finetune-no-such-cache")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", proc)
+    line = user_error(capsys, main, _text(world, out=tmp_path / "o3"), f"({proc}) cannot be written", "writable folder")
+    assert "valid csv" not in line
 
 
 def test_a_parquet_file_without_rows_says_so(world, tmp_path, capsys):

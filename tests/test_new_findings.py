@@ -57,3 +57,18 @@ def test_tokenized_splits_are_cached_across_runs(small_text_data, tmp_path):
     assert set(runs[0]) == {"train", "validation"}
     assert runs[0] == runs[1]  # the same cache files, untouched by the second process
     assert all(str(tmp_path / "cache") in f for f, _ in runs[0].values())
+
+
+@pytest.mark.parametrize(("text", "warned"), [("ሰላም ለዓለም ጤና ይስጥልኝ", True), ("a fine film to see", False)])
+def test_texts_the_tokenizer_reads_as_unknown_tokens_are_one_warning(tmp_path, capsys, text, warned):
+    """Amharic through the bundled English vocabulary: every word is [UNK], the model reads nothing; one
+    warning names the script's problem. English texts say nothing."""
+    from conftest import tiny_text_args, write_csv
+
+    from finetune.run import main
+
+    rows = [{"text": f"{text} {'!' * (i % 4)}", "label": ["neg", "pos"][i % 2]} for i in range(24)]
+    data = {"train": write_csv(tmp_path / "train.csv", rows), "validation": write_csv(tmp_path / "v.csv", rows[:10])}
+    main(tiny_text_args(data, tmp_path / "run", "max_steps=1"))
+    said = [line for line in capsys.readouterr().err.splitlines() if "nothing but unknown tokens" in line]
+    assert len(said) == int(warned), said
