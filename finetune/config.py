@@ -839,6 +839,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             read, how = f"the boolean {str(value).lower()}", f"'{key}=\"yes\"' on the command line"
             raise UserError(f"{key} must be a string, but YAML read it as {read}: put it in quotes ({how}, "
                             "or the same quotes in a recipe)")
+        if isinstance(value, list) and key == "text_column" and len(value) == 2:  # a pair as one setting
+            raise UserError(f"text_column is one column, got {value!r}; for sentence pairs set "
+                            f"text_column={value[0]} text_pair_column={value[1]}")  # fmt: skip
         if isinstance(value, (dict, list)):
             raise UserError(f"{key} must be a string, got {value!r}")
         return str(value)

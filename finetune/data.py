@@ -624,6 +624,15 @@ def _check_image_folder(root: Path) -> None:
         raise UserError(f"{cased} is not read as the {cased.name.lower()} split: the image folder loader knows split "
                         f"folders by their lower-case names only; rename it to {cased.name.lower()}/")
     splits = [p for p in root.iterdir() if p.is_dir() and p.name.lower() in SPLIT_FOLDERS] or [root]
+    beside = next((p for p in sorted(root.iterdir()) if splits != [root] and p.is_dir() and p not in splits
+                   and not p.name.startswith((".", "__"))  # __MACOSX/, .ipynb_checkpoints/: no one's images
+                   and any(q.suffix.lower() in _image_suffixes() for q in p.rglob("*"))), None)  # fmt: skip
+    if beside is not None:  # train/ and bird/: the loader reads the split folders alone
+        into = next((p.name for p in splits if p.name in ("train", "training")), splits[0].name)
+        raise UserError(f"{beside} holds images beside the split folders of {root} "
+                        f"({', '.join(sorted(p.name for p in splits))}): the image folder loader reads only the split "
+                        f"folders, so they would be left out; move {beside.name}/ into {into}/ (as a class) or out of "
+                        f"{root}")  # fmt: skip
     from finetune.rundir import RunDir
 
     for folder in (f for split in splits for f in sorted(split.iterdir()) if f.is_dir()):
@@ -691,6 +700,8 @@ def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str
             _check_image_folder(Path(data_dir))
             return load_dataset("imagefolder", data_dir=data_dir)
         return load_dataset(name, config_name, data_dir=data_dir)
+    except UserError:  # the folder's own check: its line as it is
+        raise
     except Exception as e:  # datasets raises many types for unreadable data; the message is the help
         _reraise_a_stop(e)
         cause = _root_cause(e)

@@ -113,6 +113,9 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
         load_config(recipe, ["pad_to_max_length=true"])
     with pytest.raises(UserError, match=r"^unknown config key 'logging_dir': the logs are written into output_dir"):
         load_config(recipe, ["logging_dir=runs/logs"])  # not logging_steps, the near name: a folder, not a count
+    with pytest.raises(UserError, match=r"^text_column is one column, got \['premise', 'hypothesis'\]; for sentence "
+                                        r"pairs set text_column=premise text_pair_column=hypothesis$"):
+        load_config(recipe, ["text_column=[premise, hypothesis]"])
     # A metric name before the data says the problem type: the ones it may mean, with their problem types
     with pytest.raises(UserError, match=r"got 'f1'; the ones it may mean: macro_f1 \(single_label_classification\), "
                                         r"micro_f1 \(multi_label_classification\), .*entity_f1 \(token_classification\)$"):

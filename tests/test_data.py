@@ -648,6 +648,24 @@ def test_a_label_column_of_one_class_a_sample_trains_with_one_warning(tmp_path, 
         capsys.readouterr().err  # fmt: skip
 
 
+def test_a_class_folder_beside_the_split_folders_is_refused_from_the_command(tmp_path):
+    """train/ with cat/ and dog/, and bird/ beside train/: the loader reads the split folders alone, so the
+    birds would be left out without a word; the line names the folder and where to move it (through
+    load_splits: the folder's own line, not wrapped in the loader's)."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"],
+                                              "__MACOSX": ["train"]})  # a zip's  # fmt: skip
+    cfg = load_config("finetune/configs/vit_imagefolder.yaml", [f"data_dir={folder}"])
+    assert load_splits(cfg.data_args)[1] == ["cat", "dog"]  # macOS' AppleDouble folder is no one's images
+    class_folders(folder, {"bird": ["x"]})
+    with pytest.raises(UserError, match=rf"^{folder / 'bird'} holds images beside the split folders of {folder} "
+                                        r"\(train, validation\): .* move bird/ into train/ \(as a class\) or out"):  # fmt: skip
+        load_splits(cfg.data_args)
+
+
 def test_a_run_folder_inside_an_image_folder_is_named(tmp_path):
     """A run written inside train/ (an output_dir there, from before that was refused): its folder would be
     read as a class whose one image is its training curves."""
