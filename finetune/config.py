@@ -1267,7 +1267,9 @@ def config_from_dict(raw: dict[str, Any], saved: bool = False) -> TrainConfig:
 
 
 def save_config(config: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    """A run's config.yaml: its resolved settings. resume_from_checkpoint is the command's, not the run's
+    (the next resume names its own): saved null, so the file given as a new run's recipe starts it afresh."""
+    Path(path).write_text(yaml.safe_dump({**config.to_dict(), "resume_from_checkpoint": None}, sort_keys=False))
 
 
 # --- --help -------------------------------------------------------------------------------------

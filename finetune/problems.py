@@ -202,6 +202,14 @@ def label_names_for(train: HFDataset, args: DataArgs, problem: str) -> list[str]
         _check_tag_lists(train, args, "train")  # a string of tags would be read as its characters
         names = tag_names(train, args.tags_column, given)
         recipe = getattr(args, "label_names_recipe", None)
+        present = {t for row in train[args.tags_column][:2000] for t in row if isinstance(t, str)}
+        if given and recipe and present and not (present - {"O"}) & set(given):  # POS tags, the NER recipe's set
+            shown_tags = ", ".join(sorted(present)[:6]) + (", ..." if len(present) > 6 else "")
+            raise UserError(
+                f"the train data's tags ({shown_tags}) are none of the label_names of {recipe} "
+                f"({', '.join(given[:7])}{', ...' if len(given) > 7 else ''}), which are that recipe's own data's "
+                "tags; set label_names=null to take the tag set from your data"
+            )
         if given and recipe and _kind(getattr(train.features[args.tags_column], "feature", None)) == "int":
             warn(f"tags column '{args.tags_column}' holds integer ids, read through the label_names of {recipe} "
                  f"({', '.join(f'{i}={n}' for i, n in enumerate(given))}), which were written for that recipe's own "

@@ -539,3 +539,18 @@ def test_latest_in_another_case_is_pointed_to_the_keyword(tmp_path):
     with pytest.raises(UserError, match=r"^checkpoint not found: Latest; the newest checkpoint is "
                                         r"resume_from_checkpoint=latest \(lower case\)$"):  # fmt: skip
         ckpt.resolve_checkpoint("Latest", tmp_path)
+
+
+def test_a_resumed_runs_config_yaml_as_a_new_runs_recipe_starts_afresh(small_text_data, tmp_path, capsys):
+    """config.yaml holds the run's settings, not the command's resume: after a resume it says
+    resume_from_checkpoint: null, so `--config <run>/config.yaml output_dir=<new>` trains a new run instead
+    of looking for a checkpoint the user never named."""
+    import yaml
+
+    run, new = tmp_path / "run", tmp_path / "new"
+    main(tiny_text_args(small_text_data, run, "max_steps=2", "save_steps=1"))
+    main(tiny_text_args(small_text_data, run, "max_steps=3", "save_steps=1", "resume_from_checkpoint=latest"))
+    assert yaml.safe_load((run / "config.yaml").read_text())["resume_from_checkpoint"] is None
+    capsys.readouterr()
+    results = main(["--config", str(run / "config.yaml"), f"output_dir={new}"])
+    assert results["step"] == 3 and "resuming" not in capsys.readouterr().out

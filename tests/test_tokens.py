@@ -914,3 +914,20 @@ def test_tags_given_as_numbers_to_an_evaluation_are_read_by_place_with_one_warni
     by_name = evaluate([str(out / "model"), "--data", str(tagging["validation"]), "--output", str(tmp_path / "by-name")])
     assert by_id["word_accuracy"] == by_name["word_accuracy"]
     assert "are numbers" not in capsys.readouterr().err
+
+
+def test_tags_that_share_none_with_the_recipes_label_names_point_to_label_names_null(tmp_path):
+    """Parts of speech trained with the NER recipe: its label_names are its own data's entity tags; the line
+    says so and gives label_names=null, not 'fix the tag' for the user's every tag."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    path = tmp_path / "pos.conll"
+    path.write_text("".join(f"The DET\ncat NOUN\nsat{i} VERB\n\n" for i in range(12)))
+    args = [f"train_file={path}", "validation_file=null", "test_file=null"]
+    with pytest.raises(UserError, match=r"^the train data's tags \(DET, NOUN, VERB\) are none of the label_names of "
+                                        r"finetune/configs/bert_ner.yaml \(O, B-PER, .*set label_names=null"):  # fmt: skip
+        load_splits(load_config("finetune/configs/bert_ner.yaml", args).data_args)
+    _, names = load_splits(load_config("finetune/configs/bert_ner.yaml", [*args, "label_names=null"]).data_args)
+    assert names == ["DET", "NOUN", "VERB"]
