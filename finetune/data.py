@@ -1011,6 +1011,25 @@ def _nested_field_hint(ds, column: str, setting: str) -> str:
             f"{setting}={flat}")
 
 
+def _images_under_another_name(ds: HFDataset, column: str, split: str, args: DataArgs, labels: list[str]) -> None:
+    """An image run whose image column is missing while another column holds images (a parquet of the Hub's
+    CIFAR: img, fine_label): the settings that name them, the label column's too where it is missing."""
+    if args.image_column in ds.column_names or (column != args.image_column and task_of(args.task).modality != "image"):
+        return
+    held = next((c for c, f in ds.features.items() if isinstance(f, Image)
+                 or (isinstance(f, dict) and {"bytes", "path"} <= set(f))), None)  # fmt: skip
+    held = held or next((c for c in ds.column_names if _image_paths(ds[c][:200])), None)
+    if held is None:
+        return
+    fix = f"image_column={held}"
+    if args.label_column in labels and args.label_column not in ds.column_names:
+        others = [c for c, f in ds.features.items() if c != held and (isinstance(f, ClassLabel) or (
+                  isinstance(f, Value) and (f.dtype in ("string", "large_string") or f.dtype.startswith("int"))))]  # fmt: skip
+        fix += f" label_column={others[0]}" if len(others) == 1 else f" label_column=<one of {', '.join(others)}>" \
+            if others else ""  # fmt: skip
+    raise UserError(f"column '{column}' not found in the {split} data, but '{held}' holds images: set {fix}")
+
+
 def _refuse_joined_tags(ds: HFDataset, column: str, split: str) -> None:
     """A column of IOB2 tags joined by spaces in one string a row ("O B-geo I-geo O"): a tagging row's tags
     in one cell, which a classifier would read as one class each."""
@@ -1059,13 +1078,7 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             why = task.missing_label_error(ds, split, args) if column in label_columns else None
             if why:
                 raise UserError(why)
-            if column == args.image_column:  # images under another column's name
-                held = next((c for c, f in ds.features.items() if isinstance(f, Image)
-                             or (isinstance(f, dict) and {"bytes", "path"} <= set(f))), None)  # fmt: skip
-                held = held or next((c for c in ds.column_names if _image_paths(ds[c][:200])), None)
-                if held is not None:
-                    raise UserError(f"column '{column}' not found in the {split} data, but '{held}' holds images: "
-                                    f"set image_column={held}")
+            _images_under_another_name(ds, column, split, args, label_columns)
             spaced = next((c for c in ds.column_names if c.strip() == column), None)
             if spaced is not None:  # "text, label": the header's space is part of the name
                 raise UserError(f"column '{column}' not found in the {split} data, but {spaced!r} is: strip the spaces "

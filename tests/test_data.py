@@ -1028,3 +1028,26 @@ def test_tags_joined_by_spaces_in_one_cell_are_named_as_tagging_data(tmp_path, r
     with pytest.raises(UserError, match=r"^column 'Tag' of the train data holds tags joined by spaces in one string a "
                                         r"row \('B-per O O B-geo'\): tagging data; .*bert_ner.yaml$"):  # fmt: skip
         load_splits(cfg.data_args)
+
+
+def test_a_parquet_of_images_under_other_column_names_gets_both_settings(tmp_path):
+    """The Hub's CIFAR-100 as parquet (img, fine_label, coarse_label) with an image recipe: the line names
+    the image column and the candidates for the labels, not text classification."""
+    import PIL.Image
+    from datasets import ClassLabel, Dataset, Features, Value
+    from datasets import Image as ImageFeature
+
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    path = tmp_path / "cifar.parquet"
+    images = [PIL.Image.new("RGB", (8, 8), (20 * i, 0, 0)) for i in range(8)]
+    features = Features({"img": ImageFeature(), "fine_label": ClassLabel(names=["apple", "fish"]),
+                         "coarse_label": Value("int64")})  # fmt: skip
+    Dataset.from_dict({"img": images, "fine_label": [i % 2 for i in range(8)], "coarse_label": [0] * 8},
+                      features=features).to_parquet(str(path))  # fmt: skip
+    cfg = load_config("finetune/configs/vit_imagefolder.yaml", [f"train_file={path}", "data_dir=null"])
+    with pytest.raises(UserError, match=r"^column 'label' not found in the train data, but 'img' holds images: set "
+                                        r"image_column=img label_column=<one of fine_label, coarse_label>$"):  # fmt: skip
+        load_splits(cfg.data_args)
