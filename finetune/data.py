@@ -708,6 +708,11 @@ def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str
         if name in (None, "imagefolder") and (
             "no data" in cause or "EmptyDataset" in cause or "doesn't contain any data" in cause
         ):
+            files = sorted(p.name for p in Path(data_dir).iterdir() if p.suffix.lower() in FILE_BUILDERS)
+            if files:  # a folder of data files given where an image folder is read
+                raise UserError(f"data_dir {data_dir} holds data files ({', '.join(files[:4])}), not images: data_dir "
+                                "is an image folder's; give the files as train_file= (validation_file=, test_file=)"
+                                ) from None  # fmt: skip
             raise UserError(
                 f"data_dir {data_dir} holds no images; an image folder is "
                 "<data_dir>/train/<label>/<image>.png|jpg (validation/, test/ optional)"
@@ -1412,10 +1417,10 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
             ) from None
         file_rows = {"train": list(parts["train"]["file_row"]), "validation": list(parts["test"]["file_row"])}
         _warn_held_out_repeats(raw["train"], file_rows, args)
-        if held_out > 0.5:  # kept out of training, more than it trains on: 95 for 5, or for 0.95?
+        if held_out > 0.5 or held_out < 0.01:  # 95 for 5, or for 0.95? 0.2 for a fifth (Trainer's fraction)?
             warn(f"validation_split_percentage={args.validation_split_percentage:g} holds out "
                  f"{len(parts['test'])} of the {len(rows)} training samples and trains on {len(parts['train'])}; "
-                 "it is the share held out for validation (10 holds out a tenth)")
+                 "it is the percentage held out for validation (10 holds out a tenth, 0.2 a five-hundredth)")
     looks = _what_the_labels_look_like(label_names) if problem == SINGLE and not args.label_names else ""
     misspelt = _misspelt_class(label_names, Counter(raw["train"]["labels"]), args.label_names) if problem == SINGLE else ""
     unlabelled = _no_label_mark(label_names, Counter(raw["train"]["labels"])) if problem == SINGLE else ""

@@ -205,6 +205,8 @@ def world(finished_run, tmp_path_factory) -> World:
     # images
     (root / "no_images" / "train" / "a").mkdir(parents=True)
     (root / "no_images" / "train" / "a" / "notes.txt").write_text("not an image")
+    (root / "data_files").mkdir()
+    (root / "data_files" / "train.csv").write_text("text,label\ngood,pos\nbad,neg\n")
     (root / "empty_dir").mkdir()
     image_folder(root / "images")
     (image_folder(root / "garbage") / "train" / "0_tshirt_top" / "3.png").write_bytes(b"not an image at all")
@@ -468,6 +470,10 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "data_dir_missing": (lambda w: _image(w, w.root / "nope"), "data_dir not found"),
     "image_folder_without_images": (lambda w: _image(w, w.root / "no_images"), "holds no images"),
     "image_folder_empty": (lambda w: _image(w, w.root / "empty_dir"), "holds no images"),
+    "data_dir_of_data_files": (
+        lambda w: _image(w, w.root / "data_files"),
+        "holds data files (train.csv), not images: data_dir is an image folder's; give the files as train_file=",
+    ),
     "image_corrupt": (lambda w: _image(w, w.root / "garbage"), "cannot read image"),
     "label_list_inside_a_label_list": (
         lambda w: _text(w, f"train_file={w.root / 'nested_label_lists.jsonl'}", "validation_file=null"),

@@ -330,14 +330,15 @@ def test_classes_that_look_like_decimal_numbers_train_with_one_warning(tmp_path,
         assert len(lines) == warned and (not warned or "numbers, not classes?" in lines[0]), lines
 
 
-@pytest.mark.parametrize("percentage, warned", [(95, True), (50, False), (10, False)])
+@pytest.mark.parametrize("percentage, warned", [(95, True), (50, False), (10, False), (0.5, True)])
 def test_holding_out_more_than_is_trained_on_is_one_warning(percentage, warned, tmp_path, capsys):
-    """validation_split_percentage=95 (meant 5, or 0.95 read as a fraction) trains on a twentieth: said once."""
+    """validation_split_percentage=95 (meant 5, or 0.95 read as a fraction) trains on a twentieth, and 0.5
+    (Trainer's habit of a fraction: half) holds out a two-hundredth: each said once."""
     from finetune.config import load_config
     from finetune.data import load_splits
 
-    path = tmp_path / "train.csv"
-    path.write_text("text,label\n" + "".join(f"sample {i},{'ab'[i % 2]}\n" for i in range(40)))
+    path, rows = tmp_path / "train.csv", 40 if percentage >= 1 else 1000
+    path.write_text("text,label\n" + "".join(f"sample {i},{'ab'[i % 2]}\n" for i in range(rows)))
     cfg = load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
                              "max_train_samples=null", "max_eval_samples=null",
                              f"validation_split_percentage={percentage}"])  # fmt: skip
@@ -345,10 +346,10 @@ def test_holding_out_more_than_is_trained_on_is_one_warning(percentage, warned, 
     lines = [line for line in capsys.readouterr().err.splitlines() if "validation_split_percentage" in line]
     assert len(lines) == warned, lines
     if warned:
-        assert lines[0] == (f"warning: validation_split_percentage=95 holds out {len(raw['validation'])} of the 40 "
-                            f"training samples and trains on {len(raw['train'])}; it is the share held out for "
-                            "validation (10 holds out a tenth)")
-        assert len(raw["train"]) == 2
+        assert lines[0] == (f"warning: validation_split_percentage={percentage:g} holds out {len(raw['validation'])} of "
+                            f"the {rows} training samples and trains on {len(raw['train'])}; it is the percentage held "
+                            "out for validation (10 holds out a tenth, 0.2 a five-hundredth)")
+        assert len(raw["train"]) == (2 if percentage == 95 else 995)
 
 
 def test_a_csv_cell_longer_than_the_csv_modules_default_limit_is_read(tmp_path):
