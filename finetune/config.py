@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from finetune.errors import UserError, warn
+from finetune.errors import UserError, first_line, warn
 from finetune.metrics import METRICS, PROBLEMS, TOKENS
 from finetune.rundir import MANIFEST
 from finetune.tasks import TASK_NAMES, TASKS, task_of
@@ -1299,13 +1299,17 @@ def settings_help(recipe: str | Path | None = None, names: typing.Collection[str
     """Every setting (or those in `names`), grouped as in TrainConfig: `name: type = default`, its
     help, and the value the recipe sets where it differs from the default."""
     path = Path(recipe) if recipe is not None else DEFAULT_RECIPE
+    unread = None
     try:
         values = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        values = {}
+    except (OSError, yaml.YAMLError) as e:  # the help still prints, with the defaults; the first line says why
+        values, unread = {}, "not found" if isinstance(e, FileNotFoundError) else f"not read ({first_line(e)})"
     values = values if isinstance(values, dict) else {}
     hints = _field_types()
-    lines = [f"settings (key=value, or in a recipe; 'recipe:' is what {path.name} sets):"]
+    lines = [f"settings (key=value, or in a recipe; 'recipe:' is what {path.name} sets):" if unread is None else
+             f"settings (key=value, or in a recipe; the recipe {path} is {unread}: the defaults are shown):"]
+    if unread is not None:
+        warn(f"--config {path} is {unread}; the help shows the defaults")
     for section in SECTIONS:
         if names is None:
             lines += ["", f"{section.TITLE}:"]

@@ -199,10 +199,11 @@ def _no_label_mark(names: list[str], counts: Counter) -> str:
     ClassLabel value for a missing label), or '-' beside other classes (SNLI's "no gold label")."""
     of = {names[i]: c for i, c in counts.items()}
     total = sum(of.values())
-    others = [n for n in names if n not in ("-1", "-", *EMPTY_CELL)]
+    others = [n for n in names if n not in ("-1", "-", "?", *EMPTY_CELL)]
     ids = all(re.fullmatch(r"\d+", n) for n in others)
-    for mark, why in (("-1", "the Hub's value for a sample without a label"), ("-", "SNLI's mark for no gold label")):
-        if mark in of and len(others) >= 2 and (mark == "-" or (ids and of[mark] <= 0.15 * total)):
+    for mark, why in (("-1", "the Hub's value for a sample without a label"), ("-", "SNLI's mark for no gold label"),
+                      ("?", "the UCI repository's (and Kaggle's) mark for a missing value")):
+        if mark in of and len(others) >= 2 and (mark != "-1" or (ids and of[mark] <= 0.15 * total)):
             return (f"{mark!r} ({of[mark]} of {total} samples) beside the classes {', '.join(others[:5])}: {why}, "
                     "trained as a class of its own")
     for mark in (n for n in names if n in EMPTY_CELL and others):
@@ -956,6 +957,27 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = Tr
     if texts:  # a CSV of image paths given to a text recipe: the file names would be learned
         warn(f"column '{texts[0]}' holds image file paths ({ds[texts[0]][0]}), read as text: the model learns their "
              f"names, not the pictures; to train on the images, use an image recipe with image_column={texts[0]}")
+    if text and labelled:
+        _warn_merged_rows(ds, args)
+
+
+def _warn_merged_rows(ds: HFDataset, args: DataArgs) -> None:
+    """A text cell that holds lines ending the way the file's rows end (",pos"): a quote opened in a text and
+    never closed ("great!) made the CSV reader join the following rows into that one cell, until another
+    quote. Their samples are lost and the text is wrong; one warning names the row."""
+    column, labels = args.text_column, args.label_column
+    if column not in ds.column_names or labels not in ds.column_names:
+        return
+    values = {str(v) for v in ds[labels][:5000] if isinstance(v, (str, int)) and not isinstance(v, bool)}
+    ends = re.compile(r".*[,\t;|]\s*(" + "|".join(map(re.escape, sorted(values, key=len, reverse=True))) + r")\s*$")
+    for row, text in enumerate(ds[column][:20000] if values else []):
+        lines = text.splitlines() if isinstance(text, str) and "\n" in text else []
+        merged = sum(bool(ends.fullmatch(line)) for line in lines)
+        if merged >= 2:
+            warn(f"row {row + 1} of the training data holds {merged} lines that end like the file's rows "
+                 f"({shown(lines[1][-40:])}): a quote (\") opened in a text and never closed joined the rows after it "
+                 "into that one text; close or remove the quote (or save the file with every text quoted)")
+            return
 
 
 def _setting_of(column: str, args: DataArgs) -> str:

@@ -93,6 +93,12 @@ def _text_not_paths(value: dict[str, Any], column: str, split: str, index: int) 
     path = value.get("path")
     if value.get("bytes") is not None or not isinstance(path, str) or Path(path).exists():
         return
+    if path.startswith(("iVBORw0KGgo", "/9j/", "R0lGOD", "UklGR", "data:image/")):  # PNG, JPEG, GIF, WebP
+        raise UserError(
+            f"column '{column}' of the {split} data holds images written as base64 text ({path[:24]!r}... in row "
+            f"{index + 1}); decode them (base64.b64decode) into image files, or into an image column of bytes "
+            "(datasets' Image feature, or {'bytes': ...} records in parquet)"
+        )
     if Path(path).suffix.lower() not in PIL.Image.registered_extensions():
         raise UserError(
             f"column '{column}' of the {split} data holds text, not image paths ({path[:60]!r} in row {index + 1}); "

@@ -47,6 +47,19 @@ def test_every_shipped_recipe_loads():
                 assert Path(value).exists(), f"{recipe.name}: {key} {value} is missing"
 
 
+def test_help_with_a_recipe_that_is_not_there_says_so(capsys):
+    """--help --config <a misspelt path>: the help prints (the defaults) and one warning says the recipe
+    is not found, instead of a help that looks like the recipe's and sets nothing."""
+    from finetune.run import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--help", "--config", "finetune/configs/bert_custom.yaml"])
+    assert stop.value.code == 0
+    out, err = capsys.readouterr()
+    assert "the recipe finetune/configs/bert_custom.yaml is not found: the defaults are shown" in out
+    assert err.strip() == "warning: --config finetune/configs/bert_custom.yaml is not found; the help shows the defaults"
+
+
 def test_help_lists_every_setting_with_type_default_help_and_the_recipes_value(capsys):
     import dataclasses
 

@@ -1052,3 +1052,27 @@ def test_a_parquet_of_images_under_other_column_names_gets_both_settings(tmp_pat
     with pytest.raises(UserError, match=r"^column 'label' not found in the train data, but 'img' holds images: set "
                                         r"image_column=img label_column=<one of fine_label, coarse_label>$"):  # fmt: skip
         load_splits(cfg.data_args)
+
+
+@pytest.mark.parametrize("suffix, sep", [(".csv", ","), (".tsv", "\t")])
+def test_rows_joined_by_a_quote_never_closed_are_one_warning(tmp_path, capsys, suffix, sep):
+    """A tweet that starts with a quote it never closes: the reader joins the rows after it into that text
+    until another quote, and they are lost as samples; one warning names the row. Texts with line breaks of
+    their own say nothing."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    texts = [f"tweet {i} is fine" for i in range(40)]
+    texts[5], texts[25] = '"wow a quote that never ends', 'it ends" here'
+    path = tmp_path / f"train{suffix}"
+    path.write_text(f"text{sep}label\n" + "".join(f"{t}{sep}{['neg', 'pos'][i % 2]}\n" for i, t in enumerate(texts)))
+    args = [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
+            "max_train_samples=null", "max_eval_samples=null"]  # fmt: skip
+    load_splits(load_config(None, args).data_args)
+    said = [line for line in capsys.readouterr().err.splitlines() if "never closed" in line]
+    assert len(said) == 1 and said[0].startswith("warning: row 6 of the training data holds 20 lines that end like")
+    quoted = tmp_path / "quoted.csv"  # a real text with line breaks in it
+    quoted.write_text("text,label\n" + "".join(f'"line one {i}\nline two, still text",{["neg", "pos"][i % 2]}\n'
+                                               for i in range(20)))  # fmt: skip
+    load_splits(load_config(None, [*args, f"train_file={quoted}"]).data_args)
+    assert "never closed" not in capsys.readouterr().err

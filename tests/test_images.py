@@ -151,6 +151,8 @@ def test_odd_images_just_work(tmp_path):
 @pytest.mark.parametrize(("value", "fragment"), [
     ({"bytes": None, "path": None}, "the train data has no image in row 1 (no bytes and no path)"),
     ({"bytes": None, "path": "file:///tmp/x.png"}, "is a URL; give the path without file://"),
+    ({"bytes": None, "path": "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAI"}, "holds images written as base64 text"),  # a PNG
+    ({"bytes": None, "path": "/9j/4AAQSkZJRgABAQAAAQABAAD"}, "decode them (base64.b64decode)"),  # a JPEG
 ])  # fmt: skip
 def test_an_image_cell_with_nothing_or_a_url_is_one_line(value, fragment):
     from datasets import Dataset, Features, Value

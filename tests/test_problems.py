@@ -549,6 +549,9 @@ def test_multi_label_items_that_join_several_labels_are_named_once(tmp_path, cap
          "label column 'label' holds 'nan' (6 of 30 samples) beside the classes neg, pos: an empty cell written as "
          "text"),
         (["pos", "neg", "none"] * 10, None),  # "none" is a class name people give
+        (["0", "1", "1", "0", "0", "1", "1", "0", "1", "?"] * 3,  # a UCI file's missing value
+         "label column 'label' holds '?' (3 of 30 samples) beside the classes 0, 1: the UCI repository's (and "
+         "Kaggle's) mark for a missing value"),
     ],
 )  # fmt: skip
 def test_a_no_label_mark_among_the_classes_is_named(labels, said, tmp_path, capsys):
