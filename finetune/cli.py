@@ -68,9 +68,10 @@ def parse_args(argv: list[str]):
     return cfg, args, saved
 
 
-def say_given_twice(settings: list[str]) -> None:
+def say_given_twice(settings: list[str], cfg: TrainConfig | None = None) -> None:
     """A key given twice with two values is used with its last, as argparse does, but not without a
-    word (a pasted or edited command often repeats one)."""
+    word (a pasted or edited command often repeats one); and a setting given that the run does not read
+    beside another (validation_split_percentage beside a validation_file)."""
     given: dict[str, object] = {}
     for item in settings:
         key, value = parse_override(item)
@@ -78,6 +79,10 @@ def say_given_twice(settings: list[str]) -> None:
             warn(f"{key} is given twice on the command line ({key}={given[key]}, then {key}={value}); the last, "
                  f"{value}, is used")  # fmt: skip
         given[key] = value
+    if cfg is not None and "validation_split_percentage" in given and cfg.validation_file:
+        warn(f"validation_split_percentage={given['validation_split_percentage']} is not read: a share of the "
+             f"training data is held out only without a validation_file (this run's: {cfg.validation_file}); to "
+             "hold out a share instead, add validation_file=null")  # fmt: skip
 
 
 @exit_on_user_error

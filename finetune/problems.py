@@ -135,9 +135,13 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
             if not isinstance(feature, ClassLabel)
             else "class ids"
         )
-        where = ""
+        where, bad = "", _not_finite_numbers(train[column]) if what == "class names" else []
+        if bad and len(bad) == len(train):  # no number at all: classes (IMDb's sentiment under the regression recipe)
+            raise UserError(f"label column '{column}' holds class names (e.g. {bad[0][1]!r}), not numbers: to predict "
+                            "these classes, set problem_type=single_label_classification (or train with "
+                            "finetune/configs/bert_custom_files.yaml)")  # fmt: skip
         if what == "class names":  # a column of numbers with a stray word ("n/a", "NaN"): name the first such cell
-            row, value = next(iter(_not_finite_numbers(train[column])), (None, None))
+            row, value = next(iter(bad), (None, None))
             if row is not None:
                 where = f" ({value!r} at row {row + 1} is not a finite number)"
             else:  # every value reads as a number: written as text ("3.5" in JSON)

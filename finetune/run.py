@@ -892,7 +892,7 @@ def main(argv: list[str] | None = None, hooks: Hooks | None = None) -> dict[str,
     """The entry point: `argv` as the command line gives it; `hooks` for a tool that observes the run."""
     stop_outside_the_loop()
     cfg, args, saved = parse_args(sys.argv[1:] if argv is None else argv)
-    say_given_twice(args.settings)
+    say_given_twice(args.settings, cfg)
     if saved is not None and os.environ.get("RANK", "0") == "0":
         print(f"resuming with the run's own recipe {saved} (--config chooses another)")
     quiet_libraries(cfg.log_level)

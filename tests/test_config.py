@@ -441,6 +441,20 @@ def test_a_key_given_twice_on_the_command_line_is_used_with_its_last_value_and_s
     assert "learning_rate is given twice on the command line (learning_rate=1e-4, then learning_rate=2e-4); the last, 2e-4, is used" in err
 
 
+def test_validation_split_percentage_beside_a_validation_file_is_said_not_read(capsys):
+    """A share is held out only without a validation_file: given beside one, it would be ignored without a
+    word; with validation_file=null it is read, and says nothing."""
+    from finetune.cli import say_given_twice
+
+    for settings, said in ((["validation_file=v.csv", "validation_split_percentage=20"], True),
+                           (["validation_file=null", "validation_split_percentage=20"], False)):  # fmt: skip
+        cfg = load_config("finetune/configs/bert_custom_files.yaml", ["train_file=t.csv", *settings])
+        say_given_twice(settings, cfg)
+        err = capsys.readouterr().err
+        assert ("validation_split_percentage=20 is not read: a share of the training data is held out only without "
+                "a validation_file (this run's: ") in err if said else err == ""
+
+
 def test_transformers_flags_are_answered_wherever_they_stand(capsys):
     """`--do_train` before other settings: its own line, not "unrecognized arguments: --do_train output_dir=..."."""
     from finetune.cli import parse_args

@@ -282,9 +282,12 @@ def _texts(labels: list, column: str = "label") -> list[dict]:
         (
             ["a", "b"],
             ["problem_type=regression"],
-            "holds class names ('a' at row 1 is not a finite number); regression needs one number per sample",
+            "holds class names (e.g. 'a'), not numbers: to predict these classes, set "
+            "problem_type=single_label_classification",
         ),
         ([["a"], ["b"]], ["problem_type=regression"], "holds lists; regression needs one number per sample"),
+        (["1.5", "n/a"], ["problem_type=regression"],  # numbers with a stray word: the cell, and how to write it
+         "holds class names ('n/a' at row 2 is not a finite number); regression needs one number per sample written"),
         (["a", "b"], ["problem_type=multi_label_classification"], "needs a label column of lists"),
         (
             [["a"], ["b"]],
