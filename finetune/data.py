@@ -1076,9 +1076,10 @@ def _refuse_other_layouts(ds: HFDataset, split: str) -> None:
     """Samples laid out as another tool keeps them, where a column is missing: Kaggle's MNIST-style CSV
     (label, pixel1 ... pixel784: images as rows of pixel columns), or entities as character spans
     (spaCy's, Label Studio's) where tags for each word are read."""
-    for column in ds.column_names:  # Kaggle's NER CSV by sentence: "O B-geo O" in one cell
+    columns = [c for c, f in ds.features.items() if not isinstance(f, Image)]  # no image decoded to look
+    for column in columns:  # Kaggle's NER CSV by sentence: "O B-geo O" in one cell
         _refuse_joined_tags(ds, column, split)
-    examples = {c: next((v[0] for v in ds[c][:1000] if isinstance(v, list) and v), None) for c in ds.column_names}
+    examples = {c: next((v[0] for v in ds[c][:1000] if isinstance(v, list) and v), None) for c in columns}
     found = next((c for c, v in examples.items() if character_span(v)), None)  # the spans, else the token records
     found = found or next((c for c, v in examples.items() if token_record(v)), None)
     if found is not None:
