@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from finetune.config import (
     OTHER_TOOLS,
@@ -65,6 +66,12 @@ def parse_args(argv: list[str]):
         run = saved.parent if RunDir(saved.parent).config == saved else saved.parents[2]  # <run>/checkpoints/<step>/
         settings = [*settings, f"output_dir={run}"]
     cfg: TrainConfig = load_config(saved or args.config, settings, saved=saved is not None)
+    given = {s.partition("=")[0].strip() for s in settings}
+    for key in ("train_file", "validation_file", "test_file") if saved is not None else ():
+        path = getattr(cfg, key)
+        if path and key not in given and not Path(path).expanduser().exists():  # the data moved since the run
+            raise UserError(f"the run's {key} {path} is not found (moved or renamed since the run?); resume with "
+                            f"{key}=<its path now> (the training file is checked against the bytes the run trained on)")
     return cfg, args, saved
 
 

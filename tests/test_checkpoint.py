@@ -554,3 +554,17 @@ def test_a_resumed_runs_config_yaml_as_a_new_runs_recipe_starts_afresh(small_tex
     capsys.readouterr()
     results = main(["--config", str(run / "config.yaml"), f"output_dir={new}"])
     assert results["step"] == 3 and "resuming" not in capsys.readouterr().out
+
+
+def test_a_resume_whose_training_file_moved_names_the_setting_to_give(small_text_data, tmp_path, capsys):
+    """The run's own recipe (config.yaml) names a training file that has since moved: one line says which
+    setting gives its new path, and with it the resume goes on (the file's bytes are the run's)."""
+    (tmp_path / "mine").mkdir()
+    data = {split: Path(shutil.copy(path, tmp_path / "mine" / f"{split}.csv")) for split, path in small_text_data.items()}
+    run = tmp_path / "run"
+    main(tiny_text_args(data, run, "max_steps=2", "save_steps=1"))
+    moved = data["train"].rename(tmp_path / "moved.csv")
+    resume = ["resume_from_checkpoint=latest", f"output_dir={run}", "max_steps=3"]
+    user_error(capsys, main, resume, f"the run's train_file {data['train']} is not found (moved or renamed since the "
+               "run?); resume with train_file=<its path now>", untouched=run)  # fmt: skip
+    assert main([*resume, f"train_file={moved}"])["step"] == 3
