@@ -541,6 +541,7 @@ def test_latest_in_another_case_is_pointed_to_the_keyword(tmp_path):
         ckpt.resolve_checkpoint("Latest", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_resumed_runs_config_yaml_as_a_new_runs_recipe_starts_afresh(small_text_data, tmp_path, capsys):
     """config.yaml holds the run's settings, not the command's resume: after a resume it says
     resume_from_checkpoint: null, so `--config <run>/config.yaml output_dir=<new>` trains a new run instead

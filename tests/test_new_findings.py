@@ -59,6 +59,7 @@ def test_tokenized_splits_are_cached_across_runs(small_text_data, tmp_path):
     assert all(str(tmp_path / "cache") in f for f, _ in runs[0].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("text", "warned"), [("ሰላም ለዓለም ጤና ይስጥልኝ", True), ("a fine film to see", False)])
 def test_texts_the_tokenizer_reads_as_unknown_tokens_are_one_warning(tmp_path, capsys, text, warned):
     """Amharic through the bundled English vocabulary: every word is [UNK], the model reads nothing; one

@@ -598,6 +598,7 @@ def test_class_ids_beside_label_names_are_read_as_those_names(multi, tmp_path, c
     assert config["id2label"] == {"0": "neg", "1": "neutral", "2": "pos"}
 
 
+@pytest.mark.slow
 def test_a_regression_that_did_not_learn_on_large_targets_says_to_scale_them(tmp_path, capsys):
     """House prices (hundreds of thousands): a head that starts near 0 needs many steps to reach them; the
     'did not learn' warning says to scale the targets, and not for targets of a few points."""

@@ -63,6 +63,7 @@ def test_a_check_longer_than_the_data_says_how_far_it_ran(recipe, capsys):
            "step(s), not 6" in err and "--steps 5" in err  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("warmup", "exit_status"), [("warmup_ratio=0.2", 1), ("warmup_ratio=0", 0)])
 def test_one_step_at_learning_rate_0_is_not_called_agreement(recipe, tmp_path, capsys, warmup, exit_status):
     """Eight rows hold one step of the check: inside a warm-up it runs at rate 0, the weights do not move,
