@@ -27,6 +27,7 @@ import os
 import re
 import zipfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -732,11 +733,14 @@ def _label_values(ds: HFDataset, column: str) -> list[Any]:
     return sorted(set(ds[column]), key=lambda v: (str(type(v)), v))
 
 
-def _ids_read_through_label_names(raw: DatasetDict, args: DataArgs, problem: str) -> DatasetDict:
+def ids_read_through_label_names(
+    raw: DatasetDict, args: DataArgs, problem: str, saying: Callable[[str], str] | None = None
+) -> DatasetDict:
     """Class ids (0, 1, ...) in the label column beside `label_names` that are names (the Hub's habit: the
     ids in the data, the names in its card): each id is read as the name at its place in label_names,
-    in every split, with one warning that says so. Single-label and multi-label lists; a ClassLabel
-    column names its ids itself."""
+    in every split, with one warning that says so (`saying` words it from the places shown; evaluation
+    words it for the model's classes, and says nothing for transformers' own LABEL_<id>). Single-label
+    and multi-label lists; a ClassLabel column names its ids itself; a missing label stays missing."""
     names, column = list(args.label_names or []), args.label_column
     if problem not in (SINGLE, MULTI) or not names or args.label_columns:
         return raw
@@ -751,8 +755,8 @@ def _ids_read_through_label_names(raw: DatasetDict, args: DataArgs, problem: str
         return None
 
     def values(ds: HFDataset) -> list:
-        rows = ds[column]
-        return [v for row in rows for v in (row or [])] if problem == MULTI else rows
+        rows = [v for v in ds[column] if v is not None]
+        return [v for row in rows for v in row] if problem == MULTI else rows
 
     ids = {as_id(v) for d in raw.values() for v in values(d)}
     if not ids or None in ids or not all(0 <= i < len(names) for i in ids) or {str(i) for i in ids} & set(names):
@@ -760,12 +764,17 @@ def _ids_read_through_label_names(raw: DatasetDict, args: DataArgs, problem: str
 
     def named(batch):
         if problem == MULTI:
-            return {column: [[names[as_id(v)] for v in row] for row in batch[column]]}
-        return {column: [names[as_id(v)] for v in batch[column]]}
+            return {column: [None if row is None else [names[as_id(v)] for v in row] for row in batch[column]]}
+        return {column: [None if v is None else names[as_id(v)] for v in batch[column]]}
 
     shown = ", ".join(f"{i} -> {names[i]}" for i in sorted(ids)[:4]) + (", ..." if len(ids) > 4 else "")
-    warn(f"label column '{column}' holds class ids, read as the names at their places in label_names ({shown}); "
-         "if label_names lists them in another order, fix its order")
+    if saying is None:
+        warn(f"label column '{column}' holds class ids, read as the names at their places in label_names "
+             f"({shown}); if label_names lists them in another order, fix its order")  # fmt: skip
+    elif names != [f"LABEL_{i}" for i in range(len(names))]:
+        warn(saying(shown))
+    raw = DatasetDict({s: d.cast_column(column, Value("string")) if problem == SINGLE and d.features[column] !=
+                       Value("string") else d for s, d in raw.items()})  # fmt: skip
     return DatasetDict({s: d.map(named, batched=True, desc=f"labels ({s})") for s, d in raw.items()})
 
 
@@ -968,10 +977,13 @@ def _warn_merged_rows(ds: HFDataset, args: DataArgs) -> None:
     column, labels = args.text_column, args.label_column
     if column not in ds.column_names or labels not in ds.column_names:
         return
-    values = {str(v) for v in ds[labels][:5000] if isinstance(v, (str, int)) and not isinstance(v, bool)}
+    broken = [(row, text) for row, text in enumerate(ds[:20000][column]) if isinstance(text, str) and "\n" in text]
+    if not broken:  # the first 20,000 rows only, and the label values below only when a text holds a line break
+        return
+    values = {str(v) for v in ds[:5000][labels] if isinstance(v, (str, int)) and not isinstance(v, bool)}
     ends = re.compile(r".*[,\t;|]\s*(" + "|".join(map(re.escape, sorted(values, key=len, reverse=True))) + r")\s*$")
-    for row, text in enumerate(ds[column][:20000] if values else []):
-        lines = text.splitlines() if isinstance(text, str) and "\n" in text else []
+    for row, text in broken if values else []:
+        lines = text.splitlines()
         merged = sum(bool(ends.fullmatch(line)) for line in lines)
         if merged >= 2:
             warn(f"row {row + 1} of the training data holds {merged} lines that end like the file's rows "
@@ -1387,7 +1399,7 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     _warn_same_files(args, files)
     _warn_shared_samples(raw, args, files)
     problem = infer_problem_type(raw["train"], args)  # regression and multi-label: finetune/problems.py
-    raw = _ids_read_through_label_names(raw, args, problem)
+    raw = ids_read_through_label_names(raw, args, problem)
     if problem == SINGLE:
         _refuse_joined_tags(raw["train"], args.label_column, "train")
         label_names = resolve_label_names(raw["train"], args.label_column, args.label_names)

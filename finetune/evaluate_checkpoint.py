@@ -72,8 +72,8 @@ from typing import Any
 import torch
 import yaml
 from accelerate import Accelerator
-from datasets import ClassLabel, Value
 from datasets import Dataset as HFDataset
+from datasets import DatasetDict, Value
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
@@ -95,6 +95,7 @@ from finetune.data import (
     check_columns,
     encode_split,
     file_sha256,
+    ids_read_through_label_names,
     load_path,
     load_splits,
     warn_repeated_labels,
@@ -628,7 +629,12 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
             shown = ", ".join(f"{i}={t}" for i, t in enumerate(args.label_names[:5]))
             warn(f"the tags of {what} are numbers, read as the model's tags at those places ({shown}, ...); if the "
                  "data numbers its tags in another order, the scores are wrong: write the tags as names")  # fmt: skip
-        ds = _class_ids_by_place(_float_class_ids(ds, args, what), args, what)
+        ds = _float_class_ids(ds, args, what)
+        if args.problem_type == SINGLE:  # a run trained on ids scores its own test file so
+            ds = ids_read_through_label_names(DatasetDict({what: ds}), args, SINGLE, saying=lambda shown: (
+                f"the labels of {what} are class ids, read as the model's classes at those places ({shown}), as "
+                "training reads ids through label_names; if the data numbers its classes in another order, the "
+                "scores are wrong: write the classes as names"))[what]  # fmt: skip
         if args.problem_type == MULTI and not args.label_columns and args.label_column in ds.column_names:
             warn_repeated_labels(ds[args.label_column], args.label_column, what)
         try:
@@ -712,29 +718,6 @@ def _float_class_ids(ds: HFDataset, args: DataArgs, what: str) -> HFDataset:
             "class name instead"
         )
     raise UserError(f"label column '{column}' of {what} holds {held} (e.g. {example:g}), but {but}")
-
-
-def _class_ids_by_place(ds: HFDataset, args: DataArgs, what: str) -> HFDataset:
-    """A classifier's labels written as class ids (0, 1, ...) for a model whose classes are names: each id
-    read as the model's class at that place, as training reads ids through label_names (a run trained on
-    ids scores its own test file so). One warning names the places, unless the names are transformers'
-    own LABEL_<id> (a model saved without names), where the id is the name's."""
-    names, column = list(args.label_names or []), args.label_column
-    if args.problem_type != SINGLE or args.label_columns or column not in ds.column_names or not names \
-            or isinstance(ds.features[column], ClassLabel):  # a ClassLabel's ids have names of their own  # fmt: skip
-        return ds
-    values = {str(v) for v in ds[column] if v is not None}
-    if not values or values & set(names) or not values <= {str(i) for i in range(len(names))}:
-        return ds
-    if names != [f"LABEL_{i}" for i in range(len(names))]:
-        shown = ", ".join(f"{i}={n}" for i, n in enumerate(names[:5])) + (", ..." if len(names) > 5 else "")
-        warn(f"the labels of {what} are class ids, read as the model's classes at those places ({shown}), as "
-             "training reads ids through label_names; if the data numbers its classes in another order, the scores "
-             "are wrong: write the classes as names")  # fmt: skip
-    named = ds.cast_column(column, Value("string")) if not isinstance(ds.features[column], Value) or \
-        ds.features[column].dtype != "string" else ds  # fmt: skip
-    return named.map(lambda b: {column: [None if v is None else names[int(v)] for v in b[column]]}, batched=True,
-                     desc=f"labels ({what})")  # fmt: skip
 
 
 # --- outputs --------------------------------------------------------------------------------------

@@ -25,10 +25,19 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # an accidental download fails loudly
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # datasets reads its cache location once, at import: a private one per test session.
-os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="finetune-tests-datasets-")
+_SESSION_DIRS = [tempfile.mkdtemp(prefix="finetune-tests-datasets-")]
+os.environ["HF_DATASETS_CACHE"] = _SESSION_DIRS[0]
 # And a private Hugging Face home: accelerate's default config (`accelerate config`) is the machine's,
 # not the tests'; read, it would change what every bare launch does (and what it warns about).
-os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="finetune-tests-hf-home-")
+_SESSION_DIRS.append(tempfile.mkdtemp(prefix="finetune-tests-hf-home-"))
+os.environ["HF_HOME"] = _SESSION_DIRS[1]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's private caches go with it (tens of MB each; a machine that runs the suite often
+    would fill its temporary folder)."""
+    for folder in _SESSION_DIRS:
+        shutil.rmtree(folder, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"

@@ -440,7 +440,7 @@ def test_class_ids_are_read_as_the_models_classes_at_those_places(run, tmp_path,
     by_id = evaluate([str(run["dir"] / "model"), "--data", str(ids), "--output", str(tmp_path / "i")])
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert by_id["accuracy"] == by_name["accuracy"] and by_id["num_samples"] == by_name["num_samples"] == 6
-    assert any("are class ids, read as the model's classes at those places (0=neg, 1=pos)" in w for w in warnings)
+    assert any("are class ids, read as the model's classes at those places (0 -> neg, 1 -> pos)" in w for w in warnings)
     unnamed = tmp_path / "unnamed"
     shutil.copytree(run["dir"] / "model", unnamed)
     config = json.loads((unnamed / "config.json").read_text())
