@@ -549,6 +549,8 @@ def _pick_split(available: list[str], split: str | None, where: str) -> str:
 def run_split(args: DataArgs, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
     """The split as the run saw it: `load_splits` again, so a held-out validation split and the
     max_*_samples limits come out as in training. Labels are the checkpoint's, in its order."""
+    if split is not None and args.train_file:  # files: their splits are known before any is read (or warned of)
+        _pick_split(["train", "validation"] + (["test"] if args.test_file else []), split, "the run's data")
     try:
         raw, _ = load_splits(args)
     except UserError as e:

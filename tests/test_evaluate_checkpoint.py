@@ -785,3 +785,19 @@ def test_multi_label_lists_for_a_model_of_label_columns_are_named():
     assert _unread_label_column(ds, args, names) == ("labels", "lists of the model's labels")
     other = Dataset.from_dict({"text": ["a", "b"], "tags": [["x"], ["y"]]})
     assert _unread_label_column(other, args, names) is None
+
+
+def test_a_split_the_runs_files_lack_is_refused_before_the_data_is_read(tmp_path, monkeypatch):
+    """--split test for a run given no test_file: the one line comes before the run's data is loaded, so no
+    warning about that data (its labels read as ids, say) is printed first."""
+    from finetune import evaluate_checkpoint as ec
+    from finetune.config import DataArgs
+    from finetune.errors import UserError
+
+    def read(_args):
+        raise AssertionError("the run's data was read before the split was checked")
+
+    monkeypatch.setattr(ec, "load_splits", read)
+    args = DataArgs(train_file=str(write_csv(tmp_path / "train.csv", _rows(4, 0))))
+    with pytest.raises(UserError, match=r"^unknown split 'test'; the run's data has: train, validation$"):
+        ec.run_split(args, "test")
