@@ -1069,10 +1069,10 @@ def _images_under_another_name(ds: HFDataset, column: str, split: str, args: Dat
     raise UserError(f"column '{column}' not found in the {split} data, but '{held}' holds images: set {fix}")
 
 
-def _refuse_joined_tags(ds: HFDataset, column: str, split: str) -> None:
+def _refuse_joined_tags(values: list, column: str, split: str) -> None:
     """A column of IOB2 tags joined by spaces in one string a row ("O B-geo I-geo O"): a tagging row's tags
-    in one cell, which a classifier would read as one class each."""
-    strings = [v for v in ds[column][:200] if isinstance(v, str)] if column in ds.column_names else []
+    in one cell, which a classifier would read as one class each. `values`: the column's first rows."""
+    strings = [v for v in values[:200] if isinstance(v, str)]
     joined = [v for v in strings if len(v.split()) >= 2 and all(A_TAG.fullmatch(t) for t in v.split())]
     if not joined or len(joined) * 2 <= len(strings) or not any(re.search(r"(^|\s)[BI]-", v) for v in joined):
         return
@@ -1088,21 +1088,22 @@ def _refuse_other_layouts(ds: HFDataset, split: str) -> None:
     """Samples laid out as another tool keeps them, where a column is missing: Kaggle's MNIST-style CSV
     (label, pixel1 ... pixel784: images as rows of pixel columns), or entities as character spans
     (spaCy's, Label Studio's) where tags for each word are read."""
-    columns = [c for c, f in ds.features.items() if not isinstance(f, Image)]  # no image decoded to look
-    for column in columns:  # Kaggle's NER CSV by sentence: "O B-geo O" in one cell
-        _refuse_joined_tags(ds, column, split)
-    examples = {c: next((v[0] for v in ds[c][:1000] if isinstance(v, list) and v), None) for c in columns}
-    found = next((c for c, v in examples.items() if character_span(v)), None)  # the spans, else the token records
-    found = found or next((c for c, v in examples.items() if token_record(v)), None)
-    if found is not None:
-        raise UserError(spans_error(found, split, examples[found]))
     pixels = [c for c in ds.column_names if re.fullmatch(r"(pixel|px|p)_?\d+|\d+x\d+", c.strip().lower())]
-    if len(pixels) >= 64:
+    if len(pixels) >= 64:  # by the names alone, before any row of a table this wide is read
         raise UserError(
             f"the {split} data holds images as {len(pixels)} pixel columns ({pixels[0]} ... {pixels[-1]}): this app "
             "reads images from files; save each row as a PNG in a folder of its class (<dir>/train/<label>/<n>.png) "
             "and give data_dir with an image recipe (finetune/configs/vit_*.yaml)"
         )
+    columns = [c for c, f in ds.features.items() if not isinstance(f, Image)]  # no image decoded to look
+    head = ds.select_columns(columns)[:1000] if columns else {}  # one read: each ds[column] copies the features
+    for column in columns:  # Kaggle's NER CSV by sentence: "O B-geo O" in one cell
+        _refuse_joined_tags(head[column], column, split)
+    examples = {c: next((v[0] for v in head[c] if isinstance(v, list) and v), None) for c in columns}
+    found = next((c for c, v in examples.items() if character_span(v)), None)  # the spans, else the token records
+    found = found or next((c for c, v in examples.items() if token_record(v)), None)
+    if found is not None:
+        raise UserError(spans_error(found, split, examples[found]))
 
 
 def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, model_task: bool = False,
@@ -1401,7 +1402,8 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
     problem = infer_problem_type(raw["train"], args)  # regression and multi-label: finetune/problems.py
     raw = ids_read_through_label_names(raw, args, problem)
     if problem == SINGLE:
-        _refuse_joined_tags(raw["train"], args.label_column, "train")
+        column = args.label_column
+        _refuse_joined_tags(raw["train"].select_columns([column])[:200][column], column, "train")
         label_names = resolve_label_names(raw["train"], args.label_column, args.label_names)
     else:
         if problem == MULTI and not args.label_columns:
