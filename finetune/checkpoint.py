@@ -421,7 +421,16 @@ class Checkpointer:
     def resumed_from(self, path: Path, manifest: dict[str, Any], say) -> None:
         """A resume from `path`: its best and history carried on, and the settings this resume changes said
         in one line and added to the history, which every later manifest and results.json hold."""
-        self.best, self.last = manifest.get("best") or {}, path
+        self.best, self.last = dict(manifest.get("best") or {}), path
+        if self.best.get("step") is not None:  # by its step in this run's folder: a copied or moved run's own
+            here = self.out / CHECKPOINTS / f"{PREFIX}{self.best['step']:08d}"
+            if is_complete(here):
+                self.best["path"] = str(here)
+            else:  # deleted by hand, or a copy made without it: the best is chosen again from here on
+                warn(f"the best checkpoint so far (step {self.best['step']}, validation {self.best.get('metric')} "
+                     f"{self.best.get('value')}) is not in {self.out / CHECKPOINTS}; the best is chosen again among "
+                     "the checkpoints this run saves from here on")  # fmt: skip
+                self.best = {}
         self.resumed_with = list(manifest.get("resumed_with") or [])
         changed = resume_changes(manifest, self.cfg)
         if changed:

@@ -456,6 +456,31 @@ def test_a_copied_run_resumed_by_checkpoint_path_continues_in_the_copy(finished_
     assert (copy / "metrics.jsonl").read_text() != (original / "metrics.jsonl").read_text()  # the copy went on
 
 
+def test_a_copied_runs_resume_keeps_and_exports_its_own_best_checkpoint(finished_run, tmp_path, capsys):
+    """The manifests name the best checkpoint by the original's path: a resume of the copy keeps the copy's
+    own best through retention and exports it (load_best_model_at_end), never reading the original; a best
+    checkpoint that is gone from the copy is said, and the best chosen again. Here the best is the first
+    step's (the highest validation loss, greater_is_better=true), with one checkpoint kept besides."""
+    best_first = ("max_steps=3", "save_steps=1", "eval_steps=1", "save_total_limit=1", "metric_for_best_model=loss",
+                  "greater_is_better=true", "load_best_model_at_end=true")  # fmt: skip
+    original = finished_run(*best_first)
+    assert json.loads((original / "results.json").read_text())["exported"]["step"] == 1
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    results = main([f"output_dir={copy}", "resume_from_checkpoint=latest", "max_steps=5"])
+    kept = sorted(p.name for p in (copy / "checkpoints").iterdir())
+    assert "step-00000001" in kept and results["exported"]["step"] == 1, (kept, results["exported"])
+    manifest = json.loads((copy / "checkpoints" / kept[-1] / "manifest.json").read_text())
+    assert manifest["best"]["path"] == str(copy / "checkpoints" / "step-00000001")
+    again = tmp_path / "without-its-best"
+    shutil.copytree(original, again)
+    shutil.rmtree(again / "checkpoints" / "step-00000001")
+    capsys.readouterr()
+    results = main([f"output_dir={again}", "resume_from_checkpoint=latest", "max_steps=5"])
+    said = [line for line in capsys.readouterr().err.splitlines() if "best checkpoint so far" in line]
+    assert len(said) == 1 and "(step 1, validation loss" in said[0] and results["exported"]["step"] > 1, said
+
+
 def test_a_resume_refuses_a_run_whose_export_holds_a_file_of_the_users(finished_run, tmp_path, capsys):
     """A resume's export replaces model/ whole: a note of the user's there is refused, named, kept."""
     copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
