@@ -447,11 +447,37 @@ def load_model(target: Target, cfg: TrainConfig):
 
 
 def _foreign_weights(target: Target, what: str) -> UserError:
-    """An export whose model.safetensors does not fit its config.json: `what` differs."""
+    """An export whose model.safetensors does not fit its config.json: `what` differs. Where the classifier's
+    outputs differ from the labels config.json names, that is said (a config.json edited by hand, most
+    often: a label added to id2label)."""
+    head = _head_rows(target.path) if target.path is not None else None
+    if head is not None:
+        rows, labels = head
+        return UserError(
+            f"the config.json of '{target.spec}' names {labels} labels (id2label) but its model.safetensors' "
+            f"classifier has {rows} outputs: one of the two files was edited or replaced (a model's labels are "
+            "fixed when it is trained); put back the pair this export was saved with, or evaluate another export"
+        )
+    what = what.split("; ")[0].replace(" For details look at the above report!", "").rstrip(".! ")
     return UserError(
-        f"the weights in '{target.spec}' do not fit its config.json (another model's model.safetensors?): {what}; "
-        "put back the weights this export was saved with, or evaluate another export"
+        f"the weights in '{target.spec}' do not fit its config.json (another model's model.safetensors, or a "
+        f"config.json edited?): {what}; put back the files this export was saved with, or evaluate another export"
     )
+
+
+def _head_rows(folder: Path) -> tuple[int, int] | None:
+    """(the classifier's outputs in model.safetensors, the labels config.json names) where they differ."""
+    from safetensors import safe_open
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        labels = len(config.get("id2label") or {}) or config.get("num_labels")
+        with safe_open(str(folder / WEIGHTS), "pt") as weights:
+            key = next((k for k in weights.keys() if k.endswith("classifier.weight")), None)
+            rows = weights.get_slice(key).get_shape()[0] if key else None
+    except (OSError, ValueError, SafetensorError, AttributeError):
+        return None
+    return (rows, labels) if isinstance(labels, int) and rows is not None and rows != labels else None
 
 
 def _weights_must_be_a_file(folder: Path) -> None:

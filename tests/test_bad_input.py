@@ -1354,7 +1354,7 @@ def test_evaluating_an_export_whose_weights_are_another_models_is_one_line(copy,
     vit = AutoModelForImageClassification.from_config(tiny_vit_config(num_labels=2))
     save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, copy / "model" / "model.safetensors")
     user_error(capsys, evaluate_main, [str(copy / "model")], "do not fit its config.json (another model's "
-               "model.safetensors?)", "weight(s) missing", untouched=copy)  # fmt: skip
+               "model.safetensors, or a config.json edited?)", "weight(s) missing", untouched=copy)  # fmt: skip
 
 
 def test_a_datasets_cache_that_cannot_be_written_is_named_not_the_file(world, tmp_path, capsys, monkeypatch):

@@ -468,12 +468,22 @@ def test_an_export_whose_weights_do_not_fit_its_config_is_one_line(run, tmp_path
     for key in head:
         weights[key] = torch.zeros(3, *weights[key].shape[1:])
     save_file(weights, export / "model.safetensors")
-    user_error(capsys, evaluate, [str(export)], "do not fit its config.json")
+    user_error(capsys, evaluate, [str(export)], "names 2 labels (id2label) but its model.safetensors' classifier has "
+               "3 outputs: one of the two files was edited or replaced")  # fmt: skip
     # the right shapes, NaN values: refused, not scored
     for key in head:
         weights[key] = torch.full((2, *weights[key].shape[1:]), float("nan"))
     save_file(weights, export / "model.safetensors")
     user_error(capsys, evaluate, [str(export)], "hold NaN or infinite values (classifier.")
+    # the export alone (out of its run), its own weights, a label added to config.json by hand: the other way
+    alone = shutil.copytree(run["dir"] / "model", tmp_path / "alone")
+    config = json.loads((alone / "config.json").read_text())
+    config["id2label"]["2"], config["label2id"]["neutral"] = "neutral", 2
+    (alone / "config.json").write_text(json.dumps(config))
+    data = write_csv(tmp_path / "d.csv", _rows(6, 0))
+    line = user_error(capsys, evaluate, [str(alone), "--data", str(data)], "names 3 labels (id2label) but its "
+                      "model.safetensors' classifier has 2 outputs")  # fmt: skip
+    assert "above report" not in line
 
 
 def test_an_export_without_its_tokenizer_files_is_named_and_not_the_runs_tokenizer(run, tmp_path, capsys):
