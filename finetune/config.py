@@ -889,6 +889,11 @@ OTHER_TOOLS = {
     "optim": "the optimizer is AdamW (fused where the device has one); set learning_rate, weight_decay, adam_beta1, "
              "adam_beta2 and adam_epsilon",
 }
+# Keys other tools' configs use to build on another file (mmengine's _base_, ...; Hydra's defaults: below).
+INCLUDE = ("a recipe does not include another; give the base recipe to --config and your settings after it as "
+           "key=value, or copy the base recipe and edit the copy")  # fmt: skip
+OTHER_TOOLS.update(dict.fromkeys(("include", "includes", "_include_", "_base_", "base", "extends",
+                                  "inherit", "inherits", "import", "imports"), INCLUDE))  # fmt: skip
 
 
 # Short names other tools and papers use for settings here (too far from the name for difflib).
@@ -1004,6 +1009,10 @@ def parse_override(item: str) -> tuple[str, Any]:
         opened = text.lstrip()[:1]
         if opened in ("[", "{"):  # meant as a list or a mapping: read as a string, it would mean something else
             closing = "]" if opened == "[" else "}"
+            if closing not in text:  # label_names=[a, b] unquoted: the shell split it at the space
+                raise UserError(f"{key.strip()}={text}: the value opens a YAML {'list' if opened == '[' else 'mapping'} "
+                                f"with '{opened}' and never closes it: the shell splits a value at its spaces; quote "
+                                f"it ({key.strip()}='{text.strip()} ...{closing}') or leave out the spaces") from None  # fmt: skip
             raise UserError(f"{key.strip()}={text}: the value opens a YAML {'list' if opened == '[' else 'mapping'} "
                             f"with '{opened}' that does not parse ({getattr(e, 'problem', None) or 'not valid YAML'}); "
                             f"check the closing '{closing}' and the commas") from None  # fmt: skip

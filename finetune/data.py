@@ -408,7 +408,8 @@ def _a_workbook(path: str, magic: bytes) -> bool:
             names = set(z.namelist())
     except (OSError, zipfile.BadZipFile):
         return False
-    return "xl/workbook.xml" in names or "content.xml" in names and "mimetype" in names
+    workbook = Path(path).suffix.lower() in (".xlsx", ".xlsm", ".ods", ".numbers")  # by its name, whatever it holds
+    return workbook or any(n.startswith("xl/") for n in names) or "content.xml" in names and "mimetype" in names
 
 
 def _check_readable_and_separated(split: str, path: str) -> None:
@@ -720,6 +721,12 @@ def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str
                 "<data_dir>/train/<label>/<image>.png|jpg (validation/, test/ optional)"
             ) from None
         what = name or data_dir
+        offline = [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE") if os.environ.get(v, "").lower() in
+                   ("1", "true", "yes", "on")]  # fmt: skip
+        if name and offline and not Path(name).expanduser().exists():  # a hub dataset, no download allowed
+            raise UserError(f"could not load data from {name}: {cause}; {offline[0]} is set (no downloads): load "
+                            "it once while online (then it is read from the datasets cache), or give local files: "
+                            "train_file=... validation_file=...") from None  # fmt: skip
         raise UserError(f"could not load data from {what}: {cause}") from None
 
 

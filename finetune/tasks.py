@@ -239,7 +239,9 @@ class TextClassification(Task):
                     raise UserError(  # a column the file's reader found to hold only numbers (or true/false)
                         f"text column '{column}' in the {split} data holds only numbers ({feature.dtype}), no words: "
                         f"a model classifies text, and these values would be read as numbers written out; set "
-                        f"{setting} to the column of texts (if '{column}' is a label or an id, it is not the text)"
+                        f"{setting} to the column of texts (if '{column}' is a label or an id, it is not the text); "
+                        'if these numbers are the texts to classify, write them as strings (JSON Lines: "'
+                        f'{column}": "12345")'  # fmt: skip
                     )
                 raise UserError(
                     f"text column '{column}' in the {split} data holds {feature}, not text; "

@@ -160,6 +160,8 @@ def world(finished_run, tmp_path_factory) -> World:
     with zipfile.ZipFile(root / "train.xlsx", "w") as z:  # the parts of a workbook that name it one
         z.writestr("[Content_Types].xml", "<Types/>")
         z.writestr("xl/workbook.xml", "<workbook/>")
+    with zipfile.ZipFile(root / "sheets.xlsx", "w") as z:  # a sheet alone: a workbook by its name and its part
+        z.writestr("xl/worksheets/sheet1.xml", "<worksheet/>")
     (root / "text_as_images.csv").write_text("text,label\na fine film,1\na dull film,0\n")
     words = {"0": "neg", "1": "pos"}
     write_csv(root / "string_labels.csv", [{"text": r["text"], "label": words[r["label"]]} for r in rows])
@@ -376,6 +378,10 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         lambda w: _text(w, f"train_file={w.root / 'train.xlsx'}", "validation_file=null"),
         "is a spreadsheet workbook (Excel, LibreOffice), not a data file; save the sheet as CSV (UTF-8)",
     ),
+    "workbook_of_one_sheet": (
+        lambda w: _text(w, f"train_file={w.root / 'sheets.xlsx'}", "validation_file=null"),
+        "is a spreadsheet workbook (Excel, LibreOffice), not a data file; save the sheet as CSV (UTF-8)",
+    ),
     "gzipped_csv": (
         lambda w: _text(w, f"train_file={w.root / 'train.csv.gz'}", "validation_file=null"),
         "is compressed (gzip); unpack it and give the file inside",
@@ -408,7 +414,10 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     ),
     "numeric_text": (
         lambda w: _text(w, f"train_file={w.root / 'numeric_text.csv'}"),
-        "text column 'text' in the train data holds only numbers (int64), no words",
+        "text column 'text' in the train data holds only numbers (int64), no words: a model classifies text, and "
+        "these values would be read as numbers written out; set text_column to the column of texts (if 'text' is a "
+        "label or an id, it is not the text); if these numbers are the texts to classify, write them as strings "
+        '(JSON Lines: "text": "12345")',
     ),
     "null_text": (
         lambda w: _text(w, f"train_file={w.root / 'null_text.csv'}"),

@@ -126,6 +126,11 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
         load_config(recipe, ["pad_to_max_length=true"])
     with pytest.raises(UserError, match=r"^unknown config key 'logging_dir': the logs are written into output_dir"):
         load_config(recipe, ["logging_dir=runs/logs"])  # not logging_steps, the near name: a folder, not a count
+    included = tmp_path / "mine.yaml"  # another tool's way to build on a file (Hydra's defaults, mmengine's _base_)
+    included.write_text("include: finetune/configs/bert_custom_files.yaml\ntrain_file: t.csv\n")
+    with pytest.raises(UserError, match=r"^unknown config key 'include': a recipe does not include another; give the "
+                                        r"base recipe to --config and your settings after it as key=value"):  # fmt: skip
+        load_config(included, [])
     with pytest.raises(UserError, match=r"^text_column is one column, got \['premise', 'hypothesis'\]; for sentence "
                                         r"pairs set text_column=premise text_pair_column=hypothesis$"):
         load_config(recipe, ["text_column=[premise, hypothesis]"])
@@ -499,3 +504,14 @@ def test_a_share_where_a_count_of_steps_goes_names_the_setting_of_the_share():
         load_config(None, ["eval_steps=0.25"])
     with pytest.raises(UserError, match=r"^warmup_steps must be an integer, got 2.5$"):
         load_config(None, ["warmup_steps=2.5"])
+
+
+def test_a_list_the_shell_split_at_its_space_says_to_quote_it_and_a_broken_one_to_check_it():
+    """label_names=[negative, positive] unquoted reaches the app as 'label_names=[negative,' and 'positive]':
+    the line says the shell split it and how to quote it; a list that closes but does not parse is checked."""
+    with pytest.raises(UserError, match=r"^label_names=\[negative,: the value opens a YAML list with '\[' and never "
+                                        r"closes it: the shell splits a value at its spaces; quote it "
+                                        r"\(label_names='\[negative, \.\.\.\]'\) or leave out the spaces$"):  # fmt: skip
+        load_config(None, ["label_names=[negative,", "positive]"])
+    with pytest.raises(UserError, match=r"that does not parse .*; check the closing '\]' and the commas$"):
+        load_config(None, ["label_names=[a, [b]"])

@@ -23,6 +23,7 @@ from conftest import (
     tiny_text_args,
     user_error,
     write_csv,
+    write_jsonl,
 )
 
 from finetune.run import main
@@ -633,6 +634,36 @@ def test_a_folder_of_other_files_than_dataset_name_reads_is_named(tmp_path):
     with pytest.raises(UserError, match=re.escape(f"data_dir {tmp_path} holds no .json or .jsonl file for "
                                                   "dataset_name=json; its files are .csv: set dataset_name=csv")):
         load_raw({}, "json", None, str(tmp_path))
+
+
+def test_numbers_written_as_strings_are_texts(tmp_path):
+    """The fix the numeric-text refusal gives (tests/test_bad_input.py, numeric_text): the same numbers as
+    JSON strings are read as texts."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    def codes(as_strings: bool):
+        rows = [{"text": str(1000 + i) if as_strings else 1000 + i, "label": i % 2} for i in range(20)]
+        path = write_jsonl(tmp_path / f"codes-{as_strings}.jsonl", rows)
+        return load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null"]).data_args
+
+    with pytest.raises(UserError, match="holds only numbers"):
+        load_splits(codes(as_strings=False))
+    raw, names = load_splits(codes(as_strings=True))
+    assert raw["train"].features["text"].dtype == "string" and names == ["0", "1"]
+
+
+def test_a_hub_dataset_offline_says_how_to_get_it(monkeypatch):
+    """dataset_name=glue under HF_DATASETS_OFFLINE (set for the tests): datasets' ConnectionError, and what to
+    do about it: load it once online, or give local files."""
+    from finetune.data import load_raw
+    from finetune.errors import UserError
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(UserError, match=r"^could not load data from glue: .*; HF_DATASETS_OFFLINE is set \(no "
+                                        r"downloads\): load it once while online .* or give local files: train_file="):
+        load_raw({}, "glue", "sst2", None)
 
 
 def test_a_label_column_of_one_class_a_sample_trains_with_one_warning(tmp_path, capsys):
