@@ -176,9 +176,10 @@ def _check_not_numbers_with_a_stray_cell(train: HFDataset, column: str) -> None:
     classifier with one class per number: name the cell instead."""
     values = train[column]
     bad = _not_finite_numbers(values)
-    numbers = [float(v) for i, v in enumerate(values) if i not in {r for r, _ in bad}]
-    decimal = any(not x.is_integer() for x in numbers)
-    if bad and decimal and len(bad) <= max(1, len(values) // 20):
+    if not bad or len(bad) > max(1, len(values) // 20):  # all numbers, or words: not a stray cell
+        return
+    stray = {r for r, _ in bad}
+    if any(not float(v).is_integer() for i, v in enumerate(values) if i not in stray):
         row, value = bad[0]
         raise UserError(
             f"label column '{column}' holds numbers but {value!r} at row {row + 1} is not a finite number "
