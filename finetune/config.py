@@ -454,7 +454,7 @@ class RunArgs:
     )
     logging_steps: int = setting(10, "optimizer steps between logged losses")
     eval_steps: int | None = setting(
-        None, "optimizer steps between evaluations (default: at each epoch's end)"
+        None, "optimizer steps between evaluations, besides the one at each epoch's end (null: that one only)"
     )
     report_to: list[str] = setting(
         help="trackers beside metrics.jsonl (tensorboard, wandb, ...)", factory=list
@@ -868,7 +868,7 @@ MAPPING_EXAMPLES = {"peft": "{r: 8, alpha: 16}", "model_config": "{model_type: b
 # transformers' TrainingArguments that are not settings here, and what does their work.
 PRECISION = ("the precision is accelerate's: launch with --mixed_precision {} (or an accelerate config such as "
              "accelerate_configs/cpu_bf16.yaml, single_gpu_bf16.yaml, single_gpu_fp16.yaml)")
-EVALUATION = "validation runs every eval_steps optimizer steps (null: at each epoch's end)"
+EVALUATION = "validation runs at each epoch's end, and every eval_steps optimizer steps when set"
 OTHER_TOOLS = {
     "fp16": PRECISION.format("fp16"),
     "bf16": PRECISION.format("bf16"),

@@ -618,7 +618,7 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
         raise UserError(f"--data {data} holds {len(loaded)} data sets not named by split ({shown}); pass --split with "
                         "one of them, or one file as --data (a file each time to score each)")  # fmt: skip
     name = "data" if path.is_file() else _pick_split(list(loaded), split, f"--data {data}")
-    what = f"--data {data}" + (f" [{name}]" if path.is_dir() else "")
+    what = f"--data {data}" + (f" [{name}]" if path.is_dir() and len(loaded) > 1 else "")  # a split among others
     ds = loaded[name]
     if len(ds) == 0:
         raise UserError(f"{what} has no rows; check the file")

@@ -289,6 +289,7 @@ class TextClassification(Task):
                            new_fingerprint=tokenized_fingerprint(ds, tokenize))  # fmt: skip
         if split == "train":
             _warn_unknown_tokens(ds[columns[0]][:2000], tokenized[:2000]["input_ids"], preprocessor)
+            _warn_cut_texts(tokenized["length"], max_length, getattr(preprocessor, "model_max_length", None))
         return tokenized
 
     def collator(self, preprocessor, pad_to_multiple_of: int | None):
@@ -873,6 +874,19 @@ def task_of_model(config, spec: str, asked: str | None = None) -> Task:
         f"cannot tell the task of {spec} from its config (architectures {architectures}); "
         f"pass --task {' or --task '.join(TASK_NAMES)}"
     )
+
+
+def _warn_cut_texts(lengths, max_length: int | None, limit: int | None) -> None:
+    """A tenth or more of the training texts cut at max_length: the model reads only their start, which the
+    user may not know (the default, 128 tokens, is about 90 words)."""
+    lengths = list(lengths)
+    cut = sum(n >= max_length for n in lengths) if max_length and lengths else 0
+    if cut * 10 < len(lengths) or not cut:
+        return
+    most = f" (the model's limit is {limit})" if limit and limit < 100_000 and limit > max_length else ""
+    warn(f"{cut:,} of {len(lengths):,} training texts ({cut / len(lengths):.0%}) reach max_length={max_length} tokens "
+         f"and are cut there: the model reads only their start; raise max_length{most} to read more of each, at a "
+         "cost in time")
 
 
 def _warn_unknown_tokens(texts: list, ids: list[list[int]], tokenizer) -> None:

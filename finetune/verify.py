@@ -404,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"finetune.verify: {opts.steps} optimizer steps on {samples} samples, global batch {reference.batch}, "
             f"fp32, dropout off; variants: " + ", ".join(f"{v.name} ({v.shape})" for v in variants)
+            + ("" if processes > 1 else "; one process, so no DDP variant (launched with --num_processes 2 or "
+               "more, it adds one)")  # fmt: skip
         )
 
     try:

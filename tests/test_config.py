@@ -116,7 +116,7 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
     with pytest.raises(UserError, match=r"^unknown config key 'bf16': the precision is accelerate's: launch with "
                                         r"--mixed_precision bf16"):  # fmt: skip
         load_config(recipe, ["bf16=true"])
-    with pytest.raises(UserError, match=r"^unknown config key 'evaluation_strategy': validation runs every eval_steps"):
+    with pytest.raises(UserError, match=r"^unknown config key 'evaluation_strategy': validation runs at each epoch's end, and every eval_steps"):
         load_config(recipe, ["evaluation_strategy=steps"])
     assert load_config(recipe, ["report_to=none"]).report_to == []
     # run_glue's and Trainer's: what does their work here, not a near name

@@ -811,3 +811,13 @@ def test_a_split_the_runs_files_lack_is_refused_before_the_data_is_read(tmp_path
     args = DataArgs(train_file=str(write_csv(tmp_path / "train.csv", _rows(4, 0))))
     with pytest.raises(UserError, match=r"^unknown split 'test'; the run's data has: train, validation$"):
         ec.run_split(args, "test")
+
+
+def test_a_folder_of_class_folders_is_named_without_a_split_it_does_not_have(tiny_vit_folder, tmp_path, capsys):
+    """An image folder without split folders (its class folders at the top) is one set of data: a line about
+    it names the folder, not a "[train]" split the user never made."""
+    birds = tmp_path / "birds"
+    drawn_images(birds, {"bird": [(0, 200, 0)], "cat": [(200, 0, 0)]}, split="", size=(30, 30))
+    line = user_error(capsys, evaluate, [str(tiny_vit_folder), "--data", str(birds), "--output", str(tmp_path / "o")],
+                      f"--data {birds} labels ['bird'] were not seen in training")  # fmt: skip
+    assert "[train]" not in line

@@ -73,3 +73,23 @@ def test_texts_the_tokenizer_reads_as_unknown_tokens_are_one_warning(tmp_path, c
     main(tiny_text_args(data, tmp_path / "run", "max_steps=1"))
     said = [line for line in capsys.readouterr().err.splitlines() if "nothing but unknown tokens" in line]
     assert len(said) == int(warned), said
+
+
+@pytest.mark.parametrize(("words", "warned"), [(40, True), (3, False)])
+def test_texts_cut_at_max_length_are_one_warning(words, warned, capsys):
+    """Reviews of 40 words at max_length=16: every text is cut, and the model reads only its start; one
+    warning says how many and the setting to raise. Short texts say nothing."""
+    from conftest import TOKENIZER
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from finetune.config import DataArgs
+    from finetune.tasks import task_of
+
+    rows = {"text": [" ".join(["film"] * words + [str(i)]) for i in range(20)], "labels": [i % 2 for i in range(20)]}
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    task_of("text-classification").prepare(Dataset.from_dict(rows), tokenizer, DataArgs(max_length=16), "train", 3)
+    said = [line for line in capsys.readouterr().err.splitlines() if "reach max_length" in line]
+    assert said == (["warning: 20 of 20 training texts (100%) reach max_length=16 tokens and are cut there: the "
+                     "model reads only their start; raise max_length (the model's limit is 512) to read more of "
+                     "each, at a cost in time"] if warned else []), said  # fmt: skip

@@ -45,6 +45,7 @@ def test_accumulation_agrees_with_one_big_batch(recipe, tmp_path, capsys):
     printed, err = capsys.readouterr()
     assert "given twice" not in err and "fewer than the check's" not in err
     assert "1 x 8 x 1" in printed and "1 x 4 x 2" in printed
+    assert "; one process, so no DDP variant (launched with --num_processes 2 or more, it adds one)" in printed
     assert "OK: every variant agrees with one big batch within 1e-05" in printed
     assert not (tmp_path / "never-written").exists()  # the recipe's own output_dir is left alone
     # 3 steps on 3 x 8 - (4 + 1) = 19 samples: the last window is one micro-batch of 3.
@@ -120,7 +121,7 @@ def test_ddp_on_two_cpu_processes_agrees(recipe):
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
-    assert "DistributedType.MULTI_CPU" in output
+    assert "DistributedType.MULTI_CPU" in output and "no DDP variant" not in output
     ddp = [line for line in output.splitlines() if line.startswith("DDP ")]
     assert len(ddp) == 1 and "2 x 4 x 1" in ddp[0] and ddp[0].endswith("ok"), output[-3000:]
     assert "OK: every variant agrees" in output
