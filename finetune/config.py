@@ -1122,8 +1122,16 @@ def _model_from_command_line(raw: dict[str, Any], given: dict[str, Any]) -> None
     (the recipes' own comments say `model_config=null model_name_or_path=...`); config.yaml shows the
     result. Naming both (model_config=... or model_config.KEY=...) keeps both, as before."""
     names_config = any(key == "model_config" or key.startswith("model_config.") for key in given)
-    if given.get("model_name_or_path") is not None and not names_config:
+    name = given.get("model_name_or_path")
+    if name is not None and not names_config:
         raw.pop("model_config", None)
+    elif name is not None and raw.get("model_config") is not None and os.environ.get("RANK", "0") == "0" \
+            and f"both:{name}" not in _warned:  # both asked for: the weights would be left unread without a word  # fmt: skip
+        _warned.add(f"both:{name}")
+        use = "is not used (tokenizer_name gives the tokenizer)" if raw.get("tokenizer_name") else \
+            "gives only the tokenizer, not its weights"  # fmt: skip
+        print(f"warning: model_config builds the model at random, so model_name_or_path={name} {use}; to fine-tune "
+              f"{name}, set model_config=null", file=sys.stderr)  # fmt: skip
 
 
 _warned: set[str] = set()  # the command line is parsed twice in one process (before torch, then by the run)

@@ -168,6 +168,10 @@ def _diagnose_file(split: str, path: str) -> str | None:
         except json.JSONDecodeError as e:
             line, column, msg = e.lineno, e.colno, e.msg
         lines = [(n, t) for n, t in enumerate(text.splitlines(), 1) if t.strip()]
+        comment = next(((n, t.strip()) for n, t in lines if t.lstrip().startswith(("//", "/*", "#"))), None)
+        if comment is not None:  # JSON5's or a hand-edited file's: JSON has no comments
+            return (f"{split} file {path} line {comment[0]} is a comment ({shown(comment[1][:40])}), which JSON does "
+                    "not allow: remove the comment lines")
         for i, (number, text_line) in enumerate(lines):
             try:
                 value = json.loads(text_line, object_pairs_hook=_no_repeated_key)
@@ -503,6 +507,11 @@ def load_raw(
                 raise UserError(f"{split} file {path} is a pattern; a split is one file: give its path (join the "
                                 "matching files into one first)")  # fmt: skip
             relative = "" if Path(path).expanduser().is_absolute() else f" (read from the current folder, {Path.cwd()})"
+            posix = str(path).replace("\\", "/")
+            if why == "not found" and "\\" in str(path) and os.sep == "/":  # C:\data\train.csv, data\train.csv
+                relative += ("; it is a Windows path (a drive letter): give the file's path on this machine, with '/' "
+                             "between folders" if re.match(r"[A-Za-z]:/", posix) else "; it is written with "
+                             f"backslashes, as on Windows: here folders are separated by '/' ({posix})")  # fmt: skip
             raise UserError(f"{split} file not found: {path}{relative}" if why == "not found"
                             else f"{split} file {path} {why}")
         if Path(path).stat().st_size == 0:

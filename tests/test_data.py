@@ -622,6 +622,14 @@ def test_a_relative_path_that_is_not_found_says_where_it_was_looked_for(tmp_path
     with pytest.raises(UserError, match=re.escape(f"train file not found: ../d/t.csv (read from the current folder, "
                                                   f"{tmp_path})")):
         load_raw({"train": "../d/t.csv"}, None, None, None)
+    # a Windows path: the same line, and the path with '/'
+    with pytest.raises(UserError, match=re.escape(r"train file not found: data\train.csv (read from the current "
+                                                  f"folder, {tmp_path}); it is written with backslashes, as on "
+                                                  "Windows: here folders are separated by '/' (data/train.csv)")):
+        load_raw({"train": r"data\train.csv"}, None, None, None)
+    with pytest.raises(UserError, match=re.escape("it is a Windows path (a drive letter): give the file's path on "
+                                                  "this machine, with '/' between folders")):
+        load_raw({"train": r"C:\Users\me\train.csv"}, None, None, None)
 
 
 def test_a_folder_of_other_files_than_dataset_name_reads_is_named(tmp_path):
@@ -834,6 +842,21 @@ def test_json_lines_with_a_comma_after_each_record_says_so(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("".join(f'{{"text": "t{i}", "label": "{"ab"[i % 2]}"}},\n' for i in range(6)))
     with pytest.raises(UserError, match=r"its lines end with a comma after each record .*remove the commas"):
+        load_raw({"train": str(path)}, None, None, None)
+
+
+@pytest.mark.parametrize("comment", ["// exported 2026-11-27", "/* reviews */", "# reviews"])
+def test_a_json_file_with_a_comment_line_names_the_comment(tmp_path, comment):
+    """A JSON array (or JSON Lines) with a comment line, as JSON5 and hand-edited files have: the line says
+    the comment, not "remove the commas" of records written one a line."""
+    from finetune.data import load_raw
+    from finetune.errors import UserError
+
+    records = [f'  {{"text": "t{i}", "label": "{"ab"[i % 2]}"}}' for i in range(6)]
+    path = tmp_path / "t.json"
+    path.write_text("[\n" + comment + "\n" + ",\n".join(records) + "\n]\n")
+    with pytest.raises(UserError, match=rf"line 2 is a comment \('{re.escape(comment[:2])}.*\), which JSON does not "
+                                        r"allow: remove the comment lines$"):  # fmt: skip
         load_raw({"train": str(path)}, None, None, None)
 
 
