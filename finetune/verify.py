@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import TrainConfig, load_config
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error, warn
+from finetune.errors import ArgumentParser, UserError, exit_on_user_error, said_once, warn
 from finetune.rundir import RunDir
 
 DEFAULT_STEPS = 3
@@ -415,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             run_single_process([args[v] for v in variants[:-1]])
         else:
-            for v in variants:
-                run_in_process(args[v])
+            with said_once():  # each variant reads the same data: its warnings said once, not once a variant
+                for v in variants:
+                    run_in_process(args[v])
         comparisons = [compare(root / reference.dirname, root / v.dirname, v) for v in variants[1:]]
         reference_steps = json.loads(RunDir(root / reference.dirname).results.read_text())["step"]
         if reference_steps < opts.steps:  # the data held fewer samples than the check takes (after a held-out share)

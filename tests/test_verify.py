@@ -44,6 +44,8 @@ def test_accumulation_agrees_with_one_big_batch(recipe, tmp_path, capsys):
     assert verify.main(["--config", str(recipe), "--keep", str(tmp_path / "runs"), "per_device_train_batch_size=8"]) == 0
     printed, err = capsys.readouterr()
     assert "given twice" not in err and "fewer than the check's" not in err
+    said = [line for line in err.splitlines() if line.startswith("warning:")]  # the variants read the same data:
+    assert said and len(set(said)) == len(said), said  # what they find is said once, not once a variant
     assert "1 x 8 x 1" in printed and "1 x 4 x 2" in printed
     assert "; one process, so no DDP variant (launched with --num_processes 2 or more, it adds one)" in printed
     assert "OK: every variant agrees with one big batch within 1e-05" in printed
