@@ -247,13 +247,10 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
             if rank == "0":
                 print(f"stopped: {one_line(e)}", file=sys.stderr)
             sys.exit(e.exit_code)
-        except KeyboardInterrupt:  # Ctrl-C before or after the training loop, which handles its own
+        except KeyboardInterrupt:  # Ctrl-C in an evaluation, or before or after a training loop (it has its own)
             _undo_after_failure()
             if rank == "0":
-                print(
-                    "stopped: interrupted (SIGINT) outside the training loop; nothing more was saved",
-                    file=sys.stderr,
-                )
+                print("stopped: interrupted (SIGINT); nothing more was saved", file=sys.stderr)
             sys.exit(130)
         except UserError as e:
             _undo_after_failure()

@@ -88,6 +88,21 @@ def test_the_evaluation_gives_ctrl_c_back_once_it_has_started(tmp_path, capsys):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def test_ctrl_c_in_an_entry_point_outside_a_training_loop_is_one_stopped_line(capsys):
+    """An evaluation (or a run before its loop) stopped by Ctrl-C: one `stopped:` line that fits every entry
+    point (it spoke of a training loop in an evaluation), exit 130, no traceback."""
+    from finetune.errors import exit_on_user_error
+
+    @exit_on_user_error
+    def evaluating():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stopped:
+        evaluating()
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "stopped: interrupted (SIGINT); nothing more was saved\n"
+
+
 def test_sigterm_saves_a_checkpoint_and_resume_is_exact(finished_run, tmp_path):
     """`python finetune/run.py ...` as a one-process job: the process that gets the signal trains."""
     data, reference = finished_run.data(), finished_run(*UNINTERRUPTED)
