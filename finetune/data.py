@@ -50,6 +50,7 @@ from finetune.problems import (
     punctuation_twins,
 )
 from finetune.tasks import (
+    TASKS,
     character_span,
     plain_tags,
     shown,
@@ -1162,6 +1163,9 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                 )
             hint = task.missing_label_hint() if column in label_columns and ds.column_names == inputs else ""
             other = task_for_data(ds.features, args)
+            if model_task and other == args.task and TOKENS not in task.problems and column in inputs and len(ds) \
+                    and any(isinstance(v, list) and v and all(isinstance(w, str) for w in v) for v in ds[0].values()):
+                other = next(n for n, t in TASKS.items() if t.problems == (TOKENS,))  # words to tag, a text model
             lists = _word_and_tag_lists(ds)
             renamed = lists is not None and lists != (args.tokens_column, args.tags_column)
             if renamed or (lists is not None and task.problems != (TOKENS,) and not model_task):  # words and tags

@@ -136,6 +136,11 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
             else "class ids"
         )
         where, bad = "", _not_finite_numbers(train[column]) if what == "class names" else []
+        dressed = [v for _, v in bad if isinstance(v, str) and NUMBER_WITH_A_UNIT.fullmatch(v)]
+        if bad and len(dressed) * 10 >= len(bad) * 9:  # "81%", "$1,200", "3.5 kg": numbers a spreadsheet dressed
+            raise UserError(f"label column '{column}' holds numbers written with a unit or a separator (e.g. "
+                            f"{dressed[0]!r}): regression reads plain numbers; write them plainly (81 for 81%, or "
+                            "0.81; 1200 for $1,200)")  # fmt: skip
         if bad and len(bad) == len(train):  # no number at all: classes (IMDb's sentiment under the regression recipe)
             raise UserError(f"label column '{column}' holds class names (e.g. {bad[0][1]!r}), not numbers: to predict "
                             "these classes, set problem_type=single_label_classification (or train with "
@@ -156,6 +161,10 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
             f"label_columns=a,b,c naming 0/1 columns; label column '{column}' holds {feature}"
         )
     return given
+
+
+# A number with a percent sign, a currency, thousands separators or a short unit: "81%", "$1,200", "3.5 kg".
+NUMBER_WITH_A_UNIT = re.compile(r"\s*[-+]?\s*[$€£¥]?\s*\d[\d,' ]*(\.\d+)?\s*(%|[A-Za-z€$£¥]{1,3})?\s*")
 
 
 def _not_finite_numbers(values: list) -> list[tuple[int, Any]]:

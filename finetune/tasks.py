@@ -621,6 +621,8 @@ class TokenClassification(TextClassification):
             blank = next((i for i, w in enumerate(words) if w is None or not w.strip()), None)
             if blank is not None:
                 raise UserError(f"the {split} data has an empty word at row {row + 1}, word {blank + 1}; give it its text")
+        if split == "train":
+            _warn_spaced_words(ds[column])
         tags = ds.features.get(data.tags_column)
         if _word_lists(tags):  # tags as names (integer ids are named by label_names: check_tag_names)
             plain = plain_tags({t for names in ds[data.tags_column] for t in names or [] if t is not None})
@@ -874,6 +876,17 @@ def task_of_model(config, spec: str, asked: str | None = None) -> Task:
         f"cannot tell the task of {spec} from its config (architectures {architectures}); "
         f"pass --task {' or --task '.join(TASK_NAMES)}"
     )
+
+
+def _warn_spaced_words(sentences: list[list[str]]) -> None:
+    """Words with a space inside ("New York" as one word, a phrase tagged whole): the model learns them whole,
+    but a pipeline splits its text at spaces, so such a word is two to it; one warning, with the fix."""
+    spaced = [w for words in sentences for w in words if " " in w.strip()]
+    if spaced:
+        total = sum(len(words) for words in sentences)
+        warn(f"{len(spaced):,} of the {total:,} training words hold a space ({shown(spaced[0])}): a pipeline and "
+             "any text split at spaces sees such a word as two; write each word as its own item, the tag on the "
+             'first (B-...) and I-... on the rest ("New", "York": B-LOC, I-LOC)')
 
 
 def _warn_cut_texts(lengths, max_length: int | None, limit: int | None) -> None:

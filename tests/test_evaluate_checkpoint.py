@@ -378,6 +378,7 @@ def _incomplete(run, tmp_path):
         ("missing_data", "--data not found"),
         ("data_without_rows", "the data has no rows ("),
         ("tagging_data", "these look like token-classification data, and the model is a text-classification model"),
+        ("words_to_tag", "these look like token-classification data, and the model is a text-classification model"),
         ("output_is_a_file", "is a file, not a folder; --output names a folder"),
         ("output_in_a_checkpoint", "which the run in"),
         ("hub_model_offline", "(HF_HUB_OFFLINE is set: download it while online, or give a local directory)"),
@@ -407,6 +408,8 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         "unknown_split": [str(run["checkpoint"]), "--split", "bogus"],
         "missing_data": [str(run["checkpoint"]), "--data", str(tmp_path / "nope.csv")],
         "data_without_rows": [str(run["checkpoint"]), "--data", str(write_csv(tmp_path / "header.csv", [], ["text", "label"]))],
+        "words_to_tag": [str(run["checkpoint"]), "--data", str(write_jsonl(tmp_path / "words.jsonl",
+                         [{"tokens": ["Ada", "wrote"]}, {"tokens": ["Bob", "ran"]}]))],  # a tagger's data to predict
         "tagging_data": [str(run["checkpoint"]), "--data", str(write_jsonl(tmp_path / "ner.jsonl",
                          [{"tokens": ["Ada", "wrote"], "ner_tags": ["B-PER", "O"]}]))],  # fmt: skip
         "output_is_a_file": [str(run["checkpoint"]), "--output", str(run["dir"] / "results.json")],

@@ -286,6 +286,10 @@ def _texts(labels: list, column: str = "label") -> list[dict]:
             "problem_type=single_label_classification",
         ),
         ([["a"], ["b"]], ["problem_type=regression"], "holds lists; regression needs one number per sample"),
+        (["81%", "12%", "3.5%"], ["problem_type=regression"],  # numbers a spreadsheet dressed: write them plainly
+         "holds numbers written with a unit or a separator (e.g. '81%'): regression reads plain numbers; write them "
+         "plainly (81 for 81%, or 0.81; 1200 for $1,200)"),
+        (["$1,200", "$950", "$2,450"], ["problem_type=regression"], "with a unit or a separator (e.g. '$1,200')"),
         (["1.5", "n/a"], ["problem_type=regression"],  # numbers with a stray word: the cell, and how to write it
          "holds class names ('n/a' at row 2 is not a finite number); regression needs one number per sample written"),
         (["a", "b"], ["problem_type=multi_label_classification"], "needs a label column of lists"),

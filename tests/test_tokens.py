@@ -270,6 +270,25 @@ def test_the_start_summary_counts_sentences_and_their_windows(tagging, tmp_path,
     assert found and int(found.group(1)) > 37 and int(found.group(2)) > 13  # every 9th sentence is split
 
 
+def test_words_that_hold_a_space_are_one_warning(tmp_path, capsys):
+    """"New York" as one word: the model learns it whole, a pipeline splits it at the space; one warning with
+    the fix. Words without spaces say nothing."""
+    rows = [{"tokens": ["New York", "is", "big"], "ner_tags": ["B-LOC", "O", "O"]},
+            {"tokens": ["Ada", "lives", "there"], "ner_tags": ["B-PER", "O", "O"]}] * 4  # fmt: skip
+
+    def said(data: list[dict]) -> list[str]:
+        path = write_jsonl(tmp_path / "t.jsonl", data)
+        load_splits(load_config(None, ["task=token-classification", f"train_file={path}", "validation_file=null",
+                                       "test_file=null", "validation_split_percentage=25", "label_names=null"]
+                                ).data_args)  # fmt: skip
+        return [line for line in capsys.readouterr().err.splitlines() if "hold a space" in line]
+
+    (line,) = said(rows)
+    assert re.search(r"^warning: \d of the \d+ training words hold a space \('New York'\): a pipeline and any text "
+                     r"split at spaces sees such a word as two", line), line
+    assert said([{"tokens": r["tokens"][0].split()[:1] + r["tokens"][1:], "ner_tags": r["ner_tags"]} for r in rows]) == []
+
+
 def test_integer_tags_read_through_a_recipe_s_label_names_are_said(tmp_path, capsys):
     """Integer tag ids of the user's own file, decoded by the NER recipe's label_names (written for its own
     data): one warning that names the mapping and the fix; none when label_names come from the command line,
