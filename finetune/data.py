@@ -1009,6 +1009,26 @@ def _warn_merged_rows(ds: HFDataset, args: DataArgs) -> None:
             return
 
 
+def _label_and_text_guess(ds: HFDataset, others: list[str], missing: list[str], args: DataArgs) -> str:
+    """Neither the label column nor (perhaps) the text column under the run's names (review, sentiment): the
+    columns of strings that read as classes (few values, each repeated) and, where the text column is
+    missing too, the one of longest strings; a hint that names both, or "" when it is not one of each."""
+    head = ds.select_columns(others)[:1000] if others else {}
+    strings = [c for c in others if head[c] and all(isinstance(v, str) for v in head[c])]
+    classes = [c for c in strings if len(set(head[c])) <= max(2, len(head[c]) // 5)]
+    if len(classes) != 1:
+        return ""
+    label = classes[0]
+    if not missing:
+        return f"; if '{label}' holds the labels, set label_column={label}"
+    texts = [c for c in strings if c != label]
+    if len(missing) != 1 or not texts:
+        return ""
+    text = max(texts, key=lambda c: sum(len(v) for v in head[c]))
+    return (f"; if '{label}' holds the labels and '{text}' the texts, set {_setting_of(missing[0], args)}={text} "
+            f"label_column={label}")
+
+
 def _setting_of(column: str, args: DataArgs) -> str:
     """The setting that names `column`."""
     names = ("label_column", "text_column", "text_pair_column", "tokens_column", "tags_column", "image_column")
@@ -1216,6 +1236,9 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             if column == args.label_column and not args.label_columns and other == args.task and len(others) == 1 \
                     and not hint:  # "labels" where the run read "label"  # fmt: skip
                 hint = f"; if '{others[0]}' holds the labels, set label_column={others[0]}"
+            elif column == args.label_column and not args.label_columns and other == args.task and not hint \
+                    and not train_has:  # (a split whose names differ from train's: said below)  # fmt: skip
+                hint = _label_and_text_guess(ds, others, [c for c in inputs if c not in ds.column_names], args)
             if not hint and train_has and column in label_columns and split in ("validation", "test") \
                     and all(c in ds.column_names for c in inputs):  # its inputs there, no labels  # fmt: skip
                 hint = (f"; the {split} split is scored, so it needs its labels; to predict on a file without them: "

@@ -734,6 +734,22 @@ def test_a_csv_without_its_header_row_is_named_as_such(tmp_path):
         load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
 
 
+def test_a_file_with_neither_default_column_names_its_labels_and_texts(tmp_path):
+    """review,sentiment where the run reads text,label: the line says which column reads as the labels (few
+    values, repeated) and which as the texts (the longest), with both settings."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.errors import UserError
+
+    rows = [{"review": f"a {'dull' if i % 2 else 'fine'} film, scene {i}", "sentiment": ["pos", "neg"][i % 2]}
+            for i in range(12)]  # fmt: skip
+    train = write_csv(tmp_path / "train.csv", rows)
+    with pytest.raises(UserError, match=r"^column 'label' not found in the train data; columns are: review, sentiment; "
+                                        r"if 'sentiment' holds the labels and 'review' the texts, set text_column=review "
+                                        r"label_column=sentiment$"):  # fmt: skip
+        load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
+
+
 def test_a_url_as_a_data_file_is_named_as_a_url():
     """Not "not found (read from the current folder)": files are read from this machine."""
     from finetune.data import load_raw
