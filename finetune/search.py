@@ -662,7 +662,21 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
     print(f"best: trial {best.number}, validation {best.value:.4f} with {params}; model in {model}, "
           f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {cut} of them cut "
           f"at the budget; wall time {seconds} s of a {budget:g} s budget)")
+    learned = _read_json(RunDir(out / f"{TRIAL_PREFIX}{best.number}").results).get("learned") or {}
+    if learned.get("verdict") is False:  # every trial at the trivial baseline: the best of them is no model either
+        value, base = (learned.get(k) for k in ("value", "baseline"))
+        shown = " against ".join(f"{v:.4f}" if isinstance(v, (int, float)) else "none" for v in (value, base))
+        warn(f"the best trial did not learn beyond the trivial baseline (validation {learned.get('metric')} {shown}); "
+             "a longer --budget, other settings (a learning_rate the space does not hold, more epochs) or more data "
+             "may; see docs/your-own-data.md")  # fmt: skip
     return record
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def duration(text: str) -> float:

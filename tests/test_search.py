@@ -472,8 +472,13 @@ def test_a_warning_every_trial_meets_is_said_once(small_text_data, tmp_path, cap
     """freeze_embeddings=true on a model built at random: each trial warns the same; the search says it once."""
     search(["--budget", "300", "--trials", "2", "--space", "learning_rate",
             *settings(small_text_data, tmp_path / "s", "max_steps=2", "freeze_embeddings=true")])  # fmt: skip
-    said = [ln for ln in capsys.readouterr().err.splitlines() if "freeze_embeddings=true freezes" in ln]
+    err = capsys.readouterr().err.splitlines()
+    said = [ln for ln in err if "freeze_embeddings=true freezes" in ln]
     assert len(said) == 1, said
+    # two steps of a model built at random: no trial learned, and the search's last word says so of its best
+    (best,) = [ln for ln in err if "the best trial did not learn beyond the trivial baseline (validation " in ln]
+    assert best.endswith("a longer --budget, other settings (a learning_rate the space does not hold, more epochs) "
+                         "or more data may; see docs/your-own-data.md"), best
 
 
 def test_warnings_are_said_once_in_said_once_and_not_at_all_in_unsaid(capsys):
