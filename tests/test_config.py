@@ -267,7 +267,7 @@ def test_a_key_set_twice_in_a_recipe_is_refused_with_its_lines(tmp_path):
     assert read_yaml(recipe.read_text()) == yaml.safe_load(recipe.read_text())
 
 
-def test_model_name_or_path_on_the_command_line_replaces_the_recipe_s_model_config(capsys):
+def test_model_name_or_path_on_the_command_line_replaces_the_recipe_s_model_config(capsys, monkeypatch):
     """The ViT recipes build a random model from model_config; naming pretrained weights on the command line
     must train those weights, not the recipe's random model with the weights ignored. Both named: both kept,
     with one warning that the weights are not read."""
@@ -277,6 +277,9 @@ def test_model_name_or_path_on_the_command_line_replaces_the_recipe_s_model_conf
     cfg = load_config(recipe, [f"model_name_or_path={weights}"])
     assert cfg.model_config is None and cfg.model_name_or_path == weights
     assert "warning" not in capsys.readouterr().err
+    import finetune.config
+
+    monkeypatch.setattr(finetune.config, "_warned", set())  # said once a process: other tests may have said it
     both = load_config(recipe, [f"model_name_or_path={weights}", "model_config.image_size=32"])  # named both: kept
     assert both.model_config["image_size"] == 32
     assert capsys.readouterr().err == (f"warning: model_config builds the model at random, so model_name_or_path="
