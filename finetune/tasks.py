@@ -625,10 +625,11 @@ class TokenClassification(TextClassification):
             _warn_spaced_words(ds[column])
         tags = ds.features.get(data.tags_column)
         if _word_lists(tags):  # tags as names (integer ids are named by label_names: check_tag_names)
-            plain = plain_tags({t for names in ds[data.tags_column] for t in names or [] if t is not None})
+            every = {t for names in ds[data.tags_column] for t in names or [] if t is not None}
+            plain, types = plain_tags(every), {t[2:] for t in every if IOB2_TAG.fullmatch(t) and t != "O"}
             for row, names in enumerate(ds[data.tags_column]):
                 for word, tag in enumerate(names or []):
-                    why = tag_problem(tag, plain) if tag is not None else None
+                    why = tag_problem(tag, plain, types) if tag is not None else None
                     if why:
                         raise UserError(f"the {split} data's tag {tag!r} at row {row + 1}, word {word + 1} {why}")
 
@@ -789,10 +790,11 @@ def plain_tags(tags) -> bool:
     return bool(tags - {"O"}) and not any(SCHEME_PREFIX.fullmatch(t.strip()) for t in tags)
 
 
-def tag_problem(tag: str, plain: bool = False) -> str | None:
+def tag_problem(tag: str, plain: bool = False, types: set[str] | frozenset = frozenset()) -> str | None:
     """What is wrong with a tag, with the fix; None when there is nothing. In an IOB2 tag set every tag is
     `O`, or `B-`/`I-` and a type (strict IOB2 scoring, seqeval, cannot read another); in a plain one
-    (`plain_tags`) any name is a tag, but not a number (a CoNLL file's other column) nor a padded one."""
+    (`plain_tags`) any name is a tag, but not a number (a CoNLL file's other column) nor a padded one.
+    `types`: the entity types of the data's IOB2 tags, so that 'b-per' beside 'B-LOC' is told 'B-PER'."""
     if tag != tag.strip():
         return "has surrounding spaces, so it would be a tag of its own; strip the spaces in the data"
     if tag == "_":  # CoNLL's placeholder for a value not given
@@ -800,10 +802,10 @@ def tag_problem(tag: str, plain: bool = False) -> str | None:
     if IOB2_TAG.fullmatch(tag) or (plain and tag and not tag.isdigit()):
         return None
     if tag[:1] in ("o", "b", "i") and IOB2_TAG.fullmatch(tag[:1].upper() + tag[1:]):
-        return (
-            f"is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in capitals "
-            f"({tag[:1].upper() + tag[1:]!r})"
-        )
+        kind = tag[2:]
+        upper = kind != kind.upper() and (kind.upper() in types or (types and all(t == t.upper() for t in types)))
+        fixed = tag.upper() if upper else tag[:1].upper() + tag[1:]  # the type as the data's other tags write it
+        return f"is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in capitals ({fixed!r})"
     other, after = OTHER_SEPARATOR.fullmatch(tag), PART_AFTER.fullmatch(tag)
     if other:
         return f"is not IOB2: write a hyphen after its B- or I- ({other[1]}-{other[2]!s})"

@@ -631,10 +631,11 @@ def _rows(path: Path, rows: list[dict]) -> Path:
         ([{"tokens": "ada said", "ner_tags": ["O", "O"]}], "not lists of words"),
         ([{"tokens": ["ada"], "ner_tags": "O"}], "not lists of tags"),
         ([{"tokens": ["ada", "said"], "ner_tags": [["B-PER"], ["O"]]}], "hold a list inside the list (word 1: ['B-PER'])"),
-        # tags that are not IOB2: seqeval's strict scoring raised KeyError at the first evaluation
+        # tags that are not IOB2: seqeval's strict scoring raised KeyError at the first evaluation; the fix
+        # writes the type as the data's other tags do (B-PER, not B-per, which would then be a tag of its own)
         ([{"tokens": ["ada", "said"], "ner_tags": ["b-per", "O"]}],
          "tag 'b-per' at row 2, word 1 is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in "
-         "capitals ('B-per')"),
+         "capitals ('B-PER')"),
         ([{"tokens": ["ada", "said"], "ner_tags": ["O", "PER"]}], "tag 'PER' at row 2, word 2 is not IOB2 (O, or B- or I-"),
         ([{"tokens": ["ada"], "ner_tags": ["E-PER"]}], "tag 'E-PER' at row 2, word 1 is not IOB2"),
         ([{"tokens": ["ada"], "ner_tags": ["B_PER"]}], "tag 'B_PER' at row 2, word 1 is not IOB2: write a hyphen after "
