@@ -636,6 +636,10 @@ class TrainConfig(ParallelArgs, RunArgs, OptimArgs, DataArgs, ModelArgs):
                 else ""
             )
             raise UserError(f"no training data: set train_file, data_dir or dataset_name{resuming}")
+        if self.train_file and self.data_dir and self.dataset_name in (None, "imagefolder"):  # one would be unread
+            raise UserError(f"train_file={self.train_file} and data_dir={self.data_dir} both name the training data; "
+                            "give one: train_file= for a data file (data_dir=null), data_dir= for an image folder "
+                            "(train_file=null)")  # fmt: skip
         if self.data_dir and self.output_dir and not self.train_file:
             data, out = Path(self.data_dir).expanduser().resolve(), Path(self.output_dir).expanduser().resolve()
             from finetune.tasks import SPLIT_FOLDERS

@@ -523,3 +523,14 @@ def test_a_list_the_shell_split_at_its_space_says_to_quote_it_and_a_broken_one_t
         load_config(None, ["label_names=[negative,", "positive]"])
     with pytest.raises(UserError, match=r"that does not parse .*; check the closing '\]' and the commas$"):
         load_config(None, ["label_names=[a, [b]"])
+
+
+def test_a_data_file_and_an_image_folder_both_named_are_refused():
+    """train_file and data_dir (an image folder) on one command line: the loader would read one and leave the
+    other unread while config.yaml recorded both; one line names both and the fix."""
+    recipe = CONFIGS_DIR / "vit_imagefolder.yaml"
+    with pytest.raises(UserError, match=r"^train_file=r.csv and data_dir=imgs both name the training data; give one: "
+                                        r"train_file= for a data file \(data_dir=null\), data_dir= for an image folder "
+                                        r"\(train_file=null\)$"):  # fmt: skip
+        load_config(recipe, ["data_dir=imgs", "train_file=r.csv"])
+    assert load_config(recipe, ["train_file=r.csv"]).data_dir is None  # one named: the recipe's other is dropped
