@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import zipfile
@@ -1485,6 +1486,11 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
                 # 1 to 5: stars or grades, most likely (class ids count from 0, and get no hint)
                 looks = (f"the classes are the whole numbers 1 to {ints[-1]}: if they are scores (stars, "
                          "grades), problem_type=regression predicts them as numbers and needs no sample of each")
+            n, k = len(raw["train"]), len(label_names)
+            need, room = math.ceil(100 * k / n), math.floor(100 * (n - k) / n)  # one of each held out, one left
+            if not looks and min(counts.values()) >= 2 and need <= room and need > args.validation_split_percentage:
+                looks = (f"the held-out share must hold one sample of each of the {k} classes: "
+                         f"validation_split_percentage={need} or more (at most {room}, to leave one of each)")
             if not looks and args.validation_split_percentage < 1:  # 0.5 meant as a share: half a percent
                 looks = (f"validation_split_percentage={args.validation_split_percentage:g} is a percentage: it holds "
                          f"out {args.validation_split_percentage:g}% of the samples; for half of them write 50")

@@ -298,6 +298,9 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
     ([f"row-{i}" for i in range(12)], "(12 classes for 12 samples, most with one sample each: is 'label' an id or a "
                                       "text column? set label_column to the column of classes)"),
     (["neg", "pos"], "(2 training samples: too few to hold out one of each class)"),  # not "an id column?"
+    # 30 classes of 3 samples: the default 10% holds 9, the share that holds one of each is named
+    ([f"c{i % 30}" for i in range(90)], "(the held-out share must hold one sample of each of the 30 classes: "
+                                        "validation_split_percentage=34 or more (at most 66, to leave one of each))"),
 ])  # fmt: skip
 def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels, fragment, tmp_path):
     from finetune.config import load_config
@@ -313,6 +316,9 @@ def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels
     assert fragment in str(e.value)
     if labels[0] == "0":
         assert "not classes?" not in str(e.value) and "one cell?" not in str(e.value)
+    if "validation_split_percentage=34" in fragment:  # the share named does hold one of each
+        load_splits(load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null",
+                                       "label_names=null", "validation_split_percentage=34"]).data_args)  # fmt: skip
 
 
 def test_classes_that_look_like_decimal_numbers_train_with_one_warning(tmp_path, capsys):
