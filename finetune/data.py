@@ -1486,14 +1486,14 @@ def load_splits(args: DataArgs) -> tuple[DatasetDict, list[str]]:
                 # 1 to 5: stars or grades, most likely (class ids count from 0, and get no hint)
                 looks = (f"the classes are the whole numbers 1 to {ints[-1]}: if they are scores (stars, "
                          "grades), problem_type=regression predicts them as numbers and needs no sample of each")
+            if not looks and args.validation_split_percentage < 1:  # 0.5 meant as a share: half a percent
+                looks = (f"validation_split_percentage={args.validation_split_percentage:g} is a percentage: it holds "
+                         f"out {args.validation_split_percentage:g}% of the samples; for half of them write 50")
             n, k = len(raw["train"]), len(label_names)
             need, room = math.ceil(100 * k / n), math.floor(100 * (n - k) / n)  # one of each held out, one left
             if not looks and min(counts.values()) >= 2 and need <= room and need > args.validation_split_percentage:
                 looks = (f"the held-out share must hold one sample of each of the {k} classes: "
                          f"validation_split_percentage={need} or more (at most {room}, to leave one of each)")
-            if not looks and args.validation_split_percentage < 1:  # 0.5 meant as a share: half a percent
-                looks = (f"validation_split_percentage={args.validation_split_percentage:g} is a percentage: it holds "
-                         f"out {args.validation_split_percentage:g}% of the samples; for half of them write 50")
             if not looks and len(raw["train"]) < 10:  # a few rows to try the app (an id column needs more to tell)
                 looks = f"{len(raw['train'])} training samples: too few to hold out one of each class"
             raise UserError(
