@@ -1105,7 +1105,8 @@ def _data_source_from_command_line(raw: dict[str, Any], given: dict[str, Any], s
     command line that names one source (data_dir=..., or train_file=...) and no value for the other's keys
     replaces the recipe's other source: `task=image-classification data_dir=imgs` over the default
     (text) recipe reads imgs, not the recipe's CSV files. Chosen over a refusal because the command line
-    is the more specific layer and its meaning is not in doubt; config.yaml shows the result."""
+    is the more specific layer and its meaning is not in doubt; config.yaml shows the result. Both named
+    (train_file and an image folder's data_dir) are refused by `TrainConfig.validate`."""
     for source, other in (("data_dir", FILE_KEYS), ("train_file", FOLDER_KEYS)):
         if given.get(source) is not None and all(given.get(key) is None for key in other):
             for key in other:

@@ -995,10 +995,10 @@ def _warn_merged_rows(ds: HFDataset, args: DataArgs) -> None:
     column, labels = args.text_column, args.label_column
     if column not in ds.column_names or labels not in ds.column_names:
         return
-    broken = [(row, text) for row, text in enumerate(ds[:20000][column]) if isinstance(text, str) and "\n" in text]
+    broken = [(row, text) for row, text in enumerate(ds[column][:20000]) if isinstance(text, str) and "\n" in text]
     if not broken:  # the first 20,000 rows only, and the label values below only when a text holds a line break
         return
-    values = {str(v) for v in ds[:5000][labels] if isinstance(v, (str, int)) and not isinstance(v, bool)}
+    values = {str(v) for v in ds[labels][:5000] if isinstance(v, (str, int)) and not isinstance(v, bool)}
     ends = re.compile(r".*[,\t;|]\s*(" + "|".join(map(re.escape, sorted(values, key=len, reverse=True))) + r")\s*$")
     for row, text in broken if values else []:
         lines = text.splitlines()

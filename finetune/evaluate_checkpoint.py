@@ -74,7 +74,7 @@ import yaml
 from accelerate import Accelerator
 from datasets import Dataset as HFDataset
 from datasets import DatasetDict, Value
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 from transformers import AutoConfig
@@ -467,8 +467,6 @@ def _foreign_weights(target: Target, what: str) -> UserError:
 
 def _head_rows(folder: Path) -> tuple[int, int] | None:
     """(the classifier's outputs in model.safetensors, the labels config.json names) where they differ."""
-    from safetensors import safe_open
-
     try:
         config = json.loads((folder / "config.json").read_text())
         labels = len(config.get("id2label") or {}) or config.get("num_labels")

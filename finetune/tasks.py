@@ -615,14 +615,15 @@ class TokenClassification(TextClassification):
                 f"tokens column '{column}' in the {split} data holds {feature}, not lists of words; give each row "
                 'its words as a list ("tokens": ["Ada", "lived", "in", "London"]), or a CoNLL file'
             )
-        for row, words in enumerate(ds[column]):
+        sentences = list(ds[column])  # read once: checked here, and looked through for spaced words below
+        for row, words in enumerate(sentences):
             if not words:
                 raise UserError(f"the {split} data has an empty sentence (no words) at row {row + 1}; drop that row")
             blank = next((i for i, w in enumerate(words) if w is None or not w.strip()), None)
             if blank is not None:
                 raise UserError(f"the {split} data has an empty word at row {row + 1}, word {blank + 1}; give it its text")
         if split == "train":
-            _warn_spaced_words(ds[column])
+            _warn_spaced_words(sentences)
         tags = ds.features.get(data.tags_column)
         if _word_lists(tags):  # tags as names (integer ids are named by label_names: check_tag_names)
             every = {t for names in ds[data.tags_column] for t in names or [] if t is not None}
