@@ -615,6 +615,7 @@ class Evaluations:
         self.cfg, self.run, self.hooks = cfg, run, hooks
         self.last: dict = {}
         self.best: float | None = None
+        self.top: tuple[int, float] | None = None  # (step, value) of the best evaluation by judged_metric
         self.without_improvement, self.stale = 0, False
 
     def evaluate(self, step: int, epoch: int) -> dict:
@@ -625,6 +626,9 @@ class Evaluations:
         if self.run.accelerator.is_main_process:  # above the training bar
             tqdm.write(f"step {step} (epoch {epoch + 1}): validation {summary_line(self.last)}")
         self.hooks.mark("evaluated", (step, self.last))
+        judged = self.last.get(judged_metric(self.cfg))
+        if isinstance(judged, (int, float)) and (self.top is None or better(judged_metric(self.cfg), judged, self.top[1])):
+            self.top = (step, judged)
         value = self.last.get(self.cfg.metric_for_best_model)
         if self.cfg.early_stopping_patience is not None and value is not None:
             sign = 1 if self.cfg.greater_is_better else -1
@@ -661,7 +665,8 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
             results["test"] = evaluate_split(cfg, run, "test", threshold)
     if run.shapes is not None:
         results["shapes"] = run.shapes.record()
-    results["learned"] = judge(cfg, results["validation"], run.checkpointer.best, results.get("validation_tuned"))
+    results["learned"] = judge(cfg, results["validation"], run.checkpointer.best, results.get("validation_tuned"),
+                               evaluations.top)
     if results["learned"]["verdict"]:
         run.accelerator.print(f"learned: {results['learned']['said']}")
     for warning in (results["learned"]["said"] if results["learned"]["warn"] else None, never):
@@ -698,18 +703,34 @@ def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, 
     )
 
 
-def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = None) -> dict:
+def judged_metric(cfg: TrainConfig) -> str:
+    """The metric whether the model learned is judged by: metric_for_best_model, or the problem's main
+    metric where that is the loss (a loss has no trivial baseline to be judged against)."""
+    return cfg.metric_for_best_model if cfg.metric_for_best_model != "loss" else PROBLEMS[cfg.problem_type].reported[0]
+
+
+def better(key: str, value: float, than: float) -> bool:
+    return value > than if METRICS[key].greater_is_better else value < than
+
+
+def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = None,
+          top: tuple[int, float] | None = None) -> dict:
     """Whether the model learned: the best validation value of the problem's main metric (or of
-    metric_for_best_model) against the trivial baseline's (metrics.learned states the rule). With
-    `tuned` (multi-label, the threshold tuned on validation: `results["validation_tuned"]`), the
+    metric_for_best_model) against the trivial baseline's (metrics.learned states the rule): the best
+    of the export's (`validation`), the best checkpoint's (`best`) and the periodic evaluations' (`top`:
+    step, value). Where an evaluation beat the export, the line says so and how to export that one.
+    With `tuned` (multi-label, the threshold tuned on validation: `results["validation_tuned"]`), the
     export's validation value at that threshold against the baseline's at the same threshold: those
     are the decisions the export makes (the periodic evaluations' best used the fixed threshold)."""
-    problem_metrics = PROBLEMS[cfg.problem_type].reported
-    key = cfg.metric_for_best_model if cfg.metric_for_best_model != "loss" else problem_metrics[0]
+    key = judged_metric(cfg)
+    earlier = None  # (step, value) of an evaluation better than the export
     if tuned is not None:
         validation, value = tuned, tuned.get(key)
     else:
-        value = best.get("value") if best.get("metric") == key else validation.get(key)
+        value = validation.get(key)
+        for seen in (top, (best.get("step"), best.get("value")) if best.get("metric") == key else None):
+            if seen and isinstance(seen[1], (int, float)) and isinstance(value, (int, float)) and better(key, seen[1], value):
+                value, earlier = seen[1], seen
     baseline = (validation.get("baseline") or {}).get(key)
     n = validation.get("num_words") if key == "word_accuracy" else validation.get("num_samples", 0)
     verdict = learned(key, value, baseline, n or 0)
@@ -735,6 +756,8 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         if verdict is False
         else f"best validation {shown} {value:.4f}, clearly above the trivial baseline's "
         f"{'0 (a constant correlates with nothing)' if baseline is None else f'{baseline:.4f}'}"
+        + (f"; that was at step {earlier[0]}, and the export, {validation.get(key):.4f}, is the last step's: "
+           "load_best_model_at_end=true exports the best" if earlier is not None and earlier[0] is not None else "")
         if verdict
         else f"validation has {n or 0} sample(s), too few to tell whether the model learned (at least "
         f"{FEWEST_TO_JUDGE}); give a larger validation_file or validation_split_percentage"

@@ -253,6 +253,17 @@ def test_the_validation_line_shows_the_baseline_and_the_end_says_the_verdict(sma
     assert len(said) == (verdict is not None) and (not said or said[0].startswith("learned:") == verdict), said
 
 
+def test_the_verdict_value_is_the_best_of_the_runs_evaluations(small_text_data, tmp_path):
+    """Every periodic evaluation counts: the judged value is the best one metrics.jsonl holds (or the
+    export's, where that is better), not only the last step's."""
+    out = tmp_path / "run"
+    results = main(recipe_text_args(small_text_data, out, "max_steps=6", "eval_steps=1", "learning_rate=3e-3"))
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    seen = [row["eval_accuracy"] for row in logged if "eval_accuracy" in row]
+    assert len(seen) >= 6
+    assert results["learned"]["value"] == max(*seen, results["validation"]["accuracy"])
+
+
 def test_labels_never_predicted_on_validation_are_named_in_one_warning_line(tmp_path, capsys):
     path = write_jsonl(tmp_path / "train.jsonl", multi_label_rows(24))
     data = {"train": path, "validation": path}
@@ -280,6 +291,29 @@ def test_the_verdict_reads_the_tuned_validation_when_there_is_one():
     # the final line shows validation at the fixed threshold: the verdict says which value it quotes
     assert "micro F1 at the tuned threshold 0.8000" in verdict["said"], verdict["said"]
     assert "tuned" not in judge(cfg, fixed, best)["said"]
+
+
+def test_the_verdict_quotes_the_best_evaluation_and_says_when_the_export_is_not_it():
+    """A run without load_best_model_at_end whose validation accuracy peaked at 0.7733 and ended at 0.75:
+    "best validation accuracy 0.7500" was what it said (a new user's run on 500 movie reviews). The best
+    evaluation is quoted, with its step, and the export's own value beside it."""
+    from types import SimpleNamespace
+
+    from finetune.run import judge
+
+    cfg = SimpleNamespace(problem_type="single_label_classification", metric_for_best_model="accuracy")
+    last = {"accuracy": 0.75, "num_samples": 300, "baseline": {"accuracy": 0.5}}
+    verdict = judge(cfg, last, {}, top=(96, 0.7733))
+    assert verdict["value"] == 0.7733 and verdict["verdict"] is True
+    assert "0.7733" in verdict["said"] and "step 96" in verdict["said"] and "0.7500" in verdict["said"], verdict["said"]
+    assert "load_best_model_at_end=true" in verdict["said"]
+    # the export is the best one: nothing more is said
+    assert "step" not in judge(cfg, {**last, "accuracy": 0.78}, {}, top=(96, 0.7733))["said"]
+    # a loss judged by the problem's main metric; lower-is-better metrics compare the other way
+    reg = SimpleNamespace(problem_type="regression", metric_for_best_model="mse")
+    end = {"mse": 0.30, "num_samples": 300, "baseline": {"mse": 0.9}}
+    assert judge(reg, end, {}, top=(10, 0.20))["value"] == 0.20
+    assert judge(reg, end, {}, top=(10, 0.40))["value"] == 0.30
 
 
 def test_a_tagger_must_also_beat_every_word_o():

@@ -255,6 +255,7 @@ def test_a_search_into_a_folder_that_holds_no_search_is_refused(holds, small_tex
     assert ("holds a training run" in line) == (holds == "a finished run")
 
 
+@pytest.mark.slow  # ~12 s: two searches
 def test_epochs_are_not_searched_when_max_steps_decides_the_length(small_text_data, tmp_path, capsys):
     out = tmp_path / "search"
     record = search(["--budget", "300", "--trials", "1", "--space", "learning_rate,num_train_epochs",
@@ -269,6 +270,7 @@ def test_epochs_are_not_searched_when_max_steps_decides_the_length(small_text_da
     assert "num_train_epochs is not searched" not in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~10 s: a search continued
 def test_a_study_is_continued_only_with_the_settings_it_was_made_with(small_text_data, tmp_path, capsys):
     out = tmp_path / "search"
     search(["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(small_text_data, out, "max_steps=2")])
