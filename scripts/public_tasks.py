@@ -1,7 +1,7 @@
 """Build small public tasks of the kinds the bundled data lacks, from public data only, offline and
 deterministic (the same bytes on every machine): what `python -m benchmarks.expected_results` measures.
 
-    python scripts/public_tasks.py runs/public_tasks                     # all four, a few seconds
+    python scripts/public_tasks.py runs/public_tasks                     # all five, a few seconds
     python scripts/public_tasks.py runs/public_tasks --tasks photos      # one
     accelerate launch finetune/run.py --config finetune/configs/vit_photos.yaml data_dir=runs/public_tasks/photos
 
@@ -14,6 +14,10 @@ the same, and a manifest.json with its counts and the sha256 of every file):
   crosses splits): the split's sentences in a seeded shuffle, paired off consecutively; train twice
   over (two shuffles, so each training sentence is in two pairs with two partners), validation and
   test once. Labels come out about half and half.
+- `rt_few/{train,validation,test}.jsonl`, single sentences from few examples: {"text", "label"}, 500
+  training and 300 validation sentences of data/rotten_tomatoes (the same licence), half of each
+  polarity, drawn in a seeded shuffle from its train and validation splits; test is its whole test
+  split (1,066). A user's own small labelled set, for the generic recipe (bert_custom_files.yaml).
 - `uner_entity_count/{train,validation,test}.jsonl`, regression: {"text", "entities"}, the sentence's
   words joined by spaces and the number of named entities in it (its B- tags) as a float.
 - `uner_entity_types/{train,validation,test}.jsonl`, multi-label: {"text", "labels"}, the entity
@@ -54,9 +58,10 @@ REPO = Path(__file__).resolve().parents[1]
 ROTTEN = REPO / "data" / "rotten_tomatoes"
 UNER = REPO / "data" / "uner_english_ewt"
 SPLITS = ("train", "validation", "test")
-TASKS = ("rt_pairs", "uner_entity_count", "uner_entity_types", "photos")
+TASKS = ("rt_pairs", "rt_few", "uner_entity_count", "uner_entity_types", "photos")
 ENTITY_TYPES = ("LOC", "ORG", "PER")
 UNER_VALIDATION_SHARE = 0.15
+RT_FEW = {"train": 500, "validation": 300}  # sentences of rt_few; its test is the whole test split
 BUILT_BY = "scripts/public_tasks.py"
 
 # The photographs that allowed packages ship, each: (package, path inside it, what it is and its licence).
@@ -109,6 +114,20 @@ def rt_pairs(split: str) -> list[dict]:
             same = sentences[a]["label"] == sentences[b]["label"]
             rows.append({"text": sentences[a]["text"], "text_pair": sentences[b]["text"],
                          "label": "same" if same else "different"})  # fmt: skip
+    return rows
+
+
+def rt_few(split: str) -> list[dict]:
+    """RT_FEW[split] sentences of the split, half of each polarity, in a seeded shuffle (test: all)."""
+    sentences = read_rotten(split)
+    if split not in RT_FEW:
+        return sentences
+    rng = random.Random(f"rt_few:{split}")
+    halves = [[s for s in sentences if s["label"] == label] for label in (0, 1)]
+    for half in halves:
+        rng.shuffle(half)
+    rows = [s for half in halves for s in half[: RT_FEW[split] // 2]]
+    rng.shuffle(rows)
     return rows
 
 
@@ -219,6 +238,8 @@ def build_photos(root: Path) -> dict:
 SOURCES = {
     "rt_pairs": "data/rotten_tomatoes (Sentence Polarity Dataset v1.0, Pang & Lee 2005): CC BY 4.0, "
     "Copyright (C) 2005 Bo Pang and Lillian Lee. Pairs of its sentences, labelled same/different polarity.",
+    "rt_few": "data/rotten_tomatoes (Sentence Polarity Dataset v1.0, Pang & Lee 2005): CC BY 4.0, "
+    "Copyright (C) 2005 Bo Pang and Lillian Lee. 500 / 300 of its train / validation sentences, and its test split.",
     "uner_entity_count": "data/uner_english_ewt (Universal NER, English-EWT; Mayhew et al., NAACL 2024): "
     "CC BY-SA 4.0; this derived file is shared under CC BY-SA 4.0 as well. Sentence -> number of entities.",
     "uner_entity_types": "data/uner_english_ewt (Universal NER, English-EWT; Mayhew et al., NAACL 2024): "
@@ -251,9 +272,9 @@ def build(task: str, out: Path) -> dict:
     folder = out / task
     clear(folder)
     manifest: dict = {"task": task, "source": SOURCES[task], "built_by": BUILT_BY}
-    if task == "rt_pairs":
+    if task in ("rt_pairs", "rt_few"):
         for split in SPLITS:
-            rows = rt_pairs(split)
+            rows = rt_pairs(split) if task == "rt_pairs" else rt_few(split)
             write_jsonl(folder / f"{split}.jsonl", rows)
             manifest[split] = {
                 "rows": len(rows),

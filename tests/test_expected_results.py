@@ -84,6 +84,33 @@ def test_the_public_tasks_build_the_same_bytes_twice_without_scikit_image(tmp_pa
         public_tasks.main([str(tmp_path / "c"), "--tasks", "photos"])
 
 
+def test_rt_few_is_a_small_balanced_draw_of_the_reviews_that_the_search_benchmark_reads(tmp_path):
+    """The generic recipe's small set: 500 / 300 sentences of rotten_tomatoes' own train / validation,
+    half of each polarity, and its whole test split; the search benchmark's task names these files."""
+    import csv
+    import os
+    import sys
+
+    from benchmarks.search_vs_defaults import REGISTRY, TASKS, data_settings
+
+    sys.path.insert(0, str(BUILDER.parent))
+    try:
+        import public_tasks
+    finally:
+        sys.path.remove(str(BUILDER.parent))
+    manifest = public_tasks.main([str(tmp_path), "--tasks", "rt_few"])["rt_few"]
+    assert [manifest[s]["rows"] for s in ("train", "validation", "test")] == [500, 300, 1066]
+    assert manifest["train"]["labels"] == {0: 250, 1: 250} and manifest["validation"]["labels"] == {0: 150, 1: 150}
+    source = BUILDER.parents[1] / "data" / "rotten_tomatoes"
+    for split in ("train", "validation"):
+        own = {r["text"] for r in csv.DictReader((source / f"{split}.csv").open(encoding="utf-8"))}
+        drawn = [json.loads(line)["text"] for line in (tmp_path / "rt_few" / f"{split}.jsonl").open(encoding="utf-8")]
+        assert len(set(drawn)) == len(drawn) and set(drawn) <= own
+    keys = [s.split("=", 1) for s in data_settings(REGISTRY["few_reviews"], tmp_path)]
+    assert [k for k, _ in keys] == ["train_file", "validation_file", "test_file"] and TASKS["few_reviews"] == "accuracy"
+    assert all((BUILDER.parents[1] / v).is_file() or os.path.isfile(v) for _, v in keys)
+
+
 def test_keep_others_replaces_the_rerun_rows_and_says_where_the_others_come_from(tmp_path):
     """--keep-others: the tasks run now replace theirs, the others keep their figures with the command and date
     that measured them (the table says so); a report from another machine, or none, is refused first."""
