@@ -48,6 +48,7 @@ from finetune.problems import (
     infer_problem_type,
     label_names_for,
     look_alike,
+    number_as_written,
     punctuation_twins,
 )
 from finetune.tasks import (
@@ -248,12 +249,10 @@ def _what_the_labels_look_like(names: list[str]) -> str:
     separators or units (1,000  3,5  50%), label sets joined in one cell (art,film  art;film), one number
     or one answer written two ways (01 and 1; no, yes, False, True), ids beside names (0, 1, neg, pos)."""
     sets = [n for n in names if re.fullmatch(r"[^,;|]+([,;|] ?[^,;|]+)+", n) and not re.search(r"\d[,]\d", n)]
-    numbers = [n for n in names if re.fullmatch(r"[-+]?[\d.,' ]*\d[\d.,' ]*%?", n.strip())
-               and re.search(r"[.,%' ]", n.strip())]  # 1,000  3,5  0.25  50%: not the class ids 0, 1, 2
-    units = [n for n in names if re.fullmatch(r"[-+]?\d+([.,]\d+)?\s*[^\W\d_]+\.?", n.strip())
-             and not re.fullmatch(r"\d*(1st|2nd|3rd|\dth)", n.strip().lower())]  # 3.2 stars, 5kg; not 1st, 2nd
-    if len(numbers) + len(units) > len(names) // 2:
-        return (f"{len(names)} classes such as {(numbers or units)[0]!r}: numbers, not classes? for a regression "
+    # 1,000  3,5  0.25  50%  $5  3.2 stars: not the class ids 0, 1, 2, nor the ranks 1st, 2nd
+    numbers = [n for n in names if number_as_written(n) and not re.fullmatch(r"\s*[-+]?\d+\s*", n)]
+    if len(numbers) > len(names) // 2:
+        return (f"{len(names)} classes such as {numbers[0]!r}: numbers, not classes? for a regression "
                 "write them plainly, without units, 1000 or 0.5, and set problem_type=regression")
     if sets:
         return (f"{len(names)} classes such as {sets[0]!r}: several labels in one cell? for multi-label give lists "

@@ -136,7 +136,7 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
             else "class ids"
         )
         where, bad = "", _not_finite_numbers(train[column]) if what == "class names" else []
-        dressed = [v for _, v in bad if isinstance(v, str) and NUMBER_WITH_A_UNIT.fullmatch(v)]
+        dressed = [v for _, v in bad if isinstance(v, str) and number_as_written(v)]  # bad: not plain numbers
         if bad and len(dressed) * 10 >= len(bad) * 9:  # "81%", "$1,200", "3.5 kg": numbers a spreadsheet dressed
             raise UserError(f"label column '{column}' holds numbers written with a unit or a separator (e.g. "
                             f"{dressed[0]!r}): regression reads plain numbers; write them plainly (81 for 81%, or "
@@ -163,8 +163,17 @@ def infer_problem_type(train: HFDataset, args: DataArgs) -> str:
     return given
 
 
-# A number with a percent sign, a currency, thousands separators or a short unit: "81%", "$1,200", "3.5 kg".
-NUMBER_WITH_A_UNIT = re.compile(r"\s*[-+]?\s*[$€£¥]?\s*\d[\d,' ]*(\.\d+)?\s*(%|[A-Za-z€$£¥]{1,3})?\s*")
+# A number as a spreadsheet writes it: plain, or with a percent sign, a currency, separators or a unit
+# word ("81%", "$1,200", "1 000", "3,5", "3.5 kg", "3.2 stars", "5€"). Ordinals (1st, 2nd) are ranks.
+NUMBER_AS_WRITTEN = re.compile(r"[-+]?\s*[$€£¥]?\s*\d[\d.,' ]*(\s*(%|[$€£¥]|[^\W\d_]+\.?))?")
+ORDINAL = re.compile(r"\d*(1st|2nd|3rd|\dth)")
+
+
+def number_as_written(text: str) -> bool:
+    """Whether `text` reads as a number, plain or dressed as a spreadsheet dresses one (NUMBER_AS_WRITTEN):
+    what regression targets and single-label class names are checked against."""
+    text = text.strip()
+    return bool(NUMBER_AS_WRITTEN.fullmatch(text)) and not ORDINAL.fullmatch(text.lower())
 
 
 def _not_finite_numbers(values: list) -> list[tuple[int, Any]]:

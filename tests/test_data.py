@@ -283,6 +283,7 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
     (["3.2 stars", "4 stars", "1.5 stars", "5 stars", "2.5 stars", "4.5 stars"],
      "stars': numbers, not classes? for a regression write them plainly, without units"),
     (["1st", "2nd", "3rd", "4th", "5th", "6th"], "least populated class"),  # ordinals: classes, no hint
+    (["$5", "$10", "$20", "$50", "$100", "$200"], "classes such as '$10': numbers, not classes?"),  # as regression reads
     (["art,film", "film", "art;music", "music", "news", "art"], "several labels in one cell?"),
     (["0", "1", "2", "3", "4", "5"], "least populated class"),  # class ids: no hint
     (["0", "1", "neg", "pos", "0", "neg"], "ids and names of the same classes?"),

@@ -290,6 +290,9 @@ def _texts(labels: list, column: str = "label") -> list[dict]:
          "holds numbers written with a unit or a separator (e.g. '81%'): regression reads plain numbers; write them "
          "plainly (81 for 81%, or 0.81; 1200 for $1,200)"),
         (["$1,200", "$950", "$2,450"], ["problem_type=regression"], "with a unit or a separator (e.g. '$1,200')"),
+        # one reading of numbers with classification's check (problems.number_as_written): a unit of any length
+        (["3.2 stars", "4 stars", "1.5 stars"], ["problem_type=regression"], "with a unit or a separator (e.g. '3.2 stars')"),
+        (["1.000,5", "2.250,75", "3.100,0"], ["problem_type=regression"], "with a unit or a separator (e.g. '1.000,5')"),
         (["1.5", "n/a"], ["problem_type=regression"],  # numbers with a stray word: the cell, and how to write it
          "holds class names ('n/a' at row 2 is not a finite number); regression needs one number per sample written"),
         (["a", "b"], ["problem_type=multi_label_classification"], "needs a label column of lists"),
