@@ -106,7 +106,14 @@ from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_report, summary_line
 from finetune.models import build_model, offline_hint
 from finetune.plots import plot_confusion_matrix
-from finetune.problems import UnknownTag, infer_problem_type, placeholder_labels, problem_type_of, scores
+from finetune.problems import (
+    UnknownTag,
+    infer_problem_type,
+    number_as_written,
+    placeholder_labels,
+    problem_type_of,
+    scores,
+)
 from finetune.rundir import (
     ADAPTER,
     CHECKPOINTS,
@@ -664,7 +671,11 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
         if args.problem_type == MULTI and not args.label_columns and args.label_column in ds.column_names:
             warn_repeated_labels(ds[args.label_column], args.label_column, what)
         try:
-            ds = encode_split(ds, args, infer_problem_type(ds, args), list(args.label_names or []), what)
+            problem = infer_problem_type(ds, args)
+        except UserError as e:  # training's fix (problem_type=) is no evaluation setting: the model's is fixed
+            raise UserError(_labels_of_another_problem(ds, args, what) or first_line(e)) from None
+        try:
+            ds = encode_split(ds, args, problem, list(args.label_names or []), what)
         except UnknownTag as e:  # training's fix (label_names) is no evaluation setting: the model's tags are fixed
             raise UserError(
                 f"the {e.split} data's tag {e.tag!r} at row {e.row}, word {e.word} is not one of the model's tags "
@@ -681,6 +692,31 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     }
     stem = path.stem if path.is_file() or len(loaded) == 1 else f"{path.name}-{name}"
     return ds, f"{stem}-{info['data_sha256'][:8]}", info
+
+
+def _labels_of_another_problem(ds: HFDataset, args: DataArgs, what: str) -> str | None:
+    """The line for labels of another kind than the export's problem type asks for: class names beside a
+    regression model, lists beside a single-label one, names beside a multi-label one. Training's own
+    line offers problem_type=, which evaluation does not take (the model's is fixed); None for the other
+    refusals (numbers with a unit, a stray cell), whose own line holds."""
+    column = args.label_column
+    if args.problem_type not in (SINGLE, MULTI, REGRESSION) or args.label_columns or column not in ds.column_names:
+        return None
+    feature = ds.features[column]
+    values = [v for v in ds[column][:1000] if v is not None]
+    if type(feature).__name__ in ("List", "LargeList", "Sequence"):
+        holds = "lists of labels (a multi-label data set's)"
+    elif values and all(isinstance(v, str) for v in values) and not any(number_as_written(v) for v in values):
+        holds = f"class names (e.g. {values[0]!r})"
+    else:
+        return None
+    if args.problem_type == (MULTI if holds.startswith("lists") else SINGLE):  # the kind the model reads
+        return None
+    needs = {REGRESSION: "a regression model (it predicts one number per sample)",
+             SINGLE: "a single-label classifier (one class per sample)",
+             MULTI: "a multi-label classifier (a list of its labels per sample)"}[args.problem_type]  # fmt: skip
+    return (f"label column '{column}' of {what} holds {holds}, but this export is {needs}, as its config.json "
+            "says: score it on data labelled as it was trained, or drop that column to predict without labels")
 
 
 # Column names that hold a data set's targets (a regression's numbers among them).

@@ -770,6 +770,34 @@ def test_a_pretrained_base_model_is_refused_as_such(pretrained_run, task, tmp_pa
     assert not (tmp_path / "ev").exists()
 
 
+def test_labels_of_another_problem_type_than_the_exports_name_the_model_not_a_setting(run, tmp_path, capsys):
+    """A single-label export scored on multi-label lists, a regression export on class names: training's
+    line offers problem_type=, which evaluation does not take (a hostile round's two misleading lines).
+    The line says what the export is and what to do instead."""
+    from conftest import regression_rows
+
+    export = run["dir"] / "model"
+    lists = write_jsonl(tmp_path / "lists.jsonl", [{"text": "a fine film", "label": ["neg", "pos"]},
+                                                   {"text": "dull", "label": ["neg"]}])  # fmt: skip
+    line = user_error(capsys, evaluate, [str(export), "--data", str(lists), "--output", str(tmp_path / "e1")],
+                      "label column 'label' of --data", "holds lists of labels", "this export is a single-label "
+                      "classifier", "drop that column to predict without labels")  # fmt: skip
+    assert "problem_type" not in line
+    data = {"train": write_jsonl(tmp_path / "train.jsonl", regression_rows(12, seed=0)),
+            "validation": write_jsonl(tmp_path / "validation.jsonl", regression_rows(6, seed=1))}
+    main(tiny_text_args(data, tmp_path / "reg", "label_column=score", "max_steps=1"))
+    names = write_csv(tmp_path / "names.csv", [{"text": "good", "score": "pos"}, {"text": "bad", "score": "neg"}])
+    line = user_error(capsys, evaluate, [str(tmp_path / "reg" / "model"), "--data", str(names), "--output",
+                                         str(tmp_path / "e2")],
+                      "label column 'score' of --data", "holds class names (e.g. 'pos')", "this export is a "
+                      "regression model")  # fmt: skip
+    assert "problem_type" not in line
+    # numbers with a unit keep their own line (how to write them), beside the same regression export
+    units = write_csv(tmp_path / "units.csv", [{"text": "good", "score": "81%"}, {"text": "bad", "score": "12%"}])
+    user_error(capsys, evaluate, [str(tmp_path / "reg" / "model"), "--data", str(units), "--output",
+                                  str(tmp_path / "e3")], "written with a unit")  # fmt: skip
+
+
 def test_a_regressions_target_under_a_targets_name_is_named():
     """A regression model that reads `score`, on a file whose numbers are in `label`: scored on nothing, it
     would only predict; the column is named, with label_column. An id column of numbers is not a target."""
