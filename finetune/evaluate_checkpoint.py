@@ -694,6 +694,34 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
     return ds, f"{stem}-{info['data_sha256'][:8]}", info
 
 
+def _thresholds(value: Any, label_names: list[str] | None) -> float | list[float] | None:
+    """config.json's `multi_label_thresholds` (tuned on validation at training's end) checked: one number,
+    or one per label, each a probability in [0, 1]. A list of another length, or a value outside [0, 1]
+    (a label never or always predicted), is a hand edit gone wrong: refused in one line."""
+    if value is None or label_names is None:
+        return value
+    def number(v: Any) -> float | None:  # noqa: E306
+        if isinstance(v, bool):
+            return None
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            return None
+        return v if 0.0 <= v <= 1.0 else None
+
+    values = value if isinstance(value, list) else [value]
+    read = [number(v) for v in values]
+    fits = len(values) in (1, len(label_names)) if isinstance(value, list) else True
+    if not values or None in read or not fits:
+        raise UserError(
+            f"the export's config.json has multi_label_thresholds={json.dumps(value)}: it must be one number or "
+            f"one for each of its {len(label_names)} labels ({', '.join(label_names[:5])}"
+            f"{', ...' if len(label_names) > 5 else ''}), each between 0 and 1; restore it, or delete the key to "
+            "evaluate at multi_label_threshold (0.5, or as given)"
+        )
+    return read if isinstance(value, list) else read[0]
+
+
 def _labels_of_another_problem(ds: HFDataset, args: DataArgs, what: str) -> str | None:
     """The line for labels of another kind than the export's problem type asks for: class names beside a
     regression model, lists beside a single-label one, names beside a multi-label one. Training's own
@@ -957,7 +985,8 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     labelled = info.get("labelled", True)
     keep = args.predictions or not labelled  # data without labels: predictions are the output
     # The thresholds tuned on the run's validation split (the export's config.json), unless asked otherwise.
-    tuned = getattr(accelerator.unwrap_model(model).config, "multi_label_thresholds", None)
+    tuned = _thresholds(getattr(accelerator.unwrap_model(model).config, "multi_label_thresholds", None),
+                        target.label_names if problem == MULTI else None)  # fmt: skip
     asked = any(parse_override(item)[0] == "multi_label_threshold" for item in args.overrides)
     threshold = tuned if tuned and not asked else cfg.multi_label_threshold
     if args.data is not None and labelled and accelerator.is_main_process:

@@ -201,6 +201,24 @@ def test_an_old_multi_label_export_without_tuned_thresholds_evaluates_at_its_thr
         assert record[key] == pytest.approx(expected[key], abs=1e-6), key
 
 
+@pytest.mark.parametrize("thresholds", [[0.5, 0.5], [0.5, 1.5, 0.5], [0.5, -0.2, 0.5], "half", True])
+def test_thresholds_edited_by_hand_into_the_exports_config_are_one_line(today_multi_label, thresholds, tmp_path,
+                                                                         capsys):  # fmt: skip
+    """config.json's multi_label_thresholds of another length than the labels ended in numpy's broadcast
+    traceback; a value outside [0, 1] (a label never or always predicted) was scored without a word."""
+    copy = tmp_path / "run"
+    shutil.copytree(today_multi_label["dir"], copy, ignore=shutil.ignore_patterns("checkpoints", "eval"))
+    config = json.loads((copy / "model" / "config.json").read_text())
+    labels = len(config["id2label"])
+    if isinstance(thresholds, list) and len(thresholds) == 3 and labels != 3:
+        thresholds = thresholds + [0.5] * (labels - 3)  # one per label, one of them out of [0, 1]
+    config["multi_label_thresholds"] = thresholds
+    (copy / "model" / "config.json").write_text(json.dumps(config))
+    user_error(capsys, evaluate, [str(copy / "model"), "--output", str(tmp_path / "eval")],
+               f"config.json has multi_label_thresholds={json.dumps(thresholds)}", f"each of its {labels} labels",
+               "between 0 and 1", untouched=copy)  # fmt: skip
+
+
 # --- the output directory -------------------------------------------------------------------------------
 
 
