@@ -309,7 +309,19 @@ def _search_folder_problem(out: Path) -> str | None:
         what = "a training run" if RunDir(out).holds_run() else "files"
         return (f"output_dir {out} holds {what} and no search ({STUDY}); a search would write its trials and model/ "
                 "there: choose an empty or new output_dir (the same output_dir again continues a search)")
+    recipe = out / BEST_RECIPE
+    if recipe.is_file():  # the search writes it again at its end: one the user edited would be lost
+        wrote = _read_json(out / SEARCH_RECORD).get("best_recipe_sha256")
+        if wrote != _sha256(recipe) and (wrote is not None or not (out / SEARCH_RECORD).is_file()):
+            return (f"{recipe} is not the one this search wrote (edited since?), and continuing the search writes it "
+                    "again at its end: copy it out of the search's folder (or rename it), then run the same command")
     return None
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _damaged(error: Exception) -> bool:
@@ -511,6 +523,9 @@ def _continuation(study, out: Path, left: float, durations: list[float], fits: i
     settings = best.user_attrs.get(SETTINGS)
     if not best.user_attrs.get(IMPROVING) or not settings or not (out / f"{TRIAL_PREFIX}{best.number}" / MODEL).is_dir():
         return None
+    ended = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    if any(t.user_attrs.get(EXTENDS) == best.number and t.state in ended for t in study.trials):
+        return None  # continued once already, and that did not beat it: the same again would not either
     kept = {k: v for k, v in settings.items() if k != "num_train_epochs"}
     batch = kept.get("per_device_train_batch_size")
     if halved > 0 and batch is not None and batch % 2 == 0 and batch // 2 in BATCHES:
@@ -643,7 +658,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
         f"# accelerate launch finetune/run.py --config {out / BEST_RECIPE}\n"
         f"# The best of {len(study.trials)} trials of finetune.search (trial {best.number}, validation value "
         f"{best.value:.4f}): the recipe with the trial's settings.\n" + note + yaml.safe_dump(settings, sort_keys=False)
-    )
+    )  # its sha256 goes into search.json: a continued search refuses to write over one edited since
     best_model, model = RunDir(out / f"{TRIAL_PREFIX}{best.number}").model, RunDir(out).model
     if best_model.is_dir():  # copied whole beside it first: a full disk leaves the earlier model/, no half copy
         staged = out / f".{MODEL}-new"
@@ -657,7 +672,8 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
               "continues": continued,
               "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
               "cut_at_budget": cut, "seconds": seconds, "budget_s": budget,
-              "over_budget_s": round(max(0.0, seconds - budget), 1)}  # fmt: skip
+              "over_budget_s": round(max(0.0, seconds - budget), 1),
+              "best_recipe_sha256": _sha256(out / BEST_RECIPE)}  # fmt: skip
     (out / SEARCH_RECORD).write_text(json.dumps(record, indent=2))
     print(f"best: trial {best.number}, validation {best.value:.4f} with {params}; model in {model}, "
           f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {cut} of them cut "

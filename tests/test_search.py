@@ -388,6 +388,20 @@ def test_resume_from_checkpoint_given_to_a_search_is_refused_before_anything_is_
     assert not out.exists()
 
 
+def test_a_best_recipe_edited_since_the_search_wrote_it_is_not_written_over(small_text_data, tmp_path, capsys):
+    """best_recipe.yaml is written again at the end of a continued search: one the user edited (notes, other
+    settings) was lost without a word. Its sha256 is in search.json; another one is refused before any trial."""
+    out = tmp_path / "search"
+    args = ["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(small_text_data, out, "max_steps=2")]
+    search(args)
+    recipe = out / "best_recipe.yaml"
+    recipe.write_text(recipe.read_text() + "# my notes\n")
+    user_error(capsys, search, args, f"{recipe} is not the one this search wrote (edited since?)",
+               "copy it out of the search's folder", untouched=out)  # fmt: skip
+    recipe.rename(out.parent / "mine.yaml")
+    assert search(args)["trials"] == 2 and recipe.is_file()  # moved away: the search goes on
+
+
 def test_the_last_of_the_budget_continues_the_best_trial_if_it_was_still_improving(tmp_path):
     """Less than two more median trials left, but an epoch or more: the best trial, if its curve was still
     rising at its end, trains on from its export; otherwise (or with time for two trials, or its export
@@ -406,6 +420,16 @@ def test_the_last_of_the_budget_continues_the_best_trial_if_it_was_still_improvi
     assert _continuation(study_of(False), tmp_path, 100.0, [90.0], 2) is None  # it had stopped improving
     assert _continuation(study_of(True), tmp_path, 190.0, [90.0], 2) is None  # two more trials fit: draw
     assert _continuation(study_of(True), tmp_path, 100.0, [90.0], 0) is None  # not one epoch
+    # continued once already (a trial that EXTENDS it ended, below it): the same again is not run (a continued
+    # study ran the identical continuation three times, each to the same value)
+    from finetune.search import EXTENDS
+
+    for state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL):
+        study = study_of(True)
+        study.add_trial(optuna.trial.create_trial(state=state, value=0.75 if state.name == "COMPLETE" else None,
+                                                  user_attrs={EXTENDS: 0}))  # fmt: skip
+        again = _continuation(study, tmp_path, 100.0, [90.0], 2)
+        assert (again is None) == (state != optuna.trial.TrialState.FAIL), state  # a signal's: decided again
     (tmp_path / "trial-0" / "model").rmdir()
     assert _continuation(study_of(True), tmp_path, 100.0, [90.0], 2) is None  # no export to train on from
 
