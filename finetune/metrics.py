@@ -206,7 +206,8 @@ def learned(key: str, value: float | None, baseline: float | None, n: int) -> bo
     the trivial baseline's. The rule comes from the metric's row in `METRICS`: a lower-is-better metric
     (`greater_is_better=False`: mse, mae, loss) must be at least 10% below the baseline's; otherwise by
     its `baseline_rule`: a RATE (accuracy, F1, precision, recall) more than two standard errors of the
-    baseline's rate above it, and at least 0.02 (a binomial proportion's 95% margin); a CORRELATION
+    baseline's rate above it, and at least 0.02 (a binomial proportion's 95% margin; None where that bar
+    is 1 or more: on 23 samples of a 0.913 majority not even every one right is clearly above it); a CORRELATION
     (Pearson's or Spearman's r) above 2 / sqrt(n) (the baseline predicts a constant: r is undefined, 0
     in effect, so no baseline value is needed); R2 above 0.05. None when it cannot be told (no value,
     no baseline, fewer than FEWEST_TO_JUDGE samples: on one sample a constant predictor scores 1 or 0)."""
@@ -220,8 +221,10 @@ def learned(key: str, value: float | None, baseline: float | None, n: int) -> bo
         return value > 2 / math.sqrt(n)
     if rule == R2:
         return value > 0.05
-    margin = max(0.02, 2 * math.sqrt(max(baseline, 0.01) * max(1 - baseline, 0.01) / n))
-    return value > baseline + margin
+    bar = baseline + max(0.02, 2 * math.sqrt(max(baseline, 0.01) * max(1 - baseline, 0.01) / n))
+    if bar >= 1.0:  # not even a perfect score would be clearly above it: too few samples to tell
+        return None
+    return value > bar
 
 
 # --- how each number is computed ----------------------------------------------------------------------

@@ -745,6 +745,8 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         cfg.problem_type, "most frequent answer"
     )
     spread = ((validation.get("baseline") or {}).get("mse") or 0) ** 0.5  # about the targets' spread
+    unreachable = (verdict is None and isinstance(value, (int, float)) and isinstance(baseline, (int, float))
+                   and (n or 0) >= FEWEST_TO_JUDGE and learned(key, 1.0, baseline, n) is None)  # fmt: skip
     said = (
         f"the model did not learn beyond a trivial baseline: best validation {shown} {value:.4f}, against "
         f"{baseline if baseline is None else round(baseline, 4)} for a model that predicts the same for every "
@@ -754,7 +756,8 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         + "try more epochs or more data, a learning_rate 3-10x higher or lower, or a larger pretrained model "
         "(docs/your-own-data.md)"
         if verdict is False
-        else f"best validation {shown} {value:.4f}, clearly above the trivial baseline's "
+        else f"best validation {shown} {value:.4f}, clearly {'above' if METRICS[key].greater_is_better else 'below'} "
+        "the trivial baseline's "
         f"{'0 (a constant correlates with nothing)' if baseline is None else f'{baseline:.4f}'}"
         + (f"; that was at step {earlier[0]}, and the export, {validation.get(key):.4f}, is the last step's: "
            "load_best_model_at_end=true exports the best" if earlier is not None and earlier[0] is not None else "")
@@ -762,9 +765,13 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         else f"validation has {n or 0} sample(s), too few to tell whether the model learned (at least "
         f"{FEWEST_TO_JUDGE}); give a larger validation_file or validation_split_percentage"
         if (n or 0) < FEWEST_TO_JUDGE
+        else f"validation has {n} samples, too few to tell whether the model learned: against the trivial baseline's "
+        f"{baseline:.4f} (the training labels' {trivial}), not even a perfect {shown} would be clearly above it; "
+        f"best validation {shown} {value:.4f}; give a larger validation_file or validation_split_percentage"
+        if unreachable
         else f"validation {shown} {value} against the trivial baseline's {baseline}"
     )
-    warn = verdict is False or (verdict is None and (n or 0) < FEWEST_TO_JUDGE)  # said as a warning, card too
+    warn = verdict is False or (verdict is None and ((n or 0) < FEWEST_TO_JUDGE or unreachable))  # card too
     return {"metric": key, "value": value, "baseline": baseline, "verdict": verdict, "said": said, "warn": warn}
 
 

@@ -314,6 +314,25 @@ def test_the_verdict_quotes_the_best_evaluation_and_says_when_the_export_is_not_
     end = {"mse": 0.30, "num_samples": 300, "baseline": {"mse": 0.9}}
     assert judge(reg, end, {}, top=(10, 0.20))["value"] == 0.20
     assert judge(reg, end, {}, top=(10, 0.40))["value"] == 0.30
+    assert "clearly below the trivial baseline's 0.9000" in judge(reg, end, {})["said"]  # an error: lower is better
+
+
+def test_a_validation_too_small_for_any_score_to_clear_the_baseline_is_too_few_to_tell():
+    """23 validation samples of a 0.913 majority: two standard errors put the bar above 1, so a model right
+    on every one was told it "did not learn" and to train longer (a hostile round's run on 203 / 20
+    reviews). It is too few to tell, said as a warning, as under 10 samples."""
+    from types import SimpleNamespace
+
+    from finetune.run import judge
+
+    cfg = SimpleNamespace(problem_type="single_label_classification", metric_for_best_model="accuracy")
+    small = {"accuracy": 1.0, "num_samples": 23, "baseline": {"accuracy": 0.913}}
+    verdict = judge(cfg, small, {})
+    assert verdict["verdict"] is None and verdict["warn"], verdict
+    assert "validation has 23 samples, too few to tell" in verdict["said"] and "not even a perfect" in verdict["said"]
+    assert "did not learn" not in verdict["said"]
+    larger = {**small, "num_samples": 400, "baseline": {"accuracy": 0.913}}  # the bar is below 1 there
+    assert judge(cfg, larger, {})["verdict"] is True and judge(cfg, {**larger, "accuracy": 0.92}, {})["verdict"] is False
 
 
 def test_a_tagger_must_also_beat_every_word_o():
