@@ -369,8 +369,8 @@ def resume(cfg: TrainConfig, run: Run) -> tuple[int, int, int]:
     run.checkpointer.resumed_from(run.resume_path, manifest, run.accelerator.print)  # says what this resume changes
     run.log.drop_after(manifest["step"])
     run.accelerator.print(
-        f"resumed from {run.resume_path} at step {manifest['step']} (epoch {manifest['epoch']}, "
-        f"sample {manifest['samples_in_epoch']})"
+        f"resumed from {run.resume_path} at step {manifest['step']} (epoch {manifest['epoch'] + 1}, "
+        f"{manifest['samples_in_epoch']} samples into it)"  # epochs counted from 1, as the console and metrics.jsonl
     )
     return manifest["step"], manifest["epoch"], manifest["samples_in_epoch"]
 

@@ -78,6 +78,23 @@ def test_mid_epoch_resume_is_exact_single_process(finished_run, tmp_path):
     _resume_matches_uninterrupted(finished_run.data(), finished_run(*FULL), tmp_path, main)
 
 
+def test_the_resume_line_counts_epochs_from_1_as_the_console_does(finished_run, tmp_path, capsys):
+    """Resumed at step 12 (37 samples in batches of 4: 10 steps an epoch), the run is in its second epoch,
+    which the console's validation line and metrics.jsonl call epoch 2; the resume line said epoch 1."""
+    full = finished_run(*FULL)
+    saved = next(c for c in ckpt.list_checkpoints(full) if c.name == "step-00000012")
+    resumed = tmp_path / "resumed"
+    (resumed / ckpt.CHECKPOINTS).mkdir(parents=True)
+    shutil.copytree(saved, resumed / ckpt.CHECKPOINTS / saved.name)
+    capsys.readouterr()
+    main(_args(finished_run.data(), resumed, "resume_from_checkpoint=latest"))
+    out = capsys.readouterr().out
+    assert "at step 12 (epoch 2, 8 samples into it)" in out, out
+    assert "(epoch 2): validation" in out
+    assert [json.loads(line)["epoch"] for line in (resumed / "metrics.jsonl").read_text().splitlines()
+            if "eval_loss" in line] == [2]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_mid_epoch_resume_is_exact_two_processes(small_text_data, tmp_path):
     def run(args):
