@@ -265,8 +265,9 @@ def describe_parameters(accelerator: Accelerator, model: torch.nn.Module, pipeli
         chunks = f", {pipeline_chunks} pipelined chunks a batch" if pipeline_chunks > 1 else ""
         return f"layer split into {len(split.plan.stages)} stages {where}: {stages}{chunks}"
     if accelerator.num_processes > 1:
-        return f"parameters replicated in each of {accelerator.num_processes} processes (DDP)"
-    return f"parameters on {accelerator.device}"
+        return (f"the model: a whole copy in each of {accelerator.num_processes} processes (DDP: gradients "
+                "averaged over them each step)")  # fmt: skip
+    return f"the model: whole, on {accelerator.device}, in one process"
 
 
 def data_workers(cfg: TrainConfig, accelerator: Accelerator) -> int:

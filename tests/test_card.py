@@ -95,6 +95,13 @@ def test_model_card_of_a_model_built_from_config(two_epoch_run):
     assert "accelerate launch finetune/run.py learning_rate=1e-3 secret=<redacted>" in text
     assert SECRET not in text
     assert "finetune 0.1.0" in text and "train.csv" in text
+    # a blank line ends every table: Markdown otherwise reads the next line as one more of its rows (a run
+    # without a best checkpoint had "These weights are ..." right under the metrics)
+    out, results = two_epoch_run
+    for kept in (results, {k: v for k, v in results.items() if k != "best"}):
+        lines = _card((out, kept), base_model=None).read_text().splitlines()
+        ends = [i for i, line in enumerate(lines[:-1]) if line.startswith("|") and not lines[i + 1].startswith("|")]
+        assert ends and all(lines[i + 1] == "" for i in ends), [lines[i + 1] for i in ends]
 
 
 def test_model_card_names_a_hub_base_model_and_leaks_no_secret(two_epoch_run, monkeypatch):
@@ -325,7 +332,7 @@ def test_the_card_holds_no_absolute_path_and_keeps_the_first_command_after_a_res
     results = main(again)
     assert results["step"] == 4
     text = (out / "model" / "README.md").read_text()
-    launched = text.split("Launched as:", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
+    launched = text.split("The training command", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
     assert launched.startswith("accelerate launch finetune/run.py task=text-classification")
     assert "resume_from_checkpoint" not in launched and "save_steps=2" in launched
     # Shortened paths are marked, and the card says to write one's own there: the command is not run as printed.

@@ -248,6 +248,7 @@ def test_the_validation_line_shows_the_baseline_and_the_end_says_the_verdict(sma
     results = main(recipe_text_args(small_text_data, tmp_path / "run", "max_steps=2"))
     out = capsys.readouterr().out
     assert "(trivial baseline: accuracy " in out
+    assert "the model: whole, on cpu, in one process" in out  # the start summary's layout line says what it is
     said = [line for line in out.splitlines() if line.startswith(("learned:", "warning: the model did not learn"))]
     verdict = results["learned"]["verdict"]
     assert len(said) == (verdict is not None) and (not said or said[0].startswith("learned:") == verdict), said
