@@ -699,7 +699,7 @@ def duration(text: str) -> float:
     """--budget: seconds, or a number with s, m or h after it (30m, 1.5h)."""
     import re
 
-    found = re.fullmatch(r"\s*([-+]?(?:\d+\.?\d*|\.\d+|inf|nan))\s*(s|m|min|h)?\s*", text, re.I)
+    found = re.fullmatch(r"\s*([-+]?(?:(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|inf|nan))\s*(s|m|min|h)?\s*", text, re.I)
     if found is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give seconds (1800) or 30m, 2h")
     return float(found[1]) * {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}[(found[2] or "").lower() or None]

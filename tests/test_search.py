@@ -343,7 +343,8 @@ def test_space_names_are_read_without_the_spaces_around_them(capsys):
     # a duration as people write it: 30m, 2h; anything else names the forms
     from finetune.search import duration
 
-    assert [duration(t) for t in ("1800", "90s", "30m", "1.5h", "2 H")] == [1800, 90, 1800, 5400, 7200]
+    assert [duration(t) for t in ("1800", "90s", "30m", "1.5h", "2 H", "1e3", "2.5E2s")] == [1800, 90, 1800, 5400,
+                                                                                          7200, 1000, 250]  # fmt: skip
     user_error(capsys, search, ["--budget", "30 minutes"], "'30 minutes' is not a duration: give seconds (1800) or 30m, 2h")
 
 
