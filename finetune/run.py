@@ -246,6 +246,9 @@ class Hooks:
                      validation metrics), after each evaluation)
     """
 
+    verdicts = True  # the run's last lines on whether it learned; a search's trials (finetune/search.py) keep
+    # them in results.json and their cards, and say their value on the trial's own line
+
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self._open: list[list] = []  # [name, started, seconds of the phases inside it]
@@ -667,10 +670,10 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
         results["shapes"] = run.shapes.record()
     results["learned"] = judge(cfg, results["validation"], run.checkpointer.best, results.get("validation_tuned"),
                                evaluations.top)
-    if results["learned"]["verdict"]:
+    if results["learned"]["verdict"] and hooks.verdicts:
         run.accelerator.print(f"learned: {results['learned']['said']}")
     for warning in (results["learned"]["said"] if results["learned"]["warn"] else None, never):
-        if warning:
+        if warning and hooks.verdicts:
             run.accelerator.print(f"warning: {warning}")
     with hooks.phase("export"):
         export_run(cfg, run.accelerator, run.model, run.preprocessor, results, run.label_names, run.checkpointer.best,

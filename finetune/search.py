@@ -191,6 +191,8 @@ class Pruning:
         from finetune.run import Hooks
 
         class Report(Hooks):
+            verdicts = False  # a trial's value is on its own line; the search's end says whether the best learned
+
             def mark(hooks, name, value=None):  # noqa: N805 - the enclosing Pruning is `self`
                 if name == "prepared":
                     self.total_steps = value.plan.total_steps
