@@ -747,6 +747,9 @@ def _labels_of_another_problem(ds: HFDataset, args: DataArgs, what: str) -> str 
             "says: score it on data labelled as it was trained, or drop that column to predict without labels")
 
 
+# Columns that name a sample (carried into predictions.jsonl, beside the `index` of its row).
+ID_COLUMN = re.compile(r"(?i)(.+[_-])?(id|idx|guid|uuid|uid|key)")
+
 # Column names that hold a data set's targets (a regression's numbers among them).
 TARGET_NAMES = ("label", "labels", "score", "scores", "target", "targets", "y", "rating", "ratings", "similarity",
                 "relatedness_score", "class", "category", "sentiment", "gold_label", "value")  # fmt: skip
@@ -1118,6 +1121,10 @@ def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainC
             plot_confusion_matrix(record["confusion_matrix"], target.label_names, temporary(png), title=title)
         if predictions is not None:
             inputs = task_of(cfg.task).sample_inputs(ds, cfg.data_args)
+            ids = [c for c in ds.column_names if ID_COLUMN.fullmatch(c) and c not in ("index", *inputs[0])] if inputs else []
+            if ids:  # the data's own ids, to join the predictions back by: "id", "doc_id", "guid" ...
+                inputs = [{**dict(zip(ids, row, strict=True)), **given}
+                          for row, given in zip(zip(*(ds[c] for c in ids), strict=True), inputs, strict=True)]  # fmt: skip
             write_predictions(temporary(jsonl), predictions, list(ds["labels"]), target.label_names, inputs, problem,
                               record.get("threshold", cfg.multi_label_threshold), record.get("labelled", True))  # fmt: skip
         for tmp in written.values():

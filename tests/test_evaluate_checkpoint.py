@@ -685,7 +685,8 @@ def test_evaluations_go_outside_the_export_and_data_without_labels_is_predicted(
     evaluate([str(out / "model")])
     assert (out / "eval" / "validation" / "metrics.json").is_file()
     assert not (out / "model" / "eval").exists()  # an export is shared: the user's data stays out of it
-    unlabelled = write_csv(tmp_path / "new.csv", [{"text": r["text"]} for r in rotten_rows(5, start=300)])
+    unlabelled = write_csv(tmp_path / "new.csv", [{"doc_id": f"d{i}", "text": r["text"], "source": "web"}
+                                                  for i, r in enumerate(rotten_rows(5, start=300))])  # fmt: skip
     monkeypatch.chdir(tmp_path)
     evaluate([str(out / "model"), "--data", str(unlabelled), "--output", "eval-0.5"])
     folder = tmp_path / "eval-0.5"  # always a folder, whatever its name looks like
@@ -693,6 +694,8 @@ def test_evaluations_go_outside_the_export_and_data_without_labels_is_predicted(
     assert record["labelled"] is False and record["num_samples"] == 5 and "accuracy" not in record
     lines = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
     assert [r["text"] for r in lines] == [r["text"] for r in rotten_rows(5, start=300)]
+    # the data's own ids come along, to join the predictions back by; other columns do not
+    assert [r["doc_id"] for r in lines] == [f"d{i}" for i in range(5)] and not any("source" in r for r in lines)
     assert all(r["prediction"] in ("0", "1") for r in lines)
     assert not any("label" in r for r in lines)  # no gold label made up for data that has none
     # a label column kept in the header with no value in any row: predicted too, not "fill them in"
