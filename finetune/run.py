@@ -375,7 +375,23 @@ def resume(cfg: TrainConfig, run: Run) -> tuple[int, int, int]:
         f"resumed from {run.resume_path} at step {manifest['step']} (epoch {manifest['epoch'] + 1}, "
         f"{manifest['samples_in_epoch']} samples into it)"  # epochs counted from 1, as the console and metrics.jsonl
     )
+    finished = _step_of(run.dir.results)
+    if finished == run.plan.total_steps > manifest["step"]:  # a finished run resumed as it was: said, not hidden
+        run.accelerator.print(
+            f"this run had finished (step {finished}, its export in {run.dir.model}): the resume trains steps "
+            f"{manifest['step'] + 1} to {finished} again and writes the export again; to train on, raise "
+            "num_train_epochs (or max_steps)"
+        )
     return manifest["step"], manifest["epoch"], manifest["samples_in_epoch"]
+
+
+def _step_of(results: Path) -> int | None:
+    """The step a finished run's results.json records, or None."""
+    try:
+        step = json.loads(results.read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator, hooks: Hooks | None = None):

@@ -93,6 +93,13 @@ def test_the_resume_line_counts_epochs_from_1_as_the_console_does(finished_run, 
     assert "(epoch 2): validation" in out
     assert [json.loads(line)["epoch"] for line in (resumed / "metrics.jsonl").read_text().splitlines()
             if "eval_loss" in line] == [2]  # fmt: skip
+    assert "this run had finished" not in out
+    # the whole finished run resumed from its latest checkpoint (step 18 of 20): trained again, said so
+    again = tmp_path / "again"
+    shutil.copytree(full, again)
+    main(_args(finished_run.data(), again, "resume_from_checkpoint=latest"))
+    assert ("this run had finished (step 20, its export in " in (said := capsys.readouterr().out)
+            and "trains steps 19 to 20 again and writes the export again" in said), said  # fmt: skip
 
 
 @pytest.mark.slow
