@@ -153,7 +153,8 @@ def the_next_step(own: dict[str, Any], curve: list[float], greater_is_better: bo
     """Trial 1's change to trial 0's settings (the recipe's own), from trial 0's curve: still improving at
     its last evaluation, it needs more updates than it had, so half the batch (twice the optimizer steps
     in about the same time); best before its end, it learned too fast, so a third of the learning rate.
-    None where the curve tells nothing (fewer than two evaluations) or the setting is not searched or at
+    None where the curve tells nothing (fewer than two evaluations, or a flat end: its last evaluation no
+    better and no worse than the best before it) or the setting is not searched or at
     the end of its range. With few trials in a budget, one guided step is worth more than a random draw;
     optuna draws the trials after it."""
     if len(curve) < 2:
@@ -165,7 +166,8 @@ def the_next_step(own: dict[str, Any], curve: list[float], greater_is_better: bo
         return ({"per_device_train_batch_size": batch // 2},
                 f"trial 0 was still improving at its last evaluation: its settings at half the batch, {batch // 2}")
     rate = own.get("learning_rate")
-    if rate is None or rate / 3 < 1e-5:
+    earlier = max(curve[:-1]) if greater_is_better else min(curve[:-1])
+    if rate is None or rate / 3 < 1e-5 or earlier == curve[-1]:  # a flat end tells neither: optuna draws
         return None
     return {"learning_rate": rate / 3}, "trial 0 was best before its end: its settings at a third of the learning rate"
 
@@ -266,6 +268,12 @@ def _check_space_applies(space: list[str], cfg: TrainConfig, layers: int) -> Non
             "freeze_layers for models of 2 or more layers without peft, num_train_epochs for runs without "
             "max_steps); add learning_rate, per_device_train_batch_size or warmup_ratio"
         )
+    named = [name for name in space if name in ("tune_threshold", "freeze_layers") and not only[name]]
+    if named and sorted(space) != sorted(SPACE):  # asked for by name: dropped without a word otherwise
+        why = {"tune_threshold": "tune_threshold is for multi-label runs",
+               "freeze_layers": "freeze_layers is for models of 2 or more layers without peft"}  # fmt: skip
+        raise UserError(f"--space {','.join(space)}: {'; '.join(why[n] for n in named)}, which this run is not; "
+                        f"leave {' and '.join(named)} out of --space")  # fmt: skip
 
 
 # Settings that change where and how a run reports, not what its trials score: a study continues across them.
@@ -502,8 +510,11 @@ def _tell(study, trial, state: str, value, pruning: Pruning, chosen: dict[str, A
 
 
 def improving(curve: list[float], greater_is_better: bool) -> bool:
-    """Whether a trial's curve was still improving at its end: its last evaluation its best (of two or more)."""
-    return len(curve) >= 2 and curve[-1] == (max(curve) if greater_is_better else min(curve))
+    """Whether a trial's curve was still improving at its end: its last evaluation better than every one
+    before it (of two or more; a flat curve is not improving)."""
+    if len(curve) < 2:
+        return False
+    return curve[-1] > max(curve[:-1]) if greater_is_better else curve[-1] < min(curve[:-1])
 
 
 def _continuation(study, out: Path, left: float, durations: list[float], fits: int, halved: int = 0) -> tuple | None:
@@ -637,10 +648,11 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
     import optuna
 
     seconds = round(time.monotonic() - started, 1)
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    ran = [t for t in study.trials if t.state != optuna.trial.TrialState.WAITING]  # not the queued next one
+    complete = [t for t in ran if t.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
         raise UserError(
-            f"no trial finished within the budget ({len(study.trials)} started; wall time {seconds} s of a "
+            f"no trial finished within the budget ({len(ran)} started; wall time {seconds} s of a "
             f"{budget:g} s budget); give a larger --budget"
         )
     best = study.best_trial
@@ -658,7 +670,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
                 f"{changed}; this recipe trains all of them in one schedule at the continuation's settings.\n")
     (out / BEST_RECIPE).write_text(
         f"# accelerate launch finetune/run.py --config {out / BEST_RECIPE}\n"
-        f"# The best of {len(study.trials)} trials of finetune.search (trial {best.number}, validation value "
+        f"# The best of {len(ran)} trials of finetune.search (trial {best.number}, validation value "
         f"{best.value:.4f}): the recipe with the trial's settings.\n" + note + yaml.safe_dump(settings, sort_keys=False)
     )  # its sha256 goes into search.json: a continued search refuses to write over one edited since
     best_model, model = RunDir(out / f"{TRIAL_PREFIX}{best.number}").model, RunDir(out).model
@@ -670,7 +682,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
         shutil.rmtree(model, ignore_errors=True)
         os.replace(staged, model)
     cut = sum(bool(t.user_attrs.get(CUT)) for t in study.trials)
-    record = {"best_trial": best.number, "value": best.value, "params": params, "trials": len(study.trials),
+    record = {"best_trial": best.number, "value": best.value, "params": params, "trials": len(ran),
               "continues": continued,
               "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
               "cut_at_budget": cut, "seconds": seconds, "budget_s": budget,

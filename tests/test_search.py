@@ -125,6 +125,11 @@ def test_a_space_of_which_nothing_applies_is_one_line(small_text_data, tmp_path,
                                        *settings(small_text_data, tmp_path / "s", "max_steps=2")])  # fmt: skip
     assert "--space tune_threshold: nothing in it applies to this run" in line
     assert not (tmp_path / "s").exists()
+    # beside a setting that applies, named but dropped without a word; now refused
+    line = user_error(capsys, search, ["--budget", "60", "--space", "learning_rate,tune_threshold",
+                                       *settings(small_text_data, tmp_path / "s", "max_steps=2")])  # fmt: skip
+    assert "tune_threshold is for multi-label runs, which this run is not; leave tune_threshold out of --space" in line
+    assert not (tmp_path / "s").exists()
 
 
 def test_trial_0_is_the_recipes_own_settings_run_as_the_recipe_runs(small_text_data, tmp_path):
@@ -138,6 +143,8 @@ def test_trial_0_is_the_recipes_own_settings_run_as_the_recipe_runs(small_text_d
                      *tiny_text_args(small_text_data, out), *own])  # fmt: skip
     assert record["params"] == {"learning_rate": 3e-4, "per_device_train_batch_size": 12, "warmup_ratio": 0.1,
                                 "num_train_epochs": 2}  # fmt: skip
+    # one trial ran: the count leaves out trial 1, queued from trial 0's curve for a continued search
+    assert record["trials"] == 1 and "The best of 1 trials" in (out / "best_recipe.yaml").read_text()
     trained = yaml.safe_load((out / "trial-0" / "config.yaml").read_text())
     assert (trained["learning_rate"], trained["per_device_train_batch_size"], trained["num_train_epochs"]) == (3e-4, 12, 2)
     assert trained["eval_steps"] is None
@@ -162,6 +169,10 @@ def test_trial_0_is_the_recipes_own_settings_run_as_the_recipe_runs(small_text_d
         ([0.6, 0.7], True, {"learning_rate": 1e-4}, None),  # the batch is not searched
         ([0.7, 0.6], True, {"learning_rate": 2e-5}, None),  # a third would leave the range
         ([0.7], True, {"per_device_train_batch_size": 32}, None),  # one evaluation tells nothing
+        # a flat end is neither improving nor best before its end (a tester's 0.35, 0.35, 0.35 was "improving")
+        ([0.35, 0.35, 0.35], True, {"per_device_train_batch_size": 32, "learning_rate": 3e-4}, None),
+        ([0.6, 0.7, 0.7], True, {"per_device_train_batch_size": 32, "learning_rate": 3e-4}, None),
+        ([0.3, 0.2, 0.2], False, {"per_device_train_batch_size": 32, "learning_rate": 3e-4}, None),
     ],
 )
 def test_trial_1s_change_follows_trial_0s_curve(curve, greater, own, expected):
@@ -173,13 +184,20 @@ def test_trial_1s_change_follows_trial_0s_curve(curve, greater, own, expected):
 
 def test_trial_1_is_the_recipes_settings_with_the_change_trial_0s_curve_points_to(small_text_data, tmp_path, capsys):
     out = tmp_path / "search"
-    search(["--budget", "300", "--trials", "2", "--space", "learning_rate,per_device_train_batch_size,num_train_epochs",
+    args = ["--budget", "300", "--trials", "1", "--space", "learning_rate,per_device_train_batch_size,num_train_epochs",
             *tiny_text_args(small_text_data, out), "per_device_train_batch_size=16", "learning_rate=3e-4",
-            "num_train_epochs=2"])  # fmt: skip
+            "num_train_epochs=2"]  # fmt: skip
+    first = search(args)  # trial 0 alone: trial 1 is queued for the study's next command, and not counted
     records = [json.loads(line) for line in (out / "trial-0" / "metrics.jsonl").read_text().splitlines()]
     curve = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
-    assert len(curve) == 2
-    improving = curve[-1] == max(curve)
+    assert len(curve) == 2 and first["trials"] == 1
+    queued = optuna.load_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}").trials
+    assert [t.state.name for t in queued] == ["COMPLETE"] + ["WAITING"] * (curve[0] != curve[1])
+    assert search(args)["trials"] == 2  # the continued study runs the queued one
+    if curve[0] == curve[1]:  # a flat end tells nothing: optuna draws trial 1
+        assert "trial 1 (trial 0" not in capsys.readouterr().out
+        return
+    improving = curve[-1] > curve[0]
     study = optuna.load_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}")
     changed = {"per_device_train_batch_size": 8} if improving else {"learning_rate": pytest.approx(1e-4)}
     assert study.trials[1].params == {"learning_rate": 3e-4, "per_device_train_batch_size": 16, "num_train_epochs": 2,
@@ -390,6 +408,24 @@ def test_resume_from_checkpoint_given_to_a_search_is_refused_before_anything_is_
     user_error(capsys, search_main, ["--budget", "60", "resume_from_checkpoint=latest", f"output_dir={out}"],
                "resume_from_checkpoint=latest is not a setting of a search: to continue one, run the same command")
     assert not out.exists()
+
+
+def test_the_trial_count_leaves_out_the_one_queued_for_a_continued_search(small_text_data, tmp_path, capsys):
+    """Trial 1, queued from trial 0's curve when the command's trials are spent, is the next command's:
+    `--trials 1` said "2 trials" with one run (a tester's --budget 1h --trials 1)."""
+    import time
+
+    from finetune.search import _finish
+
+    out = tmp_path / "search"
+    (out / "trial-0").mkdir(parents=True)
+    (out / "trial-0" / "results.json").write_text("{}")
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=0.8))
+    study.enqueue_trial({"learning_rate": 1e-4})
+    record = _finish(out, study, None, [f"train_file={small_text_data['train']}"], time.monotonic(), 60.0)
+    assert record["trials"] == 1 and "(1 trials, 0 pruned" in capsys.readouterr().out
+    assert "The best of 1 trials" in (out / "best_recipe.yaml").read_text()
 
 
 def test_a_best_recipe_edited_since_the_search_wrote_it_is_not_written_over(small_text_data, tmp_path, capsys):
