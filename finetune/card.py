@@ -360,7 +360,8 @@ def write_model_card(
     where = repo_id or _display_path(str(export_dir)).removeprefix(ELIDED)
     data_args = DataArgs(**{f.name: public.get(f.name, f.default) for f in dataclasses.fields(DataArgs)})
 
-    config_yaml = yaml.safe_dump(public, sort_keys=False).strip()
+    # The config to train it again from: a resume's `resume_from_checkpoint` would look for checkpoints there.
+    config_yaml = yaml.safe_dump({**public, "resume_from_checkpoint": None}, sort_keys=False).strip()
     card = ModelCard.from_template(
         data,
         template_path=str(TEMPLATE),

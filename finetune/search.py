@@ -367,7 +367,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     base, samples = _resolved(load_config(recipe, overrides))  # the problem type and its metric, from the data
     _check_space_applies(space, base, _layers(base))
     if base.max_steps is not None:  # max_steps decides the length: epochs would change nothing
-        if "num_train_epochs" in space and space != list(SPACE) and _main_process():  # asked for by name
+        if "num_train_epochs" in space and _main_process():  # the default space's epochs too: said, not dropped
             warn(f"max_steps={base.max_steps} decides each trial's length, so num_train_epochs is not searched; to "
                  "search it, set max_steps=null")  # fmt: skip
         space = [name for name in space if name != "num_train_epochs"]
@@ -693,12 +693,13 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
           f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {cut} of them cut "
           f"at the budget; wall time {seconds} s of a {budget:g} s budget)")
     learned = _read_json(RunDir(out / f"{TRIAL_PREFIX}{best.number}").results).get("learned") or {}
+    base_steps = source.get("max_steps") is not None  # the trials' length, which epochs do not change
     if learned.get("verdict") is False:  # every trial at the trivial baseline: the best of them is no model either
         value, base = (learned.get(k) for k in ("value", "baseline"))
         shown = " against ".join(f"{v:.4f}" if isinstance(v, (int, float)) else "none" for v in (value, base))
         warn(f"the best trial did not learn beyond the trivial baseline (validation {learned.get('metric')} {shown}); "
-             "a longer --budget, other settings (a learning_rate the space does not hold, more epochs) or more data "
-             "may; see docs/your-own-data.md")  # fmt: skip
+             f"a longer --budget, other settings (a learning_rate the space does not hold, more "
+             f"{'steps: max_steps' if base_steps else 'epochs'}) or more data may; see docs/your-own-data.md")  # fmt: skip
     return record
 
 

@@ -335,6 +335,9 @@ def test_the_card_holds_no_absolute_path_and_keeps_the_first_command_after_a_res
     launched = text.split("The training command", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
     assert launched.startswith("accelerate launch finetune/run.py task=text-classification")
     assert "resume_from_checkpoint" not in launched and "save_steps=2" in launched
+    # the config to train it again from is a fresh run's: with `latest` in it, it looked for checkpoints
+    resolved = yaml.safe_load(text.split("```yaml\n", 1)[1].split("\n```", 1)[0])
+    assert resolved["resume_from_checkpoint"] is None and resolved["save_steps"] == 2
     # Shortened paths are marked, and the card says to write one's own there: the command is not run as printed.
     assert "train_file=run/train.csv" not in launched and f"train_file=.../{tmp_path.name}/train.csv" in launched
     assert f"the local model `.../{tmp_path.name}/base-bert`" in text
