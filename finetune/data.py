@@ -1222,8 +1222,16 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
                      and len(ds) and isinstance(ds[0][c], str)]  # fmt: skip
             train_has = train_columns is not None and column in train_columns  # then the split's name is wrong
             missing = [c for c in inputs if c not in ds.column_names]
+            if len(spare) > 1 and len(ds) and sum(c not in ds.column_names for c in inputs) == 1:
+                # one text missing, "review" beside "stars": the texts are the column of much longer strings
+                width = {c: sum(len(str(v)) for v in ds[c][:200]) for c in spare}
+                longest = max(spare, key=width.get)
+                spare = [longest] if all(width[longest] >= 3 * width[c] for c in spare if c != longest) else spare
             if column in inputs and other == args.task and len(spare) == 1 and not train_has:  # "sentence", not "text"
                 hint += f"; if '{spare[0]}' is that column, set {_setting_of(column, args)}={spare[0]}"
+            elif model_task and column == args.text_pair_column and other == args.task and not train_has:
+                hint += (f"; the model reads pairs of texts, the second in '{column}': give the data a second text "
+                         f"column, named so or set {_setting_of(column, args)}=<its name>")  # fmt: skip
             elif column in inputs and other == args.task and len(missing) == len(spare) == 2 and not train_has:
                 # premise/hypothesis for a model of sentence1/sentence2: the pair under other names, in order
                 hint += (f"; if '{spare[0]}' and '{spare[1]}' are the pair, set {_setting_of(missing[0], args)}="

@@ -801,6 +801,24 @@ def test_labels_of_another_problem_type_than_the_exports_name_the_model_not_a_se
                                   str(tmp_path / "e3")], "written with a unit")  # fmt: skip
 
 
+def test_a_file_without_the_models_text_column_names_the_setting(run, tmp_path, capsys):
+    """The texts under another name beside a label column of words ('review' and 'stars'), and a pair
+    model given one text: each line says which setting to give (a hostile round's two lines named none)."""
+    export = run["dir"] / "model"
+    reviews = write_csv(tmp_path / "reviews.csv", [{"review": "a long and winding film about the sea", "stars": "good"},
+                                                   {"review": "dull from the first scene to the last", "stars": "bad"}])
+    user_error(capsys, evaluate, [str(export), "--data", str(reviews), "--output", str(tmp_path / "e1")],
+               "column 'text' not found", "if 'review' is that column, set text_column=review")  # fmt: skip
+    data = {"train": write_jsonl(tmp_path / "pairs.jsonl", [{"text": f"first {i}", "s2": f"second {i % 3}",
+                                                             "label": ["a", "b"][i % 2]} for i in range(16)])}
+    data["validation"] = data["train"]
+    main(tiny_text_args(data, tmp_path / "pair", "text_pair_column=s2", "max_steps=1"))
+    one = write_csv(tmp_path / "one.csv", [{"text": "only one text"}, {"text": "and another"}])
+    user_error(capsys, evaluate, [str(tmp_path / "pair" / "model"), "--data", str(one), "--output", str(tmp_path / "e2")],
+               "column 's2' not found", "the model reads pairs of texts, the second in 's2'",
+               "set text_pair_column=<its name>")  # fmt: skip
+
+
 def test_a_regressions_target_under_a_targets_name_is_named():
     """A regression model that reads `score`, on a file whose numbers are in `label`: scored on nothing, it
     would only predict; the column is named, with label_column. An id column of numbers is not a target."""
