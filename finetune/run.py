@@ -759,7 +759,8 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         word_baseline = (validation.get("baseline") or {}).get(words)
         if learned(words, validation.get(words), word_baseline, validation.get("num_words") or 0) is False:
             verdict, key, value, baseline = False, words, validation.get(words), word_baseline
-    shown = METRICS[key].name + (" at the tuned threshold" if tuned is not None else "")  # the final line: at the fixed one
+    shown = METRICS[key].name  # the value (at the tuned threshold, where one was tuned: the final line is at the fixed one)
+    at = " (at the tuned threshold)" if tuned is not None else ""
     trivial = {"regression": "mean", MULTI: "frequency of each label, as its probability"}.get(
         cfg.problem_type, "most frequent answer"
     )
@@ -767,7 +768,7 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
     unreachable = (verdict is None and isinstance(value, (int, float)) and isinstance(baseline, (int, float))
                    and (n or 0) >= FEWEST_TO_JUDGE and learned(key, 1.0, baseline, n) is None)  # fmt: skip
     said = (
-        f"the model did not learn beyond a trivial baseline: best validation {shown} {value:.4f}, against "
+        f"the model did not learn beyond a trivial baseline: best validation {shown} {value:.4f}{at}, against "
         f"{baseline if baseline is None else round(baseline, 4)} for a model that predicts the same for every "
         f"input (the training labels' {trivial}); "
         + (f"targets that spread over about {spread:.3g} train slowly from a head that starts near 0: scale them "
@@ -775,7 +776,7 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         + "try more epochs or more data, a learning_rate 3-10x higher or lower, or a larger pretrained model "
         "(docs/your-own-data.md)"
         if verdict is False
-        else f"best validation {shown} {value:.4f}, clearly {'above' if METRICS[key].greater_is_better else 'below'} "
+        else f"best validation {shown} {value:.4f}{at}, clearly {'above' if METRICS[key].greater_is_better else 'below'} "
         "the trivial baseline's "
         f"{'0 (a constant correlates with nothing)' if baseline is None else f'{baseline:.4f}'}"
         + (f"; that was at step {earlier[0]}, and the export, {validation.get(key):.4f}, is the last step's: "
@@ -786,7 +787,7 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
         if (n or 0) < FEWEST_TO_JUDGE
         else f"validation has {n} samples, too few to tell whether the model learned: against the trivial baseline's "
         f"{baseline:.4f} (the training labels' {trivial}), not even a perfect {shown} would be clearly above it; "
-        f"best validation {shown} {value:.4f}; give a larger validation_file or validation_split_percentage"
+        f"best validation {shown} {value:.4f}{at}; give a larger validation_file or validation_split_percentage"
         if unreachable
         else f"validation {shown} {value} against the trivial baseline's {baseline}"
     )

@@ -290,7 +290,7 @@ def test_the_verdict_reads_the_tuned_validation_when_there_is_one():
     verdict = judge(cfg, fixed, best, tuned)
     assert verdict["verdict"] is True and verdict["value"] == 0.80 and verdict["baseline"] == 0.45
     # the final line shows validation at the fixed threshold: the verdict says which value it quotes
-    assert "micro F1 at the tuned threshold 0.8000" in verdict["said"], verdict["said"]
+    assert "micro F1 0.8000 (at the tuned threshold)" in verdict["said"], verdict["said"]  # not "threshold 0.8"
     assert "tuned" not in judge(cfg, fixed, best)["said"]
 
 
