@@ -1143,6 +1143,33 @@ def _refuse_other_layouts(ds: HFDataset, split: str) -> None:
         raise UserError(spans_error(found, split, examples[found]))
 
 
+def _input_hint(ds: HFDataset, column: str, args: DataArgs, missing: list[str], spare: list[str],
+                model_task: bool) -> str:
+    """The setting that names a missing text column: the one string column left ("sentence", not "text";
+    the column of long strings beside a label column of words), a pair under other names (premise and
+    hypothesis for sentence1 and sentence2, in order), or a pair model's second text. "" if none."""
+    spare = _the_texts_among(ds, spare) if len(missing) == 1 else spare
+    if len(spare) == 1:
+        return f"; if '{spare[0]}' is that column, set {_setting_of(column, args)}={spare[0]}"
+    if model_task and column == args.text_pair_column:
+        return (f"; the model reads pairs of texts, the second in '{column}': give the data a second text column, "
+                f"named so or set {_setting_of(column, args)}=<its name>")
+    if len(missing) == len(spare) == 2:
+        return (f"; if '{spare[0]}' and '{spare[1]}' are the pair, set {_setting_of(missing[0], args)}={spare[0]} "
+                f"{_setting_of(missing[1], args)}={spare[1]}")
+    return ""
+
+
+def _the_texts_among(ds: HFDataset, columns: list[str]) -> list[str]:
+    """Of string columns, the one whose values are much longer (3x or more) than every other's: the texts
+    beside a label column of words ('review' beside 'stars'); else all of them."""
+    if len(columns) < 2 or not len(ds):
+        return columns
+    width = {c: sum(len(str(v)) for v in ds[c][:200]) for c in columns}
+    longest = max(columns, key=width.get)
+    return [longest] if all(width[longest] >= 3 * width[c] for c in columns if c != longest) else columns
+
+
 def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, model_task: bool = False,
                    train_columns: list[str] | None = None) -> None:  # fmt: skip
     task, label_columns, inputs = task_of(args.task), args.label_sources if labelled else [], args.input_columns
@@ -1221,21 +1248,8 @@ def _check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool, mo
             spare = [c for c in ds.column_names if c not in (*label_columns, *inputs, *args.label_sources)
                      and len(ds) and isinstance(ds[0][c], str)]  # fmt: skip
             train_has = train_columns is not None and column in train_columns  # then the split's name is wrong
-            missing = [c for c in inputs if c not in ds.column_names]
-            if len(spare) > 1 and len(ds) and sum(c not in ds.column_names for c in inputs) == 1:
-                # one text missing, "review" beside "stars": the texts are the column of much longer strings
-                width = {c: sum(len(str(v)) for v in ds[c][:200]) for c in spare}
-                longest = max(spare, key=width.get)
-                spare = [longest] if all(width[longest] >= 3 * width[c] for c in spare if c != longest) else spare
-            if column in inputs and other == args.task and len(spare) == 1 and not train_has:  # "sentence", not "text"
-                hint += f"; if '{spare[0]}' is that column, set {_setting_of(column, args)}={spare[0]}"
-            elif model_task and column == args.text_pair_column and other == args.task and not train_has:
-                hint += (f"; the model reads pairs of texts, the second in '{column}': give the data a second text "
-                         f"column, named so or set {_setting_of(column, args)}=<its name>")  # fmt: skip
-            elif column in inputs and other == args.task and len(missing) == len(spare) == 2 and not train_has:
-                # premise/hypothesis for a model of sentence1/sentence2: the pair under other names, in order
-                hint += (f"; if '{spare[0]}' and '{spare[1]}' are the pair, set {_setting_of(missing[0], args)}="
-                         f"{spare[0]} {_setting_of(missing[1], args)}={spare[1]}")
+            if column in inputs and other == args.task and not train_has:
+                hint += _input_hint(ds, column, args, [c for c in inputs if c not in ds.column_names], spare, model_task)
             others = [c for c in ds.column_names if c not in (*label_columns, *inputs, *args.label_sources)]
             headed = next((c for c in ds.column_names if c in {str(v) for v in ds[c][:1000]}), None)
             if headed is not None and not hint:  # "neg" a column's name and one of its values: a file without header
