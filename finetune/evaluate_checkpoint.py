@@ -748,7 +748,7 @@ def _labels_of_another_problem(ds: HFDataset, args: DataArgs, what: str) -> str 
 
 
 # Columns that name a sample (carried into predictions.jsonl, beside the `index` of its row).
-ID_COLUMN = re.compile(r"(?i)(.+[_-])?(id|idx|guid|uuid|uid|key)")
+ID_COLUMN = re.compile(r"(?i)(.+[_-])?(id|idx|guid|uuid|uid)|key")  # "key" alone: not an api_key
 
 # Column names that hold a data set's targets (a regression's numbers among them).
 TARGET_NAMES = ("label", "labels", "score", "scores", "target", "targets", "y", "rating", "ratings", "similarity",
