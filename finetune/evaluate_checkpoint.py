@@ -108,6 +108,7 @@ from finetune.models import build_model, offline_hint
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import (
     UnknownTag,
+    _is_list,
     infer_problem_type,
     number_as_written,
     placeholder_labels,
@@ -732,7 +733,7 @@ def _labels_of_another_problem(ds: HFDataset, args: DataArgs, what: str) -> str 
         return None
     feature = ds.features[column]
     values = [v for v in ds[column][:1000] if v is not None]
-    if type(feature).__name__ in ("List", "LargeList", "Sequence"):
+    if _is_list(feature):
         holds = "lists of labels (a multi-label data set's)"
     elif values and all(isinstance(v, str) for v in values) and not any(number_as_written(v) for v in values):
         holds = f"class names (e.g. {values[0]!r})"

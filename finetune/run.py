@@ -85,6 +85,7 @@ from finetune.rundir import (
     RunDir,
     check_output_dir,
     check_shared_output_dir,
+    read_record,
     resumes_here,
     set_aside_previous_run,
     step_of,
@@ -375,7 +376,7 @@ def resume(cfg: TrainConfig, run: Run) -> tuple[int, int, int]:
         f"resumed from {run.resume_path} at step {manifest['step']} (epoch {manifest['epoch'] + 1}, "
         f"{manifest['samples_in_epoch']} samples into it)"  # epochs counted from 1, as the console and metrics.jsonl
     )
-    finished = _step_of(run.dir.results)
+    finished = read_record(run.dir.results).get("step")
     if finished == run.plan.total_steps > manifest["step"]:  # a finished run resumed as it was: said, not hidden
         run.accelerator.print(
             f"this run had finished (step {finished}, its export in {run.dir.model}): the resume trains steps "
@@ -383,15 +384,6 @@ def resume(cfg: TrainConfig, run: Run) -> tuple[int, int, int]:
             "num_train_epochs (or max_steps)"
         )
     return manifest["step"], manifest["epoch"], manifest["samples_in_epoch"]
-
-
-def _step_of(results: Path) -> int | None:
-    """The step a finished run's results.json records, or None."""
-    try:
-        step = json.loads(results.read_text()).get("step")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return step if isinstance(step, int) else None
 
 
 def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator, hooks: Hooks | None = None):
@@ -645,9 +637,9 @@ class Evaluations:
         if self.run.accelerator.is_main_process:  # above the training bar
             tqdm.write(f"step {step} (epoch {epoch + 1}): validation {summary_line(self.last)}")
         self.hooks.mark("evaluated", (step, self.last))
-        judged = self.last.get(judged_metric(self.cfg))
-        if isinstance(judged, (int, float)) and (self.top is None or better(judged_metric(self.cfg), judged, self.top[1])):
-            self.top = (step, judged)
+        key = judged_metric(self.cfg)
+        if isinstance(self.last.get(key), (int, float)) and (self.top is None or better(key, self.last[key], self.top[1])):
+            self.top = (step, self.last[key])
         value = self.last.get(self.cfg.metric_for_best_model)
         if self.cfg.early_stopping_patience is not None and value is not None:
             sign = 1 if self.cfg.greater_is_better else -1

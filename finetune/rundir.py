@@ -63,6 +63,17 @@ RUN_FILES = (CHECKPOINTS, MODEL, ADAPTER, METRICS_LOG, RESULTS, CONFIG, CURVES)
 SHARED_PROBE_PREFIX = ".finetune-shared-probe-"
 
 
+
+def read_record(path: Path) -> dict:
+    """A run file's JSON object (results.json, search.json), or {} where it is missing, unreadable or not
+    an object: for the readers that want one field and have a default (the damage reports of a run's
+    files are `evaluate_checkpoint`'s)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
 @dataclass(frozen=True)
 class RunDir:
     """The paths of one run directory."""

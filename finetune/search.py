@@ -78,7 +78,7 @@ from finetune.errors import (
     said_once,
     warn,
 )
-from finetune.rundir import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir
+from finetune.rundir import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir, read_record
 
 SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "warmup_ratio", "freeze_layers",
          "tune_threshold")  # fmt: skip
@@ -321,17 +321,13 @@ def _search_folder_problem(out: Path) -> str | None:
                 "there: choose an empty or new output_dir (the same output_dir again continues a search)")
     recipe = out / BEST_RECIPE
     if recipe.is_file():  # the search writes it again at its end: one the user edited would be lost
-        wrote = _read_json(out / SEARCH_RECORD).get("best_recipe_sha256")
-        if wrote != _sha256(recipe) and (wrote is not None or not (out / SEARCH_RECORD).is_file()):
+        from finetune.data import file_sha256
+
+        wrote = read_record(out / SEARCH_RECORD).get("best_recipe_sha256")
+        if wrote != file_sha256(recipe) and (wrote is not None or not (out / SEARCH_RECORD).is_file()):
             return (f"{recipe} is not the one this search wrote (edited since?), and continuing the search writes it "
                     "again at its end: copy it out of the search's folder (or rename it), then run the same command")
     return None
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _damaged(error: Exception) -> bool:
@@ -647,6 +643,8 @@ def _keep_only_the_best(out: Path, study) -> None:
 def _finish(out: Path, study, recipe: str | None, overrides: list[str], started: float, budget: float) -> dict:
     import optuna
 
+    from finetune.data import file_sha256
+
     seconds = round(time.monotonic() - started, 1)
     ran = [t for t in study.trials if t.state != optuna.trial.TrialState.WAITING]  # not the queued next one
     complete = [t for t in ran if t.state == optuna.trial.TrialState.COMPLETE]
@@ -687,12 +685,12 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
               "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
               "cut_at_budget": cut, "seconds": seconds, "budget_s": budget,
               "over_budget_s": round(max(0.0, seconds - budget), 1),
-              "best_recipe_sha256": _sha256(out / BEST_RECIPE)}  # fmt: skip
+              "best_recipe_sha256": file_sha256(out / BEST_RECIPE)}  # fmt: skip
     (out / SEARCH_RECORD).write_text(json.dumps(record, indent=2))
     print(f"best: trial {best.number}, validation {best.value:.4f} with {params}; model in {model}, "
           f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {cut} of them cut "
           f"at the budget; wall time {seconds} s of a {budget:g} s budget)")
-    learned = _read_json(RunDir(out / f"{TRIAL_PREFIX}{best.number}").results).get("learned") or {}
+    learned = read_record(RunDir(out / f"{TRIAL_PREFIX}{best.number}").results).get("learned") or {}
     base_steps = source.get("max_steps") is not None  # the trials' length, which epochs do not change
     if learned.get("verdict") is False:  # every trial at the trivial baseline: the best of them is no model either
         value, base = (learned.get(k) for k in ("value", "baseline"))
@@ -701,13 +699,6 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
              f"a longer --budget, other settings (a learning_rate the space does not hold, more "
              f"{'steps: max_steps' if base_steps else 'epochs'}) or more data may; see docs/your-own-data.md")  # fmt: skip
     return record
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def duration(text: str) -> float:
