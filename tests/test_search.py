@@ -515,7 +515,7 @@ def test_a_continuation_trains_on_from_the_trials_export_and_its_recipe_counts_e
     record = search(["--budget", "300", "--trials", "2", "--space",
                      "learning_rate,num_train_epochs,per_device_train_batch_size",
                      *tiny_text_args(small_text_data, out), "per_device_train_batch_size=16", "learning_rate=3e-4",
-                     "num_train_epochs=2"])  # fmt: skip
+                     "num_train_epochs=2", "metric_for_best_model=loss"])  # fmt: skip  -- a loss that falls: improving
     study = optuna.load_study(study_name="finetune", storage=f"sqlite:///{out / STUDY}")
     first = study.trials[0]
     if not first.user_attrs["improving_at_its_end"]:
