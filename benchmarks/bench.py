@@ -58,7 +58,8 @@ from benchmarks.recipes import (
 from benchmarks.report import bench_markdown, import_seconds, machine, write_report
 from benchmarks.runs import reset_accelerate, run_app, run_reference
 from finetune.config import REPO_DIR
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error
+from finetune.errors import UserError
+from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.runtime import cpu_threads
 
 

@@ -51,7 +51,8 @@ import yaml
 from benchmarks.recipes import SMOKE
 from benchmarks.report import machine, machine_line, write_report
 from finetune.config import CONFIGS_DIR, REPO_DIR
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error
+from finetune.errors import UserError
+from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.runtime import native_bf16
 
 BUILDER = REPO_DIR / "scripts" / "public_tasks.py"

@@ -70,7 +70,7 @@ from benchmarks.report import machine, machine_line, write_report
 from benchmarks.runs import environment, reset_accelerate
 from finetune.config import CONFIGS_DIR, REPO_DIR, TrainConfig, load_config
 from finetune.data import load_splits
-from finetune.errors import ArgumentParser, exit_on_user_error
+from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.evaluation import evaluate_model
 from finetune.metrics import TOKENS, token_report
 from finetune.run import Hooks, due, train

@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.recipes import RECIPES
 from benchmarks.runs import reset_accelerate
 from finetune.config import load_config
-from finetune.errors import ArgumentParser, exit_on_user_error
+from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.run import build_model_and_data
 from finetune.tasks import task_of
 
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     reset_accelerate()
     accelerator = Accelerator(mixed_precision="bf16" if args.precision == "bf16" else "no")
     set_seed(cfg.seed)
-    model, tokenizer, splits, _ = build_model_and_data(cfg, accelerator)
+    built = build_model_and_data(cfg, accelerator)
+    model, tokenizer, splits = built.model, built.preprocessor, built.splits
     model.train()
     # `length` tokens each: truncated to max_length, padded to a multiple of it
     batch = task_of(cfg.task).collator(tokenizer, args.length)(list(splits["train"]))

@@ -68,7 +68,8 @@ from benchmarks.expected_results import (
 from benchmarks.recipes import SMOKE
 from benchmarks.report import machine_line, write_report
 from finetune.config import CONFIGS_DIR, REPO_DIR, load_config
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error
+from finetune.errors import UserError
+from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.metrics import METRICS
 
 # A user's own small set with the generic recipe: no recipe was tuned on it (expected_results has none such).

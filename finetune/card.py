@@ -39,7 +39,8 @@ from finetune.config import REPO_DIR, DataArgs
 from finetune.errors import REDACTED, SECRET_VALUE, UserError, first_line
 from finetune.metrics import METRICS, PROBLEMS, SINGLE, TOKENS
 from finetune.rundir import is_hub_name
-from finetune.tasks import DEFAULT_TASK, TASKS, plain_tags, task_of
+from finetune.formats import plain_tags
+from finetune.tasks import DEFAULT_TASK, TASKS, task_of
 
 CARD = "README.md"
 TEMPLATE = Path(__file__).with_name("templates") / "model_card.md"  # Jinja, rendered by ModelCard

@@ -47,9 +47,9 @@ from finetune.errors import (
     UserError,
     first_line,
     remedy,
-    warn,
     write_failure,
 )
+from finetune import checks
 from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, PREFIX, RunDir, as_umask_allows, step_of
 from finetune.runtime import agreed
 
@@ -309,7 +309,7 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
-def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
+def resolve_checkpoint(spec: str, output_dir: str | Path, said: checks.Said | None = None) -> Path:
     """`latest` → the newest checkpoint of this run that loads, saying which newer ones it skipped;
     otherwise a checkpoint directory, which must load."""
     if spec == "latest":
@@ -336,7 +336,7 @@ def resolve_checkpoint(spec: str, output_dir: str | Path) -> Path:
             problem = checkpoint_problem(path)
             if problem is None:
                 for skipped, why in problems:
-                    warn(f"resume_from_checkpoint=latest skipped {skipped}: {why}")
+                    (said or checks.Said()).warn(f"resume_from_checkpoint=latest skipped {skipped}: {why}")
                 return path
             problems.append((path, problem))
         raise UserError(
@@ -410,13 +410,15 @@ class Checkpointer:
     Remembers the last good checkpoint, which a run that must stop names."""
 
     def __init__(self, accelerator, cfg, output_dir: Path, label_names: list[str], train_samples: int,
-                 command: str | None = None, train_data: dict[str, str] | None = None):  # fmt: skip
+                 command: str | None = None, train_data: dict[str, str] | None = None,
+                 said: checks.Said | None = None):  # fmt: skip
         self.accelerator, self.cfg, self.out, self.label_names = accelerator, cfg, output_dir, label_names
         self.train_samples, self.command = train_samples, command  # the run's first launch command
         self.train_data = train_data  # finetune.data.train_data_fingerprint
         self.best: dict[str, Any] = {}
         self.last: Path | None = None
         self.resumed_with: list[dict[str, Any]] = []  # the settings each resume changed (resume_changes)
+        self.said = said if said is not None else checks.Said()
 
     def resumed_from(self, path: Path, manifest: dict[str, Any], say) -> None:
         """A resume from `path`: its best and history carried on, and the settings this resume changes said
@@ -427,7 +429,7 @@ class Checkpointer:
             if is_complete(here):
                 self.best["path"] = str(here)
             else:  # deleted by hand, or a copy made without it: the best is chosen again from here on
-                warn(f"the best checkpoint so far (step {self.best['step']}, validation {self.best.get('metric')} "
+                self.said.warn(f"the best checkpoint so far (step {self.best['step']}, validation {self.best.get('metric')} "
                      f"{self.best.get('value')}) is not in {self.out / CHECKPOINTS}; the best is chosen again among "
                      "the checkpoints this run saves from here on")  # fmt: skip
                 self.best = {}

@@ -1,8 +1,8 @@
 """User-facing errors: one line, a chosen exit status, no traceback.
 
-A traceback is for our bugs. Anything the user can fix (a path, a key, a value) raises `UserError`
-with a message that says what is wrong and what to do; the entry points turn it into one line on
-stderr and exit status 2 via `exit_on_user_error`.
+A traceback is for our bugs. Anything the user can fix (a path, a key, a value) is found by a rule of the
+checks layer (finetune/checks/), which raises `UserError` with a line that says what is wrong and what to
+do; the entry points turn it into one line on stderr and exit status 2 (finetune/exits.py).
 
 A run that stops on purpose raises `TrainingStopped`, also one line, with its own exit status:
 
@@ -11,23 +11,16 @@ A run that stops on purpose raises `TrainingStopped`, also one line, with its ow
     130  SIGINT (Ctrl-C) during training: a checkpoint was written; resume_from_checkpoint=latest
     143  SIGTERM (a scheduler's preemption, `kill`) during training: likewise
     1    a Python traceback: our bug
+
+This module imports nothing of the app: every layer may raise these.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import errno
-import functools
 import os
 import re
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
-
-T = TypeVar("T")
 
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
@@ -39,9 +32,10 @@ class UserError(Exception):
     Most are found by every process alike, and only the main one prints them; `local=True` marks one
     that only the process that met it knows of (a corrupt file in its share of the data)."""
 
-    def __init__(self, message: str, local: bool = False):
+    def __init__(self, message: str, local: bool = False, rule: str | None = None):
         super().__init__(message)
         self.local = local
+        self.rule = rule  # the id of the check that found it (finetune/checks/): the catalogue keys on it
 
 
 class PeerFailed(UserError):
@@ -57,6 +51,17 @@ class TrainingStopped(Exception):
         self.exit_code = exit_code
 
 
+# Undo steps for a run that fails (see `on_failure`), run by finetune/exits.py's `exit_on_user_error` before
+# it exits: the entry point now running registers them, and the wrapper clears them at its start and end.
+failure_steps: list = []
+
+
+def on_failure(step) -> None:
+    """Run `step` if the entry point now running fails (a user error, a stopped run, a traceback), before
+    its one line is printed: how an overwritten run is put back (finetune/rundir.py)."""
+    failure_steps.append(step)
+
+
 # Values that look like credentials wherever they appear: Hugging Face, OpenAI, GitHub, AWS and Slack
 # tokens, and URLs that carry a user:password. Never printed in an error line, never put in a card.
 SECRET_VALUE = re.compile(
@@ -64,50 +69,6 @@ SECRET_VALUE = re.compile(
     r"AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|://[^/\s:@]+:[^/\s@]+@"
 )
 REDACTED = "<redacted>"
-
-
-_SAID: set[str] | None = None  # within `said_once`: the lines said so far
-
-
-def warn(line: str) -> None:
-    """One `warning:` line on stderr, from the main process only (every process finds the same); within
-    `said_once`, a line said before is not said again."""
-    if _SAID is not None:
-        if line in _SAID:
-            return
-        _SAID.add(line)
-    if os.environ.get("RANK", "0") == "0":
-        print(f"warning: {line}", file=sys.stderr)
-
-
-@contextlib.contextmanager
-def unsaid():
-    """No warning lines in the block: data read again for a comparison, whose warnings its run said."""
-    global _SAID
-    outer, _SAID = _SAID, _EVERY_LINE
-    try:
-        yield
-    finally:
-        _SAID = outer
-
-
-class _EveryLine(set):
-    def __contains__(self, line: object) -> bool:  # every line counts as said before
-        return True
-
-
-_EVERY_LINE = _EveryLine()
-
-
-@contextlib.contextmanager
-def said_once():
-    """Each warning line once in the block: a search's trials read the same data and say the same things."""
-    global _SAID
-    outer, _SAID = _SAID, set() if _SAID is None else _SAID
-    try:
-        yield
-    finally:
-        _SAID = outer
 
 
 def first_line(e: BaseException) -> str:
@@ -191,111 +152,3 @@ def _probe_write(folder: Path) -> int:
     except OSError as e:
         return e.errno or errno.EIO
     return errno.ENOSPC if shutil.disk_usage(folder).free < 16 * 2**20 else errno.EIO
-
-# How long another process waits, after a mistake that every process meets, for process 0 to say it.
-# When process 0 ends first (the usual case), the launcher stops the waiting ones at once.
-RANK_0_SPEAKS_S = 5.0
-
-# Undo steps for a run that fails (see `on_failure`), run by `exit_on_user_error` before it exits.
-_failure_steps: list[Callable[[], None]] = []
-
-
-def on_failure(step: Callable[[], None]) -> None:
-    """Run `step` if the entry point now running fails (a user error, a stopped run, a traceback), before
-    its one line is printed: how an overwritten run is put back (finetune/export.py)."""
-    _failure_steps.append(step)
-
-
-def _undo_after_failure() -> None:
-    """The registered undo steps, with SIGTERM and SIGINT masked meanwhile (finetune/signals.py); then
-    this process leaves its process groups, as a run that ends well does (`runtime.end_processes`)."""
-    from finetune.signals import masked
-
-    with masked():
-        while _failure_steps:
-            with contextlib.suppress(Exception):  # an undo that fails leaves things as they are; never a 2nd error
-                _failure_steps.pop()()
-    _leave_process_groups()
-
-
-def _leave_process_groups() -> None:
-    """Destroy this process's process groups before it exits. Left to the interpreter's teardown,
-    gloo's worker threads abort a process now and then ("terminate called without an active
-    exception", exit -6), so that a one-line mistake under DDP ended in a crash. Local to this process,
-    no collective: a failure reaches the others through `runtime.agreed` before this runs."""
-    dist = sys.modules.get("torch.distributed")  # not imported: no group to leave
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return
-    with contextlib.suppress(Exception):
-        dist.destroy_process_group()
-
-
-def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
-    """Run `fn`; a user error becomes `error: <message>` on stderr and exit status 2, a stopped run
-    `stopped: <message>` and its own exit status; a full disk or a permission refused is a user error
-    too (ENVIRONMENT_ERRORS). Whatever `fn` registered with `on_failure` runs first."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        _failure_steps.clear()
-        rank = os.environ.get("RANK", "0")
-        where = f"[rank {rank}] " if rank != "0" else ""
-        try:
-            return fn(*args, **kwargs)
-        except TrainingStopped as e:
-            _undo_after_failure()
-            if rank == "0":
-                print(f"stopped: {one_line(e)}", file=sys.stderr)
-            sys.exit(e.exit_code)
-        except KeyboardInterrupt:  # Ctrl-C in an evaluation, or before or after a training loop (it has its own)
-            _undo_after_failure()
-            if rank == "0":
-                print("stopped: interrupted (SIGINT); nothing more was saved", file=sys.stderr)
-            sys.exit(130)
-        except UserError as e:
-            _undo_after_failure()
-            if isinstance(e, PeerFailed):
-                time.sleep(RANK_0_SPEAKS_S)  # as below: the process that failed is saying it
-            elif rank == "0" or getattr(e, "local", False):  # every process hits most; one says it
-                print(f"error: {where}{one_line(e)}", file=sys.stderr)
-            else:  # process 0 says it: give it the time, or torchrun, which stops the other processes
-                time.sleep(RANK_0_SPEAKS_S)  # when one ends, could stop it first (seen on a loaded machine)
-            sys.exit(EXIT_USER_ERROR)
-        except Exception as e:
-            _undo_after_failure()
-            failure = write_failure(e)  # a full disk, a quota, a read-only or failing one: not our bug
-            if failure is None:
-                raise
-            path = f": {failure.filename}" if failure.filename else ""  # met by this process: it says so
-            message = f"{failure.strerror or os.strerror(failure.errno)}{path}; {ENVIRONMENT_ERRORS[failure.errno]}"
-            print(f"error: {where}{SECRET_VALUE.sub(REDACTED, message)}", file=sys.stderr)
-            sys.exit(EXIT_USER_ERROR)
-        finally:
-            _failure_steps.clear()
-
-    return wrapper
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose usage errors are user errors: one line, exit status 2, with `hint` after them; an
-    option of one value given twice (`--config a.yaml --config b.yaml`) is one of them, not the last kept."""
-
-    def __init__(self, *args, hint: str = "", **kwargs):
-        super().__init__(*args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
-        self.hint = hint
-
-    def add_argument(self, *args, **kwargs):
-        if args and args[0].startswith("-") and kwargs.get("action") in (None, "store"):
-            kwargs["action"] = _Once
-        return super().add_argument(*args, **kwargs)
-
-    def error(self, message: str):
-        raise UserError(f"{message}{'; ' + self.hint if self.hint else ''}")
-
-
-class _Once(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        if getattr(namespace, self.dest, None) not in (None, self.default):
-            raise UserError(f"{option_string} is given twice ({getattr(namespace, self.dest)} and {values}); give it "
-                            "once (settings of another recipe: key=value after it)")
-        setattr(namespace, self.dest, values)

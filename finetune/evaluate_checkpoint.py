@@ -90,27 +90,28 @@ from finetune.config import (
     settings_from_flags,
     settings_help,
 )
+from finetune import checks
+from finetune.checks import labels as label_rules
+from finetune.checks.labels import number_as_written
+from finetune.checks.splits import another_scale
 from finetune.data import (
-    another_scale,
     check_columns,
     encode_split,
     file_sha256,
     ids_read_through_label_names,
     load_path,
     load_splits,
-    warn_repeated_labels,
 )
-from finetune.errors import UserError, exit_on_user_error, first_line, remedy, unsaid, warn, write_failure
+from finetune.errors import UserError, first_line, remedy, write_failure
+from finetune.exits import exit_on_user_error
 from finetune.evaluation import evaluate_model
 from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, classification_report, summary_line
+from finetune.formats import is_list as _is_list
 from finetune.models import build_model, offline_hint
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import (
-    UnknownTag,
-    _is_list,
     infer_problem_type,
-    number_as_written,
     placeholder_labels,
     problem_type_of,
     scores,
@@ -223,7 +224,7 @@ def _damaged_json(folder: Path, base: bool = False) -> UserError | None:
     return None
 
 
-def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
+def resolve_target(spec: str, task: str | None, have_data: bool, said: checks.Said | None = None) -> Target:
     """Tell a training-state checkpoint, an export and a hub name apart; read their config and labels."""
     path = Path(spec).expanduser()
     if not path.exists():
@@ -286,14 +287,14 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
                     return Target(spec, "export", cfg, labels, results.get("step"))
         if damaged is not None:
             file, why = damaged
-            said = f"{file} exists but is damaged ({why})"
+            said_of_it = f"{file} exists but is damaged ({why})"
             if not have_data:
                 raise UserError(
-                    f"{said}, so the data and settings of {spec}'s run are unknown; restore it (from a "
+                    f"{said_of_it}, so the data and settings of {spec}'s run are unknown; restore it (from a "
                     "backup, or train the run again), or pass --data FILE_OR_DIR (and --task if needed) to "
                     "evaluate the export alone on a file"
                 )
-            warn(f"{said}; evaluating {spec} alone, without its run's settings (columns: pass key=value)")
+            (said or checks.Said()).warn(f"{said_of_it}; evaluating {spec} alone, without its run's settings (columns: pass key=value)")
         if not have_data and differ is not None:
             raise UserError(
                 f"{path / 'config.json'} names the labels {labels[:5]}, but its run ({results_file}) trained "
@@ -328,7 +329,8 @@ def resolve_target(spec: str, task: str | None, have_data: bool) -> Target:
     )
 
 
-def eval_config(target: Target, task: str | None, data: str | None, overrides: list[str]) -> TrainConfig:
+def eval_config(target: Target, task: str | None, data: str | None, overrides: list[str],
+                said: checks.Said | None = None) -> TrainConfig:  # fmt: skip
     """The run's config (or one made for a lone model), set up to evaluate: no trackers, no model
     parallelism (the whole model in each process), plus the `key=value` evaluation settings."""
     if target.cfg is not None:
@@ -367,14 +369,14 @@ def eval_config(target: Target, task: str | None, data: str | None, overrides: l
     if "text_pair_column" in given and target.cfg is not None and bool(raw.get("text_pair_column")) != bool(trained):
         # sentence pairs for a model of single texts, or single texts for a model of pairs: scored, and said
         if trained is None:
-            warn(f"text_pair_column={raw['text_pair_column']}: this model was trained on single texts (its run had "
+            (said or checks.Said()).warn(f"text_pair_column={raw['text_pair_column']}: this model was trained on single texts (its run had "
                  "no text_pair_column), so it never saw sentence pairs and its scores on them measure input it was "
                  "not trained for; leave text_pair_column out, or evaluate a model trained on pairs")  # fmt: skip
         else:
-            warn(f"text_pair_column=null: this model was trained on sentence pairs (text_pair_column={trained}), so "
+            (said or checks.Said()).warn(f"text_pair_column=null: this model was trained on sentence pairs (text_pair_column={trained}), so "
                  "its scores on single texts measure input it was not trained for; give the second sentence's "
                  "column as text_pair_column")  # fmt: skip
-    return config_from_dict(raw, saved=True)
+    return config_from_dict(raw, saved=True, said=said)
 
 
 # --- the model ------------------------------------------------------------------------------------
@@ -545,14 +547,14 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _say_if_changed_since_the_run(target: Target, info: dict[str, Any]) -> None:
+def _say_if_changed_since_the_run(target: Target, info: dict[str, Any], said: checks.Said) -> None:
     """The run's own split, read from a file whose bytes differ from those the run trained and scored on
     (results.json's data_sha256): said in one line, since these scores are not the run's."""
     if target.path is None or info.get("data_sha256") is None:
         return
     recorded = _recorded_digests(target).get(info["data"])
     if recorded is not None and recorded != info["data_sha256"]:
-        warn(f"{info['data']} changed since the run trained on it (its sha256 differs from the one in "
+        said.warn(f"{info['data']} changed since the run trained on it (its sha256 differs from the one in "
              f"{_run_of(target).results}): these are scores on the file as it is now, not the run's")
 
 
@@ -578,13 +580,13 @@ def _pick_split(available: list[str], split: str | None, where: str) -> str:
     return split
 
 
-def run_split(args: DataArgs, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
+def run_split(args: DataArgs, split: str | None, said: checks.Said | None = None) -> tuple[HFDataset, str, dict[str, Any]]:
     """The split as the run saw it: `load_splits` again, so a held-out validation split and the
     max_*_samples limits come out as in training. Labels are the checkpoint's, in its order."""
     if split is not None and args.train_file:  # files: their splits are known before any is read (or warned of)
         _pick_split(["train", "validation"] + (["test"] if args.test_file else []), split, "the run's data")
     try:
-        raw, _ = load_splits(args)
+        raw, _ = load_splits(args, said)
     except UserError as e:
         raise UserError(
             f"{e} (reading the run's data; pass --data FILE_OR_DIR to evaluate other data)"
@@ -615,10 +617,13 @@ def run_split(args: DataArgs, split: str | None) -> tuple[HFDataset, str, dict[s
     return raw[name], name, info
 
 
-def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset, str, dict[str, Any]]:
+def data_split(args: DataArgs, data: str, split: str | None,
+               said: checks.Said | None = None) -> tuple[HFDataset, str, dict[str, Any]]:  # fmt: skip
     """A file, or a folder (an image folder, or data files named by split), with the run's columns."""
     path = Path(data).expanduser()  # it exists: checked with the other arguments
-    loaded = load_path(path, args)  # training's own loader: the same formats, the same one-line errors
+    said = said if said is not None else checks.Said()
+    digests: dict[str, str] = {}
+    loaded = load_path(path, args, said, digests)  # training's own loader: the same formats, the same one-line errors
     if path.is_dir() and split is None and len(loaded) > 1 and not {"test", "validation"} & set(loaded):
         shown = ", ".join(list(loaded)[:5])  # a.csv and b.csv: two parts of one set, or two sets? not the first alone
         raise UserError(f"--data {data} holds {len(loaded)} data sets not named by split ({shown}); pass --split with "
@@ -656,39 +661,31 @@ def data_split(args: DataArgs, data: str, split: str | None) -> tuple[HFDataset,
                 f"{what} has a column for each of the model's labels ({', '.join(names)}): labels, one column "
                 f"each; to score them, pass label_columns=[{listed}]; to predict without labels, drop those columns"
             )
-    check_columns(ds, what, args, labelled, model_task=True)
+    check_columns(ds, what, args, labelled, model_task=True, said=said)
     if labelled:  # by name, whatever the file's order or type; a label the model does not know is a UserError
         inner = getattr(ds.features.get(args.tags_column), "feature", None)
         if args.tags_column in ds.column_names and getattr(inner, "dtype", "").startswith("int") and args.label_names:
             shown = ", ".join(f"{i}={t}" for i, t in enumerate(args.label_names[:5]))
-            warn(f"the tags of {what} are numbers, read as the model's tags at those places ({shown}, ...); if the "
+            said.warn(f"the tags of {what} are numbers, read as the model's tags at those places ({shown}, ...); if the "
                  "data numbers its tags in another order, the scores are wrong: write the tags as names")  # fmt: skip
         ds = _float_class_ids(ds, args, what)
         if args.problem_type == SINGLE:  # a run trained on ids scores its own test file so
-            ds = ids_read_through_label_names(DatasetDict({what: ds}), args, SINGLE, saying=lambda shown: (
-                f"the labels of {what} are class ids, read as the model's classes at those places ({shown}), as "
-                "training reads ids through label_names; if the data numbers its classes in another order, the "
-                "scores are wrong: write the classes as names"))[what]  # fmt: skip
+            ds = ids_read_through_label_names(DatasetDict({what: ds}), args, SINGLE, said, label_rules.MODEL_IDS_AS_NAMES,
+                                              what)[what]  # fmt: skip
         if args.problem_type == MULTI and not args.label_columns and args.label_column in ds.column_names:
-            warn_repeated_labels(ds[args.label_column], args.label_column, what)
+            checks.gate(label_rules.REPEATED, ds[args.label_column], args.label_column, what, said=said)
         try:
-            problem = infer_problem_type(ds, args)
+            problem = infer_problem_type(ds, args, said)
         except UserError as e:  # training's fix (problem_type=) is no evaluation setting: the model's is fixed
             raise UserError(_labels_of_another_problem(ds, args, what) or first_line(e)) from None
-        try:
-            ds = encode_split(ds, args, problem, list(args.label_names or []), what)
-        except UnknownTag as e:  # training's fix (label_names) is no evaluation setting: the model's tags are fixed
-            raise UserError(
-                f"the {e.split} data's tag {e.tag!r} at row {e.row}, word {e.word} is not one of the model's tags "
-                f"({', '.join(e.tag_set)}); fix the tag in the data (the model predicts only these)"
-            ) from None
+        ds = encode_split(ds, args, problem, list(args.label_names or []), what, said, fixed=True)
     else:
         problem = args.problem_type or task_of(args.task).problems[0]
         ds = placeholder_labels(ds, args, problem, list(args.label_names or []))
     info = {
         "split": None if path.is_file() else name,
         "data": str(path.resolve()),
-        "data_sha256": sha256_of(path),
+        "data_sha256": digests.get(str(path.resolve())) or sha256_of(path),
         "labelled": labelled,
     }
     stem = path.stem if path.is_file() or len(loaded) == 1 else f"{path.name}-{name}"
@@ -953,8 +950,9 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError(f"--data not found: {args.data}")
     if args.split is not None and args.data is not None and Path(args.data).expanduser().is_file():
         raise UserError("--split picks a split of the run's data or of a --data folder, not of a file")
-    target = resolve_target(args.checkpoint, args.task, have_data=args.data is not None)
-    cfg = eval_config(target, args.task, args.data, args.overrides)
+    said = checks.Said()
+    target = resolve_target(args.checkpoint, args.task, have_data=args.data is not None, said=said)
+    cfg = eval_config(target, args.task, args.data, args.overrides, said)
     quiet_libraries(cfg.log_level)
     accelerator = make_accelerator(cfg)
     started = time.perf_counter()
@@ -963,15 +961,15 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     task = task_of(cfg.task)
     with main_process_first(accelerator):  # the main process fills datasets' cache, the others read it
         if args.data is None:
-            ds, name, info = run_split(cfg.data_args, args.split)
+            ds, name, info = run_split(cfg.data_args, args.split, said)
         else:
-            ds, name, info = data_split(cfg.data_args, args.data, args.split)
+            ds, name, info = data_split(cfg.data_args, args.data, args.split, said)
         if len(ds) == 0:
             raise UserError(f"no samples to evaluate in {info['data']} [{info['split'] or 'data'}]")
         if args.data is None:
-            _say_if_changed_since_the_run(target, info)
+            _say_if_changed_since_the_run(target, info, said)
         # As split "eval", never "train": that would add the training-time augmentation.
-        prepared = task.prepare(ds, preprocessor, cfg.data_args, "eval", getattr(model.config, "num_channels", 3))
+        prepared = task.prepare(ds, preprocessor, cfg.data_args, "eval", getattr(model.config, "num_channels", 3), said)
     metrics_file = metrics_path(args.output, target, name)
     check_output(metrics_file, target, chosen=args.output is not None)
 
@@ -994,9 +992,9 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     asked = any(parse_override(item)[0] == "multi_label_threshold" for item in args.overrides)
     threshold = tuned if tuned and not asked else cfg.multi_label_threshold
     if args.data is not None and labelled and accelerator.is_main_process:
-        _warn_training_data(target, info)
+        _warn_training_data(target, info, said)
     if problem == REGRESSION and labelled and args.data is not None and accelerator.is_main_process:
-        _warn_another_scale(target, ds["labels"], name)
+        _warn_another_scale(target, ds["labels"], name, said)
     report, predictions = evaluate_with_predictions(model, loader, accelerator, target, problem, keep, threshold)
     if not labelled:  # the placeholder labels score nothing: only what was predicted, and how much
         report = {k: v for k, v in report.items() if k in ("num_samples", "num_sentences", "num_words", "threshold")}
@@ -1024,14 +1022,14 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     }
     replaced = False
     if accelerator.is_main_process:
-        replaced = write_outputs(metrics_file, record, predictions, ds, cfg, target, name)
+        replaced = write_outputs(metrics_file, record, predictions, ds, cfg, target, name, said)
     said = summary_line(report) if labelled else f"predictions for {report['num_samples']} samples (no labels to score)"
     accelerator.print(f"{name}: {said} -> {metrics_file.parent}" + (" (replaced the previous one)" if replaced else ""))
     accelerator.end_training()
     return {**record, "metrics_file": str(metrics_file)}
 
 
-def _warn_training_data(target: Target, info: dict[str, Any]) -> None:
+def _warn_training_data(target: Target, info: dict[str, Any], said: checks.Said) -> None:
     """--data that is the run's own training file (its bytes): scores on it say how well the model fits what it
     trained on, not how it does on data it never saw."""
     train = Path(target.cfg.train_file).expanduser() if target.cfg is not None and target.cfg.train_file else None
@@ -1040,24 +1038,23 @@ def _warn_training_data(target: Target, info: dict[str, Any]) -> None:
     # the bytes it trained on (results.json), else (a run not finished) the file as it is
     trained = _recorded_digests(target).get(str(train.resolve())) or (sha256_of(train) if train.is_file() else None)
     if info["data_sha256"] == trained:
-        warn(f"--data {info['data']} is the run's training file: the model trained on these samples, so its scores "
+        said.warn(f"--data {info['data']} is the run's training file: the model trained on these samples, so its scores "
              "here are higher than on data it never saw; evaluate the test or validation file for those")  # fmt: skip
 
 
-def _warn_another_scale(target: Target, targets: list, name: str) -> None:
+def _warn_another_scale(target: Target, targets: list, name: str, said: checks.Said) -> None:
     """Regression targets mostly far outside the range of the run's training targets (trained on 0-5,
     scored on 0-500): another scale, on which the scores say nothing. Training's own rule
     (data.another_scale); said where the run and its training data are at hand."""
     if target.cfg is None or not target.cfg.train_file:
         return
     try:
-        with unsaid():  # the training data's own warnings were said by its run
-            raw, _ = load_splits(target.cfg.data_args)
+        raw, _ = load_splits(target.cfg.data_args, checks.Said(quiet=True))  # its warnings were said by its run
     except (UserError, OSError):  # the run's data moved or changed: nothing to compare with
         return
-    said = another_scale(raw["train"]["labels"], targets, f"targets of {name}")
-    if said:
-        warn(f"{said} the model predicts on the training scale; put the targets on it")
+    scale = another_scale(raw["train"]["labels"], targets, f"targets of {name}")
+    if scale:
+        said.warn(f"{scale} the model predicts on the training scale; put the targets on it")
 
 
 def metrics_path(output: str | None, target: Target, name: str) -> Path:
@@ -1098,7 +1095,8 @@ def evaluate_with_predictions(model, loader, accelerator, target: Target, proble
     return report, probabilities
 
 
-def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainConfig, target: Target, name: str) -> bool:
+def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainConfig, target: Target, name: str,
+                  said: checks.Said | None = None) -> bool:  # fmt: skip
     """metrics.json, the confusion matrix (classes) and predictions.jsonl (when asked), whole or not at
     all: each is written under a hidden temporary name and flushed, then all are renamed into place (a
     previous evaluation's files there replaced, its now stale ones removed). A write that fails (a full or
@@ -1119,7 +1117,7 @@ def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainC
         temporary(metrics_file).write_text(json.dumps(record, indent=2) + "\n")
         if problem == SINGLE and "confusion_matrix" in record:  # a confusion matrix is for classes, with labels
             title = f"{target.short_name} on {name}\naccuracy {record['accuracy']:.3f}, {record['num_samples']:,} samples"
-            plot_confusion_matrix(record["confusion_matrix"], target.label_names, temporary(png), title=title)
+            plot_confusion_matrix(record["confusion_matrix"], target.label_names, temporary(png), title=title, said=said)
         if predictions is not None:
             inputs = task_of(cfg.task).sample_inputs(ds, cfg.data_args)
             ids = [c for c in ds.column_names if ID_COLUMN.fullmatch(c) and c not in ("index", *inputs[0])] if inputs else []

@@ -16,6 +16,7 @@ from typing import Any
 from accelerate import Accelerator
 
 from finetune import checkpoint as ckpt
+from finetune import checks
 from finetune.card import describe_data, push_to_hub, write_model_card
 from finetune.config import TrainConfig
 from finetune.data import data_file_digests
@@ -35,16 +36,22 @@ def export_run(
     label_names: list[str],
     best: dict[str, Any],
     seconds: Callable[[], dict[str, float]] | None = None,
+    digests: dict[str, str] | None = None,
+    said: checks.Said | None = None,
 ) -> Path:
     """Write `<output_dir>/model`, results.json, training_curves.png and the card. Every process
-    calls it (FSDP gathers the shards); the main process writes. Adds the export's facts to `results`."""
+    calls it (FSDP gathers the shards); the main process writes. Adds the export's facts to `results`:
+    the data files' sha256 (`digests`: those the run read) and the warnings the run said (`said`)."""
     run = RunDir(cfg.output_dir)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(model)  # every process: gathers shards under FSDP
     with agreed(accelerator):
         if accelerator.is_main_process:
             try:
-                _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds)
+                results["data_sha256"] = data_file_digests(cfg.data_args, digests)
+                results["warnings"] = (said or checks.Said()).record()
+                _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds,
+                              said)  # fmt: skip
             except Exception as e:  # a full disk, a quota: one line; the checkpoints are untouched
                 failure = write_failure(e, run.root)
                 if failure is None:
@@ -73,7 +80,8 @@ def save_adapter(model, folder: Path) -> None:
     as_umask_allows(folder)
 
 
-def _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds) -> None:
+def _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds,
+                  said) -> None:  # fmt: skip
     """The main process's part of `export_run`, whole or not at all: the model (and a LoRA run's adapter)
     and the curves are written into a hidden folder and flushed to disk, then moved into place (an earlier
     export set aside meanwhile), the card written into the export, and results.json last. A failure
@@ -82,7 +90,7 @@ def _write_export(cfg, accelerator, model, preprocessor, results, label_names, b
     run = RunDir(cfg.output_dir)
     staged = Staged(run)
     try:
-        _stage_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds, staged)
+        _stage_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds, staged, said)
     except BaseException:  # noqa: BLE001 - any failure, a signal's KeyboardInterrupt too: nothing half-written
         staged.undo()
         raise
@@ -139,7 +147,7 @@ class Staged:
 
 
 def _stage_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds,
-                  staged: Staged) -> None:  # fmt: skip
+                  staged: Staged, said=None) -> None:  # fmt: skip
     run = staged.run
     export = staged.path(run.model)
     unwrapped = accelerator.unwrap_model(model)
@@ -164,10 +172,9 @@ def _stage_export(cfg, accelerator, model, preprocessor, results, label_names, b
             "label_names": label_names,
             "best": best,
             "versions": ckpt.package_versions(),
-            "data_sha256": data_file_digests(cfg.data_args),
         }
     )
-    plot_training_curves(run.metrics, staged.path(run.curves), best=best)
+    plot_training_curves(run.metrics, staged.path(run.curves), best=best, said=said)
     ckpt.fsync_tree(staged.stage)  # a failing disk says so here (EIO), not after the run says it is finished
     staged.move_into_place()
     # The card in place: it names the export by its path (written elsewhere, it would name the hidden folder).

@@ -17,7 +17,8 @@ import PIL.Image
 from datasets import Dataset as HFDataset
 from datasets import Image
 
-from finetune.errors import UserError
+from finetune import checks
+from finetune.checks import images as image_rules
 
 
 def _image_name(value: dict[str, Any], index: int | None = None) -> str:
@@ -38,73 +39,32 @@ def open_image(value: dict[str, Any], index: int | None = None) -> PIL.Image.Ima
         image.load()
         return image
     except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
-        raise UserError(
-            f"cannot read image {_image_name(value, index)}: {e}; remove or replace the file", local=True
-        ) from None
+        raise checks.explain(image_rules.UNDECODABLE, _image_name(value, index), e) from None
 
 
 def undecoded(ds: HFDataset, column: str, split: str) -> HFDataset:
     try:
         return ds.cast_column(column, Image(decode=False))
     except (ValueError, TypeError) as e:
-        raise UserError(
-            f"column '{column}' in the {split} data does not hold images ({ds.features[column]}): "
-            f"{e}; set image_column"
-        ) from None
+        raise checks.explain(image_rules.NOT_IMAGES, column, split, ds.features[column], e) from None
 
 
 def verify_images(ds: HFDataset, column: str, split: str) -> None:
     """Check every image's container before training starts, so a corrupt file stops the run before it
     writes anything. PIL's `verify()` reads the file without decoding the pixels (~40 us for a small
     PNG): it catches garbage, truncated PNGs and bad headers; pixel data cut short inside a JPEG is
-    only found when decoded, by `open_image` in the training transform, which names the file too."""
+    only found when decoded, by `open_image` in the training transform, which names the file too. Why an
+    image does not open is checks/images.py's (UNREADABLE)."""
     ds = undecoded(ds, column, split).select_columns([column])
     for start, batch in enumerate(ds.iter(batch_size=256)):
         for offset, value in enumerate(batch[column]):
             index = start * 256 + offset
-            if value is None or (value.get("bytes") is None and value.get("path") is None):
-                raise UserError(f"the {split} data has no image in row {index + 1} (no bytes and no path); give "
-                                "that row an image, or drop it")
+            checks.gate(image_rules.ROWS, value, split, index)
             try:
                 with PIL.Image.open(_image_source(value)) as image:
                     image.verify()
             except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
-                _text_not_paths(value, column, split, index)
-                path = value.get("path")
-                if isinstance(path, str) and path.startswith("file://"):
-                    raise UserError(f"image {path!r} (row {index + 1} of the {split} data) is a URL; give the path "
-                                    "without file://") from None
-                if value.get("bytes") is None and isinstance(path, str) and not Path(path).is_absolute() \
-                        and not Path(path).exists():
-                    raise UserError(
-                        f"image {path!r} (row {index + 1} of the {split} data) not found: a relative path is read "
-                        f"from the current folder ({Path.cwd()}), not the data file's; write the paths from there, "
-                        "or absolute"
-                    ) from None
-                raise UserError(
-                    f"cannot read image {_image_name(value, index)} in the {split} data: {e}; "
-                    "remove or replace the file"
-                ) from None
-
-
-def _text_not_paths(value: dict[str, Any], column: str, split: str, index: int) -> None:
-    """A missing 'file' whose name has no image suffix is text in an image column: say that, not 'No such
-    file' (an image model given a text task's data)."""
-    path = value.get("path")
-    if value.get("bytes") is not None or not isinstance(path, str) or Path(path).exists():
-        return
-    if path.startswith(("iVBORw0KGgo", "/9j/", "R0lGOD", "UklGR", "data:image/")):  # PNG, JPEG, GIF, WebP
-        raise UserError(
-            f"column '{column}' of the {split} data holds images written as base64 text ({path[:24]!r}... in row "
-            f"{index + 1}); decode them (base64.b64decode) into image files, or into an image column of bytes "
-            "(datasets' Image feature, or {'bytes': ...} records in parquet)"
-        )
-    if Path(path).suffix.lower() not in PIL.Image.registered_extensions():
-        raise UserError(
-            f"column '{column}' of the {split} data holds text, not image paths ({path[:60]!r} in row {index + 1}); "
-            "an image model needs image files (a column of their paths, or an image folder as data_dir); "
-            "for text, use a text model"
-        )
+                raise checks.explain(image_rules.UNREADABLE, image_rules.Unopened(value, column, split, index, e)) from None
 
 
 def image_sizes(ds: HFDataset, column: str, limit: int = 256) -> collections.Counter:
@@ -243,9 +203,6 @@ class ImageTransform:
     """
 
     def __init__(self, processor, column: str, num_channels: int, augment: Augment | None = None):
-        if num_channels not in (1, 3):
-            raise UserError(f"the model's num_channels is {num_channels}: images are read as 1 (grayscale) or 3 (RGB) "
-                            "channels; set model_config.num_channels to 1 or 3, or give a model that has one of them")
         self.processor, self.column, self.augment = processor, column, augment
         self.mode = "RGB" if num_channels == 3 else "L"
         self.epoch = 0

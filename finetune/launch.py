@@ -29,7 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from finetune.errors import EXIT_DIVERGED, EXIT_USER_ERROR, ArgumentParser, UserError, exit_on_user_error
+from finetune.errors import EXIT_DIVERGED, EXIT_USER_ERROR, UserError
+from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.signals import forwarded_to_children
 
 # Exit statuses after which the training process has printed its own one-line reason.

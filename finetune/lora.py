@@ -36,28 +36,13 @@ QUERY_VALUE = (["query", "value"], ["q_proj", "v_proj"])  # BERT's; ViT's (trans
 HEADS = ("classifier", "score", "pre_classifier")  # the heads of transformers' classification models
 
 
-def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """`spec` completed with the defaults, or a UserError that names the bad key."""
-    unknown = sorted(set(spec) - set(DEFAULTS))
-    if unknown:
-        raise UserError(f"peft: unknown key(s) {unknown}; LoRA's settings are {', '.join(DEFAULTS)}")
+def with_defaults(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` completed with the defaults, `target_modules` written as a list (`query,value` on the command
+    line); its values are checked by the settings' rules (finetune/checks/settings.py)."""
     full = {**DEFAULTS, **spec}
-    r, alpha, dropout, targets = full["r"], full["alpha"], full["dropout"], full["target_modules"]
-    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
-        raise UserError(f"peft.r must be a positive integer (the adapters' rank), got {r!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
-        raise UserError(f"peft.alpha must be a positive number (the scale is alpha / r), got {alpha!r}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise UserError(f"peft.dropout must be in [0, 1), got {dropout!r}")
-    if targets is None:
-        return full
-    if isinstance(targets, str):
-        targets = [t for t in targets.split(",") if t]
-    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
-        raise UserError(
-            f"peft.target_modules must be a list of module names like [query, value], got {targets!r}"
-        )
-    return {**full, "target_modules": targets}
+    if isinstance(full["target_modules"], str):
+        full["target_modules"] = [t for t in full["target_modules"].split(",") if t]
+    return full
 
 
 def linear_names(model) -> list[str]:
@@ -81,7 +66,7 @@ def apply_lora(model, spec: dict[str, Any]):
         raise UserError(
             "peft (LoRA) is not installed: pip install peft (or pip install -e '.[peft]')"
         ) from None
-    spec = check_spec(spec)
+    spec = with_defaults(spec)
     known = linear_names(model)
     if spec["target_modules"] is None:
         fits = next((names for names in QUERY_VALUE if set(names) <= set(known)), None)

@@ -406,7 +406,7 @@ def token_report(predictions: list[list[int]], references: list[list[int]], labe
     from seqeval.metrics.v1 import precision_recall_fscore_support, unique_labels
     from seqeval.scheme import IOB2
 
-    from finetune.tasks import plain_tags
+    from finetune.formats import plain_tags
 
     names = [str(n) for n in label_names]
     if plain_tags(names):  # parts of speech: each word an entity of its own tag (micro F1 over words, O left out)

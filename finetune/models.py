@@ -16,7 +16,8 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from finetune.config import ModelArgs
-from finetune.errors import UserError, first_line, warn
+from finetune import checks
+from finetune.errors import UserError, first_line
 from finetune.metrics import MULTI, REGRESSION, SINGLE
 from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, RunDir, is_hub_name
 from finetune.tasks import task_of
@@ -110,7 +111,8 @@ def set_dropout(config: PretrainedConfig, p: float | None) -> None:
             setattr(config, key, p)
 
 
-def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None = None) -> PreTrainedModel:
+def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None = None,
+                said: checks.Said | None = None) -> PreTrainedModel:  # fmt: skip
     """A classification model with `len(label_names)` outputs (one for regression), the names in
     id2label/label2id and `problem_type` in its config."""
     labels: dict[str, Any] = {
@@ -179,7 +181,7 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
     except SafetensorError as e:
         raise UserError(f"the weights of model '{name}' are damaged ({first_line(e)}): replace them") from None
     if changes or (order is not None and order != sorted(order) and not _reorder_head(model, order)):
-        _say_the_head_changes(name, head, list(label_names), new_head)
+        _say_the_head_changes(name, head, list(label_names), new_head, said or checks.Said())
     _check_image_config(model.config)
     return model
 
@@ -212,16 +214,16 @@ def _fine_tuned_head(config: PretrainedConfig) -> list[str] | None:
     return names
 
 
-def _say_the_head_changes(name: str, head: list[str], labels: list[str], new_head: bool) -> None:
+def _say_the_head_changes(name: str, head: list[str], labels: list[str], new_head: bool, said: checks.Said) -> None:
     """One warning when a fine-tuned model is trained on for other labels than its head's."""
     def shown(names: list[str]) -> str:
         return ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
 
     if new_head:
-        warn(f"model '{name}' was fine-tuned for {len(head)} labels ({shown(head)}) and the data has {len(labels)} "
+        said.warn(f"model '{name}' was fine-tuned for {len(head)} labels ({shown(head)}) and the data has {len(labels)} "
              f"({shown(labels)}): its encoder is kept and a new head is trained from random weights")
     else:
-        warn(f"model '{name}' was fine-tuned for the labels ({shown(head)}); the data's are ({shown(labels)}): its "
+        said.warn(f"model '{name}' was fine-tuned for the labels ({shown(head)}); the data's are ({shown(labels)}): its "
              "head's outputs are trained on as the data's labels, in that order; if they mean other things, start "
              "from its base model")
 

@@ -33,7 +33,9 @@ from typing import Any
 import numpy as np
 
 from finetune import checkpoint as ckpt
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error, warn
+from finetune import checks
+from finetune.errors import UserError
+from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.metrics import METRICS
 from finetune.rundir import METRICS_LOG, RunDir
 
@@ -124,7 +126,8 @@ def recorded_best(run_dir: Path) -> dict[str, Any]:
 
 
 def plot_training_curves(
-    metrics_jsonl: Path, out_png: Path, title: str | None = None, best: dict[str, Any] | None = None
+    metrics_jsonl: Path, out_png: Path, title: str | None = None, best: dict[str, Any] | None = None,
+    said: checks.Said | None = None,
 ) -> Path:
     """Write a PNG of training loss (with validation loss), validation metrics and learning rate
     against the optimizer step, stacked on one shared step axis. Returns `out_png`.
@@ -139,7 +142,7 @@ def plot_training_curves(
     fig = training_curves_figure(metrics_jsonl, title, best)
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    _save(fig, out_png, dpi=110)
+    _save(fig, out_png, said, dpi=110)
     return out_png
 
 
@@ -280,7 +283,8 @@ def mark_best(ax_of: dict[str, Any], axes, best: dict[str, Any], evals: list[dic
 
 
 def plot_confusion_matrix(
-    matrix: Any, label_names: Sequence[str], path: str | os.PathLike[str], title: str | None = None
+    matrix: Any, label_names: Sequence[str], path: str | os.PathLike[str], title: str | None = None,
+    said: checks.Said | None = None,
 ) -> Path:
     """Write a confusion matrix as a PNG: counts in the cells, colour = fraction of the true class.
 
@@ -357,11 +361,11 @@ def plot_confusion_matrix(
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _save(fig, path, dpi=120, bbox_inches="tight")
+    _save(fig, path, said, dpi=120, bbox_inches="tight")
     return path
 
 
-def _save(fig, path: Path, **kwargs: Any) -> None:
+def _save(fig, path: Path, said: checks.Said | None = None, **kwargs: Any) -> None:
     """fig.savefig, with matplotlib's one warning per missing glyph (a run or class name in a script its
     font lacks: CJK, emoji) said as one line."""
     path = Path(path)
@@ -388,7 +392,7 @@ def _save(fig, path: Path, **kwargs: Any) -> None:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if missing:
         name = Path(path).name.removeprefix(".tmp-")  # written under a temporary name, then renamed
-        warn(f"matplotlib's font has no glyph for some characters of a title or label; they show as boxes in {name}")
+        (said or checks.Said()).warn(f"matplotlib's font has no glyph for some characters of a title or label; they show as boxes in {name}")
 
 
 def _check_metrics_file(metrics: Path) -> None:

@@ -34,7 +34,7 @@ if __name__ == "__main__":
     stop_while_starting()  # Ctrl-C or SIGTERM during the imports (seconds): one line, not a traceback
     from finetune.cli import answer_early
 
-    answer_early(sys.argv[1:])  # --help and setting mistakes: before torch is imported
+    EARLY = answer_early(sys.argv[1:])  # --help and setting mistakes: before torch is imported; parsed once
 
 import contextlib
 import json
@@ -51,12 +51,13 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from finetune import checkpoint as ckpt
-from finetune import steps
+from finetune import checks, steps
 from finetune.card import check_hub_access, launch_command
-from finetune.cli import parse_args, say_given_twice
-from finetune.config import TrainConfig, save_config
-from finetune.data import infer_task, load_splits, prepare_splits, train_data_fingerprint
-from finetune.errors import UserError, exit_on_user_error, first_line, warn
+from finetune.cli import Command, parse_command_line
+from finetune.config import TrainConfig, resolved, save_config
+from finetune.data import load_splits, prepare_splits, read_splits, train_data_fingerprint
+from finetune.errors import UserError, first_line
+from finetune.exits import exit_on_user_error
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.export import export_run
 from finetune.lora import apply_lora, is_lora
@@ -107,21 +108,23 @@ from finetune.runtime import (
 from finetune.shapes import Shapes, check_compile, compile_model, plan_shapes, warm_up
 from finetune.signals import StopOnSignal, stop_outside_the_loop, stop_with_launcher
 from finetune.steps import EpochSampler, StepPlan, Stream, plan_steps, step_loss
-from finetune.tasks import task_of
+from finetune.tasks import task_for_data, task_of
 
 # --- the loop -------------------------------------------------------------------------------------
 
 
-def train(cfg: TrainConfig, hooks: Hooks | None = None) -> dict[str, Any]:
-    """Build, resume, loop over epochs and batches, evaluate, export. Returns the final metrics."""
+def train(cfg: TrainConfig, hooks: Hooks | None = None, said: checks.Said | None = None) -> dict[str, Any]:
+    """Build, resume, loop over epochs and batches, evaluate, export. Returns the final metrics. `said`: the
+    run's warnings (a search's trials share one)."""
     with contextlib.ExitStack() as held:  # the output folder, held from its first write to the run's end
-        return _train(cfg, hooks or Hooks(), held)
+        return _train(cfg, hooks or Hooks(), held, said if said is not None else checks.Said())
 
 
-def _train(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack) -> dict[str, Any]:
+def _train(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack, said: checks.Said) -> dict[str, Any]:
     with hooks.phase("start-up"):
-        run = setup(cfg, hooks, held)  # the Accelerator, data, model, loaders, the step plan, optimizer, schedule
+        run = setup(cfg, hooks, held, said)  # the Accelerator, data, model, loaders, the step plan, optimizer, schedule
         hooks.mark("prepared", run)
+        cfg = run.cfg  # what the data decided (the task, the problem type) resolved in it
         accelerator, model, optimizer, scheduler, plan = run.accelerator, run.model, run.optimizer, run.scheduler, run.plan
         processes, accumulation = accelerator.num_processes, cfg.gradient_accumulation_steps
         # Resume (weights, optimizer, scheduler, RNG; the position from the manifest) or start afresh.
@@ -308,6 +311,9 @@ class Run:
     log: MetricsLog
     checkpointer: ckpt.Checkpointer
     held: contextlib.ExitStack | None  # what the run holds until it ends: its output folder (RunDir.in_use)
+    cfg: TrainConfig  # the run's config, resolved: the task and problem type the data decided
+    said: checks.Said  # the run's warnings, each said once
+    digests: dict[str, str]  # each data file's sha256 (results.json's data_sha256)
 
     def rows(self, kind: str) -> int | None:
         """The rows every "train" or "eval" batch is filled to for a compiled model, or None."""
@@ -316,30 +322,33 @@ class Run:
         return self.shapes.train_rows if kind == "train" else self.shapes.eval_rows
 
 
-def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = None) -> Run:
+def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = None,
+          said: checks.Said | None = None) -> Run:  # fmt: skip
     """Everything the loop needs, in order: the Accelerator and the output folder's checks, data and
-    model, the layer split, loaders, what a resume continues, the step plan, optimizer and schedule,
-    then Accelerate's `prepare`."""
+    model (and the config the data resolves), the layer split, loaders, what a resume continues, the step
+    plan, optimizer and schedule, then Accelerate's `prepare`."""
+    said = said if said is not None else checks.Said()
     accelerator = make_accelerator(cfg)
     out = RunDir(cfg.output_dir)
-    check_output_dir(out.root, cfg.overwrite_output_dir, cfg.resume_from_checkpoint, bool(cfg.report_to))
+    check_output_dir(out.root, cfg.overwrite_output_dir, cfg.resume_from_checkpoint, bool(cfg.report_to), said)
     check_shared_output_dir(accelerator, out.root)  # multi-node: before anything reads or writes it
     set_seed(cfg.seed)
-    model, preprocessor, splits, label_names = build_model_and_data(cfg, accelerator, hooks)
+    built = build_model_and_data(cfg, accelerator, hooks, said)
+    model, preprocessor, splits, label_names, cfg = built.model, built.preprocessor, built.splits, built.label_names, built.cfg
     model = split_model(cfg, accelerator, model)
     train_loader, sampler, eval_loaders, shapes = make_loaders(cfg, accelerator, splits, preprocessor)
     if cfg.torch_compile:
         check_compile(accelerator)
         compile_model(model, dynamic=shapes.dynamic, mode=cfg.torch_compile_mode)
-    resume_path, manifest = resume_target(cfg, out)
+    resume_path, manifest = resume_target(cfg, out, said)
     fsdp = accelerator.distributed_type == DistributedType.FSDP
-    train_data = train_data_fingerprint(cfg)
+    train_data = train_data_fingerprint(cfg, built.digests)
     moved = manifest is not None and ckpt.check_resume_compatible(
         manifest, cfg, accelerator.num_processes, label_names, len(splits["train"]), fsdp, train_data
     )  # before anything is written: a resume that would change the run is refused now
-    plan = plan_steps(cfg, accelerator.num_processes, len(splits["train"]), manifest, moved)
+    plan = plan_steps(cfg, accelerator.num_processes, len(splits["train"]), manifest, moved, said)
     ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)  # a max_steps short of the checkpoint
-    warn_of_later_checkpoints(out, resume_path, manifest)
+    warn_of_later_checkpoints(out, resume_path, manifest, said)
     optimizer, trained = make_optimizer(cfg, model, accelerator)
     scheduler = make_scheduler(cfg, optimizer, plan)
     if cfg.push_to_hub_model_id:
@@ -351,14 +360,16 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     assert len(train_loader) == plan.batches, (len(train_loader), plan.batches)
     log = MetricsLog(accelerator, out.metrics)
     command = (manifest or {}).get("command") or launch_command()  # a resume keeps the run's first command
-    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, len(splits["train"]), command, train_data)
+    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, len(splits["train"]), command, train_data,
+                                     said)  # fmt: skip
     weights = task_of(cfg.task).sample_weights(splits["train"])
     train_labels = splits["train"].with_format(None)["labels"]  # without an image transform's decoding
     trivial = trivial_prediction(train_labels, cfg.problem_type)
     balance = class_weights_of(train_labels, cfg.problem_type, len(label_names), cfg.class_weights)
     return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial,
                balance, eval_loaders, shapes,
-               plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer, held)  # fmt: skip
+               plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer, held, cfg, said,
+               built.digests)  # fmt: skip
 
 
 def resume(cfg: TrainConfig, run: Run) -> tuple[int, int, int]:
@@ -386,33 +397,50 @@ def resume(cfg: TrainConfig, run: Run) -> tuple[int, int, int]:
     return manifest["step"], manifest["epoch"], manifest["samples_in_epoch"]
 
 
-def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator, hooks: Hooks | None = None):
-    """The raw splits and label names, the model (frozen layers, attention kernel, activation
-    checkpointing, LoRA as asked), its preprocessor, and the prepared splits. Data preparation runs on
-    the main process first; the others read its cache. Fills in `cfg.problem_type` from the labels."""
-    hooks = hooks or Hooks()
+def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator, hooks: Hooks | None = None,
+                         said: checks.Said | None = None):  # fmt: skip
+    """The raw splits and label names, the config they resolve (the task and problem type a recipe left
+    to the data), the model (frozen layers, attention kernel, activation checkpointing, LoRA as asked),
+    its preprocessor, and the prepared splits. Data preparation runs on the main process first; the
+    others read its cache. Each data file is read once."""
+    hooks, said = hooks or Hooks(), said if said is not None else checks.Said()
+    digests: dict[str, str] = {}  # each data file's sha256, from the one pass that also checks its bytes
     with hooks.phase("data"), main_process_first(accelerator):
+        read = read_splits(cfg.data_args, said, digests)
         if cfg.task is None:  # the config leaves it to the data
-            cfg.resolve_task(infer_task(cfg.data_args))
-        raw, label_names = load_splits(cfg.data_args)
-    cfg.resolve_problem(problem_type_of(raw["train"]))  # and the metric_for_best_model it implies
+            cfg = resolved(cfg, said, task=task_for_data(read["train"].features, cfg.data_args))
+        raw, label_names = load_splits(cfg.data_args, said, read)
+    cfg = resolved(cfg, said, problem_type=problem_type_of(raw["train"]))  # and the metric it implies
     task = task_of(cfg.task)
     with hooks.phase("build"):
-        model, preprocessor = build_for_training(cfg, accelerator, label_names)
+        model, preprocessor = build_for_training(cfg, accelerator, label_names, said)
     hooks.mark("built", model)
     for notice in task.notices(raw, preprocessor, cfg.data_args):
         accelerator.print(notice)
     with hooks.phase("data"), main_process_first(accelerator):
-        splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3))
-    return model, preprocessor, splits, label_names
+        splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3), said)
+    return Built(model, preprocessor, splits, label_names, cfg, digests)
 
 
-def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: list[str]):
+@dataclass
+class Built:
+    """What `build_model_and_data` makes: the model and its preprocessor, the prepared splits and their
+    labels, the config the data resolved, and each data file's sha256 (by its resolved path)."""
+
+    model: Any
+    preprocessor: Any
+    splits: Any
+    label_names: list[str]
+    cfg: TrainConfig
+    digests: dict[str, str]
+
+
+def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: list[str], said: checks.Said):
     """The model as training wants it, and its preprocessor, checked against each other."""
     task = task_of(cfg.task)
     # A tokenizer's vocabulary sizes a model built from a config; an image processor follows the model's size.
     preprocessor = task.load_preprocessor(cfg.model_args) if task.preprocessor_first else None
-    model = build_model(cfg.model_args, label_names, vocab_size=task.vocab_size(preprocessor))
+    model = build_model(cfg.model_args, label_names, vocab_size=task.vocab_size(preprocessor), said=said)
     preprocessor = preprocessor or task.load_preprocessor(cfg.model_args, model.config)
     task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
     attn = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision)
@@ -434,7 +462,7 @@ def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: 
                      (f"freeze_layers={cfg.freeze_layers} freezes the embeddings and layers", "freeze_layers=0")
                      if cfg.freeze_layers else ("freeze_embeddings=true freezes the word embeddings",
                                                 "freeze_embeddings=false"))  # fmt: skip
-        warn(f"{what} of a model built at random from model_config: they stay random and only the rest learns; "
+        said.warn(f"{what} of a model built at random from model_config: they stay random and only the rest learns; "
              f"freezing is for pretrained weights (model_name_or_path): set {fix}")
     if cfg.gradient_checkpointing:
         if not model.supports_gradient_checkpointing:
@@ -532,15 +560,15 @@ def make_loaders(cfg: TrainConfig, accelerator: Accelerator, splits, preprocesso
     return train_loader, sampler, eval_loaders, shapes
 
 
-def resume_target(cfg: TrainConfig, out: RunDir) -> tuple[Path | None, dict | None]:
+def resume_target(cfg: TrainConfig, out: RunDir, said: checks.Said) -> tuple[Path | None, dict | None]:
     """The checkpoint to resume from and its manifest, or (None, None)."""
     if not cfg.resume_from_checkpoint:
         return None, None
-    path = ckpt.resolve_checkpoint(cfg.resume_from_checkpoint, out.root)
+    path = ckpt.resolve_checkpoint(cfg.resume_from_checkpoint, out.root, said)
     return path, ckpt.read_manifest(path)
 
 
-def warn_of_later_checkpoints(out: RunDir, path: Path | None, manifest: dict | None) -> None:
+def warn_of_later_checkpoints(out: RunDir, path: Path | None, manifest: dict | None, said: checks.Said) -> None:
     """A resume before this run's later checkpoints redoes them: said once the resume's checks passed."""
     if path is None:
         return
@@ -550,7 +578,7 @@ def warn_of_later_checkpoints(out: RunDir, path: Path | None, manifest: dict | N
                    key=step_of) if mine else []  # fmt: skip
     later = [p.name for p in later]
     if later:
-        warn(f"resuming from {path.name}, before this run's later checkpoint(s) {', '.join(later)}: they, and the "
+        said.warn(f"resuming from {path.name}, before this run's later checkpoint(s) {', '.join(later)}: they, and the "
              f"export in {out.model}, are replaced as the run goes on from step {manifest['step']} (copy them "
              "elsewhere first to keep them)")  # fmt: skip
 
@@ -685,7 +713,7 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
             run.accelerator.print(f"warning: {warning}")
     with hooks.phase("export"):
         export_run(cfg, run.accelerator, run.model, run.preprocessor, results, run.label_names, run.checkpointer.best,
-                   seconds=hooks.so_far)  # fmt: skip
+                   seconds=hooks.so_far, digests=run.digests, said=run.said)  # fmt: skip
     return results
 
 
@@ -883,22 +911,23 @@ class LossWatch:
 # --- the modes that do not train --------------------------------------------------------------------
 
 
-def dry_run(cfg: TrainConfig) -> dict[str, Any]:
+def dry_run(cfg: TrainConfig, said: checks.Said) -> dict[str, Any]:
     """What a run would do, without doing it: printed on the main process and returned."""
     accelerator = make_accelerator(cfg)
     out = RunDir(cfg.output_dir)
-    check_output_dir(out.root, cfg.overwrite_output_dir, cfg.resume_from_checkpoint, bool(cfg.report_to))
+    check_output_dir(out.root, cfg.overwrite_output_dir, cfg.resume_from_checkpoint, bool(cfg.report_to), said)
     set_seed(cfg.seed)
-    model, _, splits, label_names = build_model_and_data(cfg, accelerator)
+    built = build_model_and_data(cfg, accelerator, said=said)
+    model, splits, label_names, cfg = built.model, built.splits, built.label_names, built.cfg
     processes, batch, accumulation = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
-    resume_path, manifest = resume_target(cfg, out)
+    resume_path, manifest = resume_target(cfg, out, said)
     moved = manifest is not None and ckpt.check_resume_compatible(
         manifest, cfg, processes, label_names, len(splits["train"]), accelerator.distributed_type == DistributedType.FSDP,
-        train_data_fingerprint(cfg),
+        train_data_fingerprint(cfg, built.digests),
     )
-    plan = plan_steps(cfg, processes, len(splits["train"]), manifest, moved)
+    plan = plan_steps(cfg, processes, len(splits["train"]), manifest, moved, said)
     ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)
-    warn_of_later_checkpoints(out, resume_path, manifest)
+    warn_of_later_checkpoints(out, resume_path, manifest, said)
     optimizer, _ = make_optimizer(cfg, model, accelerator)
     lam = make_scheduler(cfg, optimizer, plan).lr_lambdas[0]
     summary = {
@@ -917,41 +946,43 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
-def plan_only(cfg: TrainConfig) -> dict[str, Any]:
+def plan_only(cfg: TrainConfig, said: checks.Said) -> dict[str, Any]:
     """The model-parallel plan, printed, without training."""
     if not cfg.model_parallel:
         raise UserError("--plan-only needs model_parallel=true")
     accelerator = make_accelerator(cfg)
-    model, _, _, _ = build_model_and_data(cfg, accelerator)
-    return {"plan": model_parallel_plan(cfg, accelerator, model).format_table()}
+    built = build_model_and_data(cfg, accelerator, said=said)
+    return {"plan": model_parallel_plan(built.cfg, accelerator, built.model).format_table()}
 
 
 # --- command line ---------------------------------------------------------------------------------
 
 
 @exit_on_user_error
-def main(argv: list[str] | None = None, hooks: Hooks | None = None) -> dict[str, Any]:
-    """The entry point: `argv` as the command line gives it; `hooks` for a tool that observes the run."""
+def main(argv: list[str] | None = None, hooks: Hooks | None = None, command: Command | None = None,
+         said: checks.Said | None = None) -> dict[str, Any]:  # fmt: skip
+    """The entry point: `argv` as the command line gives it (or the `command` finetune/cli.py parsed from
+    it); `hooks` for a tool that observes the run; `said`: warnings several runs share (finetune.verify's)."""
     stop_outside_the_loop()
-    cfg, args, saved = parse_args(sys.argv[1:] if argv is None else argv)
-    say_given_twice(args.settings, cfg)
-    if saved is not None and os.environ.get("RANK", "0") == "0":
-        print(f"resuming with the run's own recipe {saved} (--config chooses another)")
+    command = command or parse_command_line(sys.argv[1:] if argv is None else argv, said)
+    cfg = command.cfg
+    if command.saved is not None and os.environ.get("RANK", "0") == "0":
+        print(f"resuming with the run's own recipe {command.saved} (--config chooses another)")
     quiet_libraries(cfg.log_level)
-    if args.plan_only:
-        return plan_only(cfg)
-    if args.dry_run:
-        return dry_run(cfg)
-    results = train(cfg, hooks)
+    if command.plan_only:
+        return plan_only(cfg, command.said)
+    if command.dry_run:
+        return dry_run(cfg, command.said)
+    results = train(cfg, hooks, command.said)
     end_processes()
     return results
 
 
-def cli() -> None:
+def cli(command: Command | None = None) -> None:
     stop_with_launcher()
-    main()
+    main(command=command)
 
 
 if __name__ == "__main__":
     stop_with_launcher()
-    main()
+    main(command=EARLY)

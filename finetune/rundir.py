@@ -32,7 +32,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.errors import UserError, on_failure, warn
+from finetune import checks
+from finetune.errors import UserError, on_failure
 
 CONFIG = "config.yaml"
 METRICS_LOG = "metrics.jsonl"
@@ -196,7 +197,8 @@ def resumes_here(root: Path, resume_from: str | None) -> bool:
     # says what to give instead (resolve_checkpoint)
 
 
-def check_output_dir(out: str | Path, overwrite: bool, resume_from: str | None, trackers: bool) -> None:
+def check_output_dir(out: str | Path, overwrite: bool, resume_from: str | None, trackers: bool,
+                     said: checks.Said | None = None) -> None:  # fmt: skip
     """Refuse to write over a run, or into a folder of other files, unless told to overwrite it or to
     resume it; refuse a path that cannot become a folder before anything runs; refuse a folder inside
     another run's checkpoints/ or export (`check_not_inside_a_run`); and, before an overwrite moves a
@@ -220,7 +222,7 @@ def check_output_dir(out: str | Path, overwrite: bool, resume_from: str | None, 
         )
     resume = bool(resume_from) and not elsewhere  # from elsewhere, what is here is replaced as by a fresh run
     if overwrite and resume:  # a resume continues what is there: nothing is replaced
-        warn(f"overwrite_output_dir=true is not used: resume_from_checkpoint continues the run in {run.root}, "
+        (said or checks.Said()).warn(f"overwrite_output_dir=true is not used: resume_from_checkpoint continues the run in {run.root}, "
              "nothing there is replaced (leave one of them out)")
     if not resume and not held and (run.root / STUDY).is_file():
         raise UserError(_holds_a_search(run))
@@ -560,7 +562,7 @@ def check_shared_output_dir(accelerator, output_dir: str | Path) -> None:
 # --- what a user's path is ------------------------------------------------------------------------
 
 
-def resumed_run_config(resume: str | None, output_dir: str | Path) -> Path | None:
+def resumed_run_config(resume: str | None, output_dir: str | Path, said: checks.Said | None = None) -> Path | None:
     """The saved config.yaml of the run that a resume continues, for a command that names no recipe:
     with `latest`, the run in `output_dir`; with a checkpoint directory, the run that holds it
     (<run>/checkpoints/<step>). None when there is no such run: a folder of the user's that holds some
@@ -591,7 +593,7 @@ def resumed_run_config(resume: str | None, output_dir: str | Path) -> Path | Non
         if _holds_a_config(step / MANIFEST):
             if step / MANIFEST not in _said:
                 _said.add(step / MANIFEST)
-                warn(f"{run.config} is missing; resuming with the config saved in {step / MANIFEST}")
+                (said or checks.Said()).warn(f"{run.config} is missing; resuming with the config saved in {step / MANIFEST}")
             return step / MANIFEST
     raise UserError(
         f"{run.config} is missing and no checkpoint's {MANIFEST} in {run.checkpoints} holds the run's config; "

@@ -67,17 +67,10 @@ from typing import Any
 
 import yaml
 
+from finetune import checks
 from finetune.config import TrainConfig, load_config, settings_from_flags
-from finetune.errors import (
-    ArgumentParser,
-    TrainingStopped,
-    UserError,
-    exit_on_user_error,
-    first_line,
-    on_failure,
-    said_once,
-    warn,
-)
+from finetune.errors import TrainingStopped, UserError, first_line, on_failure
+from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.rundir import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir, read_record
 
 SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "warmup_ratio", "freeze_layers",
@@ -172,13 +165,13 @@ def the_next_step(own: dict[str, Any], curve: list[float], greater_is_better: bo
     return {"learning_rate": rate / 3}, "trial 0 was best before its end: its settings at a third of the learning rate"
 
 
-def say_what_trial_0_draws(cfg: TrainConfig, space: list[str], own: dict[str, Any]) -> None:
+def say_what_trial_0_draws(cfg: TrainConfig, space: list[str], own: dict[str, Any], said: checks.Said) -> None:
     """One warning line for the searched settings whose value (the recipe's, or the command line's) the
     space cannot hold, which trial 0 draws instead: else the user's value is dropped without a word."""
     outside = [name for name in space if name not in own and name != "tune_threshold"]
     if outside:
         shown = ", ".join(f"{name}={getattr(cfg, name)}" for name in outside)
-        warn(f"{shown}: outside what the search draws from (--help: its ranges), so trial 0, the recipe's own "
+        said.warn(f"{shown}: outside what the search draws from (--help: its ranges), so trial 0, the recipe's own "
              f"settings, draws {'it' if len(outside) == 1 else 'them'} instead; to keep a value fixed, leave it "
              "out of --space")  # fmt: skip
 
@@ -350,7 +343,8 @@ def _remove_what_failed(out: Path, made: bool, new: bool) -> None:
         out.rmdir()
 
 
-def search(recipe: str | None, overrides: list[str], budget: float, space: list[str], trials: int | None) -> dict:
+def search(recipe: str | None, overrides: list[str], budget: float, space: list[str], trials: int | None,
+           said: checks.Said | None = None) -> dict:  # fmt: skip
     """Run trials until the budget or the number of trials is spent; returns the best trial's record."""
     import optuna
     import sqlalchemy.exc
@@ -360,11 +354,12 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     from finetune.runtime import quiet_libraries
 
     started = time.monotonic()
-    base, samples = _resolved(load_config(recipe, overrides))  # the problem type and its metric, from the data
+    said = said if said is not None else checks.Said()  # the trials read the same data: each warning said once
+    base, samples = _resolved(load_config(recipe, overrides, said=said), said)  # the problem type and its metric, from the data
     _check_space_applies(space, base, _layers(base))
     if base.max_steps is not None:  # max_steps decides the length: epochs would change nothing
         if "num_train_epochs" in space and _main_process():  # the default space's epochs too: said, not dropped
-            warn(f"max_steps={base.max_steps} decides each trial's length, so num_train_epochs is not searched; to "
+            said.warn(f"max_steps={base.max_steps} decides each trial's length, so num_train_epochs is not searched; to "
                  "search it, set max_steps=null")  # fmt: skip
         space = [name for name in space if name != "num_train_epochs"]
     out, metric = Path(base.output_dir), base.metric_for_best_model
@@ -374,7 +369,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     if _main_process() and refusal is None:
         made, new = not out.exists(), not (out / STUDY).exists()
         if not new and base.overwrite_output_dir:  # a search never deletes its study: it continues it
-            warn(f"overwrite_output_dir=true does not start a search over: this one continues the study in "
+            said.warn(f"overwrite_output_dir=true does not start a search over: this one continues the study in "
                  f"{out / STUDY}; to start over, give another output_dir (or move that study away)")  # fmt: skip
         out.mkdir(parents=True, exist_ok=True)
         on_failure(lambda: _remove_what_failed(out, made, new))
@@ -400,7 +395,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     layers = _layers(base)
     if study is not None and not study.trials:  # trial 0: the recipe's own settings, run as the recipe runs
         own = the_recipes_own(base, space, layers)
-        say_what_trial_0_draws(base, space, own)
+        say_what_trial_0_draws(base, space, own, said)
         study.enqueue_trial(own, user_attrs={RECIPE: True})
     if study is not None:
         _run_again_what_was_stopped(study)
@@ -422,12 +417,12 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
         evaluations = [] if recipes else _evaluations(chosen, base, samples)
         cfg = load_config(recipe, [*overrides, *(f"{k}={json.dumps(v)}" for k, v in chosen.items()), *continues,
                                    *evaluations, f"output_dir={run_dir}",
-                                   "overwrite_output_dir=true", "push_to_hub_model_id=null"])  # fmt: skip
+                                   "overwrite_output_dir=true", "push_to_hub_model_id=null"], said=said)  # fmt: skip
         began = time.monotonic()
         quiet_libraries(cfg.log_level)  # as finetune/run.py's main: no library bars (an export's shard bar)
         pruning = Pruning(trial, metric, deadline=started + budget)
         try:
-            results = train(cfg, pruning.hooks)
+            results = train(cfg, pruning.hooks, said)
             # The decisions the export makes: at the tuned multi-label threshold, where one was tuned.
             value = (results.get("validation_tuned") or results["validation"]).get(metric)
             state = "complete"
@@ -464,7 +459,7 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
                 _guide_trial_1(study, chosen, pruning.curve, base.greater_is_better, fits_next)
         else:
             extension = None
-    return _finish(out, study, recipe, overrides, started, budget) if study is not None else {}
+    return _finish(out, study, recipe, overrides, started, budget, said) if study is not None else {}
 
 
 def _next_trial(study, extension: tuple | None, fits: int, base: TrainConfig, space: list[str], layers: int,
@@ -589,17 +584,19 @@ def epochs_that_fit(left: float, durations: list[float], epoch_seconds: list[flo
     return MAX_EPOCHS if not durations or left >= median(durations) else 0
 
 
-def _resolved(cfg: TrainConfig) -> tuple[TrainConfig, int]:
+def _resolved(cfg: TrainConfig, said: checks.Said) -> tuple[TrainConfig, int]:
     """The recipe with its task and problem type read from the data (the space and the metric depend on
     them), and its training samples."""
-    from finetune.data import infer_task, load_splits
+    from finetune.config import resolved  # (a light module; the data's, below, are not: only when a search runs)
+    from finetune.data import load_splits, read_splits
     from finetune.problems import problem_type_of
+    from finetune.tasks import task_for_data
 
+    read = read_splits(cfg.data_args, said)
     if cfg.task is None:
-        cfg.resolve_task(infer_task(cfg.data_args))
-    raw, _ = load_splits(cfg.data_args)
-    cfg.resolve_problem(problem_type_of(raw["train"]))
-    return cfg, len(raw["train"])
+        cfg = resolved(cfg, said, task=task_for_data(read["train"].features, cfg.data_args))
+    raw, _ = load_splits(cfg.data_args, said, read)
+    return resolved(cfg, said, problem_type=problem_type_of(raw["train"])), len(raw["train"])
 
 
 def _evaluations(cfg_settings: dict[str, Any], base: TrainConfig, samples: int) -> list[str]:
@@ -640,7 +637,8 @@ def _keep_only_the_best(out: Path, study) -> None:
                 shutil.rmtree(heavy, ignore_errors=True)
 
 
-def _finish(out: Path, study, recipe: str | None, overrides: list[str], started: float, budget: float) -> dict:
+def _finish(out: Path, study, recipe: str | None, overrides: list[str], started: float, budget: float,
+            said: checks.Said) -> dict:  # fmt: skip
     import optuna
 
     from finetune.data import file_sha256
@@ -655,7 +653,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
         )
     best = study.best_trial
     params = best.user_attrs.get(SETTINGS) or best.params  # a continuation's: its first trial's, all its epochs
-    source = load_config(recipe, overrides).to_dict()
+    source = load_config(recipe, overrides, said=said).to_dict()
     settings = {**{k: v for k, v in source.items() if v is not None}, **params, "output_dir": str(out / "best-run")}
     continued = best.user_attrs.get(EXTENDS)
     note = ""
@@ -695,7 +693,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
     if learned.get("verdict") is False:  # every trial at the trivial baseline: the best of them is no model either
         value, base = (learned.get(k) for k in ("value", "baseline"))
         shown = " against ".join(f"{v:.4f}" if isinstance(v, (int, float)) else "none" for v in (value, base))
-        warn(f"the best trial did not learn beyond the trivial baseline (validation {learned.get('metric')} {shown}); "
+        said.warn(f"the best trial did not learn beyond the trivial baseline (validation {learned.get('metric')} {shown}); "
              f"a longer --budget, other settings (a learning_rate the space does not hold, more "
              f"{'steps: max_steps' if base_steps else 'epochs'}) or more data may; see docs/your-own-data.md")  # fmt: skip
     return record
@@ -744,8 +742,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     stop_outside_the_loop()
-    with said_once():  # each trial reads the same data: its warnings said once, not once a trial
-        record = search(args.config, args.settings, args.budget, args.space, args.trials)
+    record = search(args.config, args.settings, args.budget, args.space, args.trials)
     end_processes()
     return record
 

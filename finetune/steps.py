@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Sampler
 
-from finetune.errors import UserError, warn
+from finetune import checks
+from finetune.errors import UserError
 
 
 def step_loss(loss_sum: torch.Tensor, window_count: int, processes: int, accumulation: int) -> torch.Tensor:
@@ -168,7 +169,8 @@ class StepPlan:
     warmup: int
 
 
-def plan_steps(cfg, processes: int, samples: int, manifest: dict | None = None, moved: bool = False) -> StepPlan:
+def plan_steps(cfg, processes: int, samples: int, manifest: dict | None = None, moved: bool = False,
+               said: checks.Said | None = None) -> StepPlan:  # fmt: skip
     """The run's steps: per epoch, in all, and warm-up; a resume onto another topology (`moved`, allowed
     by resume_allow_topology_change) takes the steps done plus the rest of the data in this run's steps."""
     batch, accumulation = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
@@ -194,7 +196,7 @@ def plan_steps(cfg, processes: int, samples: int, manifest: dict | None = None, 
             "never reach learning_rate; lower warmup_steps"
         )
     if warmup >= total_steps and (manifest is None or manifest["step"] < total_steps):
-        warn(f"warmup_ratio={cfg.warmup_ratio:g} makes all {total_steps} optimizer step(s) warm-up steps: the "
+        (said or checks.Said()).warn(f"warmup_ratio={cfg.warmup_ratio:g} makes all {total_steps} optimizer step(s) warm-up steps: the "
              "learning rate never reaches learning_rate (the first step's is 0, so one step trains nothing); train "
              "more steps, or set warmup_ratio=0")  # fmt: skip
     return StepPlan(samples, batches, steps_per_epoch, total_steps, num_epochs, warmup)

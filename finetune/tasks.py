@@ -22,59 +22,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finetune.errors import UserError, warn
+from finetune import checks
+from finetune.checks import images as image_rules
+from finetune.checks import inputs
+from finetune.errors import UserError
+from finetune.formats import word_lists
 
 if TYPE_CHECKING:
     from finetune.config import DataArgs, ModelArgs
 
-
-
-# A text that reads as nothing: spaces and invisible format characters (zero-width spaces and joiners,
-# word joiners, a byte-order mark, soft hyphens). A regular expression: it stops at a text's first visible
-# character, so a corpus is checked at no cost.
-BLANK = re.compile(r"[\s\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]*")
-
-
-def visible(text: str) -> str:
-    """`text` as it reads: in one Unicode form (NFKC: an accent composed or not, a full-width digit), without
-    the invisible format characters (zero-width spaces and joiners, a byte-order mark)."""
-    return "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf")
-
-
-def character_span(value: Any) -> bool:
-    """One entity as character offsets: [start, end, label] (spaCy's training tuples) or a record with
-    start, end and label (Label Studio's and doccano's exports)."""
-    if isinstance(value, dict):
-        return {"start", "end"} <= set(value) and any(k in value for k in ("label", "labels", "type"))
-    return (isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[2], str)
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value[:2]))  # fmt: skip
-
-
-def token_record(value: Any) -> bool:
-    """One token as a record of its text and character offsets (Prodigy's `tokens`)."""
-    return isinstance(value, dict) and "text" in value and {"start", "end"} <= set(value)
-
-
-def spans_error(column: str, split: str, example: Any) -> str:
-    """The line for entities given as character spans (or tokens as records of character offsets), where
-    a tag for each word is read."""
-    held = ("tokens as records of their text and character offsets" if token_record(example) else
-            "entities as character spans")  # fmt: skip
-    return (f"column '{column}' of the {split} data holds {held} ({example!r}: as spaCy, Prodigy and annotation "
-            "tools export them); a tagging run reads a list of words and a list of "
-            "IOB2 tags for each row (JSON: \"tokens\": [...], \"ner_tags\": [...]) or a CoNLL file: convert the spans "
-            "first (spaCy: offsets_to_biluo_tags, then biluo_to_iob)")
-
-
-def shown(text: str) -> str:
-    """`text` quoted, its invisible and combining characters written as escapes ('cafe\\u0301', 'pos\\u200b'):
-    two names that `visible` makes one are told apart."""
-    marks = "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cf", "Mn") else c for c in text)
-    return repr(marks).replace("\\\\u", "\\u")
 
 
 class Task:
@@ -112,19 +71,10 @@ class Task:
         that leaves `task` null; the text task takes what no other task claims."""
         return False
 
-    def check_inputs(self, ds, split: str, data: DataArgs) -> None:
-        """The input columns hold what the task reads (the columns exist: checked before)."""
-
-    def missing_label_hint(self) -> str:
-        """Said after "column 'label' not found" when the data has only the input columns."""
-        return ""
-
-    def missing_label_error(self, ds, split: str, data: DataArgs) -> str | None:
-        """The whole line, instead of "column 'label' not found", when the data says why it has no labels."""
-        return None
-
-    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
-        """One split as the model reads it, with `labels` kept; training augmentation for "train"."""
+    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int,
+                said: checks.Said | None = None):
+        """One split as the model reads it, with `labels` kept; training augmentation for "train"; what it
+        will read checked (finetune/checks/inputs.py)."""
         raise NotImplementedError
 
     def collator(self, preprocessor, pad_to_multiple_of: int | None):
@@ -168,7 +118,7 @@ class Task:
         `exported`: the saved model whose own preprocessor was loaded (evaluation), not `args`'s."""
 
     def notices(self, raw, preprocessor, data: DataArgs) -> list[str]:
-        """Lines worth saying before training (images resized, doubtful tags), from the raw splits."""
+        """Notes worth printing before training (images resized), from the raw splits."""
         return []
 
     def sample_weights(self, ds) -> list[int] | None:
@@ -217,64 +167,8 @@ class TextClassification(Task):
     def input_columns(self, data: DataArgs) -> list[str]:
         return data.text_columns
 
-    def check_inputs(self, ds, split: str, data: DataArgs) -> None:
-        from datasets import Value
-
-        for column in self.input_columns(data):
-            feature = ds.features[column]
-            setting = "text_pair_column" if column == data.text_pair_column else "text_column"
-            if not (isinstance(feature, Value) and feature.dtype in ("string", "large_string")):
-                if len(ds) and all(v is None for v in ds[column]):  # a CSV's empty column reads as float64
-                    raise UserError(
-                        f"text column '{column}' in the {split} data is empty (no text in any row); set "
-                        f"{setting} to the column that holds the texts, or fill it in"
-                    )
-                if len(ds) == 1 and isinstance(ds[0][column], list):  # {"text": [...], "label": [...]}
-                    raise UserError(
-                        f"the {split} data is one record whose '{column}' is a list: a JSON object of columns; give "
-                        'one record per row (JSON Lines: {"text": ..., "label": ...} on each line, or a JSON array '
-                        "of such records)"
-                    )
-                if isinstance(feature, Value) and feature.dtype.startswith(("int", "uint", "float", "bool")):
-                    raise UserError(  # a column the file's reader found to hold only numbers (or true/false)
-                        f"text column '{column}' in the {split} data holds only numbers ({feature.dtype}), no words: "
-                        f"a model classifies text, and these values would be read as numbers written out; set "
-                        f"{setting} to the column of texts (if '{column}' is a label or an id, it is not the text); "
-                        'if these numbers are the texts to classify, write them as strings (JSON Lines: "'
-                        f'{column}": "12345")'  # fmt: skip
-                    )
-                raise UserError(
-                    f"text column '{column}' in the {split} data holds {feature}, not text; "
-                    f"set {setting} to a column of strings"
-                )
-            texts = ds[column]
-            missing = next((i for i, v in enumerate(texts) if v is None), None)
-            if missing is not None:
-                raise UserError(
-                    f"text column '{column}' in the {split} data has an empty cell at row {missing + 1}; "
-                    "fill it in or drop that row"
-                )
-            if len(texts) and all(BLANK.fullmatch(v) for v in texts):  # the special tokens alone
-                raise UserError(
-                    f"text column '{column}' in the {split} data holds only empty strings; set {setting} to "
-                    "the column that holds the texts"
-                )
-            blank = next((i for i, v in enumerate(texts) if BLANK.fullmatch(v)), None)
-            if blank is not None:  # as good as empty: the model would see the special tokens alone
-                invisible = " of invisible characters (zero-width spaces)" if texts[blank].strip() else ""
-                raise UserError(
-                    f"text column '{column}' in the {split} data has an empty (blank) text{invisible} at row "
-                    f"{blank + 1}; fill it in or drop that row"
-                )
-        first = pair_first(data.text_column, ds.column_names)
-        partner = pair_partner(data.text_column, ds.column_names)
-        if split == "train" and data.text_pair_column is None and (partner or first) is not None:
-            fix = (f"text_pair_column={partner}" if partner else
-                   f"text_column={first} text_pair_column={data.text_column}")  # fmt: skip
-            warn(f"column '{partner or first}' is not read: the model sees '{data.text_column}' alone; for sentence "
-                 f"pairs set {fix}")
-
-    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
+    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int,
+                said: checks.Said | None = None):
         """Tokenized once (datasets caches it), without padding (the collator pads each batch); `length`
         kept for grouping."""
         columns, max_length = self.input_columns(data), data.max_length
@@ -288,8 +182,8 @@ class TextClassification(Task):
         tokenized = ds.map(tokenize, batched=True, remove_columns=drop, desc="tokenizing",
                            new_fingerprint=tokenized_fingerprint(ds, tokenize))  # fmt: skip
         if split == "train":
-            _warn_unknown_tokens(ds[columns[0]][:2000], tokenized[:2000]["input_ids"], preprocessor)
-            _warn_cut_texts(tokenized["length"], max_length, getattr(preprocessor, "model_max_length", None))
+            checks.gate(inputs.TOKENIZED, ds[columns[0]][:2000], tokenized[:2000]["input_ids"], tokenized["length"],
+                        max_length, preprocessor, said=said or checks.Said())  # fmt: skip
         return tokenized
 
     def collator(self, preprocessor, pad_to_multiple_of: int | None):
@@ -408,53 +302,8 @@ class ImageClassification(Task):
 
         return isinstance(features.get(data.image_column), Image)
 
-    def check_inputs(self, ds, split: str, data: DataArgs) -> None:
-        from finetune.images import verify_images
-
-        if split == "train" and data.data_dir and data.dataset_name in (None, "imagefolder"):
-            _check_no_empty_class_folder(data.data_dir)
-        verify_images(ds, data.image_column, split)
-
-    def missing_label_hint(self) -> str:
-        return (
-            "; an image folder labels each image by the folder it is in: <data_dir>/train/<class>/*.png "
-            "(and validation/, test/ beside train/)"
-        )
-
-    def missing_label_error(self, ds, split: str, data: DataArgs) -> str | None:
-        """An image folder of one class: datasets labels the images only when there are two or more."""
-        from pathlib import Path
-
-        from finetune.images import undecoded
-
-        if data.image_column not in ds.column_names:
-            return None
-        paths = {v.get("path") for v in undecoded(ds, data.image_column, split)[data.image_column] if v}
-        if data.data_dir:  # <data_dir>/<split>/<class>/x.png is the deepest layout: datasets drops the labels else
-            root = Path(data.data_dir).resolve()
-            deep = sorted(Path(p).resolve().parent for p in paths
-                          if p and root in Path(p).resolve().parents
-                          and len(Path(p).resolve().relative_to(root).parts) > 3)  # fmt: skip
-            if deep:
-                return (
-                    f"{deep[0]} is a folder inside a class folder; an image folder is <data_dir>/train/<class>/*.png, "
-                    "one level of class folders: move its images up into the class folder, or make it a class "
-                    "folder of its own"
-                )
-        parents = {Path(p).parent for p in paths if p}
-        if len(parents) != 1 or None in paths:
-            return None
-        folder, root = parents.pop().resolve(), Path(data.data_dir).resolve() if data.data_dir else None
-        if root is None or root not in folder.parents:  # not an image folder's class
-            return None
-        if folder.parent == root and folder.name.lower() in SPLIT_FOLDERS:  # images straight in a split folder
-            return None
-        return (
-            f"the {split} images are all in one class folder ({folder.name!r}, {folder}); a classifier needs two "
-            "or more classes: add a folder of images for each class (<data_dir>/train/<class>/*.png)"
-        )
-
-    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
+    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int,
+                said: checks.Said | None = None):
         """Decoded and run through the image processor on the fly (a transform), with the training
         augmentation the recipe asks for (drawn per epoch and row: `epoch_listener`)."""
         from finetune.images import Augment, ImageTransform, undecoded
@@ -463,6 +312,7 @@ class ImageClassification(Task):
         ds = ds.remove_columns([c for c in ds.column_names if c not in (column, "labels")])
         ds = undecoded(ds, column, split).add_column("row", list(range(len(ds))))
         augment = Augment(data.seed, data.random_flip, data.augment) if split == "train" else None
+        checks.gate(image_rules.CHANNELS, num_channels)
         transform = ImageTransform(preprocessor, column, num_channels, augment)
         prepared = ds.with_transform(transform)
         prepared.epoch_listener = transform.set_epoch if augment else None
@@ -521,35 +371,6 @@ class ImageClassification(Task):
         )
 
 
-# Folder names that datasets' image folder reads as splits, not classes.
-SPLIT_FOLDERS = ("train", "training", "validation", "valid", "val", "dev", "eval", "test", "testing")
-
-
-def _check_no_empty_class_folder(data_dir: str) -> None:
-    """A class folder under train/ (or the image folder itself) that holds no image: datasets leaves its
-    class out without a word, and a folder made for a class is not meant to vanish."""
-    from pathlib import Path
-
-    from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
-
-    root = Path(data_dir) / "train" if (Path(data_dir) / "train").is_dir() else Path(data_dir)
-    images = {e.lower() for e in ImageFolder.EXTENSIONS}
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name.lower() not in SPLIT_FOLDERS):
-        if not folder.name.startswith(".") and not any(
-            f.suffix.lower() in images and f.is_file() for f in folder.rglob("*")
-        ):
-            from finetune.data import UNREADABLE_PHOTOS
-
-            kinds = sorted({f.suffix.lower() for f in folder.rglob("*") if f.suffix.lower() in UNREADABLE_PHOTOS})
-            if kinds:
-                raise UserError(f"class folder {folder} holds only {', '.join(kinds)} photos, which cannot be read "
-                                "here: convert them to JPEG or PNG")  # fmt: skip
-            raise UserError(
-                f"class folder {folder} holds no image, so its class would be left out; add its images, or "
-                "remove the folder"
-            )
-
-
 def stack_images(features: list[dict[str, Any]]):
     """An image batch: pixel values stacked; labels as class ids (int64), numbers or multi-hot vectors."""
     import torch
@@ -600,41 +421,10 @@ class TokenClassification(TextClassification):
         return [data.tags_column]
 
     def holds(self, features, data: DataArgs) -> bool:
-        return data.tags_column in features and _word_lists(features.get(data.tokens_column))
+        return data.tags_column in features and word_lists(features.get(data.tokens_column))
 
-    def check_inputs(self, ds, split: str, data: DataArgs) -> None:
-        column, feature = data.tokens_column, ds.features[data.tokens_column]
-        if not _word_lists(feature):
-            odd = next(((row, i, w) for row, words in enumerate(ds[column]) if isinstance(words, list)
-                        for i, w in enumerate(words) if not isinstance(w, str)), None)  # fmt: skip
-            if odd is not None:  # [1990, "was", "good"]: a number among the words
-                row, i, word = odd
-                raise UserError(f"the {split} data's word {i + 1} at row {row + 1} is {word!r}, not a string; write every "
-                                f"word in quotes (\"{word}\")")  # fmt: skip
-            raise UserError(
-                f"tokens column '{column}' in the {split} data holds {feature}, not lists of words; give each row "
-                'its words as a list ("tokens": ["Ada", "lived", "in", "London"]), or a CoNLL file'
-            )
-        sentences = list(ds[column])  # read once: checked here, and looked through for spaced words below
-        for row, words in enumerate(sentences):
-            if not words:
-                raise UserError(f"the {split} data has an empty sentence (no words) at row {row + 1}; drop that row")
-            blank = next((i for i, w in enumerate(words) if w is None or not w.strip()), None)
-            if blank is not None:
-                raise UserError(f"the {split} data has an empty word at row {row + 1}, word {blank + 1}; give it its text")
-        if split == "train":
-            _warn_spaced_words(sentences)
-        tags = ds.features.get(data.tags_column)
-        if _word_lists(tags):  # tags as names (integer ids are named by label_names: check_tag_names)
-            every = {t for names in ds[data.tags_column] for t in names or [] if t is not None}
-            plain, types = plain_tags(every), {t[2:] for t in every if IOB2_TAG.fullmatch(t) and t != "O"}
-            for row, names in enumerate(ds[data.tags_column]):
-                for word, tag in enumerate(names or []):
-                    why = tag_problem(tag, plain, types) if tag is not None else None
-                    if why:
-                        raise UserError(f"the {split} data's tag {tag!r} at row {row + 1}, word {word + 1} {why}")
-
-    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int):
+    def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int,
+                said: checks.Said | None = None):
         """Sentences into windows of subwords with their labels (see the class docstring)."""
         tokenizer, column, max_length = preprocessor, data.tokens_column, data.max_length
         budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
@@ -651,11 +441,7 @@ class TokenClassification(TextClassification):
                 counts = [next(sizes) for _ in words]
                 if 0 in counts:
                     word = counts.index(0)
-                    raise UserError(
-                        f"the {split} data's word {words[word]!r} at row {row + 1}, word {word + 1} is no token for "
-                        "this tokenizer (a control character, or a symbol it drops); remove or replace it",
-                        local=True,
-                    )
+                    raise checks.explain(inputs.WORDS, split, words[word], row, word)
                 start = 0
                 while start < len(words):
                     end, used = start + 1, counts[start]
@@ -703,39 +489,6 @@ class TokenClassification(TextClassification):
         """Each row's labelled subwords: what its summed loss adds to its optimizer step's count."""
         return [sum(label != -100 for label in labels) for labels in ds["labels"]]
 
-    def notices(self, raw, preprocessor, data: DataArgs) -> list[str]:
-        """Invalid IOB2 in the gold tags (an I-X after O or another type): counted and named, not repaired."""
-        from finetune.problems import invalid_iob2
-
-        lines = []
-        names = raw["train"].features["labels"].feature.names if "train" in raw else []
-        if plain_tags(names) and "O" in names:  # O, PER, LOC: entities without B-/I-, scored word by word
-            kinds = [n for n in names if n != "O"]
-            listed = ", ".join(kinds[:5]) + (", ..." if len(kinds) > 5 else "")
-            lines.append(
-                f"warning: the tags have no B-/I- prefixes (O, {listed}): each word is scored on its own "
-                "(entity F1 is the F1 over the words not tagged O); to score whole entities, write them in IOB2 "
-                "(B-PER for an entity's first word, I-PER for the words after it)"
-            )
-        for split, ds in raw.items():
-            places = invalid_iob2(ds["labels"], ds.features["labels"].feature.names)
-            if places:
-                # A share held out of the training file (data.load_splits) is in drawn order: the first in
-                # that file is named, by its row there.
-                file_rows = getattr(ds, "file_rows", None)
-                if file_rows is None:
-                    row, word = min(places)
-                    where = f"row {row}"
-                else:
-                    row, word = min((file_rows[r - 1] + 1, w) for r, w in places)
-                    where = f"row {row} of the training file"
-                lines.append(
-                    f"warning: the {split} data has {len(places)} I- tag(s) that follow no B- or I- of their type "
-                    f"(first at {where}, word {word}); strict IOB2 scoring starts no entity there: fix the tags "
-                    "(an entity starts with B-) or leave them and know they count as O"
-                )
-        return lines
-
     def sample_inputs(self, ds, data: DataArgs) -> list[dict[str, Any]]:
         return [{"words": words} for words in ds[data.tokens_column]]
 
@@ -773,68 +526,6 @@ class PadWords:
 
     def pad_to(self, features: list[dict[str, Any]], length: int):
         return self(features, length)
-
-
-IOB2_TAG = re.compile(r"O|[BI]-\S(?:.*\S)?", re.S)
-# A tag that reads as an entity's part in some scheme: B-, I-, E-, S-, L-, U- (any case), or such a bare prefix;
-# B_PER, B.PER, B:PER (another separator); PER-B, PER_I (the part written after the type).
-SCHEME_PREFIX = re.compile(r"[BIESLU](-.*)?|[BIESLU][_.:]\S+|\S+[-_.:][BIES]", re.S | re.I)
-OTHER_SEPARATOR = re.compile(r"([BI])[_.:](\S+)")
-PART_AFTER = re.compile(r"(\S+?)[-_.:]([BI])")
-
-
-def plain_tags(tags) -> bool:
-    """Whether a tag set is plain: tags of words, not parts of entities (parts of speech: NOUN, VERB, DET;
-    or entity types without B-/I-: O, PER, LOC). No tag has a scheme's prefix, and one is not O. Such a
-    set is scored word by word (`metrics.token_report`); any other is read as IOB2."""
-    tags = {str(t) for t in tags}
-    return bool(tags - {"O"}) and not any(SCHEME_PREFIX.fullmatch(t.strip()) for t in tags)
-
-
-def tag_problem(tag: str, plain: bool = False, types: set[str] | frozenset = frozenset()) -> str | None:
-    """What is wrong with a tag, with the fix; None when there is nothing. In an IOB2 tag set every tag is
-    `O`, or `B-`/`I-` and a type (strict IOB2 scoring, seqeval, cannot read another); in a plain one
-    (`plain_tags`) any name is a tag, but not a number (a CoNLL file's other column) nor a padded one.
-    `types`: the entity types of the data's IOB2 tags, so that 'b-per' beside 'B-LOC' is told 'B-PER'."""
-    if tag != tag.strip():
-        return "has surrounding spaces, so it would be a tag of its own; strip the spaces in the data"
-    if tag == "_":  # CoNLL's placeholder for a value not given
-        return "is '_', CoNLL's mark for a value not given: that column holds no tags; give each word its tag"
-    if IOB2_TAG.fullmatch(tag) or (plain and tag and not tag.isdigit()):
-        return None
-    if tag[:1] in ("o", "b", "i") and IOB2_TAG.fullmatch(tag[:1].upper() + tag[1:]):
-        kind = tag[2:]
-        upper = kind != kind.upper() and (kind.upper() in types or (types and all(t == t.upper() for t in types)))
-        fixed = tag.upper() if upper else tag[:1].upper() + tag[1:]  # the type as the data's other tags write it
-        return f"is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in capitals ({fixed!r})"
-    other, after = OTHER_SEPARATOR.fullmatch(tag), PART_AFTER.fullmatch(tag)
-    if other:
-        return f"is not IOB2: write a hyphen after its B- or I- ({other[1]}-{other[2]!s})"
-    if after:
-        return f"is not IOB2: its B- or I- comes first ({after[2]}-{after[1]})"
-    if tag.isdigit():  # a CoNLL file's tags are read as names
-        return (
-            "is a number, not an IOB2 tag name (O, B-PER, I-PER...); write the tag names in the file, or give "
-            "integer ids in a JSON Lines file with label_names=[the tag of each id]"
-        )
-    if re.fullmatch(r"[BIES]-\S.*|[SE]", tag) or tag in ("B", "I", "B-", "I-"):
-        return (
-            "is not IOB2 (O, or B- or I- and an entity type, e.g. B-PER); IOBES or bare prefixes cannot be scored: "
-            "convert the tags to IOB2"
-        )
-    return (
-        "is not IOB2 (O, or B- or I- and an entity type, e.g. B-PER), beside tags that are: give each entity's "
-        "first word B-<type> and the words after it I-<type> (a tag without a prefix, like PER, is neither); "
-        "a set with no B-/I- tags at all (parts of speech) is scored word by word"
-    )
-
-
-def _word_lists(feature) -> bool:
-    """A datasets feature that holds lists of strings."""
-    from finetune.problems import _is_list
-
-    inner = feature[0] if isinstance(feature, list) else getattr(feature, "feature", None)
-    return _is_list(feature) and getattr(inner, "dtype", None) in ("string", "large_string")
 
 
 # --- the registry -------------------------------------------------------------------------------------
@@ -879,49 +570,6 @@ def task_of_model(config, spec: str, asked: str | None = None) -> Task:
         f"cannot tell the task of {spec} from its config (architectures {architectures}); "
         f"pass --task {' or --task '.join(TASK_NAMES)}"
     )
-
-
-def _warn_spaced_words(sentences: list[list[str]]) -> None:
-    """Words with a space inside ("New York" as one word, a phrase tagged whole): the model learns them whole,
-    but a pipeline splits its text at spaces, so such a word is two to it; one warning, with the fix."""
-    spaced = [w for words in sentences for w in words if " " in w.strip()]
-    if spaced:
-        total = sum(len(words) for words in sentences)
-        warn(f"{len(spaced):,} of the {total:,} training words hold a space ({shown(spaced[0])}): a pipeline and "
-             "any text split at spaces sees such a word as two; write each word as its own item, the tag on the "
-             'first (B-...) and I-... on the rest ("New", "York": B-LOC, I-LOC)')
-
-
-def _warn_cut_texts(lengths, max_length: int | None, limit: int | None) -> None:
-    """A tenth or more of the training texts cut at max_length: the model reads only their start, which the
-    user may not know (the default, 128 tokens, is about 90 words)."""
-    lengths = list(lengths)
-    cut = sum(n >= max_length for n in lengths) if max_length and lengths else 0
-    if cut * 10 < len(lengths) or not cut:
-        return
-    most = f" (the model's limit is {limit})" if limit and limit < 100_000 and limit > max_length else ""
-    warn(f"{cut:,} of {len(lengths):,} training texts ({cut / len(lengths):.0%}) reach max_length={max_length} tokens "
-         f"and are cut there: the model reads only their start; raise max_length{most} to read more of each, at a "
-         "cost in time")
-
-
-def _warn_unknown_tokens(texts: list, ids: list[list[int]], tokenizer) -> None:
-    """Texts the tokenizer reads as unknown tokens ([UNK]): a script its vocabulary does not cover (Amharic,
-    Tibetan, ... for an English vocabulary). One warning when a fifth of the texts are nothing else, or
-    half of all their tokens are unknown: the model would train on none of their words."""
-    unk = getattr(tokenizer, "unk_token_id", None)
-    if unk is None or not ids:
-        return
-    special = set(tokenizer.all_special_ids) - {unk}
-    words = [[t for t in row if t not in special] for row in ids]
-    only = [i for i, row in enumerate(words) if row and all(t == unk for t in row)]
-    total, unknown = sum(map(len, words)), sum(row.count(unk) for row in words)
-    if len(only) * 5 < len(words) and not (total and unknown * 2 >= total):
-        return
-    example = texts[only[0]] if only else next((t for t, row in zip(texts, words, strict=False) if unk in row), "")
-    warn(f"{len(only)} of the first {len(words)} training texts are nothing but unknown tokens to the tokenizer "
-         f"({tokenizer.unk_token}), and {unknown} of their {total} tokens are unknown (e.g. {shown(str(example)[:40])}): "
-         "the model cannot read their words; use a model whose tokenizer covers their script (a multilingual one)")
 
 
 def tokenized_fingerprint(ds, fn) -> str | None:

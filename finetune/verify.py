@@ -59,7 +59,9 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import TrainConfig, load_config
-from finetune.errors import ArgumentParser, UserError, exit_on_user_error, said_once, warn
+from finetune import checks
+from finetune.errors import UserError
+from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.rundir import RunDir
 
 DEFAULT_STEPS = 3
@@ -203,14 +205,14 @@ def variant_args(variant: Variant, recipe: list[str], samples: int, out_dir: Pat
 # --- running and comparing ------------------------------------------------------------------------------
 
 
-def run_in_process(args: list[str]) -> None:
+def run_in_process(args: list[str], said: checks.Said | None = None) -> None:
     """Train one variant here, then clear Accelerate's singletons for the next one."""
     from accelerate.state import AcceleratorState, GradientState
 
     from finetune.run import main as train_main
 
     try:
-        train_main.__wrapped__(args)  # its mistakes reach verify's own one line (exit_on_user_error)
+        train_main.__wrapped__(args, said=said)  # its mistakes reach verify's own one line (exit_on_user_error)
     except UserError as e:
         if re.match(r"gradient_accumulation_steps=\d+ exceeds", str(e)):
             raise UserError(
@@ -415,13 +417,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             run_single_process([args[v] for v in variants[:-1]])
         else:
-            with said_once():  # each variant reads the same data: its warnings said once, not once a variant
-                for v in variants:
-                    run_in_process(args[v])
+            said = checks.Said()  # each variant reads the same data: its warnings said once, not once a variant
+            for v in variants:
+                run_in_process(args[v], said)
         comparisons = [compare(root / reference.dirname, root / v.dirname, v) for v in variants[1:]]
         reference_steps = json.loads(RunDir(root / reference.dirname).results.read_text())["step"]
         if reference_steps < opts.steps:  # the data held fewer samples than the check takes (after a held-out share)
-            warn(f"the training data gave fewer than the check's {samples} samples: each variant ran {reference_steps} "
+            checks.Said().warn(f"the training data gave fewer than the check's {samples} samples: each variant ran {reference_steps} "
                  f"optimizer step(s), not {opts.steps}, so the last step's short window was not checked; give more "
                  f"training data, or --steps {reference_steps}")  # fmt: skip
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else math.ceil(cfg.warmup_ratio * reference_steps)

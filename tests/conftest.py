@@ -155,16 +155,19 @@ def one_error_line(status: int | None, err: str, *fragments: str) -> str:
 
 
 def user_error(capsys, main: Callable, argv: list[str], *fragments: str,
-               untouched: Path | Sequence[Path] = ()) -> str:  # fmt: skip
+               untouched: Path | Sequence[Path] = (), rule: str | None = None) -> str:  # fmt: skip
     """Run an entry point's `main(argv)` in-process and assert the one rule of a user's mistake
-    (`one_error_line`: exit 2, one `error:` line holding each fragment, no traceback) and that every
-    file under `untouched` (an earlier run, the user's own folder) keeps its bytes. Returns the line."""
+    (`one_error_line`: exit 2, one `error:` line holding each fragment, no traceback), that every file
+    under `untouched` (an earlier run, the user's own folder) keeps its bytes and, given `rule`, that the
+    check that refused it is that rule (finetune/checks/). Returns the line."""
     folders = [untouched] if isinstance(untouched, Path) else list(untouched)
     before = [file_hashes(folder) for folder in folders]
     capsys.readouterr()  # only this command's output
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     line = one_error_line(exit_info.value.code, capsys.readouterr().err, *fragments)
+    if rule is not None:  # the exit is raised while the UserError is handled: it is the exit's context
+        assert getattr(exit_info.value.__context__, "rule", None) == rule, (exit_info.value.__context__, rule)
     for folder, hashes in zip(folders, before, strict=True):
         after = file_hashes(folder)
         assert after == hashes, f"{folder} changed: {sorted(set(after.items()) ^ set(hashes.items()))[:6]}"

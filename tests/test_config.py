@@ -14,7 +14,8 @@ import pytest
 import yaml
 from conftest import EARLIER_RUN, REPO, recipe_text_args, tiny_text_args, user_error
 
-from finetune.config import CONFIGS_DIR, load_config, read_yaml
+from finetune import checks
+from finetune.config import CONFIGS_DIR, load_config, read_yaml, resolved
 from finetune.errors import UserError
 from finetune.run import main
 
@@ -230,16 +231,12 @@ def test_setting_flags_with_hyphens_read_and_mistyped_ones_get_the_nearest(capsy
 def test_a_train_file_of_ones_own_beside_the_recipe_s_test_file_is_said(tmp_path, monkeypatch, capsys):
     """The NER recipe with only train_file set keeps the bundled test set: kept, but said in one line with
     the fix; naming the evaluation files (or null) says nothing; a file beside the recipe's own neither."""
-    import finetune.config as config
-
-    monkeypatch.setattr(config, "_warned", set())
     recipe = CONFIGS_DIR / "bert_ner.yaml"
     mine = tmp_path / "train.jsonl"
     cfg = load_config(recipe, [f"train_file={mine}"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(lines) == 1 and "test_file is the recipe's" in lines[0] and "test_file=null" in lines[0], lines
     assert cfg.test_file.endswith("uner_english_ewt/test.jsonl")  # kept: a bigger file of the same data is fair
-    monkeypatch.setattr(config, "_warned", set())
     load_config(recipe, [f"train_file={mine}", "test_file=null"])
     bundled = REPO / "data" / "uner_english_ewt" / "validation.jsonl"
     load_config(recipe, [f"train_file={bundled}"])
@@ -277,9 +274,6 @@ def test_model_name_or_path_on_the_command_line_replaces_the_recipe_s_model_conf
     cfg = load_config(recipe, [f"model_name_or_path={weights}"])
     assert cfg.model_config is None and cfg.model_name_or_path == weights
     assert "warning" not in capsys.readouterr().err
-    import finetune.config
-
-    monkeypatch.setattr(finetune.config, "_warned", set())  # said once a process: other tests may have said it
     both = load_config(recipe, [f"model_name_or_path={weights}", "model_config.image_size=32"])  # named both: kept
     assert both.model_config["image_size"] == 32
     assert capsys.readouterr().err == (f"warning: model_config builds the model at random, so model_name_or_path="
@@ -313,7 +307,7 @@ def test_a_path_under_home_written_with_a_tilde_is_read_as_the_card_shows_it(tmp
 
 def test_an_option_given_twice_and_a_setting_without_a_key_are_refused(tmp_path):
     """argparse keeps the last of two --config; the first recipe would be dropped without a word."""
-    from finetune.cli import parse_args
+    from finetune.cli import parse_command_line as parse_args
 
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
     first.write_text("max_steps: 2\n")
@@ -343,7 +337,7 @@ def test_a_recipe_with_a_python_tag_or_two_documents_says_the_fix(text, fragment
 
 def test_a_resume_names_the_runs_saved_config_when_it_was_edited(tmp_path):
     """The user never typed the bad value: the line names the file it is in, and the way out."""
-    from finetune.cli import parse_args
+    from finetune.cli import parse_command_line as parse_args
 
     run = tmp_path / "run"
     (run / "checkpoints" / "step-00000001").mkdir(parents=True)
@@ -370,7 +364,7 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
     import os
     import sys
 
-    from finetune.cli import parse_args
+    from finetune.cli import parse_command_line as parse_args
 
     read, write = os.pipe()
     os.close(read)
@@ -420,7 +414,7 @@ def test_a_multi_label_threshold_that_tuning_replaces_says_so(capsys):
     training, said in one line; with tune_threshold=off it is kept, and nothing is said."""
     for tune, said in (("global", True), ("off", False)):
         cfg = load_config(None, ["multi_label_threshold=0.3", f"tune_threshold={tune}", "metric_for_best_model=null"])
-        cfg.resolve_problem("multi_label_classification")
+        resolved(cfg, checks.Said(), problem_type="multi_label_classification")
         err = capsys.readouterr().err
         assert ("warning: multi_label_threshold=0.3 decides the labels while training; after it, tune_threshold=global "
                 "replaces it" in err) is said, err
@@ -446,9 +440,9 @@ def test_a_text_recipe_under_an_image_task_leaves_its_frozen_embeddings_out():
 def test_a_key_given_twice_on_the_command_line_is_used_with_its_last_value_and_said(capsys):
     """As argparse, the last value wins, but with one warning line naming both; the same value twice is
     no mistake."""
-    from finetune.cli import say_given_twice
+    from finetune.cli import parse_command_line
 
-    say_given_twice(["learning_rate=1e-4", "seed=3", "learning_rate=2e-4", "seed=3"])
+    parse_command_line(["learning_rate=1e-4", "seed=3", "learning_rate=2e-4", "seed=3"])
     err = capsys.readouterr().err
     assert err.count("warning:") == 1
     assert "learning_rate is given twice on the command line (learning_rate=1e-4, then learning_rate=2e-4); the last, 2e-4, is used" in err
@@ -457,12 +451,11 @@ def test_a_key_given_twice_on_the_command_line_is_used_with_its_last_value_and_s
 def test_validation_split_percentage_beside_a_validation_file_is_said_not_read(capsys):
     """A share is held out only without a validation_file: given beside one, it would be ignored without a
     word; with validation_file=null it is read, and says nothing."""
-    from finetune.cli import say_given_twice
+    from finetune.cli import parse_command_line
 
     for settings, said in ((["validation_file=v.csv", "validation_split_percentage=20"], True),
                            (["validation_file=null", "validation_split_percentage=20"], False)):  # fmt: skip
-        cfg = load_config("finetune/configs/bert_custom_files.yaml", ["train_file=t.csv", *settings])
-        say_given_twice(settings, cfg)
+        parse_command_line(["--config", "finetune/configs/bert_custom_files.yaml", "train_file=t.csv", *settings])
         err = capsys.readouterr().err
         assert ("validation_split_percentage=20 is not read: a share of the training data is held out only without "
                 "a validation_file (this run's: ") in err if said else err == ""
@@ -470,7 +463,7 @@ def test_validation_split_percentage_beside_a_validation_file_is_said_not_read(c
 
 def test_transformers_flags_are_answered_wherever_they_stand(capsys):
     """`--do_train` before other settings: its own line, not "unrecognized arguments: --do_train output_dir=..."."""
-    from finetune.cli import parse_args
+    from finetune.cli import parse_command_line as parse_args
 
     for argv in (["--do_train", "output_dir=runs/x"], ["learning_rate=1e-4", "--do_eval", "seed=3"]):
         with pytest.raises(UserError, match=r"^--do_(train|eval) is a flag of transformers' scripts, not of this one: "

@@ -108,23 +108,22 @@ def test_int_labels_are_a_regression_only_when_asked():
 
 
 def test_config_defaults_follow_the_problem_type():
-    cfg = TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv")
+    from finetune import checks
+    from finetune.config import config_from_dict, resolved
+
+    def resolve(problem: str, **settings):
+        cfg = config_from_dict({"model_config": {"model_type": "bert"}, "train_file": "x.csv", **settings})
+        return resolved(cfg, checks.Said(), problem_type=problem)
+
+    cfg = config_from_dict({"model_config": {"model_type": "bert"}, "train_file": "x.csv"})
     assert (cfg.metric_for_best_model, cfg.greater_is_better) == (None, None)
-    cfg.resolve_problem("regression")
+    cfg = resolve("regression")
     assert (cfg.metric_for_best_model, cfg.greater_is_better) == ("mse", False)
-    cfg = TrainConfig(
-        model_config={"model_type": "bert"}, train_file="x.csv", metric_for_best_model="pearson"
-    )
-    cfg.resolve_problem("regression")
-    assert cfg.greater_is_better is True
-    cfg = TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv")
-    cfg.resolve_problem("multi_label_classification")
+    assert resolve("regression", metric_for_best_model="pearson").greater_is_better is True
+    cfg = resolve("multi_label_classification")
     assert (cfg.metric_for_best_model, cfg.greater_is_better) == ("micro_f1", True)
-    cfg = TrainConfig(
-        model_config={"model_type": "bert"}, train_file="x.csv", metric_for_best_model="accuracy"
-    )
     with pytest.raises(UserError, match="metric_for_best_model must be one of mse, mae, .* for regression"):
-        cfg.resolve_problem("regression")
+        resolve("regression", metric_for_best_model="accuracy")
 
 
 # --- the real entry points -------------------------------------------------------------------------------

@@ -553,15 +553,15 @@ def test_a_warning_every_trial_meets_is_said_once(small_text_data, tmp_path, cap
                          "max_steps) or more data may; see docs/your-own-data.md"), best  # max_steps=2 set the length
 
 
-def test_warnings_are_said_once_in_said_once_and_not_at_all_in_unsaid(capsys):
-    """said_once (a search's trials) says a line once; unsaid (data read again to compare with, whose own
-    run said its warnings) says none; outside both, every line is said."""
-    from finetune.errors import said_once, unsaid, warn
+def test_warnings_are_said_once_by_a_run_and_not_at_all_when_quiet(capsys):
+    """A run's Said (a search's trials share one) says a line once and records it with its rule; a quiet one
+    (data read again to compare with, whose own run said its warnings) says none; another run says it again."""
+    from finetune.checks import Said
 
-    with said_once():
-        warn("a"), warn("a"), warn("b")
-    with unsaid():
-        warn("c")
-    warn("a")
+    said = Said()
+    said.warn("a", "x.a"), said.warn("a", "x.a"), said.warn("b", "x.b")
+    Said(quiet=True).warn("c")
+    Said().warn("a")
     assert capsys.readouterr().err.splitlines() == ["warning: a", "warning: b", "warning: a"]
+    assert said.record() == [{"rule": "x.a", "line": "a"}, {"rule": "x.b", "line": "b"}]
 

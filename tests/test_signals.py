@@ -91,7 +91,7 @@ def test_the_evaluation_gives_ctrl_c_back_once_it_has_started(tmp_path, capsys):
 def test_ctrl_c_in_an_entry_point_outside_a_training_loop_is_one_stopped_line(capsys):
     """An evaluation (or a run before its loop) stopped by Ctrl-C: one `stopped:` line that fits every entry
     point (it spoke of a training loop in an evaluation), exit 130, no traceback."""
-    from finetune.errors import exit_on_user_error
+    from finetune.exits import exit_on_user_error
 
     @exit_on_user_error
     def evaluating():

@@ -6,6 +6,7 @@ sentences longer than a window of `max_length` subwords, and the tiny BERT of co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -19,13 +20,14 @@ from datasets import ClassLabel, Dataset, Sequence
 from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
-from finetune.config import load_config
-from finetune.data import infer_task, load_raw, load_splits, read_conll
+from finetune import checks
+from finetune.config import load_config, resolved
+from finetune.data import load_raw, load_splits, read_conll, read_splits
 from finetune.errors import UserError
 from finetune.evaluate_checkpoint import main as evaluate
 from finetune.metrics import token_report
 from finetune.models import load_preprocessor
-from finetune.problems import invalid_iob2
+from finetune.checks.labels import invalid_iob2
 from finetune.run import main
 from finetune.tasks import task_of
 
@@ -218,7 +220,7 @@ def test_first_subword_carries_the_tag_and_long_sentences_become_windows(tmp_pat
     assert labelled == [TAGS.index(t) for t in tags]  # each word once, in order
     assert task.sample_weights(prepared) == [sum(label != -100 for label in ls) for ls in prepared["labels"]]
 
-    cfg.label_all_tokens = True
+    cfg = dataclasses.replace(cfg, label_all_tokens=True)
     trained = task.prepare(ds, tokenizer, cfg.data_args, "train", 3)
     pieces = tokenizer(["lovelace", "londonderry"], add_special_tokens=False)["input_ids"]
     assert len(pieces[1]) > 1  # londonderry is several subwords: its later ones get I-LOC
@@ -231,6 +233,13 @@ def test_task_is_read_from_the_data_when_null(tagging, tmp_path):
     assert infer_task(cfg.data_args) == "token-classification"
     cfg = load_config(None, ["task=null"])  # the default recipe's sentences
     assert infer_task(cfg.data_args) == "text-classification"
+
+
+def infer_task(args) -> str:
+    """The task the data holds, as finetune/run.py reads it when the config leaves it null."""
+    from finetune.tasks import task_for_data
+
+    return task_for_data(read_splits(args)["train"].features, args)
 
 
 def test_tags_from_parquet_json_and_integer_ids_with_label_names(tmp_path):
@@ -247,7 +256,7 @@ def test_tags_from_parquet_json_and_integer_ids_with_label_names(tmp_path):
     def load(train: str, label_names: list[str] | None):
         cfg = load_config(None, ["task=null", f"train_file={tmp_path / train}", f"validation_file={validation}",
                                  "test_file=null", f"label_names={json.dumps(label_names)}"])  # fmt: skip
-        cfg.resolve_task(infer_task(cfg.data_args))
+        cfg = resolved(cfg, checks.Said(), task=infer_task(cfg.data_args))
         assert cfg.task == "token-classification", train
         return load_splits(cfg.data_args)
 
@@ -325,7 +334,7 @@ def test_invalid_iob2_is_counted_and_seqeval_strict_scores_on_entities():
 def test_a_plain_tag_set_is_scored_word_by_word():
     """Parts of speech (no B-/I- tags): each word is an entity of its own tag, so the micro F1 is word
     accuracy when no tag is O, and each tag has its own precision, recall and F1."""
-    from finetune.tasks import plain_tags
+    from finetune.formats import plain_tags
 
     upos = ["DET", "NOUN", "VERB", "PUNCT"]
     gold = [[0, 1, 2, 3], [0, 1, 1, 2]]
@@ -854,7 +863,7 @@ def test_word_and_tag_lists_under_other_names_are_named(task, tmp_path):
     """{"words": [...], "tags": [...]} for a tagging run (or task=null): the line names both columns and the
     settings that read them, not another task's data."""
     from finetune.config import load_config
-    from finetune.data import infer_task, load_splits
+    from finetune.data import load_splits
 
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps({"tags": ["B-PER", "O"], "words": ["Ada", f"w{i}"]}) + "\n" for i in range(6)))
@@ -865,7 +874,7 @@ def test_word_and_tag_lists_under_other_names_are_named(task, tmp_path):
     with pytest.raises(UserError, match=re.escape(f"'words' and 'tags' hold lists of words and their tags: to tag "
                                                   f"words, set {retask}tokens_column=words tags_column=tags")):
         if cfg.task is None:  # as finetune/run.py does: the task read from the data first
-            cfg.resolve_task(infer_task(cfg.data_args))
+            cfg = resolved(cfg, checks.Said(), task=infer_task(cfg.data_args))
         load_splits(cfg.data_args)
 
 

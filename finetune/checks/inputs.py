@@ -1,0 +1,59 @@
+"""Inputs: what the model will read of each sample, once it is tokenized (finetune/tasks.py's preparation
+asks these of the training split).
+
+    TOKENIZED   texts cut at max_length, texts the tokenizer reads as unknown tokens
+    WORDS       a tagging word that is no token at all for the tokenizer
+"""
+
+from __future__ import annotations
+
+from finetune.checks import rule
+from finetune.text import shown
+
+
+@rule("inputs.texts_cut", warning=True)
+def texts_cut(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer) -> str | None:
+    """A tenth or more of the training texts cut at max_length: the model reads only their start, which the
+    user may not know (the default, 128 tokens, is about 90 words)."""
+    cut = sum(n >= max_length for n in lengths) if max_length and lengths else 0
+    if not cut or cut * 10 < len(lengths):
+        return None
+    limit = getattr(tokenizer, "model_max_length", None)
+    most = f" (the model's limit is {limit})" if limit and limit < 100_000 and limit > max_length else ""
+    return (f"{cut:,} of {len(lengths):,} training texts ({cut / len(lengths):.0%}) reach max_length={max_length} tokens "
+            f"and are cut there: the model reads only their start; raise max_length{most} to read more of each, at a "
+            "cost in time")
+
+
+@rule("inputs.unknown_tokens", warning=True)
+def unknown_tokens(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer) -> str | None:
+    """Texts the tokenizer reads as unknown tokens ([UNK]): a script its vocabulary does not cover (Amharic,
+    Tibetan, ... for an English vocabulary). Said when a fifth of the first 2,000 texts are nothing else, or
+    half of all their tokens are unknown: the model would train on none of their words."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not ids:
+        return None
+    special = set(tokenizer.all_special_ids) - {unk}
+    words = [[t for t in row if t not in special] for row in ids]
+    only = [i for i, row in enumerate(words) if row and all(t == unk for t in row)]
+    total, unknown = sum(map(len, words)), sum(row.count(unk) for row in words)
+    if len(only) * 5 < len(words) and not (total and unknown * 2 >= total):
+        return None
+    example = texts[only[0]] if only else next((t for t, row in zip(texts, words, strict=False) if unk in row), "")
+    return (f"{len(only)} of the first {len(words)} training texts are nothing but unknown tokens to the tokenizer "
+            f"({tokenizer.unk_token}), and {unknown} of their {total} tokens are unknown (e.g. {shown(str(example)[:40])}): "
+            "the model cannot read their words; use a model whose tokenizer covers their script (a multilingual one)")
+
+
+TOKENIZED = [texts_cut, unknown_tokens]
+
+
+@rule("inputs.word_without_tokens", local=True)
+def word_without_tokens(split: str, word: str, row: int, index: int) -> str:
+    """A tagging word that is no token for the tokenizer (a control character, a symbol it drops): it could
+    carry no tag. Met by the process that tokenizes its share."""
+    return (f"the {split} data's word {word!r} at row {row + 1}, word {index + 1} is no token for this tokenizer (a "
+            "control character, or a symbol it drops); remove or replace it")
+
+
+WORDS = [word_without_tokens]
