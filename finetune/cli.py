@@ -16,9 +16,26 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import dataclasses
+import types
+import typing
+from typing import Any, Literal
+
+import yaml
+
 from finetune import checks
 from finetune.checks import settings
-from finetune.config import TrainConfig, load_config, parse_override, resumed_run_recipe, settings_from_flags, settings_help
+from finetune.errors import first_line
+from finetune.config import (
+    DEFAULT_RECIPE,
+    SECTIONS,
+    TrainConfig,
+    field_types,
+    load_config,
+    parse_override,
+    section_fields,
+    settings_from_flags,
+)
 from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.rundir import RunDir
 
@@ -92,17 +109,64 @@ def answer_early(argv: list[str]) -> Command:
     return parse_command_line(argv)
 
 
-def train() -> None:
-    """The `finetune-train` console script."""
-    from finetune.signals import stop_while_starting
+def resumed_run_recipe(overrides: list[str], said: checks.Said | None = None) -> Path | None:
+    """The saved config.yaml of the run that `overrides` resume (`resume_from_checkpoint=latest`, in
+    output_dir or the default recipe's; or a checkpoint directory), for a command that names no recipe."""
+    from finetune.rundir import resumed_run_config
 
-    stop_while_starting()
-    command = answer_early(sys.argv[1:])
-    from finetune import run  # torch and the rest: only once the command is known to parse
-
-    run.cli(command)
+    given = dict(parse_override(item) for item in overrides)
+    default = (yaml.safe_load(DEFAULT_RECIPE.read_text()) or {}).get("output_dir", "")
+    return resumed_run_config(given.get("resume_from_checkpoint"), given.get("output_dir") or default, said)
 
 
-if __name__ == "__main__":  # pragma: no cover - python -m finetune.cli is finetune-train
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    train()
+# --- --help ---------------------------------------------------------------------------------------
+
+
+def _type_name(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args if a is not type(None)) + " | null"
+    if origin is Literal:
+        return " | ".join(map(str, args))
+    if origin is list:
+        return f"list[{_type_name(args[0])}]"
+    if origin is dict:
+        return "mapping"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def settings_help(recipe: str | Path | None = None, names: typing.Collection[str] | None = None,
+                  said: checks.Said | None = None) -> str:
+    """Every setting (or those in `names`), grouped as in TrainConfig: `name: type = default`, its
+    help, and the value the recipe sets where it differs from the default."""
+    path = Path(recipe) if recipe is not None else DEFAULT_RECIPE
+    unread = None
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:  # the help still prints, with the defaults; the first line says why
+        values, unread = {}, "not found" if isinstance(e, FileNotFoundError) else f"not read ({first_line(e)})"
+    values = values if isinstance(values, dict) else {}
+    hints = field_types()
+    lines = [f"settings (key=value, or in a recipe; 'recipe:' is what {path.name} sets):" if unread is None else
+             f"settings (key=value, or in a recipe; the recipe {path} is {unread}: the defaults are shown):"]
+    checks.gate(settings.HELP, path, unread, said=said or checks.Said())
+    for section in SECTIONS:
+        if names is None:
+            lines += ["", f"{section.TITLE}:"]
+        for f in section_fields(section):
+            if names is not None and f.name not in names:
+                continue
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            line = f"  {f.name}: {_type_name(hints[f.name])} = {_shown(default)}"
+            if f.name in values and values[f.name] != default:
+                line += f"    (recipe: {_shown(values[f.name])})"
+            lines += [line, f"      {f.metadata['help']}"]
+    return "\n".join(lines)

@@ -244,6 +244,11 @@ class DataArgs(TaskArgs):
             return task_of(self.task).label_columns(self)
         return list(self.label_columns) if self.label_columns else [self.label_column]
 
+    def setting_of(self, column: str) -> str:
+        """The setting that names `column` (label_columns for one of those)."""
+        names = ("label_column", "text_column", "text_pair_column", "tokens_column", "tags_column", "image_column")
+        return next((n for n in names if getattr(self, n, None) == column), "label_columns")
+
     @property
     def input_columns(self) -> list[str]:
         """The task's input columns ([] before the task is known)."""
@@ -456,7 +461,7 @@ EVAL_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata[
 
 
 @functools.cache
-def _field_types() -> dict[str, Any]:
+def field_types() -> dict[str, Any]:
     hints = typing.get_type_hints(TrainConfig)
     return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig)}
 
@@ -540,7 +545,7 @@ def config_from_dict(raw: dict[str, Any], saved: bool = False, said: checks.Said
     """The config from a mapping, every value coerced to its type and the settings' rules asked (those
     that need the task or problem type once they are known: `resolved`); `saved`: a run's config.yaml or
     manifest, maybe of an older version."""
-    hints = _field_types()
+    hints = field_types()
     values = {}
     for key, value in raw.items():
         if saved and key in settings.MODE_FLAGS:
@@ -596,7 +601,7 @@ def settings_from_flags(argv: list[str], keys: typing.Collection[str] | None = N
         elif i + 1 < len(argv) and not argv[i + 1].startswith("--") and "=" not in argv[i + 1]:
             out.append(f"{name}={argv[i + 1]}")
             i += 1
-        elif bool in (hint := _field_types().get(name.split(".")[0]), *typing.get_args(hint)) or "." in name:
+        elif bool in (hint := field_types().get(name.split(".")[0]), *typing.get_args(hint)) or "." in name:
             out.append(f"{name}=true")
         else:  # `--output_dir` with nothing after it: not a flag
             raise checks.explain(settings.FLAG_WITHOUT_VALUE, name)
@@ -624,22 +629,12 @@ def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
     if not dot:
         raw[key] = value
         return
-    hints = _field_types()
+    hints = field_types()
     if name not in hints:
         raise checks.explain(settings.UNKNOWN_KEY, name, list(hints), None)
     checks.gate(settings.SUBKEY, key, hints[name], [k for k, h in hints.items() if "dict" in str(h)])
     current = raw.get(name)
     raw[name] = {**(current if isinstance(current, dict) else {}), sub: value}
-
-
-def resumed_run_recipe(overrides: list[str], said: checks.Said | None = None) -> Path | None:
-    """The saved config.yaml of the run that `overrides` resume (`resume_from_checkpoint=latest`, in
-    output_dir or the default recipe's; or a checkpoint directory), for a command that names no recipe."""
-    from finetune.rundir import resumed_run_config
-
-    given = dict(parse_override(item) for item in overrides)
-    default = (yaml.safe_load(DEFAULT_RECIPE.read_text()) or {}).get("output_dir", "")
-    return resumed_run_config(given.get("resume_from_checkpoint"), given.get("output_dir") or default, said)
 
 
 class DuplicateKey(yaml.constructor.ConstructorError):
@@ -782,55 +777,3 @@ def _config_in_manifest(path: Path, text: str) -> dict[str, Any]:
         config = None
     checks.gate(settings.MANIFEST_CONFIG, path, config)
     return config
-
-
-# --- --help -------------------------------------------------------------------------------------
-
-def _type_name(hint: Any) -> str:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in args if a is not type(None)) + " | null"
-    if origin is Literal:
-        return " | ".join(map(str, args))
-    if origin is list:
-        return f"list[{_type_name(args[0])}]"
-    if origin is dict:
-        return "mapping"
-    return getattr(hint, "__name__", str(hint))
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, (dict, list)):
-        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def settings_help(recipe: str | Path | None = None, names: typing.Collection[str] | None = None,
-                  said: checks.Said | None = None) -> str:
-    """Every setting (or those in `names`), grouped as in TrainConfig: `name: type = default`, its
-    help, and the value the recipe sets where it differs from the default."""
-    path = Path(recipe) if recipe is not None else DEFAULT_RECIPE
-    unread = None
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:  # the help still prints, with the defaults; the first line says why
-        values, unread = {}, "not found" if isinstance(e, FileNotFoundError) else f"not read ({first_line(e)})"
-    values = values if isinstance(values, dict) else {}
-    hints = _field_types()
-    lines = [f"settings (key=value, or in a recipe; 'recipe:' is what {path.name} sets):" if unread is None else
-             f"settings (key=value, or in a recipe; the recipe {path} is {unread}: the defaults are shown):"]
-    checks.gate(settings.HELP, path, unread, said=said or checks.Said())
-    for section in SECTIONS:
-        if names is None:
-            lines += ["", f"{section.TITLE}:"]
-        for f in section_fields(section):
-            if names is not None and f.name not in names:
-                continue
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            line = f"  {f.name}: {_type_name(hints[f.name])} = {_shown(default)}"
-            if f.name in values and values[f.name] != default:
-                line += f"    (recipe: {_shown(values[f.name])})"
-            lines += [line, f"      {f.metadata['help']}"]
-    return "\n".join(lines)

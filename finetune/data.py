@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from datasets import ClassLabel, DatasetDict, Image, Value, load_dataset
+from datasets import ClassLabel, DatasetDict, Value, load_dataset
 from datasets import Dataset as HFDataset
 
 from finetune import checks
@@ -72,29 +72,13 @@ def _parse(head: files.FileHead) -> HFDataset:
     logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
     logging.getLogger("datasets.packaged_modules.csv.csv").setLevel(logging.CRITICAL)
     ds = load_dataset(head.builder, data_files={head.split: head.path}, **kwargs)[head.split]
-    zeros = _leading_zero_columns(ds, head.path) if head.builder == "csv" and head.zero_led else []
+    zeros = [c for c, f in ds.features.items() if c in head.zero_columns and isinstance(f, Value)
+             and f.dtype.startswith(("int", "uint"))]  # fmt: skip
     if zeros:  # "007" and "7" would both be read as 7: such a column is read as the text it is
         features = ds.features.copy()
         features.update({c: Value("string") for c in zeros})
         ds = load_dataset(head.builder, data_files={head.split: head.path}, features=features, **kwargs)[head.split]
     return ds
-
-
-def _leading_zero_columns(ds: HFDataset, path: str) -> list[str]:
-    """The integer columns of a CSV in which a value is written with a leading zero (007, 0123): read as
-    numbers, 007 and 7 become one label (and a zip code loses its zero). Read only when the file's one pass
-    saw such a cell (`FileHead.zero_led`)."""
-    ints = [c for c, f in ds.features.items() if isinstance(f, Value) and f.dtype.startswith(("int", "uint"))]
-    if not ints:
-        return []
-    zero = re.compile(r"\s*[+-]?0\d+\s*")
-    found: set[str] = set()
-    with open(path, encoding="utf-8", newline="") as f:
-        for row in csv.DictReader(f, delimiter=delimiter_of(path)):
-            found.update(c for c in ints if c not in found and zero.fullmatch(row.get(c) or ""))
-            if len(found) == len(ints):
-                break
-    return sorted(found)
 
 
 def _huge_integers(head: files.FileHead, e: Exception) -> HFDataset | None:
@@ -334,45 +318,6 @@ def encode_split(ds: HFDataset, args: DataArgs, problem: str, label_names: list[
 # --- the splits ------------------------------------------------------------------------------------
 
 
-def _compared_columns(train: HFDataset, args: DataArgs) -> list[str]:
-    """The columns that make a sample what it is (its texts, words or image), as far as the data has them."""
-    images_ = task_of(args.task).modality == "image"
-    return [c for c in ([args.image_column] if images_ else args.input_columns) if c in train.column_names]
-
-
-def _image_digest(cell: dict | None) -> str | None:
-    """An undecoded image cell ({"bytes", "path"}) as the sha1 of its bytes (the file's, for a path)."""
-    if not cell:
-        return None
-    data = cell.get("bytes")
-    if data is None and cell.get("path"):
-        try:
-            data = Path(cell["path"]).read_bytes()
-        except OSError:  # named with its row by the image rules
-            return None
-    return hashlib.sha1(data).hexdigest() if data is not None else None
-
-
-def _sample_rows(ds: HFDataset, cols: list[str], images_: bool) -> list[tuple]:
-    """Each row's values in `cols`, hashable (a list of words as a tuple; an image as its bytes' digest: an
-    image folder copied into another class or split is the same bytes): rows to compare across splits."""
-    if images_:
-        return [(_image_digest(cell),) for cell in ds.cast_column(cols[0], Image(decode=False))[cols[0]]]
-    return [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in zip(*(ds[c] for c in cols), strict=True)]
-
-
-def _samples(raw: DatasetDict, args: DataArgs, paths: dict[str, Path]) -> splits.Samples | None:
-    """The splits' samples as the SHARED rules compare them."""
-    images_, cols = task_of(args.task).modality == "image", _compared_columns(raw["train"], args)
-    if not cols:
-        return None
-    rows = {s: _sample_rows(raw[s], cols, images_) for s in ("train", "validation", "test") if s in raw}
-    what = "image (the same bytes)" if images_ else " and ".join(cols)
-    answers = raw["train"][args.label_column] if args.label_column in raw["train"].column_names else []
-    return splits.Samples(rows, what, images_, cols, answers, paths, lambda c: columns.setting_of(c, args),
-                          {s: len(d) for s, d in raw.items()})  # fmt: skip
-
-
 def _hold_out(train: HFDataset, args: DataArgs, problem: str, label_names: list[str], said: checks.Said) -> dict:
     """A seeded share of train held out for validation: stratified by class for single-label, a seeded random
     share for numbers and label sets; split by row number (the same draw as splitting the data itself), so
@@ -385,12 +330,13 @@ def _hold_out(train: HFDataset, args: DataArgs, problem: str, label_names: list[
         raise checks.explain(splits.NOT_STRATIFIED, splits.Stratify(e, label_names, Counter(train["labels"]),
                                                                     len(train), args)) from None  # fmt: skip
     file_rows = {"train": list(parts["train"]["file_row"]), "validation": list(parts["test"]["file_row"])}
-    cols = _compared_columns(train, args)
+    images_ = task_of(args.task).modality == "image"
+    cols = splits.compared_columns(train, args, images_)
     if cols:
-        images_ = task_of(args.task).modality == "image"
         source = "folder" if images_ and args.data_dir else "file"  # an image folder, or a file of image paths
         what = "image bytes" if images_ else " and ".join(cols)
-        checks.gate(splits.HELD_OUT_REPEATS, _sample_rows(train, cols, images_), file_rows, what, source, said=said)
+        checks.gate(splits.HELD_OUT_REPEATS, splits.sample_rows(train, cols, images_), file_rows, what, source,
+                    said=said)  # fmt: skip
     checks.gate(splits.HELD_OUT, args.validation_split_percentage, len(parts["test"]), len(rows), len(parts["train"]),
                 said=said)  # fmt: skip
     return file_rows
@@ -409,7 +355,7 @@ def load_splits(args: DataArgs, said: checks.Said | None = None,
                       said=said)  # fmt: skip
     paths = {s: Path(f).resolve() for s, f in args.files.items() if f}
     checks.gate(splits.FILES, args, paths, said=said)
-    samples = _samples(raw, args, paths)
+    samples = splits.Samples.of(raw, args, task_of(args.task).modality == "image", paths)
     if samples is not None:
         checks.gate(splits.SHARED, samples, said=said)
     problem = infer_problem_type(raw["train"], args, said)  # regression and multi-label: finetune/problems.py

@@ -88,12 +88,12 @@ from finetune.config import (
     config_from_dict,
     parse_override,
     settings_from_flags,
-    settings_help,
 )
 from finetune import checks
 from finetune.checks import labels as label_rules
 from finetune.checks.labels import number_as_written
 from finetune.checks.splits import another_scale
+from finetune.cli import settings_help
 from finetune.data import (
     check_columns,
     encode_split,

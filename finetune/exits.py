@@ -63,6 +63,16 @@ def _leave_process_groups() -> None:
         dist.destroy_process_group()
 
 
+def _printable_anywhere() -> None:
+    """A console that cannot print a character (an ASCII-only locale, a Windows code page) shows it as an
+    escape (\\u00e9) instead of failing the run at its first line that names a label in another script."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", "strict") == "strict":
+            with contextlib.suppress(Exception):  # a stream that cannot change: left as it is
+                reconfigure(errors="backslashreplace")
+
+
 def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
     """Run `fn`; a user error becomes `error: <message>` on stderr and exit status 2, a stopped run
     `stopped: <message>` and its own exit status; a full disk or a permission refused is a user error
@@ -71,6 +81,7 @@ def exit_on_user_error(fn: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         failure_steps.clear()
+        _printable_anywhere()
         rank = os.environ.get("RANK", "0")
         where = f"[rank {rank}] " if rank != "0" else ""
         try:

@@ -6,8 +6,9 @@
 - lines per module (`wc -l`), and the package's total;
 - `UserError(` sites per module, and outside the checks layer (`finetune/checks/`);
 - functions over 60 lines (and their lengths);
-- the import graph of every `finetune` import, inside functions too: its cycles (strongly connected
-  components of more than one module), and the imports made inside functions;
+- the import graph of every `finetune` import, inside functions too (those under `if TYPE_CHECKING:` left
+  out: they never run): its cycles (strongly connected components of more than one module), and the imports
+  made inside functions;
 - the special-case share of a module: code lines inside functions that lie in a check-named function
   (`check*`, `_check*`, `*_hint`, `warn*`, `_warn*`, `refuse*`, `_refuse*`, `_diagnose*`, `explain*`), in an
   `if` whose body raises or warns, in a `raise`, in an `except` that raises or warns, or in a statement whose
@@ -122,10 +123,15 @@ def imports(path: Path, name: str, known: set[str]) -> list[tuple[str, bool, int
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     in_function: set[int] = set()
+    type_only: set[int] = set()  # `if TYPE_CHECKING:` blocks: names for the reader and the type checker, never run
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             in_function |= _span(node)
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+            type_only |= _span(node)
     for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in type_only:
+            continue
         targets = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]

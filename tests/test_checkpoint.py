@@ -214,7 +214,7 @@ def test_resume_needs_only_the_run_directory(finished_run, tmp_path, capsys):
 def test_a_folder_with_a_config_yaml_but_no_checkpoints_is_not_read_as_a_run(tmp_path):
     """A project folder of the user's that holds some config.yaml: `resume_from_checkpoint=latest
     output_dir=<it>` does not take that file for the run's recipe."""
-    from finetune.config import resumed_run_recipe
+    from finetune.cli import resumed_run_recipe
 
     folder = tmp_path / "project"
     folder.mkdir()

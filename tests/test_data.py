@@ -26,6 +26,9 @@ from conftest import (
     write_jsonl,
 )
 
+from finetune import checks
+from finetune.config import load_config
+from finetune.errors import UserError
 from finetune.run import main
 
 
@@ -251,18 +254,21 @@ def test_an_image_folder_without_class_folders_says_how_to_lay_it_out(tmp_path, 
     assert "column 'label' not found" in line and "<data_dir>/train/<class>/" in line
 
 
-def test_own_labels_under_the_default_recipe_say_how_to_take_them_from_the_data(tmp_path, capsys):
-    """The default recipe names the bundled data's labels ("0", "1"); a user's own files with other
-    labels get a line that says label_names=null (or the recipe for one's own files)."""
-    rows = [{"text": f"text {i}", "label": ["pos", "neg"][i % 2]} for i in range(8)]
+def test_own_labels_under_the_default_recipe_are_taken_from_the_data(tmp_path, capsys):
+    """The default recipe names the bundled data's labels ("0", "1"); they belong to the recipe's data, so a
+    user's own files (train_file= on the command line) bring their own labels, as model_name_or_path does
+    its model. Named on the command line, label_names still rule, and a label they lack is refused."""
+    from finetune.data import load_splits
+
+    rows = [{"text": f"text {i}", "label": ["pos", "neg"][i % 2]} for i in range(20)]
     train = write_csv(tmp_path / "train.csv", rows)
-    line = user_error(capsys, main, [f"train_file={train}", "validation_file=null", "test_file=null",
-                                     f"output_dir={tmp_path / 'o'}"])  # fmt: skip
-    assert "training labels ['neg', 'pos'] are not in label_names ['0', '1']" in line
-    assert "label_names=null" in line and "bert_custom_files.yaml" in line
-    # the one line alone: no warning first that label_names' classes have no training sample
-    with pytest.raises(SystemExit):
-        main([f"train_file={train}", "validation_file=null", "test_file=null", f"output_dir={tmp_path / 'o'}"])
+    mine = [f"train_file={train}", "validation_file=null", "test_file=null", "validation_split_percentage=20"]
+    assert load_config(None, mine).label_names is None
+    assert load_splits(load_config(None, mine).data_args)[1] == ["neg", "pos"]
+    assert load_config(None, [f"train_file={REPO / 'data/rotten_tomatoes/train.csv'}"]).label_names == ["0", "1"]
+    with pytest.raises(UserError, match=r"training labels \['neg', 'pos'\] are not in label_names \['0', '1'\]") as e:
+        load_splits(load_config(None, [*mine, "label_names=['0','1']"]).data_args)
+    assert e.value.rule == "labels.not_in_label_names"
     assert "warning:" not in capsys.readouterr().err
 
 
@@ -593,14 +599,12 @@ def test_a_regression_target_that_never_varies_is_refused(tmp_path):
 
 def test_a_split_folder_named_in_another_case_is_refused(tmp_path):
     """Train/ and Validation/: the image folder loader would read them as class folders and train on both."""
-    from finetune.data import _check_image_folder
-    from finetune.errors import UserError
-
     folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"]})
     _check_image_folder(folder)
     (folder / "train").rename(folder / "Train")
-    with pytest.raises(UserError, match=r"Train is not read as the train split: .* rename it to train/"):
+    with pytest.raises(UserError, match=r"Train is not read as the train split: .* rename it to train/") as e:
         _check_image_folder(folder)
+    assert e.value.rule == "images.split_folder_in_capitals"
 
 
 def test_a_file_whose_name_says_another_format_is_named(tmp_path):
@@ -608,17 +612,21 @@ def test_a_file_whose_name_says_another_format_is_named(tmp_path):
     line says which name fits (not 'column not found' or 'not UTF-8')."""
     import pandas as pd
 
-    from finetune.data import _check_readable_and_separated
-    from finetune.errors import UserError
+    from finetune.checks import files
+
+    def check(path):
+        checks.gate(files.HEAD, files.FileHead.read("train", str(path)))
 
     comma = tmp_path / "train.tsv"
     comma.write_text("text,label\na,pos\n")
-    with pytest.raises(UserError, match="looks comma-separated .* a .tsv file is read as tab-separated; name it train.csv"):
-        _check_readable_and_separated("train", str(comma))
+    with pytest.raises(UserError, match="looks comma-separated .* a .tsv file is read as tab-separated; name it train.csv") as e:
+        check(comma)
+    assert e.value.rule == "files.tsv_of_commas"
     packed = tmp_path / "data.csv"
     pd.DataFrame({"text": ["a"], "label": ["pos"]}).to_parquet(packed)
-    with pytest.raises(UserError, match="is a parquet file; name it data.parquet"):
-        _check_readable_and_separated("train", str(packed))
+    with pytest.raises(UserError, match="is a parquet file; name it data.parquet") as e:
+        check(packed)
+    assert e.value.rule == "files.parquet_by_another_name"
 
 
 def test_a_relative_path_that_is_not_found_says_where_it_was_looked_for(tmp_path, monkeypatch):
@@ -716,15 +724,13 @@ def test_a_class_folder_beside_the_split_folders_is_refused_from_the_command(tmp
 def test_a_run_folder_inside_an_image_folder_is_named(tmp_path):
     """A run written inside train/ (an output_dir there, from before that was refused): its folder would be
     read as a class whose one image is its training curves."""
-    from finetune.data import _check_image_folder
-    from finetune.errors import UserError
-
     folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"]})
     run = folder / "train" / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text("task: image-classification\n")
-    with pytest.raises(UserError, match="train/run is a run's output folder inside the image folder"):
+    with pytest.raises(UserError, match="train/run is a run's output folder inside the image folder") as e:
         _check_image_folder(folder)
+    assert e.value.rule == "images.run_inside_the_folder"
 
 
 def test_a_csv_without_its_header_row_is_named_as_such(tmp_path):
@@ -941,7 +947,7 @@ def test_a_training_file_that_repeats_its_rows_warns_that_the_held_out_share_was
 
 
 def test_punctuation_twins_leave_numbers_and_other_symbols_alone():
-    from finetune.problems import punctuation_twins
+    from finetune.checks.labels import punctuation_twins
 
     assert punctuation_twins(["neg", "neg.", "pos"]) == ("neg", "neg.")
     assert punctuation_twins(["1.5", "15", "2"]) is None  # two numbers
@@ -1153,3 +1159,11 @@ def test_rows_joined_by_a_quote_never_closed_are_one_warning(tmp_path, capsys, s
                                                for i in range(20)))  # fmt: skip
     load_splits(load_config(None, [*args, f"train_file={quoted}"]).data_args)
     assert "never closed" not in capsys.readouterr().err
+
+
+def _check_image_folder(folder) -> None:
+    """The image folder's own rules, as finetune/data.py asks them before datasets' loader reads the folder."""
+    from finetune.checks import images
+    from finetune.data import _a_run
+
+    checks.gate(images.FOLDER, folder, _a_run, said=checks.Said())

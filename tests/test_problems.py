@@ -328,11 +328,12 @@ def test_no_training_data_on_a_resume_with_a_recipe_says_to_leave_the_recipe_out
 
 
 def test_label_columns_refuse_another_problem_type():
-    with pytest.raises(
-        UserError, match="label_columns .* is multi-label data, but problem_type is regression"
-    ):
-        TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv", label_columns=["a"],
-                    problem_type="regression")  # fmt: skip
+    from finetune.config import config_from_dict
+
+    with pytest.raises(UserError, match="label_columns .* is multi-label data, but problem_type is regression") as e:
+        config_from_dict({"model_config": {"model_type": "bert"}, "train_file": "x.csv", "label_columns": ["a"],
+                          "problem_type": "regression"})  # fmt: skip
+    assert e.value.rule == "settings.label_columns_not_multi_label"
 
 
 def test_vit_regression_and_multi_label_from_image_paths(tmp_path):
@@ -440,7 +441,12 @@ def test_a_multi_label_label_positive_on_every_training_sample_is_one_warning(ca
     """A label on every sample (["art", "film", "music"] on each row) teaches the model to predict it always."""
     from datasets import Dataset
 
-    from finetune.problems import _warn_labels_without_positives
+    from finetune import checks
+    from finetune.checks import labels
+
+    def _warn_labels_without_positives(train, names):
+        positives = list(np.asarray(train["labels"], dtype=np.float32).sum(0))
+        checks.gate(labels.POSITIVES, positives, names, len(train), said=checks.Said())
 
     train = Dataset.from_dict({"labels": [[1.0, 1.0, 0.0], [1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]})
     _warn_labels_without_positives(train, ["art", "film", "music"])
@@ -509,17 +515,18 @@ def test_regression_targets_of_another_scale_in_validation_are_warned_of(tmp_pat
 
 def test_a_regression_target_far_from_the_others_is_named_once(capsys):
     """45 typed for 4.5 on a 1-5 scale: one warning with its row; ordinary spreads say nothing."""
-    values = np.array([3.0, 4.5, 2.0, 3.5, 4.0, 45.0, 1.5, 2.5, 3.0, 4.0])
-    problems._warn_far_targets(values, "score", "train")
-    err = capsys.readouterr().err
-    assert err.count("warning:") == 1
-    assert "label column 'score' in the train data has 1 target(s) more than 15 robust standard deviations" in err
-    assert "(first at row 6: 45)" in err
+    from finetune.checks import labels
+
+    def far(values):
+        return labels.targets_far_from_the_rest(labels.Targets(values, "score", "train", None))
+
+    line = far(np.array([3.0, 4.5, 2.0, 3.5, 4.0, 45.0, 1.5, 2.5, 3.0, 4.0]))
+    assert "label column 'score' in the train data has 1 target(s) more than 15 robust standard deviations" in line
+    assert "(first at row 6: 45)" in line
     rng = np.random.default_rng(0)
     for ordinary in (rng.normal(3, 1, 5000), rng.uniform(0, 5, 5000), rng.poisson(2, 5000).astype(float),
                      np.array([0.0] * 60 + [1.0, 2.0, 7.0])):  # a normal sample, a scale, counts, mostly zeros
-        problems._warn_far_targets(ordinary, "score", "train")
-    assert capsys.readouterr().err == ""
+        assert far(ordinary) is None
 
 
 def test_multi_label_items_that_join_several_labels_are_named_once(tmp_path, capsys):
@@ -538,10 +545,10 @@ def test_multi_label_items_that_join_several_labels_are_named_once(tmp_path, cap
     main(tiny_text_args(data, tmp_path / "kept", "label_column=labels", "max_steps=1",
                         "label_names=[acting,plot,'acting,plot','plot,acting']"))  # fmt: skip
     assert "joined in one item" not in capsys.readouterr().err
-    problems._warn_joined_labels(["3,5", "4,5", "n/a", "and/or"], "labels")
-    assert capsys.readouterr().err == ""
-    problems._warn_joined_labels(["music", "visuals / music"], "labels")  # joined with " / "
-    assert '(["visuals", "music"])' in capsys.readouterr().err
+    from finetune.checks import labels
+
+    assert labels.joined_in_one_item(["3,5", "4,5", "n/a", "and/or"], "labels") is None
+    assert '(["visuals", "music"])' in labels.joined_in_one_item(["music", "visuals / music"], "labels")  # " / "
 
 
 @pytest.mark.parametrize(

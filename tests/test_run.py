@@ -360,3 +360,22 @@ def test_a_multi_label_label_without_a_positive_training_sample_is_one_warning(t
     lines = [line for line in capsys.readouterr().err.splitlines() if "no positive training sample" in line]
     assert lines == ["warning: 1 of the 4 labels have no positive training sample ('fish'): the model cannot learn "
                      "to predict them; give them positive samples, or leave them out"]  # fmt: skip
+
+
+def test_a_console_that_cannot_print_the_labels_shows_them_escaped(tmp_path):
+    """An ASCII-only console (PYTHONIOENCODING=ascii, a C locale) and class names in another script: every
+    line is printed, the characters it cannot show as escapes, and the run ends well."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, rotten_rows, tiny_text_args, write_csv
+
+    names = {"0": "négatif", "1": "positif ✓"}
+    rows = [{"text": r["text"], "label": names[r["label"]]} for r in rotten_rows(40)]
+    data = {"train": write_csv(tmp_path / "train.csv", rows), "validation": write_csv(tmp_path / "v.csv", rows[:12])}
+    env = {**__import__("os").environ, "PYTHONIOENCODING": "ascii", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, str(REPO / "finetune" / "run.py"),
+                           *tiny_text_args(data, tmp_path / "run", "max_steps=1", "label_names=null")],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "n\\xe9gatif" in done.stdout + done.stderr

@@ -607,7 +607,7 @@ def test_invalid_iob2_in_the_gold_tags_is_one_warning_line(tmp_path, capsys):
     data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows[:2])}
     main(tagging_args(data, tmp_path / "run", "num_train_epochs=1"))
     # (a model of 12 sentences also gets the trivial-baseline warning: not this test's concern)
-    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:") and " I- " in line]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:") and " I- " in line]
     assert warnings == [
         "warning: the train data has 6 I- tag(s) that follow no B- or I- of their type (first at row 1, word 2); "
         "strict IOB2 scoring starts no entity there: fix the tags (an entity starts with B-) or leave them and "
@@ -616,6 +616,22 @@ def test_invalid_iob2_in_the_gold_tags_is_one_warning_line(tmp_path, capsys):
         "word 2); strict IOB2 scoring starts no entity there: fix the tags (an entity starts with B-) or leave "
         "them and know they count as O",
     ]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [w["rule"] for w in results["warnings"]].count("labels.invalid_iob2") == 2
+
+
+def test_tags_in_iob1_are_said_as_such_with_the_conversion(tmp_path, capsys):
+    """IOB1 (CoNLL-2003's original files: entities start with I-, B- only where two of a type touch): one line a
+    split that names the scheme and the fix, not the line for a stray I- tag."""
+    rows = [{"tokens": ["Ada", "Lovelace", "lived", "in", town], "ner_tags": ["I-PER", "I-PER", "O", "O", "I-LOC"]}
+            for town in ("London", "Paris", "Rome", "Oslo", "Lima", "Bern")]  # fmt: skip
+    data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows[:2])}
+    main(tagging_args(data, tmp_path / "run", "max_steps=1"))
+    err = capsys.readouterr().err
+    assert "warning: the train data's tags read as IOB1 (12 of its 12 entities start with I-" in err, err
+    assert "convert the tags to IOB2" in err and "follow no B- or I-" not in err
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [w["rule"] for w in results["warnings"]].count("labels.iob1_tags") == 2
 
 
 # --- bad input -----------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from finetune.checks import rule
+from finetune.checks.labels import character_span, joined_tags, joined_tags_line, spans_line, token_record
 from finetune.formats import A_TAG, IOB2_TAG, plain_tags, word_lists
 from finetune.formats import image_paths
 from finetune.metrics import TOKENS
@@ -81,7 +82,7 @@ class Columns:
         return other
 
     def setting_of(self, column: str) -> str:
-        return setting_of(column, self.args)
+        return self.args.setting_of(column)
 
     def not_found(self, hint: str = "") -> str:
         return f"column '{self.missing}' not found in the {self.split} data; columns are: {', '.join(self.names)}{hint}"
@@ -90,12 +91,6 @@ class Columns:
     def train_has(self) -> bool:
         """The train split has the missing column: this split's file differs, not the settings."""
         return self.train_columns is not None and self.missing in self.train_columns
-
-
-def setting_of(column: str, args) -> str:
-    """The setting that names `column`."""
-    names = ("label_column", "text_column", "text_pair_column", "tokens_column", "tags_column", "image_column")
-    return next((n for n in names if getattr(args, n, None) == column), "label_columns")
 
 
 # --- why a column is missing ---------------------------------------------------------------------------------
@@ -137,23 +132,6 @@ def pixel_columns(c: Columns) -> str | None:
     return None
 
 
-def joined_tags(values: list) -> str | None:
-    """The first of a column's values that is IOB2 tags joined by spaces ("O B-geo I-geo O"), where most
-    are; None otherwise."""
-    strings = [v for v in values[:200] if isinstance(v, str)]
-    joined = [v for v in strings if len(v.split()) >= 2 and all(A_TAG.fullmatch(t) for t in v.split())]
-    if not joined or len(joined) * 2 <= len(strings) or not any(re.search(r"(^|\s)[BI]-", v) for v in joined):
-        return None
-    return joined[0]
-
-
-def joined_tags_line(column: str, split: str, example: str) -> str:
-    return (f"column '{column}' of the {split} data holds tags joined by spaces in one string a row ({example!r}): "
-            "tagging data; a tagging run reads a list of words and a list of IOB2 tags for each row (JSON Lines: "
-            "\"tokens\": [...], \"ner_tags\": [...]) or a CoNLL file: split both columns into lists (pandas: "
-            "df[col].str.split()), write JSON Lines, and train with finetune/configs/bert_ner.yaml")
-
-
 @rule("columns.tags_joined_in_a_cell")
 def tags_joined_in_a_cell(c: Columns) -> str | None:
     """A row's tags joined by spaces in one cell (Kaggle's NER CSV by sentence: "O B-geo O")."""
@@ -161,31 +139,6 @@ def tags_joined_in_a_cell(c: Columns) -> str | None:
         return None
     found = next(((n, v) for n in c.head if (v := joined_tags(c.head[n]))), None)
     return joined_tags_line(found[0], c.split, found[1]) if found else None
-
-
-def character_span(value: Any) -> bool:
-    """One entity as character offsets: [start, end, label] (spaCy's training tuples) or a record with
-    start, end and label (Label Studio's and doccano's exports)."""
-    if isinstance(value, dict):
-        return {"start", "end"} <= set(value) and any(k in value for k in ("label", "labels", "type"))
-    return (isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[2], str)
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value[:2]))  # fmt: skip
-
-
-def token_record(value: Any) -> bool:
-    """One token as a record of its text and character offsets (Prodigy's `tokens`)."""
-    return isinstance(value, dict) and "text" in value and {"start", "end"} <= set(value)
-
-
-def spans_line(column: str, split: str, example: Any) -> str:
-    """The line for entities given as character spans (or tokens as records of character offsets), where
-    a tag for each word is read."""
-    held = ("tokens as records of their text and character offsets" if token_record(example) else
-            "entities as character spans")  # fmt: skip
-    return (f"column '{column}' of the {split} data holds {held} ({example!r}: as spaCy, Prodigy and annotation "
-            "tools export them); a tagging run reads a list of words and a list of "
-            "IOB2 tags for each row (JSON: \"tokens\": [...], \"ner_tags\": [...]) or a CoNLL file: convert the spans "
-            "first (spaCy: offsets_to_biluo_tags, then biluo_to_iob)")
 
 
 @rule("columns.character_spans")

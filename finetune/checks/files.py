@@ -37,15 +37,50 @@ from finetune.text import shown
 csv.field_size_limit(2**31 - 1)
 
 HEAD_BYTES = 1 << 20  # what the rules read of a file: its first MiB
-# A cell that starts with a zero and a digit (007, 0123) somewhere in a CSV: a candidate for a column read as
-# numbers that would lose its zeros (finetune/data.py reads such a column as text).
-ZERO_LED = re.compile(rb"(?:^|[,\t\n])[ \"]*[+-]?0\d")
+ZERO_LED = re.compile(r"\s*[+-]?0\d+\s*")  # 007, 0123: a number that would lose its zeros (finetune/data.py)
+
+
+class _Tap(io.RawIOBase):
+    """A binary file read through: its sha256 and its first MiB kept as the bytes go by."""
+
+    def __init__(self, f):
+        self.f, self.digest, self.head, self.size = f, hashlib.sha256(), bytearray(), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self.f.readinto(buffer)
+        chunk = memoryview(buffer)[:n]
+        self.digest.update(chunk)
+        if len(self.head) < HEAD_BYTES:
+            self.head += chunk[: HEAD_BYTES - len(self.head)]
+        self.size += n
+        return n
+
+    def drain(self) -> None:
+        while self.readinto(bytearray(1 << 20)):
+            pass
+
+
+def _not_utf8_at(path: str) -> tuple[int, int] | None:
+    """(line, byte) of a file's first byte that is not UTF-8, or None: in chunks of 1 MiB."""
+    decoder, line, offset = codecs.getincrementaldecoder("utf-8")(), 1, 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as e:
+                return line + chunk[: e.start].count(b"\n"), offset + e.start
+            line, offset = line + chunk.count(b"\n"), offset + len(chunk)
+    return None
 
 
 @dataclass
 class FileHead:
     """A data file as the rules see it, read once: its size, sha256 (the fingerprint a resume and
-    results.json keep), its first MiB, where it stops being UTF-8 and whether a cell may start with a zero."""
+    results.json keep), its first MiB, where it stops being UTF-8, and for a CSV the columns in which a
+    value is written with a leading zero."""
 
     split: str
     path: str
@@ -53,31 +88,30 @@ class FileHead:
     head: bytes
     sha256: str
     not_utf8: tuple[int, int] | None  # (line, byte) of the first byte that is not UTF-8, for a text format
-    zero_led: bool = False
+    zero_columns: frozenset = frozenset()  # a CSV's columns (by header name) holding a value such as 007
     _text: str | None = field(default=None, repr=False)
 
     @classmethod
     def read(cls, split: str, path: str) -> FileHead:
-        """One pass over the bytes: the digest, the head, the UTF-8 check (in chunks of 1 MiB: about a
-        millisecond each) and the leading-zero candidates."""
-        suffix = Path(path).suffix.lower()
-        digest, head, line, offset, bad, zero = hashlib.sha256(), b"", 1, 0, None, False
-        decoder = codecs.getincrementaldecoder("utf-8")() if suffix in TEXT_FORMATS else None
-        delimited = suffix in (".csv", ".tsv")
+        """One pass over the bytes: the digest and the head as they go by, while a text format is decoded
+        as UTF-8 and a CSV's cells are read by the csv module (for the leading zeros)."""
+        suffix, bad, zeros = Path(path).suffix.lower(), None, set()
         with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-                if len(head) < HEAD_BYTES:
-                    head += chunk[: HEAD_BYTES - len(head)]
-                if decoder is not None and bad is None:
-                    try:
-                        decoder.decode(chunk)
-                        line += chunk.count(b"\n")
-                    except UnicodeDecodeError as e:
-                        bad = (line + chunk[: e.start].count(b"\n"), offset + e.start)
-                zero = zero or (delimited and ZERO_LED.search(chunk) is not None)
-                offset += len(chunk)
-        return cls(split, path, offset, head, digest.hexdigest(), bad, zero)
+            tap = _Tap(f)
+            if suffix in TEXT_FORMATS:
+                text = io.TextIOWrapper(io.BufferedReader(tap, 1 << 20), encoding="utf-8-sig", newline="")
+                try:
+                    if suffix in (".csv", ".tsv"):
+                        zeros = _zero_led(csv.reader(text, delimiter=delimiter_of(path)))
+                    else:
+                        while text.read(1 << 20):
+                            pass
+                except UnicodeDecodeError:
+                    bad = _not_utf8_at(path)  # only a file that is not UTF-8 is read again, to name the place
+                except csv.Error:  # a NUL byte, a field past the limit: the parser says what it makes of it
+                    pass
+            tap.drain()
+        return cls(split, path, tap.size, bytes(tap.head), tap.digest.hexdigest(), bad, frozenset(zeros))
 
     @property
     def suffix(self) -> str:
@@ -107,6 +141,15 @@ class FileHead:
     def names(self) -> list[str]:
         """The header's fields, as the csv module reads them."""
         return next(csv.reader(self.text.splitlines()[:1] or [""], delimiter=delimiter_of(self.path)), [])
+
+
+def _zero_led(rows) -> set[str]:
+    """The columns (by the header's names) in which a cell is a number written with a leading zero."""
+    header = next(rows, [])
+    found: set[int] = set()
+    for row in rows:
+        found.update(i for i, cell in enumerate(row) if i not in found and ZERO_LED.fullmatch(cell))
+    return {header[i] for i in found if i < len(header)}
 
 
 def _the(split: str) -> str:

@@ -101,6 +101,51 @@ def _listed(names, most: int = 5) -> str:
     return ", ".join(map(repr, names[:most])) + (", ..." if len(names) > most else "")
 
 
+# --- what a label cell may hold instead of labels ---
+
+
+def joined_tags(values: list) -> str | None:
+    """The first of a column's values that is IOB2 tags joined by spaces ("O B-geo I-geo O"), where most
+    are; None otherwise."""
+    strings = [v for v in values[:200] if isinstance(v, str)]
+    joined = [v for v in strings if len(v.split()) >= 2 and all(A_TAG.fullmatch(t) for t in v.split())]
+    if not joined or len(joined) * 2 <= len(strings) or not any(re.search(r"(^|\s)[BI]-", v) for v in joined):
+        return None
+    return joined[0]
+
+
+def joined_tags_line(column: str, split: str, example: str) -> str:
+    return (f"column '{column}' of the {split} data holds tags joined by spaces in one string a row ({example!r}): "
+            "tagging data; a tagging run reads a list of words and a list of IOB2 tags for each row (JSON Lines: "
+            "\"tokens\": [...], \"ner_tags\": [...]) or a CoNLL file: split both columns into lists (pandas: "
+            "df[col].str.split()), write JSON Lines, and train with finetune/configs/bert_ner.yaml")
+
+
+def character_span(value: Any) -> bool:
+    """One entity as character offsets: [start, end, label] (spaCy's training tuples) or a record with
+    start, end and label (Label Studio's and doccano's exports)."""
+    if isinstance(value, dict):
+        return {"start", "end"} <= set(value) and any(k in value for k in ("label", "labels", "type"))
+    return (isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[2], str)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value[:2]))  # fmt: skip
+
+
+def token_record(value: Any) -> bool:
+    """One token as a record of its text and character offsets (Prodigy's `tokens`)."""
+    return isinstance(value, dict) and "text" in value and {"start", "end"} <= set(value)
+
+
+def spans_line(column: str, split: str, example: Any) -> str:
+    """The line for entities given as character spans (or tokens as records of character offsets), where
+    a tag for each word is read."""
+    held = ("tokens as records of their text and character offsets" if token_record(example) else
+            "entities as character spans")  # fmt: skip
+    return (f"column '{column}' of the {split} data holds {held} ({example!r}: as spaCy, Prodigy and annotation "
+            "tools export them); a tagging run reads a list of words and a list of "
+            "IOB2 tags for each row (JSON: \"tokens\": [...], \"ner_tags\": [...]) or a CoNLL file: convert the spans "
+            "first (spaCy: offsets_to_biluo_tags, then biluo_to_iob)")
+
+
 # --- the problem type ------------------------------------------------------------------------------------------
 
 
@@ -489,8 +534,6 @@ CLASSES = [single_class, list_written_as_text, header_inside_the_file, line_brea
 def tags_joined_as_a_class(values: list, column: str, split: str) -> str | None:
     """A label column of IOB2 tags joined by spaces ("O B-geo I-geo O"): a tagging row's tags in one cell,
     which a classifier would read as one class each."""
-    from finetune.checks.columns import joined_tags, joined_tags_line
-
     example = joined_tags(values)
     return joined_tags_line(column, split, example) if example else None
 
@@ -630,8 +673,6 @@ def empty_name_in_a_list(lists: list, column: str, split: str) -> str | None:
 @rule("labels.spans_as_labels")
 def spans_as_labels(lists: list, column: str, split: str) -> str | None:
     """[[0, 12, "PER"]]: entities by their characters, not labels of the text."""
-    from finetune.checks.columns import character_span, spans_line
-
     nested = next((v for labels in lists for v in labels or () if isinstance(v, (list, tuple, dict))), None)
     return spans_line(column, split, nested) if character_span(nested) else None
 
@@ -1086,12 +1127,35 @@ def tags_without_prefixes(names: list[str], split: str, ds) -> str | None:
             "write them in IOB2 (B-PER for an entity's first word, I-PER for the words after it)")
 
 
+def _iob1(names: list[str], ds) -> tuple[int, int] | None:
+    """(entities that start with I-, entities) where most entities do (IOB1: B- only where two entities of a
+    type touch, as CoNLL-2003's original files write them); None otherwise."""
+    starts = sum(1 for tags in ds["labels"] for i, t in enumerate(tags)
+                 if names[t].startswith("B-") or (names[t].startswith("I-") and (i == 0 or names[tags[i - 1]][2:] != names[t][2:]
+                                                                              or names[tags[i - 1]] == "O")))  # fmt: skip
+    opened = len(invalid_iob2(ds["labels"], names))
+    return (opened, starts) if starts and opened * 2 > starts else None
+
+
+@rule("labels.iob1_tags", warning=True)
+def iob1_tags(names: list[str], split: str, ds) -> str | None:
+    """Tags in IOB1 (most entities start with I-; B- only where two entities of one type touch): strict IOB2
+    scoring starts no entity at an I-, so those entities count as O, in training's scores and in the model's."""
+    found = _iob1(names, ds)
+    if found:
+        return (f"the {split} data's tags read as IOB1 ({found[0]} of its {found[1]} entities start with I-, where IOB2 "
+                "starts every entity with B-): strict IOB2 scoring counts those entities as O; convert the tags to IOB2 "
+                "(an entity's first word B-<type>, the words after it I-<type>)")
+    return None
+
+
 @rule("labels.invalid_iob2", warning=True)
 def invalid_iob2_tags(names: list[str], split: str, ds) -> str | None:
     """An I- tag that follows no B- or I- of its type: strict IOB2 scoring starts no entity there. Counted and
-    named (in a share held out of the training file, by its row there), not repaired."""
+    named (in a share held out of the training file, by its row there), not repaired; tags that read as IOB1
+    throughout have their own rule."""
     places = invalid_iob2(ds["labels"], names)
-    if not places:
+    if not places or _iob1(names, ds):
         return None
     file_rows = getattr(ds, "file_rows", None)
     if file_rows is None:
@@ -1105,7 +1169,7 @@ def invalid_iob2_tags(names: list[str], split: str, ds) -> str | None:
             "leave them and know they count as O")
 
 
-TAGS_READ = [tags_without_prefixes, invalid_iob2_tags]
+TAGS_READ = [tags_without_prefixes, iob1_tags, invalid_iob2_tags]
 
 
 # --- what the classes look like, once read -----------------------------------------------------------------------

@@ -59,6 +59,37 @@ FILES = [validation_is_train, test_is_train, test_is_validation]
 # --- samples the splits share ----------------------------------------------------------------------------------
 
 
+def compared_columns(train, args, images: bool) -> list[str]:
+    """The columns that make a sample what it is (its texts, words or image), as far as the data has them."""
+    return [c for c in ([args.image_column] if images else args.input_columns) if c in train.column_names]
+
+
+def _image_digest(cell: dict | None) -> str | None:
+    """An undecoded image cell ({"bytes", "path"}) as the sha1 of its bytes (the file's, for a path)."""
+    import hashlib
+    from pathlib import Path
+
+    if not cell:
+        return None
+    data = cell.get("bytes")
+    if data is None and cell.get("path"):
+        try:
+            data = Path(cell["path"]).read_bytes()
+        except OSError:  # named with its row by the image rules
+            return None
+    return hashlib.sha1(data).hexdigest() if data is not None else None
+
+
+def sample_rows(ds, columns: list[str], images: bool) -> list[tuple]:
+    """Each row's values in `columns`, hashable (a list of words as a tuple; an image as its bytes' digest: an
+    image folder copied into another class or split is the same bytes): rows to compare across splits."""
+    if images:
+        from datasets import Image
+
+        return [(_image_digest(cell),) for cell in ds.cast_column(columns[0], Image(decode=False))[columns[0]]]
+    return [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in zip(*(ds[c] for c in columns), strict=True)]
+
+
 class Samples:
     """The splits' samples as the rules compare them: each row's values in the columns that make a sample what
     it is (its texts, words or image bytes' digest), and the training labels."""
@@ -69,6 +100,17 @@ class Samples:
         self.files, self.setting_of, self.sizes = files, setting_of, sizes
         self.train = rows["train"]
         self.seen = set(self.train) - {(None,)}
+
+    @classmethod
+    def of(cls, raw, args, images: bool, files: dict) -> Samples | None:
+        """The samples of a run's raw splits (`images`: an image run), or None when it has no input column."""
+        cols = compared_columns(raw["train"], args, images)
+        if not cols:
+            return None
+        rows = {s: sample_rows(raw[s], cols, images) for s in ("train", "validation", "test") if s in raw}
+        answers = raw["train"][args.label_column] if args.label_column in raw["train"].column_names else []
+        return cls(rows, "image (the same bytes)" if images else " and ".join(cols), images, cols, answers, files,
+                   args.setting_of, {s: len(d) for s, d in raw.items()})  # fmt: skip
 
 
 @rule("splits.samples_all_the_same", warning=True)
