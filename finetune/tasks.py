@@ -46,9 +46,9 @@ class Task:
     own_settings: frozenset[str] = frozenset()
     problems: tuple[str, ...] = ("single_label_classification", "multi_label_classification", "regression")
     has_word_embeddings = False  # freeze_embeddings applies
-    # What `check_model` asks of the built model and its preprocessor (a `model_rules.Fit`).
-    model_checks: tuple[checks.Rule, ...] = ()
     preprocessor_first = False  # loaded before the model (a tokenizer's vocabulary sizes a model from a config)
+    # The rules `check_model` asks of the built model and its preprocessor (a `model_rules.Fit`).
+    model_checks: tuple[checks.Rule, ...] = ()
 
     @property
     def pipeline_tag(self) -> str:
