@@ -26,7 +26,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from finetune.errors import UserError
+from finetune import checks
+from finetune.checks import models as model_rules
 
 # The settings of `peft`, with their defaults (peft's LoraConfig names them r, lora_alpha, lora_dropout).
 # target_modules null: the model's attention query and value layers, by the names it has (`QUERY_VALUE`).
@@ -59,45 +60,24 @@ def linear_names(model) -> list[str]:
 
 
 def apply_lora(model, spec: dict[str, Any]):
-    """The model wrapped by peft: adapters on the target modules, the head trainable, the rest frozen."""
+    """The model wrapped by peft: adapters on the target modules, the head trainable, the rest frozen; the
+    targets and rank checked against the model first (finetune/checks/models.py's LORA_*)."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise UserError(
-            "peft (LoRA) is not installed: pip install peft (or pip install -e '.[peft]')"
-        ) from None
+        raise checks.explain(model_rules.PEFT_MISSING) from None
+    import torch
+
     spec = with_defaults(spec)
     known = linear_names(model)
     if spec["target_modules"] is None:
         fits = next((names for names in QUERY_VALUE if set(names) <= set(known)), None)
-        if fits is None:
-            raise UserError(
-                f"peft.target_modules: {type(model).__name__} has no query/value layers of a known name; set "
-                f"peft.target_modules=[...] from its linear layers: {', '.join(known)}"
-            )
+        checks.gate(model_rules.LORA_DEFAULT, type(model).__name__, known, fits)
         spec = {**spec, "target_modules": fits}
-    heads = [t for t in spec["target_modules"] if t in HEADS and t not in known]
-    if heads:  # the head is trained whole beside the adapters (modules_to_save): it takes no adapter
-        raise UserError(
-            f"peft.target_modules {heads}: the classification head is trained whole beside the adapters, so it takes "
-            f"no adapter; leave it out (the layers LoRA can adapt: {', '.join(known)})"
-        )
-    missing = [t for t in spec["target_modules"] if t not in known]
-    if missing:
-        raise UserError(
-            f"peft.target_modules {missing} are not linear layers of {type(model).__name__}; "
-            f"its linear layers are: {', '.join(known)}"
-        )
-    import torch
-
     widths = {min(m.in_features, m.out_features) for name, m in model.named_modules()
               if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in spec["target_modules"]}  # fmt: skip
-    if widths and spec["r"] > min(widths):  # a rank past a layer's width adds weights and nothing else
-        raise UserError(
-            f"peft.r={spec['r']} is above the width of the layers LoRA adapts ({min(widths)}: "
-            f"{', '.join(spec['target_modules'])}), where a low-rank update has rank at most {min(widths)}; "
-            f"use peft.r of at most {min(widths)} (LoRA's usual ranks are 4 to 64)"
-        )
+    checks.gate(model_rules.LORA_TARGETS,
+                model_rules.Adapters(type(model).__name__, known, spec["target_modules"], spec["r"], widths, HEADS))
     config = LoraConfig(
         r=spec["r"],
         lora_alpha=spec["alpha"],

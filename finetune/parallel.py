@@ -37,11 +37,21 @@ import psutil  # an accelerate dependency
 import torch
 from torch import nn
 
-from finetune.errors import UserError
+from finetune import checks
+from finetune.checks import models as model_rules
+from finetune.checks.models import format_bytes  # the rules say sizes as the plan's table does
 
 
-class ParallelError(UserError, ValueError):
-    """A user mistake in the model-parallel settings: printed as one line, exit status 2."""
+class ParallelError(ValueError):
+    """A model the layer split cannot cut into blocks (`find_blocks`), or whose config lacks a size the memory
+    estimate reads: a signal inside the app, not a line for the user. `plan_model_parallel` and
+    `models.freeze_layers` turn it into the user's line (finetune/checks/models.py's UNSPLITTABLE);
+    benchmarks/flops.py counts no frozen layers. `why`: "layout", "no layers", "outside" (parameters outside
+    the layers, `where`: whose) or "config" (`where`: the sizes looked for)."""
+
+    def __init__(self, why: str, where: str = ""):
+        super().__init__(f"{why}: {where}" if where else why)
+        self.why, self.where = why, where
 
 
 # --- devices and sizes ---------------------------------------------------------------------------
@@ -50,7 +60,7 @@ class ParallelError(UserError, ValueError):
 def parse_devices(spec: str | None) -> list[torch.device]:
     """`None`/"auto": every visible CUDA GPU, or CPU when there is none; else a comma list such as
     "cuda:0,cuda:1", "cuda:0,cpu" or "cpu,cpu,cpu" (repeats are allowed: that is how the CPU tests
-    exercise the hand-offs). A device this machine does not have is a ParallelError."""
+    exercise the hand-offs). A device this machine does not have is refused (finetune/checks/models.py)."""
     if spec is None or spec.strip().lower() == "auto":
         n = torch.cuda.device_count()
         return [torch.device("cuda", i) for i in range(n)] if n else [torch.device("cpu")]
@@ -60,23 +70,9 @@ def parse_devices(spec: str | None) -> list[torch.device]:
         try:
             device = torch.device(name)
         except (RuntimeError, ValueError):
-            raise ParallelError(
-                f"unknown device {item.strip()!r} in devices={spec!r}; use e.g. cuda:0,cuda:1 or cuda:0,cpu"
-            ) from None
-        if device.type == "cuda":
-            n = torch.cuda.device_count()
-            index = 0 if device.index is None else device.index
-            if index >= n:
-                have = f"only cuda:0..cuda:{n - 1}" if n else "no CUDA GPU"
-                raise ParallelError(
-                    f"device {name} does not exist: this machine has {have}; fix devices={spec!r}"
-                )
-            device = torch.device("cuda", index)
-        elif device.type != "cpu":
-            raise ParallelError(
-                f"device {name} is not supported for model parallelism; use cuda:N or cpu in devices={spec!r}"
-            )
-        devices.append(device)
+            raise checks.explain(model_rules.DEVICE_UNKNOWN, item, spec) from None
+        checks.gate(model_rules.DEVICE, device, name, spec, torch.cuda.device_count() if device.type == "cuda" else 0)
+        devices.append(torch.device("cuda", device.index or 0) if device.type == "cuda" else device)
     return devices
 
 
@@ -85,8 +81,8 @@ def process_devices(spec: str | None, local_rank: int = 0, local_processes: int 
     several processes on one machine (DDP x layer split, the hybrid), this process's share:
 
     - no `devices` (or "auto"): the visible GPUs in equal consecutive groups, one per local process
-      (4 GPUs, 2 processes: cuda:0,cuda:1 and cuda:2,cuda:3); a count that does not divide is a
-      ParallelError; no GPU: the CPU, unsplit.
+      (4 GPUs, 2 processes: cuda:0,cuda:1 and cuda:2,cuda:3); a count that does not divide is
+      refused; no GPU: the CPU, unsplit.
     - one list per local process, separated by ";" ("cuda:0,cuda:1;cuda:2,cuda:3"): this process's.
     - one list ("cpu,cpu"): every process uses it. CPU devices only: two processes of an NCCL group
       cannot share a GPU, so a list naming GPUs must be given per process.
@@ -95,30 +91,17 @@ def process_devices(spec: str | None, local_rank: int = 0, local_processes: int 
         return parse_devices(spec)
     if spec is not None and ";" in spec:
         groups = spec.split(";")
-        if len(groups) != local_processes:
-            raise ParallelError(
-                f"devices={spec!r} gives {len(groups)} device lists for {local_processes} processes on this "
-                "machine; give one list per process, separated by ';'"
-            )
+        checks.gate(model_rules.PROCESS_LISTS, spec, len(groups), local_processes)
         return parse_devices(groups[local_rank])
     if spec is None or spec.strip().lower() == "auto":
         n = torch.cuda.device_count()
         if n == 0:
             return [torch.device("cpu")]
-        if n % local_processes:
-            raise ParallelError(
-                f"{n} visible GPUs do not split evenly among {local_processes} processes on this machine; "
-                f"launch a number of processes that divides {n}, or give devices per process (cuda:0,cuda:1;cuda:2)"
-            )
+        checks.gate(model_rules.PROCESS_GPUS, n, local_processes)
         k = n // local_processes
         return [torch.device("cuda", i) for i in range(local_rank * k, (local_rank + 1) * k)]
     devices = parse_devices(spec)
-    if any(d.type == "cuda" for d in devices):
-        raise ParallelError(
-            f"devices={spec!r} would put each of the {local_processes} processes on this machine on the same "
-            "GPUs; leave devices unset to split the visible GPUs evenly, or give one list per process "
-            "separated by ';' (cuda:0,cuda:1;cuda:2,cuda:3)"
-        )
+    checks.gate(model_rules.PROCESS_SHARED, spec, devices, local_processes)
     return devices
 
 
@@ -133,16 +116,8 @@ def parse_size(value: int | str) -> int:
         return value
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
     if match is None or match.group(2).lower() not in _UNITS:
-        raise ParallelError(f"cannot read memory size {value!r}; use bytes or a unit, e.g. 2GiB or 500MB")
+        raise checks.explain(model_rules.MEMORY_SIZE, value)
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def _device_key(key: int | str | torch.device) -> str:
@@ -152,7 +127,7 @@ def _device_key(key: int | str | torch.device) -> str:
     try:
         device = torch.device(key)
     except (RuntimeError, ValueError):
-        raise ParallelError(f"max_memory key {key!r} is not a device; use e.g. cuda:0 or cpu") from None
+        raise checks.explain(model_rules.MEMORY_KEY, key) from None
     return "cuda:0" if device.type == "cuda" and device.index is None else str(device)
 
 
@@ -193,15 +168,12 @@ def find_blocks(model: nn.Module) -> tuple[list[str], list[str], list[str]]:
     candidates = ("encoder.layer", "encoder.layers", "transformer.layer", "layers", "layer")
     layers_name = next((c for c in candidates if isinstance(_get(base, c), nn.ModuleList)), None)
     if not isinstance(getattr(base, "embeddings", None), nn.Module) or layers_name is None:
-        raise ParallelError(
-            f"cannot split {type(model).__name__}: model parallelism supports BERT-like models with "
-            "`embeddings` and a list of encoder layers (BERT, RoBERTa, DistilBERT, ViT, DeiT)"
-        )
+        raise ParallelError("layout")
     join = (lambda n: f"{base_name}.{n}") if base_name else (lambda n: n)
     embeddings, layers = join("embeddings"), join(layers_name)
     n_layers = len(model.get_submodule(layers))
     if n_layers == 0:
-        raise ParallelError(f"cannot split {type(model).__name__}: it has no encoder layers")
+        raise ParallelError("no layers")
 
     # Walk down from the root, stepping into the ancestors of the embeddings and layers (model,
     # model.bert, model.bert.encoder) and taking every other child whole, in registration order.
@@ -214,9 +186,7 @@ def find_blocks(model: nn.Module) -> tuple[list[str], list[str], list[str]]:
     def walk(name: str, module: nn.Module) -> None:
         nonlocal seen_layers
         if any(True for _ in module.parameters(recurse=False)):
-            raise ParallelError(
-                f"cannot split {type(model).__name__}: {name or 'the model'} holds parameters outside its layers"
-            )
+            raise ParallelError("outside", name)
         for child_name, child in module.named_children():
             full = f"{name}.{child_name}" if name else child_name
             if full == layers:
@@ -242,7 +212,7 @@ def _config_value(config: Any, *names: str, default: int | None = None) -> int:
         if isinstance(getattr(config, name, None), int):
             return getattr(config, name)
     if default is None:
-        raise ParallelError(f"cannot estimate memory: the model config has none of {', '.join(names)}")
+        raise ParallelError("config", ", ".join(names))
     return default
 
 
@@ -472,23 +442,15 @@ def plan_model_parallel(
     Embeddings are on the first stage and the head on the last (blocks stay in order). One device
     gives a single-stage plan; the caller then trains unsplit.
     """
-    if mixed_precision not in _ACTIVATION_BYTES:
-        raise ParallelError(
-            f"mixed_precision must be one of {', '.join(_ACTIVATION_BYTES)}, got {mixed_precision!r}"
-        )
-    if not devices:
-        raise ParallelError("model parallelism needs at least one device")
-    find_blocks(model)  # a clear error for a model we cannot split, before reading its config
-    seq_len = seq_len or default_seq_len(model.config)
-    blocks = model_blocks(
-        model, micro_batch_size=micro_batch_size, seq_len=seq_len, mixed_precision=mixed_precision
-    )
+    checks.gate(model_rules.PLAN, devices, mixed_precision, tuple(_ACTIVATION_BYTES))
+    try:
+        find_blocks(model)  # a clear error for a model we cannot split, before reading its config
+        seq_len = seq_len or default_seq_len(model.config)
+        blocks = model_blocks(model, micro_batch_size=micro_batch_size, seq_len=seq_len, mixed_precision=mixed_precision)
+    except ParallelError as e:
+        raise checks.explain(model_rules.UNSPLITTABLE, type(model).__name__, e) from None
     n, S = len(blocks), len(devices)
-    if S > n:
-        n_layers = n - 2
-        raise ParallelError(
-            f"{S} devices but only {n} layers to place (embeddings, {n_layers} encoder layers, head); use at most {n} devices"
-        )
+    checks.gate(model_rules.BLOCKS, S, n)
     shares = {str(d): sum(str(x) == str(d) for x in devices) for d in devices}
     per_process = {"cpu": max(local_processes, 1)}  # a GPU belongs to one process, the RAM to all
     caps = [device_capacity(d, max_memory) // shares[str(d)] // per_process.get(d.type, 1) for d in devices]
@@ -500,20 +462,16 @@ def plan_model_parallel(
     if cuts is None:
         need = _balanced_split(cost, n, [math.inf] * S)
         assert need is not None
-        need_bytes = [cost(need[k], need[k + 1]) for k in range(S)]
-        over = ", ".join(
-            f"{format_bytes(need_bytes[k])} on {devices[k]} (stage {k}, capacity {format_bytes(caps[k])})"
-            for k in range(S)
-            if need_bytes[k] > caps[k]
-        )
-        raise ParallelError(
-            f"the model does not fit for training on {','.join(map(str, devices))} at micro_batch_size={micro_batch_size}, "
-            f"seq_len={seq_len}: about {format_bytes(sum(need_bytes))} in all, and the most even split needs {over}; "
-            "lower per_device_train_batch_size or max_length, raise max_memory, or add devices"
-        )
+        needs = [cost(need[k], need[k + 1]) for k in range(S)]
+        raise checks.explain(model_rules.NO_FIT, model_rules.Unfit(devices, caps, needs, micro_batch_size, seq_len))
+    return _plan(blocks, devices, cuts, caps, cost, micro_batch_size, seq_len, mixed_precision)
 
+
+def _plan(blocks: list[Block], devices: list[torch.device], cuts: list[int], caps: list[float],
+          cost: Callable[[int, int], int], micro_batch_size: int, seq_len: int, mixed_precision: str) -> Plan:  # fmt: skip
+    """The plan of stage k holding `blocks[cuts[k]:cuts[k + 1]]` on `devices[k]`."""
     stages, device_map = [], {}
-    for k in range(S):
+    for k in range(len(devices)):
         part = blocks[cuts[k] : cuts[k + 1]]
         stages.append(
             Stage(
@@ -526,7 +484,7 @@ def plan_model_parallel(
             )
         )
         device_map.update({m: str(devices[k]) for b in part for m in b.modules})
-    if S == 1:
+    if len(devices) == 1:
         # {"": device} is the hf_device_map of a model on one device: `accelerator.prepare` then
         # places it as usual, where a map with several entries would make it leave the model alone.
         device_map = {"": str(devices[0])}
@@ -590,9 +548,7 @@ def apply_model_parallel(model: nn.Module, plan: Plan) -> nn.Module:
     Inputs may come on any device (they go to stage 0; `labels` to the last stage, where HF's loss
     is computed); logits come out on the last stage's device.
     """
-    if hasattr(model, "mp_state"):
-        raise ParallelError("the model is already split for model parallelism")
-    _check_tied_weights(model, plan)
+    checks.gate(model_rules.SPLIT, model, plan)
     state = ModelParallelState(plan)
     first, last = plan.stages[0].device, plan.stages[-1].device
     if len(plan.stages) == 1:
@@ -636,22 +592,6 @@ def _block_hook(state: ModelParallelState, stage: int, device: torch.device) -> 
     return hook
 
 
-def _check_tied_weights(model: nn.Module, plan: Plan) -> None:
-    """A parameter shared by blocks on different devices (an MLM head tied to the word embeddings)
-    would live on one device and be used on another. Sequence classifiers have none."""
-    where: dict[int, tuple[str, torch.device]] = {}
-    for stage in plan.stages:
-        for block in (b for b in plan.blocks if b.name in stage.blocks):
-            for m in block.modules:
-                for pname, p in model.get_submodule(m).named_parameters():
-                    if id(p) in where and where[id(p)][1] != stage.device:
-                        raise ParallelError(
-                            f"{m}.{pname} is tied to {where[id(p)][0]}, which is on {where[id(p)][1]} but this stage is on "
-                            f"{stage.device}; untie the weights or use devices that keep them together"
-                        )
-                    where.setdefault(id(p), (f"{m}.{pname}", stage.device))
-
-
 # --- GPipe-style micro-batches -------------------------------------------------------------------
 
 
@@ -666,8 +606,7 @@ def pipelined_forward(model: nn.Module, batch: Mapping[str, Any], chunks: int) -
     thread and does not overlap. In train mode each chunk draws its own dropout masks. The logits are
     concatenated on the last stage's device.
     """
-    if chunks < 1:
-        raise ParallelError(f"pipeline_chunks must be at least 1, got {chunks}")
+    checks.gate(model_rules.CHUNKS, chunks)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     sizes = {v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor)}
     if len(sizes) != 1:

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finetune import checks
 from finetune.checks import images as image_rules
 from finetune.checks import inputs
-from finetune.errors import UserError
+from finetune.checks import models as model_rules
 from finetune.formats import word_lists
 
 if TYPE_CHECKING:
@@ -48,6 +47,8 @@ class Task:
     problems: tuple[str, ...] = ("single_label_classification", "multi_label_classification", "regression")
     has_word_embeddings = False  # freeze_embeddings applies
     preprocessor_first = False  # loaded before the model (a tokenizer's vocabulary sizes a model from a config)
+    # The rules `check_model` asks of the built model and its preprocessor (a `model_rules.Fit`).
+    model_checks: tuple[checks.Rule, ...] = ()
 
     @property
     def pipeline_tag(self) -> str:
@@ -111,11 +112,18 @@ class Task:
     def vocab_size(self, preprocessor) -> int | None:
         return None
 
+    def fit_preprocessor(self, model, preprocessor) -> None:
+        """The preprocessor and the built model made to agree where the task knows how (a padding token)."""
+
     def check_model(
         self, model, preprocessor, args: ModelArgs, data: DataArgs, exported: str | None = None
     ) -> None:
-        """After the model is built: what would train garbage or fail mid-run (a wrong tokenizer).
+        """After the model is built: the preprocessor fitted to it (`fit_preprocessor`), then the task's rules
+        of what would train garbage or fail mid-run (`model_checks`: a wrong tokenizer, finetune/checks/models.py).
         `exported`: the saved model whose own preprocessor was loaded (evaluation), not `args`'s."""
+        self.fit_preprocessor(model, preprocessor)
+        name = exported or args.tokenizer_name or args.model_name_or_path
+        checks.gate(self.model_checks, model_rules.Fit(model, preprocessor, name, data, bool(exported)))
 
     def notices(self, raw, preprocessor, data: DataArgs) -> list[str]:
         """Notes worth printing before training (images resized), from the raw splits."""
@@ -163,6 +171,7 @@ class TextClassification(Task):
                               "label_columns"})  # fmt: skip
     has_word_embeddings = True
     preprocessor_first = True
+    model_checks = tuple(model_rules.TEXT_MODEL)
 
     def input_columns(self, data: DataArgs) -> list[str]:
         return data.text_columns
@@ -202,15 +211,13 @@ class TextClassification(Task):
     def load_preprocessor(self, args: ModelArgs, model_config=None):
         from transformers import AutoTokenizer
 
-        from finetune.models import load_error
-
         name = args.tokenizer_name or args.model_name_or_path
-        if name is None:
-            raise UserError("a text model built from model_config needs tokenizer_name")
+        checks.gate(model_rules.TOKENIZER_SOURCE, name)
         try:
             return AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
         except (OSError, ValueError) as e:
-            raise load_error("tokenizer", name, e, None if args.tokenizer_name else "model_name_or_path") from None
+            loading = model_rules.Loading("tokenizer", name, e, None if args.tokenizer_name else "model_name_or_path")
+            raise checks.explain(model_rules.LOAD_FAILED, loading) from None
 
     def load_saved_preprocessor(self, source: str):
         from transformers import AutoTokenizer
@@ -220,29 +227,18 @@ class TextClassification(Task):
     def vocab_size(self, preprocessor) -> int | None:
         return len(preprocessor) if preprocessor is not None else None
 
-    def check_model(
-        self, model, preprocessor, args: ModelArgs, data: DataArgs, exported: str | None = None
-    ) -> None:
-        from finetune.models import check_max_length, check_tokenizer
-
-        name = exported or args.tokenizer_name or args.model_name_or_path
-        # Batches are padded by the tokenizer, whatever the model's config says: a tokenizer without a
-        # padding token (GPT-2's and kin) pads with its end-of-text token, as transformers' examples do
-        # (else its unknown token), and the model is told that id (GPT-2's classifier reads the last token
-        # that is not padding). Checked here, before anything is written, not at the first batch.
+    def fit_preprocessor(self, model, preprocessor) -> None:
+        """Batches are padded by the tokenizer, whatever the model's config says: a tokenizer without a
+        padding token (GPT-2's and kin) pads with its end-of-text token, as transformers' examples do (else
+        its unknown token), and the model is told that id (GPT-2's classifier reads the last token that is
+        not padding). One with neither is refused by `model_rules.no_padding_token`, before anything is
+        written, not at the first batch."""
         if preprocessor.pad_token_id is None:
             fallback = next((t for t in (preprocessor.eos_token, preprocessor.unk_token) if t is not None), None)
             if fallback is None:
-                raise UserError(
-                    f"the tokenizer of {name} has no padding token, and no end-of-text or unknown token to pad "
-                    "with; use a tokenizer that has one (tokenizer_name), or add a pad_token to its "
-                    "tokenizer_config.json / special_tokens_map.json"
-                )
+                return
             preprocessor.pad_token = fallback
         model.config.pad_token_id = preprocessor.pad_token_id
-        check_max_length(model, data.max_length, data.pad_to_multiple_of)
-        pair = data.text_pair_column is not None
-        check_tokenizer(preprocessor, model, name, data.max_length, pair, exported=bool(exported))
 
     def sequence_length(self, data: DataArgs) -> int | None:
         return data.max_length
@@ -332,8 +328,6 @@ class ImageClassification(Task):
     def load_preprocessor(self, args: ModelArgs, model_config=None):
         from transformers import AutoImageProcessor
 
-        from finetune.models import load_error
-
         name = args.image_processor_name or (args.model_name_or_path if args.model_config is None else None)
         if name is None:  # a ViT built from a config: resize to its image size, scale to [-1, 1]
             size = getattr(model_config, "image_size", 224)
@@ -348,7 +342,8 @@ class ImageClassification(Task):
         try:
             return AutoImageProcessor.from_pretrained(name, trust_remote_code=args.trust_remote_code)
         except (OSError, ValueError) as e:
-            raise load_error("image processor", name, e, None if args.image_processor_name else "model_name_or_path") from None
+            setting = None if args.image_processor_name else "model_name_or_path"
+            raise checks.explain(model_rules.LOAD_FAILED, model_rules.Loading("image processor", name, e, setting)) from None
 
     def load_saved_preprocessor(self, source: str):
         from transformers import AutoImageProcessor
@@ -553,23 +548,14 @@ def task_of_model(config, spec: str, asked: str | None = None) -> Task:
     base model (BertModel, BertForMaskedLM: no head of ours, transformers' default labels) is refused:
     its classifier would be random weights."""
     architectures = getattr(config, "architectures", None) or []
-    heads = [a for a in architectures if any(a.endswith(t.architecture_suffix) for t in TASKS.values())]
-    defaults = all(re.fullmatch(r"LABEL_\d+", str(v)) for v in (getattr(config, "id2label", None) or {}).values())
-    if architectures and not heads and defaults:
-        raise UserError(
-            f"{spec} is a pretrained base model ({', '.join(architectures)}), not a fine-tuned one: it has no "
-            f"classifier to evaluate; fine-tune it first (finetune/run.py model_name_or_path={spec}) and evaluate "
-            "the run's export (<output_dir>/model)"
-        )
+    suffixes = [t.architecture_suffix for t in TASKS.values()]
+    checks.gate(model_rules.SAVED_TASK, spec, architectures, getattr(config, "id2label", None) or {}, suffixes)
     if asked is not None:
         return task_of(asked)
     for task in TASKS.values():
         if any(a.endswith(task.architecture_suffix) for a in architectures):
             return task
-    raise UserError(
-        f"cannot tell the task of {spec} from its config (architectures {architectures}); "
-        f"pass --task {' or --task '.join(TASK_NAMES)}"
-    )
+    raise checks.explain(model_rules.TASK_UNKNOWN, spec, architectures, TASK_NAMES)
 
 
 def tokenized_fingerprint(ds, fn) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import pytest
 import torch
@@ -150,11 +151,13 @@ def test_lora_ddp_equals_one_big_batch(small_text_data, tmp_path):
 
 def test_unknown_target_modules_are_one_line(small_text_data, tmp_path, capsys):
     line = user_error(
-        capsys, main, tiny_text_args(small_text_data, tmp_path / "out", "peft.target_modules=[q_proj]")
+        capsys, main, tiny_text_args(small_text_data, tmp_path / "out", "peft.target_modules=[q_proj]"),
+        rule="models.lora_target_unknown",
     )
     assert "peft.target_modules ['q_proj'] are not linear layers of BertForSequenceClassification" in line
     assert "its linear layers are: dense, key, query, value" in line
-    line = user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "out", "peft.target_modules=[classifier]"))
+    line = user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "out", "peft.target_modules=[classifier]"),
+                      rule="models.lora_target_head")  # fmt: skip
     assert "the classification head is trained whole beside the adapters, so it takes no adapter" in line
 
 
@@ -168,9 +171,25 @@ def test_a_rank_above_the_width_of_the_adapted_layers_is_one_line():
     model = transformers.BertForSequenceClassification(tiny_bert_config())
     width = model.config.hidden_size
     with pytest.raises(UserError, match=rf"peft.r={width + 1} is above the width of the layers LoRA adapts "
-                                        rf"\({width}: query, value\).* at most {width}"):  # fmt: skip
+                                        rf"\({width}: query, value\).* at most {width}") as e:  # fmt: skip
         apply_lora(model, {"r": width + 1})
+    assert e.value.rule == "models.lora_rank_above_width"
     assert apply_lora(model, {"r": width}) is not None
+
+
+def test_a_model_without_query_and_value_layers_needs_target_modules(monkeypatch):
+    """target_modules unset on a model whose linear layers have no name LoRA's default knows: it names them."""
+    from finetune.lora import apply_lora
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    with pytest.raises(UserError, match=r"peft.target_modules: Sequential has no query/value layers of a known name; "
+                                        r"set peft.target_modules=\[...\] from its linear layers: 0, 2") as e:  # fmt: skip
+        apply_lora(model, {"r": 2})
+    assert e.value.rule == "models.lora_no_query_value"
+    monkeypatch.setitem(sys.modules, "peft", None)  # not installed: its import fails
+    with pytest.raises(UserError, match=r"peft \(LoRA\) is not installed: pip install peft") as e:
+        apply_lora(model, {"r": 2})
+    assert e.value.rule == "models.peft_missing"
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,7 @@ def _write_tokenizer(folder: Path, special: list[str]) -> Path:
     return folder
 
 
+TEXT = "text-classification"
 GPT2 = "{model_type: gpt2, n_embd: 32, n_layer: 2, n_head: 4, n_positions: 64}"
 
 
@@ -76,7 +77,8 @@ def test_a_model_without_a_padding_token_trains(small_text_data, tmp_path):
 def test_a_tokenizer_that_cannot_pad_is_refused_before_anything_is_written(small_text_data, tmp_path, capsys):
     tokenizer = _write_tokenizer(tmp_path / "tok", [])
     out = tmp_path / "run"
-    line = user_error(capsys, main, recipe_text_args(small_text_data, out, f"tokenizer_name={tokenizer}", "max_steps=2"))
+    line = user_error(capsys, main, recipe_text_args(small_text_data, out, f"tokenizer_name={tokenizer}", "max_steps=2"),
+                      rule="models.no_padding_token")
     assert "has no padding token, and no end-of-text or unknown token to pad with" in line
     assert not out.exists()
 
@@ -194,17 +196,27 @@ def test_frozen_embeddings_of_a_model_built_at_random_are_said(small_text_data, 
 
 
 @pytest.mark.parametrize(
-    ("extra", "message"),
+    ("extra", "message", "rule"),
     [
-        (["freeze_layers=3"], "freeze_layers=3 but BertForSequenceClassification has 2 encoder layers"),
-        (["freeze_layers=-1"], "freeze_layers must be >= 0"),
-        (["freeze_layers=1", "peft={r: 4}"], "freeze_layers and peft together"),
+        (["freeze_layers=3"], "freeze_layers=3 but BertForSequenceClassification has 2 encoder layers",
+         "models.freeze_layers_past_the_model"),
+        (["freeze_layers=-1"], "freeze_layers must be >= 0", None),
+        (["freeze_layers=1", "peft={r: 4}"], "freeze_layers and peft together", None),
     ],
 )
-def test_freeze_layers_mistakes(small_text_data, tmp_path, capsys, extra, message):
+def test_freeze_layers_mistakes(small_text_data, tmp_path, capsys, extra, message, rule):
     out = tmp_path / "run"
-    assert message in user_error(capsys, main, tiny_text_args(small_text_data, out, "max_steps=1", *extra))
+    assert message in user_error(capsys, main, tiny_text_args(small_text_data, out, "max_steps=1", *extra), rule=rule)
     assert not out.exists()
+
+
+def test_freeze_layers_on_a_model_without_known_layers_is_one_line():
+    from finetune.errors import UserError
+    from finetune.models import freeze_layers
+
+    with pytest.raises(UserError, match="freeze_layers: Linear has no embeddings and encoder layers") as e:
+        freeze_layers(torch.nn.Linear(2, 2), 1)
+    assert e.value.rule == "models.freeze_layers_unknown_model"
 
 
 def test_dropout_override_reaches_the_model(small_text_data, tmp_path):
@@ -215,22 +227,25 @@ def test_dropout_override_reaches_the_model(small_text_data, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "setting, message",
+    "setting, message, rule",
     [
-        ("model_config.image_sise=32", "ViTConfig has no setting 'image_sise'; did you mean image_size?"),
+        ("model_config.image_sise=32", "ViTConfig has no setting 'image_sise'; did you mean image_size?",
+         "model_config_unknown_key"),
         ("model_config.image_size=big", "cannot build a image-classification model from model_config: Validation "
                                         "error for field 'image_size': TypeError: Field 'image_size' with value "
-                                        "'big'"),
+                                        "'big'", "model_config_rejected"),
         # ViT itself would drop the remainder of 64 / 3 without a word
-        ("model_config.num_attention_heads=3", "hidden_size 64 is not a multiple of num_attention_heads 3"),
-        ("model_config.patch_size=0", "model_config.patch_size=0: it must be 1 or more"),
+        ("model_config.num_attention_heads=3", "hidden_size 64 is not a multiple of num_attention_heads 3",
+         "heads_do_not_divide"),
+        ("model_config.patch_size=0", "model_config.patch_size=0: it must be 1 or more", "size_below_one"),
     ],
 )
-def test_a_mistake_inside_model_config_is_one_line(tmp_path, capsys, setting, message):
+def test_a_mistake_inside_model_config_is_one_line(tmp_path, capsys, setting, message, rule):
     from conftest import user_error
 
     recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")
-    assert message in user_error(capsys, main, ["--config", recipe, setting, f"output_dir={tmp_path / 'o'}"])
+    assert message in user_error(capsys, main, ["--config", recipe, setting, f"output_dir={tmp_path / 'o'}"],
+                                 rule=f"models.{rule}")
     assert not (tmp_path / "o").exists()
 
 
@@ -246,10 +261,10 @@ def test_a_local_model_folder_with_a_broken_config_has_no_download_hint(tmp_path
                                                       "validation": REPO / "data/rotten_tomatoes/validation.csv"},
                                                      tmp_path / "out"), "model_config=null",
                                      f"model_name_or_path={folder}", f"tokenizer_name={REPO / 'data/bert_minilm_l6_uncased'}"],
-                      str(folder), untouched=folder)  # fmt: skip
+                      str(folder), untouched=folder, rule="models.load_failed")  # fmt: skip
     assert "HF_HUB_OFFLINE" not in line and "download" not in line
     hub = load_error("model", "someone/not-here", OSError("not cached"))
-    assert isinstance(hub, UserError) and "HF_HUB_OFFLINE is set" in str(hub)
+    assert isinstance(hub, UserError) and "HF_HUB_OFFLINE is set" in str(hub) and hub.rule == "models.load_failed"
 
 
 def _a_run_with_a_checkpoint(root: Path) -> Path:
@@ -274,8 +289,14 @@ def test_a_folder_that_holds_no_model_says_what_it_is_and_what_to_give(what, tmp
 
     said = {}
     error = OSError("Couldn't instantiate the backend tokenizer from one of:\n(1) a `tokenizers` library file")
+
+    def load_error_of(rule: str, name: str, e: Exception = error) -> str:
+        found = load_error(what, name, e)
+        assert found.rule == f"models.{rule}", (found.rule, rule)
+        return str(found)
+
     for folder in (REPO / "data/fashion_mnist", REPO / "data/rotten_tomatoes"):
-        said[folder] = str(load_error(what, str(folder), error))
+        said[folder] = load_error_of("holds_no_files", str(folder))
     needs = {"model": "(config.json)", "tokenizer": "(tokenizer.json, vocab.txt, tokenizer_config.json, ...)",
              "image processor": "(preprocessor_config.json)"}[what]  # fmt: skip
     instead = {"model": "a hub name", "tokenizer": "a tokenizer's folder",
@@ -284,26 +305,26 @@ def test_a_folder_that_holds_no_model_says_what_it_is_and_what_to_give(what, tmp
         assert line == (f"{what} '{folder}' holds no {what} files {needs}: give a model folder (an export, "
                         f"<run>/model) or {instead}")  # fmt: skip
     step = _a_run_with_a_checkpoint(tmp_path / "run")
-    assert str(load_error(what, str(step), error)) == (
+    assert load_error_of("training_state_checkpoint", str(step)) == (
         f"{what} '{step}' is a training-state checkpoint, not a model folder: give the run's export "
         f"({tmp_path / 'run' / 'model'}), or resume it with resume_from_checkpoint={step} output_dir={tmp_path / 'run'}"
     )
     moved = tmp_path / "elsewhere"
     step.rename(moved)
-    assert str(load_error(what, str(moved), error)).endswith(
+    assert load_error_of("training_state_checkpoint", str(moved)).endswith(
         "give the run's export (<run>/model), or resume it with resume_from_checkpoint=" + str(moved))
-    assert str(load_error(what, str(tmp_path / "run"), error)) == (
+    assert load_error_of("run_folder", str(tmp_path / "run")) == (
         f"{what} '{tmp_path / 'run'}' is a run's folder, not a model folder: give its export ({tmp_path / 'run' / 'model'})")
     (tmp_path / "run" / "adapter").mkdir()
     (tmp_path / "run" / "adapter" / "adapter_config.json").write_text("{}")
-    assert str(load_error(what, str(tmp_path / "run" / "adapter"), error)) == (
+    assert load_error_of("lora_adapter_alone", str(tmp_path / "run" / "adapter")) == (
         f"{what} '{tmp_path / 'run' / 'adapter'}' is a LoRA adapter alone (adapter_config.json), not a model folder: "
         f"give the run's export ({tmp_path / 'run' / 'model'})")
     # A folder that holds what it should, whose file is broken: transformers' own line says what is wrong inside.
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text('{"model_type": "bert",')
     if what == "model":
-        assert str(load_error(what, str(tmp_path / "broken"), ValueError("bad json"))).startswith("could not load model")
+        assert load_error_of("load_failed", str(tmp_path / "broken"), ValueError("bad json")).startswith("could not load model")
     # An image model's export given to a text run (a tokenizer read from it), or a text model's to an image run.
     vision, text = tmp_path / "vit-export", tmp_path / "bert-export"
     for folder, file in ((vision, "preprocessor_config.json"), (text, "tokenizer.json")):
@@ -311,11 +332,11 @@ def test_a_folder_that_holds_no_model_says_what_it_is_and_what_to_give(what, tmp
         (folder / "config.json").write_text("{}")
         (folder / file).write_text("{}")
     if what == "tokenizer":
-        assert str(load_error(what, str(vision), error)) == (
+        assert load_error_of("other_modality_folder", str(vision)) == (
             f"tokenizer '{vision}' is an image model's folder (an image processor, no tokenizer): a text run starts "
             "from a text model; give one as model_name_or_path")
     if what == "image processor":
-        assert str(load_error(what, str(text), error)) == (
+        assert load_error_of("other_modality_folder", str(text)) == (
             f"image processor '{text}' is a text model's folder (a tokenizer, no image processor): an image run "
             "starts from an image model; give one as model_name_or_path")
 
@@ -324,7 +345,8 @@ def test_a_data_folder_as_the_tokenizer_is_one_line_from_the_command(small_text_
     line = user_error(capsys, main, [*tiny_text_args(small_text_data, tmp_path / "o"),
                                      f"tokenizer_name={REPO / 'data/fashion_mnist'}"],
                       f"tokenizer '{REPO / 'data/fashion_mnist'}' holds no tokenizer files (tokenizer.json, vocab.txt",
-                      "give a model folder (an export, <run>/model) or a tokenizer's folder")  # fmt: skip
+                      "give a model folder (an export, <run>/model) or a tokenizer's folder",
+                      rule="models.holds_no_files")  # fmt: skip
     assert "Couldn't instantiate" not in line
     assert not (tmp_path / "o").exists()
 
@@ -334,20 +356,23 @@ def test_a_checkpoint_as_the_model_is_named_by_the_setting_the_user_gave(small_t
     but the line names model_name_or_path, the setting the user gave, not a tokenizer they never set."""
     step = _a_run_with_a_checkpoint(tmp_path / "run")
     args = [a for a in tiny_text_args(small_text_data, tmp_path / "o") if not a.startswith(("model_config=", "tokenizer_name="))]
-    line = user_error(capsys, main, [*args, f"model_name_or_path={step}"])
+    line = user_error(capsys, main, [*args, f"model_name_or_path={step}"], rule="models.training_state_checkpoint")
     assert line.startswith(f"error: model_name_or_path '{step}' is a training-state checkpoint, not a model folder")
 
 
-@pytest.mark.parametrize("model_type, message", [
+@pytest.mark.parametrize("model_type, message, rule", [
     ("vit", "model_config.model_type=vit has no text-classification head in transformers "
-            "(AutoModelForSequenceClassification); choose a text model such as bert, distilbert, roberta"),
+            "(AutoModelForSequenceClassification); choose a text model such as bert, distilbert, roberta",
+     "models.no_head_for_the_task"),
     ("bret", "model_config.model_type=bret is not a model type that transformers knows; did you mean bert? "
-             "choose a text model type such as bert, distilbert, roberta"),
+             "choose a text model type such as bert, distilbert, roberta", "models.unknown_model_type"),
 ])  # fmt: skip
-def test_a_model_type_without_the_tasks_head_is_refused_first(model_type, message, small_text_data, tmp_path, capsys):
+def test_a_model_type_without_the_tasks_head_is_refused_first(model_type, message, rule, small_text_data, tmp_path,
+                                                              capsys):  # fmt: skip
     """model_config.model_type=vit on text: the type is blamed, not the vocab_size the text task adds to it."""
     config = TINY_BERT.replace("model_type: bert", f"model_type: {model_type}")
-    line = user_error(capsys, main, [*tiny_text_args(small_text_data, tmp_path / "o"), f"model_config={config}"])
+    line = user_error(capsys, main, [*tiny_text_args(small_text_data, tmp_path / "o"), f"model_config={config}"],
+                      rule=rule)
     assert line == f"error: {message}"
 
 
@@ -365,7 +390,7 @@ def test_a_model_type_without_the_tasks_head_is_refused_for_images_and_tags():
         args = ModelArgs(task=task, model_config={"model_type": model_type, "hidden_size": 16}, model_name_or_path=None)
         with pytest.raises(UserError) as caught:
             build_model(args, ["a", "b"], vocab_size=100 if task != "image-classification" else None)
-        assert str(caught.value) == message
+        assert str(caught.value) == message and caught.value.rule == "models.no_head_for_the_task"
 
 
 def test_sentence_pairs_on_a_model_with_one_token_type_are_refused(tmp_path, capsys):
@@ -375,7 +400,7 @@ def test_sentence_pairs_on_a_model_with_one_token_type_are_refused(tmp_path, cap
     data = {"train": write_csv(tmp_path / "pairs.csv", rows), "validation": write_csv(tmp_path / "v.csv", rows[:8])}
     out = tmp_path / "run"
     args = tiny_text_args(data, out, "text_column=s1", "text_pair_column=s2", "model_config.type_vocab_size=1")
-    assert "set model_config.type_vocab_size=2" in user_error(capsys, main, args)
+    assert "set model_config.type_vocab_size=2" in user_error(capsys, main, args, rule="models.pairs_without_token_types")
     assert not out.exists()
 
 
@@ -397,16 +422,27 @@ def test_the_same_labels_in_another_order_keep_their_head_outputs_by_name(finish
 def test_a_roberta_position_table_holds_two_positions_fewer_than_its_rows():
     """RoBERTa numbers positions from its padding id + 1: a table of 32 rows holds 30 positions, and a batch of
     31 tokens would index past it (an IndexError mid-run)."""
+    from types import SimpleNamespace
+
     from transformers import RobertaConfig, RobertaForSequenceClassification
 
+    from finetune import checks
+    from finetune.checks import models as model_rules
     from finetune.errors import UserError
-    from finetune.models import check_max_length
 
     model = RobertaForSequenceClassification(RobertaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                                            intermediate_size=32, max_position_embeddings=32))  # fmt: skip
-    check_max_length(model, 30, None)
-    with pytest.raises(UserError, match="max_length 31 exceeds the model's position limit 30"):
-        check_max_length(model, 31, None)
+
+    def fit(max_length: int, multiple: int | None = None) -> model_rules.Fit:
+        return model_rules.Fit(model, None, "roberta", SimpleNamespace(max_length=max_length, pad_to_multiple_of=multiple))
+
+    checks.gate(model_rules.POSITIONS, fit(30))
+    with pytest.raises(UserError, match="max_length 31 exceeds the model's position limit 30") as e:
+        checks.gate(model_rules.POSITIONS, fit(31))
+    assert e.value.rule == "models.max_length_past_positions"
+    with pytest.raises(UserError, match="pad_to_multiple_of=8 pads batches of up to max_length=30 tokens to 32") as e:
+        checks.gate(model_rules.POSITIONS, fit(30, 8))
+    assert e.value.rule == "models.padded_past_positions"
 
 
 def test_training_on_from_a_fine_tuned_export_with_other_labels_says_what_happens_to_its_head(
@@ -433,5 +469,74 @@ def test_training_on_from_a_fine_tuned_export_with_other_labels_says_what_happen
         reset_accelerate()
         heads = [line for line in capsys.readouterr().err.splitlines() if "was fine-tuned for" in line]
         assert len(heads) == (1 if said else 0) and all(h.startswith(f"warning: model '{export}' {said}") for h in heads)
+        warned = [w["rule"] for w in json.loads((out / "results.json").read_text())["warnings"]]
+        assert {"three": ["models.head_replaced"], "named": ["models.head_relabelled"], "same": []}[name] == [
+            w for w in warned if w.startswith("models.head")]
         config = json.loads((out / "model" / "config.json").read_text())
         assert sorted(config["label2id"]) == sorted({r["label"] for r in data})
+
+
+def test_a_pretrained_model_that_does_not_load_is_named_by_its_rule(tmp_path, monkeypatch):
+    """build_model's refusals, each by the rule that found it: a path not there, weights that are a folder or
+    damaged, pickle weights alone, a model that transformers cannot build from a good model_config."""
+    import transformers
+    from conftest import save_tiny_bert
+
+    from finetune.config import ModelArgs
+    from finetune.errors import UserError
+    from finetune.models import build_model
+
+    def refused(args: ModelArgs, rule: str, fragment: str) -> None:
+        with pytest.raises(UserError, match=fragment) as e:
+            build_model(args, ["0", "1"], vocab_size=None if args.model_config is None else 100)
+        assert e.value.rule == f"models.{rule}"
+
+    folder = save_tiny_bert(tmp_path / "bert", tokenizer=False)
+    refused(ModelArgs(task=TEXT, model_name_or_path=str(tmp_path / "nope")), "path_missing", "model path does not exist")
+    (tmp_path / "pickled").mkdir()
+    save_tiny_bert(tmp_path / "pickled", tokenizer=False, safetensors=False)
+    refused(ModelArgs(task=TEXT, model_name_or_path=str(tmp_path / "pickled")), "pickle_weights_only", "allow_pickle_weights=true")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"\xff" * 8 + weights.read_bytes()[8:])
+    refused(ModelArgs(task=TEXT, model_name_or_path=str(folder)), "weights_damaged", "the weights of model .* are damaged")
+    weights.unlink()
+    weights.mkdir()
+    refused(ModelArgs(task=TEXT, model_name_or_path=str(folder)), "weights_a_folder", "its model.safetensors is a folder")
+
+    def fails(*args, **kwargs):
+        raise ValueError("no such kernel")
+
+    monkeypatch.setattr(transformers.AutoModelForSequenceClassification, "from_config", fails)
+    config = {"model_type": "bert", "hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1}
+    refused(ModelArgs(task=TEXT, model_config=config, model_name_or_path=None), "model_not_built",
+            "cannot build a text-classification model from model_config: no such kernel")
+
+
+def test_a_text_model_from_model_config_without_a_tokenizer_is_refused():
+    from finetune.config import ModelArgs
+    from finetune.errors import UserError
+    from finetune.models import load_preprocessor
+
+    args = ModelArgs(task=TEXT, model_config={"model_type": "bert"}, model_name_or_path=None, tokenizer_name=None)
+    with pytest.raises(UserError, match="a text model built from model_config needs tokenizer_name") as e:
+        load_preprocessor(args)
+    assert e.value.rule == "models.tokenizer_name_needed"
+
+
+def test_the_task_of_a_saved_model_is_read_from_its_head():
+    """A base model has no classifier to evaluate; a head of no task's, without --task, tells no task."""
+    from transformers import BertConfig
+
+    from finetune.errors import UserError
+    from finetune.tasks import task_of_model
+
+    assert task_of_model(BertConfig(architectures=["BertForTokenClassification"]), "m").name == "token-classification"
+    with pytest.raises(UserError, match=r"m is a pretrained base model \(BertForMaskedLM\), not a fine-tuned one") as e:
+        task_of_model(BertConfig(architectures=["BertForMaskedLM"]), "m")
+    assert e.value.rule == "models.base_model_not_fine_tuned"
+    named = BertConfig(architectures=["BertForQuestionAnswering"], id2label={0: "no", 1: "yes"})
+    with pytest.raises(UserError, match=r"cannot tell the task of m from its config \(architectures "
+                                        r"\['BertForQuestionAnswering'\]\); pass --task") as e:  # fmt: skip
+        task_of_model(named, "m")
+    assert e.value.rule == "models.task_unknown"
+    assert task_of_model(named, "m", "text-classification").name == "text-classification"

@@ -9,6 +9,7 @@ without a GPU; the `gpu` test splits across cuda:0 and cpu.
 import copy
 import json
 import os
+from types import SimpleNamespace
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # an accidental download fails loudly
 
@@ -25,10 +26,12 @@ from transformers import (
 )
 
 from benchmarks import bench_parallel
+from finetune.errors import UserError
 from finetune.parallel import (
     ParallelError,
     apply_model_parallel,
     estimate_stage_bytes,
+    find_blocks,
     parse_devices,
     parse_size,
     pipelined_forward,
@@ -94,9 +97,11 @@ def test_parse_devices():
     auto = parse_devices(None)
     assert auto == parse_devices("auto")
     assert auto == ([torch.device("cuda", i) for i in range(torch.cuda.device_count())] or [CPU])
-    for bad in ("tpu", "cpu,,cpu", "cuda:99", "mps", ""):
-        with pytest.raises(ParallelError, match="device"):
+    for bad, rule in (("tpu", "device_unknown"), ("cpu,,cpu", "device_unknown"), ("cuda:99", "device_missing"),
+                      ("mps", "device_unsupported"), ("", "device_unknown")):  # fmt: skip
+        with pytest.raises(UserError, match="device") as e:
             parse_devices(bad)
+        assert e.value.rule == f"models.{rule}"
 
 
 def test_process_devices_give_each_local_process_its_own(monkeypatch):
@@ -110,12 +115,15 @@ def test_process_devices_give_each_local_process_its_own(monkeypatch):
     assert process_devices("cuda:3,cpu;cuda:1", 1, 2) == [cuda[1]]
     assert process_devices("cpu,cpu", 1, 2) == [CPU, CPU]
     assert process_devices("cuda:0,cuda:1", 0, 1) == cuda[:2]  # one process: as written
-    with pytest.raises(ParallelError, match="4 visible GPUs do not split evenly among 3 processes"):
+    with pytest.raises(UserError, match="4 visible GPUs do not split evenly among 3 processes") as e:
         process_devices(None, 0, 3)
-    with pytest.raises(ParallelError, match="on the same GPUs"):
+    assert e.value.rule == "models.gpus_do_not_divide"
+    with pytest.raises(UserError, match="on the same GPUs") as e:
         process_devices("cuda:0,cuda:1", 0, 2)
-    with pytest.raises(ParallelError, match="2 device lists for 3 processes"):
+    assert e.value.rule == "models.gpus_shared"
+    with pytest.raises(UserError, match="2 device lists for 3 processes") as e:
         process_devices("cuda:0;cuda:1", 0, 3)
+    assert e.value.rule == "models.device_lists_per_process"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert process_devices(None, 1, 2) == [CPU]  # no GPU: each process trains unsplit on the CPU
 
@@ -125,8 +133,12 @@ def test_parse_size():
     assert parse_size("500MB") == 500 * 10**6
     assert parse_size("1.5 gb") == 1_500_000_000
     assert parse_size(123) == parse_size("123") == 123
-    with pytest.raises(ParallelError, match="memory size"):
+    with pytest.raises(UserError, match="memory size") as e:
         parse_size("2 parsecs")
+    assert e.value.rule == "models.memory_size_unreadable"
+    with pytest.raises(UserError, match="max_memory key 'gpu0' is not a device") as e:
+        plan_model_parallel(tiny_bert(), [CPU], micro_batch_size=1, seq_len=8, max_memory={"gpu0": "1GiB"})
+    assert e.value.rule == "models.memory_key_not_a_device"
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -198,10 +210,11 @@ def test_max_memory_forces_split_and_reports_need():
     assert capped.stages[0].capacity_bytes == first - 1
     assert capped.stages[0].estimated_bytes < first
     assert len(capped.stages[0].blocks) < len(free.stages[0].blocks)
-    with pytest.raises(ParallelError, match=r"does not fit.*needs .* on cuda:0"):
+    with pytest.raises(UserError, match=r"does not fit.*needs .* on cuda:0") as e:
         plan_model_parallel(
             model, devices, micro_batch_size=8, seq_len=64, max_memory={"cuda:0": 1000, "cuda:1": 1000}
         )
+    assert e.value.rule == "models.does_not_fit"
 
 
 def test_shared_device_splits_capacity():
@@ -217,12 +230,36 @@ def test_shared_device_splits_capacity():
 
 
 def test_plan_errors():
-    with pytest.raises(ParallelError, match="7 devices but only 6 layers"):
-        plan_model_parallel(tiny_bert(), [CPU] * 7, micro_batch_size=1, seq_len=8)
-    with pytest.raises(ParallelError, match="cannot split Linear"):
-        plan_model_parallel(torch.nn.Linear(2, 2), [CPU, CPU], micro_batch_size=1, seq_len=8)
-    with pytest.raises(ParallelError, match="mixed_precision"):
-        plan_model_parallel(tiny_bert(), [CPU, CPU], micro_batch_size=1, seq_len=8, mixed_precision="fp64")
+    for model, devices, kw, message, rule in [
+        (tiny_bert(), [CPU] * 7, {}, "7 devices but only 6 layers", "more_devices_than_blocks"),
+        (torch.nn.Linear(2, 2), [CPU, CPU], {}, "cannot split Linear: model parallelism supports BERT-like",
+         "not_layered"),
+        (tiny_bert(num_hidden_layers=0), [CPU], {}, "cannot split BertForSequenceClassification: it has no encoder "
+         "layers", "no_encoder_layers"),
+        (tiny_bert(), [CPU, CPU], {"mixed_precision": "fp64"}, "mixed_precision", "mixed_precision_unknown"),
+        (tiny_bert(), [], {}, "model parallelism needs at least one device", "no_devices"),
+    ]:  # fmt: skip
+        with pytest.raises(UserError, match=message) as e:
+            plan_model_parallel(model, devices, micro_batch_size=1, seq_len=8, **kw)
+        assert e.value.rule == f"models.{rule}"
+
+
+def test_a_model_the_split_cannot_read_is_named_by_its_rule():
+    """Weights outside the layers (no stage would hold them), a config without the sizes the estimate reads:
+    `find_blocks` signals it (ParallelError, inside the app), the plan says it as the rule's line."""
+    model = tiny_bert()
+    model.register_parameter("loose", torch.nn.Parameter(torch.zeros(1)))
+    with pytest.raises(ParallelError):
+        find_blocks(model)
+    with pytest.raises(UserError, match="cannot split BertForSequenceClassification: the model holds parameters "
+                                        "outside its layers") as e:  # fmt: skip
+        plan_model_parallel(model, [CPU], micro_batch_size=1, seq_len=8)
+    assert e.value.rule == "models.parameters_outside_layers"
+    model = tiny_bert()
+    model.config = SimpleNamespace()  # no sizes at all
+    with pytest.raises(UserError, match="cannot estimate memory: the model config has none of hidden_size, dim") as e:
+        plan_model_parallel(model, [CPU], micro_batch_size=1, seq_len=8)
+    assert e.value.rule == "models.config_without_size"
 
 
 def test_format_table_lists_every_stage():
@@ -333,8 +370,9 @@ def test_pipelined_forward_chunk_sizes():
             logits = pipelined_forward(model, batch, chunks)
         assert model.mp_state.forwards - before == calls
         assert logits.shape == (BATCH, 3)
-    with pytest.raises(ParallelError, match="at least 1"):
+    with pytest.raises(UserError, match="at least 1") as e:
         pipelined_forward(model, batch, 0)
+    assert e.value.rule == "models.pipeline_chunks_below_one"
 
 
 def test_tied_weights():
@@ -342,12 +380,16 @@ def test_tied_weights():
     mlm = BertForMaskedLM(tiny_bert_config(vocab_size=100, max_position_embeddings=512))
     assert mlm.cls.predictions.decoder.weight is mlm.bert.embeddings.word_embeddings.weight
     plan = plan_model_parallel(mlm, [CPU, torch.device("meta")], micro_batch_size=1, seq_len=8)
-    with pytest.raises(ParallelError, match="tied"):
+    with pytest.raises(UserError, match="tied") as e:
         apply_model_parallel(copy.deepcopy(mlm), plan)
+    assert e.value.rule == "models.tied_across_devices"
     # on one device the tie is harmless and counted once
     plan = plan_model_parallel(mlm, [CPU, CPU], micro_batch_size=1, seq_len=8)
     assert sum(s.num_parameters for s in plan.stages) == sum(p.numel() for p in mlm.parameters())
     apply_model_parallel(mlm, plan)(input_ids=torch.zeros(1, 8, dtype=torch.long))
+    with pytest.raises(UserError, match="the model is already split for model parallelism") as e:
+        apply_model_parallel(mlm, plan)
+    assert e.value.rule == "models.already_split"
 
 
 @pytest.mark.gpu
