@@ -195,6 +195,6 @@ def main(argv: list[str] | None = None) -> dict:
 if __name__ == "__main__":
     try:
         main()
-    except ParallelError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

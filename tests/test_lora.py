@@ -14,7 +14,7 @@ from conftest import launch, save_tiny_bert, tiny_text_args, user_error
 from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
-from finetune.config import TrainConfig
+from finetune.config import config_from_dict
 from finetune.errors import UserError
 from finetune.evaluate_checkpoint import main as evaluate_main
 from finetune.run import main
@@ -193,24 +193,26 @@ def test_a_model_without_query_and_value_layers_needs_target_modules(monkeypatch
 
 
 @pytest.mark.parametrize(
-    ("spec", "message"),
+    ("spec", "message", "rule"),
     [
         (
             {"rank": 8},
             r"peft: unknown key\(s\) \['rank'\]; LoRA's settings are r, alpha, dropout, target_modules",
+            "settings.peft_unknown_key",
         ),
-        ({"r": 0}, "peft.r must be a positive integer"),
-        ({"dropout": 1.0}, r"peft.dropout must be in \[0, 1\)"),
-        ({"target_modules": []}, "peft.target_modules must be a list of module names"),
+        ({"r": 0}, "peft.r must be a positive integer", "settings.peft_value"),
+        ({"dropout": 1.0}, r"peft.dropout must be in \[0, 1\)", "settings.peft_value"),
+        ({"target_modules": []}, "peft.target_modules must be a list of module names", "settings.peft_value"),
     ],
 )
-def test_bad_peft_settings(spec, message):
-    with pytest.raises(UserError, match=message):
-        TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv", peft=spec)
+def test_bad_peft_settings(spec, message, rule):
+    with pytest.raises(UserError, match=message) as e:
+        config_from_dict({"model_config": {"model_type": "bert"}, "train_file": "x.csv", "peft": spec})
+    assert e.value.rule == rule
 
 
 def test_peft_defaults_are_filled_in_and_saved():
-    cfg = TrainConfig(model_config={"model_type": "bert"}, train_file="x.csv", peft={"r": 16})
+    cfg = config_from_dict({"model_config": {"model_type": "bert"}, "train_file": "x.csv", "peft": {"r": 16}})
     assert cfg.peft == {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": None}
 
 
