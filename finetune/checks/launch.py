@@ -9,15 +9,19 @@ these, in this order).
     VALUES          the config's and the flags' values accelerate takes as they come and fails on later
     SCRIPT          the training script
     USAGE           a launcher argument accelerate does not know (the first that can tell)
-    DEFAULT_CONFIG  finetune-config: the default config that is there and does not parse; one it cannot write
+    DEFAULT_CONFIG  finetune-config: the default config that is there and does not parse
+    WRITE_FAILED    finetune-config: a default config it cannot write
     BEFORE          the processes before the Accelerator is built: FSDP with the layer split, FSDP without GPUs
     FORMED          the processes once it is: the group they formed, the precision on this device
     ON_CPU          a CPU's bf16
     COMPILE         torch_compile with FSDP, or with Accelerate's own compile
     ACCUMULATION    an epoch's batches against gradient_accumulation_steps
     WARMUP          a warm-up as long as the run
-    ATTENTION_*     the attention kernel asked for
+    ATTENTION*      the attention kernel asked for: one transformers cannot set, or one the model lacks
     MODEL           the model as training wants it: frozen weights built at random, gradient checkpointing, LoRA
+    PLAN_ONLY       --plan-only without the layer split
+    ONE_DEVICE      a layer split over one device
+    LATER           a resume before this run's later checkpoints
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ upload to the Hub (finetune/card.py).
     SEARCH_ARGS     --space, --budget, --trials, and a setting a search cannot take
     SPACE           a --space of which nothing, or a part named, applies to this run
     SEARCH_FOLDER   the search's output_dir: a file, another run's or the user's files, an edited best_recipe
-    STUDY           a study continued with another space or other settings
+    STUDY_CHANGED   a study continued with another space or other settings
     STUDY_FAILED    a study.db SQLite cannot read
     SEARCH_*        what a search says as it goes and at its end
-    VERIFY_*        finetune.verify's batch, dropout, data and --keep
-    METRICS_*       the plots CLI's metrics.jsonl
+    VERIFY_*        finetune.verify's batch, dropout, data, --keep and the steps it ran
+    METRICS_*       the plots CLI's metrics.jsonl: not there, a folder, unreadable
+    NO_RECORDS      a metrics.jsonl without a record: not a run's log, or one too young
     PICTURE         the plots CLI's picture
     GLYPHS          a title or label in a script matplotlib's font lacks
     HUB_*           the model card's upload
