@@ -395,7 +395,7 @@ def test_a_search_stopped_by_a_signal_says_how_to_continue_and_runs_that_trial_a
     import finetune.run
     from finetune.errors import TrainingStopped
 
-    def stopped(cfg, hooks=None):
+    def stopped(cfg, hooks=None, said=None):
         raise TrainingStopped("received SIGTERM during training; saved checkpoint x; continue with "
                               "resume_from_checkpoint=latest output_dir=x", 143)  # fmt: skip
 
