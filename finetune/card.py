@@ -35,11 +35,14 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+import finetune
+from finetune import checks
+from finetune.checks import tools
 from finetune.config import REPO_DIR, DataArgs
-from finetune.errors import REDACTED, SECRET_VALUE, UserError, first_line
+from finetune.errors import REDACTED, SECRET_VALUE
+from finetune.formats import plain_tags
 from finetune.metrics import METRICS, PROBLEMS, SINGLE, TOKENS
 from finetune.rundir import is_hub_name
-from finetune.formats import plain_tags
 from finetune.tasks import DEFAULT_TASK, TASKS, task_of
 
 CARD = "README.md"
@@ -307,41 +310,125 @@ def write_model_card(
     num_processes, mixed_precision: the Accelerate topology, read back from the Accelerator.
     repo_id: where the model will be pushed; used in the loading example instead of the path.
     """
-    import finetune
-
     export_dir = Path(export_dir)
     public = _public_config(config)
     task = public.get("task", DEFAULT_TASK)
     hub_base = base_model if is_hub_name(base_model) else None
+    model_json = _model_json(export_dir)
+    splits = {s: m for s in ("validation", "test") if isinstance(m := results.get(s), dict)}
+    problem = public.get("problem_type") or SINGLE
+    shown = _shown_metrics(problem, label_names)  # the card's table; those with a type: model-index
+    name = repo_id.split("/")[-1] if repo_id else export_dir.parent.name
+    data = _card_data(public, task, splits, shown, name, hub_base, license or _license_of(base_model),
+                      model_json.get("model_type"))  # fmt: skip
+    # The config to train it again from: a resume's `resume_from_checkpoint` would look for checkpoints there.
+    config_yaml = yaml.safe_dump({**public, "resume_from_checkpoint": None}, sort_keys=False).strip()
+    card = ModelCard.from_template(
+        data,
+        template_path=str(TEMPLATE),
+        model_name=name,
+        what=_what(task, problem, label_names),
+        local_base=None if hub_base else _display_path(base_model),
+        model_type=model_json.get("model_type"),
+        model_config_yaml=yaml.safe_dump(public.get("model_config") or {}, sort_keys=False).strip(),
+        data_description=data_description,
+        hyperparameters=_cells(_hyperparameters(public, task, results, num_processes, mixed_precision)),
+        config_yaml=config_yaml,
+        **_metrics_table(shown, splits),
+        usage=_usage_of(public, task, problem, model_json, repo_id or export_dir),
+        **_verdicts(results),
+        **_label_tables(problem, label_names, results, splits),
+        **_provenance(results, command or launch_command(), f"{config_yaml} {data_description}"),
+    )
+    path = export_dir / CARD
+    path.write_text(f"{card}\n")
+    return path
+
+
+def _metrics_table(shown: list, splits: dict) -> dict[str, Any]:
+    """The card's metrics table: a row a split, a column a metric the problem shows, then loss and samples."""
+    return {
+        "metrics_header": ["split", *(m.name for m in shown), "loss", "samples"],
+        "metrics": _cells(
+            [[s, *(r.get(m.key) for m in shown), r.get("loss"), r.get("num_samples")] for s, r in splits.items()]
+        ),
+    }
+
+
+def _usage_of(public: dict[str, Any], task: str, problem: str, model_json: dict, where: str | Path) -> str:
+    """The card's loading example: from the Hub repo, or from the export's path as the run's parent folder
+    and its own name say (run/model)."""
+    if isinstance(where, Path):
+        where = _display_path(str(where)).removeprefix(ELIDED)
+    data_args = DataArgs(**{f.name: public.get(f.name, f.default) for f in dataclasses.fields(DataArgs)})
+    return _usage(task_of(task).usage_example(where, problem, data_args), problem, model_json, public)
+
+
+def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
+    """The template's best checkpoint, which weights were exported and why, and whether the run learned."""
+    best = results.get("best") or {}
+    return {
+        "best": {**best, "value": _number(best.get("value"))} if best.get("metric") is not None else None,
+        "exported": (results.get("exported") or {}).get("why"),
+        "learned": _learned_line(results.get("learned")),
+    }
+
+
+def _provenance(results: dict[str, Any], command: str | None, shown: str) -> dict[str, Any]:
+    """How the model was made: this app's and the libraries' versions, the launch command (secrets
+    redacted), and whether a path in the card (`shown`: its config and data) was elided."""
+    return {
+        "finetune_version": finetune.__version__,
+        "versions": ", ".join(f"{k} {v}" for k, v in (results.get("versions") or {}).items()),
+        "command": SECRET_VALUE.sub(REDACTED, command) if command else None,
+        "elided": ELIDED in f"{command} {shown}",
+    }
+
+
+def _model_json(export_dir: Path) -> dict[str, Any]:
+    """The export's config.json ({} where there is none, or it does not parse)."""
     try:
         model_json = json.loads((export_dir / "config.json").read_text())
-        model_type = model_json.get("model_type")
-    except (OSError, ValueError, AttributeError):
-        model_json, model_type = {}, None
+    except (OSError, ValueError):
+        return {}
+    return model_json if isinstance(model_json, dict) else {}
+
+
+def _shown_metrics(problem: str, label_names: list[str]) -> list:
+    """The metrics the card's table shows (finetune/metrics.py); a tagger without spans scores entity F1
+    word by word."""
+    shown = [METRICS[key] for key in PROBLEMS[problem].shown]
+    if problem == TOKENS and plain_tags(label_names):  # no spans: entity F1 is scored word by word
+        shown = [dataclasses.replace(m, card_args={"average": "micro", "scored": "word by word, O left out"})
+                 if m.card_args and m.card_args.get("scheme") else m for m in shown]  # fmt: skip
+    return shown
+
+
+def _card_data(public: dict[str, Any], task: str, splits: dict, shown: list, name: str, hub_base: str | None,
+               license: str | None, model_type: str | None) -> ModelCardData:  # fmt: skip
+    """The card's YAML front matter, which the Hub indexes: its model-index holds each split's metrics."""
     dataset = public.get("dataset_name")
     hub_dataset = dataset if dataset not in BUILDERS and is_hub_name(dataset) else None
     # model-index wants a dataset type: the Hub id, else the loader (imagefolder, csv, ...).
     source = dataset or Path(public.get("train_file") or "").suffix.lstrip(".") or "local"
-    splits = {s: m for s in ("validation", "test") if isinstance(m := results.get(s), dict)}
-    problem = public.get("problem_type") or SINGLE
-    shown = [METRICS[key] for key in PROBLEMS[problem].shown]  # the card's table; those with a type: model-index
-    if problem == TOKENS and plain_tags(label_names):  # no spans: entity F1 is scored word by word
-        shown = [dataclasses.replace(m, card_args={"average": "micro", "scored": "word by word, O left out"})
-                 if m.card_args and m.card_args.get("scheme") else m for m in shown]  # fmt: skip
     evals = _eval_results(task, source, public.get("dataset_config_name"), splits, [m for m in shown if m.card_type])
-    name = repo_id.split("/")[-1] if repo_id else export_dir.parent.name
-    data = ModelCardData(
+    return ModelCardData(
         model_name=name if evals else None,  # the model-index's name; no key of its own
         library_name="transformers",
         pipeline_tag=task,
         base_model=hub_base,
-        license=license or _license_of(base_model),
+        license=license,
         tags=[t for t in ("finetune", task, model_type) if t],
         datasets=[hub_dataset] if hub_dataset else None,
         metrics=sorted({m.card_type for m in shown if m.card_type}),
         eval_results=evals or None,
     )
 
+
+def _hyperparameters(public: dict[str, Any], task: str, results: dict[str, Any], num_processes: int | None,
+                     mixed_precision: str | None) -> list[list[Any]]:  # fmt: skip
+    """The card's hyperparameter rows: those a reader looks for first (not another task's own settings),
+    then the topology and the optimizer steps run."""
     rows = [[k, _setting(public[k])] for k in HYPERPARAMETERS if public.get(k) is not None]
     others = {name for t in TASKS.values() if t.name != task for name in t.own_settings}
     rows = [r for r in rows if r[0] not in others - task_of(task).own_settings]
@@ -352,56 +439,28 @@ def write_model_card(
         rows += [["mixed_precision", mixed_precision]]
     if results.get("step") is not None:
         rows += [["optimizer steps", results["step"]]]
-    best = results.get("best") or {}
+    return rows
+
+
+def _label_tables(problem: str, label_names: list[str], results: dict[str, Any], splits: dict) -> dict[str, Any]:
+    """The template's labels table (with each class's scores, on test where there is one, else validation)
+    and, for a tagger, its entities table: a tagger's metrics are per entity type (PER, LOC), not per tag
+    (B-PER, I-PER, O)."""
     per_class_split = "test" if "test" in splits else "validation"
     per_class = (results.get(per_class_split) or {}).get("per_class") or {}
     stats = ("precision", "recall", "f1", "support") if per_class else ()
-    command = command or launch_command()
-    # The usage code loads the export from the run's parent folder, as its own two parts say (run/model).
-    where = repo_id or _display_path(str(export_dir)).removeprefix(ELIDED)
-    data_args = DataArgs(**{f.name: public.get(f.name, f.default) for f in dataclasses.fields(DataArgs)})
-
-    # The config to train it again from: a resume's `resume_from_checkpoint` would look for checkpoints there.
-    config_yaml = yaml.safe_dump({**public, "resume_from_checkpoint": None}, sort_keys=False).strip()
-    card = ModelCard.from_template(
-        data,
-        template_path=str(TEMPLATE),
-        model_name=name,
-        what=_what(task, problem, label_names),
-        local_base=None if hub_base else _display_path(base_model),
-        model_type=model_type,
-        model_config_yaml=yaml.safe_dump(public.get("model_config") or {}, sort_keys=False).strip(),
-        data_description=data_description,
-        hyperparameters=_cells(rows),
-        config_yaml=config_yaml,
-        metrics_header=["split", *(m.name for m in shown), "loss", "samples"],
-        metrics=_cells(
-            [[s, *(r.get(m.key) for m in shown), r.get("loss"), r.get("num_samples")] for s, r in splits.items()]
-        ),
-        usage=_usage(task_of(task).usage_example(where, problem, data_args), problem, model_json, public),
-        best={**best, "value": _number(best.get("value"))} if best.get("metric") is not None else None,
-        exported=(results.get("exported") or {}).get("why"),
-        learned=_learned_line(results.get("learned")),
-        per_class_split=per_class_split if per_class and problem != TOKENS else None,
-        # a tagger's metrics are per entity type (PER, LOC), not per tag (B-PER, I-PER, O)
-        labels=_cells(
+    tokens = problem == TOKENS
+    return {
+        "per_class_split": per_class_split if per_class and not tokens else None,
+        "labels": _cells(
             [[i, f"`{n}`"] for i, n in enumerate(label_names)]
-            if problem == TOKENS
+            if tokens
             else [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(label_names)]
         ),
-        entity_split=per_class_split if per_class and problem == TOKENS else None,
-        word_by_word=problem == TOKENS and plain_tags(label_names),
-        entities=_cells([[f"`{t}`", *(v.get(k) for k in stats)] for t, v in per_class.items()])
-        if problem == TOKENS
-        else None,
-        finetune_version=finetune.__version__,
-        versions=", ".join(f"{k} {v}" for k, v in (results.get("versions") or {}).items()),
-        command=SECRET_VALUE.sub(REDACTED, command) if command else None,
-        elided=ELIDED in f"{command} {config_yaml} {data_description}",
-    )
-    path = export_dir / CARD
-    path.write_text(f"{card}\n")
-    return path
+        "entity_split": per_class_split if per_class and tokens else None,
+        "word_by_word": tokens and plain_tags(label_names),
+        "entities": _cells([[f"`{t}`", *(v.get(k) for k in stats)] for t, v in per_class.items()]) if tokens else None,
+    }
 
 
 # --- the Hub -----------------------------------------------------------------------------------------
@@ -422,11 +481,7 @@ def check_hub_access(repo_id: str, export_dir: Path | str = "<output_dir>/model"
     Call it when the run starts, so that a user who asked for an upload learns it cannot happen
     before training, not after.
     """
-    if _offline():
-        raise UserError(
-            f"cannot push to the Hub repo '{repo_id}': HF_HUB_OFFLINE is set, so there is no network "
-            f"access; unset it and run again, or upload later with `hf upload {repo_id} {export_dir}`"
-        )
+    checks.gate(tools.HUB_ACCESS, repo_id, export_dir, _offline())
 
 
 def push_to_hub(export_dir: Path, repo_id: str, token: str | None = None, private: bool = True) -> str:
@@ -437,8 +492,7 @@ def push_to_hub(export_dir: Path, repo_id: str, token: str | None = None, privat
     it refuses before any network access, with a message that says how to upload later.
     """
     export_dir = Path(export_dir)
-    if not (export_dir / "config.json").is_file():
-        raise UserError(f"{export_dir} is not an exported model (no config.json); nothing to push")
+    checks.gate(tools.HUB_EXPORT, export_dir)
     check_hub_access(repo_id, export_dir)
 
     from huggingface_hub import HfApi
@@ -453,11 +507,6 @@ def push_to_hub(export_dir: Path, repo_id: str, token: str | None = None, privat
             repo_type="model",
             commit_message="Upload a model fine-tuned with finetune",
         )
-    except LocalTokenNotFoundError:
-        raise UserError(
-            f"cannot push to '{repo_id}': not logged in to the Hub; run `hf auth login` or set HF_TOKEN"
-        ) from None
-    except (HFValidationError, HfHubHTTPError, ConnectionError) as e:
-        first = first_line(e)
-        raise UserError(f"cannot push to the Hub repo '{repo_id}': {first}") from None
+    except (LocalTokenNotFoundError, HFValidationError, HfHubHTTPError, ConnectionError) as e:
+        raise checks.explain(tools.HUB_PUSH_FAILED, repo_id, e) from None
     return str(url)

@@ -29,7 +29,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from finetune.errors import EXIT_DIVERGED, EXIT_USER_ERROR, UserError
+from finetune import checks
+from finetune.checks import launch
+from finetune.errors import EXIT_DIVERGED, EXIT_USER_ERROR
 from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.signals import forwarded_to_children
 
@@ -43,15 +45,7 @@ def check_launch_args(args) -> None:
 
     if args.config_file is not None:
         path = Path(args.config_file)
-        if path.is_dir():
-            raise UserError(
-                f"accelerate config {path} is a folder; pass the config file (see accelerate_configs/)"
-            )
-        if not path.is_file():
-            raise UserError(
-                f"accelerate config {path} does not exist; pass an existing file (see accelerate_configs/), "
-                "or leave out --config_file to use the one `accelerate config` wrote"
-            )
+        checks.gate(launch.CONFIG_FILE, path)
     elif Path(default_config_file).is_file() and not args.cpu:
         path = Path(default_config_file)  # written by `accelerate config`; accelerate reads it unless --cpu
     else:
@@ -61,21 +55,10 @@ def check_launch_args(args) -> None:
         try:
             config = load_config_from_file(str(path))
         except Exception as e:  # YAML/JSON syntax, unknown keys, wrong values
-            detail = " ".join(str(e).split())[:300]
-            if _is_a_recipe(path):
-                raise UserError(f"{path} is a finetune recipe, not an accelerate config: pass it to finetune/run.py "
-                                "as --config, and an accelerate config (accelerate_configs/) as --config_file") from None
-            raise UserError(f"accelerate config {path} is not a valid accelerate config: {detail}") from None
-        # accelerate launch --cpu drops an FSDP config's FSDP (and its processes) without a word.
-        if args.cpu and getattr(config, "distributed_type", None) == "FSDP":
-            raise UserError(
-                f"accelerate config {path} asks for FSDP, which runs on GPUs only, and --cpu would train "
-                "without it; use accelerate_configs/cpu_ddp.yaml on a CPU"
-            )
+            raise checks.explain(launch.CONFIG_FAILED, path, e, _is_a_recipe(path)) from None
+        checks.gate(launch.CONFIG, args, config, path)  # accelerate launch --cpu drops FSDP without a word
     check_launch_values(args, config, path)
-    script = args.training_script
-    if not (args.module or args.no_python) and not Path(script).is_file():
-        raise UserError(f"script {script} does not exist; the training script is finetune/run.py")
+    checks.gate(launch.SCRIPT, args)
 
 
 def _is_a_recipe(path: Path) -> bool:
@@ -94,69 +77,11 @@ def _is_a_recipe(path: Path) -> bool:
     return isinstance(raw, dict) and bool(raw) and sum(k in names for k in raw) * 2 > len(raw)
 
 
-WHOLE_NUMBERS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
-
-
 def check_launch_values(args, config, path: Path | None) -> None:
     """Values accelerate takes as they come and fails on later — in the launcher (a division by zero
     machines, an assertion) or in every training process (an unknown precision) — with a traceback, or
     that start nothing at all (zero processes). A flag wins over the config, as in accelerate."""
-    from accelerate.utils import DynamoBackend, PrecisionType
-
-    def value(name: str):
-        flag = getattr(args, name, None)
-        if flag is not None:
-            return flag, f"--{name}"
-        held, where = getattr(config, name, None), f"in accelerate config {path}"
-        if name in WHOLE_NUMBERS and held is not None and (isinstance(held, bool) or not isinstance(held, int)):
-            raise UserError(f"{name} {held!r} ({where}) is not a whole number; write it as one (e.g. {name}: 2)")
-        return held, where
-
-    processes, where = value("num_processes")
-    # -1 in a config is accelerate's "not set" (the launcher then counts the GPUs).
-    if processes is not None and processes < 1 and not (processes == -1 and where != "--num_processes"):
-        raise UserError(f"num_processes must be at least 1, got {processes} ({where})")
-    kind = getattr(getattr(config, "distributed_type", None), "value", getattr(config, "distributed_type", None))
-    mpirun = getattr(args, "mpirun_hostfile", None) or (getattr(config, "mpirun_config", None) or {}).get(
-        "mpirun_hostfile")
-    if str(kind) == "MULTI_CPU" and (processes or 1) > 1 and not mpirun and not getattr(args, "multi_gpu", False):
-        raise UserError(
-            f"accelerate config {path} asks for MULTI_CPU with {processes} processes, which accelerate starts only "
-            "through mpirun (mpirun_config): it would train in one process; for several CPU processes on one "
-            "machine use accelerate_configs/cpu_ddp.yaml (distributed_type MULTI_GPU with use_cpu: true)"
-        )
-    if str(kind) == "NO" and (processes or 1) > 1 and not getattr(args, "multi_gpu", False):  # edited by hand
-        raise UserError(
-            f"num_processes {processes} ({where}) with distributed_type NO: accelerate starts one process and it "
-            "would train alone; for several CPU processes use accelerate_configs/cpu_ddp.yaml (on GPUs, "
-            "distributed_type MULTI_GPU), or set num_processes: 1"
-        )
-    machines, where = value("num_machines")
-    if machines is not None and machines < 1:
-        raise UserError(f"num_machines must be at least 1, got {machines} ({where})")
-    rank, where = value("machine_rank")
-    if rank is not None and not 0 <= rank < (machines or 1):
-        raise UserError(
-            f"machine_rank {rank} ({where}) is not one of the {machines or 1} machines: give 0 to {(machines or 1) - 1}"
-        )
-    port, where = value("main_process_port")
-    if port is not None and not 0 <= port < 65536:  # 0: a free one
-        raise UserError(
-            f"main_process_port {port} ({where}) is not a port: give one from 0 (any free one) to 65535"
-        )
-    precision, where = value("mixed_precision")
-    precisions = [p.value for p in PrecisionType]
-    precision = getattr(precision, "value", precision)  # an enum member, or the string as written
-    if precision is not None and str(precision).lower() not in precisions:
-        raise UserError(f"mixed_precision {precision!r} ({where}) is not one of {', '.join(precisions)}")
-    backend = (getattr(config, "dynamo_config", None) or {}).get("dynamo_backend")
-    backend = getattr(backend, "value", backend)
-    backends = [b.value for b in DynamoBackend]
-    if args.dynamo_backend is None and backend is not None and str(backend).upper() not in backends:
-        raise UserError(
-            f"dynamo_backend {backend!r} (in accelerate config {path}) is not one of "
-            f"{', '.join(b.lower() for b in backends)}"
-        )
+    checks.gate(launch.VALUES, launch.Values(args, config, path))
 
 
 def run_launcher(args) -> int:
@@ -212,12 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.prog = "finetune-launch"
 
     def usage_error(message: str):  # one line, not accelerate's page of usage
-        unknown = message.split(":", 1)[1].split() if message.startswith("unrecognized arguments:") else []
-        if any(a == "--config" or a.startswith("--config=") for a in unknown):  # the recipe, before the script
-            raise UserError("--config (the recipe) is finetune/run.py's option: put it after the script, as in "
-                            "finetune-launch finetune/run.py --config finetune/configs/<recipe>.yaml; the "
-                            "launcher's own is --config_file (accelerate_configs/)")
-        raise UserError(f"{message}; see finetune-launch --help (accelerate launch's arguments)")
+        raise checks.explain(launch.USAGE, message)
 
     parser.error = usage_error
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -251,9 +171,7 @@ def write_default_config(path: Path | None = None) -> str:
             config = load_config_from_file(str(path))
             check_launch_values(argparse.Namespace(dynamo_backend=None), config, path)  # its values, as a launch
         except Exception as e:  # YAML/JSON syntax, unknown keys, wrong values: every launch would fail on it
-            detail = " ".join(str(e).split())[:200] if not isinstance(e, AttributeError) else "an empty file"
-            raise UserError(f"accelerate config {path} exists but is not a valid accelerate config ({detail}); "
-                            "fix it, or delete it and run finetune-config again") from None  # fmt: skip
+            raise checks.explain(launch.DEFAULT_CONFIG, path, e) from None
         return f"accelerate config {path} exists; left as it is"
     try:
         write_basic_config(mixed_precision="no", save_location=str(path))
@@ -263,7 +181,7 @@ def write_default_config(path: Path | None = None) -> str:
             config["mpirun_config"] = {"num_cpu_threads_per_process": threads}
             path.write_text(json.dumps(config, indent=2))
     except OSError as e:
-        raise UserError(f"cannot write accelerate's config {path}: {e.strerror or e}") from None
+        raise checks.explain(launch.WRITE_FAILED, path, e) from None
     return f"wrote accelerate's default config for this machine to {path}"
 
 

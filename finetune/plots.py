@@ -34,7 +34,7 @@ import numpy as np
 
 from finetune import checkpoint as ckpt
 from finetune import checks
-from finetune.errors import UserError
+from finetune.checks import tools
 from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.metrics import METRICS
 from finetune.rundir import METRICS_LOG, RunDir
@@ -152,7 +152,6 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None, best: 
     # Imported here so that importing the package does not pay for matplotlib.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
 
     metrics_jsonl = Path(metrics_jsonl)
     train, evals = read_metrics(metrics_jsonl)
@@ -168,21 +167,35 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None, best: 
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     ax_of = dict(zip(panels, axes, strict=True))
     fig.suptitle(title if title is not None else f"training curves: {metrics_jsonl.parent.name}")
+    _loss_panel(ax_of["loss"], train, evals)
+    if eval_keys:
+        _metrics_panel(ax_of["metrics"], evals, eval_keys)
+    _learning_rate_panel(ax_of["learning_rate"], train)
+    mark_best(ax_of, axes, best, evals)
+    _epochs(axes, ax_of["learning_rate"], train, evals)
+    axes[-1].set_xlim(left=0)
+    return fig
 
-    def draw(ax, steps, values, label, key):
-        style = {"markersize": 5, **STYLES.get(key, {"marker": "o"})}  # a metric without a style: matplotlib's colours
-        if len(steps) > MARKERS_UP_TO:  # a marker on every point of a long run is a thick smear
-            style["marker"] = None
-        ax.plot(steps, values, label=label, **style)
 
-    # Loss: training (mean over each logging interval) and validation, on one scale.
-    ax = ax_of["loss"]
+def _draw(ax, steps: list[int], values: list[float], label: str, key: str) -> None:
+    """One series in its look (STYLES), with a marker on each point of a short run."""
+    style = {"markersize": 5, **STYLES.get(key, {"marker": "o"})}  # a metric without a style: matplotlib's colours
+    if len(steps) > MARKERS_UP_TO:  # a marker on every point of a long run is a thick smear
+        style["marker"] = None
+    ax.plot(steps, values, label=label, **style)
+
+
+def _loss_panel(ax, train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> None:
+    """Loss: training (mean over each logging interval) and validation, on one scale; logarithmic when it
+    falls by more than 10x."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
     train_steps, train_loss = _series(train, "loss")
     eval_steps, eval_loss = _series(evals, "eval_loss")
     if train_steps:
-        draw(ax, train_steps, train_loss, "training loss", "loss")
+        _draw(ax, train_steps, train_loss, "training loss", "loss")
     if eval_steps:
-        draw(ax, eval_steps, eval_loss, "validation loss", "eval_loss")
+        _draw(ax, eval_steps, eval_loss, "validation loss", "eval_loss")
     positive = [v for v in train_loss + eval_loss if math.isfinite(v) and v > 0]
     if positive and max(positive) / min(positive) > 10:
         ax.set_yscale("log")
@@ -194,58 +207,54 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None, best: 
     else:
         ax.set_ylabel("loss")
 
-    # Validation accuracy and F1: fractions, so the axis stays within [0, 1] ([-1, 1] for a negative r).
-    if eval_keys:
-        ax = ax_of["metrics"]
-        lowest = 0.0
-        for key in eval_keys:
-            steps, values = _series(evals, key)
-            draw(ax, steps, values, f"validation {EVAL_METRICS[key]}", key)
-            lowest = min(lowest, *values)
-        low, high = ax.get_ylim()
-        if high - low < 0.1:  # one evaluation, or flat ones: show at least 0.1 around them, not 1e-5
-            middle = (high + low) / 2
-            low, high = middle - 0.05, middle + 0.05
-        ax.set_ylim(max(low, 0.0 if lowest >= 0 else -1.01), min(high, 1.01))  # markers at 1.0 stay whole
-        ax.set_ylabel("validation")
 
-    # Learning rate: the schedule as it was applied, one value per logged step.
-    ax = ax_of["learning_rate"]
+def _metrics_panel(ax, evals: list[dict[str, Any]], eval_keys: list[str]) -> None:
+    """Validation accuracy and F1: fractions, so the axis stays within [0, 1] ([-1, 1] for a negative r)."""
+    lowest = 0.0
+    for key in eval_keys:
+        steps, values = _series(evals, key)
+        _draw(ax, steps, values, f"validation {EVAL_METRICS[key]}", key)
+        lowest = min(lowest, *values)
+    low, high = ax.get_ylim()
+    if high - low < 0.1:  # one evaluation, or flat ones: show at least 0.1 around them, not 1e-5
+        middle = (high + low) / 2
+        low, high = middle - 0.05, middle + 0.05
+    ax.set_ylim(max(low, 0.0 if lowest >= 0 else -1.01), min(high, 1.01))  # markers at 1.0 stay whole
+    ax.set_ylabel("validation")
+
+
+def _learning_rate_panel(ax, train: list[dict[str, Any]]) -> None:
+    """Learning rate: the schedule as it was applied, one value per logged step; the shared step axis."""
+    from matplotlib.ticker import MaxNLocator
+
     lr_steps, lrs = _series(train, "learning_rate")
     if lr_steps:
-        draw(ax, lr_steps, lrs, "learning rate", "learning_rate")
+        _draw(ax, lr_steps, lrs, "learning rate", "learning_rate")
     ax.set_ylabel("learning rate")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax.set_ylim(bottom=0)
     ax.set_xlabel("optimizer step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
-    mark_best(ax_of, axes, best, evals)
 
+def _epochs(axes, lr_ax, train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> None:
+    """Grids, legends (not the learning rate's), dotted lines at the ends of epochs and, for a dozen or
+    fewer, the epochs named along the top between their boundaries."""
     ends = _epoch_ends(train + evals)
     for ax in axes:
         ax.grid(True, alpha=0.3)
         if len(ends) <= 30:
             for step, _ in ends:
                 ax.axvline(step, color="0.6", linestyle=":", linewidth=1)
-        if ax.get_legend_handles_labels()[0] and ax is not ax_of["learning_rate"]:
+        if ax.get_legend_handles_labels()[0] and ax is not lr_ax:
             ax.legend(loc="best", fontsize=9)
-    if ends and len(ends) <= 12:  # name the epochs along the top, between their boundaries
+    if ends and len(ends) <= 12:
         top = axes[0]
-        bounds = [0] + [s for s, _ in ends] + [max(train_steps + eval_steps + lr_steps)]
+        last = max(_series(train, "loss")[0] + _series(evals, "eval_loss")[0] + _series(train, "learning_rate")[0])
+        bounds = [0] + [s for s, _ in ends] + [last]
         for e, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-            top.text(
-                (a + b) / 2,
-                1.0,
-                f"epoch {e + 1}",
-                transform=top.get_xaxis_transform(),
-                ha="center",
-                va="bottom",
-                fontsize=8,
-                color="0.4",
-            )
-    axes[-1].set_xlim(left=0)
-    return fig
+            top.text((a + b) / 2, 1.0, f"epoch {e + 1}", transform=top.get_xaxis_transform(), ha="center",
+                     va="bottom", fontsize=8, color="0.4")  # fmt: skip
 
 
 def mark_best(ax_of: dict[str, Any], axes, best: dict[str, Any], evals: list[dict[str, Any]]) -> None:
@@ -322,36 +331,9 @@ def plot_confusion_matrix(
     colorbar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     colorbar.set_label("fraction of true class")
 
-    if name_width > 0.9 * cell:  # names wider than a cell would overlap: slant them
-        ax.set_xticks(np.arange(n), labels=names, rotation=45, ha="right", rotation_mode="anchor", fontsize=9)
-    else:
-        ax.set_xticks(np.arange(n), labels=names, fontsize=9)
-    ax.set_yticks(np.arange(n), labels=names, fontsize=9)
-    ax.set_xlabel("predicted label")
-    ax.set_ylabel("true label")
-    # Thin white lines between cells make large matrices easier to read along a row.
-    ax.set_xticks(np.arange(n + 1) - 0.5, minor=True)
-    ax.set_yticks(np.arange(n + 1) - 0.5, minor=True)
-    ax.grid(which="minor", color="white", linewidth=1.0)
-    ax.tick_params(which="minor", length=0)
-
+    _name_the_cells(ax, names, slanted=name_width > 0.9 * cell)  # names wider than a cell would overlap
     if n <= 40:
-        is_integer = np.issubdtype(counts.dtype, np.integer) or bool(np.all(counts == np.round(counts)))
-        texts = [[f"{int(v)}" if is_integer else f"{v:.2g}" for v in row] for row in counts.tolist()]
-        widest = max((len(text) for row in texts for text in row), default=1)
-        # A cell is cell*72 pt wide; a digit is ~0.6 of the font size.
-        fontsize = float(np.clip(0.8 * cell * 72 / (0.6 * max(widest, 2)), 5, 12))
-        for i in range(n):
-            for j in range(n):
-                ax.text(
-                    j,
-                    i,
-                    texts[i][j],
-                    ha="center",
-                    va="center",
-                    fontsize=fontsize,
-                    color="white" if colour[i, j] > 0.5 else "black",
-                )
+        _cell_counts(ax, counts, colour, cell)
 
     if title is None:
         total = counts.sum()
@@ -363,6 +345,37 @@ def plot_confusion_matrix(
     path.parent.mkdir(parents=True, exist_ok=True)
     _save(fig, path, said, dpi=120, bbox_inches="tight")
     return path
+
+
+def _name_the_cells(ax, names: list[str], slanted: bool) -> None:
+    """A confusion matrix's class names along both axes (slanted where they would overlap), and thin white
+    lines between its cells, which make a large matrix easier to read along a row."""
+    n = len(names)
+    if slanted:
+        ax.set_xticks(np.arange(n), labels=names, rotation=45, ha="right", rotation_mode="anchor", fontsize=9)
+    else:
+        ax.set_xticks(np.arange(n), labels=names, fontsize=9)
+    ax.set_yticks(np.arange(n), labels=names, fontsize=9)
+    ax.set_xlabel("predicted label")
+    ax.set_ylabel("true label")
+    ax.set_xticks(np.arange(n + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(n + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.0)
+    ax.tick_params(which="minor", length=0)
+
+
+def _cell_counts(ax, counts: np.ndarray, colour: np.ndarray, cell: float) -> None:
+    """The count in each cell of a confusion matrix, in a size that fits the cell, white on dark cells."""
+    n = len(counts)
+    is_integer = np.issubdtype(counts.dtype, np.integer) or bool(np.all(counts == np.round(counts)))
+    texts = [[f"{int(v)}" if is_integer else f"{v:.2g}" for v in row] for row in counts.tolist()]
+    widest = max((len(text) for row in texts for text in row), default=1)
+    # A cell is cell*72 pt wide; a digit is ~0.6 of the font size.
+    fontsize = float(np.clip(0.8 * cell * 72 / (0.6 * max(widest, 2)), 5, 12))
+    for i in range(n):
+        for j in range(n):
+            ax.text(j, i, texts[i][j], ha="center", va="center", fontsize=fontsize,
+                    color="white" if colour[i, j] > 0.5 else "black")  # fmt: skip
 
 
 def _save(fig, path: Path, said: checks.Said | None = None, **kwargs: Any) -> None:
@@ -377,7 +390,7 @@ def _save(fig, path: Path, said: checks.Said | None = None, **kwargs: Any) -> No
             # The format from the picture's own name: the staged name's suffix is not read (with none,
             # matplotlib would add ".png" to the staged name and the rename would miss it).
             kind = kwargs.pop("format", None) or path.suffix[1:].lower() or "png"
-            if kind in ("jpg", "jpeg"):  # a JPEG names no drawing program: a comment, for _drawn_by_matplotlib
+            if kind in ("jpg", "jpeg"):  # a JPEG names no drawing program: a comment, for tools.picture_not_ours
                 kwargs.setdefault("pil_kwargs", {"comment": b"drawn with matplotlib"})
             fig.savefig(staged, format=kind, **kwargs)
             os.replace(staged, path)
@@ -390,94 +403,25 @@ def _save(fig, path: Path, said: checks.Said | None = None, **kwargs: Any) -> No
     for w in caught:
         if w not in missing:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    if missing:
-        name = Path(path).name.removeprefix(".tmp-")  # written under a temporary name, then renamed
-        (said or checks.Said()).warn(f"matplotlib's font has no glyph for some characters of a title or label; they show as boxes in {name}")
+    name = Path(path).name.removeprefix(".tmp-")  # written under a temporary name, then renamed
+    checks.gate(tools.GLYPHS, name, len(missing), said=said if said is not None else checks.Said())
 
 
 def _check_metrics_file(metrics: Path) -> None:
     """What `python -m finetune.plots` is given must be a metrics.jsonl with records: else one line."""
-    if not metrics.exists():
-        raise UserError(f"{metrics} does not exist; give a run's {METRICS_LOG} (<output_dir>/{METRICS_LOG})")
-    if metrics.is_dir():
-        hint = f": did you mean {RunDir(metrics).metrics}?" if RunDir(metrics).metrics.is_file() else ""
-        raise UserError(f"{metrics} is a folder, not a {METRICS_LOG} file{hint}")
+    checks.gate(tools.METRICS_FILE, metrics)
     try:
         train, evals = read_metrics(metrics)
-    except UnicodeDecodeError:
-        raise UserError(f"{metrics} is not a text file; give a run's {METRICS_LOG} (one JSON record a line)") from None
-    except OSError as e:
-        raise UserError(f"cannot read {metrics}: {e.strerror or e}") from None
-    if not train and not evals:
-        not_a_log = _not_a_metrics_log(metrics)
-        if not_a_log:
-            raise UserError(
-                f"{metrics} is not a run's {METRICS_LOG} ({not_a_log}); give a run's {METRICS_LOG} "
-                f"(<output_dir>/{METRICS_LOG})"
-            )
-        raise UserError(
-            f"{metrics} holds no training or evaluation records yet (one JSON object a line, with its step): a run "
-            "writes its first at its first logging step; draw it again later"
-        )
-
-
-def _not_a_metrics_log(metrics: Path) -> str | None:
-    """Why a file without records is not a run's log at all (a data CSV, a dataset's JSON Lines), or None
-    for a log a run has not written a record to yet. A run writes `{"step": ...}` first on every line: its
-    first line is such a record, or one torn by a kill (it starts with `{`), or the file is still empty."""
-    with metrics.open() as f:
-        first = next((line.strip() for line in f if line.strip()), None)
-    if first is None:
-        return None
-    if first == "{" and metrics.stat().st_size < 2**24:  # a JSON document over many lines: an evaluation's metrics.json?
-        try:
-            whole = json.loads(metrics.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            whole = None
-        if isinstance(whole, dict):
-            return "it is one JSON document over many lines, such as an evaluation's metrics.json, not a record a line"
-    try:
-        record = json.loads(first)
-    except json.JSONDecodeError:
-        return None if first.startswith("{") else "its first line is not a JSON record"
-    if not isinstance(record, dict):
-        return "its first line is not a JSON record"
-    if "step" not in record:
-        return 'its first record has no "step": a run writes one on every line'
-    return None
+    except (UnicodeDecodeError, OSError) as e:
+        raise checks.explain(tools.METRICS_UNREADABLE, metrics, e) from None
+    if not train and not evals:  # not a run's log at all, or one without a record yet
+        raise checks.explain(tools.NO_RECORDS, metrics)
 
 
 def _check_png(out: Path) -> None:
-    """The picture's path: not a folder, not under a file, a format matplotlib writes."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    if out.is_dir():
-        raise UserError(f"{out} is a folder; give the picture's file name ({RunDir(out).curves})")
-    above = next((p for p in out.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        raise UserError(f"cannot write {out}: {above} is a file, not a folder")
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if out.suffix and out.suffix[1:].lower() not in formats:
-        raise UserError(f"cannot write {out}: '{out.suffix}' is not a picture format; use .png (or {', '.join(sorted(formats))})")
-    for folder in out.resolve().parents:  # a run's checkpoints/, model/, adapter/: replaced or deleted whole
-        run = RunDir(folder.parent)
-        if folder in (run.checkpoints, run.model, run.adapter) and run.is_run():
-            raise UserError(f"cannot write {out}: it is inside {folder}, which the run replaces or deletes whole "
-                            f"(checkpoint retention, an export, an overwrite); write it beside the run ({run.curves})")
-    if out.is_file() and not _drawn_by_matplotlib(out):
-        raise UserError(f"{out} exists and is not a picture drawn here (matplotlib's); it is left as it is: give "
-                        "another file name, or move it away first")
-
-
-def _drawn_by_matplotlib(path: Path) -> bool:
-    """Whether a picture file was drawn by matplotlib (this app's curves, or another plot): its PNG Software
-    text, its PDF producer, its SVG comment name it in the first 64 KiB. A photo or a user's file does not."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(1 << 16)
-    except OSError:
-        return False
-    return b"matplotlib" in head.lower()
+    """The picture's path: not a folder, not under a file, a format matplotlib writes, not in a folder a run
+    replaces, not a file of the user's."""
+    checks.gate(tools.PICTURE, out)
 
 
 @exit_on_user_error

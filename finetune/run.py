@@ -53,12 +53,12 @@ from tqdm.auto import tqdm
 from finetune import checkpoint as ckpt
 from finetune import checks, steps
 from finetune.card import check_hub_access, launch_command
+from finetune.checks import launch, tools
 from finetune.cli import Command, parse_command_line
 from finetune.config import TrainConfig, resolved, save_config
 from finetune.data import load_splits, prepare_splits, read_splits, train_data_fingerprint
-from finetune.errors import UserError, first_line
-from finetune.exits import exit_on_user_error
 from finetune.evaluation import evaluate_model, forward, longest_first
+from finetune.exits import exit_on_user_error
 from finetune.export import export_run
 from finetune.lora import apply_lora, is_lora
 from finetune.metrics import (
@@ -328,14 +328,14 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     model (and the config the data resolves), the layer split, loaders, what a resume continues, the step
     plan, optimizer and schedule, then Accelerate's `prepare`."""
     said = said if said is not None else checks.Said()
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(cfg, said)
     out = RunDir(cfg.output_dir)
     check_output_dir(out.root, cfg.overwrite_output_dir, cfg.resume_from_checkpoint, bool(cfg.report_to), said)
     check_shared_output_dir(accelerator, out.root)  # multi-node: before anything reads or writes it
     set_seed(cfg.seed)
     built = build_model_and_data(cfg, accelerator, hooks, said)
     model, preprocessor, splits, label_names, cfg = built.model, built.preprocessor, built.splits, built.label_names, built.cfg
-    model = split_model(cfg, accelerator, model)
+    model = split_model(cfg, accelerator, model, said)
     train_loader, sampler, eval_loaders, shapes = make_loaders(cfg, accelerator, splits, preprocessor)
     if cfg.torch_compile:
         check_compile(accelerator)
@@ -444,29 +444,20 @@ def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: 
     preprocessor = preprocessor or task.load_preprocessor(cfg.model_args, model.config)
     task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
     attn = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision)
+    # transformers before set_attn_implementation: an asked kernel is refused, the unasked choice skipped
+    checks.gate(launch.ATTENTION, cfg.attn_implementation, model)
     if attn and hasattr(model, "set_attn_implementation"):
         try:
             model.set_attn_implementation(attn)
         except (ValueError, ImportError) as e:  # a model without that kernel
-            raise UserError(f"attn_implementation={attn}: {first_line(e)}") from None
-    elif cfg.attn_implementation:  # transformers before set_attn_implementation: the unasked choice is skipped
-        raise UserError("attn_implementation needs a newer transformers (PreTrainedModel.set_attn_implementation)")
+            raise checks.explain(launch.ATTENTION_FAILED, attn, e) from None
     if cfg.freeze_embeddings:
         model.get_input_embeddings().requires_grad_(False)
     if cfg.freeze_layers:
         freeze_layers(model, cfg.freeze_layers)
-    if (cfg.freeze_embeddings or cfg.freeze_layers or cfg.peft is not None) and cfg.model_config is not None \
-            and not cfg.resume_from_checkpoint:  # built at random, not loaded: what is frozen stays random
-        what, fix = (("peft (LoRA) freezes every weight but its adapters and the head", "peft=null")
-                     if cfg.peft is not None else
-                     (f"freeze_layers={cfg.freeze_layers} freezes the embeddings and layers", "freeze_layers=0")
-                     if cfg.freeze_layers else ("freeze_embeddings=true freezes the word embeddings",
-                                                "freeze_embeddings=false"))  # fmt: skip
-        said.warn(f"{what} of a model built at random from model_config: they stay random and only the rest learns; "
-             f"freezing is for pretrained weights (model_name_or_path): set {fix}")
+    # frozen weights of a model built at random; gradient checkpointing it lacks; LoRA under FSDP
+    checks.gate(launch.MODEL, cfg, model, accelerator.distributed_type == DistributedType.FSDP, said=said)
     if cfg.gradient_checkpointing:
-        if not model.supports_gradient_checkpointing:
-            raise UserError(f"{type(model).__name__} does not support gradient_checkpointing")
         # Non-reentrant: works under DDP and when the embeddings are frozen (inputs without grad).
         # transformers 5 renamed gradient_checkpointing_enable (deprecated there) to activation_checkpointing_enable.
         if hasattr(model, "activation_checkpointing_enable"):
@@ -474,8 +465,6 @@ def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: 
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.peft is not None:  # LoRA (finetune/lora.py): adapters and the head train, the rest is frozen
-        if accelerator.distributed_type == DistributedType.FSDP:
-            raise UserError("peft (LoRA) trains with one process or DDP, not FSDP; choose another accelerate config")
         model = apply_lora(model, cfg.peft)
     return model, preprocessor
 
@@ -507,7 +496,7 @@ def model_parallel_plan(cfg: TrainConfig, accelerator: Accelerator, model):
     return plan
 
 
-def split_model(cfg: TrainConfig, accelerator: Accelerator, model):
+def split_model(cfg: TrainConfig, accelerator: Accelerator, model, said: checks.Said | None = None):
     """With `model_parallel=true`, the model with its layers on consecutive devices. Under LoRA the
     model inside peft's wrapper is split, adapters and all, and the wrapper is returned."""
     if not cfg.model_parallel:
@@ -515,8 +504,8 @@ def split_model(cfg: TrainConfig, accelerator: Accelerator, model):
     from finetune.parallel import apply_model_parallel
 
     plan = model_parallel_plan(cfg, accelerator, model)
+    checks.gate(launch.ONE_DEVICE, len(plan.stages), said=said if said is not None else checks.Said())
     if len(plan.stages) == 1:
-        accelerator.print("warning: model parallelism with one device: training unsplit")
         return model
     apply_model_parallel(_inside_lora(model), plan)
     return model
@@ -576,11 +565,7 @@ def warn_of_later_checkpoints(out: RunDir, path: Path | None, manifest: dict | N
     # every later step's folder, a damaged one that `latest` skipped too: the run saves those steps again
     later = sorted((p for p in out.checkpoints.iterdir() if p.is_dir() and (step_of(p) or 0) > manifest["step"]),
                    key=step_of) if mine else []  # fmt: skip
-    later = [p.name for p in later]
-    if later:
-        said.warn(f"resuming from {path.name}, before this run's later checkpoint(s) {', '.join(later)}: they, and the "
-             f"export in {out.model}, are replaced as the run goes on from step {manifest['step']} (copy them "
-             "elsewhere first to keep them)")  # fmt: skip
+    checks.gate(launch.LATER, path, [p.name for p in later], out.model, manifest["step"], said=said)
 
 
 def make_optimizer(cfg: TrainConfig, model, accelerator: Accelerator):
@@ -708,19 +693,19 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
                                evaluations.top)
     if results["learned"]["verdict"] and hooks.verdicts:
         run.accelerator.print(f"learned: {results['learned']['said']}")
-    for warning in (results["learned"]["said"] if results["learned"]["warn"] else None, never):
-        if warning and hooks.verdicts:
-            run.accelerator.print(f"warning: {warning}")
+    if hooks.verdicts:  # a search's trials: the search's end says whether its best learned
+        checks.gate(tools.VERDICT, results["learned"], said=run.said)
+        checks.gate(tools.PREDICTED, never, run.label_names, cfg.problem_type, said=run.said)
     with hooks.phase("export"):
         export_run(cfg, run.accelerator, run.model, run.preprocessor, results, run.label_names, run.checkpointer.best,
                    seconds=hooks.so_far, digests=run.digests, said=run.said)  # fmt: skip
     return results
 
 
-def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, str | None]:
+def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, list[str]]:
     """Multi-label with tune_threshold: the threshold(s) that score best on validation (the test split
-    and the export use them: config.json's `multi_label_thresholds`); and which classes or labels the
-    validation predictions never chose, in one line (or None)."""
+    and the export use them: config.json's `multi_label_thresholds`); and the classes or labels the
+    validation predictions never chose (said by `tools.never_predicted`)."""
     threshold, validation = cfg.multi_label_threshold, results["validation"]
     if cfg.problem_type == MULTI:
         scored = evaluate_split(cfg, run, "validation", keep_predictions=True)
@@ -732,14 +717,7 @@ def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, 
         never = never_predicted(validation, predictions, run.label_names, threshold)
     else:
         never = never_predicted(validation, None, run.label_names, threshold)
-    if not never:
-        return threshold, None
-    what = "labels" if cfg.problem_type == MULTI else "classes"
-    shown = ", ".join(map(repr, never[:5])) + (", ..." if len(never) > 5 else "")
-    return threshold, (
-        f"{len(never)} of {len(run.label_names)} {what} were never predicted on validation ({shown}); rare ones "
-        "need more examples, class_weights=balanced, or more training"
-    )
+    return threshold, never
 
 
 def judged_metric(cfg: TrainConfig) -> str:
@@ -762,14 +740,7 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
     export's validation value at that threshold against the baseline's at the same threshold: those
     are the decisions the export makes (the periodic evaluations' best used the fixed threshold)."""
     key = judged_metric(cfg)
-    earlier = None  # (step, value) of an evaluation better than the export
-    if tuned is not None:
-        validation, value = tuned, tuned.get(key)
-    else:
-        value = validation.get(key)
-        for seen in (top, (best.get("step"), best.get("value")) if best.get("metric") == key else None):
-            if seen and isinstance(seen[1], (int, float)) and isinstance(value, (int, float)) and better(key, seen[1], value):
-                value, earlier = seen[1], seen
+    validation, value, earlier = _judged_value(key, validation, best, tuned, top)
     baseline = (validation.get("baseline") or {}).get(key)
     n = validation.get("num_words") if key == "word_accuracy" else validation.get("num_samples", 0)
     verdict = learned(key, value, baseline, n or 0)
@@ -813,6 +784,20 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
     )
     warn = verdict is False or (verdict is None and ((n or 0) < FEWEST_TO_JUDGE or unreachable))  # card too
     return {"metric": key, "value": value, "baseline": baseline, "verdict": verdict, "said": said, "warn": warn}
+
+
+def _judged_value(key: str, validation: dict, best: dict, tuned: dict | None,
+                  top: tuple[int, float] | None) -> tuple[dict, Any, tuple | None]:  # fmt: skip
+    """`judge`'s validation, its value of `key`, and (step, value) of an evaluation better than the export
+    (or None): at the tuned threshold where one was tuned, else the best of the export's, the best
+    checkpoint's and the periodic evaluations'."""
+    if tuned is not None:
+        return tuned, tuned.get(key), None
+    value, earlier = validation.get(key), None
+    for seen in (top, (best.get("step"), best.get("value")) if best.get("metric") == key else None):
+        if seen and isinstance(seen[1], (int, float)) and isinstance(value, (int, float)) and better(key, seen[1], value):
+            value, earlier = seen[1], seen
+    return validation, value, earlier
 
 
 def choose_export(cfg: TrainConfig, run: Run, step: int, results: dict) -> dict:
@@ -913,7 +898,7 @@ class LossWatch:
 
 def dry_run(cfg: TrainConfig, said: checks.Said) -> dict[str, Any]:
     """What a run would do, without doing it: printed on the main process and returned."""
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(cfg, said)
     out = RunDir(cfg.output_dir)
     check_output_dir(out.root, cfg.overwrite_output_dir, cfg.resume_from_checkpoint, bool(cfg.report_to), said)
     set_seed(cfg.seed)
@@ -948,9 +933,8 @@ def dry_run(cfg: TrainConfig, said: checks.Said) -> dict[str, Any]:
 
 def plan_only(cfg: TrainConfig, said: checks.Said) -> dict[str, Any]:
     """The model-parallel plan, printed, without training."""
-    if not cfg.model_parallel:
-        raise UserError("--plan-only needs model_parallel=true")
-    accelerator = make_accelerator(cfg)
+    checks.gate(launch.PLAN_ONLY, cfg)
+    accelerator = make_accelerator(cfg, said)
     built = build_model_and_data(cfg, accelerator, said=said)
     return {"plan": model_parallel_plan(built.cfg, accelerator, built.model).format_table()}
 

@@ -23,14 +23,11 @@ from accelerate.utils import (
     InitProcessGroupKwargs,
 )
 
+from finetune import checks
+from finetune.checks import launch
 from finetune.config import TrainConfig
-from finetune.errors import PeerFailed, UserError
+from finetune.errors import PeerFailed
 from finetune.tasks import task_of
-
-FSDP_NEEDS_GPUS = (
-    "the accelerate config asks for FSDP, which Accelerate runs on GPUs only; use a DDP config "
-    "(accelerate_configs/cpu_ddp.yaml on a CPU) or run on GPUs"
-)
 
 
 def _fsdp_requested() -> bool:
@@ -38,7 +35,7 @@ def _fsdp_requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
-def make_accelerator(cfg: TrainConfig) -> Accelerator:
+def make_accelerator(cfg: TrainConfig, said: checks.Said | None = None) -> Accelerator:
     """The Accelerator, from the user's accelerate config; real DDP on CPU when several processes.
 
     `accelerate launch --multi_gpu --num_processes 2` on a machine without a GPU starts two
@@ -46,22 +43,19 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     the Accelerator is built makes them one DDP group over gloo.
 
     `model_parallel=true` under several processes is DDP x layer split (see `prepare_hybrid`).
+    `said`: the run's warnings (a config for a GPU on a CPU, emulated bf16, ...).
     """
+    said = said if said is not None else checks.Said()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     # Accelerate keeps an upper-case precision as written and then neither autocasts nor scales.
     if os.environ.get("ACCELERATE_MIXED_PRECISION"):
         os.environ["ACCELERATE_MIXED_PRECISION"] = os.environ["ACCELERATE_MIXED_PRECISION"].lower()
-    if cfg.model_parallel and _fsdp_requested():
-        raise UserError(
-            "model_parallel=true splits a replica of the model inside each process and FSDP shards the "
-            "model across processes; use one: accelerate_configs/ddp_model_parallel.yaml (or "
-            "model_parallel.yaml) for the split, or fsdp.yaml without model_parallel"
-        )
+    fsdp_on_cpu = _fsdp_on_cpu_for_tests(world_size)
+    processes = launch.Processes(world_size, _fsdp_requested(), torch.cuda.is_available(), fsdp_on_cpu,
+                                 cfg.model_parallel)  # fmt: skip
+    checks.gate(launch.BEFORE, processes)
     if cfg.model_parallel and world_size > 1:
         prepare_hybrid(cfg)
-    fsdp_on_cpu = _fsdp_on_cpu_for_tests(world_size)
-    if _fsdp_requested() and not torch.cuda.is_available() and not fsdp_on_cpu:
-        raise UserError(FSDP_NEEDS_GPUS)
     if world_size > 1 and not torch.cuda.is_available():
         os.environ["ACCELERATE_USE_CPU"] = "true"
     # A process that waits longer than this in a collective fails instead of hanging forever.
@@ -82,38 +76,12 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
             ),
         ],
     )
-    if _fsdp_requested() and accelerator.distributed_type != DistributedType.FSDP:
-        raise UserError(f"{FSDP_NEEDS_GPUS} (these processes run {accelerator.distributed_type})")
-    if world_size > 1 and accelerator.num_processes != world_size:
-        raise UserError(
-            f"{world_size} processes were launched but they did not form one group "
-            f"({accelerator.distributed_type}); check the accelerate config"
-        )
-    if accelerator.num_processes == 1 and _one_of_several_started_alone():
-        accelerator.print(
-            "warning: accelerate launch was asked for several processes (MASTER_ADDR is set) but started this "
-            "one alone, so it trains in one process: a config with distributed_type MULTI_CPU starts several "
-            "only through mpirun; for several CPU processes on one machine use accelerate_configs/cpu_ddp.yaml"
-        )
-    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-        # Accelerate has no fp16 autocast on a CPU: it would train in fp32 and report fp16.
-        raise UserError(
-            "mixed precision fp16 needs a GPU; on a CPU use bf16 (accelerate_configs/cpu_bf16.yaml) or no"
-        )
-    if accelerator.device.type == "cpu" and world_size == 1 and _a_gpu_was_asked_for():
-        accelerator.print(
-            "warning: the accelerate config is for a GPU (use_cpu: false) but torch sees none, so this run trains "
-            "on the CPU; on a machine without a GPU launch with --config_file accelerate_configs/cpu.yaml (or "
-            "--cpu), else check the GPU's driver and CUDA_VISIBLE_DEVICES"
-        )
+    formed = launch.Formed(processes, accelerator, _one_of_several_started_alone(), _a_gpu_was_asked_for())
+    checks.gate(launch.FORMED, formed, said=said)
     if accelerator.device.type == "cpu":
         torch.set_num_threads(cpu_threads(cfg.cpu_threads, accelerator.num_processes))
-        if accelerator.mixed_precision == "bf16" and not native_bf16():
-            accelerator.print(
-                f"warning: bf16 on a CPU without native bf16 (this one: {torch.backends.cpu.get_cpu_capability()}) "
-                "is emulated and several times slower than fp32; use accelerate_configs/cpu.yaml here "
-                "(cpu_bf16.yaml is for CPUs with AMX or AVX512-BF16)"
-            )
+        native = accelerator.mixed_precision != "bf16" or native_bf16()
+        checks.gate(launch.ON_CPU, accelerator, native, torch.backends.cpu.get_cpu_capability(), said=said)
     return accelerator
 
 

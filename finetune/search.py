@@ -68,6 +68,7 @@ from typing import Any
 import yaml
 
 from finetune import checks
+from finetune.checks import tools
 from finetune.config import TrainConfig, load_config, settings_from_flags
 from finetune.errors import TrainingStopped, UserError, first_line, on_failure
 from finetune.exits import ArgumentParser, exit_on_user_error
@@ -168,12 +169,7 @@ def the_next_step(own: dict[str, Any], curve: list[float], greater_is_better: bo
 def say_what_trial_0_draws(cfg: TrainConfig, space: list[str], own: dict[str, Any], said: checks.Said) -> None:
     """One warning line for the searched settings whose value (the recipe's, or the command line's) the
     space cannot hold, which trial 0 draws instead: else the user's value is dropped without a word."""
-    outside = [name for name in space if name not in own and name != "tune_threshold"]
-    if outside:
-        shown = ", ".join(f"{name}={getattr(cfg, name)}" for name in outside)
-        said.warn(f"{shown}: outside what the search draws from (--help: its ranges), so trial 0, the recipe's own "
-             f"settings, draws {'it' if len(outside) == 1 else 'them'} instead; to keep a value fixed, leave it "
-             "out of --space")  # fmt: skip
+    checks.gate(tools.SEARCH_TRIAL_0, cfg, space, own, said=said)
 
 
 class Pruning:
@@ -250,23 +246,9 @@ def _share(value: Any) -> Any:
 
 
 def _check_space_applies(space: list[str], cfg: TrainConfig, layers: int) -> None:
-    """A space of which nothing applies to this run would repeat one trial until the budget is spent."""
-    from finetune.metrics import MULTI
-
-    only = {"tune_threshold": cfg.problem_type == MULTI, "freeze_layers": layers > 1 and cfg.peft is None,
-            "num_train_epochs": cfg.max_steps is None}  # fmt: skip
-    if not any(only.get(name, True) for name in space):
-        raise UserError(
-            f"--space {','.join(space)}: nothing in it applies to this run (tune_threshold is for multi-label runs, "
-            "freeze_layers for models of 2 or more layers without peft, num_train_epochs for runs without "
-            "max_steps); add learning_rate, per_device_train_batch_size or warmup_ratio"
-        )
-    named = [name for name in space if name in ("tune_threshold", "freeze_layers") and not only[name]]
-    if named and sorted(space) != sorted(SPACE):  # asked for by name: dropped without a word otherwise
-        why = {"tune_threshold": "tune_threshold is for multi-label runs",
-               "freeze_layers": "freeze_layers is for models of 2 or more layers without peft"}  # fmt: skip
-        raise UserError(f"--space {','.join(space)}: {'; '.join(why[n] for n in named)}, which this run is not; "
-                        f"leave {' and '.join(named)} out of --space")  # fmt: skip
+    """A space of which nothing applies to this run would repeat one trial until the budget is spent; a
+    setting named that does not apply would be dropped without a word."""
+    checks.gate(tools.SPACE, tools.Space(space, SPACE, cfg, layers))
 
 
 # Settings that change where and how a run reports, not what its trials score: a study continues across them.
@@ -274,29 +256,20 @@ HOUSEKEEPING = ("output_dir", "overwrite_output_dir", "resume_from_checkpoint", 
                 "report_to", "save_total_limit", "cpu_threads", "push_to_hub_model_id")  # fmt: skip
 
 
-def _other_settings(study, base: TrainConfig, space: list[str]) -> str | None:
+def _other_settings(study, base: TrainConfig, space: list[str]) -> UserError | None:
     """A study is continued only with the settings it was made with (the searched ones aside): its trials'
     values are comparable only on the same data and recipe. A new study records them. The refusal, or None."""
     fixed = {k: v for k, v in base.to_dict().items() if k not in (*space, *HOUSEKEEPING)}
     fixed = json.loads(json.dumps(fixed, default=str))
     made, searched = study.user_attrs.get("settings"), study.user_attrs.get("space")
-    if made is None:
-        if not study.trials:
-            study.set_user_attr("settings", fixed)
-            study.set_user_attr("space", list(space))
-        return None
-    if searched is not None and sorted(searched) != sorted(space):
-        return (f"output_dir {base.output_dir} holds a search over --space {','.join(searched)}, not "
-                f"{','.join(space)}; continue it with --space {','.join(searched)}, or give a new output_dir")
-    differ = [k for k in sorted({*made, *fixed} - set(HOUSEKEEPING)) if made.get(k) != fixed.get(k)]  # older studies kept them
-    if not differ:
-        return None
-    shown = "; ".join(f"{k} was {made.get(k)!r}, now {fixed.get(k)!r}" for k in differ[:3])
-    return (f"output_dir {base.output_dir} holds a search made with other settings ({shown}); continue it with the "
-            "same settings, or give a new output_dir")
+    if made is None and not study.trials:
+        study.set_user_attr("settings", fixed)
+        study.set_user_attr("space", list(space))
+    found = checks.first(tools.STUDY_CHANGED, tools.Study(base.output_dir, space, searched, made, fixed, HOUSEKEEPING))
+    return checks.refusal(*found) if found else None
 
 
-def _search_folder_problem(out: Path) -> str | None:
+def _search_folder_problem(out: Path) -> UserError | None:
     """A search writes trial-N/, model/, best_recipe.yaml and search.json into its output_dir, and continues
     the study of a folder that holds one: any other folder with files in it (a training run, the user's
     files) is refused, not written over. The refusal, or None."""
@@ -305,32 +278,16 @@ def _search_folder_problem(out: Path) -> str | None:
     try:
         check_not_inside_a_run(out)
     except UserError as e:
-        return str(e)
-    if out.exists() and not out.is_dir():
-        return f"output_dir {out} is a file, not a folder; choose another output_dir"
-    if out.is_dir() and not (out / STUDY).is_file() and any(out.iterdir()):
-        what = "a training run" if RunDir(out).holds_run() else "files"
-        return (f"output_dir {out} holds {what} and no search ({STUDY}); a search would write its trials and model/ "
-                "there: choose an empty or new output_dir (the same output_dir again continues a search)")
+        return e
+    folder = tools.SearchFolder(out)
     recipe = out / BEST_RECIPE
     if recipe.is_file():  # the search writes it again at its end: one the user edited would be lost
         from finetune.data import file_sha256
 
-        wrote = read_record(out / SEARCH_RECORD).get("best_recipe_sha256")
-        if wrote != file_sha256(recipe) and (wrote is not None or not (out / SEARCH_RECORD).is_file()):
-            return (f"{recipe} is not the one this search wrote (edited since?), and continuing the search writes it "
-                    "again at its end: copy it out of the search's folder (or rename it), then run the same command")
-    return None
-
-
-def _damaged(error: Exception) -> bool:
-    """Whether a database error is SQLite's "this file is no database it can read" (cut short, overwritten,
-    not SQLite at all), not another one (a locked or unreadable file, a full disk)."""
-    import sqlite3
-
-    cause = getattr(error, "orig", None)
-    name = getattr(cause, "sqlite_errorname", "") if isinstance(cause, sqlite3.DatabaseError) else ""
-    return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+        folder.wrote = read_record(out / SEARCH_RECORD).get("best_recipe_sha256")
+        folder.found, folder.recorded = file_sha256(recipe), (out / SEARCH_RECORD).is_file()
+    found = checks.first(tools.SEARCH_FOLDER, folder)
+    return checks.refusal(*found) if found else None
 
 
 def _remove_what_failed(out: Path, made: bool, new: bool) -> None:
@@ -343,62 +300,47 @@ def _remove_what_failed(out: Path, made: bool, new: bool) -> None:
         out.rmdir()
 
 
+def _open_study(base: TrainConfig, space: list[str], said: checks.Said) -> tuple[Any, UserError | None]:
+    """Process 0's study in `<output_dir>/study.db`, made or continued, or the refusal of its folder or of
+    the study: (study, None) or (None, the refusal)."""
+    import optuna
+    import sqlalchemy.exc
+
+    out = Path(base.output_dir)
+    refusal = _search_folder_problem(out)
+    if refusal is not None:
+        return None, refusal
+    made, new = not out.exists(), not (out / STUDY).exists()
+    # a search never deletes its study: it continues it
+    checks.gate(tools.SEARCH_OVERWRITE, base.overwrite_output_dir, new, out / STUDY, said=said)
+    out.mkdir(parents=True, exist_ok=True)
+    on_failure(lambda: _remove_what_failed(out, made, new))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    direction = "maximize" if base.greater_is_better else "minimize"
+    try:
+        study = optuna.create_study(
+            study_name="finetune", storage=f"sqlite:///{out / STUDY}", load_if_exists=True,
+            direction=direction, sampler=optuna.samplers.TPESampler(seed=base.seed),
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+        )  # fmt: skip
+        refusal = _other_settings(study, base, space)
+        # A continued study draws on from where it stopped, not the same first draws again.
+        study.sampler = optuna.samplers.TPESampler(seed=base.seed + len(study.trials))
+    except sqlalchemy.exc.DatabaseError as e:  # else a traceback; the file is left as it is
+        found = checks.first(tools.STUDY_FAILED, out / STUDY, e)
+        if found is None:
+            raise
+        return None, checks.refusal(*found)
+    return study, refusal
+
+
 def search(recipe: str | None, overrides: list[str], budget: float, space: list[str], trials: int | None,
            said: checks.Said | None = None) -> dict:  # fmt: skip
     """Run trials until the budget or the number of trials is spent; returns the best trial's record."""
-    import optuna
-    import sqlalchemy.exc
-    from accelerate.state import AcceleratorState, GradientState
-
-    from finetune.run import train
-    from finetune.runtime import quiet_libraries
-
     started = time.monotonic()
     said = said if said is not None else checks.Said()  # the trials read the same data: each warning said once
-    base, samples = _resolved(load_config(recipe, overrides, said=said), said)  # the problem type and its metric, from the data
-    _check_space_applies(space, base, _layers(base))
-    if base.max_steps is not None:  # max_steps decides the length: epochs would change nothing
-        if "num_train_epochs" in space and _main_process():  # the default space's epochs too: said, not dropped
-            said.warn(f"max_steps={base.max_steps} decides each trial's length, so num_train_epochs is not searched; to "
-                 "search it, set max_steps=null")  # fmt: skip
-        space = [name for name in space if name != "num_train_epochs"]
-    out, metric = Path(base.output_dir), base.metric_for_best_model
-    study, refusal = None, None  # process 0 decides, and every process stops on its refusal (no hang)
-    if _main_process():
-        refusal = _search_folder_problem(out)
-    if _main_process() and refusal is None:
-        made, new = not out.exists(), not (out / STUDY).exists()
-        if not new and base.overwrite_output_dir:  # a search never deletes its study: it continues it
-            said.warn(f"overwrite_output_dir=true does not start a search over: this one continues the study in "
-                 f"{out / STUDY}; to start over, give another output_dir (or move that study away)")  # fmt: skip
-        out.mkdir(parents=True, exist_ok=True)
-        on_failure(lambda: _remove_what_failed(out, made, new))
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        direction = "maximize" if base.greater_is_better else "minimize"
-        try:
-            study = optuna.create_study(
-                study_name="finetune", storage=f"sqlite:///{out / STUDY}", load_if_exists=True,
-                direction=direction, sampler=optuna.samplers.TPESampler(seed=base.seed),
-                pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
-            )  # fmt: skip
-            refusal = _other_settings(study, base, space)
-            # A continued study draws on from where it stopped, not the same first draws again.
-            study.sampler = optuna.samplers.TPESampler(seed=base.seed + len(study.trials))
-        except sqlalchemy.exc.DatabaseError as e:  # else a traceback; the file is left as it is
-            if not _damaged(e):
-                raise
-            refusal = (f"{out / STUDY} is damaged, not a readable optuna study ({e.orig}); restore it from a "
-                       "copy, or give a new output_dir (the trials' logs stay in this one's trial-N folders)")
-    refusal = _share(refusal)
-    if refusal is not None:
-        raise UserError(refusal)
-    layers = _layers(base)
-    if study is not None and not study.trials:  # trial 0: the recipe's own settings, run as the recipe runs
-        own = the_recipes_own(base, space, layers)
-        say_what_trial_0_draws(base, space, own, said)
-        study.enqueue_trial(own, user_attrs={RECIPE: True})
-    if study is not None:
-        _run_again_what_was_stopped(study)
+    base, samples, space, study = _set_up(recipe, overrides, space, said)
+    out, metric, layers = Path(base.output_dir), base.metric_for_best_model, _layers(base)
     by_epochs = "num_train_epochs" in space and base.max_steps is None  # trials fitted to the time left
     durations: list[float] = []
     epoch_seconds: list[float] = []  # each trial's wall time per epoch it ran (its start-up included)
@@ -419,30 +361,10 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
                                    *evaluations, f"output_dir={run_dir}",
                                    "overwrite_output_dir=true", "push_to_hub_model_id=null"], said=said)  # fmt: skip
         began = time.monotonic()
-        quiet_libraries(cfg.log_level)  # as finetune/run.py's main: no library bars (an export's shard bar)
+        again = (f"trial {number}'s settings run again from the start" if extension is None else
+                 f"whether to continue trial {extension[0]} is decided again")  # fmt: skip
         pruning = Pruning(trial, metric, deadline=started + budget)
-        try:
-            results = train(cfg, pruning.hooks, said)
-            # The decisions the export makes: at the tuned multi-label threshold, where one was tuned.
-            value = (results.get("validation_tuned") or results["validation"]).get(metric)
-            state = "complete"
-        except TrainingStopped as e:  # a signal: the study is kept, this trial runs again when it continues
-            if study is not None:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            if e.exit_code not in STOPPED_BY_A_SIGNAL:
-                raise
-            again = (f"trial {number}'s settings run again from the start" if extension is None else
-                     f"whether to continue trial {extension[0]} is decided again")  # fmt: skip
-            raise TrainingStopped(
-                f"{first_line(e).split(';')[0]} (trial {number}); the study is kept in {out / STUDY}: run the same "
-                f"search command again to continue it ({again})",
-                e.exit_code,
-            ) from None
-        except optuna.TrialPruned:
-            results, value, state = None, None, "cut at the budget" if pruning.cut else "pruned"
-        finally:
-            AcceleratorState._reset_state(True)  # the next trial builds its Accelerator afresh
-            GradientState._reset_state()
+        value, state = _run_trial(cfg, pruning, said, study, f"trial {number}", out / STUDY, again)
         durations.append(time.monotonic() - began)
         done = 1.0 if state == "complete" else pruning.fraction_done()
         if done > 0:
@@ -460,6 +382,62 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
         else:
             extension = None
     return _finish(out, study, recipe, overrides, started, budget, said) if study is not None else {}
+
+
+def _set_up(recipe: str | None, overrides: list[str], space: list[str],
+            said: checks.Said) -> tuple[TrainConfig, int, list[str], Any]:  # fmt: skip
+    """The recipe resolved from its data, its training samples, the space that applies to it, and process 0's
+    study (None on the others) with trial 0 queued in a new one and what a signal stopped queued again."""
+    base, samples = _resolved(load_config(recipe, overrides, said=said), said)  # the problem type and its metric, from the data
+    _check_space_applies(space, base, _layers(base))
+    if _main_process():  # max_steps decides the length: the default space's epochs too are said, not dropped
+        checks.gate(tools.SEARCH_EPOCHS, base.max_steps, space, said=said)
+    if base.max_steps is not None:
+        space = [name for name in space if name != "num_train_epochs"]
+    study, refusal = _open_study(base, space, said) if _main_process() else (None, None)
+    refusal = _share(refusal)  # process 0 decides, and every process stops on its refusal (no hang)
+    if refusal is not None:
+        raise refusal
+    if study is not None and not study.trials:  # trial 0: the recipe's own settings, run as the recipe runs
+        own = the_recipes_own(base, space, _layers(base))
+        say_what_trial_0_draws(base, space, own, said)
+        study.enqueue_trial(own, user_attrs={RECIPE: True})
+    if study is not None:
+        _run_again_what_was_stopped(study)
+    return base, samples, space, study
+
+
+def _run_trial(cfg: TrainConfig, pruning: Pruning, said: checks.Said, study, which: str, kept: Path,
+               again: str) -> tuple[Any, str]:  # fmt: skip
+    """One trial: `finetune.run.train` with the pruner's hooks. (Its value, "complete"), or (None, "pruned" or
+    "cut at the budget"). A signal keeps the study (`kept`): the trial is failed, to run again (`again` says
+    how) when the same command continues the search."""
+    import optuna
+    from accelerate.state import AcceleratorState, GradientState
+
+    from finetune.run import train
+    from finetune.runtime import quiet_libraries
+
+    quiet_libraries(cfg.log_level)  # as finetune/run.py's main: no library bars (an export's shard bar)
+    try:
+        results = train(cfg, pruning.hooks, said)
+        # The decisions the export makes: at the tuned multi-label threshold, where one was tuned.
+        return (results.get("validation_tuned") or results["validation"]).get(pruning.metric), "complete"
+    except TrainingStopped as e:  # a signal: the study is kept, this trial runs again when it continues
+        if study is not None:
+            study.tell(pruning.trial, state=optuna.trial.TrialState.FAIL)
+        if e.exit_code not in STOPPED_BY_A_SIGNAL:
+            raise
+        raise TrainingStopped(
+            f"{first_line(e).split(';')[0]} ({which}); the study is kept in {kept}: run the same "
+            f"search command again to continue it ({again})",
+            e.exit_code,
+        ) from None
+    except optuna.TrialPruned:
+        return None, "cut at the budget" if pruning.cut else "pruned"
+    finally:
+        AcceleratorState._reset_state(True)  # the next trial builds its Accelerator afresh
+        GradientState._reset_state()
 
 
 def _next_trial(study, extension: tuple | None, fits: int, base: TrainConfig, space: list[str], layers: int,
@@ -587,7 +565,9 @@ def epochs_that_fit(left: float, durations: list[float], epoch_seconds: list[flo
 def _resolved(cfg: TrainConfig, said: checks.Said) -> tuple[TrainConfig, int]:
     """The recipe with its task and problem type read from the data (the space and the metric depend on
     them), and its training samples."""
-    from finetune.config import resolved  # (a light module; the data's, below, are not: only when a search runs)
+    from finetune.config import (
+        resolved,  # (a light module; the data's, below, are not: only when a search runs)
+    )
     from finetune.data import load_splits, read_splits
     from finetune.problems import problem_type_of
     from finetune.tasks import task_for_data
@@ -646,11 +626,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
     seconds = round(time.monotonic() - started, 1)
     ran = [t for t in study.trials if t.state != optuna.trial.TrialState.WAITING]  # not the queued next one
     complete = [t for t in ran if t.state == optuna.trial.TrialState.COMPLETE]
-    if not complete:
-        raise UserError(
-            f"no trial finished within the budget ({len(ran)} started; wall time {seconds} s of a "
-            f"{budget:g} s budget); give a larger --budget"
-        )
+    checks.gate(tools.SEARCH_END, len(complete), len(ran), seconds, budget)
     best = study.best_trial
     params = best.user_attrs.get(SETTINGS) or best.params  # a continuation's: its first trial's, all its epochs
     source = load_config(recipe, overrides, said=said).to_dict()
@@ -690,12 +666,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
           f"at the budget; wall time {seconds} s of a {budget:g} s budget)")
     learned = read_record(RunDir(out / f"{TRIAL_PREFIX}{best.number}").results).get("learned") or {}
     base_steps = source.get("max_steps") is not None  # the trials' length, which epochs do not change
-    if learned.get("verdict") is False:  # every trial at the trivial baseline: the best of them is no model either
-        value, base = (learned.get(k) for k in ("value", "baseline"))
-        shown = " against ".join(f"{v:.4f}" if isinstance(v, (int, float)) else "none" for v in (value, base))
-        said.warn(f"the best trial did not learn beyond the trivial baseline (validation {learned.get('metric')} {shown}); "
-             f"a longer --budget, other settings (a learning_rate the space does not hold, more "
-             f"{'steps: max_steps' if base_steps else 'epochs'}) or more data may; see docs/your-own-data.md")  # fmt: skip
+    checks.gate(tools.SEARCH_VERDICT, learned, base_steps, said=said)  # every trial at the baseline: no model either
     return record
 
 
@@ -721,17 +692,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("settings", nargs="*", metavar="key=value", help="fixed settings of the recipe")
     args = parser.parse_intermixed_args(settings_from_flags(argv))
     args.space = [s.strip() for s in args.space.split(",") if s.strip()]  # "learning_rate, warmup_ratio," too
-    unknown = [s for s in args.space if s not in SPACE]
-    if unknown:
-        raise UserError(f"--space: {', '.join(unknown)} cannot be searched; choose among {', '.join(SPACE)}")
-    if not 0 < args.budget < math.inf:  # nan and inf too: a search without an end
-        raise UserError(f"--budget must be a positive, finite number of seconds, got {args.budget}")
-    if args.trials is not None and args.trials < 1:
-        raise UserError(f"--trials must be at least 1, got {args.trials}")
-    resume = next((s for s in args.settings if s.partition("=")[0].strip() == "resume_from_checkpoint"), None)
-    if resume is not None:  # each trial is a run of the search's own: it resumes them itself
-        raise UserError(f"{resume} is not a setting of a search: to continue one, run the same command again with "
-                        "the same output_dir (its study goes on, and a trial cut short starts again)")  # fmt: skip
+    checks.gate(tools.SEARCH_ARGS, args, SPACE)
     return args
 
 

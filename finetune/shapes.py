@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from finetune.errors import UserError
+from finetune import checks
+from finetune.checks import launch
 
 
 def _round_up(length: int, multiple: int) -> int:
@@ -133,15 +134,7 @@ def fill_rows(inputs: dict[str, torch.Tensor], rows: int) -> tuple[dict[str, tor
 def check_compile(accelerator) -> None:
     """torch_compile is for one process or DDP (the layer split is refused with the config), without
     Accelerate's own compile (the accelerate config's dynamo_backend)."""
-    from accelerate.utils import DistributedType
-
-    if accelerator.distributed_type == DistributedType.FSDP:
-        raise UserError("torch_compile works with one process or DDP, not FSDP; choose another accelerate config")
-    backend = getattr(accelerator.state, "dynamo_plugin", None)
-    if backend is not None and str(getattr(backend, "backend", "no")).lower() not in ("no", "dynamobackend.no"):
-        raise UserError(
-            "torch_compile=true and the accelerate config's dynamo_backend both compile the model; use one of them"
-        )
+    checks.gate(launch.COMPILE, accelerator)
 
 
 def compile_model(model, dynamic: bool, mode: str = "default") -> None:

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import Sampler
 
 from finetune import checks
-from finetune.errors import UserError
+from finetune.checks import launch
 
 
 def step_loss(loss_sum: torch.Tensor, window_count: int, processes: int, accumulation: int) -> torch.Tensor:
@@ -175,11 +175,7 @@ def plan_steps(cfg, processes: int, samples: int, manifest: dict | None = None, 
     by resume_allow_topology_change) takes the steps done plus the rest of the data in this run's steps."""
     batch, accumulation = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     batches = batches_per_process(samples, batch, processes)
-    if accumulation > batches:
-        raise UserError(
-            f"gradient_accumulation_steps={accumulation} exceeds the {batches} batches per process in an epoch; "
-            "lower gradient_accumulation_steps or per_device_train_batch_size"
-        )
+    checks.gate(launch.ACCUMULATION, accumulation, batches)
     steps_per_epoch = math.ceil(batches / accumulation)
     total_steps = cfg.max_steps or math.ceil(steps_per_epoch * cfg.num_train_epochs - 1e-9)  # 1.5 epochs: half the 2nd
     if manifest is not None and moved and not cfg.max_steps:
@@ -190,15 +186,8 @@ def plan_steps(cfg, processes: int, samples: int, manifest: dict | None = None, 
         math.ceil(cfg.num_train_epochs) if cfg.max_steps is None else math.ceil(total_steps / steps_per_epoch) + 1
     )
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else math.ceil(cfg.warmup_ratio * total_steps)
-    if warmup >= total_steps and cfg.warmup_steps is not None:  # the first step's rate is 0: never at learning_rate
-        raise UserError(
-            f"warmup_steps={warmup} covers all {total_steps} optimizer step(s) of the run: the learning rate would "
-            "never reach learning_rate; lower warmup_steps"
-        )
-    if warmup >= total_steps and (manifest is None or manifest["step"] < total_steps):
-        (said or checks.Said()).warn(f"warmup_ratio={cfg.warmup_ratio:g} makes all {total_steps} optimizer step(s) warm-up steps: the "
-             "learning rate never reaches learning_rate (the first step's is 0, so one step trains nothing); train "
-             "more steps, or set warmup_ratio=0")  # fmt: skip
+    # the first step's rate is 0: a warm-up over every step never reaches learning_rate
+    checks.gate(launch.WARMUP, cfg, warmup, total_steps, manifest, said=said if said is not None else checks.Said())
     return StepPlan(samples, batches, steps_per_epoch, total_steps, num_epochs, warmup)
 
 

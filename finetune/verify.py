@@ -49,7 +49,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -58,8 +57,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune.config import TrainConfig, load_config
 from finetune import checks
+from finetune.checks import tools
+from finetune.config import TrainConfig, load_config
 from finetune.errors import UserError
 from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.rundir import RunDir
@@ -120,11 +120,7 @@ def plan_variants(processes: int, batch: int, accumulation: int) -> list[Variant
     k = processes * accumulation
     if k == 1:  # one process, no accumulation: split the batch by its smallest factor
         k = next((d for d in range(2, G + 1) if G % d == 0), 1)
-    if k == 1:
-        raise UserError(
-            "a global batch of 1 cannot be split into accumulation or processes, so there is "
-            "nothing to compare; run with per_device_train_batch_size=8 (or any size above 1)"
-        )
+    checks.gate(tools.VERIFY_BATCH, k)
     variants = [Variant("one big batch", 1, G, 1), Variant("accumulation", 1, G // k, k)]
     if processes > 1:
         variants.append(Variant("DDP", processes, batch, accumulation))
@@ -154,17 +150,12 @@ def zero_dropout(model_config: dict[str, Any]) -> dict[str, Any]:
 def fixed_randomness(cfg: TrainConfig, processes: int) -> list[str]:
     """Overrides that remove the randomness which would differ between the variants."""
     keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    checks.gate(tools.VERIFY_DROPOUT, cfg, keys)
     overrides = []
     if "dropout" in keys:
         overrides.append("dropout=0.0")
-    elif cfg.model_config is not None:
-        overrides.append(f"model_config={json.dumps(zero_dropout(cfg.model_config))}")
     else:
-        raise UserError(
-            f"verify needs dropout off, and this version can only turn it off for a model built from "
-            f"model_config, not for the pretrained '{cfg.model_name_or_path}' (it needs the `dropout` config "
-            "key); verify the same architecture from a config instead, e.g. model_config={model_type: bert, ...}"
-        )
+        overrides.append(f"model_config={json.dumps(zero_dropout(cfg.model_config))}")
     if getattr(cfg, "peft", None) and cfg.peft.get("dropout"):  # LoRA's own dropout
         overrides.append("peft.dropout=0.0")
     if cfg.random_flip:  # each process would flip its images with its own random draws
@@ -214,12 +205,9 @@ def run_in_process(args: list[str], said: checks.Said | None = None) -> None:
     try:
         train_main.__wrapped__(args, said=said)  # its mistakes reach verify's own one line (exit_on_user_error)
     except UserError as e:
-        if re.match(r"gradient_accumulation_steps=\d+ exceeds", str(e)):
-            raise UserError(
-                "the training data is too small for finetune.verify: its accumulation variant takes "
-                f"{str(e).split(' exceeds')[0]} batches a step, more than an epoch holds; give more training data "
-                "(or a smaller per_device_train_batch_size)"
-            ) from None
+        found = checks.first(tools.VERIFY_VARIANT_FAILED, e)  # said in the check's words
+        if found:
+            raise checks.refusal(*found) from None
         raise
     finally:
         AcceleratorState._reset_state(True)
@@ -376,8 +364,7 @@ def parse_args(argv: list[str]) -> Options:
         "overrides", nargs="*", metavar="key=value", help="override any setting of the recipe"
     )
     args = parser.parse_intermixed_args(argv)
-    if args.keep is not None and Path(args.keep).exists() and not Path(args.keep).is_dir():
-        raise UserError(f"--keep {args.keep} is a file; give a folder for the runs")
+    checks.gate(tools.VERIFY_KEEP, args.keep)
     return Options(args.config, args.overrides, args.steps, args.tolerance, args.keep)
 
 
@@ -410,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                "more, it adds one)")  # fmt: skip
         )
 
+    said = checks.Said()  # each variant reads the same data: its warnings said once, not once a variant
     try:
         if processes > 1:
             run_in_process(args[variants[-1]])  # every process trains the DDP variant together
@@ -417,15 +405,12 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             run_single_process([args[v] for v in variants[:-1]])
         else:
-            said = checks.Said()  # each variant reads the same data: its warnings said once, not once a variant
             for v in variants:
                 run_in_process(args[v], said)
         comparisons = [compare(root / reference.dirname, root / v.dirname, v) for v in variants[1:]]
         reference_steps = json.loads(RunDir(root / reference.dirname).results.read_text())["step"]
-        if reference_steps < opts.steps:  # the data held fewer samples than the check takes (after a held-out share)
-            checks.Said().warn(f"the training data gave fewer than the check's {samples} samples: each variant ran {reference_steps} "
-                 f"optimizer step(s), not {opts.steps}, so the last step's short window was not checked; give more "
-                 f"training data, or --steps {reference_steps}")  # fmt: skip
+        # the data held fewer samples than the check takes (after a held-out share)
+        checks.gate(tools.VERIFY_STEPS, reference_steps, opts.steps, samples, said=said)
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else math.ceil(cfg.warmup_ratio * reference_steps)
         moved = not (reference_steps == 1 and warmup >= 1)  # finetune/steps.py: a warm-up's first step has rate 0
         ok = report(comparisons, reference, reference_steps, opts.tolerance, cfg.learning_rate, moved)

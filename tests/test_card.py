@@ -232,15 +232,75 @@ def test_push_to_hub_offline_refuses_before_any_network(two_epoch_run, monkeypat
             raise AssertionError("HfApi must not be built offline")
 
     monkeypatch.setattr(huggingface_hub, "HfApi", NoApi)
-    with pytest.raises(UserError, match="HF_HUB_OFFLINE is set.*hf upload someone/tiny-bert"):
+    with pytest.raises(UserError, match="HF_HUB_OFFLINE is set.*hf upload someone/tiny-bert") as e:
         push_to_hub(out / "model", "someone/tiny-bert")
+    assert e.value.rule == "tools.hub_offline"
     with pytest.raises(UserError, match="HF_HUB_OFFLINE is set"):  # the early check, before training
         check_hub_access("someone/tiny-bert")
 
 
 def test_push_to_hub_needs_an_export(tmp_path):
-    with pytest.raises(UserError, match="not an exported model"):
+    with pytest.raises(UserError, match="not an exported model") as e:
         push_to_hub(tmp_path, "someone/x")
+    assert e.value.rule == "tools.not_an_export"
+
+
+@pytest.mark.parametrize(
+    ("error", "rule", "fragment"),
+    [("token", "tools.hub_not_logged_in", "cannot push to 'someone/tiny-bert': not logged in to the Hub"),
+     ("refused", "tools.hub_push_failed", "cannot push to the Hub repo 'someone/tiny-bert': 403 Forbidden")],
+)  # fmt: skip
+def test_a_push_the_hub_refuses_is_one_line(two_epoch_run, monkeypatch, error, rule, fragment):
+    """No token, or the Hub's refusal (a fake HfApi raises what huggingface_hub would): one line each."""
+    from huggingface_hub.errors import LocalTokenNotFoundError
+
+    out, _ = two_epoch_run
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+    class Refusing(FakeHfApi):
+        def create_repo(self, repo_id, **kwargs):
+            raise LocalTokenNotFoundError("no token") if error == "token" else ConnectionError("403 Forbidden\nmore")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Refusing)
+    with pytest.raises(UserError, match=re.escape(fragment)) as e:
+        push_to_hub(out / "model", "someone/tiny-bert")
+    assert e.value.rule == rule
+
+
+def test_the_verdict_is_a_warning_of_the_run_and_of_its_card(two_epoch_run):
+    """The tiny run's 10 steps do not beat the trivial baseline: a warning of the run, kept in results.json
+    with its rule, and the card's **Warning:** line says the same."""
+    out, results = two_epoch_run
+    learned = results["learned"]
+    assert learned["warn"], learned
+    rule = "tools.did_not_learn" if learned["verdict"] is False else "tools.too_few_to_judge"
+    (said,) = [w["line"] for w in results["warnings"] if w["rule"] in ("tools.did_not_learn", "tools.too_few_to_judge")]
+    assert [w["rule"] for w in results["warnings"] if w["line"] == said] == [rule]
+    assert said == learned["said"] and f"**Warning:** {said}." in (out / "model" / "README.md").read_text()
+
+
+def test_the_verdict_rules_say_what_judge_found():
+    """A verdict of False is `tools.did_not_learn`; a validation too small to tell, `tools.too_few_to_judge`;
+    learned, nothing; classes never predicted on validation, `tools.never_predicted`."""
+    from types import SimpleNamespace
+
+    from finetune import checks
+    from finetune.checks import tools
+    from finetune.run import judge
+
+    cfg = SimpleNamespace(problem_type="single_label_classification", metric_for_best_model="accuracy")
+    for value, n, rules in [(0.5, 400, ["tools.did_not_learn"]), (1.0, 5, ["tools.too_few_to_judge"]), (0.9, 400, [])]:
+        said = checks.Said()
+        checks.gate(tools.VERDICT, judge(cfg, {"accuracy": value, "num_samples": n, "baseline": {"accuracy": 0.5}}, {}),
+                    said=said)  # fmt: skip
+        assert said.rules() == rules
+    said = checks.Said()
+    checks.gate(tools.PREDICTED, ["cat"], ["cat", "dog"], "single_label_classification", said=said)
+    checks.gate(tools.PREDICTED, [], ["cat", "dog"], "single_label_classification", said=said)
+    assert said.lines == [("tools.never_predicted", "1 of 2 classes were never predicted on validation ('cat'); rare "
+                           "ones need more examples, class_weights=balanced, or more training")]  # fmt: skip
 
 
 def test_describe_data_names_an_image_folder_and_the_held_out_split():

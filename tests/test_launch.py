@@ -25,12 +25,13 @@ from conftest import (
 )
 
 from finetune import checkpoint as ckpt
+from finetune import checks
 
 FINETUNE_LAUNCH = [sys.executable, "-m", "finetune.launch"]  # bare: for mistakes found before launching
 
 
 def _run(cmd: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FINETUNE_SHOW_RULES": "1"}  # `[rule.id]` in each error line
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -40,13 +41,15 @@ def _one_error_line(result: subprocess.CompletedProcess, *words: str) -> None:
 
 def test_missing_accelerate_config_is_one_line(tmp_path):
     missing = tmp_path / "missing.yaml"
-    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(missing), "finetune/run.py"], tmp_path), str(missing))
+    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(missing), "finetune/run.py"], tmp_path), str(missing),
+                    "[launch.config_not_found]")  # fmt: skip
 
 
 def test_unparsable_accelerate_config_is_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: [NO\n")
-    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(bad), "finetune/run.py"], tmp_path), str(bad), "not a valid")
+    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(bad), "finetune/run.py"], tmp_path), str(bad), "not a valid",
+                    "[launch.config_invalid]")  # fmt: skip
 
 
 def test_a_multi_cpu_config_of_several_processes_without_mpirun_is_one_line(tmp_path):
@@ -55,12 +58,13 @@ def test_a_multi_cpu_config_of_several_processes_without_mpirun_is_one_line(tmp_
     config.write_text((REPO / "accelerate_configs/cpu.yaml").read_text().replace("distributed_type: 'NO'",
                       "distributed_type: MULTI_CPU").replace("num_processes: 1", "num_processes: 3"))  # fmt: skip
     _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(config), "finetune/run.py"], tmp_path),
-                    "asks for MULTI_CPU with 3 processes", "accelerate_configs/cpu_ddp.yaml")
+                    "asks for MULTI_CPU with 3 processes", "accelerate_configs/cpu_ddp.yaml", "[launch.multi_cpu_without_mpirun]")
     # the same count with distributed_type NO (the default config edited by hand): one process too
     alone = tmp_path / "no4.yaml"
     alone.write_text((REPO / "accelerate_configs/cpu.yaml").read_text().replace("num_processes: 1", "num_processes: 4"))
     _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(alone), "finetune/run.py"], tmp_path),
-                    "num_processes 4 (in accelerate config", "with distributed_type NO", "cpu_ddp.yaml")
+                    "num_processes 4 (in accelerate config", "with distributed_type NO", "cpu_ddp.yaml",
+                    "[launch.processes_without_distribution]")  # fmt: skip
 
 
 def test_one_process_of_several_started_alone_by_plain_accelerate_launch_says_so(small_text_data, tmp_path,
@@ -73,15 +77,18 @@ def test_one_process_of_several_started_alone_by_plain_accelerate_launch_says_so
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    make_accelerator(load_config(None, tiny_text_args(small_text_data, tmp_path / "r")))  # as the run builds it
-    assert "started this one alone, so it trains in one process" in capsys.readouterr().out
+    said = checks.Said()
+    make_accelerator(load_config(None, tiny_text_args(small_text_data, tmp_path / "r")), said)  # as the run builds it
+    assert "started this one alone, so it trains in one process" in capsys.readouterr().err
+    assert said.rules() == ["launch.started_alone"]
     assert _one_of_several_started_alone()
     monkeypatch.setenv("RANK", "0")  # started by torchrun or mpirun: nothing to say
     assert not _one_of_several_started_alone()
 
 
 def test_missing_script_is_one_line(tmp_path):
-    _one_error_line(_run([*launch_command(launcher="finetune.launch"), "finetune/runn.py"], tmp_path), "finetune/runn.py")
+    _one_error_line(_run([*launch_command(launcher="finetune.launch"), "finetune/runn.py"], tmp_path), "finetune/runn.py",
+                    "[launch.no_script]")  # fmt: skip
 
 
 @pytest.mark.slow  # ~8 s; test_a_user_error_under_two_processes_is_one_line_and_exit_2 keeps exit 2 through the launcher
@@ -255,6 +262,7 @@ def test_finetune_launch_bad_flag_is_one_line(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--bogus-flag" in err[0], err  # no usage page
+    assert exit_info.value.__context__.rule == "launch.usage"
 
 
 def test_the_set_up_config_launches_without_accelerates_notice_and_is_written_once(tmp_path, capsys):
@@ -275,16 +283,17 @@ def test_the_set_up_config_launches_without_accelerates_notice_and_is_written_on
     assert "exists; left as it is" in capsys.readouterr().out and path.read_bytes() == written
     # one that does not parse (a tab in its YAML): said now, not at the next launch, and left as it is
     path.write_text("compute_environment: LOCAL_MACHINE\n\tdistributed_type: NO\n")
-    line = user_error(capsys, configure, ["--config_file", str(path)])
+    line = user_error(capsys, configure, ["--config_file", str(path)], rule="launch.default_config_invalid")
     assert f"accelerate config {path} exists but is not a valid accelerate config" in line
     assert path.read_text().startswith("compute_environment")
     # one that parses, with a value no launch can use: said by finetune-config, and by a launch without a traceback
     path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_processes: two\nuse_cpu: true\n")
-    line = user_error(capsys, configure, ["--config_file", str(path)])
+    line = user_error(capsys, configure, ["--config_file", str(path)], rule="launch.default_config_invalid")
     assert "num_processes 'two' (in accelerate config" in line and "is not a whole number" in line
     from finetune.launch import main as launch_main
 
-    line = user_error(capsys, launch_main, ["--config_file", str(path), "finetune/run.py", "--dry-run"])
+    line = user_error(capsys, launch_main, ["--config_file", str(path), "finetune/run.py", "--dry-run"],
+                      rule="launch.not_a_whole_number")  # fmt: skip
     assert "num_processes 'two' (in accelerate config" in line
 
 
@@ -296,11 +305,56 @@ def test_a_recipe_and_an_accelerate_config_swapped_are_named(capsys):
     from finetune.launch import main as launch_main
 
     recipe = REPO / "finetune/configs/bert_custom_files.yaml"
-    line = user_error(capsys, launch_main, ["--config_file", str(recipe), "finetune/run.py"])
+    line = user_error(capsys, launch_main, ["--config_file", str(recipe), "finetune/run.py"], rule="launch.config_is_a_recipe")
     assert "is a finetune recipe, not an accelerate config: pass it to finetune/run.py as --config" in line
     # the recipe's own option before the script: the launcher does not know it
     for before in (["--config", str(recipe)], [f"--config={recipe}"]):
-        line = user_error(capsys, launch_main, [*before, "finetune/run.py"])
+        line = user_error(capsys, launch_main, [*before, "finetune/run.py"], rule="launch.recipe_flag")
         assert "--config (the recipe) is finetune/run.py's option: put it after the script" in line
     with pytest.raises(UserError, match="that file is an accelerate config; pass it to accelerate launch --config_file"):
         load_config(REPO / "accelerate_configs/cpu.yaml")
+
+
+ACCELERATE_CPU = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "NO", "num_machines": 1,
+                  "machine_rank": 0, "num_processes": 1, "use_cpu": True, "mixed_precision": "no"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rule", "changes", "flags", "fragment"),
+    [
+        ("launch.config_is_a_folder", "<folder>", [], "is a folder; pass the config file"),
+        ("launch.fsdp_with_cpu", {"distributed_type": "FSDP", "use_cpu": False}, ["--cpu"], "--cpu would train without it"),
+        ("launch.not_a_whole_number", {"num_machines": 1.5}, [], "num_machines 1.5 (in accelerate config"),
+        ("launch.num_processes", {"num_processes": 0}, [], "num_processes must be at least 1, got 0"),
+        ("launch.num_machines", {}, ["--num_machines", "0"], "num_machines must be at least 1, got 0 (--num_machines)"),
+        ("launch.machine_rank", {"num_machines": 2, "machine_rank": 2}, [], "is not one of the 2 machines: give 0 to 1"),
+        ("launch.main_process_port", {"main_process_port": 70000}, [], "is not a port"),
+        ("launch.mixed_precision", {"mixed_precision": "fp8x"}, [], "mixed_precision 'fp8x'"),
+        ("launch.dynamo_backend", {"dynamo_config": {"dynamo_backend": "BOGUS"}}, [], "dynamo_backend 'BOGUS'"),
+    ],
+)
+def test_each_launcher_rule_is_one_line_before_anything_starts(rule, changes, flags, fragment, tmp_path, capsys):
+    """The launcher's rules (finetune/checks/launch.py), each met by the config or flag it names, before a
+    process starts (tests/test_bad_input.py holds more cases of them)."""
+    import yaml
+
+    from finetune.launch import main as launch_main
+
+    config = tmp_path / "accelerate.yaml"
+    if changes == "<folder>":
+        config.mkdir()
+    else:
+        config.write_text(yaml.safe_dump({**ACCELERATE_CPU, **changes}))
+    script = tmp_path / "would_train.py"
+    script.write_text(f"open({str(tmp_path / 'started')!r}, 'w').close()\n")
+    user_error(capsys, launch_main, ["--config_file", str(config), *flags, str(script)], fragment, rule=rule)
+    assert not (tmp_path / "started").exists()
+
+
+def test_a_default_config_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    from finetune.launch import configure
+
+    (tmp_path / "a-file").write_text("")
+    line = user_error(capsys, configure, ["--config_file", str(tmp_path / "a-file" / "default_config.yaml")],
+                      "cannot write accelerate's config", rule="launch.cannot_write_config")  # fmt: skip
+    assert "a-file" in line

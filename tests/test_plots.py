@@ -12,6 +12,7 @@ import pytest
 from conftest import user_error
 from PIL import Image
 
+from finetune import checks
 from finetune.plots import BEST_GID, main, plot_training_curves, read_metrics, training_curves_figure
 
 # --- plots -------------------------------------------------------------------------------------------
@@ -149,19 +150,25 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
     empty = tmp_path / "empty" / "metrics.jsonl"
     empty.parent.mkdir()
     empty.write_text("")
-    user_error(capsys, main, [str(empty)], "holds no training or evaluation records yet", untouched=tmp_path)
-    user_error(capsys, main, [str(tmp_path / "missing.jsonl")], "does not exist", untouched=tmp_path)
-    user_error(capsys, main, [str(empty.parent)], "is a folder", "did you mean", untouched=tmp_path)
+    user_error(capsys, main, [str(empty)], "holds no training or evaluation records yet", untouched=tmp_path,
+               rule="tools.no_records_yet")  # fmt: skip
+    user_error(capsys, main, [str(tmp_path / "missing.jsonl")], "does not exist", untouched=tmp_path,
+               rule="tools.metrics_not_found")  # fmt: skip
+    user_error(capsys, main, [str(empty.parent)], "is a folder", "did you mean", untouched=tmp_path,
+               rule="tools.metrics_is_a_folder")  # fmt: skip
     evaluation = tmp_path / "metrics.json"  # evaluate_checkpoint.py's output, given by mistake
     evaluation.write_text(json.dumps({"accuracy": 0.8, "num_samples": 10}, indent=2))
     user_error(capsys, main, [str(evaluation)], "is not a run's metrics.jsonl (it is one JSON document over many "
-               "lines, such as an evaluation's metrics.json", untouched=tmp_path)  # fmt: skip
+               "lines, such as an evaluation's metrics.json", untouched=tmp_path, rule="tools.not_a_metrics_log")  # fmt: skip
     listed = tmp_path / "list.jsonl"
     listed.write_text("[1,2]\n")
     user_error(capsys, main, [str(listed)], "is not a run's metrics.jsonl", untouched=tmp_path)
     listed.write_text(json.dumps({"step": 1, "epoch": 0, "loss": 0.5, "learning_rate": 1e-4}) + "\n")
-    user_error(capsys, main, [str(listed), str(tmp_path)], "is a folder", untouched=tmp_path)
-    user_error(capsys, main, [str(listed), str(tmp_path / "c.xyz")], "not a picture format", untouched=tmp_path)
+    user_error(capsys, main, [str(listed), str(tmp_path)], "is a folder", untouched=tmp_path, rule="tools.picture_is_a_folder")
+    user_error(capsys, main, [str(listed), str(tmp_path / "c.xyz")], "not a picture format", untouched=tmp_path,
+               rule="tools.picture_format")  # fmt: skip
+    user_error(capsys, main, [str(listed), str(listed / "c.png")], f"{listed} is a file, not a folder",
+               untouched=tmp_path, rule="tools.picture_under_a_file")  # fmt: skip
     user_error(capsys, main, [], "required", untouched=tmp_path)
     main([str(listed), str(tmp_path / "c.png")])
     assert (tmp_path / "c.png").is_file()
@@ -174,7 +181,8 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
         main([str(listed), str(tmp_path / drawn)])
     photo = tmp_path / "photo.png"  # a picture of the user's: never written over
     Image.new("RGB", (4, 4)).save(photo)
-    user_error(capsys, main, [str(listed), str(photo)], "exists and is not a picture drawn here", untouched=tmp_path)
+    user_error(capsys, main, [str(listed), str(photo)], "exists and is not a picture drawn here", untouched=tmp_path,
+               rule="tools.picture_not_ours")  # fmt: skip
 
 
 def test_a_picture_inside_a_runs_checkpoints_or_export_is_refused(finished_run, tmp_path, capsys):
@@ -183,7 +191,7 @@ def test_a_picture_inside_a_runs_checkpoints_or_export_is_refused(finished_run, 
     step = sorted((run / "checkpoints").iterdir())[-1]
     for inside in (step / "curves.png", run / "model" / "curves.png"):
         user_error(capsys, main, [str(run / "metrics.jsonl"), str(inside)], "which the run replaces or deletes whole",
-                   untouched=run)  # fmt: skip
+                   untouched=run, rule="tools.picture_inside_a_run")  # fmt: skip
 
 
 def test_a_title_the_font_cannot_draw_is_one_warning_line(tmp_path, capsys):
@@ -195,10 +203,12 @@ def test_a_title_the_font_cannot_draw_is_one_warning_line(tmp_path, capsys):
                               for s in range(1, 4)))  # fmt: skip
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plot_training_curves(path, tmp_path / "curves.png", title="運行 ❤ ü")
+        said = checks.Said()
+        plot_training_curves(path, tmp_path / "curves.png", title="運行 ❤ ü", said=said)
     assert not [w for w in caught if "missing from font" in str(w.message)]
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(warned) == 1 and "no glyph for some characters" in warned[0]
+    assert said.rules() == ["tools.missing_glyphs"]
 
 
 @pytest.mark.parametrize("text, why", [
@@ -212,9 +222,28 @@ def test_a_file_that_is_no_metrics_log_is_not_told_to_wait(text, why, tmp_path, 
     given = tmp_path / "train.csv"
     given.write_text(text)
     line = user_error(capsys, main, [str(given)], f"{given} is not a run's metrics.jsonl ({why}",
-                      "give a run's metrics.jsonl (<output_dir>/metrics.jsonl)", untouched=tmp_path)  # fmt: skip
+                      "give a run's metrics.jsonl (<output_dir>/metrics.jsonl)", untouched=tmp_path,
+                      rule="tools.not_a_metrics_log")  # fmt: skip
     assert "again later" not in line
     torn = tmp_path / "metrics.jsonl"
     for young in ("", "\n", '{"step": 1, "lo'):
         torn.write_text(young)
-        user_error(capsys, main, [str(torn)], "holds no training or evaluation records yet", "draw it again later")
+        user_error(capsys, main, [str(torn)], "holds no training or evaluation records yet", "draw it again later",
+                   rule="tools.no_records_yet")  # fmt: skip
+
+
+def test_a_metrics_file_that_cannot_be_read_is_one_line(tmp_path, capsys, monkeypatch):
+    """Not text (a picture given for the log), or a read that fails (a failing disk): one line each."""
+    import errno
+
+    from finetune import plots
+
+    binary = tmp_path / "metrics.jsonl"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x80")
+    user_error(capsys, main, [str(binary)], "is not a text file", rule="tools.metrics_not_text")
+
+    def fail(path):
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(plots, "read_metrics", fail)
+    user_error(capsys, main, [str(binary)], f"cannot read {binary}: Input/output error", rule="tools.metrics_unreadable")

@@ -11,13 +11,18 @@ import subprocess
 import time
 
 import pytest
+import torch
 from conftest import (
     REPO,
     launch,
     launch_command,
     logged_steps,
     tiny_text_args,
+    user_error,
 )
+
+from finetune import checks
+from finetune.errors import UserError
 
 
 def _ddp_fault(small_text_data, tmp_path, mode: str, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -141,9 +146,161 @@ def test_a_gpu_config_on_a_machine_without_a_gpu_says_it_trains_on_the_cpu(monke
     else:
         monkeypatch.setenv("ACCELERATE_USE_CPU", use_cpu)
     monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: False)
-    accelerator = runtime.make_accelerator(load_config(DEFAULT_RECIPE, [f"output_dir={tmp_path}"]))
+    warnings = checks.Said()
+    accelerator = runtime.make_accelerator(load_config(DEFAULT_RECIPE, [f"output_dir={tmp_path}"]), warnings)
     assert accelerator.device.type == "cpu"
-    said = [line for line in capsys.readouterr().out.splitlines() if "torch sees none" in line]
+    said = [line for line in capsys.readouterr().err.splitlines() if "torch sees none" in line]
     assert len(said) == int(warned)
+    assert ("launch.gpu_config_on_cpu" in warnings.rules()) == warned
     if warned:
         assert said[0].startswith("warning: the accelerate config is for a GPU") and "cpu.yaml" in said[0]
+
+
+# --- the launch's rules met by the run (finetune/checks/launch.py) ----------------------------------------
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_a_warning_of_the_run(monkeypatch, tmp_path, capsys):
+    from finetune import runtime
+    from finetune.config import DEFAULT_RECIPE, load_config
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setattr(runtime, "native_bf16", lambda: False)
+    said = checks.Said()
+    runtime.make_accelerator(load_config(DEFAULT_RECIPE, [f"output_dir={tmp_path}"]), said)
+    assert said.rules() == ["launch.bf16_emulated"]
+    assert "warning: bf16 on a CPU without native bf16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "settings", "rule", "fragment"),
+    [
+        ({"ACCELERATE_USE_FSDP": "true"}, ["model_parallel=true"], "launch.model_parallel_with_fsdp",
+         "splits a replica of the model inside each process"),
+        ({"ACCELERATE_USE_FSDP": "true"}, [], "launch.fsdp_without_gpus", "which Accelerate runs on GPUs only"),
+        ({"ACCELERATE_MIXED_PRECISION": "fp16"}, [], "launch.fp16_on_cpu", "mixed precision fp16 needs a GPU"),
+    ],
+)  # fmt: skip
+def test_what_the_processes_cannot_run_is_refused_as_the_accelerator_is_built(env, settings, rule, fragment,
+                                                                             monkeypatch, tmp_path):  # fmt: skip
+    from finetune import runtime
+    from finetune.config import load_config
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: False)
+    cfg = load_config(None, tiny_text_args({"train": tmp_path / "t.csv", "validation": tmp_path / "v.csv"},
+                                           tmp_path / "o", *settings))  # fmt: skip
+    with pytest.raises(UserError, match=fragment) as e:
+        runtime.make_accelerator(cfg)
+    assert e.value.rule == rule
+
+
+@pytest.mark.parametrize(
+    ("fsdp", "world", "rule"),
+    [(True, 1, "launch.fsdp_not_formed"), (False, 2, "launch.group_not_formed")],
+)
+def test_processes_that_did_not_form_the_group_asked_for_are_refused(fsdp, world, rule):
+    """What the Accelerator formed, against what was launched (a CPU group that stayed DDP under an FSDP
+    config; processes that each train alone): the Accelerator's state stands in for a real launch."""
+    import types
+
+    from accelerate.utils import DistributedType
+
+    from finetune.checks import launch
+
+    accelerator = types.SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, num_processes=1,
+                                        mixed_precision="no", device=torch.device("cpu"))  # fmt: skip
+    formed = launch.Formed(launch.Processes(world, fsdp, False, True, False), accelerator, False, False)
+    with pytest.raises(UserError) as e:
+        checks.gate(launch.FORMED, formed, said=checks.Said())
+    assert e.value.rule == rule
+
+
+def _training_model(tmp_path, *settings: str, fsdp: bool = False, said: checks.Said | None = None):
+    """`run.build_for_training` on the tiny BERT of a config, with an Accelerator's device, precision and
+    distributed type stood in for."""
+    import types
+
+    from accelerate.utils import DistributedType
+
+    from finetune import run
+    from finetune.config import load_config
+
+    data = {"train": tmp_path / "t.csv", "validation": tmp_path / "v.csv"}
+    accelerator = types.SimpleNamespace(device=torch.device("cpu"), mixed_precision="no",
+                                        distributed_type=DistributedType.FSDP if fsdp else DistributedType.NO)  # fmt: skip
+    cfg = load_config(None, tiny_text_args(data, tmp_path / "o", *settings))
+    return run.build_for_training(cfg, accelerator, ["neg", "pos"], said or checks.Said())
+
+
+@pytest.mark.parametrize("frozen", ["freeze_layers=1", "freeze_embeddings=true", "peft={}"])
+def test_weights_frozen_in_a_model_built_at_random_are_a_warning(frozen, tmp_path):
+    said = checks.Said()
+    _training_model(tmp_path, frozen, said=said)
+    assert said.rules() == ["launch.frozen_random_weights"]
+
+
+def test_lora_under_fsdp_is_refused(tmp_path):
+    with pytest.raises(UserError, match="peft \\(LoRA\\) trains with one process or DDP, not FSDP") as e:
+        _training_model(tmp_path, "peft={}", fsdp=True)
+    assert e.value.rule == "launch.lora_with_fsdp"
+
+
+def test_gradient_checkpointing_of_a_model_without_it_is_refused(tmp_path, monkeypatch):
+    from transformers import BertPreTrainedModel
+
+    monkeypatch.setattr(BertPreTrainedModel, "supports_gradient_checkpointing", False)
+    with pytest.raises(UserError, match="does not support gradient_checkpointing") as e:
+        _training_model(tmp_path, "gradient_checkpointing=true")
+    assert e.value.rule == "launch.gradient_checkpointing"
+
+
+def test_an_attention_kernel_the_model_cannot_set_is_one_line(tmp_path, monkeypatch):
+    from transformers import PreTrainedModel
+
+    def refuse(model, attn):
+        raise ValueError(f"{attn} is not available here\nand more lines")
+
+    monkeypatch.setattr(PreTrainedModel, "set_attn_implementation", refuse)
+    with pytest.raises(UserError, match="^attn_implementation=sdpa: sdpa is not available here$") as e:
+        _training_model(tmp_path, "attn_implementation=sdpa")
+    assert e.value.rule == "launch.attention_kernel"
+    monkeypatch.delattr(PreTrainedModel, "set_attn_implementation")  # a transformers before it
+    with pytest.raises(UserError, match="attn_implementation needs a newer transformers") as e:
+        _training_model(tmp_path, "attn_implementation=sdpa")
+    assert e.value.rule == "launch.attention_needs_newer_transformers"
+
+
+def test_plan_only_without_model_parallel_is_one_line(small_text_data, tmp_path, capsys):
+    from finetune.run import main
+
+    user_error(capsys, main, [*tiny_text_args(small_text_data, tmp_path / "o"), "--plan-only"],
+               "--plan-only needs model_parallel=true", rule="launch.plan_only_needs_model_parallel")  # fmt: skip
+
+
+def test_a_layer_split_over_one_device_is_a_warning(tmp_path):
+    from finetune import run, runtime
+    from finetune.config import load_config
+
+    data = {"train": tmp_path / "t.csv", "validation": tmp_path / "v.csv"}
+    cfg = load_config(None, tiny_text_args(data, tmp_path / "o", "model_parallel=true", "devices=cpu"))
+    accelerator = runtime.make_accelerator(cfg)
+    model, _ = run.build_for_training(cfg, accelerator, ["neg", "pos"], checks.Said())
+    said = checks.Said()
+    assert run.split_model(cfg, accelerator, model, said) is model
+    assert said.rules() == ["launch.model_parallel_one_device"]
+
+
+def test_a_resume_before_later_checkpoints_is_a_warning(tmp_path):
+    from finetune import run
+    from finetune.rundir import RunDir
+
+    out = RunDir(tmp_path / "run")
+    for step in (5, 10):
+        (out.checkpoints / f"step-{step:08d}").mkdir(parents=True)
+    said = checks.Said()
+    run.warn_of_later_checkpoints(out, out.checkpoints / "step-00000005", {"step": 5}, said)
+    assert said.rules() == ["launch.later_checkpoints"] and "step-00000010" in said.lines[0][1]
+    later = checks.Said()
+    run.warn_of_later_checkpoints(out, out.checkpoints / "step-00000010", {"step": 10}, later)
+    assert later.rules() == []

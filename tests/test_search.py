@@ -122,12 +122,14 @@ def test_the_search_runs_trials_continues_its_study_and_keeps_the_best(small_tex
 def test_a_space_of_which_nothing_applies_is_one_line(small_text_data, tmp_path, capsys):
     """tune_threshold on a single-label run: every trial would be the same run until the budget is spent."""
     line = user_error(capsys, search, ["--budget", "60", "--space", "tune_threshold",
-                                       *settings(small_text_data, tmp_path / "s", "max_steps=2")])  # fmt: skip
+                                       *settings(small_text_data, tmp_path / "s", "max_steps=2")],
+                      rule="tools.space_applies_to_nothing")  # fmt: skip
     assert "--space tune_threshold: nothing in it applies to this run" in line
     assert not (tmp_path / "s").exists()
     # beside a setting that applies, named but dropped without a word; now refused
     line = user_error(capsys, search, ["--budget", "60", "--space", "learning_rate,tune_threshold",
-                                       *settings(small_text_data, tmp_path / "s", "max_steps=2")])  # fmt: skip
+                                       *settings(small_text_data, tmp_path / "s", "max_steps=2")],
+                      rule="tools.space_does_not_apply")  # fmt: skip
     assert "tune_threshold is for multi-label runs, which this run is not; leave tune_threshold out of --space" in line
     assert not (tmp_path / "s").exists()
 
@@ -225,13 +227,17 @@ def test_the_recipes_own_values_are_those_the_space_can_hold():
 
 def test_a_value_the_space_cannot_hold_is_said_not_dropped(capsys):
     """learning_rate=1e-2 given with --space learning_rate: trial 0 draws it instead, and says so."""
+    from finetune.checks import Said
     from finetune.config import TrainConfig
     from finetune.search import say_what_trial_0_draws, the_recipes_own
 
     cfg = TrainConfig(model_name_or_path="data/bert_minilm_l6_uncased", train_file="data/x.csv", learning_rate=1e-2)
-    say_what_trial_0_draws(cfg, ["learning_rate"], the_recipes_own(cfg, ["learning_rate"], layers=6))
+    said = Said()
+    say_what_trial_0_draws(cfg, ["learning_rate"], the_recipes_own(cfg, ["learning_rate"], layers=6), said)
     assert "warning: learning_rate=0.01: outside what the search draws from" in capsys.readouterr().err
-    say_what_trial_0_draws(cfg, ["per_device_train_batch_size"], the_recipes_own(cfg, ["per_device_train_batch_size"], 6))
+    assert said.rules() == ["tools.outside_the_space"]
+    say_what_trial_0_draws(cfg, ["per_device_train_batch_size"], the_recipes_own(cfg, ["per_device_train_batch_size"], 6),
+                           Said())  # fmt: skip
     assert capsys.readouterr().err == ""
 
 
@@ -272,43 +278,54 @@ def test_a_search_into_a_folder_that_holds_no_search_is_refused(holds, small_tex
         (out / "results.json").write_text('{"step": 2}')
         (out / "config.yaml").write_text("task: text-classification\nseed: 42\n")
     line = user_error(capsys, search, ["--budget", "60", *settings(small_text_data, out, "max_steps=2")],
-                      "and no search (study.db); a search would write its trials and model/ there", untouched=out)
+                      "and no search (study.db); a search would write its trials and model/ there", untouched=out,
+                      rule="tools.search_folder_not_a_search")  # fmt: skip
     assert ("holds a training run" in line) == (holds == "a finished run")
 
 
+def test_a_search_into_a_file_is_refused(small_text_data, tmp_path, capsys):
+    out = tmp_path / "notes.txt"
+    out.write_text("mine\n")
+    user_error(capsys, search, ["--budget", "60", *settings(small_text_data, out, "max_steps=2")],
+               f"output_dir {out} is a file, not a folder", untouched=tmp_path, rule="tools.search_folder_is_a_file")
+
+
 @pytest.mark.slow  # ~12 s: two searches
-def test_epochs_are_not_searched_when_max_steps_decides_the_length(small_text_data, tmp_path, capsys):
+def test_epochs_are_not_searched_when_max_steps_decides_the_length(small_text_data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # the rule's id before the line
     out = tmp_path / "search"
     record = search(["--budget", "300", "--trials", "1", "--space", "learning_rate,num_train_epochs",
                      *settings(small_text_data, out, "max_steps=2")])  # fmt: skip
     # trial 0, the recipe's: its epochs (the default 3) would otherwise have been drawn, max_steps set
     assert "num_train_epochs" not in record["params"] and "learning_rate" in record["params"]
     # asked for by name, the epochs dropped from the space are said (the default space: no word)
-    said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning: max_steps=2")]
-    assert said == ["warning: max_steps=2 decides each trial's length, so num_train_epochs is not searched; to "
-                    "search it, set max_steps=null"]  # fmt: skip
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "max_steps=2 decides" in ln]
+    assert said == ["warning: [tools.epochs_not_searched] max_steps=2 decides each trial's length, so num_train_epochs "
+                    "is not searched; to search it, set max_steps=null"]  # fmt: skip
     search(["--budget", "300", "--trials", "1", *settings(small_text_data, tmp_path / "s2", "max_steps=2")])
     assert "num_train_epochs is not searched" in capsys.readouterr().err  # the default space's too, said once
 
 
 @pytest.mark.slow  # ~10 s: a search continued
-def test_a_study_is_continued_only_with_the_settings_it_was_made_with(small_text_data, tmp_path, capsys):
+def test_a_study_is_continued_only_with_the_settings_it_was_made_with(small_text_data, tmp_path, capsys, monkeypatch):
     out = tmp_path / "search"
     search(["--budget", "300", "--trials", "1", "--space", "learning_rate", *settings(small_text_data, out, "max_steps=2")])
     other = {**small_text_data, "train": small_text_data["validation"]}
     user_error(capsys, search, ["--budget", "300", "--trials", "1", "--space", "learning_rate",
                                 *settings(other, out, "max_steps=2")],
-               "holds a search made with other settings (train_file was", untouched=out)  # fmt: skip
+               "holds a search made with other settings (train_file was", untouched=out,
+               rule="tools.study_other_settings")  # fmt: skip
     user_error(capsys, search, ["--budget", "300", "--trials", "1", "--space", "learning_rate,warmup_ratio",
                                 *settings(small_text_data, out, "max_steps=2")],
                "holds a search over --space learning_rate, not learning_rate,warmup_ratio; continue it with --space "
-               "learning_rate", untouched=out)  # fmt: skip
+               "learning_rate", untouched=out, rule="tools.study_other_space")  # fmt: skip
+    monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # the rule's id before the line
     again = search(["--budget", "300", "--trials", "1", "--space", "learning_rate",  # where it reports: no matter
                     *settings(small_text_data, out, "max_steps=2", "overwrite_output_dir=true", "logging_steps=7")])
     assert again["trials"] == 2
     # overwrite_output_dir does not start it over (its study is never deleted), which is said
-    assert "warning: overwrite_output_dir=true does not start a search over: this one continues the study" in (
-        capsys.readouterr().err)
+    assert ("warning: [tools.overwrite_continues_study] overwrite_output_dir=true does not start a search over: this "
+            "one continues the study") in capsys.readouterr().err  # fmt: skip
 
 
 @pytest.mark.parametrize("damage", ["cut to a third", "an SQLite header and then garbage", "a text file"])
@@ -333,7 +350,7 @@ def test_a_damaged_study_is_one_line_and_left_as_it_is(damage, small_text_data, 
     line = user_error(capsys, search, ["--budget", "60", "--trials", "1", "--space", "learning_rate",
                                        *settings(small_text_data, out, "max_steps=2")],
                       f"{db} is damaged, not a readable optuna study", "restore it", "give a new output_dir",
-                      untouched=out)  # fmt: skip
+                      untouched=out, rule="tools.study_damaged")  # fmt: skip
     assert ("malformed" in line) == (damage == "cut to a third")
 
 
@@ -356,11 +373,12 @@ def test_space_names_are_read_without_the_spaces_around_them(capsys):
     args = parse_args(["--budget", "60", "--space", " learning_rate, warmup_ratio ,"])
     assert args.space == ["learning_rate", "warmup_ratio"]
     line = user_error(capsys, search, ["--budget", "60", "--space", "learning_rate, warmup_ration"],
-                      "--space: warmup_ration cannot be searched; choose among")  # fmt: skip
+                      "--space: warmup_ration cannot be searched; choose among", rule="tools.unknown_space")  # fmt: skip
     assert "choose among learning_rate, num_train_epochs" in line
     for budget in ("inf", "nan", "0", "-5"):  # a search without an end, or none at all
-        user_error(capsys, search, ["--budget", budget], "--budget must be a positive, finite number of seconds")
-    user_error(capsys, search, ["--budget", "60", "--trials", "0"], "--trials must be at least 1, got 0")
+        user_error(capsys, search, ["--budget", budget], "--budget must be a positive, finite number of seconds",
+                   rule="tools.budget")  # fmt: skip
+    user_error(capsys, search, ["--budget", "60", "--trials", "0"], "--trials must be at least 1, got 0", rule="tools.trials")
     # a duration as people write it: 30m, 2h; anything else names the forms
     from finetune.search import duration
 
@@ -377,7 +395,7 @@ def test_a_search_stopped_by_a_signal_says_how_to_continue_and_runs_that_trial_a
     import finetune.run
     from finetune.errors import TrainingStopped
 
-    def stopped(cfg, hooks=None):
+    def stopped(cfg, hooks=None, said=None):
         raise TrainingStopped("received SIGTERM during training; saved checkpoint x; continue with "
                               "resume_from_checkpoint=latest output_dir=x", 143)  # fmt: skip
 
@@ -406,7 +424,8 @@ def test_resume_from_checkpoint_given_to_a_search_is_refused_before_anything_is_
 
     out = tmp_path / "search"
     user_error(capsys, search_main, ["--budget", "60", "resume_from_checkpoint=latest", f"output_dir={out}"],
-               "resume_from_checkpoint=latest is not a setting of a search: to continue one, run the same command")
+               "resume_from_checkpoint=latest is not a setting of a search: to continue one, run the same command",
+               rule="tools.resume_in_search")  # fmt: skip
     assert not out.exists()
 
 
@@ -415,15 +434,20 @@ def test_the_trial_count_leaves_out_the_one_queued_for_a_continued_search(small_
     `--trials 1` said "2 trials" with one run (a tester's --budget 1h --trials 1)."""
     import time
 
+    from finetune.checks import Said
+    from finetune.errors import UserError
     from finetune.search import _finish
 
     out = tmp_path / "search"
     (out / "trial-0").mkdir(parents=True)
     (out / "trial-0" / "results.json").write_text("{}")
     study = optuna.create_study(direction="maximize")
+    with pytest.raises(UserError, match="no trial finished within the budget \\(0 started") as e:
+        _finish(out, study, None, [f"train_file={small_text_data['train']}"], time.monotonic(), 60.0, Said())
+    assert e.value.rule == "tools.no_trial_finished"
     study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=0.8))
     study.enqueue_trial({"learning_rate": 1e-4})
-    record = _finish(out, study, None, [f"train_file={small_text_data['train']}"], time.monotonic(), 60.0)
+    record = _finish(out, study, None, [f"train_file={small_text_data['train']}"], time.monotonic(), 60.0, Said())
     assert record["trials"] == 1 and "(1 trials, 0 pruned" in capsys.readouterr().out
     assert "The best of 1 trials" in (out / "best_recipe.yaml").read_text()
 
@@ -437,7 +461,7 @@ def test_a_best_recipe_edited_since_the_search_wrote_it_is_not_written_over(smal
     recipe = out / "best_recipe.yaml"
     recipe.write_text(recipe.read_text() + "# my notes\n")
     user_error(capsys, search, args, f"{recipe} is not the one this search wrote (edited since?)",
-               "copy it out of the search's folder", untouched=out)  # fmt: skip
+               "copy it out of the search's folder", untouched=out, rule="tools.best_recipe_edited")  # fmt: skip
     recipe.rename(out.parent / "mine.yaml")
     assert search(args)["trials"] == 2 and recipe.is_file()  # moved away: the search goes on
 
@@ -534,8 +558,9 @@ def test_a_continuation_trains_on_from_the_trials_export_and_its_recipe_counts_e
         assert "at batch 8 (trial 0's was 16)" in (out / "best_recipe.yaml").read_text()
 
 
-def test_a_warning_every_trial_meets_is_said_once(small_text_data, tmp_path, capsys):
+def test_a_warning_every_trial_meets_is_said_once(small_text_data, tmp_path, capsys, monkeypatch):
     """freeze_embeddings=true on a model built at random: each trial warns the same; the search says it once."""
+    monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # the rule's id before each line
     search(["--budget", "300", "--trials", "2", "--space", "learning_rate",
             *settings(small_text_data, tmp_path / "s", "max_steps=2", "freeze_embeddings=true")])  # fmt: skip
     captured = capsys.readouterr()
@@ -546,9 +571,10 @@ def test_a_warning_every_trial_meets_is_said_once(small_text_data, tmp_path, cap
     assert "did not learn" not in captured.out and "\nlearned:" not in captured.out
     assert all(json.loads((tmp_path / "s" / f"trial-{n}" / "results.json").read_text())["learned"]["said"]
                for n in (0, 1))  # fmt: skip
-    assert len(said) == 1, said
+    assert len(said) == 1 and "[launch.frozen_random_weights]" in said[0], said
     # two steps of a model built at random: no trial learned, and the search's last word says so of its best
     (best,) = [ln for ln in err if "the best trial did not learn beyond the trivial baseline (validation " in ln]
+    assert best.startswith("warning: [tools.best_trial_did_not_learn] "), best
     assert best.endswith("a longer --budget, other settings (a learning_rate the space does not hold, more steps: "
                          "max_steps) or more data may; see docs/your-own-data.md"), best  # max_steps=2 set the length
 

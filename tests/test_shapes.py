@@ -224,3 +224,24 @@ def test_an_evaluation_batch_smaller_than_the_training_batch_is_compiled_in_the_
     shapes = json.loads((tmp_path / "out" / "results.json").read_text())["shapes"]
     assert shapes["graphs_compiled_in_warm_up"] > 0 and shapes["graphs_compiled_after_warm_up"] == 0, shapes
     assert "0 after it" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rule", ["launch.compile_with_fsdp", "launch.compile_twice"])
+def test_torch_compile_refuses_fsdp_and_a_second_compiler(rule):
+    """torch_compile=true is one process's or DDP's, and the only compiler (not the accelerate config's
+    dynamo_backend too): the Accelerator's state stands in for a real launch."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from finetune.errors import UserError
+    from finetune.shapes import check_compile
+
+    fsdp = rule == "launch.compile_with_fsdp"
+    plugin = None if fsdp else SimpleNamespace(backend="INDUCTOR")
+    accelerator = SimpleNamespace(distributed_type=DistributedType.FSDP if fsdp else DistributedType.NO,
+                                  state=SimpleNamespace(dynamo_plugin=plugin))  # fmt: skip
+    with pytest.raises(UserError) as e:
+        check_compile(accelerator)
+    assert e.value.rule == rule
+    check_compile(SimpleNamespace(distributed_type=DistributedType.NO, state=SimpleNamespace(dynamo_plugin=None)))

@@ -93,4 +93,23 @@ def test_a_warm_up_as_long_as_the_run_is_said_or_refused(small_text_data, tmp_pa
     assert "warm-up steps" not in capsys.readouterr().err
     user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "r", "--dry-run", "per_device_train_batch_size=37",
                                             "num_train_epochs=2", "warmup_steps=2"),
-               "warmup_steps=2 covers all 2 optimizer step(s) of the run")  # fmt: skip
+               "warmup_steps=2 covers all 2 optimizer step(s) of the run", rule="launch.warmup_steps_cover_the_run")  # fmt: skip
+
+
+def test_the_plan_refuses_accumulation_past_an_epoch_and_warns_of_a_run_all_warm_up():
+    """`plan_steps` on its own: 37 samples in batches of 8 are 5 batches a process, fewer than 6
+    accumulation steps; one step with a warm-up ratio is all warm-up (said once, not refused)."""
+    from types import SimpleNamespace
+
+    from finetune import checks
+    from finetune.errors import UserError
+    from finetune.steps import plan_steps
+
+    cfg = SimpleNamespace(per_device_train_batch_size=8, gradient_accumulation_steps=6, max_steps=None,
+                          num_train_epochs=1, warmup_steps=None, warmup_ratio=0.1)  # fmt: skip
+    with pytest.raises(UserError, match="gradient_accumulation_steps=6 exceeds the 5 batches per process") as e:
+        plan_steps(cfg, 1, 37)
+    assert e.value.rule == "launch.accumulation_over_epoch"
+    said = checks.Said()
+    plan_steps(SimpleNamespace(**{**vars(cfg), "gradient_accumulation_steps": 1, "max_steps": 1}), 1, 37, said=said)
+    assert said.rules() == ["launch.all_warmup"]

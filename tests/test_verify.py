@@ -56,14 +56,15 @@ def test_accumulation_agrees_with_one_big_batch(recipe, tmp_path, capsys):
     assert "hidden_dropout_prob: 0.0" in config or "dropout: 0.0" in config
 
 
-def test_a_check_longer_than_the_data_says_how_far_it_ran(recipe, capsys):
+def test_a_check_longer_than_the_data_says_how_far_it_ran(recipe, capsys, monkeypatch):
     """6 steps of 8 want 6 x 8 - 5 = 43 samples; the file has 37: 5 steps ran, which is said, not hidden
     behind the header's plan."""
+    monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # the rule's id before the line
     assert verify.main(["--config", str(recipe), "--steps", "6"]) == 0
     printed, err = capsys.readouterr()
     assert "6 optimizer steps on 43 samples" in printed
-    assert "warning: the training data gave fewer than the check's 43 samples: each variant ran 5 optimizer " \
-           "step(s), not 6" in err and "--steps 5" in err  # fmt: skip
+    assert "warning: [tools.verify_fewer_steps] the training data gave fewer than the check's 43 samples: each " \
+           "variant ran 5 optimizer step(s), not 6" in err and "--steps 5" in err  # fmt: skip
 
 
 @pytest.mark.slow
@@ -90,6 +91,7 @@ def test_training_data_too_small_for_the_accumulation_variant_is_said_as_such(re
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     assert line.startswith("error: the training data is too small for finetune.verify: its accumulation variant takes "
                            "gradient_accumulation_steps=2 batches a step")  # fmt: skip
+    assert stop.value.__context__.rule == "tools.verify_data_too_small"
 
 
 def test_frozen_lower_layers_agree_with_one_big_batch(recipe, tmp_path, capsys):
@@ -160,8 +162,9 @@ def test_plan_and_slice():
     a, b, c = verify.plan_variants(2, 4, 2)
     assert (a.shape, b.shape, c.shape) == ("1 x 16 x 1", "1 x 4 x 4", "2 x 4 x 2")
     assert verify.plan_variants(1, 7, 1)[1].shape == "1 x 1 x 7"
-    with pytest.raises(UserError, match="global batch of 1"):
+    with pytest.raises(UserError, match="global batch of 1") as e:
         verify.plan_variants(1, 1, 1)
+    assert e.value.rule == "tools.verify_batch_of_one"
     assert verify.train_samples(3, 8, 4) == 19  # windows 8, 8, 3
     assert verify.train_samples(3, 2, 1) == 5  # windows 2, 2, 1
 
@@ -191,6 +194,26 @@ def test_image_recipes_under_ddp_need_the_flip_off():
 def test_usage_errors(argv, message):
     with pytest.raises(UserError, match=message):
         verify.parse_args(argv)
+
+
+def test_keep_naming_a_file_is_one_line(tmp_path):
+    (tmp_path / "runs").write_text("")
+    with pytest.raises(UserError, match="--keep .* is a file; give a folder for the runs") as e:
+        verify.parse_args(["--keep", str(tmp_path / "runs")])
+    assert e.value.rule == "tools.verify_keep_is_a_file"
+
+
+def test_a_pretrained_model_needs_a_dropout_key_to_be_verified():
+    """A config without a `dropout` key (an earlier version's) can turn dropout off only in a model built
+    from model_config: a pretrained one is refused (here the keys stand in for such a config)."""
+    from finetune import checks
+    from finetune.checks import tools
+
+    cfg = TrainConfig(model_name_or_path="some/model")
+    with pytest.raises(UserError, match="verify needs dropout off") as e:
+        checks.gate(tools.VERIFY_DROPOUT, cfg, set())
+    assert e.value.rule == "tools.verify_needs_dropout_off"
+    checks.gate(tools.VERIFY_DROPOUT, cfg, {"dropout"})  # the config turns it off
 
 
 @pytest.mark.slow  # two short runs of a tiny BERT
