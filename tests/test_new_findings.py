@@ -15,7 +15,7 @@ def test_bf16_on_a_cpu_without_native_bf16_says_so(monkeypatch, capsys, tmp_path
     monkeypatch.setattr(runtime, "native_bf16", lambda: native)
     accelerator = runtime.make_accelerator(load_config(DEFAULT_RECIPE, [f"output_dir={tmp_path}"]))
     assert accelerator.mixed_precision == "bf16"
-    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     if native:
         assert warnings == []
     else:

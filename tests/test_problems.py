@@ -622,7 +622,7 @@ def test_a_regression_that_did_not_learn_on_large_targets_says_to_scale_them(tmp
                 for i, split in enumerate(("train", "validation"))}  # fmt: skip
         main(tiny_text_args(data, tmp_path / f"run{scale:g}", "label_column=score", "problem_type=regression",
                             "max_steps=1"))  # fmt: skip
-        err = "".join(capsys.readouterr())  # the verdict is the run's own line (stdout), the rest stderr
+        err = "".join(capsys.readouterr())  # a verdict that learned is the run's own line (stdout), a warning stderr
         if said:
             assert "the model did not learn beyond a trivial baseline" in err
         assert ("train slowly from a head that starts near 0: scale them" in err) == said

@@ -226,7 +226,7 @@ def test_console_shows_the_run_not_the_libraries(small_text_data, tmp_path, caps
 def test_a_run_that_learned_nothing_says_so_and_its_card_too(small_text_data, tmp_path, capsys):
     out = tmp_path / "run"
     results = main(recipe_text_args(small_text_data, out, "learning_rate=1e-9", "max_steps=2"))
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert any("did not learn beyond a trivial baseline" in line for line in lines), lines
     assert results["learned"]["verdict"] is False and "accuracy" in results["validation"]["baseline"]
     assert "**Warning:** the model did not learn beyond a trivial baseline" in (out / "model" / "README.md").read_text()
@@ -237,7 +237,7 @@ def test_a_validation_too_small_to_judge_says_so_not_learned(small_text_data, tm
     data = {**small_text_data, "validation": write_csv(tmp_path / "one.csv", rotten_rows(1, start=100))}
     out = tmp_path / "run"
     results = main(recipe_text_args(data, out, "max_steps=1"))
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("learned:", "warning:"))]
+    lines = [line for line in "\n".join(capsys.readouterr()).splitlines() if line.startswith(("learned:", "warning:"))]
     assert results["learned"]["verdict"] is None and not any(line.startswith("learned:") for line in lines)
     assert any(line.startswith("warning: validation has 1 sample(s), too few to tell whether the model learned "
                                "(at least 10)") for line in lines), lines
@@ -246,10 +246,10 @@ def test_a_validation_too_small_to_judge_says_so_not_learned(small_text_data, tm
 
 def test_the_validation_line_shows_the_baseline_and_the_end_says_the_verdict(small_text_data, tmp_path, capsys):
     results = main(recipe_text_args(small_text_data, tmp_path / "run", "max_steps=2"))
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "(trivial baseline: accuracy " in out
     assert "the model: whole, on cpu, in one process" in out  # the start summary's layout line says what it is
-    said = [line for line in out.splitlines() if line.startswith(("learned:", "warning: the model did not learn"))]
+    said = [line for line in f"{out}\n{err}".splitlines() if line.startswith(("learned:", "warning: the model did not learn"))]
     verdict = results["learned"]["verdict"]
     assert len(said) == (verdict is not None) and (not said or said[0].startswith("learned:") == verdict), said
 
@@ -270,7 +270,7 @@ def test_labels_never_predicted_on_validation_are_named_in_one_warning_line(tmp_
     data = {"train": path, "validation": path}
     main(recipe_text_args(data, tmp_path / "run", "label_column=labels", "max_steps=1", "tune_threshold=off",
               "multi_label_threshold=0.99"))  # fmt: skip  -- nothing reaches 0.99 after one step
-    lines = [line for line in capsys.readouterr().out.splitlines() if "never predicted" in line]
+    lines = [line for line in capsys.readouterr().err.splitlines() if "never predicted" in line]
     assert lines == [
         "warning: 3 of 3 labels were never predicted on validation ('bird', 'cat', 'dog'); rare ones need more "
         "examples, class_weights=balanced, or more training"

@@ -20,7 +20,11 @@ guards. The core trusts what a gate let through.
     splits     checks/splits.py     the splits together: held-out shares, repeats across splits
     models     checks/models.py     model folders, configs, tokenizers, image processors, weights
     runs       checks/runs.py       the output directory, checkpoints and resumes, evaluation targets
-    launch     checks/launch.py     the launcher, accelerate configs, processes and devices
+    images     checks/images.py     image folders, and the images a split names
+    inputs     checks/inputs.py     what the tokenizer makes of the training texts
+    evaluation checks/evaluation.py what is evaluated, and on what
+    launch     checks/launch.py     the launcher, accelerate configs, processes, devices, the step plan
+    tools      checks/tools.py      the run's verdict, the search, verify, the plots command, the card
 
 A warning is said once per run on the main process: the entry point makes one `Said` and passes it down
 (a search's trials share theirs), so nothing is remembered between runs of one process. Adding a check is

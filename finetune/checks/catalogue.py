@@ -19,6 +19,7 @@ PHASES = {
     "runs": "the output directory, checkpoints and resumes",
     "evaluation": "what is evaluated, and on what",
     "launch": "the launcher, accelerate configs, processes, devices, compilation",
+    "tools": "the run's verdict, the search, verify, the plots command, the model card and the hub push",
 }
 
 
