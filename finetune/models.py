@@ -8,6 +8,7 @@ What would not load, build or train is found by the rules of finetune/checks/mod
 
 from __future__ import annotations
 
+import pickle
 import re
 from typing import Any
 
@@ -112,7 +113,7 @@ def _from_pretrained(args: ModelArgs, labels: dict[str, Any], label_names: list[
         model = auto.from_pretrained(name, config=config, trust_remote_code=args.trust_remote_code,
                                      use_safetensors=None if args.allow_pickle_weights else True,
                                      ignore_mismatched_sizes=new_head)  # another number of labels: a new head
-    except (ValueError, OSError, SafetensorError) as e:
+    except (ValueError, OSError, SafetensorError, pickle.UnpicklingError) as e:  # torch's weights-only refusal last
         loading = model_rules.Loading("model", name, e, task=args.task, auto=auto, allow_pickle=args.allow_pickle_weights)
         raise checks.explain(model_rules.PRETRAINED, loading) from None
     if changes or (order is not None and order != sorted(order) and not _reorder_head(model, order)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -181,6 +182,10 @@ def configure_fsdp(accelerator: Accelerator, model: torch.nn.Module) -> None:
     """
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
+    # FSDP2 warns, once for each unit and process, that a unit "returned a view tensor" (BERT's and ViT's
+    # layers do): an in-place op on such an output would skip its all-gather. The models trained here apply
+    # none to them, and the FSDP runs equal one big batch (tests/test_fsdp.py): four lines of noise a run.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
     plugin = accelerator.state.fsdp_plugin
     if plugin is None or plugin.transformer_cls_names_to_wrap is not None:
         return

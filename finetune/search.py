@@ -259,13 +259,18 @@ HOUSEKEEPING = ("output_dir", "overwrite_output_dir", "resume_from_checkpoint", 
 def _other_settings(study, base: TrainConfig, space: list[str]) -> UserError | None:
     """A study is continued only with the settings it was made with (the searched ones aside): its trials'
     values are comparable only on the same data and recipe. A new study records them. The refusal, or None."""
+    from finetune.data import train_data_fingerprint  # (datasets: only when a search runs)
+
     fixed = {k: v for k, v in base.to_dict().items() if k not in (*space, *HOUSEKEEPING)}
     fixed = json.loads(json.dumps(fixed, default=str))
+    data = train_data_fingerprint(base.data_args)  # the bytes of the training file (or a folder's listing)
     made, searched = study.user_attrs.get("settings"), study.user_attrs.get("space")
     if made is None and not study.trials:
         study.set_user_attr("settings", fixed)
         study.set_user_attr("space", list(space))
-    found = checks.first(tools.STUDY_CHANGED, tools.Study(base.output_dir, space, searched, made, fixed, HOUSEKEEPING))
+        study.set_user_attr("train_data", data)
+    found = checks.first(tools.STUDY_CHANGED, tools.Study(base.output_dir, space, searched, made, fixed, HOUSEKEEPING,
+                                                          study.user_attrs.get("train_data"), data))  # fmt: skip
     return checks.refusal(*found) if found else None
 
 

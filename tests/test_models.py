@@ -15,6 +15,7 @@ import torch
 from conftest import (
     REPO,
     TINY_BERT,
+    TOKENIZER,
     recipe_text_args,
     reset_accelerate,
     rotten_rows,
@@ -540,3 +541,45 @@ def test_the_task_of_a_saved_model_is_read_from_its_head():
         task_of_model(named, "m")
     assert e.value.rule == "models.task_unknown"
     assert task_of_model(named, "m", "text-classification").name == "text-classification"
+
+
+def test_a_model_with_code_of_its_own_names_trust_remote_code(small_text_data, tmp_path, capsys):
+    """A local model folder whose config.json maps its classes to Python files beside it (auto_map): refused
+    in the setting's words, not transformers' about "the repository"."""
+    import shutil
+
+    folder = tmp_path / "custom"
+    folder.mkdir()
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(TOKENIZER / name, folder / name)
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "mybert", "architectures": ["MyBertForSequenceClassification"],
+        "auto_map": {"AutoConfig": "configuration_mybert.MyBertConfig"}}))  # fmt: skip
+    (folder / "configuration_mybert.py").write_text("raise SystemExit('this code ran')\n")
+    args = tiny_text_args(small_text_data, tmp_path / "run", "model_config=null", f"model_name_or_path={folder}",
+                          "tokenizer_name=null", "max_steps=1")  # fmt: skip
+    user_error(capsys, main, args, "ships its own Python code (config.json's auto_map), which is run only with "
+               "trust_remote_code=true", rule="models.custom_code")  # fmt: skip
+
+
+class _RunsCode:
+    """A pickle that calls a function when loaded: what a hostile weights file would hold."""
+
+    def __reduce__(self):
+        return (print, ("this code ran",))
+
+
+def test_pickle_weights_that_hold_code_are_one_line_when_allowed(small_text_data, tmp_path, capsys):
+    """allow_pickle_weights=true on a pytorch_model.bin that holds code: torch's weights-only loading refuses
+    to run it, and the run says so in one line (not torch's traceback); nothing of it ran."""
+    from conftest import save_tiny_bert
+
+    folder = tmp_path / "pickled"
+    save_tiny_bert(folder, safetensors=False)
+    weights = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    torch.save({**weights, "extra": _RunsCode()}, folder / "pytorch_model.bin")
+    args = tiny_text_args(small_text_data, tmp_path / "run", "model_config=null", f"model_name_or_path={folder}",
+                          "allow_pickle_weights=true", "max_steps=1")  # fmt: skip
+    user_error(capsys, main, args, "do not load as plain data (they hold code or objects other than tensors",
+               rule="models.pickle_holds_code")  # fmt: skip
+    assert "this code ran" not in capsys.readouterr().out

@@ -351,6 +351,11 @@ def test_a_tagger_must_also_beat_every_word_o():
     assert verdict["verdict"] is False and verdict["metric"] == "word_accuracy" and "did not learn" in verdict["said"]
     better = {**worse, "word_accuracy": 0.9}
     assert judge(cfg, better, best)["verdict"] is True
+    # Entity F1 0.525 over a baseline's 0, its words 0.0197 above "every word O": it learned (the word-level
+    # check vetoes a tagger worse than O, not one short of "clearly above" it).
+    close = {"entity_f1": 0.525, "word_accuracy": 0.8867 + 0.0197, "num_samples": 200, "num_words": 3000,
+             "baseline": {"entity_f1": 0.0, "word_accuracy": 0.8867}}  # fmt: skip
+    assert judge(cfg, close, {"metric": "entity_f1", "value": 0.525})["verdict"] is True
 
 
 def test_a_multi_label_label_without_a_positive_training_sample_is_one_warning(tmp_path, capsys):

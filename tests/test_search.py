@@ -464,6 +464,12 @@ def test_a_best_recipe_edited_since_the_search_wrote_it_is_not_written_over(smal
                "copy it out of the search's folder", untouched=out, rule="tools.best_recipe_edited")  # fmt: skip
     recipe.rename(out.parent / "mine.yaml")
     assert search(args)["trials"] == 2 and recipe.is_file()  # moved away: the search goes on
+    # The training file edited in place (same name): the study's trials trained on other bytes.
+    train = small_text_data["train"]
+    kept = train.read_text()
+    train.write_text(kept + "an added review,1\n")
+    user_error(capsys, search, args, "holds a search whose trials trained on other bytes of", "put the file back",
+               untouched=out, rule="tools.study_other_training_data")  # fmt: skip
 
 
 def test_the_last_of_the_budget_continues_the_best_trial_if_it_was_still_improving(tmp_path):

@@ -162,6 +162,22 @@ def holds_no_files(load: Loading) -> str | None:
             f"<run>/model) or " + ("a hub name" if load.what == "model" else f"{a(load.what)}'s folder"))
 
 
+@rule("models.custom_code")
+def custom_code(load: Loading) -> str | None:
+    """A model (or its tokenizer) that ships its own Python code (config.json's `auto_map`, or transformers'
+    words about remote code) and trust_remote_code is off: said in the setting's words, not transformers'."""
+    config = load.folder / "config.json"
+    try:
+        mapped = "auto_map" in config.read_text() if config.is_file() else False
+    except OSError:
+        mapped = False
+    if mapped or "trust_remote_code" in str(load.error):
+        return (f"{load.said} '{load.name}' ships its own Python code (config.json's auto_map), which is run only with "
+                "trust_remote_code=true: set it if you trust where the model comes from, or give a model that "
+                "transformers builds without code of its own")
+    return None
+
+
 @rule("models.load_failed")
 def load_failed(load: Loading) -> str:
     """A model, tokenizer or image processor that does not load for another reason: transformers' first
@@ -171,7 +187,7 @@ def load_failed(load: Loading) -> str:
 
 
 LOAD_FAILED = [path_missing, weights_a_folder, training_state_checkpoint, lora_adapter_alone, run_folder,
-               other_modality_folder, holds_no_files, load_failed]  # fmt: skip
+               other_modality_folder, holds_no_files, custom_code, load_failed]  # fmt: skip
 
 
 # --- a pretrained model ----------------------------------------------------------------------------------
@@ -236,7 +252,19 @@ def weights_damaged(load: Loading) -> str | None:
     return None
 
 
-PRETRAINED = [not_a_model_for_the_task, pickle_weights_only, weights_damaged, *LOAD_FAILED]
+@rule("models.pickle_holds_code")
+def pickle_holds_code(load: Loading) -> str | None:
+    """Pickle weights (allow_pickle_weights=true) that do not load as plain data: they hold code or objects
+    other than tensors, which torch's weights-only loading refuses to run. Nothing of them ran."""
+    import pickle
+
+    if isinstance(load.error, pickle.UnpicklingError):
+        return (f"the pickle weights of model '{load.name}' do not load as plain data (they hold code or objects other "
+                "than tensors, which were not run): convert a copy you trust to safetensors, or give another model")
+    return None
+
+
+PRETRAINED = [not_a_model_for_the_task, pickle_weights_only, pickle_holds_code, weights_damaged, *LOAD_FAILED]
 
 
 # --- a model built from model_config ------------------------------------------------------------------

@@ -212,6 +212,8 @@ class Study:
     made: dict | None  # the study's fixed settings
     fixed: dict  # this run's (the searched ones and the housekeeping left out)
     housekeeping: tuple[str, ...]  # settings a study continues across (where and how a run reports)
+    trained_on: dict | None = None  # the training data's fingerprint when the study began (None: older studies)
+    data: dict | None = None  # the training data's fingerprint now
 
 
 @rule("tools.study_other_space")
@@ -238,7 +240,19 @@ def study_other_settings(s: Study) -> str | None:
             "same settings, or give a new output_dir")
 
 
-STUDY_CHANGED = [study_other_space, study_other_settings]
+@rule("tools.study_other_training_data")
+def study_other_training_data(s: Study) -> str | None:
+    """A study continued on a training file edited in place since it began (same name, other bytes): its
+    trials so far trained on other data, so their values are no longer comparable with the next ones."""
+    if s.trained_on is None or s.data is None or s.trained_on == s.data:
+        return None
+    where = s.fixed.get("train_file") or s.fixed.get("data_dir")
+    return (f"output_dir {s.output_dir} holds a search whose trials trained on other bytes of {where} (it changed "
+            "since the study began); put the file back as it was to continue the search, or give a new output_dir "
+            "for a search on the data as it is now")
+
+
+STUDY_CHANGED = [study_other_space, study_other_settings, study_other_training_data]
 
 
 @rule("tools.study_damaged")
