@@ -392,6 +392,20 @@ def _incomplete(run, tmp_path):
         ("two_unnamed_files", "holds 2 data sets not named by split (a, b); pass --split with one of them"),
         ("classes_in_another_column", "holds the model's classes (neg, pos); to score it, pass label_column=sentiment"),
         ("one_image", "is one image; give a folder of images"),
+        ("a_file", "is a file; give a checkpoint directory"),
+        ("lora_adapter", "is a run's LoRA adapter, not a whole model; evaluate the export beside it"),
+        ("not_a_model", "is neither a training-state checkpoint (manifest.json, COMPLETE, model.safetensors)"),
+        ("split_of_a_file", "--split picks a split of the run's data or of a --data folder, not of a file"),
+        ("task_contradicts", "--task image-classification contradicts the checkpoint, a text-classification run"),
+        ("no_label_names", "manifest.json has no label_names; it was not written by finetune.run"),
+        ("no_run_config", "manifest.json holds no run config; was it written by finetune.run?"),
+        ("run_config_fails", "the run config in "),
+        ("no_weights", "holds no model.safetensors and no FSDP shards (found: COMPLETE, manifest.json"),
+        ("weights_unreadable", "model.safetensors is not a readable safetensors file ("),
+        ("weights_do_not_fit", "do not fit the model its config builds: missing ['classifier.bias']"),
+        ("output_is_the_target", "is the evaluated folder itself; name another folder"),
+        ("outputs_not_ours", "predictions.jsonl exists and was not written by finetune.evaluate; choose another"),
+        ("unknown_option", "unrecognized arguments: --bogus (see --help)"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
@@ -423,12 +437,91 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         "classes_in_another_column": [str(run["dir"] / "model"), "--data", str(write_csv(
             tmp_path / "s.csv", [{"text": r["text"], "sentiment": r["label"]} for r in _rows(6, 0)]))],  # fmt: skip
         "one_image": [str(run["dir"] / "model"), "--data", str(_one_image(tmp_path / "cat.png"))],
-    }[case]
+    }.get(case)
+    made = {  # made only for its case
+        "a_file": lambda: [str(run["dir"] / "results.json")],
+        "lora_adapter": lambda: [str(_beside_an_export(tmp_path / "lora", "adapter"))],
+        "not_a_model": lambda: [str(tmp_path / "empty")],
+        "split_of_a_file": lambda: [str(run["checkpoint"]), "--data", str(write_csv(tmp_path / "d.csv", _rows(4, 0))),
+                                    "--split", "test"],  # fmt: skip
+        "task_contradicts": lambda: [str(run["checkpoint"]), "--task", "image-classification"],
+        "no_label_names": lambda: [_edited(run, tmp_path, manifest=lambda m: m.pop("label_names"))],
+        "no_run_config": lambda: [_edited(run, tmp_path, manifest=lambda m: m.update(config=None))],
+        "run_config_fails": lambda: [_edited(run, tmp_path,
+                                             manifest=lambda m: m["config"].update(num_train_epochs="many"))],
+        "no_weights": lambda: [_edited(run, tmp_path, weights=lambda w: None)],
+        "weights_unreadable": lambda: [_edited(run, tmp_path, weights=lambda w: b"\xff" * 8 + w[8:])],
+        "weights_do_not_fit": lambda: [_edited(run, tmp_path, weights=_without_the_classifier_bias)],
+        "output_is_the_target": lambda: [str(run["checkpoint"]), "--output", str(run["checkpoint"])],
+        "outputs_not_ours": lambda: [str(run["checkpoint"]), "--output",
+                                     str(_with_a_file(tmp_path / "o", "predictions.jsonl"))],
+        "unknown_option": lambda: [str(run["checkpoint"]), "--bogus"],
+    }
+    args = made[case]() if case in made else args
     with pytest.raises(SystemExit) as exit_info:
         evaluate(args)
     assert exit_info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0]
+    if case in CASE_RULES:  # the rule that refused it (finetune/checks/evaluation.py)
+        assert exit_info.value.__context__.rule == CASE_RULES[case]
+
+
+# The case of test_user_errors_are_one_line_and_exit_2 that each rule of the evaluation phase refuses.
+CASE_RULES = {
+    "missing": "evaluation.not_found", "incomplete": "evaluation.incomplete_checkpoint",
+    "manifest_lost": "evaluation.manifest_missing", "run_dir": "evaluation.run_directory",
+    "checkpoints_dir": "evaluation.checkpoints_folder", "unknown_split": "evaluation.unknown_split",
+    "missing_data": "evaluation.data_not_found", "output_is_a_file": "evaluation.output_a_file",
+    "output_in_a_checkpoint": "evaluation.output_replaced_whole", "hub_model_offline": "evaluation.model_config_unloaded",
+    "foreign_output": "evaluation.output_not_ours", "training_setting": "evaluation.not_an_eval_setting",
+    "label_columns_on_single": "evaluation.label_columns_not_multi", "two_unnamed_files": "evaluation.unnamed_sets",
+    "classes_in_another_column": "evaluation.labels_in_another_column", "a_file": "evaluation.a_file",
+    "lora_adapter": "evaluation.lora_adapter", "not_a_model": "evaluation.not_a_model",
+    "split_of_a_file": "evaluation.split_of_a_file", "task_contradicts": "evaluation.task_contradicts",
+    "no_label_names": "evaluation.no_label_names", "no_run_config": "evaluation.no_run_config",
+    "run_config_fails": "evaluation.run_config_fails", "no_weights": "evaluation.no_weights",
+    "weights_unreadable": "evaluation.weights_unreadable", "weights_do_not_fit": "evaluation.weights_do_not_fit",
+    "output_is_the_target": "evaluation.output_is_the_target", "outputs_not_ours": "evaluation.outputs_not_ours",
+    "unknown_option": "evaluation.arguments",
+}  # fmt: skip
+
+
+def _edited(run, tmp_path, manifest=None, weights=None) -> str:
+    """A copy of the run's step-2 checkpoint (named as its manifest's step, outside the run), its manifest
+    edited by `manifest` (in place) or its model.safetensors' bytes replaced by `weights` (None: removed)."""
+    copy = tmp_path / "step-00000002"
+    shutil.copytree(run["checkpoint"], copy, ignore=shutil.ignore_patterns("eval"))
+    if manifest is not None:
+        record = json.loads((copy / "manifest.json").read_text())
+        manifest(record)
+        (copy / "manifest.json").write_text(json.dumps(record))
+    if weights is not None:
+        replaced = weights((copy / "model.safetensors").read_bytes())
+        (copy / "model.safetensors").unlink()
+        if replaced is not None:
+            (copy / "model.safetensors").write_bytes(replaced)
+    return str(copy)
+
+
+def _without_the_classifier_bias(data: bytes) -> bytes:
+    from safetensors.torch import load, save
+
+    weights = load(data)
+    weights.pop("classifier.bias")
+    return save(weights)
+
+
+def _beside_an_export(run: Path, name: str) -> Path:
+    (run / "model").mkdir(parents=True)
+    (run / name).mkdir()
+    return run / name
+
+
+def _with_a_file(folder: Path, name: str) -> Path:
+    folder.mkdir()
+    (folder / name).write_text("{}\n")
+    return folder
 
 
 def test_class_ids_are_read_as_the_models_classes_at_those_places(run, tmp_path, capsys):
