@@ -324,10 +324,7 @@ def read_weights(target: Target) -> dict[str, torch.Tensor]:
         except SafetensorError as e:
             raise checks.explain(evaluation.WEIGHTS_UNREADABLE, weights, e) from None
     if shards:
-        try:
-            return merged_fsdp_weights(shards[0])
-        except (OSError, RuntimeError, ValueError) as e:  # torch.distributed.checkpoint on damaged shards
-            raise checks.explain(evaluation.SHARDS_UNMERGED, shards[0], e) from None
+        return merged_fsdp_weights(shards[0])
     raise checks.explain(evaluation.NO_WEIGHTS, target.spec, target.path)
 
 
@@ -341,13 +338,16 @@ def merged_fsdp_weights(shards: Path) -> dict[str, torch.Tensor]:
     multi-node evaluation do not share /tmp). Its reader, like torch's own `dcp_to_torch_save`, is
     `_load_state_dict(no_dist=True)` with the planner that takes every key the checkpoint holds: no
     collective, whatever process group is running."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import CheckpointException, FileSystemReader
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(str(shards)), planner=_EmptyStateDictLoadPlanner(),
-                     no_dist=True)  # fmt: skip
+    try:
+        _load_state_dict(state, storage_reader=FileSystemReader(str(shards)), planner=_EmptyStateDictLoadPlanner(),
+                         no_dist=True)  # fmt: skip
+    except (OSError, RuntimeError, ValueError, CheckpointException) as e:  # a shard or the index lost or damaged
+        raise checks.explain(evaluation.SHARDS_UNMERGED, shards, e) from None
     return state["model"] if len(state) == 1 else state  # Accelerate saves {"model": the state dict}
 
 

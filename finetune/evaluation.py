@@ -5,6 +5,9 @@ processes without Accelerate's duplicated samples, reported by finetune/metrics.
 A batch may carry `meta` (what its rows are, for the metrics; the model does not read it): word
 windows say which sentence and first word they hold, so that tags are put back into sentences and
 each word of the data is scored once, whatever the batching and the processes.
+
+`evaluate_with_predictions` is the same loop keeping each sample's probabilities (or numbers, or a
+sentence's tags) for evaluate_checkpoint.py's predictions.jsonl, which `write_predictions` writes.
 """
 
 from __future__ import annotations

@@ -537,7 +537,9 @@ WEIGHTS_UNREADABLE = [weights_unreadable]
 def shards_do_not_merge(shards: Path, error: Exception) -> str:
     """An FSDP checkpoint's shards (torch.distributed.checkpoint's files) that do not merge into one model:
     a shard or the index missing or damaged."""
-    return f"the FSDP shards in {shards} do not merge: {first_line(error)}"
+    failures = getattr(error, "failures", None)  # torch's CheckpointException: each rank's (error, its traceback)
+    cause = next(iter(failures.values()))[0] if failures else error
+    return f"the FSDP shards in {shards} do not merge: {first_line(cause)}"
 
 
 SHARDS_UNMERGED = [shards_do_not_merge]
