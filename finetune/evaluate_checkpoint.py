@@ -186,8 +186,8 @@ def resolve_target(spec: str, task: str | None, have_data: bool, said: checks.Sa
 
 
 def _training_state(spec: str, path: Path, task: str | None) -> Target:
-    """A training-state checkpoint: complete, and its manifest (read_manifest's own rules refuse one that does
-    not parse) holding its run's config and labels."""
+    """A training-state checkpoint: complete, and its manifest (read_manifest refuses one that does not parse
+    or lacks its counts) holding its run's config and labels."""
     checks.gate(evaluation.CHECKPOINT, spec, path)
     manifest = ckpt.read_manifest(path)
     cfg = _run_config(manifest.get("config"), str(path / ckpt.MANIFEST))
