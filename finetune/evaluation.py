@@ -5,15 +5,22 @@ processes without Accelerate's duplicated samples, reported by finetune/metrics.
 A batch may carry `meta` (what its rows are, for the metrics; the model does not read it): word
 windows say which sentence and first word they hold, so that tags are put back into sentences and
 each word of the data is scored once, whatever the batching and the processes.
+
+`evaluate_with_predictions` is the same loop keeping each sample's probabilities (or numbers, or a
+sentence's tags) for evaluate_checkpoint.py's predictions.jsonl, which `write_predictions` writes.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import torch
 from accelerate import Accelerator
 
-from finetune.metrics import TOKENS, baseline_report, report
-from finetune.problems import loss_weights, per_sample_loss, predictions
+from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, baseline_report, classification_report, report
+from finetune.problems import loss_weights, per_sample_loss, predictions, scores
 
 NOT_INPUTS = ("labels", "meta")  # batch keys the model does not take
 
@@ -127,3 +134,95 @@ def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[st
     metrics["loss"] = loss_sum / max(terms, 1)
     metrics["predictions"] = predicted
     return metrics, gold
+
+
+# --- predictions, per sample (finetune/evaluate_checkpoint.py's predictions.jsonl) ------------------------
+
+
+class RecordProbabilities(torch.nn.Module):
+    """The model, also keeping every batch's class probabilities (or predicted numbers) for
+    predictions.jsonl.
+
+    Called by `evaluate_model` inside its loop over the prepared loader, where Accelerate still
+    knows which rows of the last batch are padding: `gather_for_metrics` here drops exactly the rows
+    that evaluate_model's own gather drops, so the kept rows are the dataset's, in order, once each.
+    """
+
+    def __init__(self, model: torch.nn.Module, accelerator: Accelerator, problem_type: str = SINGLE):
+        super().__init__()
+        self.model, self.accelerator, self.problem_type = model, accelerator, problem_type
+        self.probabilities: list[torch.Tensor] = []
+
+    def forward(self, **inputs):
+        output = self.model(**inputs)
+        probabilities = scores(output.logits, self.problem_type)
+        self.probabilities.append(self.accelerator.gather_for_metrics(probabilities).cpu())
+        return output
+
+
+def write_predictions(
+    path: Path,
+    probabilities: torch.Tensor | list,
+    labels: list,
+    names: list[str],
+    inputs: list[dict[str, Any]] | None = None,
+    problem_type: str = SINGLE,
+    threshold: float | list[float] = 0.5,
+    labelled: bool = True,
+) -> None:
+    """One line per sample, in dataset order: index, its input (`sample_inputs`), then
+    single-label: label, prediction, per-class probabilities; regression: label, prediction (numbers);
+    multi-label: labels, predictions (the names at or above `threshold`), per-label probabilities;
+    tags: one line per sentence, its words, their gold tags (`labels`) and predicted tags (`predictions`).
+    Data without labels (`labelled=False`): no `label`/`labels`, which would be the loader's placeholders."""
+    inputs = inputs if inputs is not None else [{} for _ in labels]
+    rows = probabilities.tolist() if isinstance(probabilities, torch.Tensor) else probabilities
+    per_label = threshold if isinstance(threshold, list) else [threshold] * len(names)
+    with path.open("w") as f:
+        for i, (p, label, given) in enumerate(zip(rows, labels, inputs, strict=True)):
+            record: dict[str, Any] = {"index": i, **given}
+            if problem_type == TOKENS:
+                record.update(labels=[names[t] for t in label], predictions=[names[t] for t in p])
+            elif problem_type == REGRESSION:
+                record.update(label=label, prediction=p)
+            elif problem_type == MULTI:
+                record.update(
+                    labels=[n for n, y in zip(names, label, strict=True) if y >= 0.5],
+                    predictions=[n for n, q, t in zip(names, p, per_label, strict=True) if q >= t],
+                    probabilities=dict(zip(names, p, strict=True)),
+                )
+            else:
+                prediction = max(range(len(p)), key=p.__getitem__)
+                record.update(
+                    label=names[label],
+                    prediction=names[prediction],
+                    probabilities=dict(zip(names, p, strict=True)),
+                )
+            if not labelled:
+                record.pop("label", None), record.pop("labels", None)
+            f.write(json.dumps(record) + "\n")
+
+
+def evaluate_with_predictions(model, loader, accelerator: Accelerator, label_names: list[str], problem: str, keep: bool,
+                              threshold: float | list[float] = 0.5) -> tuple[dict, torch.Tensor | list | None]:
+    """The metrics, and with `keep` what predictions.jsonl needs: per sample, the gathered probabilities
+    (or numbers); per sentence, the predicted tag ids."""
+    if problem == TOKENS:
+        report = evaluate_model(model, loader, accelerator, label_names, problem_type=problem, keep_predictions=keep)
+        return report, report.pop("predictions", None)
+    recorder = RecordProbabilities(model, accelerator, problem) if keep else None
+    report = evaluate_model(
+        recorder if recorder is not None else model, loader, accelerator, label_names,
+        problem_type=problem, threshold=threshold,
+    )  # fmt: skip
+    if recorder is None:
+        return report, None
+    probabilities = torch.cat(recorder.probabilities)
+    agrees = len(probabilities) == len(loader.dataset)
+    if problem == SINGLE:
+        labels = list(loader.dataset["labels"])
+        check = classification_report(probabilities.argmax(-1).tolist(), labels, label_names)
+        agrees = check["confusion_matrix"] == report["confusion_matrix"]
+    if not agrees:  # our bug, not the user's
+        raise RuntimeError("the gathered predictions disagree with the gathered metrics")
+    return report, probabilities

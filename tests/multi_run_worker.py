@@ -39,7 +39,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
 import finetune.run as run
-from finetune.cli import parse_args
+from finetune.cli import parse_command_line
 from finetune.errors import UserError
 
 
@@ -97,7 +97,7 @@ def main() -> None:
         # train(), not main(): main() ends the process group at its end, and the next run would have to
         # form it again on the same port (gloo's second rendezvous hangs); a search keeps it the same way.
         try:
-            cfg, _, _ = parse_args(spec["argv"])
+            cfg = parse_command_line(spec["argv"]).cfg
             run.train(cfg, hooks=Spy(record))
         except UserError as e:
             if not spec.get("expect_error"):

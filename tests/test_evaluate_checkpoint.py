@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ from conftest import (
     NAMES,
     REPO,
     drawn_images,
+    free_port,
     launch,
     predicted_by_evaluate,
     recipe_text_args,
@@ -194,7 +196,7 @@ def test_other_data_is_mapped_by_label_name(run, tmp_path):
         )
 
 
-def test_a_pair_model_scored_on_single_texts_says_so(tmp_path, capsys):
+def test_a_pair_model_scored_on_single_texts_says_so(tmp_path, capsys, monkeypatch):
     """A model trained on sentence pairs, evaluated with text_pair_column=null: scored, as asked, with one line
     that it never read single texts."""
     from finetune.run import main as train_main
@@ -205,10 +207,11 @@ def test_a_pair_model_scored_on_single_texts_says_so(tmp_path, capsys):
     train_main(tiny_text_args({"train": data, "validation": data}, tmp_path / "run", "text_column=premise",
                               "text_pair_column=hypothesis", "max_steps=1"))  # fmt: skip
     capsys.readouterr()
+    monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # `[rule.id] ` before each line
     evaluate([str(tmp_path / "run" / "model"), "--data", str(data), "--output", str(tmp_path / "eval"),
               "text_pair_column=null"])  # fmt: skip
-    assert "warning: text_pair_column=null: this model was trained on sentence pairs (text_pair_column=hypothesis)" \
-        in capsys.readouterr().err
+    assert "warning: [evaluation.single_texts_for_pairs] text_pair_column=null: this model was trained on sentence " \
+           "pairs (text_pair_column=hypothesis)" in capsys.readouterr().err  # fmt: skip
     assert (tmp_path / "eval" / "metrics.json").is_file()
     # the pair under other names (sentence1/sentence2 for a premise/hypothesis model): both named, in order
     other = write_csv(tmp_path / "s12.csv", [{"sentence1": r["premise"], "sentence2": r["hypothesis"],
@@ -217,7 +220,7 @@ def test_a_pair_model_scored_on_single_texts_says_so(tmp_path, capsys):
                "if 'sentence1' and 'sentence2' are the pair, set text_column=sentence1 text_pair_column=sentence2")
 
 
-def test_predictions_carry_the_text_and_its_pair(run, tmp_path, capsys):
+def test_predictions_carry_the_text_and_its_pair(run, tmp_path, capsys, monkeypatch):
     first, second = _rows(6, 400), _rows(6, 500)
     data = write_csv(
         tmp_path / "pairs.csv",
@@ -226,12 +229,14 @@ def test_predictions_carry_the_text_and_its_pair(run, tmp_path, capsys):
             for a, b in zip(first, second, strict=True)
         ],
     )
+    monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # `[rule.id] ` before each line
     evaluate(
         [str(run["dir"] / "model"), "--data", str(data), "--predictions", "--output", str(tmp_path / "eval")]
         + ["text_column=premise", "text_pair_column=hypothesis"]
     )
     # the run's model read single texts: scored on pairs, as asked, with one line that says so
-    assert "warning: text_pair_column=hypothesis: this model was trained on single texts" in capsys.readouterr().err
+    assert "warning: [evaluation.pairs_for_single_texts] text_pair_column=hypothesis: this model was trained on " \
+           "single texts" in capsys.readouterr().err  # fmt: skip
     lines = [json.loads(line) for line in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]
     assert [list(r)[:3] for r in lines] == [["index", "text", "text_pair"]] * 6
     assert [(r["text"], r["text_pair"]) for r in lines] == [
@@ -392,6 +397,20 @@ def _incomplete(run, tmp_path):
         ("two_unnamed_files", "holds 2 data sets not named by split (a, b); pass --split with one of them"),
         ("classes_in_another_column", "holds the model's classes (neg, pos); to score it, pass label_column=sentiment"),
         ("one_image", "is one image; give a folder of images"),
+        ("a_file", "is a file; give a checkpoint directory"),
+        ("lora_adapter", "is a run's LoRA adapter, not a whole model; evaluate the export beside it"),
+        ("not_a_model", "is neither a training-state checkpoint (manifest.json, COMPLETE, model.safetensors)"),
+        ("split_of_a_file", "--split picks a split of the run's data or of a --data folder, not of a file"),
+        ("task_contradicts", "--task image-classification contradicts the checkpoint, a text-classification run"),
+        ("no_label_names", "manifest.json has no label_names; it was not written by finetune.run"),
+        ("no_run_config", "manifest.json holds no run config; was it written by finetune.run?"),
+        ("run_config_fails", "the run config in "),
+        ("no_weights", "holds no model.safetensors and no FSDP shards (found: COMPLETE, manifest.json"),
+        ("weights_unreadable", "model.safetensors is not a readable safetensors file ("),
+        ("weights_do_not_fit", "do not fit the model its config builds: missing ['classifier.bias']"),
+        ("output_is_the_target", "is the evaluated folder itself; name another folder"),
+        ("outputs_not_ours", "predictions.jsonl exists and was not written by finetune.evaluate; choose another"),
+        ("unknown_option", "unrecognized arguments: --bogus (see --help)"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
@@ -423,12 +442,91 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         "classes_in_another_column": [str(run["dir"] / "model"), "--data", str(write_csv(
             tmp_path / "s.csv", [{"text": r["text"], "sentiment": r["label"]} for r in _rows(6, 0)]))],  # fmt: skip
         "one_image": [str(run["dir"] / "model"), "--data", str(_one_image(tmp_path / "cat.png"))],
-    }[case]
+    }.get(case)
+    made = {  # made only for its case
+        "a_file": lambda: [str(run["dir"] / "results.json")],
+        "lora_adapter": lambda: [str(_beside_an_export(tmp_path / "lora", "adapter"))],
+        "not_a_model": lambda: [str(tmp_path / "empty")],
+        "split_of_a_file": lambda: [str(run["checkpoint"]), "--data", str(write_csv(tmp_path / "d.csv", _rows(4, 0))),
+                                    "--split", "test"],  # fmt: skip
+        "task_contradicts": lambda: [str(run["checkpoint"]), "--task", "image-classification"],
+        "no_label_names": lambda: [_edited(run, tmp_path, manifest=lambda m: m.pop("label_names"))],
+        "no_run_config": lambda: [_edited(run, tmp_path, manifest=lambda m: m.update(config=None))],
+        "run_config_fails": lambda: [_edited(run, tmp_path,
+                                             manifest=lambda m: m["config"].update(num_train_epochs="many"))],
+        "no_weights": lambda: [_edited(run, tmp_path, weights=lambda w: None)],
+        "weights_unreadable": lambda: [_edited(run, tmp_path, weights=lambda w: b"\xff" * 8 + w[8:])],
+        "weights_do_not_fit": lambda: [_edited(run, tmp_path, weights=_without_the_classifier_bias)],
+        "output_is_the_target": lambda: [str(run["checkpoint"]), "--output", str(run["checkpoint"])],
+        "outputs_not_ours": lambda: [str(run["checkpoint"]), "--output",
+                                     str(_with_a_file(tmp_path / "o", "predictions.jsonl"))],
+        "unknown_option": lambda: [str(run["checkpoint"]), "--bogus"],
+    }
+    args = made[case]() if case in made else args
     with pytest.raises(SystemExit) as exit_info:
         evaluate(args)
     assert exit_info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0]
+    if case in CASE_RULES:  # the rule that refused it (finetune/checks/evaluation.py)
+        assert exit_info.value.__context__.rule == CASE_RULES[case]
+
+
+# The case of test_user_errors_are_one_line_and_exit_2 that each rule of the evaluation phase refuses.
+CASE_RULES = {
+    "missing": "evaluation.not_found", "incomplete": "evaluation.incomplete_checkpoint",
+    "manifest_lost": "evaluation.manifest_missing", "run_dir": "evaluation.run_directory",
+    "checkpoints_dir": "evaluation.checkpoints_folder", "unknown_split": "evaluation.unknown_split",
+    "missing_data": "evaluation.data_not_found", "output_is_a_file": "evaluation.output_a_file",
+    "output_in_a_checkpoint": "evaluation.output_replaced_whole", "hub_model_offline": "evaluation.model_config_unloaded",
+    "foreign_output": "evaluation.output_not_ours", "training_setting": "evaluation.not_an_eval_setting",
+    "label_columns_on_single": "evaluation.label_columns_not_multi", "two_unnamed_files": "evaluation.unnamed_sets",
+    "classes_in_another_column": "evaluation.labels_in_another_column", "a_file": "evaluation.a_file",
+    "lora_adapter": "evaluation.lora_adapter", "not_a_model": "evaluation.not_a_model",
+    "split_of_a_file": "evaluation.split_of_a_file", "task_contradicts": "evaluation.task_contradicts",
+    "no_label_names": "evaluation.no_label_names", "no_run_config": "evaluation.no_run_config",
+    "run_config_fails": "evaluation.run_config_fails", "no_weights": "evaluation.no_weights",
+    "weights_unreadable": "evaluation.weights_unreadable", "weights_do_not_fit": "evaluation.weights_do_not_fit",
+    "output_is_the_target": "evaluation.output_is_the_target", "outputs_not_ours": "evaluation.outputs_not_ours",
+    "unknown_option": "evaluation.arguments",
+}  # fmt: skip
+
+
+def _edited(run, tmp_path, manifest=None, weights=None) -> str:
+    """A copy of the run's step-2 checkpoint (named as its manifest's step, outside the run), its manifest
+    edited by `manifest` (in place) or its model.safetensors' bytes replaced by `weights` (None: removed)."""
+    copy = tmp_path / "step-00000002"
+    shutil.copytree(run["checkpoint"], copy, ignore=shutil.ignore_patterns("eval"))
+    if manifest is not None:
+        record = json.loads((copy / "manifest.json").read_text())
+        manifest(record)
+        (copy / "manifest.json").write_text(json.dumps(record))
+    if weights is not None:
+        replaced = weights((copy / "model.safetensors").read_bytes())
+        (copy / "model.safetensors").unlink()
+        if replaced is not None:
+            (copy / "model.safetensors").write_bytes(replaced)
+    return str(copy)
+
+
+def _without_the_classifier_bias(data: bytes) -> bytes:
+    from safetensors.torch import load, save
+
+    weights = load(data)
+    weights.pop("classifier.bias")
+    return save(weights)
+
+
+def _beside_an_export(run: Path, name: str) -> Path:
+    (run / "model").mkdir(parents=True)
+    (run / name).mkdir()
+    return run / name
+
+
+def _with_a_file(folder: Path, name: str) -> Path:
+    folder.mkdir()
+    (folder / name).write_text("{}\n")
+    return folder
 
 
 def test_class_ids_are_read_as_the_models_classes_at_those_places(run, tmp_path, capsys):
@@ -472,12 +570,34 @@ def test_an_export_whose_weights_do_not_fit_its_config_is_one_line(run, tmp_path
         weights[key] = torch.zeros(3, *weights[key].shape[1:])
     save_file(weights, export / "model.safetensors")
     user_error(capsys, evaluate, [str(export)], "names 2 labels (id2label) but its model.safetensors' classifier has "
-               "3 outputs: one of the two files was edited or replaced")  # fmt: skip
+               "3 outputs: one of the two files was edited or replaced", rule="evaluation.head_rows_differ")  # fmt: skip
     # the right shapes, NaN values: refused, not scored
     for key in head:
         weights[key] = torch.full((2, *weights[key].shape[1:]), float("nan"))
     save_file(weights, export / "model.safetensors")
-    user_error(capsys, evaluate, [str(export)], "hold NaN or infinite values (classifier.")
+    user_error(capsys, evaluate, [str(export)], "hold NaN or infinite values (classifier.", rule="evaluation.nan_weights")
+    # a weight of the encoder gone: transformers would fill it at random
+    weights = load_file(export / "model.safetensors")
+    weights.pop(next(k for k in weights if not k.startswith("classifier.")))
+    for key in head:
+        weights[key] = torch.zeros(2, *weights[key].shape[1:])
+    save_file(weights, export / "model.safetensors")
+    user_error(capsys, evaluate, [str(export)], "do not fit its config.json (another model's model.safetensors",
+               "1 weight(s) missing", rule="evaluation.foreign_weights")  # fmt: skip
+    # its weights file a folder: said as such, not as missing
+    (export / "model.safetensors").unlink()
+    (export / "model.safetensors").mkdir()
+    user_error(capsys, evaluate, [str(export)], "model.safetensors is a folder, not a weights file",
+               rule="evaluation.weights_a_folder")
+    # no weights file at all, or one cut short
+    (export / "model.safetensors").rmdir()
+    user_error(capsys, evaluate, [str(export)], f"could not load the text-classification model '{export}': ",
+               rule="evaluation.model_unloaded")
+    save_file({k: v for k, v in load_file(run["dir"] / "model" / "model.safetensors").items()},
+              export / "model.safetensors")
+    (export / "model.safetensors").write_bytes((export / "model.safetensors").read_bytes()[:2000])
+    user_error(capsys, evaluate, [str(export)], "(its weights file is damaged: replace it)",
+               rule="evaluation.model_weights_damaged")
     # the export alone (out of its run), its own weights, a label added to config.json by hand: the other way
     alone = shutil.copytree(run["dir"] / "model", tmp_path / "alone")
     config = json.loads((alone / "config.json").read_text())
@@ -485,7 +605,7 @@ def test_an_export_whose_weights_do_not_fit_its_config_is_one_line(run, tmp_path
     (alone / "config.json").write_text(json.dumps(config))
     data = write_csv(tmp_path / "d.csv", _rows(6, 0))
     line = user_error(capsys, evaluate, [str(alone), "--data", str(data)], "names 3 labels (id2label) but its "
-                      "model.safetensors' classifier has 2 outputs")  # fmt: skip
+                      "model.safetensors' classifier has 2 outputs", rule="evaluation.head_rows_differ")  # fmt: skip
     assert "above report" not in line
 
 
@@ -510,11 +630,11 @@ def test_a_damaged_json_file_of_an_export_is_named(run, tmp_path, capsys):
         original = (export / name).read_bytes()
         (export / name).write_bytes(original[:1000] if name == "tokenizer.json" else original[:40])
         user_error(capsys, evaluate, [str(export)], f"{export / name} is not valid JSON (",
-                   "put back the file the run saved", "<run>/checkpoints/step-N")  # fmt: skip
+                   "put back the file the run saved", "<run>/checkpoints/step-N", rule="evaluation.damaged_json")  # fmt: skip
         (export / name).write_bytes(original)
 
 
-def test_a_damaged_results_or_config_of_the_run_is_named(run, tmp_path, capsys):
+def test_a_damaged_results_or_config_of_the_run_is_named(run, tmp_path, capsys, monkeypatch):
     """The run's results.json or config.yaml beside the export no longer parses: said as such (not as
     missing), with both fixes; with --data the export is evaluated alone, as the line offers."""
     shutil.copytree(run["dir"], tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "eval"))
@@ -526,16 +646,19 @@ def test_a_damaged_results_or_config_of_the_run_is_named(run, tmp_path, capsys):
         fmt = "JSON" if name == "results.json" else "YAML"
         user_error(capsys, evaluate, [str(folder / "model")],
                    f"{folder / name} exists but is damaged (not valid {fmt}", "restore it",
-                   "or pass --data FILE_OR_DIR")  # fmt: skip
+                   "or pass --data FILE_OR_DIR", rule="evaluation.run_file_damaged")  # fmt: skip
+        monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # `[rule.id] ` before each line
         result = evaluate([str(folder / "model"), "--data", str(data), "--output", str(tmp_path / name)])
-        assert result["num_samples"] == 3 and f"{name} exists but is damaged" in capsys.readouterr().err
+        monkeypatch.delenv("FINETUNE_SHOW_RULES")
+        assert result["num_samples"] == 3
+        assert f"[evaluation.run_file_damaged_alone] {folder / name} exists but is damaged" in capsys.readouterr().err
         (folder / name).write_bytes(original)
     (folder / "results.json").write_text("[]\n")  # valid JSON, but not a run's results
     user_error(capsys, evaluate, [str(folder / "model")],
                "results.json exists but is damaged (not a JSON object")  # fmt: skip
     (folder / "results.json").unlink()  # the line names the one file that is missing, not both
     line = user_error(capsys, evaluate, [str(folder / "model")], "is a model folder without its run's results.json one "
-                      "level up; pass --data FILE_OR_DIR")  # fmt: skip
+                      "level up; pass --data FILE_OR_DIR", rule="evaluation.export_without_run")  # fmt: skip
     assert "config.yaml" not in line
 
 
@@ -551,7 +674,7 @@ def test_whole_numbers_stored_as_floats_are_class_ids_of_a_model_with_numbered_c
     line = user_error(capsys, evaluate, [str(export), "--data", str(floats)],
                       "label column 'label' of --data",
                       "holds numbers (e.g. 1), but the model's classes are named (neg, pos)",
-                      "write each row's class name")  # fmt: skip
+                      "write each row's class name", rule="evaluation.numbers_for_named_classes")  # fmt: skip
     assert "problem_type" not in line
     decimals = write_csv(tmp_path / "decimals.csv", [{"text": "fine", "label": "0.5"}])
     user_error(capsys, evaluate, [str(export), "--data", str(decimals)],
@@ -568,6 +691,10 @@ def test_whole_numbers_stored_as_floats_are_class_ids_of_a_model_with_numbered_c
     assert [sum(row) for row in result["confusion_matrix"]] == [labels.count("0"), labels.count("1")]
     written = Path(result["metrics_file"]).with_name("predictions.jsonl").read_text().splitlines()
     assert [json.loads(line)["label"] for line in written] == labels
+    half = write_csv(tmp_path / "half.csv", [{"text": "fine", "label": "1.5"}])
+    user_error(capsys, evaluate, [str(export), "--data", str(half)], "holds numbers with decimals (e.g. 1.5), but the "
+               "model's classes are 0, 1: write each row's class as one of them (1, not 1.0)",
+               rule="evaluation.fractions_for_numbered_classes")  # fmt: skip
     two = write_csv(tmp_path / "two.csv", [{"text": "fine", "label": "2.0"}])  # no class "2": refused
     user_error(capsys, evaluate, [str(export), "--data", str(two)], "labels ['2'] were not seen in training")
 
@@ -717,7 +844,7 @@ def test_two_models_of_one_name_never_share_a_default_evaluation(finished_run, t
     evaluate([str(first), "--data", str(data)])
     (folder,) = (tmp_path / "eval" / "model").iterdir()
     before = (folder / "metrics.json").read_bytes()
-    line = user_error(capsys, evaluate, [str(second), "--data", str(data)])
+    line = user_error(capsys, evaluate, [str(second), "--data", str(data)], rule="evaluation.another_models_evaluation")
     assert f"holds the evaluation of another model of the same name ({first}) on the same data; pass --output" in line
     assert (folder / "metrics.json").read_bytes() == before
     evaluate([str(first), "--data", str(data)])
@@ -730,7 +857,7 @@ def test_predictions_without_labels_use_the_tuned_thresholds(multi_label_export,
     assert predicted_by_evaluate(multi_label_export, [{"text": text}], tmp_path / "new") == labelled
 
 
-def test_the_runs_own_split_read_from_an_edited_file_is_said(run, tmp_path, capsys):
+def test_the_runs_own_split_read_from_an_edited_file_is_said(run, tmp_path, capsys, monkeypatch):
     """results.json keeps the sha256 of each data file; evaluating the run's own split from a file whose
     bytes changed since says so in one line (the scores are not the run's), and not when it is unchanged."""
     import yaml
@@ -749,16 +876,24 @@ def test_the_runs_own_split_read_from_an_edited_file_is_said(run, tmp_path, caps
     evaluate([str(folder / "model"), "--output", str(tmp_path / "same")])
     assert "changed since the run" not in capsys.readouterr().err
     test.write_text(test.read_text().replace(",neg\n", ",pos\n", 1))
+    monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # `[rule.id] ` before each line
     evaluate([str(folder / "model"), "--output", str(tmp_path / "edited")])
     err = capsys.readouterr().err
-    assert f"warning: {test.resolve()} changed since the run trained on it (its sha256 differs" in err
+    assert f"warning: [evaluation.data_changed] {test.resolve()} changed since the run trained on it (its sha256 " \
+           "differs" in err  # fmt: skip
+    # the run's data gone: training's line, said as the run's data's, with the way round it
+    test.unlink()
+    user_error(capsys, evaluate, [str(folder / "model"), "--output", str(tmp_path / "gone")], str(test),
+               "(reading the run's data; pass --data FILE_OR_DIR to evaluate other data)",
+               rule="evaluation.runs_data_unread")  # fmt: skip
 
 
 def test_a_second_checkpoint_on_the_command_line_is_refused_as_such(tmp_path, capsys):
     from conftest import user_error
 
     model = str(REPO / "data" / "bert_minilm_l6_uncased")
-    user_error(capsys, evaluate, [model, str(tmp_path)], f"{tmp_path} is a second model or checkpoint; one command")
+    user_error(capsys, evaluate, [model, str(tmp_path)], f"{tmp_path} is a second model or checkpoint; one command",
+               rule="evaluation.second_model")
 
 
 @pytest.mark.parametrize("task", [None, "text-classification"])
@@ -773,7 +908,8 @@ def test_a_pretrained_base_model_is_refused_as_such(pretrained_run, task, tmp_pa
     assert not (tmp_path / "ev").exists()
 
 
-def test_labels_of_another_problem_type_than_the_exports_name_the_model_not_a_setting(run, tmp_path, capsys):
+def test_labels_of_another_problem_type_than_the_exports_name_the_model_not_a_setting(run, tmp_path, capsys,
+                                                                                      monkeypatch):  # fmt: skip
     """A single-label export scored on multi-label lists, a regression export on class names: training's
     line offers problem_type=, which evaluation does not take (a hostile round's two misleading lines).
     The line says what the export is and what to do instead."""
@@ -784,7 +920,8 @@ def test_labels_of_another_problem_type_than_the_exports_name_the_model_not_a_se
                                                    {"text": "dull", "label": ["neg"]}])  # fmt: skip
     line = user_error(capsys, evaluate, [str(export), "--data", str(lists), "--output", str(tmp_path / "e1")],
                       "label column 'label' of --data", "holds lists of labels", "this export is a single-label "
-                      "classifier", "drop that column to predict without labels")  # fmt: skip
+                      "classifier", "drop that column to predict without labels",
+                      rule="evaluation.labels_of_another_problem")  # fmt: skip
     assert "problem_type" not in line
     data = {"train": write_jsonl(tmp_path / "train.jsonl", regression_rows(12, seed=0)),
             "validation": write_jsonl(tmp_path / "validation.jsonl", regression_rows(6, seed=1))}
@@ -793,12 +930,19 @@ def test_labels_of_another_problem_type_than_the_exports_name_the_model_not_a_se
     line = user_error(capsys, evaluate, [str(tmp_path / "reg" / "model"), "--data", str(names), "--output",
                                          str(tmp_path / "e2")],
                       "label column 'score' of --data", "holds class names (e.g. 'pos')", "this export is a "
-                      "regression model")  # fmt: skip
+                      "regression model", rule="evaluation.labels_of_another_problem")  # fmt: skip
     assert "problem_type" not in line
     # numbers with a unit keep their own line (how to write them), beside the same regression export
     units = write_csv(tmp_path / "units.csv", [{"text": "good", "score": "81%"}, {"text": "bad", "score": "12%"}])
     user_error(capsys, evaluate, [str(tmp_path / "reg" / "model"), "--data", str(units), "--output",
                                   str(tmp_path / "e3")], "written with a unit")  # fmt: skip
+    # The same export on its own training file, and on targets of another scale: scored, and said.
+    monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # `[rule.id] ` before each line
+    evaluate([str(tmp_path / "reg" / "model"), "--data", str(data["train"]), "--output", str(tmp_path / "e4")])
+    assert "warning: [evaluation.training_data] --data " in capsys.readouterr().err
+    x100 = write_jsonl(tmp_path / "x100.jsonl", [{**r, "score": r["score"] * 100 + 500} for r in regression_rows(6, 2)])
+    evaluate([str(tmp_path / "reg" / "model"), "--data", str(x100), "--output", str(tmp_path / "e5")])
+    assert "warning: [evaluation.another_scale] 6 of the 6 targets of x100-" in capsys.readouterr().err
 
 
 def test_a_file_without_the_models_text_column_names_the_setting(run, tmp_path, capsys):
@@ -824,7 +968,7 @@ def test_a_regressions_target_under_a_targets_name_is_named():
     would only predict; the column is named, with label_column. An id column of numbers is not a target."""
     from types import SimpleNamespace
 
-    from finetune.evaluate_checkpoint import _unread_label_column
+    from finetune.checks.evaluation import unread_label_column as _unread_label_column
 
     args = SimpleNamespace(text_column="text", text_pair_column=None, image_column="image", tokens_column="tokens",
                            label_column="score", problem_type="regression")  # fmt: skip
@@ -838,7 +982,7 @@ def test_multi_label_lists_for_a_model_of_label_columns_are_named():
     labels, not data to predict; the line gives both settings."""
     from types import SimpleNamespace
 
-    from finetune.evaluate_checkpoint import _unread_label_column
+    from finetune.checks.evaluation import unread_label_column as _unread_label_column
 
     args = SimpleNamespace(text_column="text", text_pair_column=None, image_column="image", tokens_column="tokens",
                            label_column="labels", problem_type="multi_label_classification")  # fmt: skip
@@ -861,8 +1005,9 @@ def test_a_split_the_runs_files_lack_is_refused_before_the_data_is_read(tmp_path
 
     monkeypatch.setattr(ec, "load_splits", read)
     args = DataArgs(train_file=str(write_csv(tmp_path / "train.csv", _rows(4, 0))))
-    with pytest.raises(UserError, match=r"^unknown split 'test'; the run's data has: train, validation$"):
+    with pytest.raises(UserError, match=r"^unknown split 'test'; the run's data has: train, validation$") as e:
         ec.run_split(args, "test")
+    assert e.value.rule == "evaluation.unknown_split"
 
 
 def test_a_folder_of_class_folders_is_named_without_a_split_it_does_not_have(tiny_vit_folder, tmp_path, capsys):
@@ -873,3 +1018,125 @@ def test_a_folder_of_class_folders_is_named_without_a_split_it_does_not_have(tin
     line = user_error(capsys, evaluate, [str(tiny_vit_folder), "--data", str(birds), "--output", str(tmp_path / "o")],
                       f"--data {birds} labels ['bird'] were not seen in training")  # fmt: skip
     assert "[train]" not in line
+
+
+def test_an_export_that_is_not_its_runs_or_a_file_of_labels_by_another_name_is_named(run, tmp_path, capsys):
+    """An export whose config.json names other labels than its run trained (id2label edited), and --data whose
+    label column is the model's in another case ('Label'): each said as such, with the fix."""
+    shutil.copytree(run["dir"], tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "eval"))
+    export = tmp_path / "run" / "model"
+    data = write_csv(tmp_path / "Label.csv", [{"text": r["text"], "Label": r["label"]} for r in _rows(6, 0)])
+    user_error(capsys, evaluate, [str(export), "--data", str(data), "--output", str(tmp_path / "e")],
+               "column 'Label' of", "looks like the label column 'label' in another case; to score it, pass "
+               "label_column=Label", rule="evaluation.label_column_twin")  # fmt: skip
+    config = json.loads((export / "config.json").read_text())
+    config["id2label"], config["label2id"] = {"0": "pos", "1": "neg"}, {"pos": 0, "neg": 1}
+    (export / "config.json").write_text(json.dumps(config))
+    user_error(capsys, evaluate, [str(export)], "config.json names the labels ['pos', 'neg'], but its run",
+               "id2label was edited", rule="evaluation.labels_differ_from_run")  # fmt: skip
+
+
+def test_a_multi_label_export_names_columns_of_its_labels_and_thresholds_edited_by_hand(multi_label_export,
+                                                                                         tmp_path, capsys):  # fmt: skip
+    """0/1 columns named as a multi-label model's labels, given without label_columns: labels, not inputs; and
+    config.json's multi_label_thresholds edited to a value outside [0, 1]."""
+    from conftest import ANIMALS, multi_label_rows
+
+    rows = [{"text": r["text"], **{a: int(a in r["labels"]) for a in ANIMALS}} for r in multi_label_rows(6, seed=3)]
+    columns = write_csv(tmp_path / "animals.csv", rows)
+    user_error(capsys, evaluate, [str(multi_label_export), "--data", str(columns), "--output", str(tmp_path / "e")],
+               "has a column for each of the model's labels (bird, cat, dog)", "label_columns=[bird,cat,dog]",
+               rule="evaluation.a_column_per_label")  # fmt: skip
+    export = shutil.copytree(multi_label_export, tmp_path / "model")
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "multi_label_thresholds": 1.5}))
+    data = write_jsonl(tmp_path / "lists.jsonl", multi_label_rows(6, seed=3))
+    user_error(capsys, evaluate, [str(export), "--data", str(data), "--output", str(tmp_path / "e2"), "label_column=labels"],
+               "config.json has multi_label_thresholds=1.5: it must be one number or one for each of its 3 labels",
+               rule="evaluation.thresholds")  # fmt: skip
+
+
+def test_an_evaluation_that_cannot_be_written_leaves_nothing(run, tmp_path, monkeypatch, capsys):
+    """A full disk while the outputs are written: one line with what to do, and no folder left behind."""
+    import errno
+
+    from finetune import evaluate_checkpoint as ec
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ec, "plot_confusion_matrix", full)
+    out = tmp_path / "new" / "eval"
+    user_error(capsys, evaluate, [str(run["checkpoint"]), "--output", str(out)], f"cannot write the evaluation to {out}: "
+               "No space left on device; nothing of it was left there; free some space", rule="evaluation.write_failed")
+    assert not (tmp_path / "new").exists()
+
+
+def test_tags_written_as_numbers_are_said_and_guards_of_empty_data_answer():
+    """Rules asked directly: numbered tags (a warning: read as the model's tags at those places), and the guards
+    of data that leaves nothing to score, which the loaders' own rules (files.no_rows) meet first today."""
+    from types import SimpleNamespace
+
+    from finetune import checks
+    from finetune.checks import evaluation
+
+    ds = Dataset.from_dict({"tokens": [["Ada", "ran"]], "ner_tags": [[1, 0]]})
+    said = checks.Said(quiet=True)
+    checks.gate(evaluation.TAGS, ds, SimpleNamespace(tags_column="ner_tags", label_names=["O", "B-PER"]), "--data x",
+                said=said)  # fmt: skip
+    assert said.rules() == ["evaluation.numbered_tags"] and "(0=O, 1=B-PER, ...)" in said.lines[0][1]
+    assert checks.first(evaluation.ROWS, "--data x", 0)[0].id == "evaluation.no_rows"
+    assert checks.first(evaluation.SAMPLES, 0, {"data": "x.csv", "split": None})[0].id == "evaluation.no_samples"
+    assert checks.first(evaluation.ROWS, "--data x", 3) is None
+
+
+# --- an FSDP checkpoint, by 1 and 2 processes ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fsdp_checkpoint(tmp_path_factory) -> Path:
+    """A tiny BERT trained for 2 steps by 2 CPU processes under accelerate_configs/fsdp.yaml, with the test
+    hook of tests/test_fsdp.py (FINETUNE_TEST_FSDP_ON_CPU=1: Accelerate's real FSDP2 path over gloo): its
+    step-2 checkpoint holds the model as torch.distributed.checkpoint's shards, one per process. finetune/run.py
+    itself is launched (one run: tests/multi_run_worker.py's several in one launch are not needed)."""
+    root = tmp_path_factory.mktemp("fsdp")
+    data = {"train": write_csv(root / "train.csv", rotten_rows(37)),
+            "validation": write_csv(root / "validation.csv", rotten_rows(13, start=100))}  # fmt: skip
+    argv = tiny_text_args(data, root / "run", "max_steps=2", "save_steps=2", "per_device_train_batch_size=4")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "accelerate_configs/fsdp.yaml"),
+           "--num_processes", "2", "--main_process_port", str(free_port()), str(REPO / "finetune/run.py"), *argv]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FINETUNE_TEST_FSDP_ON_CPU": "1"}
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return root / "run" / "checkpoints" / "step-00000002"
+
+
+@pytest.mark.slow  # an FSDP launch and a 2-process evaluation: ~1 min on 2 cores
+def test_an_fsdp_checkpoint_gives_identical_metrics_with_one_and_two_processes(fsdp_checkpoint, tmp_path, capsys):
+    """Every process of the evaluation merges the shards itself, in memory: with 2 processes the merge wrote its
+    file on the main process only, into that process's own temporary folder, and the other process failed
+    (exit 1, a gloo traceback). The merged weights are the run's: the export saved at the same step."""
+    assert (fsdp_checkpoint / "pytorch_model_fsdp_0").is_dir() and not (fsdp_checkpoint / "model.safetensors").exists()
+    one, two = tmp_path / "one" / "metrics.json", tmp_path / "two" / "metrics.json"
+    evaluate([str(fsdp_checkpoint), "--output", str(one.parent), "--predictions"])
+    result = launch([str(fsdp_checkpoint), "--output", str(two.parent), "--predictions"], num_processes=2,
+                    script="finetune/evaluate_checkpoint.py")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(two.read_text())["runtime"]["num_processes"] == 2
+    assert _without_runtime(two) == _without_runtime(one)
+    assert _without_runtime(two)["num_samples"] == 13  # 2 x batch 4 pads the last batch: padding dropped
+    assert (two.parent / "predictions.jsonl").read_text() == (one.parent / "predictions.jsonl").read_text()
+    export = evaluate([str(fsdp_checkpoint.parent.parent / "model"), "--output", str(tmp_path / "export")])
+    assert export["confusion_matrix"] == _without_runtime(one)["confusion_matrix"]
+    assert export["loss"] == pytest.approx(_without_runtime(one)["loss"], abs=1e-6)
+    # shards that do not merge (the index lost): one line naming them
+    copy = shutil.copytree(fsdp_checkpoint, tmp_path / "step-00000002", ignore=shutil.ignore_patterns("eval"))
+    (copy / "pytorch_model_fsdp_0" / ".metadata").unlink()
+    user_error(capsys, evaluate, [str(copy)], f"the FSDP shards in {copy / 'pytorch_model_fsdp_0'} do not merge: ",
+               ".metadata", rule="evaluation.shards_do_not_merge")  # fmt: skip
+    shutil.rmtree(copy)
+    copy = shutil.copytree(fsdp_checkpoint, tmp_path / "step-00000002", ignore=shutil.ignore_patterns("eval"))
+    shard = copy / "pytorch_model_fsdp_0" / "__1_0.distcp"  # the second process's shard, cut short
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    user_error(capsys, evaluate, [str(copy)], f"the FSDP shards in {copy / 'pytorch_model_fsdp_0'} do not merge: ",
+               rule="evaluation.shards_do_not_merge")
