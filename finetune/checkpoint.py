@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from finetune import checks
 from finetune.checks import Rule, runs
@@ -144,7 +145,6 @@ def load_checkpoint(accelerator, path: Path, exact: bool = True) -> None:
 
     from accelerate.utils import DistributedType
     from accelerate.utils import load as accelerate_load  # torch.load, weights_only, numpy RNG allowed
-    from safetensors import SafetensorError
 
     fsdp = accelerator.distributed_type == DistributedType.FSDP  # sharded weights, in their own format
     rng = path / f"random_states_{accelerator.process_index}.pkl"
@@ -167,7 +167,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     found = checks.first(runs.MANIFEST, checkpoint)
     if found is not None:
         raise runs.damaged(found)
-    manifest = dict(checkpoint.manifest)
+    manifest = checkpoint.manifest
     # How the state was saved (older manifests do not say): FSDP's sharded files, or whole.
     manifest.setdefault("state", "sharded" if checkpoint.sharded else "whole")
     return manifest

@@ -696,8 +696,8 @@ MISSING_KEY = 'Error(s) in loading state_dict for BertModel:\n\tMissing key(s) i
     [
         ("runs.no_model_weights", lambda p: (p / "model.safetensors").unlink(), None, "has no model.safetensors"),
         ("runs.rng_state_missing", lambda p: (p / "random_states_0.pkl").unlink(), None, "saved by fewer processes"),
-        ("runs.rng_state_not_plain_data", lambda p: (p / "random_states_0.pkl").write_bytes(b"\x80\x04junk"), None,
-         "random_states_0.pkl does not load as plain data"),
+        ("runs.rng_state_not_plain_data", lambda p: torch.save({"calls": shutil.rmtree}, p / "random_states_0.pkl"),
+         None, "random_states_0.pkl does not load as plain data"),  # a function: what a pickle with code names
         ("runs.state_not_plain_data", None, EOFError("Ran out of input"), "does not load as plain data (Ran out"),
         ("runs.weights_do_not_fit", None, RuntimeError(MISSING_KEY), "(missing 1, e.g. pooler.dense.weight)"),
         ("runs.state_does_not_fit", None, KeyError("param_groups"), "does not fit this model or optimizer"),
