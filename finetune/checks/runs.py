@@ -18,6 +18,10 @@ or failing disk). Asked by finetune/rundir.py, finetune/checkpoint.py and finetu
 A damaged checkpoint is found by the rule that names its damage (`PROBLEMS`, whose line is the damage
 alone: `checkpoint_problem`, and `latest`'s list of what it skipped); it is refused under that rule's id
 with what to do after it (`damaged`).
+
+The layout's names (checkpoints/, step-N, COMPLETE, manifest.json) are finetune/rundir.py's, read as
+`rundir.NAME` when a rule runs: rundir asks these rules, so each module imports the other, and neither reads
+the other's names while it is imported.
 """
 
 from __future__ import annotations
