@@ -18,9 +18,10 @@ from accelerate import Accelerator
 from finetune import checkpoint as ckpt
 from finetune import checks
 from finetune.card import describe_data, push_to_hub, write_model_card
+from finetune.checks import runs
 from finetune.config import TrainConfig
 from finetune.data import data_file_digests
-from finetune.errors import UserError, remedy, write_failure
+from finetune.errors import write_failure
 from finetune.lora import is_lora, merge_lora
 from finetune.plots import plot_training_curves
 from finetune.rundir import RunDir, as_umask_allows, finish_overwrite
@@ -56,17 +57,7 @@ def export_run(
                 failure = write_failure(e, run.root)
                 if failure is None:
                     raise
-                file = f" ({failure.filename})" if failure.filename else ""
-                then = (
-                    "then run again with resume_from_checkpoint=latest (a resume from the last step only evaluates "
-                    "and exports; in another output_dir: resume_from_checkpoint=<its last checkpoint>)"
-                    if ckpt.list_checkpoints(run.root)
-                    else "then run again"
-                )
-                raise UserError(
-                    f"could not write the export in {run.root}: {failure.strerror}{file}; nothing of it was left "
-                    f"there and the run is not finished; {remedy(failure.errno)}, {then}"
-                ) from None
+                raise checks.explain(runs.EXPORT_FAILED, failure, run.root) from None
             if cfg.push_to_hub_model_id:
                 accelerator.print(f"pushed to {push_to_hub(run.model, cfg.push_to_hub_model_id)}")
     return run.model

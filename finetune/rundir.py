@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finetune import checks
-from finetune.errors import UserError, on_failure
+from finetune.checks import runs
+from finetune.errors import on_failure
 
 CONFIG = "config.yaml"
 METRICS_LOG = "metrics.jsonl"
@@ -64,7 +65,6 @@ RUN_FILES = (CHECKPOINTS, MODEL, ADAPTER, METRICS_LOG, RESULTS, CONFIG, CURVES)
 SHARED_PROBE_PREFIX = ".finetune-shared-probe-"
 
 
-
 def read_record(path: Path) -> dict:
     """A run file's JSON object (results.json, search.json), or {} where it is missing, unreadable or not
     an object: for the readers that want one field and have a default (the damage reports of a run's
@@ -74,6 +74,7 @@ def read_record(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -108,11 +109,7 @@ class RunDir:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise UserError(
-                    f"output_dir {self.root} is in use by a run still going in another process; let it end (or "
-                    "stop it with Ctrl-C or SIGTERM: it saves a checkpoint), then run again, or choose another "
-                    "output_dir"
-                ) from None
+                raise checks.explain(runs.IN_USE, self.root) from None
             except OSError:  # no flock here (ENOLCK, EOPNOTSUPP): no guard, as before
                 pass
             yield
@@ -121,8 +118,6 @@ class RunDir:
 
     def holds_run(self) -> str | None:
         """'a finished run', 'a started run' (checkpoints or a log), or None."""
-        from finetune.checkpoint import list_checkpoints
-
         if self._finished():
             return "a finished run"
         if list_checkpoints(self.root) or self._started():
@@ -174,6 +169,27 @@ class RunDir:
         return [*self.run_files(), EVAL]
 
 
+def step_of(path: Path) -> int | None:
+    """The optimizer step in a checkpoint folder's name (step-00000010: 10), or None for another name
+    (a copy such as step-00000002-backup is none)."""
+    tail = path.name[len(PREFIX) :] if path.name.startswith(PREFIX) else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def is_complete(path: Path) -> bool:
+    """A checkpoint marked whole (its COMPLETE marker, written last) beside its manifest."""
+    return (path / COMPLETE).is_file() and (path / MANIFEST).is_file()
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of the run in `output_dir`, oldest first."""
+    root = Path(output_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if step_of(p) is not None and p.is_dir() and is_complete(p)]
+    return sorted(found, key=step_of)
+
+
 def as_umask_allows(folder: Path) -> None:
     """safetensors writes its files readable by their owner alone (0600); a run's checkpoints and export
     are for sharing, so their files get the modes the user's umask gives any new file (0644 under 022)."""
@@ -202,80 +218,23 @@ def check_output_dir(out: str | Path, overwrite: bool, resume_from: str | None, 
     """Refuse to write over a run, or into a folder of other files, unless told to overwrite it or to
     resume it; refuse a path that cannot become a folder before anything runs; refuse a folder inside
     another run's checkpoints/ or export (`check_not_inside_a_run`); and, before an overwrite moves a
-    run aside, refuse one whose folders hold files of the user's (`check_only_run_entries`). `resume_from`:
-    resume_from_checkpoint (latest, a checkpoint's path) or None."""
+    run aside, refuse one whose folders hold files of the user's. `resume_from`: resume_from_checkpoint
+    (latest, a checkpoint's path) or None. The rules: finetune/checks/runs.py, `OUTPUT_DIR`."""
     run = RunDir(out)
     check_not_inside_a_run(run.root)
-    existing = next(p for p in (run.root, *run.root.parents) if p.exists())
-    if not existing.is_dir():
-        raise UserError(f"output_dir {out}: {existing} is a file, not a folder; choose another output_dir")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"output_dir {out}: {existing} is not writable; choose another output_dir")
-    held = run.holds_run() if run.root.is_dir() else None  # 'a finished run', 'a started run', or None
     given = Path(resume_from).expanduser() if resume_from else None
-    elsewhere = given is not None and given.is_dir() and not resumes_here(run.root, resume_from)
-    if elsewhere and held and not overwrite:  # a checkpoint of another run continued here would write over this one
-        raise UserError(
-            f"output_dir {out} holds {held} of its own, and resume_from_checkpoint={resume_from} is a checkpoint of "
-            "another run: the resumed run would write over it; choose a new output_dir (or leave output_dir out to "
-            "continue in the checkpoint's own run; overwrite_output_dir=true replaces this one)"
-        )
-    resume = bool(resume_from) and not elsewhere  # from elsewhere, what is here is replaced as by a fresh run
-    if overwrite and resume:  # a resume continues what is there: nothing is replaced
-        (said or checks.Said()).warn(f"overwrite_output_dir=true is not used: resume_from_checkpoint continues the run in {run.root}, "
-             "nothing there is replaced (leave one of them out)")
-    if not resume and not held and (run.root / STUDY).is_file():
-        raise UserError(_holds_a_search(run))
-    if overwrite and not resume and run.previous.is_dir():  # an overwrite now would delete that run
-        raise UserError(f"output_dir {out} holds {PREVIOUS}: the run an earlier overwrite set aside and did "
-                        f"not finish replacing; to keep that run, move the files of {PREVIOUS} back into {run.root}, or "
-                        f"delete {PREVIOUS} to let this overwrite replace it")  # fmt: skip
-    if overwrite and not resume and run.root.is_dir() and not held:
-        check_files_in_the_way(run, trackers)  # the user's config.yaml: not written over
-    if (overwrite or resume) and held:
-        check_only_run_entries(run, evaluations=not resume)  # the user's notes in model/: deleted with it
-    if resume or not run.root.exists() or overwrite:
-        return
-    if held:
-        from finetune.checkpoint import list_checkpoints
-
-        # An overwrite is offered only where it would not be refused (a set-aside run is in the way).
-        offers = [] if run.previous.is_dir() else ["pass overwrite_output_dir=true to replace it"]
-        offers += ["resume_from_checkpoint=latest to continue it"] if list_checkpoints(run.root) else []
-        said = ", ".join(offers) + (", or " if offers else "")
-        raise UserError(f"output_dir {out} already holds {held}; {said}choose another output_dir" + set_aside_note(run))
-    if any(run.root.iterdir()):
-        raise UserError(
-            f"output_dir {out} holds files that are not a run of this app; choose an empty or new "
-            "output_dir, or pass overwrite_output_dir=true to write into it (nothing there is deleted)"
-        )
-
-
-def _holds_a_search(run: RunDir) -> str:
-    """A search's folder (finetune/search.py) given to a training run: neither a run to replace nor a
-    folder to write into (its model/ is the best trial's export)."""
-    return (f"output_dir {run.root} holds a hyperparameter search ({STUDY}, its trials, and model/: the best "
-            "trial's export), not a run; choose another output_dir (to continue the search, run finetune/search.py "
-            "again with this output_dir)")  # fmt: skip
-
-
-def check_files_in_the_way(run: RunDir, trackers: bool) -> None:
-    """overwrite_output_dir=true into a folder that holds no run writes into it and deletes nothing: so a
-    file there with the name of one a run writes (the user's config.yaml, model/) is refused."""
-    names = run.run_files() if trackers else RUN_FILES
-    found = [name + ("/" if (run.root / name).is_dir() else "") for name in names if (run.root / name).exists()]
-    if found:
-        raise UserError(
-            f"output_dir {run.root} holds {', '.join(found)}, which no run of this app wrote there; a run would "
-            "write over them: move them, or choose another output_dir (overwrite_output_dir=true replaces "
-            "only a run)"
-        )
+    subject = runs.OutputDir(
+        out, run, overwrite, resume_from, trackers,
+        existing=next(p for p in (run.root, *run.root.parents) if p.exists()),
+        elsewhere=given is not None and given.is_dir() and not resumes_here(run.root, resume_from),
+    )  # fmt: skip
+    checks.gate(runs.OUTPUT_DIR, subject, said=said if said is not None else checks.Said())
 
 
 # Folders of a run that a later step of that run (or of an overwrite, a resume) deletes or replaces whole:
 # the checkpoints (retention, a re-save), the export and the adapter (the next export), what an overwrite
 # sets aside, and the export's staging folders. No output_dir may lie inside one.
-_REPLACED_WHOLE = {
+REPLACED_WHOLE = {
     CHECKPOINTS: "checkpoints folder",
     MODEL: "export",
     ADAPTER: "LoRA adapter",
@@ -287,7 +246,7 @@ _REPLACED_WHOLE = {
 _CHECKPOINT_NAME = re.compile(rf"(\.tmp-|\.old-)?{PREFIX}\d+")
 
 
-def _looks_like_a_run(path: Path) -> bool:
+def looks_like_a_run(path: Path) -> bool:
     """A run directory, as far as nesting goes: finished, or started (its log, or its config beside its
     checkpoints/). A project folder of the user's that has a model/ subfolder is not one."""
     run = RunDir(path)
@@ -296,43 +255,18 @@ def _looks_like_a_run(path: Path) -> bool:
 
 def replaced_whole_around(path: Path) -> Path | None:
     """The folder of a run that holds `path` (or is it) and that the run deletes or replaces whole (its
-    checkpoints/, model/, ...: `_REPLACED_WHOLE`); None if there is none."""
+    checkpoints/, model/, ...: `REPLACED_WHOLE`); None if there is none."""
     path = Path(path).expanduser().resolve()
-    return next((p for p in (path, *path.parents) if p.name in _REPLACED_WHOLE and _looks_like_a_run(p.parent)), None)
+    return next((p for p in (path, *path.parents) if p.name in REPLACED_WHOLE and looks_like_a_run(p.parent)), None)
 
 
 def check_not_inside_a_run(out: Path) -> None:
     """Refuse an output_dir that is, or lies inside, a folder of another run that the other run deletes or
-    replaces whole (`_REPLACED_WHOLE`: its checkpoints/, model/, ...): that run's checkpoint retention,
-    resume or next overwrite would delete this one without a word. A checkpoint is named as such, with the
-    setting that takes it (resume_from_checkpoint)."""
+    replaces whole (`REPLACED_WHOLE`: its checkpoints/, model/, ...): that run's checkpoint retention,
+    resume or next overwrite would delete this one without a word (finetune/checks/runs.py, `INSIDE_A_RUN`)."""
     path = Path(out).expanduser().resolve()
     for inner in (path, *path.parents):
-        outer = inner.parent
-        if inner.name == EVAL and _looks_like_a_run(outer):  # evaluations' own folder: no run's output_dir
-            raise UserError(
-                f"output_dir {out} {'is' if path == inner else 'is inside'} the eval/ folder of the run in {outer}, "
-                "where its evaluations go and which its next overwrite sets aside whole; choose an output_dir "
-                f"outside {inner}"
-            )
-        if inner.name not in _REPLACED_WHOLE or not _looks_like_a_run(outer):
-            continue
-        if inner.name == CHECKPOINTS and path != inner:
-            step = path.relative_to(inner).parts[0]
-            if re.fullmatch(rf"{PREFIX}\d+", step) and (inner / step).is_dir():  # a checkpoint: resumable
-                what = (f"holds files that are not a run of this app: it is checkpoint {step} of the run in {outer}"
-                        if path == inner / step else f"is inside checkpoint {step} of the run in {outer}")
-                raise UserError(
-                    f"output_dir {out} {what}, which that run deletes when it prunes or re-saves its checkpoints; "
-                    f"to continue from it pass resume_from_checkpoint={inner / step} (output_dir={outer}, or a new "
-                    "folder outside that run's checkpoints/), or choose an output_dir outside it"
-                )
-        where = "is" if path == inner else "is inside"  # (a .tmp- folder: where a save in progress writes)
-        raise UserError(
-            f"output_dir {out} {where} the {_REPLACED_WHOLE[inner.name]} of the run in {outer} ({inner}), which "
-            "that run deletes or replaces whole (checkpoint retention, a resume, its next export or overwrite); "
-            f"choose an output_dir outside {inner}"
-        )
+        checks.gate(runs.INSIDE_A_RUN, out, path, inner)
 
 
 # What a run writes inside model/ and adapter/ (save_pretrained: weights, config, tokenizer or image
@@ -350,7 +284,7 @@ _EXPORT_ENTRY = re.compile(
 _EVAL_ENTRY = re.compile(rf"(\.tmp-)?({re.escape(EVAL_METRICS)}|{re.escape(CONFUSION_MATRIX)}|{re.escape(PREDICTIONS)})")
 
 
-def _entries_not_of_a_run(run: RunDir, evaluations: bool) -> list[Path]:
+def entries_not_of_a_run(run: RunDir, evaluations: bool) -> list[Path]:
     """The entries of run's checkpoints/, model/ and adapter/ (and with `evaluations`, of the evaluations'
     folders in eval/) that no run or evaluation of this app wrote there."""
     found = []
@@ -375,7 +309,7 @@ def _entries_not_of_a_run(run: RunDir, evaluations: bool) -> list[Path]:
     return found
 
 
-def _evaluations_of_kept_models(run: RunDir) -> list[tuple[Path, Path]]:
+def evaluations_of_kept_models(run: RunDir) -> list[tuple[Path, Path]]:
     """The folders of eval/ that hold the evaluation of a model an overwrite does not replace (model/ renamed
     model_v1 to keep it, then evaluated): (the folder, the model)."""
     evals, kept = run.root / EVAL, []
@@ -392,37 +326,6 @@ def _evaluations_of_kept_models(run: RunDir) -> list[tuple[Path, Path]]:
     return kept
 
 
-def check_only_run_entries(run: RunDir, evaluations: bool = True) -> None:
-    """overwrite_output_dir=true over a run moves its checkpoints/ and model/ (and adapter/, and eval/ with
-    the replaced model's evaluations: `evaluations`, an overwrite, not a resume) aside whole and
-    deletes them once the new run is finished: so a file or folder of the user's inside them (notes in
-    model/, a backup copy of a checkpoint under another name) would be deleted with them. Refused, before
-    anything is moved, naming one, rather than kept: the new run's export replaces model/ whole, and a
-    file kept among the new run's checkpoints would be deleted by a later overwrite all the same."""
-    for name in (PREVIOUS, f"{PREVIOUS}.tmp"):  # where an overwrite sets the run aside: a folder, or nothing
-        path = run.root / name
-        if path.is_symlink() or (path.exists() and not path.is_dir()):
-            raise UserError(
-                f"output_dir {run.root} holds {name}, a file no run of this app wrote; overwrite_output_dir=true "
-                f"sets the earlier run aside under that name: move or rename {path}, then run again"
-            )
-    kept = _evaluations_of_kept_models(run) if evaluations else []
-    if kept:  # model/ renamed to keep it: its evaluations went to the run's eval/, which the overwrite replaces
-        folder, model = kept[0]
-        raise UserError(f"output_dir {run.root} holds {folder}, the evaluation of {model}, which the overwrite keeps "
-                        "(no run of this app wrote it there) but would delete with the replaced run's eval/: move "
-                        f"{folder} out of {run.root / EVAL}, then run again")  # fmt: skip
-    found = _entries_not_of_a_run(run, evaluations)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        top = found[0].relative_to(run.root).parts[0]
-        raise UserError(
-            f"output_dir {run.root} holds a run, and {found[0]}{more} inside it, which no run of this app wrote; "
-            f"the run replaces {top}/ whole (an overwrite, a resume's export, checkpoint retention) "
-            f"and would delete it: move it out of {found[0].parent}, then run again (or choose another output_dir)"
-        )
-
-
 def _remove(root: Path, names: list[str]) -> None:
     for name in names:
         target = root / name
@@ -430,23 +333,6 @@ def _remove(root: Path, names: list[str]) -> None:
             shutil.rmtree(target)
         elif target.exists() or target.is_symlink():
             target.unlink()
-
-
-def step_of(path: Path) -> int | None:
-    """The optimizer step in a checkpoint folder's name (step-00000010: 10), or None for another name
-    (a copy such as step-00000002-backup is none)."""
-    tail = path.name[len(PREFIX) :] if path.name.startswith(PREFIX) else ""
-    return int(tail) if tail.isdigit() else None
-
-
-def set_aside_note(run: RunDir) -> str:
-    """Said where a refusal meets a run that an overwrite set aside and never finished replacing (killed
-    before it could put it back): what the folder holds, how to keep it."""
-    if not run.previous.is_dir():
-        return ""
-    return (f"; {run.previous} holds the run an earlier overwrite set aside and did not finish replacing: "
-            f"to keep that run, move the files of {PREVIOUS} back into {run.root} (an overwrite is refused while "
-            "it is there)")  # fmt: skip
 
 
 def set_aside_previous_run(run: RunDir) -> None:
@@ -471,8 +357,6 @@ def set_aside_previous_run(run: RunDir) -> None:
 def restore_previous_run(run: RunDir) -> None:
     """After a failed overwrite: the run that was there comes back, unless this one left a checkpoint to
     resume from (a signal, a diverged loss after a save): then both stay, the earlier one set aside."""
-    from finetune.checkpoint import list_checkpoints
-
     if not run.previous.is_dir() or list_checkpoints(run.root):
         return
     _remove(run.root, run.replaced_files())
@@ -502,7 +386,6 @@ def check_shared_output_dir(accelerator, output_dir: str | Path) -> None:
     output_dir (as it resolved it), or the same number of levels above; the answers are gathered, and
     the main process deletes the probe. On one machine this returns at once.
     """
-    import secrets
     import socket
 
     from accelerate.utils import broadcast_object_list, gather_object
@@ -512,25 +395,11 @@ def check_shared_output_dir(accelerator, output_dir: str | Path) -> None:
         return
     out = Path(output_dir)
     folders = (out, *out.parents)  # output_dir, then the folders above it
-    probe: Path | None = None
-    sent: list = [None, 0, None, None]  # probe's name, levels above output_dir, token, why it was not written
-    if accelerator.is_main_process:
-        up = next(i for i, folder in enumerate(folders) if folder.exists())
-        token = secrets.token_hex(16)
-        name = f"{SHARED_PROBE_PREFIX}{token[:12]}"
-        try:
-            with open(folders[up] / name, "x") as f:
-                probe = folders[up] / name
-                f.write(token)
-                f.flush()
-                os.fsync(f.fileno())
-            sent = [name, up, token, None]
-        except OSError as e:
-            sent = [None, up, None, f"cannot write a probe file in {folders[up]} ({e.strerror or e})"]
+    # the probe's name, its levels above output_dir, its token, why it was not written
+    probe, sent = _write_probe(folders) if accelerator.is_main_process else (None, [None, 0, None, None])
     try:
         name, up, token, failed = broadcast_object_list(sent, from_process=0)  # also: written before read
-        if failed:
-            raise UserError(f"output_dir {out}: {failed}; choose another output_dir")
+        checks.gate(runs.PROBE, out, failed)
         try:
             seen = up < len(folders) and (folders[up] / name).read_text() == token
         except (OSError, ValueError):  # no such file; not text
@@ -540,23 +409,27 @@ def check_shared_output_dir(accelerator, output_dir: str | Path) -> None:
     finally:
         if probe is not None:  # every process has read it (the gather) or the run is failing anyway
             probe.unlink(missing_ok=True)
-    blind: dict[tuple[str, str], list[int]] = {}
-    for index, machine, host, ok in answers:
-        if not ok:
-            blind.setdefault((machine, host), []).append(index)
-    if blind:
-        who = "; ".join(
-            f"process{'es' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} on machine {machine} ({host})"
-            for (machine, host), ranks in sorted(blind.items(), key=lambda item: item[1][0])
-        )
-        main_host = next(host for index, _, host, _ in answers if index == 0)
-        where = "output_dir" if up == 0 else f"{folders[up]} (output_dir does not exist yet)"
-        raise UserError(
-            f"output_dir {out} is not shared by all machines: {who} cannot see the probe file {name} that "
-            f"process 0 on {main_host} wrote in {where}; every process writes its own RNG state into each "
-            "checkpoint, so a checkpoint is only whole (and resumable) on a filesystem that every machine "
-            "mounts at the same path (NFS, Lustre, GPFS...): put output_dir there"
-        )
+    checks.gate(runs.SHARED, runs.Probe(out, name, folders[up], up, answers))
+
+
+def _write_probe(folders: tuple[Path, ...]) -> tuple[Path | None, list]:
+    """The main process's probe file, in the first of `folders` that exists: (its path, what it tells the
+    others: [name, levels above output_dir, token, None]), or (None, [None, levels, None, (folder, why)])
+    where it cannot be written."""
+    import secrets
+
+    up = next(i for i, folder in enumerate(folders) if folder.exists())
+    token = secrets.token_hex(16)
+    name = f"{SHARED_PROBE_PREFIX}{token[:12]}"
+    try:
+        with open(folders[up] / name, "x") as f:
+            probe = folders[up] / name
+            f.write(token)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return None, [None, up, None, (str(folders[up]), e.strerror or str(e))]
+    return probe, [name, up, token, None]
 
 
 # --- what a user's path is ------------------------------------------------------------------------
@@ -591,22 +464,12 @@ def resumed_run_config(resume: str | None, output_dir: str | Path, said: checks.
         return None  # no checkpoint: the resume says so
     for step in steps:
         if _holds_a_config(step / MANIFEST):
-            if step / MANIFEST not in _said:
-                _said.add(step / MANIFEST)
-                (said or checks.Said()).warn(f"{run.config} is missing; resuming with the config saved in {step / MANIFEST}")
+            checks.gate(runs.RESUMED_CONFIG, run, step / MANIFEST, said=said if said is not None else checks.Said())
             return step / MANIFEST
-    raise UserError(
-        f"{run.config} is missing and no checkpoint's {MANIFEST} in {run.checkpoints} holds the run's config; "
-        "resume with --config <the recipe the run was started with> (and the key=value settings it was given)"
-    )
-
-
-_said: set[Path] = set()  # the command line is read twice in one process (before torch, then by the run)
+    raise checks.explain(runs.NO_CONFIG, run)
 
 
 def _holds_a_config(manifest: Path) -> bool:
-    import json
-
     try:
         return isinstance(json.loads(manifest.read_text()).get("config"), dict)
     except (OSError, ValueError, AttributeError):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.utils import DistributedType
 from conftest import (
     DROPOUT_BERT,
     REPO,
@@ -34,6 +35,7 @@ from conftest import (
 from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
+from finetune import checks
 from finetune.run import Hooks, main
 
 # Two epochs of 10 steps (37 samples in batches of 4), a checkpoint every 3 steps, all kept.
@@ -123,9 +125,12 @@ def test_incomplete_checkpoints_are_never_latest(finished_run, tmp_path):
     shutil.copytree(complete[-1], broken)
     (broken / ckpt.COMPLETE).unlink()
     assert ckpt.list_checkpoints(out) == complete
-    assert ckpt.resolve_checkpoint("latest", out) == complete[-1]
-    with pytest.raises(Exception, match="not a complete checkpoint"):
+    said = checks.Said()
+    assert ckpt.resolve_checkpoint("latest", out, said) == complete[-1]
+    assert said.rules() == ["runs.latest_skipped"] and f"skipped {broken}: it has no COMPLETE marker" in said.lines[0][1]
+    with pytest.raises(Exception, match="not a complete checkpoint") as refused:
         ckpt.resolve_checkpoint(str(broken), out)
+    assert refused.value.rule == "runs.resume_not_complete"
 
 
 def test_retention_keeps_last_and_best(small_text_data, tmp_path):
@@ -152,11 +157,11 @@ def test_retention_keeps_last_and_best(small_text_data, tmp_path):
 def test_changed_topology_on_resume_is_refused(finished_run, tmp_path, capsys):
     data, out = finished_run.data(), finished_run.copy(tmp_path / "run", *FULL, "num_train_epochs=1")
     user_error(capsys, main, _args(data, out, "resume_from_checkpoint=latest", "gradient_accumulation_steps=2"),
-               "resume with the same settings", untouched=out)  # fmt: skip
+               "resume with the same settings", untouched=out, rule="runs.other_topology")  # fmt: skip
     # other trainable weights: another optimizer state
     user_error(capsys, main, _args(data, out, "resume_from_checkpoint=latest", "freeze_embeddings=true"),
                "trained with freeze_embeddings=false, this run has freeze_embeddings=true; resume with "
-               "freeze_embeddings=false", untouched=out)  # fmt: skip
+               "freeze_embeddings=false", untouched=out, rule="runs.resume_changes_a_fixed_setting")  # fmt: skip
 
 
 @pytest.mark.slow
@@ -324,7 +329,8 @@ def saved_run(finished_run) -> tuple[dict[str, Path], Path]:
 def test_a_resume_with_fewer_samples_than_consumed_is_refused_before_config_yaml_is_rewritten(saved_run, capsys):
     data, out = saved_run
     line = user_error(capsys, main, recipe_text_args(data, out, "resume_from_checkpoint=latest", "max_train_samples=8",
-                                                     "per_device_train_batch_size=4"), untouched=out)  # fmt: skip
+                                                     "per_device_train_batch_size=4"), untouched=out,
+                      rule="runs.other_sample_count")  # fmt: skip
     assert "trained on 37 samples an epoch, this run has 8" in line
 
 
@@ -333,7 +339,8 @@ def test_a_resume_whose_sample_count_changed_with_validation_file_names_it(saved
     """The run had a validation file; the resume has none, so it holds out a share of the training data."""
     data, out = saved_run
     line = user_error(capsys, main, recipe_text_args(data, out, "resume_from_checkpoint=latest", "validation_file=null",
-                                                     "per_device_train_batch_size=4"), untouched=out)  # fmt: skip
+                                                     "per_device_train_batch_size=4"), untouched=out,
+                      rule="runs.other_sample_count")  # fmt: skip
     assert "this run has 33 (the run had validation_file=" in line and "this run has null: a run without one" in line
 
 
@@ -348,7 +355,7 @@ def test_a_resume_on_a_training_file_edited_in_place_is_refused(saved_run, tmp_p
     edited = tmp_path / "train.csv"
     edited.write_text("\n".join(rows) + "\n")
     argv = recipe_text_args({**data, "train": edited}, out, "resume_from_checkpoint=latest", "per_device_train_batch_size=4")
-    line = user_error(capsys, main, argv, untouched=out)
+    line = user_error(capsys, main, argv, untouched=out, rule="runs.training_data_changed")
     assert f"the training data changed since the checkpoint was saved ({edited} differs" in line
 
 
@@ -357,7 +364,8 @@ def test_a_resume_past_max_steps_is_refused_before_anything_is_written(saved_run
     says 2 steps."""
     data, out = saved_run
     line = user_error(capsys, main, recipe_text_args(data, out, "resume_from_checkpoint=latest", "max_steps=2",
-                                                     "per_device_train_batch_size=4"), untouched=out)  # fmt: skip
+                                                     "per_device_train_batch_size=4"), untouched=out,
+                      rule="runs.checkpoint_past_the_plan")  # fmt: skip
     assert "the checkpoint is at optimizer step 9, past the 2 steps of this run (max_steps=2)" in line
     assert "max_steps=9 or more" in line and "evaluate_checkpoint.py" in line
 
@@ -375,7 +383,7 @@ def test_a_resume_past_max_steps_is_refused_before_anything_is_written(saved_run
 def test_a_resume_that_would_change_the_run_names_the_setting(change, fragment, saved_run, capsys):
     data, out = saved_run
     argv = recipe_text_args(data, out, "resume_from_checkpoint=latest", change, "per_device_train_batch_size=4")
-    user_error(capsys, main, argv, fragment, untouched=out)
+    user_error(capsys, main, argv, fragment, untouched=out, rule="runs.resume_changes_a_fixed_setting")
 
 
 @pytest.mark.parametrize(
@@ -399,6 +407,7 @@ def test_settings_that_define_the_data_or_the_loss_are_fixed_on_resume(key, valu
     with pytest.raises(UserError) as refused:
         ckpt.check_resume_compatible(manifest, cfg, 1, manifest["label_names"], 37, fsdp=False)
     assert f"the checkpoint was trained with {shown}, this run has {key}=" in str(refused.value)
+    assert refused.value.rule == "runs.resume_changes_a_fixed_setting"
 
 
 def test_a_resume_with_another_tokenizer_is_refused_and_the_same_by_another_path_is_not(saved_run, monkeypatch):
@@ -561,8 +570,9 @@ def test_latest_in_another_case_is_pointed_to_the_keyword(tmp_path):
     from finetune.errors import UserError
 
     with pytest.raises(UserError, match=r"^checkpoint not found: Latest; the newest checkpoint is "
-                                        r"resume_from_checkpoint=latest \(lower case\)$"):  # fmt: skip
+                                        r"resume_from_checkpoint=latest \(lower case\)$") as refused:  # fmt: skip
         ckpt.resolve_checkpoint("Latest", tmp_path)
+    assert refused.value.rule == "runs.latest_misspelt"
 
 
 @pytest.mark.slow
@@ -593,3 +603,141 @@ def test_a_resume_whose_training_file_moved_names_the_setting_to_give(small_text
     user_error(capsys, main, resume, f"the run's train_file {data['train']} is not found (moved or renamed since the "
                "run?); resume with train_file=<its path now>", untouched=run)  # fmt: skip
     assert main([*resume, f"train_file={moved}"])["step"] == 3
+
+
+# --- the rules that name a checkpoint's damage, and what loading one refuses (finetune/checks/runs.py) -----
+
+
+def _manifest_edit(edit):
+    def damage(path: Path) -> None:
+        manifest = json.loads((path / ckpt.MANIFEST).read_text())
+        (path / ckpt.MANIFEST).write_text(json.dumps(edit(manifest) or manifest))
+
+    return damage
+
+
+def _zero(name: str):
+    return lambda path: (path / name).write_bytes(b"")
+
+
+# rule id -> the damage it names
+DAMAGES = {
+    "runs.manifest_unreadable": lambda p: (p / ckpt.MANIFEST).write_text("{not json"),
+    "runs.manifest_not_a_mapping": lambda p: (p / ckpt.MANIFEST).write_text("[1, 2]"),
+    "runs.manifest_lacks_a_count": _manifest_edit(lambda m: m.pop("world_size") and None),
+    "runs.manifest_count_not_a_count": _manifest_edit(lambda m: m.update(epoch=-1)),
+    "runs.manifest_labels_differ": _manifest_edit(lambda m: m.update(label_names=["b", "a"])),
+    "runs.manifest_of_another_step": _manifest_edit(lambda m: m.update(step=99)),
+    "runs.weights_missing": lambda p: (p / "model.safetensors").unlink(),
+    "runs.weights_damaged": lambda p: (p / "model.safetensors").write_bytes(b"\xff" * 16),
+    "runs.state_file_missing": lambda p: (p / "optimizer.bin").unlink(),
+    "runs.state_file_damaged": _zero("scheduler.bin"),
+}
+
+
+@pytest.fixture
+def saved_copy(saved_run, tmp_path) -> Path:
+    """A private copy of the saved run (its checkpoints at steps 3, 6 and 9)."""
+    return Path(shutil.copytree(saved_run[1], tmp_path / "run"))
+
+
+@pytest.mark.parametrize("rule", DAMAGES)
+def test_a_damaged_checkpoint_is_named_by_the_rule_that_finds_the_damage(rule, saved_copy):
+    """checkpoint_problem's line is the damage alone; a resume from the checkpoint, and a read of its
+    manifest, are refused under that rule with what to do after it."""
+    from finetune.checks import runs
+    from finetune.errors import UserError
+
+    path = ckpt.list_checkpoints(saved_copy)[-1]
+    DAMAGES[rule](path)
+    found = ckpt.checkpoint_damage(path)
+    assert found is not None and found[0].id == rule and ckpt.checkpoint_problem(path) == found[1]
+    with pytest.raises(UserError) as refused:
+        ckpt.resolve_checkpoint(str(path), saved_copy)
+    assert refused.value.rule == rule and str(refused.value) == f"cannot resume from {path}: {found[1]}; {runs.ANOTHER}"
+    if rule.startswith("runs.manifest_"):
+        with pytest.raises(UserError) as refused:
+            ckpt.read_manifest(path)
+        assert refused.value.rule == rule and str(refused.value) == f"{found[1]}; {runs.ANOTHER}"
+
+
+def test_latest_with_every_checkpoint_damaged_names_each_and_a_checkpoint_without_its_marker(saved_copy):
+    from finetune.errors import UserError
+
+    saved = ckpt.list_checkpoints(saved_copy)
+    for path in saved:
+        (path / "scheduler.bin").write_bytes(b"")
+    with pytest.raises(UserError) as refused:
+        ckpt.resolve_checkpoint("latest", saved_copy)
+    assert refused.value.rule == "runs.no_checkpoint_loads"
+    assert str(refused.value).count("is damaged (cut off") == len(saved) > 1
+    (saved[0] / ckpt.COMPLETE).unlink()
+    assert ckpt.checkpoint_damage(saved[0])[0].id == "runs.checkpoint_incomplete"
+
+
+class _Loading:
+    """An accelerator as load_checkpoint asks it: one process, not FSDP; `load_state` fails with `error`."""
+
+    distributed_type, process_index = DistributedType.NO, 0
+
+    def __init__(self, error: Exception | None = None):
+        self.error = error
+
+    def load_state(self, path, load_kwargs):
+        if self.error is not None:
+            raise self.error
+
+
+MISSING_KEY = 'Error(s) in loading state_dict for BertModel:\n\tMissing key(s) in state_dict: "pooler.dense.weight".'
+
+
+@pytest.mark.parametrize(
+    "rule, damage, error, fragment",
+    [
+        ("runs.no_model_weights", lambda p: (p / "model.safetensors").unlink(), None, "has no model.safetensors"),
+        ("runs.rng_state_missing", lambda p: (p / "random_states_0.pkl").unlink(), None, "saved by fewer processes"),
+        ("runs.rng_state_not_plain_data", lambda p: torch.save({"calls": shutil.rmtree}, p / "random_states_0.pkl"),
+         None, "random_states_0.pkl does not load as plain data"),  # a function: what a pickle with code names
+        ("runs.state_not_plain_data", None, EOFError("Ran out of input"), "does not load as plain data (Ran out"),
+        ("runs.weights_do_not_fit", None, RuntimeError(MISSING_KEY), "(missing 1, e.g. pooler.dense.weight)"),
+        ("runs.state_does_not_fit", None, KeyError("param_groups"), "does not fit this model or optimizer"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_that_does_not_load_is_one_line_of_its_rule(rule, damage, error, fragment, saved_copy):
+    from finetune.errors import UserError
+
+    path = ckpt.list_checkpoints(saved_copy)[-1]
+    if damage is not None:
+        damage(path)
+    with pytest.raises(UserError) as refused:
+        ckpt.load_checkpoint(_Loading(error), path)
+    assert refused.value.rule == rule and fragment in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "rule, change",
+    [
+        ("runs.resume_on_other_labels", {"label_names": ["x", "y"]}),
+        ("runs.other_sample_count", {"train_samples": 12}),
+        ("runs.other_state_layout", {"fsdp": True}),
+        ("runs.other_topology", {"num_processes": 2}),
+    ],
+)
+def test_a_resume_that_is_not_the_run_that_saved_it_is_refused_by_its_rule(rule, change, saved_run):
+    from finetune.config import config_from_dict
+    from finetune.errors import UserError
+
+    manifest = ckpt.read_manifest(ckpt.list_checkpoints(saved_run[1])[-1])
+    given = {"num_processes": 1, "label_names": manifest["label_names"], "train_samples": 37, "fsdp": False, **change}
+    with pytest.raises(UserError) as refused:
+        ckpt.check_resume_compatible(manifest, config_from_dict(manifest["config"], saved=True), **given)
+    assert refused.value.rule == rule
+
+
+def test_a_best_checkpoint_missing_from_a_resumed_run_is_said(tmp_path):
+    from finetune import checks
+    from finetune.checks import runs
+
+    said = checks.Said()
+    checks.gate(runs.BEST, {"step": 3, "metric": "accuracy", "value": 0.5}, tmp_path / "checkpoints", said=said)
+    assert said.rules() == ["runs.best_checkpoint_missing"] and "step 3, validation accuracy 0.5" in said.lines[0][1]

@@ -29,7 +29,8 @@ def test_an_export_cut_short_does_not_look_finished(small_text_data, tmp_path, m
     assert not (out / "model").exists() and not (out / "results.json").exists()
     assert not (out / ".export-new").exists() and not (out / ".export-old").exists()
     monkeypatch.undo()
-    user_error(capsys, main, tiny_text_args(small_text_data, out, "max_steps=2"), "already holds a started run")
+    user_error(capsys, main, tiny_text_args(small_text_data, out, "max_steps=2"), "already holds a started run",
+               rule="runs.output_dir_holds_a_run")  # fmt: skip
 
 
 def test_run_writes_curves_and_a_model_card(small_text_data, tmp_path):

@@ -59,9 +59,9 @@ ADVICE = {"full": "free some space", "read-only": "that file system is read-only
           "device": "the disk reported a device error (EIO)", "quota": "free some space under your disk quota"}  # fmt: skip
 
 
-def _one_error(capsys, call) -> str:
+def _one_error(capsys, call, rule: str | None = None) -> str:
     """`user_error` for a call that is more than `main(argv)` (hooks that break the disk mid-run)."""
-    return user_error(capsys, lambda _: call(), [])
+    return user_error(capsys, lambda _: call(), [], rule=rule)
 
 
 def _remount(folder: Path, mode: str) -> None:
@@ -110,7 +110,8 @@ def failing_disk(tmp_path):
 
 def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_leaves_no_partial_save(small_text_data, small_disk, capsys):
     out = small_disk / "run"
-    line = user_error(capsys, main, recipe_text_args(small_text_data, out, "save_steps=1"))
+    line = user_error(capsys, main, recipe_text_args(small_text_data, out, "save_steps=1"),
+                      rule="runs.save_failed_before_any_checkpoint")  # fmt: skip
     assert "could not save the checkpoint of step 1: No space left on device" in line and ADVICE["full"] in line
     assert not list((out / "checkpoints").glob(".tmp-*"))
 
@@ -131,7 +132,8 @@ class _BreakAt(Hooks):
 def test_a_disk_that_turns_read_only_before_a_checkpoint_says_it_is_read_only(small_text_data, small_disk, capsys):
     out = small_disk / "run"
     args = recipe_text_args(small_text_data, out, "save_steps=2", "max_steps=4", "logging_steps=100")
-    line = _one_error(capsys, lambda: main(args, hooks=_BreakAt(1, lambda: _remount(small_disk, "ro"))))
+    line = _one_error(capsys, lambda: main(args, hooks=_BreakAt(1, lambda: _remount(small_disk, "ro"))),
+                      "runs.save_failed_before_any_checkpoint")  # fmt: skip
     _remount(small_disk, "rw")
     assert "could not save the checkpoint of step 2: Read-only file system" in line
     assert ADVICE["read-only"] in line and "free some space" not in line
@@ -153,7 +155,7 @@ def test_a_disk_that_fills_or_turns_read_only_before_the_export_keeps_the_checkp
         checkpoints_before = file_hashes(out / "checkpoints")
         _fill(small_disk) if fault == "full" else _remount(small_disk, "ro")
 
-    line = _one_error(capsys, lambda: main(args, hooks=_BreakAt(2, break_disk)))
+    line = _one_error(capsys, lambda: main(args, hooks=_BreakAt(2, break_disk)), "runs.export_failed")
     assert ("No space left on device" if fault == "full" else "Read-only file system") in line
     assert "could not write the export" in line and ADVICE[fault] in line
     assert fault == "full" or "free some space" not in line
@@ -190,7 +192,7 @@ def test_a_re_export_that_fails_keeps_the_earlier_export(how, small_text_data, s
         monkeypatch.setattr(export, "write_model_card", card)
     args = recipe_text_args(small_text_data, out, "save_steps=2", "max_steps=3", "resume_from_checkpoint=latest")
     fill = (lambda: _fill(small_disk)) if how == "disk fills" else (lambda: None)
-    line = _one_error(capsys, lambda: main(args, hooks=_BreakAt(3, fill)))
+    line = _one_error(capsys, lambda: main(args, hooks=_BreakAt(3, fill)), "runs.export_failed")
     assert "could not write the export" in line and ADVICE["full"] in line
     (small_disk / "filler").unlink(missing_ok=True)
     assert _export_state(out) == earlier
@@ -201,7 +203,8 @@ def test_a_failing_device_during_a_checkpoint_says_so(small_text_data, failing_d
     """A real EIO, which the checkpoint's flush reports: not "free some space", no half-written save."""
     mount, fail = failing_disk
     out = mount / "run"
-    line = _one_error(capsys, lambda: main(recipe_text_args(small_text_data, out, "save_steps=2", "max_steps=2"), hooks=_BreakAt(1, fail)))
+    line = _one_error(capsys, lambda: main(recipe_text_args(small_text_data, out, "save_steps=2", "max_steps=2"), hooks=_BreakAt(1, fail)),
+                      "runs.save_failed_before_any_checkpoint")  # fmt: skip
     assert "could not save the checkpoint of step 2: Input/output error" in line
     assert ADVICE["device"] in line and "free some space" not in line
     assert not list((out / "checkpoints").glob(".tmp-*")) and not list((out / "checkpoints").glob("step-*"))
@@ -210,7 +213,8 @@ def test_a_failing_device_during_a_checkpoint_says_so(small_text_data, failing_d
 def test_a_failing_device_during_the_export_says_so(small_text_data, failing_disk, capsys):
     mount, fail = failing_disk
     out = mount / "run"
-    line = _one_error(capsys, lambda: main(recipe_text_args(small_text_data, out, "max_steps=2"), hooks=_BreakAt(2, fail)))
+    line = _one_error(capsys, lambda: main(recipe_text_args(small_text_data, out, "max_steps=2"), hooks=_BreakAt(2, fail)),
+                      "runs.export_failed_before_any_checkpoint")  # fmt: skip
     assert "could not write the export" in line and "Input/output error" in line and ADVICE["device"] in line
     _no_export_left(out)
 
@@ -295,12 +299,36 @@ def test_a_disk_quota_reported_by_the_flush_is_one_line_for_each_writer(writer, 
         assert not target.exists()
     else:
         extra = ("save_steps=1",) if writer == "checkpoint" else ()
-        line = _one_error(capsys, lambda: main(recipe_text_args(small_text_data, target, "max_steps=1", *extra)))
+        rule = "runs.save_failed_before_any_checkpoint" if extra else "runs.export_failed_before_any_checkpoint"
+        line = _one_error(capsys, lambda: main(recipe_text_args(small_text_data, target, "max_steps=1", *extra)), rule)
         if writer == "export":
             _no_export_left(target)
         else:
             assert not list((target / "checkpoints").iterdir())
     assert "Disk quota exceeded" in line and ADVICE["quota"] in line
+
+
+@pytest.mark.parametrize(
+    "code, last, rule, then",
+    [
+        (28, None, "runs.save_failed_before_any_checkpoint", "no checkpoint was saved before; free some space"),
+        (28, "step-00000002", "runs.save_failed", "then continue with resume_from_checkpoint=latest"),
+        (30, "step-00000002", "runs.save_failed_on_a_lost_disk", "output_dir=<the other folder>"),
+        (5, "step-00000002", "runs.save_failed_on_a_lost_disk", "output_dir=<the other folder>"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_that_cannot_be_written_says_what_to_continue_from(code, last, rule, then, tmp_path):
+    """ENOSPC (28) after an earlier checkpoint: continue from it once there is room; EROFS (30) or EIO (5):
+    continue from it elsewhere; none before: run again. Said by the process that met it (`local`), whatever
+    its rank (the real failures above: the first checkpoint's)."""
+    from finetune import checks
+    from finetune.checks import runs
+
+    last = tmp_path / "checkpoints" / last if last else None
+    refused = checks.explain(runs.SAVE_FAILED, OSError(code, os.strerror(code), str(tmp_path / "x")), 4, last)
+    assert refused.rule == rule and refused.local, (refused.rule, str(refused))
+    assert str(refused).startswith(f"could not save the checkpoint of step 4: {os.strerror(code)} ({tmp_path / 'x'}); "
+                                   "the partial save was removed and ") and then in str(refused)  # fmt: skip
 
 
 def test_the_libraries_own_write_errors_are_read_as_the_machine_s(small_disk):

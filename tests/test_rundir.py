@@ -36,6 +36,7 @@ from conftest import (
 from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
+from finetune import checks
 from finetune.errors import UserError
 from finetune.evaluate_checkpoint import main as evaluate
 from finetune.run import main
@@ -226,16 +227,17 @@ def test_output_dir_that_is_a_file_or_holds_other_files(small_text_data, tmp_pat
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
     for target in (a_file, a_file / "sub"):
-        user_error(capsys, main, tiny_text_args(small_text_data, target, "max_steps=2"), "is a file, not a folder")
+        user_error(capsys, main, tiny_text_args(small_text_data, target, "max_steps=2"), "is a file, not a folder",
+                   rule="runs.output_dir_under_a_file")  # fmt: skip
     theirs = tmp_path / "project"
     (theirs / "project").mkdir(parents=True)
     (theirs / "project/keep.txt").write_text("mine")  # the tracker folder's name: never cleared here
     (theirs / "config.yaml").write_text("mine: true\n")
     user_error(capsys, main, tiny_text_args(small_text_data, theirs, "max_steps=2"), "not a run of this app",
-               untouched=theirs)  # fmt: skip
+               untouched=theirs, rule="runs.output_dir_holds_other_files")  # fmt: skip
     # Asked for: written into, nothing deleted, nothing written over (config.yaml is the user's here).
     user_error(capsys, main, tiny_text_args(small_text_data, theirs, "max_steps=1", "overwrite_output_dir=true"),
-               "would write over them", untouched=theirs)  # fmt: skip
+               "would write over them", untouched=theirs, rule="runs.files_in_the_way")  # fmt: skip
     (theirs / "config.yaml").rename(theirs / "my-config.yaml")
     main(tiny_text_args(small_text_data, theirs, "max_steps=1", "overwrite_output_dir=true"))
     assert (theirs / "project/keep.txt").read_text() == "mine" and (theirs / "results.json").exists()
@@ -252,7 +254,7 @@ def test_finished_run_is_not_overwritten(finished_run, tmp_path, capsys):
     out = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
     args = tiny_text_args(finished_run.data(), out, *EARLIER_RUN, "warmup_ratio=0")
     before = (out / "model" / "model.safetensors").read_bytes()
-    user_error(capsys, main, args, "already holds a finished run", untouched=out)
+    user_error(capsys, main, args, "already holds a finished run", untouched=out, rule="runs.output_dir_holds_a_run")
     main([*args, "overwrite_output_dir=true", "learning_rate=5e-2"])
     assert (out / "model" / "model.safetensors").read_bytes() != before
 
@@ -293,11 +295,14 @@ def test_overwrite_that_finishes_replaces_only_the_run(finished_run, tmp_path):
 def test_an_export_or_a_run_given_to_resume_from_says_what_it_is(finished_run, tmp_path, capsys):
     data, out = finished_run.data(), finished_run(*EARLIER_RUN)
     user_error(capsys, main, recipe_text_args(data, tmp_path / "next", f"resume_from_checkpoint={out / 'model'}"),
-               "is an exported model, not a training-state checkpoint", untouched=out)  # fmt: skip
+               "is an exported model, not a training-state checkpoint", untouched=out,
+               rule="runs.resume_is_an_export")  # fmt: skip
     user_error(capsys, main, recipe_text_args(data, tmp_path / "next", f"resume_from_checkpoint={out}"),
-               "is a run directory; resume it with resume_from_checkpoint=latest", untouched=out)  # fmt: skip
-    with pytest.raises(UserError, match="is a run's checkpoints folder; name one of its step-N folders"):
+               "is a run directory; resume it with resume_from_checkpoint=latest", untouched=out,
+               rule="runs.resume_is_a_run")  # fmt: skip
+    with pytest.raises(UserError, match="is a run's checkpoints folder; name one of its step-N folders") as refused:
         ckpt.resolve_checkpoint(str(out / "checkpoints"), tmp_path / "next")
+    assert refused.value.rule == "runs.resume_is_a_checkpoints_folder"
 
 
 def test_latest_in_a_run_without_checkpoints_offers_the_overwrite(finished_run, tmp_path):
@@ -306,8 +311,9 @@ def test_latest_in_a_run_without_checkpoints_offers_the_overwrite(finished_run, 
     out = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
     shutil.rmtree(out / "checkpoints")
     with pytest.raises(UserError, match="no complete checkpoint in .*; to start again there, pass "
-                                        "overwrite_output_dir=true instead"):  # fmt: skip
+                                        "overwrite_output_dir=true instead") as refused:  # fmt: skip
         ckpt.resolve_checkpoint("latest", out)
+    assert refused.value.rule == "runs.no_checkpoint_to_resume"
     from finetune.rundir import check_output_dir  # and leaving the resume out offers no resume
 
     with pytest.raises(UserError, match=r"already holds a finished run; pass overwrite_output_dir=true to replace "
@@ -324,7 +330,7 @@ def test_overwrite_refuses_a_run_whose_folders_hold_files_of_the_user_s(finished
     copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
     argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, "overwrite_output_dir=true")
     (copy / "model" / "MY_NOTES.txt").write_text("n")
-    user_error(capsys, main, argv, "model/MY_NOTES.txt", "move it out", untouched=copy)
+    user_error(capsys, main, argv, "model/MY_NOTES.txt", "move it out", untouched=copy, rule="runs.files_inside_a_run")
     (copy / "checkpoints" / "keep.txt").write_text("k")
     shutil.copytree(copy / "checkpoints" / "step-00000001", copy / "checkpoints" / "step-00000001-mybackup")
     user_error(capsys, main, argv, "checkpoints/keep.txt", "and 2 more", "move it out", untouched=copy)
@@ -348,7 +354,7 @@ def test_a_file_of_the_users_inside_a_checkpoint_is_refused_before_retention_cou
     assert "manifest.json" in json.loads((step / "manifest.json").read_text())["files"]
     (step / "NOTES.txt").write_text("n")
     argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, "resume_from_checkpoint=latest", "max_steps=4")
-    user_error(capsys, main, argv, f"{step / 'NOTES.txt'}", "move it out", untouched=copy)
+    user_error(capsys, main, argv, f"{step / 'NOTES.txt'}", "move it out", untouched=copy, rule="runs.files_inside_a_run")
 
 
 def test_overwrite_refuses_to_delete_the_evaluation_of_a_model_it_keeps(finished_run, tmp_path, capsys):
@@ -363,7 +369,7 @@ def test_overwrite_refuses_to_delete_the_evaluation_of_a_model_it_keeps(finished
     evaluated = next((copy / "eval").glob("*/metrics.json")).parent
     argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, "overwrite_output_dir=true")
     user_error(capsys, main, argv, f"holds {evaluated}, the evaluation of ", "model_v1, which the overwrite keeps",
-               untouched=copy)  # fmt: skip
+               untouched=copy, rule="runs.evaluation_of_a_kept_model")  # fmt: skip
     shutil.move(evaluated, tmp_path / "kept-eval")
     main(argv)
     assert (copy / "model_v1" / "config.json").is_file() and (tmp_path / "kept-eval" / "metrics.json").is_file()
@@ -376,7 +382,8 @@ def test_overwrite_refuses_a_file_of_the_users_where_it_sets_the_run_aside(finis
     argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, "overwrite_output_dir=true")
     for name in (".previous-run", ".previous-run.tmp"):
         (copy / name).write_text("mine\n")
-        user_error(capsys, main, argv, f"holds {name}, a file no run of this app wrote", untouched=copy)
+        user_error(capsys, main, argv, f"holds {name}, a file no run of this app wrote", untouched=copy,
+                   rule="runs.set_aside_name_taken")  # fmt: skip
         (copy / name).unlink()
 
 
@@ -391,7 +398,9 @@ def test_output_dir_inside_a_run_s_checkpoints_or_export_is_refused(finished_run
             "eval": "the eval/ folder of the run in"}
     fragments = (["it is checkpoint step-00000002 of the run in", f"resume_from_checkpoint={out / inside}"]
                  if inside.endswith("step-00000002") else [what[inside.split("/")[0]]])  # fmt: skip
-    user_error(capsys, main, argv, *fragments, str(out), untouched=out)
+    rule = ("runs.output_dir_in_a_checkpoint" if inside.endswith("step-00000002") else "runs.output_dir_in_an_eval_folder"
+            if inside.startswith("eval") else "runs.output_dir_in_a_replaced_folder")  # fmt: skip
+    user_error(capsys, main, argv, *fragments, str(out), untouched=out, rule=rule)
     assert not (out / "checkpoints" / ".tmp-step-00000009").exists() and not (out / "model" / "sub").exists()
     assert not (out / "eval").exists()
 
@@ -407,6 +416,7 @@ def test_a_resume_whose_config_yaml_is_gone_uses_the_checkpoint_s_config(finishe
     err = capsys.readouterr().err
     assert f"{copy / 'config.yaml'} is missing; resuming with the config saved in" in err, err[-2000:]
     assert results["step"] == 2 and (copy / "config.yaml").is_file()
+    assert "runs.config_from_a_manifest" in [said["rule"] for said in results["warnings"]]
 
     bare = finished_run.copy(tmp_path / "bare", *EARLIER_RUN)
     (bare / "config.yaml").unlink()
@@ -415,7 +425,7 @@ def test_a_resume_whose_config_yaml_is_gone_uses_the_checkpoint_s_config(finishe
         del record["config"]
         manifest.write_text(json.dumps(record))
     user_error(capsys, main, ["resume_from_checkpoint=latest", f"output_dir={bare}"], "config.yaml is missing",
-               "--config", untouched=bare)  # fmt: skip
+               "--config", untouched=bare, rule="runs.no_config_to_resume")  # fmt: skip
 
 
 def test_a_metrics_log_of_the_users_is_not_a_run_an_overwrite_may_set_aside(finished_run, tmp_path, capsys):
@@ -427,7 +437,8 @@ def test_a_metrics_log_of_the_users_is_not_a_run_an_overwrite_may_set_aside(fini
     (folder / "notes.txt").write_text("mine\n")
     assert RunDir(folder).holds_run() is None
     argv = tiny_text_args(finished_run.data(), folder, "max_steps=1", "overwrite_output_dir=true")
-    user_error(capsys, main, argv, "holds metrics.jsonl, which no run of this app wrote there", untouched=folder)
+    user_error(capsys, main, argv, "holds metrics.jsonl, which no run of this app wrote there", untouched=folder,
+               rule="runs.files_in_the_way")  # fmt: skip
     # A run's own log beside its config is a started run, as before (empty: stopped before its first line).
     shutil.copy(finished_run(*EARLIER_RUN) / "config.yaml", folder / "config.yaml")
     for log in ('{"step": 1, "loss": 0.5}\n', ""):
@@ -443,7 +454,8 @@ def test_a_results_json_of_the_users_is_not_a_finished_run(finished_run, tmp_pat
     (folder / "results.json").write_text('{"mine": 1}\n')
     assert RunDir(folder).holds_run() is None
     argv = tiny_text_args(finished_run.data(), folder, "max_steps=1", "overwrite_output_dir=true")
-    user_error(capsys, main, argv, "holds results.json, which no run of this app wrote there", untouched=folder)
+    user_error(capsys, main, argv, "holds results.json, which no run of this app wrote there", untouched=folder,
+               rule="runs.files_in_the_way")  # fmt: skip
     (folder / "results.json").write_text('{"step": 3}\n')
     assert RunDir(folder).holds_run() == "a finished run"
     (folder / "results.json").write_text('{"step": 3')  # cut short: a run's only beside its config
@@ -455,7 +467,9 @@ def test_a_results_json_of_the_users_is_not_a_finished_run(finished_run, tmp_pat
 def test_overwrite_beside_a_resume_is_said_to_be_unused(tmp_path, capsys):
     from finetune.rundir import check_output_dir
 
-    check_output_dir(tmp_path / "run", overwrite=True, resume_from="latest", trackers=False)
+    said = checks.Said()
+    check_output_dir(tmp_path / "run", overwrite=True, resume_from="latest", trackers=False, said=said)
+    assert said.rules() == ["runs.overwrite_beside_resume"]
     assert capsys.readouterr().err.splitlines() == [
         f"warning: overwrite_output_dir=true is not used: resume_from_checkpoint continues the run in {tmp_path / 'run'}, "
         "nothing there is replaced (leave one of them out)"]
@@ -497,6 +511,7 @@ def test_a_copied_runs_resume_keeps_and_exports_its_own_best_checkpoint(finished
     results = main([f"output_dir={again}", "resume_from_checkpoint=latest", "max_steps=5"])
     said = [line for line in capsys.readouterr().err.splitlines() if "best checkpoint so far" in line]
     assert len(said) == 1 and "(step 1, validation loss" in said[0] and results["exported"]["step"] > 1, said
+    assert "runs.best_checkpoint_missing" in [w["rule"] for w in results["warnings"]]
 
 
 def test_a_resume_refuses_a_run_whose_export_holds_a_file_of_the_users(finished_run, tmp_path, capsys):
@@ -504,7 +519,7 @@ def test_a_resume_refuses_a_run_whose_export_holds_a_file_of_the_users(finished_
     copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
     (copy / "model" / "my_notes.txt").write_text("mine\n")
     user_error(capsys, main, [f"output_dir={copy}", "resume_from_checkpoint=latest"], "model/my_notes.txt",
-               "the run replaces model/ whole", untouched=copy)  # fmt: skip
+               "the run replaces model/ whole", untouched=copy, rule="runs.files_inside_a_run")  # fmt: skip
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
@@ -518,8 +533,9 @@ def test_a_search_folder_given_to_a_run_is_named_as_a_search(tmp_path, overwrite
     (out / "trial-0").mkdir()
     (out / "study.db").write_bytes(b"SQLite format 3\0")
     before = file_hashes(out)
-    with pytest.raises(UserError, match=r"holds a hyperparameter search \(study.db, its trials, and model/"):
+    with pytest.raises(UserError, match=r"holds a hyperparameter search \(study.db, its trials, and model/") as refused:
         check_output_dir(out, overwrite=overwrite, resume_from=None, trackers=False)
+    assert refused.value.rule == "runs.output_dir_holds_a_search"
     assert file_hashes(out) == before
 
 
@@ -534,7 +550,8 @@ def test_a_run_still_going_is_neither_overwritten_nor_resumed_beside(finished_ru
     copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
     argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, how)
     with RunDir(copy).in_use():
-        user_error(capsys, main, argv, f"output_dir {copy} is in use by a run still going", untouched=copy)
+        user_error(capsys, main, argv, f"output_dir {copy} is in use by a run still going", untouched=copy,
+                   rule="runs.output_dir_in_use")  # fmt: skip
     with RunDir(copy).in_use():  # the refused command holds nothing
         pass
 
@@ -547,7 +564,7 @@ def test_a_checkpoint_of_one_run_resumed_into_another_run_s_folder_is_refused(fi
     argv = tiny_text_args(finished_run.data(), b, *EARLIER_RUN, f"resume_from_checkpoint={a / 'checkpoints' / 'step-00000001'}",
                           "max_steps=4")  # fmt: skip
     user_error(capsys, main, argv, f"output_dir {b} holds a finished run of its own", "choose a new output_dir",
-               untouched=[a, b])  # fmt: skip
+               untouched=[a, b], rule="runs.resume_over_another_run")  # fmt: skip
     # told to replace B: B is set aside as by a fresh run's overwrite, A (the checkpoint's run) untouched
     before = file_hashes(a)
     main([*argv, "overwrite_output_dir=true"])
@@ -556,7 +573,7 @@ def test_a_checkpoint_of_one_run_resumed_into_another_run_s_folder_is_refused(fi
     # a mistyped checkpoint is no other run's: its own line (not found), not this one
     typo = tiny_text_args(finished_run.data(), b, *EARLIER_RUN, "resume_from_checkpoint=Latest")
     user_error(capsys, main, typo, "checkpoint not found: Latest; the newest checkpoint is resume_from_checkpoint=latest",
-               untouched=[a, b])  # fmt: skip
+               untouched=[a, b], rule="runs.latest_misspelt")  # fmt: skip
 
 
 def test_a_run_set_aside_by_a_killed_overwrite_is_named_wherever_it_could_be_lost(finished_run, tmp_path, capsys):
@@ -574,11 +591,14 @@ def test_a_run_set_aside_by_a_killed_overwrite_is_named_wherever_it_could_be_los
     (out / "metrics.jsonl").write_text('{"step": 1, "loss": 0.7}\n')
     args = tiny_text_args(finished_run.data(), out, *EARLIER_RUN, "warmup_ratio=0")
     note = ".previous-run holds the run an earlier overwrite set aside and did not finish replacing"
-    line = user_error(capsys, main, args, "already holds a started run", note, untouched=out)
+    line = user_error(capsys, main, args, "already holds a started run", note, untouched=out,
+                      rule="runs.output_dir_holds_a_run")  # fmt: skip
     assert "pass overwrite_output_dir=true" not in line  # it would be refused: not offered
-    user_error(capsys, main, [*args, "resume_from_checkpoint=latest"], "no complete checkpoint", note, untouched=out)
+    user_error(capsys, main, [*args, "resume_from_checkpoint=latest"], "no complete checkpoint", note, untouched=out,
+               rule="runs.no_checkpoint_to_resume")  # fmt: skip
     user_error(capsys, main, [*args, "overwrite_output_dir=true"], "holds .previous-run: the run an earlier overwrite "
-               "set aside", "or delete .previous-run to let this overwrite replace it", untouched=out)  # fmt: skip
+               "set aside", "or delete .previous-run to let this overwrite replace it", untouched=out,
+               rule="runs.overwrite_over_a_set_aside_run")  # fmt: skip
     shutil.rmtree(aside)  # the user's choice: that run may go
     main([*args, "overwrite_output_dir=true", "max_steps=1"])
     assert not aside.exists() and (out / "model").is_dir()
@@ -616,7 +636,45 @@ def test_a_runs_own_folder_as_the_checkpoint_to_resume_is_named_as_such(finished
     out = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
     args = tiny_text_args(finished_run.data(), out, *EARLIER_RUN)
     line = user_error(capsys, main, [*args, f"resume_from_checkpoint={out}"], "is a run directory; resume it with "
-                      "resume_from_checkpoint=latest", untouched=out)  # fmt: skip
+                      "resume_from_checkpoint=latest", untouched=out, rule="runs.resume_is_a_run")  # fmt: skip
     assert "another run" not in line
     user_error(capsys, main, [*args, f"resume_from_checkpoint={out / 'config.yaml'}"], "is a file, not a checkpoint "
-               "folder", untouched=out)  # fmt: skip
+               "folder", untouched=out, rule="runs.resume_is_a_file")  # fmt: skip
+
+
+def test_an_output_dir_this_user_may_not_write_into_is_refused(tmp_path, monkeypatch):
+    import os
+
+    from finetune.rundir import check_output_dir
+
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as for a folder of another user's (root may write)
+    with pytest.raises(UserError, match=f"output_dir {tmp_path / 'run'}: {tmp_path} is not writable") as refused:
+        check_output_dir(tmp_path / "run", overwrite=False, resume_from=None, trackers=False)
+    assert refused.value.rule == "runs.output_dir_not_writable"
+
+
+class _Machines:
+    """Two processes on two machines, as check_shared_output_dir asks them (this one the main process)."""
+
+    num_processes, process_index, is_main_process = 2, 0, True
+
+
+@pytest.mark.parametrize("rule", ["runs.output_dir_not_shared", "runs.probe_not_written"])
+def test_an_output_dir_the_machines_of_a_run_do_not_share_is_refused(rule, tmp_path, monkeypatch):
+    """The other machine does not see the probe file (its output_dir is a folder of its own); or the main
+    process cannot write it. The gather and the broadcast stand in for accelerate's."""
+    import accelerate.utils
+
+    from finetune.rundir import check_shared_output_dir
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    unwritten = [None, 0, None, (str(tmp_path), "Read-only file system")]
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list",
+                        lambda sent, from_process: unwritten if rule == "runs.probe_not_written" else sent)  # fmt: skip
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda mine: [*mine, (1, "1", "other-host", False)])
+    with pytest.raises(UserError) as refused:
+        check_shared_output_dir(_Machines(), tmp_path / "run")
+    assert refused.value.rule == rule
+    said = {"runs.output_dir_not_shared": "process 1 on machine 1 (other-host) cannot see the probe file",
+            "runs.probe_not_written": f"cannot write a probe file in {tmp_path} (Read-only file system)"}
+    assert said[rule] in str(refused.value) and not list(tmp_path.iterdir())  # the probe is gone
