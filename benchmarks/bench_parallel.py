@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from transformers import BertConfig, BertForSequenceClassification
 
 from benchmarks.peak import synchronize as synchronize_device
+from finetune.errors import UserError
 from finetune.parallel import (
-    ParallelError,
     apply_model_parallel,
     parse_devices,
     pipelined_forward,

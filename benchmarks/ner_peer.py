@@ -70,8 +70,8 @@ from benchmarks.report import machine, machine_line, write_report
 from benchmarks.runs import environment, reset_accelerate
 from finetune.config import CONFIGS_DIR, REPO_DIR, TrainConfig, load_config
 from finetune.data import load_splits
-from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.evaluation import evaluate_model
+from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.metrics import TOKENS, token_report
 from finetune.run import Hooks, due, train
 from finetune.runtime import cpu_threads, native_bf16

@@ -52,8 +52,8 @@ from benchmarks.report import machine, machine_line, write_report
 from benchmarks.runs import environment, reset_accelerate
 from finetune.config import REPO_DIR, TrainConfig, load_config
 from finetune.exits import ArgumentParser, exit_on_user_error
+from finetune.layout import RunDir
 from finetune.run import Hooks, train
-from finetune.rundir import RunDir
 from finetune.runtime import cpu_threads, native_bf16
 
 RECIPE = RECIPES["bert_full"]

@@ -41,8 +41,8 @@ from finetune.checks import tools
 from finetune.config import REPO_DIR, DataArgs
 from finetune.errors import REDACTED, SECRET_VALUE
 from finetune.formats import plain_tags
+from finetune.layout import is_hub_name
 from finetune.metrics import METRICS, PROBLEMS, SINGLE, TOKENS
-from finetune.rundir import is_hub_name
 from finetune.tasks import DEFAULT_TASK, TASKS, task_of
 
 CARD = "README.md"

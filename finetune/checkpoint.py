@@ -40,7 +40,7 @@ from safetensors import SafetensorError
 from finetune import checks
 from finetune.checks import Rule, runs
 from finetune.errors import EXIT_DIVERGED, PeerFailed, TrainingStopped, write_failure
-from finetune.rundir import (
+from finetune.layout import (
     CHECKPOINTS,
     COMPLETE,
     MANIFEST,

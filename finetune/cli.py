@@ -11,21 +11,19 @@ are its first).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-
-import dataclasses
 import types
 import typing
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from finetune import checks
 from finetune.checks import settings
-from finetune.errors import first_line
 from finetune.config import (
     DEFAULT_RECIPE,
     SECTIONS,
@@ -36,8 +34,9 @@ from finetune.config import (
     section_fields,
     settings_from_flags,
 )
+from finetune.errors import first_line
 from finetune.exits import ArgumentParser, exit_on_user_error
-from finetune.rundir import RunDir
+from finetune.layout import RunDir
 
 USAGE = """Fine-tune a text, token or image classifier: one loop, every topology through Accelerate.
 

@@ -32,9 +32,9 @@ import yaml
 
 from finetune import checks, lora
 from finetune.checks import settings
-from finetune.errors import UserError, first_line
+from finetune.errors import UserError
+from finetune.layout import MANIFEST
 from finetune.metrics import METRICS, PROBLEMS
-from finetune.rundir import MANIFEST
 from finetune.tasks import TASK_NAMES, TASKS, task_of
 
 PACKAGE_DIR = Path(__file__).resolve().parent

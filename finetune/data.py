@@ -36,8 +36,8 @@ from finetune.config import DataArgs
 from finetune.errors import TrainingStopped, UserError
 from finetune.formats import A_TAG, CONLLU_COLUMNS, CONLLU_UPOS, FILE_BUILDERS, delimiter_of
 from finetune.images import verify_images
+from finetune.layout import RunDir
 from finetune.problems import MULTI, REGRESSION, SINGLE, TOKENS, encode, infer_problem_type, label_names_for
-from finetune.rundir import RunDir
 from finetune.tasks import task_of
 
 # --- reading files ---------------------------------------------------------------------------------

@@ -81,6 +81,7 @@ from finetune import checks
 from finetune.checks import evaluation
 from finetune.checks import labels as label_rules
 from finetune.checks.evaluation import WEIGHTS
+from finetune.cli import settings_help
 from finetune.config import (
     EVAL_KEYS,
     DataArgs,
@@ -90,7 +91,6 @@ from finetune.config import (
     parse_override,
     settings_from_flags,
 )
-from finetune.cli import settings_help
 from finetune.data import (
     check_columns,
     encode_split,
@@ -102,12 +102,7 @@ from finetune.data import (
 from finetune.errors import UserError, first_line, write_failure
 from finetune.evaluation import evaluate_with_predictions, write_predictions
 from finetune.exits import exit_on_user_error
-from finetune.lora import apply_lora, merge_lora
-from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, summary_line
-from finetune.models import build_model, offline_hint
-from finetune.plots import plot_confusion_matrix
-from finetune.problems import infer_problem_type, placeholder_labels, problem_type_of
-from finetune.rundir import (
+from finetune.layout import (
     CHECKPOINTS,
     CONFUSION_MATRIX,
     EVAL,
@@ -118,6 +113,11 @@ from finetune.rundir import (
     read_record,
     replaced_whole_around,
 )
+from finetune.lora import apply_lora, merge_lora
+from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, summary_line
+from finetune.models import build_model, offline_hint
+from finetune.plots import plot_confusion_matrix
+from finetune.problems import infer_problem_type, placeholder_labels, problem_type_of
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
 from finetune.signals import started
 from finetune.tasks import TASK_NAMES, task_of, task_of_model

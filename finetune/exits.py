@@ -29,7 +29,6 @@ from finetune.errors import (
     TrainingStopped,
     UserError,
     failure_steps,
-    on_failure,
     one_line,
     write_failure,
 )

@@ -22,9 +22,10 @@ from finetune.checks import runs
 from finetune.config import TrainConfig
 from finetune.data import data_file_digests
 from finetune.errors import write_failure
+from finetune.layout import RunDir, as_umask_allows
 from finetune.lora import is_lora, merge_lora
 from finetune.plots import plot_training_curves
-from finetune.rundir import RunDir, as_umask_allows, finish_overwrite
+from finetune.rundir import finish_overwrite
 from finetune.runtime import agreed
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import io
 import random
-from pathlib import Path
 from typing import Any
 
 import PIL.Image

@@ -36,8 +36,8 @@ from finetune import checkpoint as ckpt
 from finetune import checks
 from finetune.checks import tools
 from finetune.exits import ArgumentParser, exit_on_user_error
+from finetune.layout import METRICS_LOG, RunDir
 from finetune.metrics import METRICS
-from finetune.rundir import METRICS_LOG, RunDir
 
 # The evaluation metrics drawn in the middle panel, when present, with their legend names: those the
 # metric table marks as plotted (a regression's mse is its loss; Pearson's r is in [-1, 1]).

@@ -60,6 +60,7 @@ from finetune.data import load_splits, prepare_splits, read_splits, train_data_f
 from finetune.evaluation import evaluate_model, forward, longest_first
 from finetune.exits import exit_on_user_error
 from finetune.export import export_run
+from finetune.layout import RunDir, read_record, step_of
 from finetune.lora import apply_lora, is_lora
 from finetune.metrics import (
     FEWEST_TO_JUDGE,
@@ -83,13 +84,11 @@ from finetune.problems import (
     trivial_prediction,
 )
 from finetune.rundir import (
-    RunDir,
     check_output_dir,
     check_shared_output_dir,
-    read_record,
+    in_use,
     resumes_here,
     set_aside_previous_run,
-    step_of,
 )
 from finetune.runtime import (
     ScalerSkips,
@@ -310,7 +309,7 @@ class Run:
     manifest: dict | None
     log: MetricsLog
     checkpointer: ckpt.Checkpointer
-    held: contextlib.ExitStack | None  # what the run holds until it ends: its output folder (RunDir.in_use)
+    held: contextlib.ExitStack | None  # what the run holds until it ends: its output folder (rundir.in_use)
     cfg: TrainConfig  # the run's config, resolved: the task and problem type the data decided
     said: checks.Said  # the run's warnings, each said once
     digests: dict[str, str]  # each data file's sha256 (results.json's data_sha256)
@@ -599,7 +598,7 @@ def start_run(cfg: TrainConfig, run: Run) -> None:
         if accelerator.is_main_process:
             run.dir.root.mkdir(parents=True, exist_ok=True)
             if run.held is not None:  # before anything is set aside or written: not a run still going
-                run.held.enter_context(run.dir.in_use())
+                run.held.enter_context(in_use(run.dir))
             if cfg.overwrite_output_dir and not resumes_here(run.dir.root, cfg.resume_from_checkpoint) and run.dir.holds_run():
                 # Only what a run writes, only where a run was; it comes back if this run fails early.
                 set_aside_previous_run(run.dir)

@@ -72,7 +72,7 @@ from finetune.checks import tools
 from finetune.config import TrainConfig, load_config, settings_from_flags
 from finetune.errors import TrainingStopped, UserError, first_line, on_failure
 from finetune.exits import ArgumentParser, exit_on_user_error
-from finetune.rundir import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir, read_record
+from finetune.layout import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir, read_record
 
 SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "warmup_ratio", "freeze_layers",
          "tune_threshold")  # fmt: skip

@@ -62,7 +62,7 @@ from finetune.checks import tools
 from finetune.config import TrainConfig, load_config
 from finetune.errors import UserError
 from finetune.exits import ArgumentParser, exit_on_user_error
-from finetune.rundir import RunDir
+from finetune.layout import RunDir
 
 DEFAULT_STEPS = 3
 DEFAULT_TOLERANCE = 1e-5

@@ -13,7 +13,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import DATA, REPO, TOKENIZER
 
 from finetune import checks
@@ -193,10 +192,10 @@ LAYERS = [
     {"errors"},
     {"text", "formats"},
     {"signals", "checks", "metrics"},
-    {"rundir"},
+    {"layout"},
     {"checks.inputs", "checks.images", "checks.files", "checks.labels", "checks.models", "checks.runs",
      "checks.evaluation", "checks.launch", "checks.tools", "checks.catalogue"},
-    {"lora", "images", "parallel", "checks.splits"},
+    {"lora", "images", "parallel", "checks.splits", "rundir"},
     {"tasks"},
     {"checks.settings", "checks.columns"},
     {"config", "exits"},

@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, free_port, tiny_text_args
 
 from finetune import checkpoint as ckpt
-from finetune.rundir import SHARED_PROBE_PREFIX
+from finetune.layout import SHARED_PROBE_PREFIX
 
 
 def _two_machines(

@@ -39,9 +39,9 @@ from finetune import checkpoint as ckpt
 from finetune import checks
 from finetune.errors import UserError
 from finetune.evaluate_checkpoint import main as evaluate
+from finetune.layout import RunDir
 from finetune.run import main
 from finetune.run import main as train
-from finetune.rundir import RunDir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "old_rundir"
 # ba02c02 (the last before the restructure) in every run; older ones, which lack a few more keys, with -m slow
@@ -541,18 +541,18 @@ def test_a_search_folder_given_to_a_run_is_named_as_a_search(tmp_path, overwrite
 
 @pytest.mark.parametrize("how", ["overwrite_output_dir=true", "resume_from_checkpoint=latest"])
 def test_a_run_still_going_is_neither_overwritten_nor_resumed_beside(finished_run, tmp_path, how, capsys):
-    """While a run's main process holds its folder (RunDir.in_use, a flock: here on another open file,
+    """While a run's main process holds its folder (rundir.in_use, a flock: here on another open file,
     as another process would), an overwrite would delete its checkpoints under it and a resume would
     write beside it: both refused before anything moves, holding nothing after. (A run releases its
     folder when it ends: the resume tests run twice in one process.)"""
-    from finetune.rundir import RunDir
+    from finetune.rundir import in_use
 
     copy = finished_run.copy(tmp_path / "run", *EARLIER_RUN)
     argv = tiny_text_args(finished_run.data(), copy, *EARLIER_RUN, how)
-    with RunDir(copy).in_use():
+    with in_use(RunDir(copy)):
         user_error(capsys, main, argv, f"output_dir {copy} is in use by a run still going", untouched=copy,
                    rule="runs.output_dir_in_use")  # fmt: skip
-    with RunDir(copy).in_use():  # the refused command holds nothing
+    with in_use(RunDir(copy)):  # the refused command holds nothing
         pass
 
 

@@ -293,7 +293,7 @@ def test_a_layer_split_over_one_device_is_a_warning(tmp_path):
 
 def test_a_resume_before_later_checkpoints_is_a_warning(tmp_path):
     from finetune import run
-    from finetune.rundir import RunDir
+    from finetune.layout import RunDir
 
     out = RunDir(tmp_path / "run")
     for step in (5, 10):

@@ -21,13 +21,13 @@ from safetensors.torch import load_file
 
 from finetune import checkpoint as ckpt
 from finetune import checks
+from finetune.checks.labels import invalid_iob2
 from finetune.config import load_config, resolved
 from finetune.data import load_raw, load_splits, read_conll, read_splits
 from finetune.errors import UserError
 from finetune.evaluate_checkpoint import main as evaluate
 from finetune.metrics import token_report
 from finetune.models import load_preprocessor
-from finetune.checks.labels import invalid_iob2
 from finetune.run import main
 from finetune.tasks import task_of
 

@@ -19,11 +19,10 @@ from typing import Any
 
 from finetune.checks import rule
 from finetune.checks.labels import character_span, joined_tags, joined_tags_line, spans_line, token_record
-from finetune.formats import A_TAG, IOB2_TAG, plain_tags, word_lists
-from finetune.formats import image_paths
+from finetune.formats import A_TAG, IOB2_TAG, image_paths, plain_tags, word_lists
 from finetune.metrics import TOKENS
-from finetune.text import BLANK
 from finetune.tasks import TASKS, pair_first, pair_partner, task_for_data
+from finetune.text import BLANK
 
 
 @dataclass

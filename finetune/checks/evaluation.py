@@ -27,8 +27,8 @@ from finetune.checks.labels import number_as_written
 from finetune.checks.splits import another_scale
 from finetune.errors import first_line, remedy
 from finetune.formats import is_list
+from finetune.layout import ADAPTER, CHECKPOINTS, COMPLETE, MANIFEST, MODEL, PREFIX, RunDir, is_hub_name
 from finetune.metrics import MULTI, REGRESSION, SINGLE
-from finetune.rundir import ADAPTER, CHECKPOINTS, COMPLETE, MANIFEST, MODEL, PREFIX, RunDir, is_hub_name
 
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
 ANOTHER = "evaluate another checkpoint of the run, or its export (<run>/model)"
@@ -832,7 +832,7 @@ def _field(metrics_file: Path, key: str) -> Any:
 class Output:
     """Where an evaluation writes: metrics.json and the files beside it, the evaluated model's folder (None for a
     hub name) and name as recorded, whether --output chose the folder, the folder around it that a run replaces
-    whole (`rundir.replaced_whole_around`), and the format that marks a metrics.json as an evaluation's."""
+    whole (`layout.replaced_whole_around`), and the format that marks a metrics.json as an evaluation's."""
 
     metrics_file: Path
     beside: tuple[Path, ...]  # the confusion matrix and predictions.jsonl

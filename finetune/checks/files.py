@@ -30,7 +30,15 @@ from typing import Any
 
 from finetune.checks import rule
 from finetune.errors import first_line
-from finetune.formats import A_TAG, COMPRESSED, CONLL_HEADER_WORDS, FILE_BUILDERS, KINDS, TEXT_FORMATS, delimiter_of
+from finetune.formats import (
+    A_TAG,
+    COMPRESSED,
+    CONLL_HEADER_WORDS,
+    FILE_BUILDERS,
+    KINDS,
+    TEXT_FORMATS,
+    delimiter_of,
+)
 from finetune.text import shown
 
 # The csv module's reading of a failed file (a ragged row) must not fail on a long document that pandas reads.

@@ -15,7 +15,6 @@ that name the labels.
 
 from __future__ import annotations
 
-import collections
 import difflib
 import json
 import math

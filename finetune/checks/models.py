@@ -27,7 +27,7 @@ from typing import Any
 
 from finetune.checks import rule
 from finetune.errors import first_line
-from finetune.rundir import CHECKPOINTS, COMPLETE, MANIFEST, RunDir, is_hub_name
+from finetune.layout import CHECKPOINTS, COMPLETE, MANIFEST, RunDir, is_hub_name
 from finetune.text import a
 
 # --- loading: a model, a tokenizer, an image processor ----------------------------------------------------

@@ -19,9 +19,8 @@ A damaged checkpoint is found by the rule that names its damage (`PROBLEMS`, who
 alone: `checkpoint_problem`, and `latest`'s list of what it skipped); it is refused under that rule's id
 with what to do after it (`damaged`).
 
-The layout's names (checkpoints/, step-N, COMPLETE, manifest.json) are finetune/rundir.py's, read as
-`rundir.NAME` when a rule runs: rundir asks these rules, so each module imports the other, and neither reads
-the other's names while it is imported.
+The layout's names (checkpoints/, step-N, COMPLETE, manifest.json) are finetune/layout.py's, below this
+layer; finetune/rundir.py, which asks these rules, is above it.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune import checks, rundir
+from finetune import checks, layout
 from finetune.checks import Rule, rule
 from finetune.errors import UserError, first_line, remedy
 
@@ -56,13 +55,13 @@ def setting_value(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def set_aside_note(run: rundir.RunDir) -> str:
+def set_aside_note(run: layout.RunDir) -> str:
     """Said where a refusal meets a run that an overwrite set aside and never finished replacing (killed
     before it could put it back): what the folder holds, how to keep it."""
     if not run.previous.is_dir():
         return ""
     return (f"; {run.previous} holds the run an earlier overwrite set aside and did not finish replacing: to keep "
-            f"that run, move the files of {rundir.PREVIOUS} back into {run.root} (an overwrite is refused while it is "
+            f"that run, move the files of {layout.PREVIOUS} back into {run.root} (an overwrite is refused while it is "
             "there)")  # fmt: skip
 
 
@@ -70,14 +69,14 @@ def set_aside_note(run: rundir.RunDir) -> str:
 
 
 def _of_a_run(inner: Path) -> bool:
-    return rundir.looks_like_a_run(inner.parent)
+    return layout.looks_like_a_run(inner.parent)
 
 
 @rule("runs.output_dir_in_an_eval_folder")
 def output_dir_in_an_eval_folder(out: str | Path, path: Path, inner: Path) -> str | None:
     """output_dir in a run's eval/ folder: its evaluations go there, and its next overwrite sets it aside
     whole."""
-    if inner.name == rundir.EVAL and _of_a_run(inner):
+    if inner.name == layout.EVAL and _of_a_run(inner):
         where = "is" if path == inner else "is inside"
         return (f"output_dir {out} {where} the eval/ folder of the run in {inner.parent}, where its evaluations go "
                 f"and which its next overwrite sets aside whole; choose an output_dir outside {inner}")
@@ -88,10 +87,10 @@ def output_dir_in_an_eval_folder(out: str | Path, path: Path, inner: Path) -> st
 def output_dir_in_a_checkpoint(out: str | Path, path: Path, inner: Path) -> str | None:
     """output_dir that is, or lies inside, a checkpoint of another run: that run deletes it when it prunes or
     re-saves its checkpoints. Named as a checkpoint, with the setting that takes one (resume_from_checkpoint)."""
-    if inner.name != rundir.CHECKPOINTS or path == inner or not _of_a_run(inner):
+    if inner.name != layout.CHECKPOINTS or path == inner or not _of_a_run(inner):
         return None
     outer, step = inner.parent, path.relative_to(inner).parts[0]
-    if not re.fullmatch(rf"{rundir.PREFIX}\d+", step) or not (inner / step).is_dir():
+    if not re.fullmatch(rf"{layout.PREFIX}\d+", step) or not (inner / step).is_dir():
         return None
     what = (f"holds files that are not a run of this app: it is checkpoint {step} of the run in {outer}"
             if path == inner / step else f"is inside checkpoint {step} of the run in {outer}")
@@ -105,9 +104,9 @@ def output_dir_in_a_replaced_folder(out: str | Path, path: Path, inner: Path) ->
     """output_dir that is, or lies inside, a folder of another run that the run deletes or replaces whole
     (its checkpoints/, model/, adapter/, a set-aside run, the export being written): that run's retention,
     resume or next overwrite would delete it without a word."""
-    if inner.name in rundir.REPLACED_WHOLE and _of_a_run(inner):
+    if inner.name in layout.REPLACED_WHOLE and _of_a_run(inner):
         where = "is" if path == inner else "is inside"  # (a .tmp- folder: where a save in progress writes)
-        return (f"output_dir {out} {where} the {rundir.REPLACED_WHOLE[inner.name]} of the run in {inner.parent} "
+        return (f"output_dir {out} {where} the {layout.REPLACED_WHOLE[inner.name]} of the run in {inner.parent} "
                 f"({inner}), which that run deletes or replaces whole (checkpoint retention, a resume, its next export "
                 f"or overwrite); choose an output_dir outside {inner}")  # fmt: skip
     return None
@@ -127,7 +126,7 @@ class OutputDir:
     trackers); `elsewhere`: the resume names a checkpoint of another run (continued here as a new run)."""
 
     out: str | Path
-    run: rundir.RunDir
+    run: layout.RunDir
     overwrite: bool
     resume_from: str | None
     trackers: bool
@@ -191,8 +190,8 @@ def overwrite_beside_resume(o: OutputDir) -> str | None:
 def output_dir_holds_a_search(o: OutputDir) -> str | None:
     """A hyperparameter search's folder (finetune/search.py) given to a training run: neither a run to
     replace nor a folder to write into (its model/ is the best trial's export)."""
-    if not o.resume and not o.held and (o.run.root / rundir.STUDY).is_file():
-        return (f"output_dir {o.run.root} holds a hyperparameter search ({rundir.STUDY}, its trials, and model/: the "
+    if not o.resume and not o.held and (o.run.root / layout.STUDY).is_file():
+        return (f"output_dir {o.run.root} holds a hyperparameter search ({layout.STUDY}, its trials, and model/: the "
                 "best trial's export), not a run; choose another output_dir (to continue the search, run "
                 "finetune/search.py again with this output_dir)")
     return None
@@ -203,9 +202,9 @@ def overwrite_over_a_set_aside_run(o: OutputDir) -> str | None:
     """An overwrite where an earlier overwrite set a run aside (.previous-run) and never finished replacing
     it: this overwrite would delete that run."""
     if o.overwrite and not o.resume and o.run.previous.is_dir():
-        return (f"output_dir {o.out} holds {rundir.PREVIOUS}: the run an earlier overwrite set aside and did not "
-                f"finish replacing; to keep that run, move the files of {rundir.PREVIOUS} back into {o.run.root}, or "
-                f"delete {rundir.PREVIOUS} to let this overwrite replace it")  # fmt: skip
+        return (f"output_dir {o.out} holds {layout.PREVIOUS}: the run an earlier overwrite set aside and did not "
+                f"finish replacing; to keep that run, move the files of {layout.PREVIOUS} back into {o.run.root}, or "
+                f"delete {layout.PREVIOUS} to let this overwrite replace it")  # fmt: skip
     return None
 
 
@@ -215,7 +214,7 @@ def files_in_the_way(o: OutputDir) -> str | None:
     there with the name of one a run writes (the user's config.yaml, model/) is refused."""
     if not o.overwrite or o.resume or not o.run.root.is_dir() or o.held:
         return None
-    names = o.run.run_files() if o.trackers else rundir.RUN_FILES
+    names = o.run.run_files() if o.trackers else layout.RUN_FILES
     found = [name + ("/" if (o.run.root / name).is_dir() else "") for name in names if (o.run.root / name).exists()]
     if found:
         return (f"output_dir {o.run.root} holds {', '.join(found)}, which no run of this app wrote there; a run would "
@@ -232,7 +231,7 @@ def _over_a_run(o: OutputDir) -> bool:
 @rule("runs.set_aside_name_taken")
 def set_aside_name_taken(o: OutputDir) -> str | None:
     """A file (or link) of the user's under the name an overwrite sets the earlier run aside as."""
-    for name in (rundir.PREVIOUS, f"{rundir.PREVIOUS}.tmp") if _over_a_run(o) else ():
+    for name in (layout.PREVIOUS, f"{layout.PREVIOUS}.tmp") if _over_a_run(o) else ():
         path = o.run.root / name
         if path.is_symlink() or (path.exists() and not path.is_dir()):
             return (f"output_dir {o.run.root} holds {name}, a file no run of this app wrote; overwrite_output_dir=true "
@@ -244,12 +243,12 @@ def set_aside_name_taken(o: OutputDir) -> str | None:
 def evaluation_of_a_kept_model(o: OutputDir) -> str | None:
     """An overwrite over a run whose eval/ holds the evaluation of a model the overwrite keeps (model/
     renamed to keep it, then evaluated): the replaced run's eval/ would take it along."""
-    kept = rundir.evaluations_of_kept_models(o.run) if _over_a_run(o) and not o.resume else []
+    kept = layout.evaluations_of_kept_models(o.run) if _over_a_run(o) and not o.resume else []
     if kept:
         folder, model = kept[0]
         return (f"output_dir {o.run.root} holds {folder}, the evaluation of {model}, which the overwrite keeps "
                 "(no run of this app wrote it there) but would delete with the replaced run's eval/: move "
-                f"{folder} out of {o.run.root / rundir.EVAL}, then run again")  # fmt: skip
+                f"{folder} out of {o.run.root / layout.EVAL}, then run again")  # fmt: skip
     return None
 
 
@@ -259,7 +258,7 @@ def files_inside_a_run(o: OutputDir) -> str | None:
     hold a file of the user's: the run replaces those folders whole and would delete it. Refused before
     anything is moved, naming one, rather than kept (a file kept among the new run's checkpoints would be
     deleted by a later overwrite all the same)."""
-    found = rundir.entries_not_of_a_run(o.run, evaluations=not o.resume) if _over_a_run(o) else []
+    found = layout.entries_not_of_a_run(o.run, evaluations=not o.resume) if _over_a_run(o) else []
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         top = found[0].relative_to(o.run.root).parts[0]
@@ -277,7 +276,7 @@ def output_dir_holds_a_run(o: OutputDir) -> str | None:
         return None
     # An overwrite is offered only where it would not be refused (a set-aside run is in the way).
     offers = [] if o.run.previous.is_dir() else ["pass overwrite_output_dir=true to replace it"]
-    offers += ["resume_from_checkpoint=latest to continue it"] if rundir.list_checkpoints(o.run.root) else []
+    offers += ["resume_from_checkpoint=latest to continue it"] if layout.list_checkpoints(o.run.root) else []
     said = ", ".join(offers) + (", or " if offers else "")
     return f"output_dir {o.out} already holds {o.held}; {said}choose another output_dir" + set_aside_note(o.run)
 
@@ -365,7 +364,7 @@ SHARED = [output_dir_not_shared]
 
 
 @rule("runs.config_from_a_manifest", warning=True)
-def config_from_a_manifest(run: rundir.RunDir, manifest: Path) -> str:
+def config_from_a_manifest(run: layout.RunDir, manifest: Path) -> str:
     """A resume of a run whose config.yaml is gone: the config saved in the checkpoint's manifest is the
     recipe (not the default one, which would be refused one differing setting at a time)."""
     return f"{run.config} is missing; resuming with the config saved in {manifest}"
@@ -375,10 +374,10 @@ RESUMED_CONFIG = [config_from_a_manifest]
 
 
 @rule("runs.no_config_to_resume")
-def no_config_to_resume(run: rundir.RunDir) -> str:
+def no_config_to_resume(run: layout.RunDir) -> str:
     """A resume of a run whose config.yaml is gone and whose checkpoints' manifests hold no config: the recipe
     the run was started with must be given."""
-    return (f"{run.config} is missing and no checkpoint's {rundir.MANIFEST} in {run.checkpoints} holds the run's "
+    return (f"{run.config} is missing and no checkpoint's {layout.MANIFEST} in {run.checkpoints} holds the run's "
             "config; resume with --config <the recipe the run was started with> (and the key=value settings it was "
             "given)")
 
@@ -395,7 +394,7 @@ class Checkpoint:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.file = self.path / rundir.MANIFEST
+        self.file = self.path / layout.MANIFEST
 
     @functools.cached_property
     def _read(self) -> tuple[Any, Exception | None]:
@@ -421,8 +420,8 @@ class Checkpoint:
 @rule("runs.checkpoint_incomplete")
 def checkpoint_incomplete(c: Checkpoint) -> str | None:
     """A checkpoint without its COMPLETE marker: its save was interrupted."""
-    if not (c.path / rundir.COMPLETE).is_file():
-        return f"{c.path} has no {rundir.COMPLETE} marker: it was interrupted while saving"
+    if not (c.path / layout.COMPLETE).is_file():
+        return f"{c.path} has no {layout.COMPLETE} marker: it was interrupted while saving"
     return None
 
 
@@ -482,12 +481,12 @@ def manifest_labels_differ(c: Checkpoint) -> str | None:
     would swap every prediction's name): the run's results.json, else the names more than half of the run's
     checkpoints hold."""
     labels, checkpoints = c.manifest.get("label_names"), c.path.parent
-    if checkpoints.name != rundir.CHECKPOINTS or labels is None:
+    if checkpoints.name != layout.CHECKPOINTS or labels is None:
         return None
-    results = rundir.RunDir(checkpoints.parent).results
+    results = layout.RunDir(checkpoints.parent).results
     authority, source = _label_names(results), results
     if authority is None:
-        others = [_label_names(p / rundir.MANIFEST) for p in checkpoints.glob(f"{rundir.PREFIX}*") if p != c.path]
+        others = [_label_names(p / layout.MANIFEST) for p in checkpoints.glob(f"{layout.PREFIX}*") if p != c.path]
         lists = [json.dumps(n) for n in others if n is not None]
         common = max(set(lists), key=lists.count, default=None)
         if common is None or lists.count(common) * 2 <= len(lists) + 1:  # no majority of all the run's
@@ -503,7 +502,7 @@ def manifest_labels_differ(c: Checkpoint) -> str | None:
 def manifest_of_another_step(c: Checkpoint) -> str | None:
     """A manifest whose step is not its folder's (step-00000002 holds step 2's state): edited, or copied
     from another checkpoint."""
-    named = re.fullmatch(rf"{rundir.PREFIX}(\d+)", c.path.name)
+    named = re.fullmatch(rf"{layout.PREFIX}(\d+)", c.path.name)
     if named and int(named.group(1)) != c.manifest["step"]:
         return (f"{c.file} says step {c.manifest['step']}, but its folder is {c.path.name}: the manifest was edited or "
                 "copied from another checkpoint")
@@ -594,8 +593,8 @@ class Latest:
 
     @classmethod
     def find(cls, output_dir: str | Path) -> Latest:
-        root = Path(output_dir) / rundir.CHECKPOINTS
-        step_of, prefix, complete = rundir.step_of, rundir.PREFIX, rundir.COMPLETE
+        root = Path(output_dir) / layout.CHECKPOINTS
+        step_of, prefix, complete = layout.step_of, layout.PREFIX, layout.COMPLETE
         marked = sorted((p for p in root.glob(f"{prefix}*") if step_of(p) is not None and p.is_dir()
                          and (p / complete).is_file()), key=step_of, reverse=True)  # fmt: skip
         latest = cls(output_dir, root, marked)
@@ -603,7 +602,7 @@ class Latest:
             return latest
         named = re.compile(rf"(\.tmp-|\.old-)?{prefix}\d+")  # a checkpoint's, or one being saved or replaced
         latest.skipped = [(p, f"it is not named {prefix}<step> (renamed?); to resume from it, give its path")
-                          for p in sorted(root.iterdir()) if p.is_dir() and (p / rundir.MANIFEST).is_file()
+                          for p in sorted(root.iterdir()) if p.is_dir() and (p / layout.MANIFEST).is_file()
                           and not named.fullmatch(p.name)]  # fmt: skip
         newest = step_of(marked[0])
         latest.skipped += [(p, f"it has no {complete} marker (a save cut short): the run saves that step again")
@@ -618,7 +617,7 @@ def no_checkpoint_to_resume(latest: Latest) -> str | None:
     overwrite where a run without checkpoints is there, else a new run)."""
     if latest.marked:
         return None
-    run = rundir.RunDir(latest.output_dir)
+    run = layout.RunDir(latest.output_dir)
     held = run.holds_run()  # a run without checkpoints: leaving the resume out is refused too
     again = (f"to start again there, pass overwrite_output_dir=true instead ({latest.output_dir} holds {held} without "
              "a checkpoint: it is set aside, and deleted once the new run finishes)" if held else
@@ -658,7 +657,7 @@ def resume_is_a_file(spec: str, path: Path) -> str | None:
     """resume_from_checkpoint naming a file (a checkpoint is a folder)."""
     if path.is_file():
         return (f"resume_from_checkpoint={spec} is a file, not a checkpoint folder; give "
-                f"<run>/checkpoints/{rundir.PREFIX}<step>, or resume_from_checkpoint=latest with the run's output_dir")
+                f"<run>/checkpoints/{layout.PREFIX}<step>, or resume_from_checkpoint=latest with the run's output_dir")
     return None
 
 
@@ -675,7 +674,7 @@ def trainer_checkpoint_name(spec: str, path: Path) -> str | None:
     """A checkpoint named as transformers' Trainer names them (checkpoint-N), which is not there."""
     trainers = re.fullmatch(r"(?:.*/)?checkpoint-(\d+)/?", spec.strip())
     if not path.is_dir() and trainers:
-        prefix = rundir.PREFIX
+        prefix = layout.PREFIX
         return (f"checkpoint not found: {spec}; a run's checkpoints are <output_dir>/checkpoints/{prefix}<step, 8 "
                 f"digits> (Trainer's checkpoint-N): resume_from_checkpoint=<output_dir>/checkpoints/"
                 f"{prefix}{int(trainers[1]):08d}, or latest")  # fmt: skip
@@ -685,9 +684,9 @@ def trainer_checkpoint_name(spec: str, path: Path) -> str | None:
 @rule("runs.checkpoint_name_not_found")
 def checkpoint_name_not_found(spec: str, path: Path) -> str | None:
     """A checkpoint's name (step-N) that is not there as given (its run's folder left out, its digits short)."""
-    ours = re.fullmatch(rf"(?:.*/)?{rundir.PREFIX}(\d+)/?", spec.strip())
+    ours = re.fullmatch(rf"(?:.*/)?{layout.PREFIX}(\d+)/?", spec.strip())
     if not path.is_dir() and ours:
-        prefix = rundir.PREFIX
+        prefix = layout.PREFIX
         return (f"checkpoint not found: {spec}; a run's checkpoints are <output_dir>/checkpoints/{prefix}<step, 8 "
                 f"digits>: give the path, resume_from_checkpoint=<output_dir>/checkpoints/{prefix}{int(ours[1]):08d}, "
                 "or latest")  # fmt: skip
@@ -704,7 +703,7 @@ def checkpoint_not_found(spec: str, path: Path) -> str | None:
 def resume_is_an_export(spec: str, path: Path) -> str | None:
     """An exported model (save_pretrained) given to resume from: it holds weights, not the training state; it
     can start a new run."""
-    if rundir.kind_of(path) == "export":
+    if layout.kind_of(path) == "export":
         return (f"{spec} is an exported model, not a training-state checkpoint: resume from "
                 "resume_from_checkpoint=latest (or <run>/checkpoints/step-N), or start a new run from its weights "
                 f"with model_name_or_path={spec}")
@@ -714,18 +713,18 @@ def resume_is_an_export(spec: str, path: Path) -> str | None:
 @rule("runs.resume_is_a_run")
 def resume_is_a_run(spec: str, path: Path) -> str | None:
     """A run directory given to resume from: `latest` with it as output_dir, or one of its checkpoints."""
-    if rundir.kind_of(path) == "run":
+    if layout.kind_of(path) == "run":
         return (f"{spec} is a run directory; resume it with resume_from_checkpoint=latest output_dir={spec}, or name "
-                f"one of {rundir.RunDir(path).checkpoints}/{rundir.PREFIX}N")
+                f"one of {layout.RunDir(path).checkpoints}/{layout.PREFIX}N")
     return None
 
 
 @rule("runs.resume_is_a_checkpoints_folder")
 def resume_is_a_checkpoints_folder(spec: str, path: Path) -> str | None:
     """A run's checkpoints/ folder given to resume from: which of its checkpoints?"""
-    prefix, complete = rundir.PREFIX, rundir.COMPLETE
+    prefix, complete = layout.PREFIX, layout.COMPLETE
     marked = any(p.is_dir() and (p / complete).is_file() for p in path.glob(f"{prefix}*"))
-    if path.name == rundir.CHECKPOINTS and marked:
+    if path.name == layout.CHECKPOINTS and marked:
         return (f"{spec} is a run's checkpoints folder; name one of its {prefix}N folders, or resume the run "
                 f"with resume_from_checkpoint=latest output_dir={path.parent}")
     return None
@@ -734,8 +733,8 @@ def resume_is_a_checkpoints_folder(spec: str, path: Path) -> str | None:
 @rule("runs.resume_not_complete")
 def resume_not_complete(spec: str, path: Path) -> str | None:
     """A checkpoint named by path without its COMPLETE marker: its save was interrupted."""
-    if not (path / rundir.COMPLETE).is_file():
-        return (f"{spec} is not a complete checkpoint (no {rundir.COMPLETE} marker); "
+    if not (path / layout.COMPLETE).is_file():
+        return (f"{spec} is not a complete checkpoint (no {layout.COMPLETE} marker); "
                 "it was probably interrupted while saving — use an earlier one or 'latest'")
     return None
 
@@ -892,8 +891,8 @@ PLAN = [checkpoint_past_the_plan]
 def best_checkpoint_missing(best: dict[str, Any], checkpoints: Path) -> str | None:
     """A resumed run whose best checkpoint so far is not in its checkpoints/ (deleted by hand, a copy made
     without it): the best is chosen again among the checkpoints saved from there on."""
-    here = checkpoints / f"{rundir.PREFIX}{best['step']:08d}"
-    if rundir.is_complete(here):
+    here = checkpoints / f"{layout.PREFIX}{best['step']:08d}"
+    if layout.is_complete(here):
         return None
     return (f"the best checkpoint so far (step {best['step']}, validation {best.get('metric')} {best.get('value')}) is "
             f"not in {checkpoints}; the best is chosen again among the checkpoints this run saves from here on")
@@ -1033,7 +1032,7 @@ def _export_failed(failure: OSError, root: Path, then: str) -> str:
 def export_failed(failure: OSError, root: Path) -> str | None:
     """The export that could not be written (a full or read-only disk, a device error), in a run with
     checkpoints: nothing of it is left, and a resume from the last checkpoint only evaluates and exports."""
-    if rundir.list_checkpoints(root):
+    if layout.list_checkpoints(root):
         return _export_failed(failure, root, "then run again with resume_from_checkpoint=latest (a resume from the "
                               "last step only evaluates and exports; in another output_dir: "
                               "resume_from_checkpoint=<its last checkpoint>)")

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from finetune import lora
 from finetune.checks import rule
-from finetune.metrics import METRICS, MULTI, PROBLEMS, REGRESSION, TOKENS
 from finetune.formats import SPLIT_FOLDERS
+from finetune.metrics import MULTI, PROBLEMS, REGRESSION, TOKENS
 from finetune.tasks import TASKS, task_of
 
 # --- tables the rules read ---------------------------------------------------------------------------

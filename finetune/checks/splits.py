@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from typing import Any
 
 from finetune.checks import rule
 from finetune.checks.labels import misspelt_class, what_the_labels_look_like

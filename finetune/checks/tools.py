@@ -27,8 +27,8 @@ from typing import Any
 
 from finetune.checks import rule
 from finetune.errors import first_line
+from finetune.layout import BEST_RECIPE, METRICS_LOG, STUDY, RunDir
 from finetune.metrics import MULTI
-from finetune.rundir import BEST_RECIPE, METRICS_LOG, STUDY, RunDir
 
 # --- the run's verdict -----------------------------------------------------------------------------------
 
