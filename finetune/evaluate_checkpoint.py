@@ -119,7 +119,7 @@ from finetune.models import build_model, offline_hint
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import infer_problem_type, placeholder_labels, problem_type_of
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
-from finetune.signals import started
+from finetune.signals import started, stop_outside_the_loop
 from finetune.tasks import TASK_NAMES, task_of, task_of_model
 
 FORMAT = "finetune.evaluate/1"  # marks a metrics.json as ours: only such a file is ever replaced
@@ -436,6 +436,8 @@ def data_split(args: DataArgs, data: str, split: str | None,
     ds, labelled = _columns_checked(loaded[name], args, what, said)
     ds = _labels_encoded(ds, args, what, said) if labelled else placeholder_labels(
         ds, args, args.problem_type or task_of(args.task).problems[0], list(args.label_names or []))  # fmt: skip
+    if labelled and problem_type_of(ds) == TOKENS:  # IOB1, stray I- tags: scored as training scores them
+        checks.gate(label_rules.TAGS_READ, ds.features["labels"].feature.names, what, ds, said=said)
     info = {
         "split": None if path.is_file() else name,
         "data": str(path.resolve()),
@@ -787,6 +789,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     started()  # a later Ctrl-C is not "while starting"
+    stop_outside_the_loop("during the evaluation")  # SIGTERM too: one line, not a silent exit 143
     return evaluate_checkpoint(parse_args(sys.argv[1:] if argv is None else argv))
 
 

@@ -112,11 +112,30 @@ def set_aside_previous_run(run: RunDir) -> None:
     else:
         moving = run.root / f"{PREVIOUS}.tmp"  # a kill while moving leaves this: the next overwrite goes on
         moving.mkdir(exist_ok=True)
-        for name in names:
-            if (run.root / name).exists() or (run.root / name).is_symlink():
-                os.replace(run.root / name, moving / name)
-        os.replace(moving, aside)
+        moved: list[str] = []
+        try:
+            for name in names:
+                if (run.root / name).exists() or (run.root / name).is_symlink():
+                    os.replace(run.root / name, moving / name)
+                    moved.append(name)
+            os.replace(moving, aside)
+        except OSError as e:  # a folder that cannot move (read-only, busy): what moved goes back, then the line
+            raise checks.explain(runs.SET_ASIDE_FAILED, run, name, e, _move_back(run, moving, moved)) from None
     on_failure(functools.partial(restore_previous_run, run))
+
+
+def _move_back(run: RunDir, moving: Path, moved: list[str]) -> list[str]:
+    """An overwrite's set-aside undone: the entries moved into `moving` go back; those that cannot stay there
+    (returned)."""
+    left = []
+    for name in reversed(moved):
+        try:
+            os.replace(moving / name, run.root / name)
+        except OSError:
+            left.append(name)
+    with contextlib.suppress(OSError):
+        moving.rmdir()  # unless something is left in it (or a killed overwrite's entries were already there)
+    return left
 
 
 def restore_previous_run(run: RunDir) -> None:

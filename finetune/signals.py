@@ -2,6 +2,7 @@
 
     while importing (seconds)      one `stopped:` line, exit 128+signal, nothing written   stop_while_starting
     building, loading, preparing   one `stopped:` line; what the start set aside comes back stop_outside_the_loop
+    an evaluation                  one `stopped:` line, exit 130/143                      stop_outside_the_loop
     the training loop, the export  finish the optimizer step, save a checkpoint, exit 143/130 StopOnSignal
     undoing after a failure        ignored until the undo is done                          masked
     the launcher dies              the training process gets SIGTERM (Linux)               stop_with_launcher
@@ -49,14 +50,15 @@ def started() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def stop_outside_the_loop() -> None:
-    """SIGTERM outside the training loop (loading, building, before the first step) ends the process
-    as Ctrl-C does there: one `stopped:` line, exit 143, and what the start registered to undo on a
+def stop_outside_the_loop(where: str = "outside the training loop") -> None:
+    """SIGTERM outside the training loop (loading, building, before the first step), or in an evaluation
+    (`where`: "during the evaluation"; a scheduler's, or torchrun's once another process stopped), ends the
+    process as Ctrl-C does there: one `stopped:` line, exit 143, and what the start registered to undo on a
     failure (an earlier run set aside by overwrite_output_dir) is put back. The loop and the export
     install their own handler (`StopOnSignal`), which saves instead, and restore this one after."""
 
     def _raise(signum, frame):
-        raise TrainingStopped("received SIGTERM outside the training loop; nothing more was saved", 128 + signum)
+        raise TrainingStopped(f"received SIGTERM {where}; nothing more was saved", 128 + signum)
 
     if _in_main_thread():
         signal.signal(signal.SIGTERM, _raise)

@@ -97,8 +97,8 @@ def main() -> None:
         # train(), not main(): main() ends the process group at its end, and the next run would have to
         # form it again on the same port (gloo's second rendezvous hangs); a search keeps it the same way.
         try:
-            cfg = parse_command_line(spec["argv"]).cfg
-            run.train(cfg, hooks=Spy(record))
+            command = parse_command_line(spec["argv"])
+            run.train(command.cfg, hooks=Spy(record), said=command.said)  # the warnings the parse said, once
         except UserError as e:
             if not spec.get("expect_error"):
                 raise

@@ -952,6 +952,32 @@ def test_overwrite_then_a_mistake_found_mid_run_keeps_the_earlier_run(world, cop
     assert json.loads((copy / "results.json").read_text())["step"] == 2
 
 
+@pytest.mark.parametrize("how", ["busy", "read-only"])
+def test_an_overwrite_that_cannot_set_the_earlier_run_aside_keeps_it_where_it_was(how, world, copy, capsys,
+                                                                                  monkeypatch):  # fmt: skip
+    """model/ that does not move: busy (a mount point, here bound onto itself: rename says EBUSY) or read-only
+    (EACCES, which root never meets: raised in its place). One line naming it; the checkpoints that had
+    moved come back, and no .previous-run.tmp/ is left."""
+    import finetune.rundir as rundir
+
+    model = copy / "model"
+    if how == "busy" and (not AS_ROOT or subprocess.run(["mount", "--bind", model, model]).returncode):
+        pytest.skip("binding a folder onto itself needs root")
+    if how == "read-only":
+        replace = os.replace
+        refuse = OSError(errno.EACCES, "Permission denied")
+        monkeypatch.setattr(rundir.os, "replace", lambda a, b: (_ for _ in ()).throw(refuse)
+                            if Path(a) == model else replace(a, b))  # fmt: skip
+    try:
+        user_error(capsys, main, _text(world, out=copy), f"cannot set aside the run in {copy}: {model} does not move",
+                   "the earlier run is as it was", untouched=copy, rule="runs.set_aside_failed")  # fmt: skip
+    finally:
+        if how == "busy":
+            subprocess.run(["umount", model], check=True)
+    assert not (copy / ".previous-run.tmp").exists() and not (copy / ".previous-run").exists()
+    assert (copy / "checkpoints" / LAST).is_dir()
+
+
 # --- damaged checkpoints ---------------------------------------------------------------------------------
 
 
@@ -1048,6 +1074,19 @@ def test_latest_skips_a_damaged_checkpoint_and_says_so(case, copy, capsys):
     err = capsys.readouterr().err
     skipped = [line for line in err.splitlines() if "skipped" in line]
     assert len(skipped) == 1 and str(path) in skipped[0] and DAMAGES[case][0] in skipped[0], err
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda b: b"", "empty"),
+    (lambda b: b[: len(b) // 2], "cut off: a torch file's start without its end"),
+    (lambda b: b"\x80\x04" + bytes(len(b)), "not a torch file: overwritten, or another file"),
+])  # fmt: skip
+def test_a_damaged_state_file_is_said_as_what_it_is(damage, what, copy, capsys):
+    """runs.state_file_damaged names the damage it sees: an empty file, a cut-off one, or other bytes."""
+    state = copy / ckpt.CHECKPOINTS / LAST / "random_states_0.pkl"
+    state.write_bytes(damage(state.read_bytes()))
+    assert ckpt.resolve_checkpoint("latest", copy).name == "step-00000001"
+    assert f"{state} is damaged ({what})" in capsys.readouterr().err
 
 
 def test_latest_names_a_checkpoint_folder_that_was_renamed(copy, capsys):

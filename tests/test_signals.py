@@ -82,10 +82,38 @@ def test_the_evaluation_gives_ctrl_c_back_once_it_has_started(tmp_path, capsys):
         with pytest.raises(SystemExit):
             evaluate([str(tmp_path / "no-model")])
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # after its exit; while it runs, a line (below)
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig, status, said", [
+    (signal.SIGINT, 130, "stopped: interrupted (SIGINT); nothing more was saved"),
+    (signal.SIGTERM, 143, "stopped: received SIGTERM during the evaluation; nothing more was saved"),
+])  # fmt: skip
+def test_a_signal_while_the_evaluation_predicts_is_one_stopped_line(sig, status, said, finished_run, tmp_path,
+                                                                    monkeypatch, capsys):  # fmt: skip
+    """Ctrl-C, or SIGTERM (a scheduler's; torchrun's to the other processes once one stopped), while the
+    model predicts: one `stopped:` line and the signal's status; no metrics.json."""
+    import finetune.evaluate_checkpoint as evaluate_checkpoint
+
+    def predicting(*args, **kwargs):
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # the handler runs here
+        raise AssertionError("the signal did not stop the evaluation")
+
+    monkeypatch.setattr(evaluate_checkpoint, "evaluate_with_predictions", predicting)
+    out = tmp_path / "eval"
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            evaluate_checkpoint.main([str(finished_run() / "model"), "--output", str(out)])
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert stopped.value.code == status
+    assert capsys.readouterr().err.strip().splitlines()[-1] == said
+    assert not (out / "metrics.json").exists()
 
 
 def test_ctrl_c_in_an_entry_point_outside_a_training_loop_is_one_stopped_line(capsys):

@@ -632,6 +632,8 @@ def test_tags_in_iob1_are_said_as_such_with_the_conversion(tmp_path, capsys):
     assert "convert the tags to IOB2" in err and "follow no B- or I-" not in err
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert [w["rule"] for w in results["warnings"]].count("labels.iob1_tags") == 2
+    evaluate([str(tmp_path / "run" / "model"), "--data", str(data["validation"])])  # the same line for --data
+    assert f"warning: the --data {data['validation']} data's tags read as IOB1 (4 of its 4" in capsys.readouterr().err
 
 
 # --- bad input -----------------------------------------------------------------------------------------

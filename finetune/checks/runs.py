@@ -5,6 +5,7 @@ or failing disk). Asked by finetune/rundir.py, finetune/checkpoint.py and finetu
     INSIDE_A_RUN     output_dir inside a folder of another run that the run deletes or replaces whole
     OUTPUT_DIR       what output_dir is and holds, against overwrite_output_dir and resume_from_checkpoint
     IN_USE           a run still going in another process holds the folder
+    SET_ASIDE_FAILED an overwrite that cannot move the earlier run aside
     PROBE, SHARED    a multi-node run's output_dir, which every machine must share
     RESUMED_CONFIG   a resume whose run lost its config.yaml: the checkpoint's manifest holds one, or none does
     LATEST, NAMED    resume_from_checkpoint=latest, or a path: what it names
@@ -307,6 +308,20 @@ def output_dir_in_use(root: Path) -> str:
 IN_USE = [output_dir_in_use]
 
 
+@rule("runs.set_aside_failed")
+def set_aside_failed(run: layout.RunDir, name: str, error: OSError, left: list[str]) -> str:
+    """An overwrite that cannot move the earlier run aside (a read-only or busy folder of it): the run stays
+    as it was, and the line says what could not move and why."""
+    kept = ("the earlier run is as it was" if not left else
+            f"{', '.join(left)} could not move back: they are in {run.root / layout.PREVIOUS}.tmp")  # fmt: skip
+    return (f"overwrite_output_dir=true cannot set aside the run in {run.root}: {run.root / name} does not move "
+            f"({error.strerror or error}); {kept}; make it movable (its permissions, or whatever holds it), or "
+            "choose another output_dir")
+
+
+SET_ASIDE_FAILED = [set_aside_failed]
+
+
 # --- a multi-node run's output_dir ------------------------------------------------------------------------
 
 
@@ -559,9 +574,16 @@ def state_file_missing(c: Checkpoint) -> str | None:
 
 @rule("runs.state_file_damaged")
 def state_file_damaged(c: Checkpoint) -> str | None:
-    """A torch file of a checkpoint that is cut off or empty (not a whole zip archive)."""
+    """A torch file of a checkpoint that is no whole zip archive, said as what it is: empty, cut off (a zip's
+    start without its end), or other bytes (overwritten, or another file)."""
     file = _first_bad_file(c)
-    return f"{file} is damaged (cut off or empty: not a whole torch file)" if file is not None else None
+    if file is None:
+        return None
+    with open(file, "rb") as f:
+        start = f.read(4)
+    what = "empty" if not start else "cut off: a torch file's start without its end" if start == b"PK\x03\x04" else (
+        "not a torch file: overwritten, or another file")  # fmt: skip
+    return f"{file} is damaged ({what})"
 
 
 # What keeps a checkpoint from loading, cheaply: the marker, the manifest, the safetensors header, the end of
