@@ -175,13 +175,16 @@ def user_error(capsys, main: Callable, argv: list[str], *fragments: str,
 
 
 def user_error_from_command(args: list[str], *fragments: str, untouched: Path | Sequence[Path] = (),
-                            cwd: Path = REPO) -> str:  # fmt: skip
+                            cwd: Path = REPO, rule: str | None = None) -> str:  # fmt: skip
     """`user_error` for the real command, `python <args>` in a process of its own (`args`: a script and
-    its arguments, or `-m <module> ...`)."""
+    its arguments, or `-m <module> ...`); given `rule`, the line is asked to name its rule
+    (FINETUNE_SHOW_RULES=1: `error: [phase.name] ...`)."""
     folders = [untouched] if isinstance(untouched, Path) else list(untouched)
     before = [file_hashes(folder) for folder in folders]
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=180, cwd=cwd)
+    env = {**os.environ, "FINETUNE_SHOW_RULES": "1"} if rule is not None else None
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=180, cwd=cwd, env=env)
     line = one_error_line(result.returncode, result.stderr, *fragments)
+    assert rule is None or line.startswith(f"error: [{rule}] "), (line, rule)
     assert [file_hashes(folder) for folder in folders] == before, "an earlier run's files changed"
     return line
 

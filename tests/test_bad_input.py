@@ -10,7 +10,7 @@ earlier run is one finished tiny run of the session's factory (`finished_run`), 
 module (`world.done`, which the refusals aim at, told to overwrite it so that the mistake under test
 is what stops them) and once more for each case that damages or replaces it (`copy`). The sections:
 data files, columns and labels, images, models, settings, recipes and the command line (`CASES`, one
-test); the output directory; damaged checkpoints; unreadable files and full disks; the launcher and
+test, keyed `<rule id>:<case>`: the rule of finetune/checks/ that refuses it); the output directory; damaged checkpoints; unreadable files and full disks; the launcher and
 the environment; model parallelism that cannot run.
 """
 
@@ -288,249 +288,250 @@ Args = Callable[[World], list[str]]
 
 # --- data files, columns, labels, images, models, checkpoints, the command line ------------------------
 
-# id -> (arguments, the part of the one error line that must be there)
+# <rule id>:<case> -> (arguments, the part of the one error line that must be there); the test asserts
+# that the rule refused it
 COMMANDS: dict[str, tuple[Args, str]] = {
     # data files
-    "train_file_missing": (lambda w: _text(w, f"train_file={w.root / 'nope.csv'}"), "train file not found"),
-    "validation_file_missing": (
+    "files.not_a_file:train_file_missing": (lambda w: _text(w, f"train_file={w.root / 'nope.csv'}"), "train file not found"),
+    "files.not_a_file:validation_file_missing": (
         lambda w: _text(w, f"validation_file={w.root / 'nope.csv'}"),
         "validation file not found",
     ),
-    "empty_file": (lambda w: _text(w, f"train_file={w.root / 'empty.csv'}"), "(0 bytes); save it with its samples"),
-    "header_only": (
+    "files.empty:empty_file": (lambda w: _text(w, f"train_file={w.root / 'empty.csv'}"), "(0 bytes); save it with its samples"),
+    "files.no_rows:header_only": (
         lambda w: _text(w, f"train_file={w.root / 'header_only.csv'}"),
         "the train data has no rows",
     ),
-    "unsupported_type": (
+    "files.unsupported_type:unsupported_type": (
         lambda w: _text(w, f"train_file={w.root / 'train.docx'}"),
         "unsupported file type '.docx'",
     ),
-    "csv_ragged_more": (
+    "files.csv_ragged_row:csv_ragged_more": (
         lambda w: _text(w, f"train_file={w.root / 'ragged_more.csv'}"),
         "line 3 has 3 fields, the header has 2; fix that row",
     ),
-    "csv_ragged_fewer": (
+    "columns.label_null:csv_ragged_fewer": (
         lambda w: _text(w, f"train_file={w.root / 'ragged_fewer.csv'}"),
         "label column 'label' in the train data has empty (null) values (first at row 2)",
     ),
-    "jsonl_broken": (
+    "files.json_syntax:jsonl_broken": (
         lambda w: _text(w, f"train_file={w.root / 'broken.jsonl'}", "validation_file=null"),
         "is not valid JSON or JSON Lines: line 40 column 10: unterminated string starting; fix or remove that line",
     ),
-    "json_broken": (
+    "files.json_syntax:json_broken": (
         lambda w: _text(w, f"train_file={w.root / 'broken.json'}", "validation_file=null"),
         "is not valid JSON or JSON Lines: line 1 column 48: expecting value; fix the file there (cut off",
     ),
-    "jsonl_repeated_key": (
+    "files.json_key_twice:jsonl_repeated_key": (
         lambda w: _text(w, f"train_file={w.root / 'dupkey.jsonl'}", "validation_file=null"),
         "line 1 has the key 'label' twice; keep one of them",
     ),
-    "decimal_targets_and_a_nan": (
+    "labels.numbers_with_a_stray_cell:decimal_targets_and_a_nan": (
         lambda w: _text(w, f"train_file={w.root / 'decimals_and_a_nan.csv'}", "validation_file=null"),
         "label column 'label' holds numbers but 'NaN' at row 8 is not a finite number",
     ),
-    "decimal_targets_and_a_nan_for_regression": (
+    "labels.not_numbers_for_regression:decimal_targets_and_a_nan_for_regression": (
         lambda w: _text(w, f"train_file={w.root / 'decimals_and_a_nan.csv'}", "validation_file=null",
                         "problem_type=regression"),
         "label column 'label' holds class names ('NaN' at row 8 is not a finite number)",
     ),
-    "json_object_of_columns": (
+    "columns.object_of_columns:json_object_of_columns": (
         lambda w: _text(w, f"train_file={w.root / 'columns.json'}", "validation_file=null"),
         "the train data is one record whose 'text' is a list: a JSON object of columns; give one record per row",
     ),
-    "header_repeated_inside_the_file": (
+    "labels.header_inside_the_file:header_repeated_inside_the_file": (
         lambda w: _text(w, f"train_file={w.root / 'header_again.csv'}", "validation_file=null"),
         "label column 'label' holds the label 'label' at row 6: the header repeated inside the file",
     ),
-    "label_lists_in_two_cases": (
+    "labels.case_twin_labels:label_lists_in_two_cases": (
         lambda w: _text(w, f"train_file={w.root / 'case_label_lists.jsonl'}", "validation_file=null"),
         "holds the labels 'Art' and 'art', which differ only by letter case and would be two labels",
     ),
-    "pipe_separated_csv": (
+    "files.other_separator:pipe_separated_csv": (
         lambda w: _text(w, f"train_file={w.root / 'pipes.csv'}", "validation_file=null"),
         "looks separated by | (its header is 'text|label')",
     ),
-    "header_with_spaces": (
+    "columns.spaced_header:header_with_spaces": (
         lambda w: _text(w, f"train_file={w.root / 'spaced_header.csv'}", "validation_file=null"),
         "column 'label' not found in the train data, but ' label' is: strip the spaces",
     ),
-    "records_nested_under_a_key": (
+    "columns.records_nested_under_a_key:records_nested_under_a_key": (
         lambda w: _text(w, f"train_file={w.root / 'nested_records.json'}", "validation_file=null"),
         "the samples are nested under 'data'; give the records themselves",
     ),
-    "tab_separated_csv": (
+    "files.other_separator:tab_separated_csv": (
         lambda w: _text(w, f"train_file={w.root / 'tabs.csv'}", "validation_file=null"),
         "looks tab-separated (its header is 'text\\tlabel'); this app reads a .csv as comma-separated: rename it to .tsv",
     ),
     **{
-        f"pandas_{orient}_json": (
+        f"files.pandas_layout:pandas_{orient}_json": (
             lambda w, orient=orient: _text(w, f"train_file={w.root / f'pandas_{orient}.json'}", "validation_file=null"),
             f"is a pandas DataFrame.to_json layout (orient='{orient}'), not one record per sample; save it with "
             "df.to_json(path, orient='records', lines=True)",
         )
         for orient in ("columns", "index", "split", "table")
     },
-    "pandas_columns_as_jsonl": (
+    "files.pandas_layout:pandas_columns_as_jsonl": (
         lambda w: _text(w, f"train_file={w.root / 'pandas_columns.jsonl'}", "validation_file=null"),
         "is a pandas DataFrame.to_json layout (orient='columns'), not one record per sample",
     ),
-    "excel_workbook": (
+    "files.workbook:excel_workbook": (
         lambda w: _text(w, f"train_file={w.root / 'train.xlsx'}", "validation_file=null"),
         "is a spreadsheet workbook (Excel, LibreOffice), not a data file; save the sheet as CSV (UTF-8)",
     ),
-    "workbook_of_one_sheet": (
+    "files.workbook:workbook_of_one_sheet": (
         lambda w: _text(w, f"train_file={w.root / 'sheets.xlsx'}", "validation_file=null"),
         "is a spreadsheet workbook (Excel, LibreOffice), not a data file; save the sheet as CSV (UTF-8)",
     ),
-    "gzipped_csv": (
+    "files.compressed:gzipped_csv": (
         lambda w: _text(w, f"train_file={w.root / 'train.csv.gz'}", "validation_file=null"),
         "is compressed (gzip); unpack it and give the file inside",
     ),
-    "dev_null": (lambda w: _text(w, "train_file=/dev/null"), "is not a regular file (a device, pipe or socket)"),
-    "semicolon_separated_csv": (
+    "files.not_a_file:dev_null": (lambda w: _text(w, "train_file=/dev/null"), "is not a regular file (a device, pipe or socket)"),
+    "files.other_separator:semicolon_separated_csv": (
         lambda w: _text(w, f"train_file={w.root / 'semicolon.csv'}", "validation_file=null"),
         "looks semicolon-separated",
     ),
-    "latin1_csv": (lambda w: _text(w, f"train_file={w.root / 'latin1.csv'}", "validation_file=null"), "latin1.csv"),
+    "files.not_utf8:latin1_csv": (lambda w: _text(w, f"train_file={w.root / 'latin1.csv'}", "validation_file=null"), "latin1.csv"),
     # columns and labels
-    "text_column_missing": (
+    "columns.text_column_named_otherwise:text_column_missing": (
         lambda w: _text(w, "text_column=review"),
         "column 'review' not found in the train data; columns are: text, label; if 'text' is that column, set "
         "text_column=text",
     ),
-    "label_column_missing": (
+    "columns.label_column_named_otherwise:label_column_missing": (
         lambda w: _text(w, "label_column=sentiment"),
         "column 'sentiment' not found in the train data; columns are: text, label; if 'label' holds the labels, set "
         "label_column=label",
     ),
-    "single_class": (
+    "labels.single_class:single_class": (
         lambda w: _text(w, f"train_file={w.root / 'single_class.csv'}"),
         "has a single class (1); a classifier needs at least two",
     ),
-    "unseen_eval_labels": (
+    "labels.unseen:unseen_eval_labels": (
         lambda w: _text(w, f"validation_file={w.root / 'unseen.csv'}"),
         "validation labels ['2'] were not seen in training (known: 0, 1); a model predicts only the labels it was "
         "trained on: relabel or drop those rows",
     ),
-    "numeric_text": (
+    "columns.numbers_as_texts:numeric_text": (
         lambda w: _text(w, f"train_file={w.root / 'numeric_text.csv'}"),
         "text column 'text' in the train data holds only numbers (int64), no words: a model classifies text, and "
         "these values would be read as numbers written out; set text_column to the column of texts (if 'text' is a "
         "label or an id, it is not the text); if these numbers are the texts to classify, write them as strings "
         '(JSON Lines: "text": "12345")',
     ),
-    "null_text": (
+    "columns.text_missing_in_a_row:null_text": (
         lambda w: _text(w, f"train_file={w.root / 'null_text.csv'}"),
         "text column 'text' in the train data has an empty cell at row 2; fill it in or drop that row",
     ),
-    "texts_all_empty": (
+    "columns.texts_all_blank:texts_all_empty": (
         lambda w: _text(w, f"train_file={w.root / 'empty_texts.jsonl'}", "validation_file=null"),
         "text column 'text' in the train data holds only empty strings",
     ),
-    "text_blank": (
+    "columns.text_blank:text_blank": (
         lambda w: _text(w, f"train_file={w.root / 'blank_text.csv'}", "validation_file=null"),
         "text column 'text' in the train data has an empty (blank) text at row 5; fill it in or drop that row",
     ),
-    "text_column_all_empty": (
+    "columns.text_column_empty:text_column_all_empty": (
         lambda w: _text(w, f"train_file={w.root / 'empty_text_column.csv'}", "validation_file=null"),
         "text column 'text' in the train data is empty (no text in any row)",
     ),
-    "csv_header_repeats_a_column": (
+    "files.column_twice:csv_header_repeats_a_column": (
         lambda w: _text(w, f"train_file={w.root / 'repeated_column.csv'}", "validation_file=null"),
         "has the column 'label' twice in its header; rename or remove one",
     ),
-    "texts_of_mixed_types": (
+    "columns.mixed_types:texts_of_mixed_types": (
         lambda w: _text(w, f"train_file={w.root / 'mixed_texts.jsonl'}", "validation_file=null"),
         "column 'text' in the train data holds values of mixed types: row 4 holds a number (5), row 1 text",
     ),
-    "labels_of_mixed_types": (
+    "columns.mixed_types:labels_of_mixed_types": (
         lambda w: _text(w, f"train_file={w.root / 'mixed_labels.jsonl'}", "validation_file=null"),
         "column 'label' in the train data holds values of mixed types: row 6 holds a number (1), row 1 text",
     ),
-    "csv_named_txt": (
+    "files.txt_not_conll:csv_named_txt": (
         lambda w: _text(w, f"train_file={w.root / 'csv_named.txt'}", "validation_file=null"),
         "a .txt file is read as CoNLL (a token and its tag on each line, a blank line between sentences); a CSV "
         "file should be named .csv",
     ),
-    "label_lists_that_differ_only_by_spaces": (
+    "labels.space_twins_in_lists:label_lists_that_differ_only_by_spaces": (
         lambda w: _text(w, f"train_file={w.root / 'spaced_label_lists.jsonl'}", "validation_file=null"),
         "label column 'label' holds 'b' and 'b ' (row 3), which differ only by spaces and would be two labels",
     ),
-    "labels_that_are_lists": (
+    "labels.lists_for_single_label:labels_that_are_lists": (
         lambda w: _text(w, f"train_file={w.root / 'lists.jsonl'}", "validation_file=null",
                         "problem_type=single_label_classification"),  # fmt: skip
         "label column 'label' holds lists of labels, a multi-label problem",
     ),
-    "labels_that_are_mappings": (
+    "labels.no_kind_of_label:labels_that_are_mappings": (
         lambda w: _text(w, f"train_file={w.root / 'dicts.jsonl'}", "validation_file=null"),
         "label column 'label' holds {'",
     ),
-    "labels_that_are_fractions": (
+    "labels.floats_as_classes:labels_that_are_fractions": (
         lambda w: _text(w, f"train_file={w.root / 'floats.csv'}", "validation_file=null",
                         "problem_type=single_label_classification"),  # fmt: skip
         "holds numbers with decimals (e.g. 0.25); single_label_classification needs classes",
     ),
-    "string_labels_read_as_text": (
+    "settings.label_is_an_input:string_labels_read_as_text": (
         lambda w: _text(w, f"train_file={w.root / 'string_labels.csv'}", "validation_file=null",
                         "text_column=label"),  # fmt: skip
         "'label' is both the label column and a text",
     ),
     # images
-    "data_dir_missing": (lambda w: _image(w, w.root / "nope"), "data_dir not found"),
-    "image_folder_without_images": (lambda w: _image(w, w.root / "no_images"), "holds no images"),
-    "image_folder_empty": (lambda w: _image(w, w.root / "empty_dir"), "holds no images"),
-    "data_dir_of_data_files": (
+    "files.data_dir_missing:data_dir_missing": (lambda w: _image(w, w.root / "nope"), "data_dir not found"),
+    "files.no_images:image_folder_without_images": (lambda w: _image(w, w.root / "no_images"), "holds no images"),
+    "files.no_images:image_folder_empty": (lambda w: _image(w, w.root / "empty_dir"), "holds no images"),
+    "files.data_files_as_image_folder:data_dir_of_data_files": (
         lambda w: _image(w, w.root / "data_files"),
         "holds data files (train.csv), not images: data_dir is an image folder's; give the files as train_file=",
     ),
-    "image_corrupt": (lambda w: _image(w, w.root / "garbage"), "cannot read image"),
-    "label_list_inside_a_label_list": (
+    "images.unreadable_image:image_corrupt": (lambda w: _image(w, w.root / "garbage"), "cannot read image"),
+    "labels.list_in_a_list:label_list_inside_a_label_list": (
         lambda w: _text(w, f"train_file={w.root / 'nested_label_lists.jsonl'}", "validation_file=null"),
         "label column 'label' in the train data has a list inside the list at row 4 (['a'])",
     ),
-    "image_paths_relative_to_elsewhere": (
+    "images.relative_path:image_paths_relative_to_elsewhere": (
         lambda w: _image(w, w.root / "images", "data_dir=null", f"train_file={w.root / 'relative_images.csv'}",
                          "validation_file=null"),
         "image 'no/such/0.png' (row 1 of the train data) not found: a relative path is read from the current folder",
     ),
-    "image_folder_inside_a_class_folder": (
+    "columns.image_folder_of_one_class:image_folder_inside_a_class_folder": (
         lambda w: _image(w, w.root / "nested_images"),
         "nested_images/train/1_trouser/sub is a folder inside a class folder",
     ),
-    "image_class_folder_is_a_link": (
+    "images.folder_link:image_class_folder_is_a_link": (
         lambda w: _image(w, w.root / "linked_images"),
         "linked_images/train/1_trouser is a link to a folder",
     ),
-    "image_link_to_nothing": (
+    "images.dangling_link:image_link_to_nothing": (
         lambda w: _image(w, w.root / "dangling_images"),
         "dangling_images/train/1_trouser/gone.png is a link to",
     ),
-    "image_beside_the_class_folders": (
+    "images.image_beside_class_folders:image_beside_the_class_folders": (
         lambda w: _image(w, w.root / "loose_images"),
         "loose_images/train/stray.png is an image beside the class folders of",
     ),
-    "images_in_a_column_of_another_name": (
+    "columns.images_under_another_name:images_in_a_column_of_another_name": (
         lambda w: _image(w, w.root / "images", "data_dir=null", f"train_file={w.root / 'images_named_img.parquet'}",
                          "validation_file=null"),
         "column 'image' not found in the train data, but 'img' holds images: set image_column=img",
     ),
-    "image_model_of_2_channels": (
+    "images.channels:image_model_of_2_channels": (
         lambda w: _image(w, w.root / "images", "model_config.num_channels=2"),
         "the model's num_channels is 2: images are read as 1 (grayscale) or 3 (RGB) channels",
     ),
-    "image_column_of_text": (
+    "images.text_not_paths:image_column_of_text": (
         lambda w: _image(w, w.root / "images", "data_dir=null", f"train_file={w.root / 'text_as_images.csv'}",
                          "validation_file=null", "image_column=text"),
         "column 'text' of the train data holds text, not image paths ('a fine film' in row 1)",
     ),
-    "image_truncated": (lambda w: _image(w, w.root / "truncated"), "1_trouser/2.png in the train data"),
-    "image_size_below_patch_size": (
+    "images.unreadable_image:image_truncated": (lambda w: _image(w, w.root / "truncated"), "1_trouser/2.png in the train data"),
+    "models.image_smaller_than_patch:image_size_below_patch_size": (
         lambda w: _image(
             w, w.root / "images", f"model_config={TINY_VIT.replace('image_size: 28', 'image_size: 4')}"
         ),
         "image_size 4 is smaller than its patch_size 7",
     ),
-    "image_size_not_a_multiple_of_patch_size": (
+    "models.image_not_a_multiple_of_patch:image_size_not_a_multiple_of_patch_size": (
         lambda w: _image(
             w, w.root / "images", f"model_config={TINY_VIT.replace('image_size: 28', 'image_size: 30')}"
         ),
@@ -538,139 +539,139 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         "outside every patch; set model_config.image_size to 28 or 35",
     ),
     # models and tokenizers
-    "model_path_missing": (
+    "models.path_missing:model_path_missing": (
         lambda w: _text(w, "model_config=null", f"model_name_or_path={w.root / 'nope'}"),
         "model path does not exist",
     ),
-    "tokenizer_path_missing": (
+    "models.path_missing:tokenizer_path_missing": (
         lambda w: _text(w, f"tokenizer_name={w.root / 'nope'}"),
         "tokenizer path does not exist",
     ),
-    "not_a_classification_model": (
+    "models.not_a_model_for_the_task:not_a_classification_model": (
         lambda w: _image(w, w.root / "images", "model_config=null", f"model_name_or_path={TOKENIZER}"),
         "is not a model that AutoModelForImageClassification can load",
     ),
-    "pickle_weights": (
+    "models.pickle_weights_only:pickle_weights": (
         lambda w: _text(w, "model_config=null", f"model_name_or_path={w.root / 'pickle_model'}"),
         "pass allow_pickle_weights=true if you trust its source",
     ),
-    "pad_to_multiple_of_past_position_limit": (
+    "models.padded_past_positions:pad_to_multiple_of_past_position_limit": (
         lambda w: _text(w, "pad_to_multiple_of=200"),
         "pads batches of up to max_length=32 tokens to 200, past the model's position limit 128",
     ),
-    "max_length_over_position_limit": (
+    "models.max_length_past_positions:max_length_over_position_limit": (
         lambda w: _text(w, "max_length=512"),
         "max_length 512 exceeds the model's position limit 128",
     ),
-    "model_config_heads_do_not_divide": (
+    "models.heads_do_not_divide:model_config_heads_do_not_divide": (
         lambda w: _text(w, f"model_config={TINY_BERT.replace('hidden_size: 32', 'hidden_size: 30')}"),
         "hidden_size 30 is not a multiple of num_attention_heads 4",
     ),
-    "model_folder_without_tokenizer_files": (
+    "models.tokenizer_without_vocabulary:model_folder_without_tokenizer_files": (
         lambda w: _text(w, "model_config=null", f"model_name_or_path={w.model_without_tokenizer}",
                         "tokenizer_name=null"),  # fmt: skip
         "has no vocabulary, only its 5 special tokens",
     ),
-    "tokenizer_folder_without_tokenizer_files": (
+    "models.tokenizer_without_vocabulary:tokenizer_folder_without_tokenizer_files": (
         lambda w: _text(w, f"tokenizer_name={w.model_without_tokenizer}"),
         "has no vocabulary, only its 5 special tokens",
     ),
-    "tokenizer_larger_than_the_embedding_table": (
+    "models.tokenizer_larger_than_the_table:tokenizer_larger_than_the_embedding_table": (
         lambda w: _text(w, f"model_config={TINY_BERT[:-1]}, vocab_size: 1000}}"),
         "30522 tokens, more than the 1000 rows of the model's embedding table (ids from 1000 on have none): set "
         "model_config.vocab_size=30522",
     ),
-    "tokenizer_smaller_than_the_embedding_table": (
+    "models.tokenizer_smaller_than_the_table:tokenizer_smaller_than_the_embedding_table": (
         lambda w: _text(w, "model_config=null", f"model_name_or_path={w.model_without_tokenizer}",
                         f"tokenizer_name={w.small_tokenizer}"),  # fmt: skip
         "1000 tokens for the 30522 rows of the model's embedding table",
     ),
     # checkpoints that do not fit this run (the latest, step 2, resumed with max_steps=2)
-    "checkpoint_other_task": (
+    "runs.resume_changes_a_fixed_setting:checkpoint_other_task": (
         lambda w: _resume(w, "other_task"),
         "the checkpoint was trained with task=image-classification, this run has task=text-classification",
     ),
-    "checkpoint_other_labels": (
+    "runs.resume_on_other_labels:checkpoint_other_labels": (
         lambda w: _resume(w, "other_labels"),
         "trained on the labels ['negative', 'positive'], this run's data has ['0', '1']",
     ),
-    "checkpoint_other_model": (
+    "runs.resume_changes_a_fixed_setting:checkpoint_other_model": (
         lambda w: _text(w, f"model_config={BIGGER_BERT}", "resume_from_checkpoint=latest", "max_steps=2"),
-        "does not fit this model",
+        "the checkpoint was trained with model_config.hidden_size=32, this run has model_config.hidden_size=64",
     ),
-    "checkpoint_other_batch": (
+    "runs.other_topology:checkpoint_other_batch": (
         lambda w: _text(w, "resume_from_checkpoint=latest", "per_device_train_batch_size=4", "max_steps=2"),
         "resume with the same settings",
     ),
-    "checkpoint_without_marker": (
+    "runs.resume_not_complete:checkpoint_without_marker": (
         lambda w: _resume(w, "no_marker"),
         "is not a complete checkpoint (no COMPLETE",
     ),
-    "checkpoint_holding_code": (lambda w: _resume(w, "holds_code"), "does not load as plain data"),
-    "checkpoint_optimizer_holding_code": (
+    "runs.rng_state_not_plain_data:checkpoint_holding_code": (lambda w: _resume(w, "holds_code"), "does not load as plain data"),
+    "runs.state_not_plain_data:checkpoint_optimizer_holding_code": (
         lambda w: _resume(w, "optimizer_holds_code"),
         "does not load as plain data",
     ),
-    "checkpoint_missing": (
+    "runs.checkpoint_not_found:checkpoint_missing": (
         lambda w: _text(w, f"resume_from_checkpoint={w.root / 'nope'}"),
         "checkpoint not found",
     ),
-    "no_checkpoint_to_resume": (
+    "runs.no_checkpoint_to_resume:no_checkpoint_to_resume": (
         lambda w: _text(w, "resume_from_checkpoint=latest", out=w.root / "fresh"),
         "checkpoints; to start a new run there, leave resume_from_checkpoint out",
     ),
     # the config and the command line
-    "unknown_key": (
+    "settings.unknown_key:unknown_key": (
         lambda w: _text(w, "learnig_rate=1e-4"),
         "unknown config key 'learnig_rate'; did you mean learning_rate?",
     ),
-    "unknown_key_in_recipe": (
+    "settings.unknown_key:unknown_key_in_recipe": (
         lambda w: ["--config", str(w.root / "typo.yaml"), f"output_dir={w.done}"],
         "unknown config key 'num_train_epoch'; did you mean num_train_epochs?",
     ),
-    "wrong_type_int": (
+    "settings.wrong_type:wrong_type_int": (
         lambda w: _text(w, "per_device_train_batch_size=two"),
         "per_device_train_batch_size must be an integer, got 'two'",
     ),
-    "wrong_type_bool": (lambda w: _text(w, "group_by_length=maybe"), "group_by_length must be true or false"),
-    "wrong_type_number": (lambda w: _text(w, "learning_rate=fast"), "learning_rate must be a number"),
-    "recipe_not_yaml": (
+    "settings.wrong_type:wrong_type_bool": (lambda w: _text(w, "group_by_length=maybe"), "group_by_length must be true or false"),
+    "settings.wrong_type:wrong_type_number": (lambda w: _text(w, "learning_rate=fast"), "learning_rate must be a number"),
+    "settings.recipe_not_yaml:recipe_not_yaml": (
         lambda w: ["--config", str(w.root / "bad.yaml"), f"output_dir={w.done}"],
         "is not valid YAML (line",
     ),
-    "recipe_not_a_mapping": (
+    "settings.recipe_not_a_mapping:recipe_not_a_mapping": (
         lambda w: ["--config", str(w.root / "list.yaml"), f"output_dir={w.done}"],
         "must hold a mapping of config keys",
     ),
-    "recipe_is_a_folder": (
+    "settings.recipe_missing:recipe_is_a_folder": (
         lambda w: ["--config", str(w.root), f"output_dir={w.done}"],
         "config file is a folder, not a recipe file",
     ),
-    "recipe_missing": (
+    "settings.recipe_missing:recipe_missing": (
         lambda w: ["--config", str(w.root / "nope.yaml"), f"output_dir={w.done}"],
         "config file not found",
     ),
-    "unknown_option": (lambda w: [*_text(w), "--fast", "1"], "unrecognized arguments: --fast"),
-    "not_key_value": (lambda w: [*_text(w), "fast"], "expected key=value, got 'fast' (no spaces around '='"),
+    "settings.usage:unknown_option": (lambda w: [*_text(w), "--fast", "1"], "unrecognized arguments: --fast"),
+    "settings.not_key_value:not_key_value": (lambda w: [*_text(w), "fast"], "expected key=value, got 'fast' (no spaces around '='"),
     # the output directory and the hardware
-    "finished_output_dir": (
+    "runs.output_dir_holds_a_run:finished_output_dir": (
         lambda w: [a for a in _text(w) if a != "overwrite_output_dir=true"],
         "already holds a finished run; pass overwrite_output_dir=true",
     ),
-    "device_missing": (
+    "models.device_missing:device_missing": (
         lambda w: _text(w, "model_parallel=true", "devices=cuda:5"),
         "device cuda:5 does not exist",
     ),
-    "device_unknown": (lambda w: _text(w, "model_parallel=true", "devices=tpu:0"), "unknown device 'tpu:0'"),
-    "devices_without_model_parallel": (
+    "models.device_unknown:device_unknown": (lambda w: _text(w, "model_parallel=true", "devices=tpu:0"), "unknown device 'tpu:0'"),
+    "settings.layer_split_setting_alone:devices_without_model_parallel": (
         lambda w: _text(w, "devices=cpu,cpu"),
         "devices is for model_parallel=true",
     ),
-    "plan_only_without_model_parallel": (
+    "launch.plan_only_needs_model_parallel:plan_only_without_model_parallel": (
         lambda w: _text(w, "--plan-only"),
         "--plan-only needs model_parallel=true",
     ),
-    "freeze_embeddings_for_images": (
+    "settings.freeze_embeddings_of_task:freeze_embeddings_for_images": (
         lambda w: _text(w, "task=image-classification", "freeze_embeddings=true"),
         "freeze_embeddings is for models with a word-embedding table",
     ),
@@ -678,87 +679,87 @@ COMMANDS: dict[str, tuple[Args, str]] = {
 
 # Settings out of range: id -> (settings, fragment).
 SETTINGS: dict[str, tuple[list[str], str]] = {
-    "batch_size_zero": (
+    "settings.positive:batch_size_zero": (
         ["per_device_train_batch_size=0"],
         "per_device_train_batch_size must be a positive integer, got 0",
     ),
-    "batch_size_negative": (
+    "settings.positive:batch_size_negative": (
         ["per_device_train_batch_size=-8"],
         "per_device_train_batch_size must be a positive integer, got -8",
     ),
-    "learning_rate_zero": (["learning_rate=0"], "learning_rate must be > 0, got 0.0"),
-    "learning_rate_negative": (["learning_rate=-1e-4"], "learning_rate must be > 0"),
-    "learning_rate_infinite": (["learning_rate=.inf"], "learning_rate must be a finite number"),
-    "learning_rate_nan": (["learning_rate=.nan"], "learning_rate must be"),
-    "accumulation_zero": (
+    "settings.out_of_range:learning_rate_zero": (["learning_rate=0"], "learning_rate must be > 0, got 0.0"),
+    "settings.out_of_range:learning_rate_negative": (["learning_rate=-1e-4"], "learning_rate must be > 0"),
+    "settings.finite:learning_rate_infinite": (["learning_rate=.inf"], "learning_rate must be a finite number"),
+    "settings.finite:learning_rate_nan": (["learning_rate=.nan"], "learning_rate must be"),
+    "settings.positive:accumulation_zero": (
         ["gradient_accumulation_steps=0"],
         "gradient_accumulation_steps must be a positive integer, got 0",
     ),
-    "accumulation_over_epoch": (
+    "launch.accumulation_over_epoch:accumulation_over_epoch": (
         ["gradient_accumulation_steps=50", "per_device_train_batch_size=8"],
         "gradient_accumulation_steps=50 exceeds the 5 batches per process in an epoch",
     ),
-    "nonfinite_limit_zero": (["max_nonfinite_loss_steps=0"], "max_nonfinite_loss_steps must be a positive integer"),
-    "ddp_timeout_negative": (["ddp_timeout=-1"], "ddp_timeout must be a positive integer"),
-    "ddp_timeout_past_timedelta": (["ddp_timeout=100000000000000"], "ddp_timeout must be at most 604800"),
-    "metric_for_best_model_unknown": (
+    "settings.positive:nonfinite_limit_zero": (["max_nonfinite_loss_steps=0"], "max_nonfinite_loss_steps must be a positive integer"),
+    "settings.positive:ddp_timeout_negative": (["ddp_timeout=-1"], "ddp_timeout must be a positive integer"),
+    "settings.out_of_range:ddp_timeout_past_timedelta": (["ddp_timeout=100000000000000"], "ddp_timeout must be at most 604800"),
+    "settings.metric_of_no_problem:metric_for_best_model_unknown": (
         ["metric_for_best_model=bogus"],
         "metric_for_best_model must be a metric of the run's problem type, got 'bogus'; each problem type's: "
         "single_label_classification: accuracy, macro_f1",
     ),
-    "metric_with_eval_prefix": (["metric_for_best_model=eval_accuracy"], "metric_for_best_model=eval_accuracy: "
+    "settings.metric_with_eval_prefix:metric_with_eval_prefix": (["metric_for_best_model=eval_accuracy"], "metric_for_best_model=eval_accuracy: "
                                 "the metric is named without the Trainer's eval_ prefix here: metric_for_best_model="
                                 "accuracy"),
-    "greater_is_better_not_a_bool": (["greater_is_better=maybe"], "greater_is_better must be true or false"),
-    "max_grad_norm_negative": (["max_grad_norm=-1"], "max_grad_norm must be >= 0"),
-    "max_grad_norm_nan": (["max_grad_norm=.nan"], "max_grad_norm must be a finite number"),
-    "seed_negative": (["seed=-1"], "seed must be in [0, 4294967295]"),
-    "seed_past_2_32": (["seed=4294967296"], "seed must be in [0, 4294967295]"),
-    "adam_beta1_one": (["adam_beta1=1.0"], "adam_beta1 must be in [0, 1)"),
-    "adam_beta1_negative": (["adam_beta1=-0.1"], "adam_beta1 must be in [0, 1)"),
-    "adam_beta2_above_one": (["adam_beta2=1.5"], "adam_beta2 must be in [0, 1)"),
-    "adam_epsilon_negative": (["adam_epsilon=-1e-8"], "adam_epsilon must be > 0"),
-    "adam_epsilon_zero": (["adam_epsilon=0"], "adam_epsilon must be > 0"),
-    "weight_decay_negative": (["weight_decay=-1"], "weight_decay must be >= 0"),
-    "weight_decay_infinite": (["weight_decay=.inf"], "weight_decay must be a finite number"),
-    "cpu_threads_100000": (["cpu_threads=100000"], "cpu_threads=100000"),
-    "cpu_threads_zero": (["cpu_threads=0"], "cpu_threads must be positive"),
-    "label_names_duplicated": (["label_names=[0,0,1]"], "label_names lists '0' twice"),
-    "label_names_empty": (["label_names=[]"], "label_names is empty"),
-    "multi_label_threshold_single_label": (["multi_label_threshold=0.9"], "multi_label_threshold=0.9 decides a "
+    "settings.wrong_type:greater_is_better_not_a_bool": (["greater_is_better=maybe"], "greater_is_better must be true or false"),
+    "settings.out_of_range:max_grad_norm_negative": (["max_grad_norm=-1"], "max_grad_norm must be >= 0"),
+    "settings.finite:max_grad_norm_nan": (["max_grad_norm=.nan"], "max_grad_norm must be a finite number"),
+    "settings.out_of_range:seed_negative": (["seed=-1"], "seed must be in [0, 4294967295]"),
+    "settings.out_of_range:seed_past_2_32": (["seed=4294967296"], "seed must be in [0, 4294967295]"),
+    "settings.out_of_range:adam_beta1_one": (["adam_beta1=1.0"], "adam_beta1 must be in [0, 1)"),
+    "settings.out_of_range:adam_beta1_negative": (["adam_beta1=-0.1"], "adam_beta1 must be in [0, 1)"),
+    "settings.out_of_range:adam_beta2_above_one": (["adam_beta2=1.5"], "adam_beta2 must be in [0, 1)"),
+    "settings.out_of_range:adam_epsilon_negative": (["adam_epsilon=-1e-8"], "adam_epsilon must be > 0"),
+    "settings.out_of_range:adam_epsilon_zero": (["adam_epsilon=0"], "adam_epsilon must be > 0"),
+    "settings.out_of_range:weight_decay_negative": (["weight_decay=-1"], "weight_decay must be >= 0"),
+    "settings.finite:weight_decay_infinite": (["weight_decay=.inf"], "weight_decay must be a finite number"),
+    "settings.cpu_threads:cpu_threads_100000": (["cpu_threads=100000"], "cpu_threads=100000"),
+    "settings.positive_or_null:cpu_threads_zero": (["cpu_threads=0"], "cpu_threads must be positive"),
+    "settings.label_names_repeated:label_names_duplicated": (["label_names=[0,0,1]"], "label_names lists '0' twice"),
+    "settings.label_names_empty:label_names_empty": (["label_names=[]"], "label_names is empty"),
+    "settings.threshold_without_multi_label:multi_label_threshold_single_label": (["multi_label_threshold=0.9"], "multi_label_threshold=0.9 decides a "
                                                                          "multi-label run's labels"),
-    "tune_threshold_per_label_single_label": (["tune_threshold=per_label"], "tune_threshold=per_label tunes each "
+    "settings.threshold_without_multi_label:tune_threshold_per_label_single_label": (["tune_threshold=per_label"], "tune_threshold=per_label tunes each "
                                                                             "label's decision threshold of a multi-label run"),
-    "model_config_num_labels": (["model_config.num_labels=5"], "model_config.num_labels is set from the data's labels"),
-    "model_config_problem_type": (["model_config.problem_type=regression"], "set problem_type= (a setting of its own)"),
-    "label_names_yaml_null": (["label_names=[neg, null]"], "label_names must hold strings, but YAML read some as "
+    "settings.model_config_label_key:model_config_num_labels": (["model_config.num_labels=5"], "model_config.num_labels is set from the data's labels"),
+    "settings.model_config_label_key:model_config_problem_type": (["model_config.problem_type=regression"], "set problem_type= (a setting of its own)"),
+    "settings.yaml_booleans_in_list:label_names_yaml_null": (["label_names=[neg, null]"], "label_names must hold strings, but YAML read some as "
                                                            "booleans or null (['neg', None]): put them in quotes "
                                                            "(label_names=\"['neg', 'null']\""),
-    "label_names_yaml_bool": (["label_names=[no, yes]"], "put them in quotes (label_names=\"['no', 'yes']\" on the "
+    "settings.yaml_booleans_in_list:label_names_yaml_bool": (["label_names=[no, yes]"], "put them in quotes (label_names=\"['no', 'yes']\" on the "
                                                          "command line"),
-    "text_column_yaml_bool": (["text_column=on"], "text_column must be a string, but YAML read it as the boolean true"),
-    "label_column_null": (["label_column=null"], "label_column cannot be null: leave it out (its default)"),
-    "env_var_in_a_path": (["output_dir=${HOME}/runs/x"], "environment variables are not expanded in settings"),
-    "warmup_steps_past_max_steps": (["warmup_steps=5"], "warmup_steps=5 exceeds max_steps=1"),
-    "warmup_steps_past_the_run": (
+    "settings.yaml_boolean_for_text:text_column_yaml_bool": (["text_column=on"], "text_column must be a string, but YAML read it as the boolean true"),
+    "settings.null_for_a_value:label_column_null": (["label_column=null"], "label_column cannot be null: leave it out (its default)"),
+    "settings.environment_variable:env_var_in_a_path": (["output_dir=${HOME}/runs/x"], "environment variables are not expanded in settings"),
+    "settings.warmup_past_max_steps:warmup_steps_past_max_steps": (["warmup_steps=5"], "warmup_steps=5 exceeds max_steps=1"),
+    "launch.warmup_steps_cover_the_run:warmup_steps_past_the_run": (
         ["max_steps=null", "num_train_epochs=1", "warmup_steps=500"],
         "warmup_steps=500 covers all 2 optimizer step(s) of the run",
     ),
-    "logging_steps_zero": (["logging_steps=0"], "logging_steps must be a positive integer"),
-    "eval_steps_zero": (["eval_steps=0"], "eval_steps must be positive"),
-    "save_steps_negative": (["save_steps=-5"], "save_steps must be positive"),
-    "save_total_limit_zero": (["save_total_limit=0"], "save_total_limit must be positive"),
-    "eval_batch_size_zero": (["per_device_eval_batch_size=0"], "per_device_eval_batch_size must be a positive"),
-    "early_stopping_patience_zero": (["early_stopping_patience=0"], "early_stopping_patience must be positive"),
-    "max_length_one": (["max_length=1", "pad_to_multiple_of=null"], "max_length=1 leaves no room for text"),
-    "text_column_is_the_label_column": (["text_column=label"], "'label' is both the label column and a text"),
-    "text_pair_is_the_text_column": (["text_pair_column=text"], "text_pair_column is the text_column"),
+    "settings.positive:logging_steps_zero": (["logging_steps=0"], "logging_steps must be a positive integer"),
+    "settings.positive_or_null:eval_steps_zero": (["eval_steps=0"], "eval_steps must be positive"),
+    "settings.positive_or_null:save_steps_negative": (["save_steps=-5"], "save_steps must be positive"),
+    "settings.positive_or_null:save_total_limit_zero": (["save_total_limit=0"], "save_total_limit must be positive"),
+    "settings.positive:eval_batch_size_zero": (["per_device_eval_batch_size=0"], "per_device_eval_batch_size must be a positive"),
+    "settings.positive_or_null:early_stopping_patience_zero": (["early_stopping_patience=0"], "early_stopping_patience must be positive"),
+    "models.max_length_without_room:max_length_one": (["max_length=1", "pad_to_multiple_of=null"], "max_length=1 leaves no room for text"),
+    "settings.label_is_an_input:text_column_is_the_label_column": (["text_column=label"], "'label' is both the label column and a text"),
+    "settings.pair_is_the_text:text_pair_is_the_text_column": (["text_pair_column=text"], "text_pair_column is the text_column"),
     # model_config values the model cannot be built or trained with: said before the build
-    "model_config_size_zero": (["model_config.hidden_size=0"], "model_config.hidden_size=0: it must be 1 or more"),
-    "model_config_no_layers": (["model_config.num_hidden_layers=-1"], "num_hidden_layers=-1: it must be 1 or more"),
-    "model_config_no_positions": (["model_config.max_position_embeddings=0"], "max_position_embeddings=0: it must"),
-    "model_config_activation": (["model_config.hidden_act=swishy"], "'swishy' is not an activation transformers has"),
-    "model_config_pad_outside": (["model_config.pad_token_id=40000"], "pad_token_id=40000 is outside the vocabulary"),
+    "models.size_below_one:model_config_size_zero": (["model_config.hidden_size=0"], "model_config.hidden_size=0: it must be 1 or more"),
+    "models.size_below_one:model_config_no_layers": (["model_config.num_hidden_layers=-1"], "num_hidden_layers=-1: it must be 1 or more"),
+    "models.size_below_one:model_config_no_positions": (["model_config.max_position_embeddings=0"], "max_position_embeddings=0: it must"),
+    "models.unknown_activation:model_config_activation": (["model_config.hidden_act=swishy"], "'swishy' is not an activation transformers has"),
+    "models.pad_token_outside_vocabulary:model_config_pad_outside": (["model_config.pad_token_id=40000"], "pad_token_id=40000 is outside the vocabulary"),
 }
 
 assert not COMMANDS.keys() & SETTINGS.keys()
@@ -778,34 +779,45 @@ def _some_slow(cases, slow: set[str]) -> list:
 
 # Refused only after a model is built or a checkpoint read: one of each kind stays in the default run
 # (checkpoint_holding_code, checkpoint_other_task, device_unknown, warmup_steps_past_the_run).
-SLOW_CASES = {"checkpoint_optimizer_holding_code", "no_checkpoint_to_resume", "checkpoint_missing",
-              "checkpoint_without_marker", "checkpoint_other_batch", "checkpoint_other_model",
-              "checkpoint_other_labels", "device_missing", "accumulation_over_epoch"}  # fmt: skip
+SLOW_CASES = {
+    "runs.state_not_plain_data:checkpoint_optimizer_holding_code",
+    "runs.no_checkpoint_to_resume:no_checkpoint_to_resume",
+    "runs.checkpoint_not_found:checkpoint_missing",
+    "runs.resume_not_complete:checkpoint_without_marker",
+    "runs.other_topology:checkpoint_other_batch",
+    "runs.resume_changes_a_fixed_setting:checkpoint_other_model",
+    "runs.resume_on_other_labels:checkpoint_other_labels",
+    "models.device_missing:device_missing",
+    "launch.accumulation_over_epoch:accumulation_over_epoch",
+}
 
 
 @pytest.mark.parametrize("case", _some_slow(CASES, SLOW_CASES))
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, world, capsys):
     make_args, fragment = CASES[case]
-    user_error(capsys, main, make_args(world), fragment, untouched=world.done)
+    user_error(capsys, main, make_args(world), fragment, untouched=world.done, rule=case.split(":")[0])
     assert not (world.root / "checkpoints" / "code-ran").exists()
 
 
 @pytest.mark.parametrize(  # the slow ones are held in-process too
     "case",
-    _some_slow(["csv_ragged_more", "image_corrupt", "checkpoint_holding_code", "finished_output_dir"],
-               {"csv_ragged_more", "image_corrupt", "checkpoint_holding_code"}),
+    _some_slow(["files.csv_ragged_row:csv_ragged_more", "images.unreadable_image:image_corrupt",
+                "runs.rng_state_not_plain_data:checkpoint_holding_code", "runs.output_dir_holds_a_run:finished_output_dir"],
+               {"files.csv_ragged_row:csv_ragged_more", "images.unreadable_image:image_corrupt",
+                "runs.rng_state_not_plain_data:checkpoint_holding_code"}),
 )  # fmt: skip
 def test_bad_input_from_the_command_line(case, world):
     make_args, fragment = CASES[case]
     script = str(REPO / "finetune/run.py")
-    user_error_from_command([script, *make_args(world)], fragment, untouched=world.done, cwd=world.root)
+    user_error_from_command([script, *make_args(world)], fragment, untouched=world.done, cwd=world.root,
+                            rule=case.split(":")[0])  # fmt: skip
     assert not (world.root / "checkpoints" / "code-ran").exists()
 
 
 def test_a_cut_off_json_lines_file_is_our_line_alone(world):
     """pyarrow fails on the cut-off last line and datasets logs its own "Failed to load JSON" line before
     raising: only the app's line, which names the line and the fix, reaches the user."""
-    make_args, fragment = CASES["jsonl_broken"]
+    make_args, fragment = CASES["files.json_syntax:jsonl_broken"]
     result = subprocess.run([sys.executable, str(REPO / "finetune/run.py"), *make_args(world)], capture_output=True,
                             text=True, timeout=180, cwd=world.root)  # fmt: skip
     one_error_line(result.returncode, result.stderr, fragment)
@@ -865,7 +877,7 @@ def test_a_data_dir_that_is_a_zip_or_a_file_says_so(world, tmp_path, capsys):
     for path, fragment in [(tmp_path / "images.zip", "is a zip file; unzip it"),
                            (world.train, "is a file, not a folder of images")]:  # fmt: skip
         args = ["--config", IMAGEFOLDER, f"model_config={TINY_VIT}", f"data_dir={path}", f"output_dir={tmp_path / 'o'}"]
-        user_error(capsys, main, args, f"data_dir {path} {fragment}")
+        user_error(capsys, main, args, f"data_dir {path} {fragment}", rule="files.data_dir_is_a_file")
 
 
 def test_what_the_fuzzer_found_is_said_with_its_fix(small_text_data, tmp_path, capsys):
@@ -948,7 +960,7 @@ def test_overwrite_then_a_mistake_found_mid_run_keeps_the_earlier_run(world, cop
     then the overwrite has begun. The earlier run, and the user's file beside it, come back whole."""
     (copy / "notes.txt").write_text("mine")
     argv = _image(world, world.images_cut_jpeg, "num_train_epochs=1", "per_device_train_batch_size=4", out=copy)
-    user_error(capsys, main, [a for a in argv if a != "max_steps=1"], "cut.jpg", untouched=copy)
+    user_error(capsys, main, [a for a in argv if a != "max_steps=1"], "cut.jpg", untouched=copy, rule="images.undecodable")
     assert json.loads((copy / "results.json").read_text())["step"] == 2
 
 
@@ -1207,7 +1219,7 @@ def test_a_permission_refused_is_one_line_also_as_root(what, world, monkeypatch,
         monkeypatch.setattr(Path, "read_text", refuse)
         argv = ["--config", str(world.root / "recipe.yaml"), f"output_dir={world.done}"]
     name = "train.csv" if what == "train file" else "recipe.yaml"
-    user_error(capsys, main, argv, name, "ermission", untouched=world.done)
+    user_error(capsys, main, argv, name, "ermission", untouched=world.done, rule="files.unreadable")
 
 
 def _disk_full(path: str = "") -> OSError:

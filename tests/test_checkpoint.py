@@ -601,7 +601,7 @@ def test_a_resume_whose_training_file_moved_names_the_setting_to_give(small_text
     moved = data["train"].rename(tmp_path / "moved.csv")
     resume = ["resume_from_checkpoint=latest", f"output_dir={run}", "max_steps=3"]
     user_error(capsys, main, resume, f"the run's train_file {data['train']} is not found (moved or renamed since the "
-               "run?); resume with train_file=<its path now>", untouched=run)  # fmt: skip
+               "run?); resume with train_file=<its path now>", untouched=run, rule="settings.resumed_data_moved")  # fmt: skip
     assert main([*resume, f"train_file={moved}"])["step"] == 3
 
 

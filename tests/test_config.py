@@ -38,8 +38,9 @@ def test_every_shipped_recipe_loads():
         cfg = load_config(recipe, ["train_file=mine.csv"] if own_files else [])
         if own_files:
             assert (cfg.validation_file, cfg.test_file) == (None, None)
-            with pytest.raises(UserError, match="no training data"):
+            with pytest.raises(UserError, match="no training data") as raised:
                 load_config(recipe)
+            assert raised.value.rule == "settings.no_training_data"
         for key in ("train_file", "validation_file", "test_file", "data_dir", "model_name_or_path"):
             value = getattr(cfg, key)
             if value and str(value).startswith("/"):
@@ -282,8 +283,9 @@ def test_model_name_or_path_on_the_command_line_replaces_the_recipe_s_model_conf
 
 
 def test_an_empty_output_dir_says_what_to_give():
-    with pytest.raises(UserError, match=r"output_dir is empty; give the folder the run writes to \(output_dir=runs/"):
+    with pytest.raises(UserError, match=r"output_dir is empty; give the folder the run writes to \(output_dir=runs/") as raised:
         load_config(None, ["output_dir="])
+    assert raised.value.rule == "settings.output_dir_empty"
 
 
 def test_integers_yaml_1_1_would_read_otherwise_are_taken_as_written():
@@ -467,8 +469,9 @@ def test_transformers_flags_are_answered_wherever_they_stand(capsys):
 
     for argv in (["--do_train", "output_dir=runs/x"], ["learning_rate=1e-4", "--do_eval", "seed=3"]):
         with pytest.raises(UserError, match=r"^--do_(train|eval) is a flag of transformers' scripts, not of this one: "
-                                            r"a run (always trains|evaluates on validation_file)"):  # fmt: skip
+                                            r"a run (always trains|evaluates on validation_file)") as raised:  # fmt: skip
             parse_args(argv)
+        assert raised.value.rule == "settings.flag_of_other_tools"
 
 
 @pytest.mark.parametrize(
@@ -524,6 +527,7 @@ def test_a_data_file_and_an_image_folder_both_named_are_refused():
     recipe = CONFIGS_DIR / "vit_imagefolder.yaml"
     with pytest.raises(UserError, match=r"^train_file=r.csv and data_dir=imgs both name the training data; give one: "
                                         r"train_file= for a data file \(data_dir=null\), data_dir= for an image folder "
-                                        r"\(train_file=null\)$"):  # fmt: skip
+                                        r"\(train_file=null\)$") as raised:  # fmt: skip
         load_config(recipe, ["data_dir=imgs", "train_file=r.csv"])
+    assert raised.value.rule == "settings.file_and_image_folder"
     assert load_config(recipe, ["train_file=r.csv"]).data_dir is None  # one named: the recipe's other is dropped

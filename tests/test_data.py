@@ -55,7 +55,7 @@ def test_a_model_folder_s_other_files_given_as_data_are_named(name, tmp_path, ca
     rows = [{"text": f"sentence {i}", "label": ["pos", "neg"][i % 2]} for i in range(12)]
     data = {"train": REPO / "data/bert_minilm_l6_uncased" / name, "validation": write_csv(tmp_path / "v.csv", rows)}
     user_error(capsys, main, recipe_text_args(data, tmp_path / "run"), f"the keys of a model's {name}",
-               "give a data file")  # fmt: skip
+               "give a data file", rule="columns.a_model_file")  # fmt: skip
 
 
 def test_a_model_s_config_json_given_as_data_is_named(tmp_path, capsys):
@@ -68,7 +68,7 @@ def test_a_model_s_config_json_given_as_data_is_named(tmp_path, capsys):
     rows = [{"text": f"sentence {i}", "label": ["pos", "neg"][i % 2]} for i in range(12)]
     data = {"train": config, "validation": write_csv(tmp_path / "v.csv", rows)}
     user_error(capsys, main, recipe_text_args(data, tmp_path / "run"), "the keys of a model's config.json",
-               "give a data file")  # fmt: skip
+               "give a data file", rule="columns.a_model_file")  # fmt: skip
 
 
 def test_a_validation_file_of_one_class_is_said(tmp_path, capsys):
@@ -87,7 +87,7 @@ def test_a_label_that_differs_only_by_spaces_or_case_in_validation_is_named(tmp_
     rows = [{"text": f"sentence {i}", "label": ["pos", "neg"][i % 2]} for i in range(12)]
     other = [{**row, "label": {"pos": "pos ", "neg": "Neg"}[row["label"]]} for row in rows]
     data = {"train": write_csv(tmp_path / "t.csv", rows), "validation": write_csv(tmp_path / "v.csv", other)}
-    line = user_error(capsys, main, recipe_text_args(data, tmp_path / "run"))
+    line = user_error(capsys, main, recipe_text_args(data, tmp_path / "run"), rule="labels.unseen_near_a_training_label")
     assert "were not seen in training" in line
     assert "'Neg' (train: 'neg'), 'pos ' (train: 'pos') differ from the training labels only by letter case and " \
            "surrounding spaces" in line  # fmt: skip
@@ -95,7 +95,7 @@ def test_a_label_that_differs_only_by_spaces_or_case_in_validation_is_named(tmp_
 
 def test_an_image_class_with_no_training_image_is_refused(tmp_path, capsys):
     folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog", "fox"]})
-    line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"))
+    line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"), rule="labels.class_without_training_sample")
     assert "class 'fox'" in line and "has no training sample" in line
 
 
@@ -104,7 +104,7 @@ def test_an_empty_class_folder_is_refused(tmp_path, capsys):
     folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"]})
     (folder / "train" / "fox").mkdir()
     (folder / "train" / "fox" / "notes.txt").write_text("to do: photos")
-    line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"))
+    line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"), rule="images.empty_class_folder")
     assert f"class folder {folder / 'train' / 'fox'} holds no image, so its class would be left out" in line
 
 
@@ -122,7 +122,7 @@ def test_phone_photos_that_cannot_be_read_are_named(tmp_path, capsys):
     reset_accelerate()
     (folder / "train" / "fox").mkdir()
     (folder / "train" / "fox" / "IMG_0002.heic").write_bytes(heic)
-    line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "fox"))
+    line = user_error(capsys, main, tiny_image_args(folder, tmp_path / "fox"), rule="images.class_of_unreadable_photos")
     assert line.endswith(f"class folder {folder / 'train' / 'fox'} holds only .heic photos, which cannot be read "
                          "here: convert them to JPEG or PNG")  # fmt: skip
     # in the validation split, a class of them alone would just be missing there: counted in the warning
@@ -139,7 +139,7 @@ def test_an_image_class_that_differs_only_by_case_is_named(tmp_path, capsys):
     folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["Cat", "dog"]})
     user_error(capsys, main, tiny_image_args(folder, tmp_path / "run"),
                "class 'Cat' of label column 'label' has no training sample; 'Cat' (train: 'cat') differ from the "
-               "training labels only by letter case", "name each class's folder the same in every split")  # fmt: skip
+               "training labels only by letter case", "name each class's folder the same in every split", rule="labels.class_without_training_sample")  # fmt: skip
     assert not (tmp_path / "run").exists()
 
 
@@ -250,7 +250,7 @@ def test_an_image_folder_without_class_folders_says_how_to_lay_it_out(tmp_path, 
     drawn_images(tmp_path, {"": [(60 * i, 0, 0) for i in range(4)]}, split="", size=(20, 20))  # no class folder
     recipe = str(REPO / "finetune/configs/vit_imagefolder.yaml")
     out = tmp_path.parent / f"{tmp_path.name}-run"  # outside data_dir, which is refused
-    line = user_error(capsys, main, ["--config", recipe, f"data_dir={tmp_path}", f"output_dir={out}"])
+    line = user_error(capsys, main, ["--config", recipe, f"data_dir={tmp_path}", f"output_dir={out}"], rule="columns.labels_of_an_image_folder")
     assert "column 'label' not found" in line and "<data_dir>/train/<class>/" in line
 
 
@@ -451,8 +451,9 @@ def test_max_train_samples_that_leaves_one_class_is_refused(tmp_path):
     argv = [f"train_file={path}", f"validation_file={path}", "test_file=null", "label_names=null",
             "max_eval_samples=null"]  # fmt: skip
     with pytest.raises(UserError, match="max_train_samples=3 leaves the training data one class \\('neg': the first 3 "
-                                        "rows are taken\\); a classifier needs at least two"):  # fmt: skip
+                                        "rows are taken\\); a classifier needs at least two") as raised:  # fmt: skip
         load_splits(load_config(None, [*argv, "max_train_samples=3"]).data_args)
+    assert raised.value.rule == "splits.kept_one_class"
     assert len(load_splits(load_config(None, [*argv, "max_train_samples=4"]).data_args)[0]["train"]) == 4
 
 
@@ -593,8 +594,9 @@ def test_a_regression_target_that_never_varies_is_refused(tmp_path):
     path.write_text("".join(f'{{"text": "sample {i}", "score": 3.5}}\n' for i in range(8)))
     cfg = load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
                              "label_column=score", "problem_type=regression"])  # fmt: skip
-    with pytest.raises(UserError, match=r"label column 'score' holds the same number \(3.5\) in every training row"):
+    with pytest.raises(UserError, match=r"label column 'score' holds the same number \(3.5\) in every training row") as raised:
         load_splits(cfg.data_args)
+    assert raised.value.rule == "labels.targets_all_the_same"
 
 
 def test_a_split_folder_named_in_another_case_is_refused(tmp_path):
@@ -655,8 +657,9 @@ def test_a_folder_of_other_files_than_dataset_name_reads_is_named(tmp_path):
 
     write_csv(tmp_path / "train.csv", [{"text": "a", "label": "pos"}])
     with pytest.raises(UserError, match=re.escape(f"data_dir {tmp_path} holds no .json or .jsonl file for "
-                                                  "dataset_name=json; its files are .csv: set dataset_name=csv")):
+                                                  "dataset_name=json; its files are .csv: set dataset_name=csv")) as raised:
         load_raw({}, "json", None, str(tmp_path))
+    assert raised.value.rule == "files.builder_of_other_files"
 
 
 def test_numbers_written_as_strings_are_texts(tmp_path):
@@ -685,8 +688,9 @@ def test_a_hub_dataset_offline_says_how_to_get_it(monkeypatch):
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(UserError, match=r"^could not load data from glue: .*; HF_DATASETS_OFFLINE is set \(no "
-                                        r"downloads\): load it once while online .* or give local files: train_file="):
+                                        r"downloads\): load it once while online .* or give local files: train_file=") as raised:
         load_raw({}, "glue", "sst2", None)
+    assert raised.value.rule == "files.hub_offline"
 
 
 def test_a_label_column_of_one_class_a_sample_trains_with_one_warning(tmp_path, capsys):
@@ -717,8 +721,9 @@ def test_a_class_folder_beside_the_split_folders_is_refused_from_the_command(tmp
     assert load_splits(cfg.data_args)[1] == ["cat", "dog"]  # macOS' AppleDouble folder is no one's images
     class_folders(folder, {"bird": ["x"]})
     with pytest.raises(UserError, match=rf"^{folder / 'bird'} holds images beside the split folders of {folder} "
-                                        r"\(train, validation\): .* move bird/ into train/ \(as a class\) or out"):  # fmt: skip
+                                        r"\(train, validation\): .* move bird/ into train/ \(as a class\) or out") as raised:  # fmt: skip
         load_splits(cfg.data_args)
+    assert raised.value.rule == "images.images_beside_split_folders"
 
 
 def test_a_run_folder_inside_an_image_folder_is_named(tmp_path):
@@ -743,8 +748,9 @@ def test_a_csv_without_its_header_row_is_named_as_such(tmp_path):
     train = tmp_path / "train.csv"
     train.write_text("poorly made,neg\ngreat fun,pos\nbad film,neg\nfine work,pos\n")
     with pytest.raises(UserError, match=r"column 'label' not found in the train data; columns are: poorly made, neg; "
-                                        r"the first row looks like data, not a header \('neg' is also a value"):  # fmt: skip
+                                        r"the first row looks like data, not a header \('neg' is also a value") as raised:  # fmt: skip
         load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
+    assert raised.value.rule == "columns.no_header"
 
 
 def test_a_file_with_neither_default_column_names_its_labels_and_texts(tmp_path):
@@ -759,8 +765,9 @@ def test_a_file_with_neither_default_column_names_its_labels_and_texts(tmp_path)
     train = write_csv(tmp_path / "train.csv", rows)
     with pytest.raises(UserError, match=r"^column 'label' not found in the train data; columns are: review, sentiment; "
                                         r"if 'sentiment' holds the labels and 'review' the texts, set text_column=review "
-                                        r"label_column=sentiment$"):  # fmt: skip
+                                        r"label_column=sentiment$") as raised:  # fmt: skip
         load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
+    assert raised.value.rule == "columns.labels_and_texts_named_otherwise"
 
 
 def test_a_url_as_a_data_file_is_named_as_a_url():
@@ -768,8 +775,9 @@ def test_a_url_as_a_data_file_is_named_as_a_url():
     from finetune.data import load_raw
     from finetune.errors import UserError
 
-    with pytest.raises(UserError, match=r"^train file https://example.com/t.csv is a URL; .* download it first"):
+    with pytest.raises(UserError, match=r"^train file https://example.com/t.csv is a URL; .* download it first") as raised:
         load_raw({"train": "https://example.com/t.csv"}, None, None, None)
+    assert raised.value.rule == "files.url"
 
 
 def test_a_json_lines_line_that_is_an_array_is_the_line_named(tmp_path):
@@ -779,8 +787,9 @@ def test_a_json_lines_line_that_is_an_array_is_the_line_named(tmp_path):
 
     path = tmp_path / "t.jsonl"
     path.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n["c", "x"]\n{"text": "d", "label": "y"}\n')
-    with pytest.raises(UserError, match=r"line 3 holds an array, not a record: each line of JSON Lines is one"):
+    with pytest.raises(UserError, match=r"line 3 holds an array, not a record: each line of JSON Lines is one") as raised:
         load_raw({"train": str(path)}, None, None, None)
+    assert raised.value.rule == "files.json_line_not_a_record"
 
 
 def test_a_validation_file_with_other_column_names_than_train_says_to_align_them(tmp_path):
@@ -811,8 +820,9 @@ def test_a_label_with_a_line_break_is_named_with_its_row(tmp_path):
 
     train = tmp_path / "train.csv"
     train.write_text('text,label\na,pos\nb,neg\nc,"pos\nx"\nd,neg\ne,pos\n')
-    with pytest.raises(UserError, match=r"holds a label with a line break \('pos\\nx' at row 3\): a quote left open"):
+    with pytest.raises(UserError, match=r"holds a label with a line break \('pos\\nx' at row 3\): a quote left open") as raised:
         load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
+    assert raised.value.rule == "labels.line_break_in_a_label"
 
 
 def test_texts_that_each_appear_with_two_labels_are_warned_of(tmp_path, capsys):
@@ -870,8 +880,9 @@ def test_json_lines_with_a_comma_after_each_record_says_so(tmp_path):
 
     path = tmp_path / "t.jsonl"
     path.write_text("".join(f'{{"text": "t{i}", "label": "{"ab"[i % 2]}"}},\n' for i in range(6)))
-    with pytest.raises(UserError, match=r"its lines end with a comma after each record .*remove the commas"):
+    with pytest.raises(UserError, match=r"its lines end with a comma after each record .*remove the commas") as raised:
         load_raw({"train": str(path)}, None, None, None)
+    assert raised.value.rule == "files.jsonl_commas"
 
 
 @pytest.mark.parametrize("comment", ["// exported 2026-11-27", "/* reviews */", "# reviews"])
@@ -885,8 +896,9 @@ def test_a_json_file_with_a_comment_line_names_the_comment(tmp_path, comment):
     path = tmp_path / "t.json"
     path.write_text("[\n" + comment + "\n" + ",\n".join(records) + "\n]\n")
     with pytest.raises(UserError, match=rf"line 2 is a comment \('{re.escape(comment[:2])}.*\), which JSON does not "
-                                        r"allow: remove the comment lines$"):  # fmt: skip
+                                        r"allow: remove the comment lines$") as raised:  # fmt: skip
         load_raw({"train": str(path)}, None, None, None)
+    assert raised.value.rule == "files.json_comment"
 
 
 def test_a_validation_share_written_as_a_fraction_is_read_as_the_percentage_it_is(tmp_path):
@@ -899,8 +911,9 @@ def test_a_validation_share_written_as_a_fraction_is_read_as_the_percentage_it_i
     args = tiny_text_args({"train": train, "validation": train}, tmp_path / "r", "validation_file=null",
                           "validation_split_percentage=0.5")  # fmt: skip
     with pytest.raises(UserError, match=r"validation_split_percentage=0.5 is a percentage: it holds out 0.5% of the "
-                                        r"samples; for half of them write 50"):  # fmt: skip
+                                        r"samples; for half of them write 50") as raised:  # fmt: skip
         load_splits(load_config(None, args))
+    assert raised.value.rule == "splits.share_as_a_fraction"
 
 
 def test_a_tokenized_split_is_cached_under_what_makes_it_and_nothing_else(tmp_path):
@@ -967,7 +980,7 @@ def test_a_rare_class_one_slip_from_a_common_one_is_said(tmp_path, capsys):
     assert "holds 'positve' (1 sample) beside 'positive' (40): a misspelling? fix the label in the data" in err
     user_error(capsys, main, recipe_text_args({"train": tmp_path / "t.csv", "validation": val}, tmp_path / "b",
                                               "validation_file=null"),  # fmt: skip
-               "('positve' (1 sample) beside 'positive' (40): a misspelling? fix that label in the data)")
+               "('positve' (1 sample) beside 'positive' (40): a misspelling? fix that label in the data)", rule="splits.a_misspelt_class")
     main(recipe_text_args({"train": tmp_path / "t.csv", "validation": val}, tmp_path / "c", "max_steps=1",
                           "label_names=[negative,positive,positve]"))  # fmt: skip
     assert "misspelling" not in capsys.readouterr().err
@@ -982,7 +995,7 @@ def test_images_as_pixel_columns_are_named_as_such(recipe, tmp_path, capsys):
                     + "".join(f"{r % 3}," + ",".join(["0"] * 784) + "\n" for r in range(12)))  # fmt: skip
     args = [*(["--config", str(REPO / recipe), "data_dir=null"] if recipe else []), f"train_file={path}",
             f"output_dir={tmp_path / 'o'}"]  # fmt: skip
-    line = user_error(capsys, main, args, "holds images as 784 pixel columns (pixel1 ... pixel784)", "data_dir")
+    line = user_error(capsys, main, args, "holds images as 784 pixel columns (pixel1 ... pixel784)", "data_dir", rule="columns.pixel_columns")
     assert len(line) < 400
 
 
@@ -1035,8 +1048,9 @@ def test_a_nested_field_named_with_a_dot_is_pointed_to_flattening(tmp_path):
     path.write_text("".join(f'{{"data": {{"text": "t{i}"}}, "label": {i % 2}}}\n' for i in range(6)))
     args = [f"train_file={path}", f"validation_file={path}", "test_file=null", "label_names=null",
             "max_train_samples=null", "max_eval_samples=null"]  # fmt: skip
-    with pytest.raises(UserError, match=r"'data' holds fields \(text\), and nested fields are not read: flatten"):
+    with pytest.raises(UserError, match=r"'data' holds fields \(text\), and nested fields are not read: flatten") as raised:
         load_splits(load_config(None, [*args, "text_column=data.text"]).data_args)
+    assert raised.value.rule == "columns.nested_field"
     flat = tmp_path / "flat.jsonl"
     flat.write_text("".join(f'{{"data.text": "t{i}", "label": {i % 2}}}\n' for i in range(6)))
     raw, _ = load_splits(load_config(None, [*args, f"train_file={flat}", f"validation_file={flat}",

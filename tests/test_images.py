@@ -171,5 +171,6 @@ def test_an_image_folder_without_a_train_split_says_where_training_images_go(tmp
     from finetune.errors import UserError
 
     class_folders(tmp_path / "imgs", {"validation": ["cat", "dog"], "test": ["cat", "dog"]})
-    with pytest.raises(UserError, match=r"no 'train' split \(found: .*\); an image folder trains on .*/train/<label>/<image>"):
+    with pytest.raises(UserError, match=r"no 'train' split \(found: .*\); an image folder trains on .*/train/<label>/<image>") as raised:
         load_raw({}, None, None, str(tmp_path / "imgs"))
+    assert raised.value.rule == "files.no_train_split"

@@ -52,7 +52,7 @@ def test_no_module_but_the_task_module_names_a_task():
 def test_the_run_directory_is_spelled_in_one_module():
     names = {"config.yaml", "metrics.jsonl", "results.json", "training_curves.png", ".previous-run"}
     spelling = {p.name for p in MODULES if _strings(p) & names}
-    assert spelling == {"rundir.py"}
+    assert spelling == {"layout.py"}
 
 
 # Every name a run directory holds, by the module that writes it. "model" is left out (a word with
@@ -60,7 +60,7 @@ def test_the_run_directory_is_spelled_in_one_module():
 # (model.safetensors, optimizer.bin, random_states_N.pkl, config.json).
 RUN_DIR_NAMES = {
     "config.yaml", "metrics.jsonl", "results.json", "training_curves.png", ".previous-run",
-    "checkpoints", "adapter",  # finetune/run.py, export.py: already in rundir.py
+    "checkpoints", "adapter",  # finetune/run.py, export.py: already in layout.py
     "eval", "metrics.json", "predictions.jsonl", "confusion_matrix.png",  # evaluate_checkpoint.py
     "manifest.json", "COMPLETE", "step-",  # checkpoint.py
     "study.db", "best_recipe.yaml", "search.json", "trial-",  # search.py
@@ -92,7 +92,7 @@ def _spelled_run_dir_names() -> dict[str, set[str]]:
     spelled: dict[str, set[str]] = {name: set() for name in RUN_DIR_NAMES}
     for module in MODULES:
         # the owner defines every name as a constant; elsewhere a PATH_ONLY word counts as a path part only
-        owner = module.name == "rundir.py"
+        owner = module.name == "layout.py"
         for name in (_strings(module) & (RUN_DIR_NAMES - (set() if owner else PATH_ONLY))) | (_path_parts(module) & PATH_ONLY):
             spelled[name].add(module.name)
     return spelled
@@ -101,14 +101,14 @@ def _spelled_run_dir_names() -> dict[str, set[str]]:
 def test_no_other_module_starts_spelling_the_run_directory():
     """Until the names below move, only their present owners spell them; no module joins them."""
     spellers = set().union(*_spelled_run_dir_names().values())
-    assert spellers <= {"rundir.py"} | STILL_SPELLING, spellers - STILL_SPELLING
+    assert spellers <= {"layout.py"} | STILL_SPELLING, spellers - STILL_SPELLING
 
 
-def test_every_name_of_the_run_directory_is_spelled_only_in_rundir():
+def test_every_name_of_the_run_directory_is_spelled_only_in_layout():
     """STYLE.md habit 17: one module owns the run directory's layout."""
     spelled = _spelled_run_dir_names()
-    assert spelled == {name: {"rundir.py"} for name in RUN_DIR_NAMES}, {
-        name: sorted(modules) for name, modules in spelled.items() if modules != {"rundir.py"}
+    assert spelled == {name: {"layout.py"} for name in RUN_DIR_NAMES}, {
+        name: sorted(modules) for name, modules in spelled.items() if modules != {"layout.py"}
     }
 
 

@@ -41,8 +41,8 @@ def test_skipped_scaler_steps_leave_schedule_and_nonfinite_count(small_text_data
     made = {}
     real_make, real_build = run.make_accelerator, run.build_model
 
-    def make_with_scaler(cfg):
-        accelerator = real_make(cfg)
+    def make_with_scaler(cfg, said=None):
+        accelerator = real_make(cfg, said)
         made["scaler"] = accelerator.scaler = torch.amp.GradScaler(
             "cpu", init_scale=init_scale, growth_interval=10**6
         )

@@ -490,6 +490,7 @@ def test_a_pretrained_model_that_does_not_load_is_named_by_its_rule(tmp_path, mo
     def refused(args: ModelArgs, rule: str, fragment: str) -> None:
         with pytest.raises(UserError, match=fragment) as e:
             build_model(args, ["0", "1"], vocab_size=None if args.model_config is None else 100)
+        assert e.value.rule == "models.model_not_built"
         assert e.value.rule == f"models.{rule}"
 
     folder = save_tiny_bert(tmp_path / "bert", tokenizer=False)

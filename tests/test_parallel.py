@@ -241,6 +241,7 @@ def test_plan_errors():
     ]:  # fmt: skip
         with pytest.raises(UserError, match=message) as e:
             plan_model_parallel(model, devices, micro_batch_size=1, seq_len=8, **kw)
+        assert e.value.rule == "models.no_devices"
         assert e.value.rule == f"models.{rule}"
 
 

@@ -122,8 +122,9 @@ def test_config_defaults_follow_the_problem_type():
     assert resolve("regression", metric_for_best_model="pearson").greater_is_better is True
     cfg = resolve("multi_label_classification")
     assert (cfg.metric_for_best_model, cfg.greater_is_better) == ("micro_f1", True)
-    with pytest.raises(UserError, match="metric_for_best_model must be one of mse, mae, .* for regression"):
+    with pytest.raises(UserError, match="metric_for_best_model must be one of mse, mae, .* for regression") as raised:
         resolve("regression", metric_for_best_model="accuracy")
+    assert raised.value.rule == "settings.metric_of_another_problem"
 
 
 # --- the real entry points -------------------------------------------------------------------------------
@@ -323,8 +324,9 @@ def test_no_training_data_on_a_resume_with_a_recipe_says_to_leave_the_recipe_out
     from finetune.config import load_config
 
     recipe = REPO / "finetune/configs/bert_custom_files.yaml"
-    with pytest.raises(UserError, match="a resume with --config reads that recipe, not the run's saved"):
+    with pytest.raises(UserError, match="a resume with --config reads that recipe, not the run's saved") as raised:
         load_config(recipe, ["resume_from_checkpoint=latest", f"output_dir={tmp_path}"])
+    assert raised.value.rule == "settings.no_training_data"
 
 
 def test_label_columns_refuse_another_problem_type():

@@ -115,7 +115,7 @@ def test_plan_only_prints_the_plan_and_trains_nothing(small_text_data, tmp_path,
     assert not (out / "model").exists()
     # with --dry-run as well: two plans, one of them would be left out without a word
     user_error(capsys, main, tiny_text_args(small_text_data, out, "model_parallel=true", "devices=cpu,cpu",
-                                            "--plan-only", "--dry-run"), "give one of them")  # fmt: skip
+                                            "--plan-only", "--dry-run"), "give one of them", rule="settings.modes_both")  # fmt: skip
 
 
 # A learning rate of 1e30 from the first step: the weights overflow after one step, every loss after is NaN.

@@ -149,7 +149,7 @@ def test_a_compiled_run_compiles_every_shape_in_its_warm_up_and_trains_as_the_ea
 
 def test_torch_compile_refuses_the_layer_split(small_text_data, tmp_path, capsys):
     line = user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "r", "torch_compile=true",
-                                                    "model_parallel=true", "devices=cpu,cpu"))  # fmt: skip
+                                                    "model_parallel=true", "devices=cpu,cpu"), rule="settings.compile_layer_split")  # fmt: skip
     assert "torch_compile does not work with model_parallel=true" in line
     assert not (tmp_path / "r").exists()
 
@@ -184,7 +184,7 @@ def test_the_compile_mode_reaches_torch_compile_and_needs_torch_compile(small_te
                         "torch_compile_mode=max-autotune-no-cudagraphs"))  # fmt: skip
     assert seen == [{"dynamic": False, "mode": "max-autotune-no-cudagraphs"}]
     line = user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "r", *args,
-                                                   "torch_compile_mode=reduce-overhead"))  # fmt: skip
+                                                   "torch_compile_mode=reduce-overhead"), rule="settings.compile_mode_alone")  # fmt: skip
     assert "torch_compile_mode=reduce-overhead needs torch_compile=true" in line
 
 

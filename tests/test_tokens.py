@@ -136,7 +136,7 @@ def test_tags_that_differ_only_by_case_are_refused_and_a_plain_set_is_ordered_by
     rows = [{"tokens": ["ada", "went"], "ner_tags": ["B-PERSON", "O"]}, {"tokens": ["bo", "ran"], "ner_tags": ["B-Person", "O"]}]
     data = {"train": _rows(tmp_path / "t.jsonl", rows * 3), "validation": _rows(tmp_path / "v.jsonl", rows)}
     user_error(capsys, main, tagging_args(data, tmp_path / "run", "label_names=null"),
-               "tags 'B-PERSON' and 'B-Person' differ only by letter case")  # fmt: skip
+               "tags 'B-PERSON' and 'B-Person' differ only by letter case", rule="labels.tag_case_twins")  # fmt: skip
     assert not (tmp_path / "run").exists()
     upos = _rows(tmp_path / "p.jsonl", [{"tokens": ["a", "b", "c", "d"], "upos": ["VERB", "ADJ", "NOUN", "DET"]}])
     assert tag_names(load_raw({"train": str(upos)}, None, None, None)["train"], "upos", None) == ["ADJ", "DET", "NOUN",
@@ -161,7 +161,7 @@ def test_a_conllu_file_gives_its_words_and_parts_of_speech(tmp_path, capsys):
     blank = tmp_path / "misc.conll"  # a word and its MISC column
     blank.write_text("Ada\t_\ngo\t_\n\n")
     user_error(capsys, main, tagging_args({"train": blank, "validation": path}, tmp_path / "run2", "label_names=null"),
-               "tag '_' at row 1, word 1 is '_', CoNLL's mark for a value not given")  # fmt: skip
+               "tag '_' at row 1, word 1 is '_', CoNLL's mark for a value not given", rule="columns.tag_not_iob2")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -186,8 +186,9 @@ def test_a_conll_file_with_a_header_line_is_refused_as_such(tmp_path):
     a token."""
     path = tmp_path / "h.conll"
     path.write_text("TOKEN\tNE\nAda\tB-PER\nwrote\tO\n")
-    with pytest.raises(UserError, match=r"line 1 looks like a header \('TOKEN NE'\): a CoNLL file has none"):
+    with pytest.raises(UserError, match=r"line 1 looks like a header \('TOKEN NE'\): a CoNLL file has none") as raised:
         read_conll(str(path), "train", "tokens", "ner_tags")
+    assert raised.value.rule == "files.conll_header"
     path.write_text("Word\tO\nAda\tB-PER\n")
     assert read_conll(str(path), "train", "tokens", "ner_tags")["tokens"] == [["Word", "Ada"]]
 
@@ -298,24 +299,24 @@ def test_words_that_hold_a_space_are_one_warning(tmp_path, capsys):
     assert said([{"tokens": r["tokens"][0].split()[:1] + r["tokens"][1:], "ner_tags": r["ner_tags"]} for r in rows]) == []
 
 
-def test_integer_tags_read_through_a_recipe_s_label_names_are_said(tmp_path, capsys):
-    """Integer tag ids of the user's own file, decoded by the NER recipe's label_names (written for its own
-    data): one warning that names the mapping and the fix; none when label_names come from the command line,
-    nor for tags written as names, nor for the recipe's own data."""
+def test_integer_tags_of_the_users_file_are_not_read_through_the_recipes_label_names(tmp_path, capsys):
+    """Integer tag ids of the user's own file beside the NER recipe: the recipe's label_names belong to its own
+    data, so they decode nothing here; the line asks for the tag of each id. Given on the command line, they
+    read the ids; the recipe's own data keeps its list."""
     rows = [json.loads(line) for line in write_tagging(tmp_path / "s.jsonl", 12, seed=3).read_text().splitlines()]
     ids = _rows(tmp_path / "ids.jsonl", [{"tokens": r["tokens"], "ner_tags": [TAGS.index(t) for t in r["ner_tags"]]}
                                          for r in rows])  # fmt: skip
     recipe = REPO / "finetune" / "configs" / "bert_ner.yaml"
 
-    def said(*overrides: str) -> bool:
-        capsys.readouterr()
-        load_splits(load_config(recipe, ["validation_file=null", "test_file=null", *overrides]).data_args)
-        return "read through the label_names of" in capsys.readouterr().err
+    def names(*overrides: str) -> list[str]:
+        return load_splits(load_config(recipe, ["validation_file=null", "test_file=null", *overrides]).data_args)[1]
 
-    assert said(f"train_file={ids}")
-    assert not said(f"train_file={ids}", f"label_names={json.dumps(TAGS)}")
-    assert not said(f"train_file={tmp_path / 's.jsonl'}")
-    assert not said()
+    with pytest.raises(UserError, match="tags column 'ner_tags' holds integer ids; set label_names") as raised:
+        names(f"train_file={ids}")
+    assert raised.value.rule == "labels.tag_ids_without_names"
+    assert names(f"train_file={ids}", f"label_names={json.dumps(TAGS)}") == TAGS
+    assert "read through the label_names of" not in capsys.readouterr().err
+    assert names() == load_config(recipe, []).data_args.label_names
 
 
 def test_invalid_iob2_is_counted_and_seqeval_strict_scores_on_entities():
@@ -569,7 +570,7 @@ def test_the_bundled_ner_recipe_trains_and_prints_test_entity_f1(tmp_path, capsy
     assert len(lines) == 1 and lines[0].endswith(f" on {sentences} sentences ({words} words)"), lines
     assert sentences == 2077
     other = _rows(tmp_path / "other.jsonl", [{"tokens": ["ada", "went"], "ner_tags": ["B-MISC", "O"]}])
-    line = user_error(capsys, evaluate, [str(tmp_path / "run" / "model"), "--data", str(other)])
+    line = user_error(capsys, evaluate, [str(tmp_path / "run" / "model"), "--data", str(other)], rule="labels.tag_unknown")
     assert "tag 'B-MISC' at row 1, word 1 is not one of the model's tags (O, B-PER, " in line  # no evaluation key
     assert line.endswith("; fix the tag in the data (the model predicts only these)"), line
 
@@ -711,7 +712,7 @@ def test_entity_tags_without_prefixes_train_word_by_word_with_one_warning(label_
     rows = [{"tokens": ["ada", "went", "to", "paris"], "ner_tags": ["PER", "O", "O", "LOC"]}] * 4
     data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
     main(tagging_args(data, tmp_path / "run", f"label_names={label_names}", "max_steps=1"))
-    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:") and "B-" in line]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:") and "B-/I-" in line]
     assert len(warnings) == 1 and "the tags have no B-/I- prefixes (O, " in warnings[0], warnings
     assert "write them in IOB2" in warnings[0]
 
@@ -737,7 +738,7 @@ def test_a_conll_file_with_the_tag_first_is_refused(tmp_path, capsys):
     data = {"train": train, "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])}
     user_error(capsys, main, tagging_args(data, tmp_path / "run"),
                "the tag column seems to be the first (line 1 reads 'B-PER Ada')", "words would be read as tags",
-               "put each word first and its tag last")  # fmt: skip
+               "put each word first and its tag last", rule="files.conll_tags_first")  # fmt: skip
     assert not (tmp_path / "run").exists()
 
 
@@ -749,7 +750,7 @@ def test_invalid_iob2_in_a_held_out_share_names_the_file_row(tmp_path, capsys):
     train = _rows(tmp_path / "t.jsonl", rows)
     main(tagging_args({"train": train, "validation": train}, tmp_path / "run", "validation_file=null",
                       "validation_split_percentage=50", "max_steps=1"))  # fmt: skip
-    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:") and " I- " in line]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:") and " I- " in line]
     # The share is drawn, not in the file's order: the first named is the first in the file of those it holds.
     held = [line for line in warnings if "validation data" in line]
     assert len(held) == 1 and "I- tag(s) that follow no B- or I- of their type (first at row 4 of the training " \
@@ -809,7 +810,7 @@ def test_a_wrong_column_count_in_a_conll_train_file_is_one_line(tmp_path, capsys
     train = tmp_path / "train.conll"
     train.write_text("Ada B-PER\nLovelace I-PER\n\nsaid O O\n")
     data = {"train": train, "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])}
-    assert "line 4 has 3 column(s)" in user_error(capsys, main, tagging_args(data, tmp_path / "run"))
+    assert "line 4 has 3 column(s)" in user_error(capsys, main, tagging_args(data, tmp_path / "run"), rule="files.conll_width")
 
 
 def test_a_conll_train_file_cut_mid_tag_is_one_line(tmp_path, capsys):
@@ -817,7 +818,7 @@ def test_a_conll_train_file_cut_mid_tag_is_one_line(tmp_path, capsys):
     train = tmp_path / "train.conll"
     train.write_text("in O\nKew B-LOC\n\nto O\nParis B-LOC\n\nAda B-PER\n\nfrom O\nRome B-LO")
     data = {"train": train, "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])}
-    line = user_error(capsys, main, [*tagging_args(data, tmp_path / "run"), "label_names=null"])
+    line = user_error(capsys, main, [*tagging_args(data, tmp_path / "run"), "label_names=null"], rule="labels.tag_cut_short")
     assert "tag 'B-LO' appears once in the train data and 'B-LOC' 2 times: a tag cut short" in line
 
 
@@ -826,14 +827,14 @@ def test_a_validation_tag_unseen_in_training_says_so(tmp_path, capsys):
     good = {"tokens": ["ada", "lovelace"], "ner_tags": ["B-PER", "I-PER"]}
     data = {"train": _rows(tmp_path / "t.jsonl", [good] * 4),
             "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["kew"], "ner_tags": ["B-LOC"]}])}  # fmt: skip
-    line = user_error(capsys, main, [*tagging_args(data, tmp_path / "run"), "label_names=null"])
+    line = user_error(capsys, main, [*tagging_args(data, tmp_path / "run"), "label_names=null"], rule="labels.tag_unknown")
     assert "the validation data's tag 'B-LOC' at row 1, word 1 was not seen in training" in line
 
 
 def test_tags_written_as_one_string_are_refused_as_not_lists(tmp_path, capsys):
     """"B-PER O" instead of ["B-PER", "O"]: its characters are no tags (the space would be named first)."""
     data = {"train": _rows(tmp_path / "t.jsonl", [{"tokens": ["Ada", "said"], "ner_tags": "B-PER O"}] * 4)}
-    line = user_error(capsys, main, tagging_args({**data, "validation": data["train"]}, tmp_path / "run"))
+    line = user_error(capsys, main, tagging_args({**data, "validation": data["train"]}, tmp_path / "run"), rule="labels.tags_not_lists")
     assert "tags column 'ner_tags' in the train data holds Value('string'), not lists of tags" in line
 
 
@@ -841,7 +842,7 @@ def test_a_conll_train_file_of_words_alone_is_one_line(tmp_path, capsys):
     train = tmp_path / "train.conll"
     train.write_text("Ada\nLovelace\n\nsaid\n")
     data = {"train": train, "validation": _rows(tmp_path / "v.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])}
-    line = user_error(capsys, main, tagging_args(data, tmp_path / "run"))
+    line = user_error(capsys, main, tagging_args(data, tmp_path / "run"), rule="columns.words_without_tags")
     assert "column 'ner_tags' not found in the train data; columns are: tokens; a tagging run trains on a tag" in line
     assert "text-classification" not in line
 
@@ -850,7 +851,7 @@ def test_a_tags_column_is_checked_before_a_text_run_trains_on_it(tmp_path, capsy
     """Word and tag lists given to a text-classification run: not trained on silently."""
     data = {"train": _rows(tmp_path / "t.jsonl", [{"tokens": ["a", "b"], "ner_tags": ["O", "B-PER"]}] * 4)}
     line = user_error(capsys, main, [*tagging_args({**data, "validation": data["train"]}, tmp_path / "run"),
-                                     "task=text-classification", "label_names=null"])  # fmt: skip
+                                     "task=text-classification", "label_names=null"], rule="columns.words_and_tags_under_other_names")  # fmt: skip
     assert "token-classification" in line
 
 
@@ -861,7 +862,7 @@ def test_training_tags_that_are_all_o_are_refused(label_names, tmp_path, capsys)
     data = {"train": _rows(tmp_path / "train.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows[:2])}
     out = tmp_path / "run"
     user_error(capsys, main, tagging_args(data, out, f"label_names={label_names}"),
-               "tags column 'ner_tags' in the train data holds one tag ('O') in every word")  # fmt: skip
+               "tags column 'ner_tags' in the train data holds one tag ('O') in every word", rule="labels.one_tag")  # fmt: skip
     assert not out.exists()
 
 
@@ -890,10 +891,11 @@ def test_word_and_tag_lists_under_other_names_are_named(task, tmp_path):
                                f"task={task}"])  # fmt: skip
     retask = "" if task != "null" else "task=token-classification "
     with pytest.raises(UserError, match=re.escape(f"'words' and 'tags' hold lists of words and their tags: to tag "
-                                                  f"words, set {retask}tokens_column=words tags_column=tags")):
+                                                  f"words, set {retask}tokens_column=words tags_column=tags")) as raised:
         if cfg.task is None:  # as finetune/run.py does: the task read from the data first
             cfg = resolved(cfg, checks.Said(), task=infer_task(cfg.data_args))
         load_splits(cfg.data_args)
+    assert raised.value.rule == "columns.words_and_tags_under_other_names"
 
 
 def test_tagging_data_with_a_number_among_the_words_is_not_read_the_wrong_way_round(tmp_path, capsys):
@@ -963,18 +965,14 @@ def test_tags_given_as_numbers_to_an_evaluation_are_read_by_place_with_one_warni
     assert "are numbers" not in capsys.readouterr().err
 
 
-def test_tags_that_share_none_with_the_recipes_label_names_point_to_label_names_null(tmp_path):
-    """Parts of speech trained with the NER recipe: its label_names are its own data's entity tags; the line
-    says so and gives label_names=null, not 'fix the tag' for the user's every tag."""
+def test_a_users_tags_replace_the_recipes_label_names(tmp_path):
+    """Parts of speech trained with the NER recipe: its label_names are its own data's entity tags, and the
+    user's file brings its own (as model_name_or_path replaces the recipe's model_config)."""
     from finetune.config import load_config
     from finetune.data import load_splits
-    from finetune.errors import UserError
 
     path = tmp_path / "pos.conll"
     path.write_text("".join(f"The DET\ncat NOUN\nsat{i} VERB\n\n" for i in range(12)))
     args = [f"train_file={path}", "validation_file=null", "test_file=null"]
-    with pytest.raises(UserError, match=r"^the train data's tags \(DET, NOUN, VERB\) are none of the label_names of "
-                                        r"finetune/configs/bert_ner.yaml \(O, B-PER, .*set label_names=null"):  # fmt: skip
-        load_splits(load_config("finetune/configs/bert_ner.yaml", args).data_args)
-    _, names = load_splits(load_config("finetune/configs/bert_ner.yaml", [*args, "label_names=null"]).data_args)
+    _, names = load_splits(load_config("finetune/configs/bert_ner.yaml", args).data_args)
     assert names == ["DET", "NOUN", "VERB"]
