@@ -194,8 +194,9 @@ LAYERS = [
     {"signals", "checks", "metrics"},
     {"layout"},
     {"checks.inputs", "checks.images", "checks.files", "checks.labels", "checks.models", "checks.runs",
-     "checks.evaluation", "checks.launch", "checks.tools", "checks.catalogue"},
+     "checks.launch", "checks.tools", "checks.catalogue"},
     {"lora", "images", "parallel", "checks.splits", "rundir"},
+    {"checks.evaluation"},
     {"tasks"},
     {"checks.settings", "checks.columns"},
     {"config", "exits"},
@@ -268,3 +269,18 @@ def test_a_vocabulary_of_another_language_is_said_from_how_it_cuts_the_words():
     task_of("text-classification").prepare(ds, tokenizer, cfg.data_args, "train", 3, said)
     assert said.rules() == ["inputs.words_in_pieces"]
     assert "of the training texts' words into two or more pieces" in said.lines[0][1]
+
+
+def test_a_user_error_is_made_in_the_checks_layer_alone():
+    """`UserError(` is constructed by the checks layer (its gate, from a rule) and nowhere else in the
+    package: a refusal is a named rule with its case, never a branch of the core."""
+    package = REPO / "finetune"
+    made = []
+    for path in package.rglob("*.py"):
+        if path.parent.name == "checks":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = getattr(node, "func", None)
+            if isinstance(node, ast.Call) and getattr(name, "id", getattr(name, "attr", None)) == "UserError":
+                made.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert made == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from finetune.checks import RULES, Rule
 
@@ -52,13 +53,36 @@ def markdown() -> str:
         "on. Each rule has a case in the catalogue of bad input (`tests/test_bad_input.py` and the tests of its",
         "phase, keyed by the rule's id; `tests/test_checks.py` holds every rule to one). This page is made from the",
         "rules' docstrings: `python -m finetune.checks > docs/bad-input.md` (a test fails when it is stale), and",
-        "`FINETUNE_SHOW_RULES=1` prints the id of the rule behind each `error:` and `warning:` line.",
+        "`FINETUNE_SHOW_RULES=1` prints the id of the rule behind each `error:` and `warning:` line. Each rule",
+        "names the lists of its module that hold it (the core asks a list through one gate, in its order) and",
+        "its subject (what the gate passes it).",
         "",
         f"{total} rules: {total - warnings} refusals, {warnings} warnings.",
     ]
     for phase, group in found.items():
         lines += ["", f"## {phase}: {PHASES.get(phase, '')}", ""]
+        member = lists_of(phase)
         for r in group:
             kind = "warning" if r.warning else "refusal"
-            lines.append(f"- `{r.id}` ({kind}{', one process' if r.local else ''}): {r.doc}")
+            where = ", ".join(f"`{name}`" for name in member.get(r.id, []))
+            lines.append(f"- `{r.id}` ({kind}{', one process' if r.local else ''}; {where or 'no list'}, of "
+                         f"{subject(r)}): {r.doc}")
     return "\n".join(lines) + "\n"
+
+
+def lists_of(phase: str) -> dict[str, list[str]]:
+    """The lists of a phase's module that hold each rule (the gates the core calls with them), by rule id."""
+    module = importlib.import_module(f"finetune.checks.{phase}")
+    member: dict[str, list[str]] = {}
+    for name, value in vars(module).items():
+        if name.isupper() and isinstance(value, list) and value and all(isinstance(r, Rule) for r in value):
+            for r in value:
+                member.setdefault(r.id, []).append(name)
+    return member
+
+
+def subject(r: Rule) -> str:
+    """What a rule is asked about: its parameters, as annotated."""
+    params = inspect.signature(r.fn).parameters.values()
+    return ", ".join(p.name + (f": {p.annotation}" if p.annotation is not inspect.Parameter.empty else "")
+                     for p in params) or "nothing"

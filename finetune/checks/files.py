@@ -313,7 +313,7 @@ def _delimited(head: FileHead) -> bool:
 
 @rule("files.excel_separator_line")
 def excel_separator_line(head: FileHead) -> str | None:
-    """Excel's `sep=,` hint line above the header."""
+    """Excel's separator hint (a first line sep=, or sep=;) above the header."""
     if _delimited(head) and re.fullmatch(r"\ufeff?sep=.?", head.header, re.I):
         return (f"{head.split} file {head.path} starts with the line {head.header!r}, a hint for Excel, not the header; "
                 "delete that line (the header is the line after it)")

@@ -58,7 +58,7 @@ CONFIG_FILE = [config_is_a_folder, config_not_found]
 
 @rule("launch.config_is_a_recipe")
 def config_is_a_recipe(path: Path, error: Exception, recipe: bool) -> str | None:
-    """A finetune recipe given as the accelerate config (`--config_file finetune/configs/x.yaml`): the line
+    """A finetune recipe given as the accelerate config (`--config_file finetune/configs/<recipe>.yaml`): the line
     says which file goes where, not which key accelerate's config lacks."""
     if recipe:
         return (f"{path} is a finetune recipe, not an accelerate config: pass it to finetune/run.py "

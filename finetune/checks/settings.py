@@ -320,7 +320,7 @@ def subkey_empty(key: str, hint: Any, mappings: list[str]) -> str | None:
 
 @rule("settings.subkey_of_no_mapping")
 def subkey_of_no_mapping(key: str, hint: Any, mappings: list[str]) -> str | None:
-    """`learning_rate.x=1`: KEY.SUBKEY sets one key of a mapping setting, and this one is not a mapping."""
+    """KEY.SUBKEY (learning_rate.x=1) where KEY is no mapping setting: it sets one key of a mapping."""
     if dict not in (typing.get_origin(hint), *map(typing.get_origin, typing.get_args(hint))):
         return f"{key}: {key.partition('.')[0]} is not a mapping; KEY.SUBKEY=value works for {', '.join(mappings)}"
     return None
@@ -352,7 +352,7 @@ def flag_short_name(head: str, names: set[str]) -> str | None:
 
 @rule("settings.flag_misspelt")
 def flag_misspelt(head: str, names: set[str]) -> str | None:
-    """`--learning_rat 1e-4`: a setting's flag mistyped (close to one)."""
+    """A setting's flag mistyped, close to one (--learning_rat for --learning_rate)."""
     close = difflib.get_close_matches(head.replace("-", "_").lower(), sorted(names), n=1, cutoff=0.8)
     if close:
         return f"unknown setting --{head}; did you mean --{close[0]} ({close[0]}=VALUE)?"
@@ -383,7 +383,7 @@ USAGE = [usage]
 
 @rule("settings.option_twice")
 def option_twice(option: str, current: Any, default: Any, value: Any) -> str | None:
-    """An option of one value given twice (`--config a.yaml --config b.yaml`): not the last kept silently."""
+    """An option of one value given twice (--config twice, with two recipes): not the last kept silently."""
     if current not in (None, default):
         return (f"{option} is given twice ({current} and {value}); give it once (settings of another recipe: "
                 "key=value after it)")
@@ -447,7 +447,7 @@ RESUMED_DATA = [resumed_data_moved]
 
 @rule("settings.mode_as_setting")
 def mode_as_setting(key: str, known: list[str], value: Any) -> str | None:
-    """`dry_run=true`: a flag of the command given as a setting."""
+    """A flag of the command (--dry-run, --plan-only) given as a setting, dry_run=true."""
     if key in MODE_FLAGS:
         return f"{key} is not a setting; pass the flag {MODE_FLAGS[key]}"
     return None

@@ -1,12 +1,16 @@
 """Splits: the training, validation and test splits together (finetune/data.py's `load_splits` asks these
 once every split is read and its labels encoded).
 
-    FILES          one split's file given again as another's
-    SHARED         samples the splits share, or training samples that cannot be told apart
-    SCALE          regression targets on another scale than training's
-    NOT_STRATIFIED why a stratified validation share could not be held out (the first that can tell)
-    HELD_OUT       what the share held out of the training file says
-    LIMITED        what max_train_samples and a validation file leave to train and judge on
+    FILES              one split's file given again as another's (args, the files by split)
+    SHARED             samples the splits share, or training samples that cannot be told apart (`Samples`)
+    HELD_OUT_REPEATS   the share held out of the training file repeats its training samples
+    SCALE              regression targets on another scale than training's
+    NOT_STRATIFIED     why a stratified validation share could not be held out (the first that can tell)
+    HELD_OUT           what the share held out of the training file says
+    KEPT               what max_train_samples leaves to train on
+    VALIDATION_CLASSES what a validation file leaves to judge on
+
+docs/bad-input.md names each rule's list and subject.
 """
 
 from __future__ import annotations
