@@ -37,6 +37,7 @@ from finetune.config import (
 from finetune.errors import first_line
 from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.layout import RunDir
+from finetune.rundir import resumed_run_config
 
 USAGE = """Fine-tune a text, token or image classifier: one loop, every topology through Accelerate.
 
@@ -111,8 +112,6 @@ def answer_early(argv: list[str]) -> Command:
 def resumed_run_recipe(overrides: list[str], said: checks.Said | None = None) -> Path | None:
     """The saved config.yaml of the run that `overrides` resume (`resume_from_checkpoint=latest`, in
     output_dir or the default recipe's; or a checkpoint directory), for a command that names no recipe."""
-    from finetune.rundir import resumed_run_config
-
     given = dict(parse_override(item) for item in overrides)
     default = (yaml.safe_load(DEFAULT_RECIPE.read_text()) or {}).get("output_dir", "")
     return resumed_run_config(given.get("resume_from_checkpoint"), given.get("output_dir") or default, said)

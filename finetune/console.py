@@ -15,7 +15,7 @@ from finetune.cli import answer_early
 
 def train() -> None:
     """The `finetune-train` console script."""
-    from finetune.signals import stop_while_starting
+    from finetune.signals import stop_while_starting  # first of all: Ctrl-C while the rest imports
 
     stop_while_starting()
     command = answer_early(sys.argv[1:])

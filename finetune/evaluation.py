@@ -20,7 +20,9 @@ import torch
 from accelerate import Accelerator
 
 from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, baseline_report, classification_report, report
+from finetune.parallel import pipelined_forward
 from finetune.problems import loss_weights, per_sample_loss, predictions, scores
+from finetune.shapes import fill_rows
 
 NOT_INPUTS = ("labels", "meta")  # batch keys the model does not take
 
@@ -36,12 +38,9 @@ def forward(model, batch: dict[str, torch.Tensor], chunks: int = 1, rows: int | 
     (finetune/shapes.py: the shapes a compiled model sees)."""
     inputs = {k: v for k, v in batch.items() if k not in NOT_INPUTS}
     if chunks > 1:
-        from finetune.parallel import pipelined_forward
-
         return pipelined_forward(model, inputs, chunks)
     if rows is None:
         return model(**inputs).logits
-    from finetune.shapes import fill_rows
 
     inputs, real = fill_rows(inputs, rows)
     # A compiled model in CUDA-graph mode (torch_compile_mode=reduce-overhead) writes every call's

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from finetune import checks
 from finetune.checks import launch
+from finetune.config import TrainConfig, read_yaml
 from finetune.errors import EXIT_DIVERGED, EXIT_USER_ERROR
 from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.signals import forwarded_to_children
@@ -66,8 +67,6 @@ def _is_a_recipe(path: Path) -> bool:
     import dataclasses
 
     import yaml
-
-    from finetune.config import TrainConfig, read_yaml
 
     try:
         raw = read_yaml(path.read_text())  # as a recipe is read

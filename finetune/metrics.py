@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from finetune.formats import plain_tags
+
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 TOKENS = "token_classification"  # a tag per word (finetune/tasks.py's token task); not a transformers problem_type
 
@@ -405,8 +407,6 @@ def token_report(predictions: list[list[int]], references: list[list[int]], labe
     accuracy, over sentences given as lists of tag ids (one per word, in `label_names`)."""
     from seqeval.metrics.v1 import precision_recall_fscore_support, unique_labels
     from seqeval.scheme import IOB2
-
-    from finetune.formats import plain_tags
 
     names = [str(n) for n in label_names]
     if plain_tags(names):  # parts of speech: each word an entity of its own tag (micro F1 over words, O left out)

@@ -20,6 +20,7 @@ from finetune.checks import models as model_rules
 from finetune.config import ModelArgs
 from finetune.errors import UserError
 from finetune.metrics import MULTI, REGRESSION, SINGLE
+from finetune.parallel import ParallelError, find_blocks
 from finetune.tasks import task_of
 
 
@@ -153,8 +154,6 @@ def _fine_tuned_head(config: PretrainedConfig) -> list[str] | None:
 def freeze_layers(model: PreTrainedModel, n: int) -> None:
     """Freeze the embeddings and the first `n` encoder layers (BERT-like models and ViT: the blocks the
     layer split knows, finetune/parallel.py)."""
-    from finetune.parallel import ParallelError, find_blocks
-
     try:
         embeddings, layers, _ = find_blocks(model)
     except ParallelError:

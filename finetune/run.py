@@ -75,6 +75,7 @@ from finetune.metrics import (
     tune_thresholds,
 )
 from finetune.models import build_model, freeze_layers
+from finetune.parallel import apply_model_parallel, plan_model_parallel, process_devices
 from finetune.problems import (
     SINGLE,
     class_weights_of,
@@ -481,8 +482,6 @@ def attention_kernel(asked: str | None, device: torch.device, mixed_precision: s
 def model_parallel_plan(cfg: TrainConfig, accelerator: Accelerator, model):
     """The layer split over this process's devices (finetune/parallel.py), printed. Under DDP each
     process splits its own replica over the devices of its local rank (`process_devices`)."""
-    from finetune.parallel import plan_model_parallel, process_devices
-
     local = local_processes() if accelerator.num_processes > 1 else 1
     devices = process_devices(cfg.devices, accelerator.local_process_index, local)
     # GPipe keeps every chunk's activations until backward: plan for the whole batch.
@@ -500,7 +499,6 @@ def split_model(cfg: TrainConfig, accelerator: Accelerator, model, said: checks.
     model inside peft's wrapper is split, adapters and all, and the wrapper is returned."""
     if not cfg.model_parallel:
         return model
-    from finetune.parallel import apply_model_parallel
 
     plan = model_parallel_plan(cfg, accelerator, model)
     checks.gate(launch.ONE_DEVICE, len(plan.stages), said=said if said is not None else checks.Said())

@@ -28,6 +28,7 @@ from finetune import checks
 from finetune.checks import launch
 from finetune.config import TrainConfig
 from finetune.errors import PeerFailed
+from finetune.parallel import process_devices
 from finetune.tasks import task_of
 
 
@@ -132,8 +133,6 @@ def prepare_hybrid(cfg: TrainConfig) -> None:
     belong to another process's split. Tested on CPU (tests/test_parallel_run.py); not yet run on
     several GPUs.
     """
-    from finetune.parallel import process_devices
-
     devices = process_devices(cfg.devices, local_rank(), local_processes())  # ParallelError: exit 2
     os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"
     if devices[0].type == "cuda":

@@ -69,10 +69,14 @@ import yaml
 
 from finetune import checks
 from finetune.checks import tools
-from finetune.config import TrainConfig, load_config, settings_from_flags
+from finetune.config import TrainConfig, load_config, resolved, settings_from_flags
 from finetune.errors import TrainingStopped, UserError, first_line, on_failure
 from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.layout import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir, read_record
+from finetune.metrics import MULTI
+from finetune.rundir import check_not_inside_a_run
+from finetune.signals import stop_outside_the_loop
+from finetune.tasks import task_for_data
 
 SPACE = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "warmup_ratio", "freeze_layers",
          "tune_threshold")  # fmt: skip
@@ -102,8 +106,6 @@ def batches(cfg: TrainConfig) -> list[int]:
 def suggest(trial, cfg: TrainConfig, space: list[str], layers: int, max_epochs: int = MAX_EPOCHS) -> dict[str, Any]:
     """The trial's settings, from the parts of the space asked for that apply to this run (`max_epochs`:
     as many as the time left is expected to hold)."""
-    from finetune.metrics import MULTI
-
     chosen: dict[str, Any] = {}
     if "learning_rate" in space:
         chosen["learning_rate"] = trial.suggest_float("learning_rate", 1e-5, 1e-3, log=True)
@@ -125,8 +127,6 @@ def the_recipes_own(cfg: TrainConfig, space: list[str], layers: int) -> dict[str
     holds one run of the recipe ends with at least the recipe's model. Multi-label: the threshold tuned
     globally on validation (it costs no training, and a fixed 0.5 is what leaves rare labels unpredicted).
     A value the space cannot hold (1.35 epochs, warmup_steps instead of a ratio) is drawn instead."""
-    from finetune.metrics import MULTI
-
     own: dict[str, Any] = {"learning_rate": cfg.learning_rate,
                            "per_device_train_batch_size": cfg.per_device_train_batch_size}  # fmt: skip
     epochs = cfg.num_train_epochs
@@ -179,7 +179,7 @@ class Pruning:
     of train(); `cut` says whether the budget was the reason."""
 
     def __init__(self, trial, metric: str, deadline: float = math.inf):
-        from finetune.run import Hooks
+        from finetune.run import Hooks  # torch: only when a search runs, not for --help
 
         class Report(Hooks):
             verdicts = False  # a trial's value is on its own line; the search's end says whether the best learned
@@ -278,8 +278,6 @@ def _search_folder_problem(out: Path) -> UserError | None:
     """A search writes trial-N/, model/, best_recipe.yaml and search.json into its output_dir, and continues
     the study of a folder that holds one: any other folder with files in it (a training run, the user's
     files) is refused, not written over. The refusal, or None."""
-    from finetune.rundir import check_not_inside_a_run
-
     try:
         check_not_inside_a_run(out)
     except UserError as e:
@@ -287,7 +285,7 @@ def _search_folder_problem(out: Path) -> UserError | None:
     folder = tools.SearchFolder(out)
     recipe = out / BEST_RECIPE
     if recipe.is_file():  # the search writes it again at its end: one the user edited would be lost
-        from finetune.data import file_sha256
+        from finetune.data import file_sha256  # datasets: only when a search runs
 
         folder.wrote = read_record(out / SEARCH_RECORD).get("best_recipe_sha256")
         folder.found, folder.recorded = file_sha256(recipe), (out / SEARCH_RECORD).is_file()
@@ -420,7 +418,7 @@ def _run_trial(cfg: TrainConfig, pruning: Pruning, said: checks.Said, study, whi
     import optuna
     from accelerate.state import AcceleratorState, GradientState
 
-    from finetune.run import train
+    from finetune.run import train  # torch: only when a search runs, not for --help
     from finetune.runtime import quiet_libraries
 
     quiet_libraries(cfg.log_level)  # as finetune/run.py's main: no library bars (an export's shard bar)
@@ -570,12 +568,8 @@ def epochs_that_fit(left: float, durations: list[float], epoch_seconds: list[flo
 def _resolved(cfg: TrainConfig, said: checks.Said) -> tuple[TrainConfig, int]:
     """The recipe with its task and problem type read from the data (the space and the metric depend on
     them), and its training samples."""
-    from finetune.config import (
-        resolved,  # (a light module; the data's, below, are not: only when a search runs)
-    )
-    from finetune.data import load_splits, read_splits
+    from finetune.data import load_splits, read_splits  # datasets, torch: not for --help
     from finetune.problems import problem_type_of
-    from finetune.tasks import task_for_data
 
     read = read_splits(cfg.data_args, said)
     if cfg.task is None:
@@ -626,7 +620,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
             said: checks.Said) -> dict:  # fmt: skip
     import optuna
 
-    from finetune.data import file_sha256
+    from finetune.data import file_sha256  # datasets: only when a search runs
 
     seconds = round(time.monotonic() - started, 1)
     ran = [t for t in study.trials if t.state != optuna.trial.TrialState.WAITING]  # not the queued next one
@@ -703,8 +697,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> dict:
-    from finetune.runtime import end_processes
-    from finetune.signals import stop_outside_the_loop
+    from finetune.runtime import end_processes  # torch: only once the command line parsed
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     stop_outside_the_loop()

@@ -29,6 +29,7 @@ from finetune.checks import images as image_rules
 from finetune.checks import inputs
 from finetune.checks import models as model_rules
 from finetune.formats import word_lists
+from finetune.metrics import MULTI, REGRESSION
 
 if TYPE_CHECKING:
     from finetune.config import DataArgs, ModelArgs
@@ -244,8 +245,6 @@ class TextClassification(Task):
         return data.max_length
 
     def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
-        from finetune.metrics import MULTI, REGRESSION
-
         arguments = {REGRESSION: ', function_to_apply="none"', MULTI: ", top_k=None"}.get(problem, "")
         returns = {
             REGRESSION: "the predicted number, as the score of the one label",
@@ -302,7 +301,7 @@ class ImageClassification(Task):
                 said: checks.Said | None = None):
         """Decoded and run through the image processor on the fly (a transform), with the training
         augmentation the recipe asks for (drawn per epoch and row: `epoch_listener`)."""
-        from finetune.images import Augment, ImageTransform, undecoded
+        from finetune.images import Augment, ImageTransform, undecoded  # PIL's transforms: only for images
 
         column = data.image_column
         ds = ds.remove_columns([c for c in ds.column_names if c not in (column, "labels")])
@@ -351,14 +350,12 @@ class ImageClassification(Task):
         return AutoImageProcessor.from_pretrained(source)
 
     def notices(self, raw, preprocessor, data: DataArgs) -> list[str]:
-        from finetune.images import image_sizes, resize_notice
+        from finetune.images import image_sizes, resize_notice  # PIL: only for images
 
         notice = resize_notice(image_sizes(raw["train"], data.image_column), preprocessor)
         return [notice] if notice else []
 
     def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
-        from finetune.metrics import MULTI
-
         arguments = ", top_k=None" if problem == MULTI else ""
         return (
             f'classify = pipeline("{self.pipeline_tag}", model="{where}"{arguments})\n'

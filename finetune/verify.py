@@ -200,7 +200,7 @@ def run_in_process(args: list[str], said: checks.Said | None = None) -> None:
     """Train one variant here, then clear Accelerate's singletons for the next one."""
     from accelerate.state import AcceleratorState, GradientState
 
-    from finetune.run import main as train_main
+    from finetune.run import main as train_main  # torch: only once the command line parsed
 
     try:
         train_main.__wrapped__(args, said=said)  # its mistakes reach verify's own one line (exit_on_user_error)

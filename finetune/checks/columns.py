@@ -18,11 +18,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from finetune.checks import rule
-from finetune.checks.labels import character_span, joined_tags, joined_tags_line, spans_line, token_record
+from finetune.checks.images import one_class_folder
+from finetune.checks.labels import (
+    character_span,
+    joined_tags,
+    joined_tags_line,
+    spans_line,
+    tag_problem,
+    token_record,
+)
 from finetune.formats import A_TAG, IOB2_TAG, image_paths, plain_tags, word_lists
 from finetune.metrics import TOKENS
 from finetune.tasks import TASKS, pair_first, pair_partner, task_for_data
-from finetune.text import BLANK
+from finetune.text import BLANK, shown
 
 
 @dataclass
@@ -156,8 +164,6 @@ def character_spans(c: Columns) -> str | None:
 def image_folder_of_one_class(c: Columns) -> str | None:
     """An image folder whose images are all in one class folder (the loader labels images only when there
     are two or more), or one with a folder inside a class folder."""
-    from finetune.checks.images import one_class_folder
-
     if c.missing not in c.label_columns or c.task.modality != "image":
         return None
     return one_class_folder(c.ds, c.split, c.args)
@@ -648,8 +654,6 @@ def word_empty(c: Columns) -> str | None:
 def words_with_spaces(c: Columns) -> str | None:
     """Words with a space inside ("New York" as one word, a phrase tagged whole): the model learns them whole,
     but a pipeline splits its text at spaces, so such a word is two to it."""
-    from finetune.text import shown
-
     if c.split != "train" or not c.tagging:
         return None
     sentences = c.ds[c.args.tokens_column]
@@ -666,8 +670,6 @@ def words_with_spaces(c: Columns) -> str | None:
 def tag_not_iob2(c: Columns) -> str | None:
     """A tag a tagging row gives by name that strict IOB2 scoring cannot read (IOBES, a lower-case prefix,
     another separator, a bare prefix), in a set that is not plain (parts of speech)."""
-    from finetune.checks.labels import tag_problem
-
     tags = c.ds.features.get(c.args.tags_column)
     if not c.tagging or not word_lists(tags):  # integer ids are named by label_names (labels.tag_set)
         return None
@@ -731,8 +733,6 @@ def rows_merged_by_a_quote(c: Columns) -> str | None:
     """A text cell that holds lines ending the way the file's rows end (",pos"): a quote opened in a text and
     never closed ("great!) made the CSV reader join the following rows into that one cell, until another
     quote. Their samples are lost and the text is wrong."""
-    from finetune.text import shown
-
     column, labels = c.args.text_column, c.args.label_column
     if c.split != "train" or c.task.modality != "text" or not c.labelled or column not in c.names or labels not in c.names:
         return None
