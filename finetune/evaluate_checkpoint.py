@@ -44,10 +44,8 @@ from __future__ import annotations
 
 import os
 
-# Before torch loads OpenMP, which reads this once: its threads sleep when they wait instead of spinning.
-# On a CPU shared with another job, a spinning thread holds the core that the thread it waits for
-# needs: beside a 2-thread job the default command took 7x its quiet time, 2x with sleeping threads,
-# which cost nothing measurable on a quiet machine (README, "CPU threads"). A user's own policy is kept.
+# Before torch loads OpenMP, which reads this once: waiting threads sleep, not spin, as in finetune/run.py
+# (a CPU shared with another job; README, "CPU threads"). A user's own policy is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if __name__ == "__main__":

@@ -38,9 +38,19 @@ def _strings(path: Path) -> set[str]:
 
 
 def test_train_reads_in_one_screen_and_no_function_is_longer_than_a_person_holds():
+    """No function of the core is over 60 lines but the loop itself (`run._train`); a rule of the checks
+    layer is 30 at most (tests/test_checks.py)."""
     sizes = {f"{p.name}:{name}": n for p in MODULES for name, n in _functions(p)}
-    assert sizes["run.py:train"] <= 100
-    assert {k: n for k, n in sizes.items() if n > 120} == {}
+    assert sizes["run.py:train"] <= 100 and sizes["run.py:_train"] <= 100
+    assert {k: n for k, n in sizes.items() if n > 60} == {"run.py:_train": sizes["run.py:_train"]}
+
+
+def test_the_core_keeps_to_its_job():
+    """The modules that the checks layer emptied of special cases stay their size: the loader, the config,
+    the evaluation's entry point and the problem types."""
+    lines = {p.name: len(p.read_text().splitlines()) for p in MODULES}
+    assert lines["data.py"] <= 500 and lines["config.py"] <= 800
+    assert lines["evaluate_checkpoint.py"] <= 800 and lines["problems.py"] <= 400
 
 
 def test_no_module_but_the_task_module_names_a_task():
