@@ -350,7 +350,6 @@ def load_splits(args: DataArgs, said: checks.Said | None = None,
     said = said if said is not None else checks.Said()
     raw = raw if raw is not None else read_splits(args, said)
     for split in raw:
-        checks.gate(files.ROWS, split, len(raw[split]))
         check_columns(raw[split], split, args, train_columns=None if split == "train" else raw["train"].column_names,
                       said=said)  # fmt: skip
     paths = {s: Path(f).resolve() for s, f in args.files.items() if f}

@@ -44,7 +44,7 @@ def open_image(value: dict[str, Any], index: int | None = None) -> PIL.Image.Ima
 def undecoded(ds: HFDataset, column: str, split: str) -> HFDataset:
     try:
         return ds.cast_column(column, Image(decode=False))
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, NotImplementedError) as e:  # pyarrow: no cast from numbers to an image
         raise checks.explain(image_rules.NOT_IMAGES, column, split, ds.features[column], e) from None
 
 

@@ -33,19 +33,21 @@ from finetune.run import main
 
 
 @pytest.mark.parametrize(
-    "labels, fragment",
+    "labels, fragment, rule",
     [
-        (["['art', 'film']", "['art']", "film"], "holds a list written as text"),
-        (["[art, film]", "[art]", "film"], "holds a list written as text ('[art, film]' at row 1)"),
-        (["pos", " pos", "neg"], "which differ only by spaces"),
-        (["neg", "neg.", "pos"], "holds 'neg' and 'neg.', which differ only by punctuation"),
-        (["US", "U.S.", "UK"], "holds 'U.S.' and 'US', which differ only by punctuation"),
+        (["['art', 'film']", "['art']", "film"], "holds a list written as text", "labels.list_written_as_text"),
+        (["[art, film]", "[art]", "film"], "holds a list written as text ('[art, film]' at row 1)",
+         "labels.list_written_as_text"),
+        (["pos", " pos", "neg"], "which differ only by spaces", "labels.space_twins"),
+        (["neg", "neg.", "pos"], "holds 'neg' and 'neg.', which differ only by punctuation", "labels.punctuation_twins"),
+        (["US", "U.S.", "UK"], "holds 'U.S.' and 'US', which differ only by punctuation", "labels.punctuation_twins"),
+        (["neg", "NEG", "pos"], "holds 'NEG' and 'neg', which differ only by letter case", "labels.case_twin_classes"),
     ],
-)
-def test_labels_that_probably_mean_something_else_are_refused(labels, fragment, tmp_path, capsys):
+)  # fmt: skip
+def test_labels_that_probably_mean_something_else_are_refused(labels, fragment, rule, tmp_path, capsys):
     rows = [{"text": f"sentence {i}", "label": labels[i % len(labels)]} for i in range(12)]
     data = {"train": write_csv(tmp_path / "t.csv", rows), "validation": write_csv(tmp_path / "v.csv", rows)}
-    assert fragment in user_error(capsys, main, recipe_text_args(data, tmp_path / "run"))
+    assert fragment in user_error(capsys, main, recipe_text_args(data, tmp_path / "run"), rule=rule)
 
 
 @pytest.mark.parametrize("name", ["tokenizer_config.json", "special_tokens_map.json"])
@@ -76,8 +78,9 @@ def test_a_validation_file_of_one_class_is_said(tmp_path, capsys):
     rows = [{"text": f"sentence {i}", "label": ["pos", "neg"][i % 2]} for i in range(12)]
     data = {"train": write_csv(tmp_path / "t.csv", rows),
             "validation": write_csv(tmp_path / "v.csv", [r for r in rows if r["label"] == "pos"])}
-    main(recipe_text_args(data, tmp_path / "run", "max_steps=1"))
+    results = main(recipe_text_args(data, tmp_path / "run", "max_steps=1"))
     assert "warning: the validation data holds one class ('pos') of the 2" in capsys.readouterr().err
+    assert "splits.validation_of_one_class" in [w["rule"] for w in results["warnings"]]
     data["validation"] = write_csv(tmp_path / "v2.csv", rows[:4])
     main(recipe_text_args(data, tmp_path / "run2", "max_steps=1"))
     assert "holds one class" not in capsys.readouterr().err
@@ -114,7 +117,8 @@ def test_phone_photos_that_cannot_be_read_are_named(tmp_path, capsys):
     folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"]})
     heic = b"\x00\x00\x00\x18ftypheic" + bytes(64)
     (folder / "train" / "cat" / "IMG_0001.HEIC").write_bytes(heic)
-    main(tiny_image_args(folder, tmp_path / "run", "max_steps=1"))
+    results = main(tiny_image_args(folder, tmp_path / "run", "max_steps=1"))
+    assert "images.photos_not_read" in [w["rule"] for w in results["warnings"]]
     warned = [ln for ln in capsys.readouterr().err.splitlines() if "cannot be read here" in ln]
     assert warned == [f"warning: 1 photo(s) in {folder} are .heic files, which cannot be read here and are left out "
                       f"(first: {folder / 'train' / 'cat' / 'IMG_0001.HEIC'}); convert them to JPEG or PNG to train "
@@ -156,7 +160,8 @@ def test_an_image_folder_of_one_class_is_refused_as_such(splits, tmp_path, capsy
 def test_an_image_class_only_in_validation_named_in_label_names_is_trained_with_a_warning(tmp_path, capsys):
     """label_names asks for the class, so the run goes on, but says the model cannot learn it."""
     folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog", "fox"]})
-    main(tiny_image_args(folder, tmp_path / "run", "label_names=[cat,dog,fox]", "max_steps=1"))
+    results = main(tiny_image_args(folder, tmp_path / "run", "label_names=[cat,dog,fox]", "max_steps=1"))
+    assert "labels.named_class_without_sample" in [w["rule"] for w in results["warnings"]]
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert any("1 of the 3 classes in label_names have no training sample ('fox'" in w for w in warnings), warnings
 
@@ -283,33 +288,39 @@ def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):
     assert train["label"] == ["007", "7", "8"] and train["count"] == [1, 2, 3]
 
 
-@pytest.mark.parametrize(("labels", "fragment"), [
-    (["1,000", "2,500", "3,000", "4,250", "5,000", "6,000"], "classes such as '1,000': numbers, not classes?"),
-    (["50%", "20%", "30%", "40%", "60%", "70%"], "numbers, not classes?"),
+KIND, FEW = "splits.classes_of_another_kind", "splits.too_few_to_stratify"
+
+
+@pytest.mark.parametrize(("labels", "fragment", "rule"), [
+    (["1,000", "2,500", "3,000", "4,250", "5,000", "6,000"], "classes such as '1,000': numbers, not classes?", KIND),
+    (["50%", "20%", "30%", "40%", "60%", "70%"], "numbers, not classes?", KIND),
     (["3.2 stars", "4 stars", "1.5 stars", "5 stars", "2.5 stars", "4.5 stars"],
-     "stars': numbers, not classes? for a regression write them plainly, without units"),
-    (["1st", "2nd", "3rd", "4th", "5th", "6th"], "least populated class"),  # ordinals: classes, no hint
-    (["$5", "$10", "$20", "$50", "$100", "$200"], "classes such as '$10': numbers, not classes?"),  # as regression reads
-    (["art,film", "film", "art;music", "music", "news", "art"], "several labels in one cell?"),
-    (["0", "1", "2", "3", "4", "5"], "least populated class"),  # class ids: no hint
-    (["0", "1", "neg", "pos", "0", "neg"], "ids and names of the same classes?"),
-    (["01", "1", "02", "2", "01", "1"], "classes such as '01' and '1': the same number written two ways?"),
-    (["no", "yes", "False", "True", "no", "yes"], "classes such as 'False' and 'no': yes/no written in more than one way?"),
-    (["yes", "no", "maybe", "yes", "no", "maybe", "x"], "least populated class"),  # three answers: no hint
+     "stars': numbers, not classes? for a regression write them plainly, without units", KIND),
+    (["1st", "2nd", "3rd", "4th", "5th", "6th"], "least populated class", FEW),  # ordinals: classes, no hint
+    (["$5", "$10", "$20", "$50", "$100", "$200"], "classes such as '$10': numbers, not classes?", KIND),  # as regression reads
+    (["art,film", "film", "art;music", "music", "news", "art"], "several labels in one cell?", KIND),
+    (["0", "1", "2", "3", "4", "5"], "least populated class", FEW),  # class ids: no hint
+    (["0", "1", "neg", "pos", "0", "neg"], "ids and names of the same classes?", KIND),
+    (["01", "1", "02", "2", "01", "1"], "classes such as '01' and '1': the same number written two ways?", KIND),
+    (["no", "yes", "False", "True", "no", "yes"], "classes such as 'False' and 'no': yes/no written in more than one way?",
+     KIND),
+    (["yes", "no", "maybe", "yes", "no", "maybe", "x"], "least populated class", FEW),  # three answers: no hint
     (["neg", "negative", "pos", "positive", "neg", "pos"], "'neg' and 'negative', 'pos' and 'positive': each class "
-                                                          "written short and in full?"),
+                                                          "written short and in full?", KIND),
     ([str(i % 39) for i in range(80)], "(39 classes, the whole numbers 0 to 38: scores to predict as numbers? then "
-                                       "set problem_type=regression)"),
+                                       "set problem_type=regression)", "splits.scores_as_classes"),
     (["1", "2", "3", "4", "5", "1", "2", "3", "4"], "(the classes are the whole numbers 1 to 5: if they are scores "
-                                                    "(stars, grades), problem_type=regression predicts them"),
+                                                    "(stars, grades), problem_type=regression predicts them",
+     "splits.stars_as_classes"),
     ([f"row-{i}" for i in range(12)], "(12 classes for 12 samples, most with one sample each: is 'label' an id or a "
-                                      "text column? set label_column to the column of classes)"),
-    (["neg", "pos"], "(2 training samples: too few to hold out one of each class)"),  # not "an id column?"
+                                      "text column? set label_column to the column of classes)", "splits.an_id_column"),
+    (["neg", "pos"], "(2 training samples: too few to hold out one of each class)", FEW),  # not "an id column?"
     # 30 classes of 3 samples: the default 10% holds 9, the share that holds one of each is named
     ([f"c{i % 30}" for i in range(90)], "(the held-out share must hold one sample of each of the 30 classes: "
-                                        "validation_split_percentage=34 or more (at most 66, to leave one of each))"),
+                                        "validation_split_percentage=34 or more (at most 66, to leave one of each))",
+     "splits.share_too_small_for_every_class"),
 ])  # fmt: skip
-def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels, fragment, tmp_path):
+def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels, fragment, rule, tmp_path):
     from finetune.config import load_config
     from finetune.data import load_splits
     from finetune.errors import UserError
@@ -320,7 +331,7 @@ def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels
                              "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
     with pytest.raises(UserError) as e:
         load_splits(cfg.data_args)
-    assert fragment in str(e.value)
+    assert fragment in str(e.value) and e.value.rule == rule
     if labels[0] == "0":
         assert "not classes?" not in str(e.value) and "one cell?" not in str(e.value)
     if "validation_split_percentage=34" in fragment:  # the share named does hold one of each
@@ -338,10 +349,11 @@ def test_classes_that_look_like_decimal_numbers_train_with_one_warning(tmp_path,
     for names, warned in (("null", True), ("['0,5','1,5','2,5']", False)):
         cfg = load_config(None, [f"train_file={path}", f"validation_file={path}", "test_file=null",
                                  f"label_names={names}", "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
-        raw, _ = load_splits(cfg.data_args)
+        raw, _ = load_splits(cfg.data_args, said := checks.Said())
         assert len(raw["train"]) == 6
         lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: training a")]
         assert len(lines) == warned and (not warned or "numbers, not classes?" in lines[0]), lines
+        assert ("labels.classes_of_another_kind" in said.rules()) == warned
 
 
 @pytest.mark.parametrize("percentage, warned", [(95, True), (50, False), (10, False), (0.5, True)])
@@ -356,9 +368,9 @@ def test_holding_out_more_than_is_trained_on_is_one_warning(percentage, warned, 
     cfg = load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
                              "max_train_samples=null", "max_eval_samples=null",
                              f"validation_split_percentage={percentage}"])  # fmt: skip
-    raw, _ = load_splits(cfg.data_args)
+    raw, _ = load_splits(cfg.data_args, said := checks.Said())
     lines = [line for line in capsys.readouterr().err.splitlines() if "validation_split_percentage" in line]
-    assert len(lines) == warned, lines
+    assert len(lines) == warned and ("splits.held_out_share" in said.rules()) == warned, lines
     if warned:
         assert lines[0] == (f"warning: validation_split_percentage={percentage:g} holds out {len(raw['validation'])} of "
                             f"the {rows} training samples and trains on {len(raw['train'])}; it is the percentage held "
@@ -395,19 +407,20 @@ def test_a_csv_cell_longer_than_the_csv_modules_default_limit_is_read(tmp_path):
             assert len(raw["train"]) == 8 and names == ["00", "01"]  # the leading-zero check read every cell
 
 
-@pytest.mark.parametrize("rows, fragment", [
+@pytest.mark.parametrize("rows, fragment, rule", [
     ([{"text": f"t{i}", "label": ["caf\u00e9", "cafe\u0301", "tea"][i % 3]} for i in range(9)],
-     "holds 'cafe\\u0301' and 'café', which read the same (they differ only in Unicode form or by invisible"),
+     "holds 'cafe\\u0301' and 'café', which read the same (they differ only in Unicode form or by invisible",
+     "labels.look_alike_classes"),
     ([{"text": f"t{i}", "label": ["pos", "pos\u200b", "neg"][i % 3]} for i in range(9)],
-     "holds 'pos' and 'pos\\u200b', which read the same"),
+     "holds 'pos' and 'pos\\u200b', which read the same", "labels.look_alike_classes"),
     ([{"text": f"t{i}", "labels": [["art"], ["art", ""], []][i % 3]} for i in range(9)],
-     "has an empty label (\"\") inside the list at row 2"),
+     "has an empty label (\"\") inside the list at row 2", "labels.empty_name_in_a_list"),
     ([{"text": f"t{i}", "labels": [["caf\u00e9"], ["cafe\u0301", "art"]][i % 2]} for i in range(8)],
-     "holds the labels 'cafe\\u0301' and 'café', which read the same"),
+     "holds the labels 'cafe\\u0301' and 'café', which read the same", "labels.look_alike_labels"),
     ([{"text": "\u200b\u200b" if i == 4 else f"t{i}", "label": i % 2} for i in range(8)],
-     "has an empty (blank) text of invisible characters (zero-width spaces) at row 5"),
+     "has an empty (blank) text of invisible characters (zero-width spaces) at row 5", "columns.text_blank"),
 ])  # fmt: skip
-def test_labels_and_texts_that_read_the_same_or_as_nothing_are_refused(rows, fragment, tmp_path):
+def test_labels_and_texts_that_read_the_same_or_as_nothing_are_refused(rows, fragment, rule, tmp_path):
     from finetune.config import load_config
     from finetune.data import load_splits
     from finetune.errors import UserError
@@ -419,7 +432,7 @@ def test_labels_and_texts_that_read_the_same_or_as_nothing_are_refused(rows, fra
                              "max_train_samples=null", "max_eval_samples=null", f"label_column={column}"])  # fmt: skip
     with pytest.raises(UserError) as e:
         load_splits(cfg.data_args)
-    assert fragment in str(e.value), str(e.value)
+    assert fragment in str(e.value) and e.value.rule == rule, (str(e.value), e.value.rule)
 
 
 def test_class_ids_and_one_fraction_train_a_regression_with_one_warning(tmp_path, capsys):
@@ -432,8 +445,8 @@ def test_class_ids_and_one_fraction_train_a_regression_with_one_warning(tmp_path
     for given, warned in (("null", True), ("regression", False)):
         cfg = load_config(None, [f"train_file={path}", f"validation_file={path}", "test_file=null", "label_names=null",
                                  "max_train_samples=null", "max_eval_samples=null", f"problem_type={given}"])  # fmt: skip
-        load_splits(cfg.data_args)
-        assert cfg.problem_type in (None, "regression")
+        load_splits(cfg.data_args, said := checks.Said())
+        assert cfg.problem_type in (None, "regression") and ("labels.a_stray_fraction" in said.rules()) == warned
         lines = [line for line in capsys.readouterr().err.splitlines() if "with decimals" in line]
         assert lines == ([
             "warning: label column 'label' holds whole numbers (2 values) and 1 with decimals (1.5 at row 7): trained "
@@ -457,26 +470,27 @@ def test_max_train_samples_that_leaves_one_class_is_refused(tmp_path):
     assert len(load_splits(load_config(None, [*argv, "max_train_samples=4"]).data_args)[0]["train"]) == 4
 
 
-@pytest.mark.parametrize("name, text, fragment", [
+@pytest.mark.parametrize("name, text, fragment, rule", [
     ("cased.csv", "Text,Label\na,0\nb,1\nc,0\nd,1\n",
      "column 'label' not found in the train data, but 'Label' is (the names differ in case): set label_column=Label "
-     "text_column=Text, or rename the columns"),
+     "text_column=Text, or rename the columns", "columns.names_in_another_case"),
     ("quoted.jsonl", '{"text": "a", "label": "3.5"}\n{"text": "b", "label": "1.0"}\n{"text": "c", "label": "2"}\n',
      "label column 'label' holds numbers written as text (e.g. '3.5'); regression reads numbers: write them without "
-     "quotes (JSON: \"label\": 3.5)"),
+     "quotes (JSON: \"label\": 3.5)", "labels.numbers_as_text"),
     ("mixed.jsonl", '{"text": "a", "label": "1"}\n{"text": "b", "label": 0}\n{"text": "c", "label": 1}\n',
-     "label column 'label' mixes kinds of value (in JSON: \"1\" quoted in some rows and 1 bare in others"),
+     "label column 'label' mixes kinds of value (in JSON: \"1\" quoted in some rows and 1 bare in others",
+     "labels.mixed_kinds"),
     ("words.jsonl", '{"tokens": "Ada went home", "ner_tags": ["B-PER", "O", "O"]}\n'
                     '{"tokens": "Bo ran", "ner_tags": ["B-PER", "O"]}\n',
      "column 'tokens' of the train data holds a string in each row, beside lists of tags in 'ner_tags': a tagging "
-     "run needs a list of words for each list of tags"),
+     "run needs a list of words for each list of tags", "columns.words_as_one_string"),
     ("nested.jsonl", '{"data": {"text": "a", "lang": "en"}, "label": 0}\n{"data": {"text": "b", "lang": "en"}, '
                      '"label": 1}\n',
      "column 'text' not found in the train data; columns are: data, label; 'data' holds fields (lang, text), and "
      "nested fields are not read: flatten them into columns (pandas: pd.json_normalize(records).to_json("
-     "orient='records', lines=True)) and set text_column=data.text"),
+     "orient='records', lines=True)) and set text_column=data.text", "columns.nested_field"),
 ])  # fmt: skip
-def test_columns_almost_right_say_the_fix(name, text, fragment, tmp_path):
+def test_columns_almost_right_say_the_fix(name, text, fragment, rule, tmp_path):
     from finetune.config import load_config
     from finetune.data import load_splits
     from finetune.errors import UserError
@@ -488,7 +502,7 @@ def test_columns_almost_right_say_the_fix(name, text, fragment, tmp_path):
                              "max_train_samples=null", "max_eval_samples=null", f"problem_type={problem}"])  # fmt: skip
     with pytest.raises(UserError) as e:
         load_splits(cfg.data_args)
-    assert fragment in str(e.value), str(e.value)
+    assert fragment in str(e.value) and e.value.rule == rule, (str(e.value), e.value.rule)
 
 
 def test_a_csv_label_past_64_bits_is_a_class_name(tmp_path):
@@ -515,9 +529,9 @@ def test_a_validation_file_that_is_the_train_file_is_one_warning(tmp_path, capsy
         cfg = load_config(None, [f"train_file={path}", f"validation_file={validation}", "test_file=null",
                                  "label_names=null", "max_train_samples=null", "max_eval_samples=null",
                                  "validation_split_percentage=50"])  # fmt: skip
-        load_splits(cfg.data_args)
+        load_splits(cfg.data_args, said := checks.Said())
         lines = [line for line in capsys.readouterr().err.splitlines() if "validation_file is the train_file" in line]
-        assert len(lines) == warned, lines
+        assert len(lines) == warned and ("splits.validation_is_train" in said.rules()) == warned, lines
 
 
 def test_a_test_file_that_is_the_validation_file_is_one_warning(tmp_path, capsys):
@@ -531,9 +545,9 @@ def test_a_test_file_that_is_the_validation_file_is_one_warning(tmp_path, capsys
     for test, warned in ((held, True), (tmp_path / "." / "held.csv", True), (train, False), ("null", False)):
         cfg = load_config(None, [f"train_file={train}", f"validation_file={held}", f"test_file={test}",
                                  "label_names=null", "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
-        load_splits(cfg.data_args)
+        load_splits(cfg.data_args, said := checks.Said())
         lines = [line for line in capsys.readouterr().err.splitlines() if "test_file is the validation_file" in line]
-        assert len(lines) == warned, lines
+        assert len(lines) == warned and ("splits.test_is_validation" in said.rules()) == warned, lines
 
 
 def test_labels_written_with_spaces_around_them_train_with_one_warning(capsys):
@@ -544,7 +558,8 @@ def test_labels_written_with_spaces_around_them_train_with_one_warning(capsys):
     from finetune.data import resolve_label_names
 
     train = Dataset.from_dict({"label": ["pos ", "neg ", " neutral", "pos "]})
-    assert resolve_label_names(train, "label", None) == [" neutral", "neg ", "pos "]
+    assert resolve_label_names(train, "label", None, said := checks.Said()) == [" neutral", "neg ", "pos "]
+    assert said.rules() == ["labels.spaced_labels"]
     err = capsys.readouterr().err
     assert err.count("warning:") == 1
     assert "has labels that begin or end with a space (' neutral', 'neg ', 'pos ')" in err
@@ -568,19 +583,20 @@ def test_splits_that_are_not_what_they_seem_warn(tmp_path, capsys):
     same = tmp_path / "same.csv"
     same.write_text("text,label\n" + "".join(f"same text,{['pos', 'neg'][i % 2]}\n" for i in range(12)))
 
-    def warnings(train_file, validation, test):
+    def warnings(train_file, validation, test, *rules):
         cfg = load_config(None, [f"train_file={train_file}", f"validation_file={validation}", f"test_file={test}",
                                  "label_names=null", "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
-        load_splits(cfg.data_args)
+        load_splits(cfg.data_args, said := checks.Said())
+        assert said.rules() == list(rules)
         return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
 
     assert warnings(train, other, held) == []
-    assert warnings(train, other, train) == [f"warning: test_file is the train_file ({train}): test scores measure "
+    assert warnings(train, other, train, "splits.test_is_train") == [f"warning: test_file is the train_file ({train}): test scores measure "
                                              "samples the model trained on; give a separate test file"]  # fmt: skip
-    assert warnings(train, copy, held) == [
+    assert warnings(train, copy, held, "splits.validation_of_training_samples") == [
         "warning: 12 of the 12 validation samples are also training samples (the same text): their scores measure "
         "samples the model trained on; give validation samples that are not in the training data"]
-    assert warnings(same, other, held) == [
+    assert warnings(same, other, held, "splits.samples_all_the_same") == [
         "warning: every training sample has the same text ('same text'): the model cannot tell them apart; check "
         "text_column"]
 
@@ -702,7 +718,8 @@ def test_a_label_column_of_one_class_a_sample_trains_with_one_warning(tmp_path, 
     validation = write_csv(tmp_path / "v.csv", [{"text": "other", "label": "row-1"}])
     cfg = load_config(None, [f"train_file={train}", f"validation_file={validation}", "test_file=null",
                              "label_names=null", "max_train_samples=null", "max_eval_samples=null"])  # fmt: skip
-    load_splits(cfg.data_args)
+    load_splits(cfg.data_args, said := checks.Said())
+    assert "labels.a_class_a_sample" in said.rules()
     assert "label column 'label' holds 12 classes for 12 training samples, most with one sample each" in \
         capsys.readouterr().err  # fmt: skip
 
@@ -802,14 +819,16 @@ def test_a_validation_file_with_other_column_names_than_train_says_to_align_them
     train.write_text("text,label\n" + "".join(f"t{i},{'ab'[i % 2]}\n" for i in range(8)))
     validation.write_text("review,sentiment\n" + "".join(f"r{i},{'ab'[i % 2]}\n" for i in range(4)))
     with pytest.raises(UserError, match=r"not found in the validation data; columns are: review, sentiment; the train "
-                                        r"data has '(text|label)' .* give every split the same column names"):  # fmt: skip
+                                        r"data has '(text|label)' .* give every split the same column names") as raised:  # fmt: skip
         load_splits(load_config(None, tiny_text_args({"train": train, "validation": validation}, tmp_path / "r")))
+    assert raised.value.rule == "columns.another_name_than_train"
     # only the text column renamed, or in another case: text_column=sentence (or =Text) would fit validation and
     # break train, so not offered
     for header in ("sentence,label", "Text,label"):
         validation.write_text(f"{header}\n" + "".join(f"r{i},{'ab'[i % 2]}\n" for i in range(4)))
-        with pytest.raises(UserError, match=r"the train data has 'text' .* give every split the same column names$"):
+        with pytest.raises(UserError, match=r"the train data has 'text' .* give every split the same column names$") as e:
             load_splits(load_config(None, tiny_text_args({"train": train, "validation": validation}, tmp_path / "r")))
+        assert e.value.rule == "columns.another_name_than_train"
 
 
 def test_a_label_with_a_line_break_is_named_with_its_row(tmp_path):
@@ -831,7 +850,8 @@ def test_texts_that_each_appear_with_two_labels_are_warned_of(tmp_path, capsys):
 
     train = tmp_path / "train.csv"
     train.write_text("text,label\n" + "".join(f"t{i},neg\nt{i},pos\n" for i in range(6)))
-    load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
+    load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")), said := checks.Said())
+    assert "splits.one_sample_two_labels" in said.rules()
     assert "6 of the 6 distinct training texts appear with different labels" in capsys.readouterr().err
     # one text of many with two labels: said too, with the text and its labels
     train.write_text("text,label\n" + "".join(f"t{i},{'neg' if i % 2 else 'pos'}\n" for i in range(20)) + "t3,pos\n")
@@ -848,7 +868,8 @@ def test_pairs_whose_second_sentence_is_the_first_are_warned_of(tmp_path, capsys
     train = tmp_path / "pairs.csv"
     train.write_text("s1,s2,label\n" + "".join(f"t{i},t{i},{'ab'[i % 2]}\n" for i in range(10)))
     load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r",
-                                                 "text_column=s1", "text_pair_column=s2")))  # fmt: skip
+                                                 "text_column=s1", "text_pair_column=s2")), said := checks.Said())  # fmt: skip
+    assert "splits.pair_of_one_text" in said.rules()
     assert "10 of the 10 training pairs have the same text in s1 and s2: each sentence would be paired with " \
            "itself; check text_pair_column" in capsys.readouterr().err
 
@@ -975,7 +996,9 @@ def test_a_rare_class_one_slip_from_a_common_one_is_said(tmp_path, capsys):
     rows = [{"text": f"sentence {i}", "label": ["negative", "positive"][i % 2]} for i in range(80)]
     typo = [*rows, {"text": "one more", "label": "positve"}]
     val = write_csv(tmp_path / "v.csv", rows[:20])
-    main(recipe_text_args({"train": write_csv(tmp_path / "t.csv", typo), "validation": val}, tmp_path / "a", "max_steps=1"))
+    results = main(recipe_text_args({"train": write_csv(tmp_path / "t.csv", typo), "validation": val}, tmp_path / "a",
+                                    "max_steps=1"))  # fmt: skip
+    assert "labels.misspelt_class" in [w["rule"] for w in results["warnings"]]
     err = capsys.readouterr().err
     assert "holds 'positve' (1 sample) beside 'positive' (40): a misspelling? fix the label in the data" in err
     user_error(capsys, main, recipe_text_args({"train": tmp_path / "t.csv", "validation": val}, tmp_path / "b",
@@ -1005,15 +1028,19 @@ def test_round_19s_data_mistakes_get_their_own_fix(small_text_data, tmp_path, ca
     train = small_text_data["train"]
     joined = f"{train},{small_text_data['validation']}"
     base = [a for a in recipe_text_args(small_text_data, tmp_path / "run") if not a.startswith("train_file=")]
-    user_error(capsys, main, [*base, f"train_file={joined}"], "names 2 files; a split is one file: join them")
-    user_error(capsys, main, [*base, f"train_file={train.parent / '*.csv'}"], "is a pattern; a split is one file")
-    user_error(capsys, main, [*base, str(train)], f"is a file given without a key: name its split, train_file={train}")
+    user_error(capsys, main, [*base, f"train_file={joined}"], "names 2 files; a split is one file: join them",
+               rule="files.several_files")
+    user_error(capsys, main, [*base, f"train_file={train.parent / '*.csv'}"], "is a pattern; a split is one file",
+               rule="files.pattern")
+    user_error(capsys, main, [*base, str(train)], f"is a file given without a key: name its split, train_file={train}",
+               rule="settings.file_without_key")
     user_error(capsys, main, [*base, f"train_file={train}", "--config", str(REPO / "data/bert_minilm_l6_uncased/config.json")],
-               "that file is a model's config.json, not a recipe; give the model as model_name_or_path=")  # fmt: skip
+               "that file is a model's config.json, not a recipe; give the model as model_name_or_path=",
+               rule="settings.model_config_json")  # fmt: skip
     unlabelled = write_csv(tmp_path / "unlabelled.csv", [{"text": "a film"}, {"text": "another"}], ["text"])
     user_error(capsys, main, [*base, f"train_file={train}", f"test_file={unlabelled}"],
                "the test split is scored, so it needs its labels; to predict on a file without them: "
-               "finetune/evaluate_checkpoint.py")  # fmt: skip
+               "finetune/evaluate_checkpoint.py", rule="columns.scored_split_without_labels")  # fmt: skip
     assert not (tmp_path / "run").exists()
 
 
@@ -1033,8 +1060,10 @@ def test_a_column_of_image_paths_is_named_for_images_and_warned_of_as_text(small
     user_error(capsys, main, ["--config", str(REPO / "finetune/configs/vit_imagefolder.yaml"), f"model_config={TINY_VIT}",
                               "data_dir=null", f"train_file={data}", f"output_dir={tmp_path / 'i'}"],
                "but 'filepath' holds images: set image_column=filepath")  # fmt: skip
-    main(tiny_text_args({"train": data, "validation": data}, tmp_path / "t", "text_column=filepath", "max_steps=1"))
+    results = main(tiny_text_args({"train": data, "validation": data}, tmp_path / "t", "text_column=filepath",
+                                  "max_steps=1"))  # fmt: skip
     assert "warning: column 'filepath' holds image file paths" in capsys.readouterr().err
+    assert "columns.image_paths_as_text" in [w["rule"] for w in results["warnings"]]
 
 
 def test_a_nested_field_named_with_a_dot_is_pointed_to_flattening(tmp_path):
@@ -1081,15 +1110,19 @@ def test_parquet_decimals_are_read_as_numbers(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("recipe", "column", "entities"),
+    ("recipe", "column", "entities", "rule"),
     [
-        ("finetune/configs/bert_ner.yaml", "entities", [[0, 3, "PER"], [12, 18, "LOC"]]),  # spaCy's tuples
-        ("finetune/configs/bert_ner.yaml", "spans", [{"start": 0, "end": 3, "label": "PER"}]),  # Label Studio's
-        ("finetune/configs/bert_multi_label.yaml", "entities", [[0, 3, "PER"]]),  # read as lists of labels
-        ("finetune/configs/bert_ner.yaml", "tokens", [{"text": "Ada", "start": 0, "end": 3, "id": 0}]),  # Prodigy's
+        ("finetune/configs/bert_ner.yaml", "entities", [[0, 3, "PER"], [12, 18, "LOC"]],
+         "columns.character_spans"),  # spaCy's tuples
+        ("finetune/configs/bert_ner.yaml", "spans", [{"start": 0, "end": 3, "label": "PER"}],
+         "columns.character_spans"),  # Label Studio's
+        ("finetune/configs/bert_multi_label.yaml", "entities", [[0, 3, "PER"]],
+         "labels.spans_as_labels"),  # read as lists of labels
+        ("finetune/configs/bert_ner.yaml", "tokens", [{"text": "Ada", "start": 0, "end": 3, "id": 0}],
+         "columns.character_spans"),  # Prodigy's
     ],
-)
-def test_entities_as_character_spans_are_named_with_the_conversion(tmp_path, recipe, column, entities):
+)  # fmt: skip
+def test_entities_as_character_spans_are_named_with_the_conversion(tmp_path, recipe, column, entities, rule):
     """Entities as character offsets, where a tag for each word is read (or, under a multi-label recipe,
     lists of label names): one line naming the spans and how to turn them into words and IOB2 tags."""
     import json
@@ -1106,12 +1139,14 @@ def test_entities_as_character_spans_are_named_with_the_conversion(tmp_path, rec
                                "max_eval_samples=null"])  # fmt: skip
     with pytest.raises(UserError, match=rf"^column '{column}' of the train data holds (entities as character spans|"
                                         r"tokens as records of their text and character offsets) .*"
-                                        r"offsets_to_biluo_tags, then biluo_to_iob\)$"):  # fmt: skip
+                                        r"offsets_to_biluo_tags, then biluo_to_iob\)$") as raised:  # fmt: skip
         load_splits(cfg.data_args)
+    assert raised.value.rule == rule
 
 
-@pytest.mark.parametrize("recipe", ["finetune/configs/bert_ner.yaml", "finetune/configs/bert_custom_files.yaml"])
-def test_tags_joined_by_spaces_in_one_cell_are_named_as_tagging_data(tmp_path, recipe):
+@pytest.mark.parametrize(("recipe", "rule"), [("finetune/configs/bert_ner.yaml", "columns.tags_joined_in_a_cell"),
+                                              ("finetune/configs/bert_custom_files.yaml", "labels.tags_joined_as_a_class")])  # fmt: skip
+def test_tags_joined_by_spaces_in_one_cell_are_named_as_tagging_data(tmp_path, recipe, rule):
     """Kaggle's NER CSV by sentence ("O B-geo O" a row): under the tagging recipe the words and tags are not
     lists; under a classifier each joined string would be a class. Both: one line, how to make the lists."""
     from finetune.config import load_config
@@ -1124,8 +1159,9 @@ def test_tags_joined_by_spaces_in_one_cell_are_named_as_tagging_data(tmp_path, r
     cfg = load_config(recipe, [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
                                "max_train_samples=null", "max_eval_samples=null", *keys])  # fmt: skip
     with pytest.raises(UserError, match=r"^column 'Tag' of the train data holds tags joined by spaces in one string a "
-                                        r"row \('B-per O O B-geo'\): tagging data; .*bert_ner.yaml$"):  # fmt: skip
+                                        r"row \('B-per O O B-geo'\): tagging data; .*bert_ner.yaml$") as raised:  # fmt: skip
         load_splits(cfg.data_args)
+    assert raised.value.rule == rule
 
 
 def test_a_parquet_of_images_under_other_column_names_gets_both_settings(tmp_path):
@@ -1165,9 +1201,10 @@ def test_rows_joined_by_a_quote_never_closed_are_one_warning(tmp_path, capsys, s
     path.write_text(f"text{sep}label\n" + "".join(f"{t}{sep}{['neg', 'pos'][i % 2]}\n" for i, t in enumerate(texts)))
     args = [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
             "max_train_samples=null", "max_eval_samples=null"]  # fmt: skip
-    load_splits(load_config(None, args).data_args)
+    load_splits(load_config(None, args).data_args, rules := checks.Said())
     said = [line for line in capsys.readouterr().err.splitlines() if "never closed" in line]
     assert len(said) == 1 and said[0].startswith("warning: row 6 of the training data holds 20 lines that end like")
+    assert "columns.rows_merged_by_a_quote" in rules.rules()
     quoted = tmp_path / "quoted.csv"  # a real text with line breaks in it
     quoted.write_text("text,label\n" + "".join(f'"line one {i}\nline two, still text",{["neg", "pos"][i % 2]}\n'
                                                for i in range(20)))  # fmt: skip

@@ -6,6 +6,7 @@ images, the resize notice, and augmentation that resumes exactly (also with data
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import types
@@ -14,10 +15,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_VIT, class_folders, drawn_images, image_folder, tiny_image_args
+from conftest import TINY_VIT, class_folders, drawn_images, image_folder, tiny_image_args, user_error
 from PIL import Image
 from safetensors.torch import load_file
 
+from finetune import checks
 from finetune.config import CONFIGS_DIR, load_config
 from finetune.run import main
 
@@ -71,8 +73,9 @@ def test_a_test_split_that_copies_the_training_images_is_warned_of(tmp_path, cap
     shutil.copytree(root / "train", root / "test")
     for png in (root / "test").rglob("*.png"):
         png.rename(png.with_name(f"copy-{png.name}"))
-    load_splits(load_config(IMAGEFOLDER, [f"model_config={TINY_VIT}", f"data_dir={root}"]))
+    load_splits(load_config(IMAGEFOLDER, [f"model_config={TINY_VIT}", f"data_dir={root}"]), said := checks.Said())
     assert "12 of the 12 test samples are also training samples (the same image" in capsys.readouterr().err
+    assert "splits.test_of_training_samples" in said.rules()
     shutil.rmtree(root / "test")
     drawn_images(root, {"0_tshirt_top": [(9, 9, 9)], "1_trouser": [(200, 9, 9)]}, split="test")
     load_splits(load_config(IMAGEFOLDER, [f"model_config={TINY_VIT}", f"data_dir={root}"]))
@@ -148,13 +151,16 @@ def test_odd_images_just_work(tmp_path):
     assert results["step"] == 2 and results["validation"]["num_samples"] >= 3
 
 
-@pytest.mark.parametrize(("value", "fragment"), [
-    ({"bytes": None, "path": None}, "the train data has no image in row 1 (no bytes and no path)"),
-    ({"bytes": None, "path": "file:///tmp/x.png"}, "is a URL; give the path without file://"),
-    ({"bytes": None, "path": "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAI"}, "holds images written as base64 text"),  # a PNG
-    ({"bytes": None, "path": "/9j/4AAQSkZJRgABAQAAAQABAAD"}, "decode them (base64.b64decode)"),  # a JPEG
+@pytest.mark.parametrize(("value", "fragment", "rule"), [
+    ({"bytes": None, "path": None}, "the train data has no image in row 1 (no bytes and no path)",
+     "images.row_without_image"),
+    ({"bytes": None, "path": "file:///tmp/x.png"}, "is a URL; give the path without file://", "images.file_url"),
+    ({"bytes": None, "path": "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAI"}, "holds images written as base64 text",
+     "images.base64_text"),  # a PNG
+    ({"bytes": None, "path": "/9j/4AAQSkZJRgABAQAAAQABAAD"}, "decode them (base64.b64decode)",
+     "images.base64_text"),  # a JPEG
 ])  # fmt: skip
-def test_an_image_cell_with_nothing_or_a_url_is_one_line(value, fragment):
+def test_an_image_cell_with_nothing_or_a_url_is_one_line(value, fragment, rule):
     from datasets import Dataset, Features, Value
 
     from finetune.errors import UserError
@@ -162,8 +168,9 @@ def test_an_image_cell_with_nothing_or_a_url_is_one_line(value, fragment):
 
     stored = Features({"image": {"bytes": Value("binary"), "path": Value("string")}, "label": Value("int64")})
     ds = Dataset.from_dict({"image": [value], "label": [0]}, features=stored)  # as a parquet file holds it
-    with pytest.raises(UserError, match=re.escape(fragment)):
+    with pytest.raises(UserError, match=re.escape(fragment)) as raised:
         verify_images(ds, "image", "train")
+    assert raised.value.rule == rule
 
 
 def test_an_image_folder_without_a_train_split_says_where_training_images_go(tmp_path):
@@ -174,3 +181,24 @@ def test_an_image_folder_without_a_train_split_says_where_training_images_go(tmp
     with pytest.raises(UserError, match=r"no 'train' split \(found: .*\); an image folder trains on .*/train/<label>/<image>") as raised:
         load_raw({}, None, None, str(tmp_path / "imgs"))
     assert raised.value.rule == "files.no_train_split"
+
+
+def test_a_damaged_image_in_the_first_row_is_named_as_any_other(tmp_path, capsys):
+    """The column checks read a split's first row with its images left out: a damaged first image is the
+    images' own line, as it is in any other row, not a traceback from a column check that decoded it."""
+    folder = class_folders(tmp_path / "img", {"train": ["cat", "dog"], "validation": ["cat", "dog"]})
+    first = folder / "train" / "cat" / "0.png"
+    first.write_bytes(first.read_bytes()[:7])
+    user_error(capsys, main, tiny_image_args(folder, tmp_path / "run", "max_steps=1"), str(first),
+               rule="images.unreadable_image")  # fmt: skip
+
+
+@pytest.mark.parametrize("cell", [3, 2.5, True, {"bytes": 3, "path": 4}])
+def test_an_image_column_of_numbers_is_refused_by_its_rule(cell, tmp_path, capsys):
+    """pyarrow cannot cast numbers to an image (a NotImplementedError, not a ValueError): one line."""
+    rows = [{"image": cell, "label": ["cat", "dog"][i % 2]} for i in range(8)]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["task=image-classification", f"model_config={TINY_VIT}", "model_name_or_path=null", f"train_file={path}",
+            "validation_file=null", "test_file=null", "label_names=null", f"output_dir={tmp_path / 'run'}"]  # fmt: skip
+    user_error(capsys, main, args, "image", rule="images.not_an_image_column")

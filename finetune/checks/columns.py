@@ -79,11 +79,16 @@ class Columns:
         return self.ds.select_columns(columns)[:1000] if columns else {}
 
     @functools.cached_property
+    def first(self) -> dict[str, Any]:
+        """The first row, its images left out (decoding a damaged one fails before the images' own check)."""
+        return {name: values[0] for name, values in self.head.items() if values}
+
+    @functools.cached_property
     def looks_like(self) -> str:
         """The task whose data this looks like."""
         other = task_for_data(self.ds.features, self.args)
         words = len(self.ds) and any(isinstance(v, list) and v and all(isinstance(w, str) for w in v)
-                                     for v in self.ds[0].values())  # fmt: skip
+                                     for v in self.first.values())  # fmt: skip
         if self.model_task and other == self.args.task and not self.tagging and self.missing in self.inputs and words:
             other = next(n for n, t in TASKS.items() if t.problems == (TOKENS,))  # words to tag, a text model
         return other
@@ -220,7 +225,7 @@ def names_in_another_case(c: Columns) -> str | None:
 def words_as_one_string(c: Columns) -> str | None:
     """A tagging split whose words are one string a row, beside lists of tags."""
     args = c.args
-    words, tags = (c.ds[0].get(args.tokens_column), c.ds[0].get(args.tags_column)) if len(c.ds) else (None, None)
+    words, tags = c.first.get(args.tokens_column), c.first.get(args.tags_column)
     if c.missing in c.label_columns and isinstance(words, str) and isinstance(tags, list):
         return (f"column '{args.tokens_column}' of the {c.split} data holds a string in each row, beside lists of tags "
                 f"in '{args.tags_column}': a tagging run needs a list of words for each list of tags; split each "
@@ -232,7 +237,7 @@ def words_as_one_string(c: Columns) -> str | None:
 def records_nested_under_a_key(c: Columns) -> str | None:
     """`{"data": [{...}, ...]}`: the records nested under one key."""
     (only,) = c.names if len(c.names) == 1 else (None,)
-    if c.missing is not None and only is not None and len(c.ds) == 1 and isinstance(c.ds[0][only], list):
+    if c.missing is not None and only is not None and len(c.ds) == 1 and isinstance(c.first.get(only), list):
         return (f"the {c.split} data is one record whose '{only}' holds a list: the samples are nested under "
                 f"'{only}'; give the records themselves (JSON Lines, or a JSON array of records)")
     return None
@@ -241,9 +246,12 @@ def records_nested_under_a_key(c: Columns) -> str | None:
 def word_and_tag_lists(ds) -> tuple[str, str] | None:
     """The two columns of tagging data under any names: a list of words and, beside it, a list of tags (names
     or ids) of the same length in the first row; None unless exactly one such pair."""
-    if not len(ds):
+    from datasets import Image
+
+    plain = [c for c, f in ds.features.items() if not isinstance(f, Image)]  # a damaged image is not read here
+    if not len(ds) or not plain:
         return None
-    row = ds[0]
+    row = ds.select_columns(plain)[0]
     words = [n for n, v in row.items() if isinstance(v, list) and v and all(isinstance(w, str) for w in v)]
     pairs = [(w, t) for w in words for t, v in row.items()
              if t != w and isinstance(v, list) and len(v) == len(row[w]) and all(isinstance(x, (str, int)) for x in v)]
@@ -331,7 +339,7 @@ def labels_of_an_image_folder(c: Columns) -> str | None:
 
 def _spare(c: Columns) -> list[str]:
     return [n for n in c.names if n not in (*c.label_columns, *c.inputs, *c.args.label_sources)
-            and len(c.ds) and isinstance(c.ds[0][n], str)]  # fmt: skip
+            and isinstance(c.first.get(n), str)]  # fmt: skip
 
 
 def _the_texts_among(ds, columns: list[str]) -> list[str]:
@@ -436,7 +444,7 @@ def nested_field(c: Columns) -> str | None:
     not read, so the fix is to flatten them into columns."""
     if c.missing is None:
         return None
-    held = {n: sorted(c.ds[0][n]) for n in c.names if len(c.ds) and isinstance(c.ds[0][n], dict)}
+    held = {n: sorted(c.first[n]) for n in c.names if isinstance(c.first.get(n), dict)}
     head, _, sub = c.missing.partition(".")
     inside = head if sub and sub in held.get(head, ()) else next((n for n, keys in held.items() if c.missing in keys), None)
     if inside is None:
@@ -524,7 +532,7 @@ def text_column_empty(c: Columns) -> str | None:
 def object_of_columns(c: Columns) -> str | None:
     """A JSON object of columns ({"text": [...], "label": [...]}): one record whose text is a list."""
     for column, _ in _text_columns(c):
-        if not _strings(c.ds.features[column]) and len(c.ds) == 1 and isinstance(c.ds[0][column], list):
+        if not _strings(c.ds.features[column]) and len(c.ds) == 1 and isinstance(c.first.get(column), list):
             return (f"the {c.split} data is one record whose '{column}' is a list: a JSON object of columns; give one "
                     'record per row (JSON Lines: {"text": ..., "label": ...} on each line, or a JSON array of such '
                     "records)")

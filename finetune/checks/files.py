@@ -846,15 +846,6 @@ def no_train_split(splits: list[str], data_dir: str | None) -> str | None:
 TRAIN_SPLIT = [no_train_split]
 
 
-@rule("files.split_without_rows")
-def split_without_rows(split: str, rows: int) -> str | None:
-    """A split with no rows (a folder's split, a hub dataset's)."""
-    return f"{_the(split)} has no rows; check the file or folder" if rows == 0 else None
-
-
-ROWS = [split_without_rows]
-
-
 @rule("files.no_data_files")
 def no_data_files(path: Path, image_task: bool) -> str | None:
     """`--data` that names a folder without data files for a model that reads no images."""

@@ -594,13 +594,13 @@ def unseen_beside_default_names(u: Unseen) -> str | None:
 
 @rule("labels.ids_for_named_classes")
 def ids_for_named_classes(u: Unseen) -> str | None:
-    """Class ids (0, 1) scored against a model whose classes are names (neg, pos): its order?"""
+    """Class ids (0, 1) in a split whose classes are names (neg, pos) in training or in the model: which order?"""
     ids = u.seen == {str(i) for i in range(len(u.seen))} and len(u.seen) <= len(u.label_names)
     if ids and not u.seen & set(u.label_names):
         order = ", ".join(f"{i} is {n}" for i, n in enumerate(u.label_names[: len(u.seen)]))
         return (f"{u.split} labels {u.unseen[:5]} were not seen in training (known: {', '.join(u.label_names)}); the "
-                f"labels are class ids and the model's classes are names: write the names in the data (in the model's "
-                f"order, {order})")
+                f"labels are class ids and the trained classes are names: write the names in the data (in the order "
+                f"of the classes, {order})")
     return None
 
 

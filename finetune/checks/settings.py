@@ -158,17 +158,6 @@ def recipe_not_a_mapping(recipe: Path, raw: Any) -> str | None:
 RECIPE = [recipe_empty, recipe_not_a_mapping]
 
 
-@rule("settings.manifest_without_config")
-def manifest_without_config(path: Path, config: Any) -> str | None:
-    """A checkpoint's manifest.json read as the recipe of a run whose config.yaml is gone, holding none."""
-    if not isinstance(config, dict):
-        return f"{path} holds no config of its run; resume with --config <the run's recipe>"
-    return None
-
-
-MANIFEST_CONFIG = [manifest_without_config]
-
-
 @rule("settings.saved_config_value")
 def saved_config_value(recipe: Path, error: Exception) -> str:
     """A value of a run's own config.yaml (edited since the run) that its check refuses: said as the saved
@@ -866,7 +855,9 @@ def pair_is_the_text(cfg) -> str | None:
 def label_columns_repeated(cfg) -> str | None:
     """label_columns empty, or naming a column twice."""
     columns = cfg.label_columns
-    if columns is not None and (not columns or len(set(columns)) != len(columns)):
+    if columns is not None and not columns:
+        return "label_columns is empty: name the 0/1 columns of the labels, or set label_columns=null"
+    if columns is not None and len(set(columns)) != len(columns):
         return f"label_columns must name distinct columns, got {columns}"
     return None
 
