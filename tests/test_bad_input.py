@@ -854,19 +854,21 @@ def _loop(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "make, fragment",
+    "make, fragment, rule",
     [
-        (lambda t: ["--config", str(_write(t / "empty.yaml", ""))], "is empty; a recipe is a YAML mapping"),
-        (lambda t: [f"train_file={t}"], "is a folder, not a file"),
-        (lambda t: [f"train_file={_loop(t)}"], "is a symlink loop"),
+        (lambda t: ["--config", str(_write(t / "empty.yaml", ""))], "is empty; a recipe is a YAML mapping",
+         "settings.recipe_empty"),
+        (lambda t: [f"train_file={t}"], "is a folder, not a file", "files.not_a_file"),
+        (lambda t: [f"train_file={_loop(t)}"], "is a symlink loop", "files.not_a_file"),
         (lambda t: ["model_config=null", f"model_name_or_path={DATA / 'bert_minilm_l6_uncased' / 'model.safetensors'}"],
-         "model.safetensors is a file; give the folder that holds it"),
+         "model.safetensors is a file; give the folder that holds it", "settings.model_path_is_a_file"),
         (lambda t: [f"tokenizer_name={DATA / 'bert_minilm_l6_uncased' / 'tokenizer.json'}"],
-         f"tokenizer_name={DATA / 'bert_minilm_l6_uncased' / 'tokenizer.json'} is a file; give the folder that holds it"),
+         f"tokenizer_name={DATA / 'bert_minilm_l6_uncased' / 'tokenizer.json'} is a file; give the folder that holds it",
+         "settings.model_path_is_a_file"),
     ],
 )  # fmt: skip
-def test_lines_say_what_the_path_is(make, fragment, small_text_data, tmp_path, capsys):
-    user_error(capsys, main, recipe_text_args(small_text_data, tmp_path / "run", *make(tmp_path)), fragment)
+def test_lines_say_what_the_path_is(make, fragment, rule, small_text_data, tmp_path, capsys):
+    user_error(capsys, main, recipe_text_args(small_text_data, tmp_path / "run", *make(tmp_path)), fragment, rule=rule)
 
 
 def test_a_data_dir_that_is_a_zip_or_a_file_says_so(world, tmp_path, capsys):
@@ -874,10 +876,10 @@ def test_a_data_dir_that_is_a_zip_or_a_file_says_so(world, tmp_path, capsys):
 
     with zipfile.ZipFile(tmp_path / "images.zip", "w") as z:
         z.writestr("train/cat/0.png", b"")
-    for path, fragment in [(tmp_path / "images.zip", "is a zip file; unzip it"),
-                           (world.train, "is a file, not a folder of images")]:  # fmt: skip
+    for path, fragment, rule in [(tmp_path / "images.zip", "is a zip file; unzip it", "files.data_dir_is_a_zip"),
+                                 (world.train, "is a file, not a folder of images", "files.data_dir_is_a_file")]:  # fmt: skip
         args = ["--config", IMAGEFOLDER, f"model_config={TINY_VIT}", f"data_dir={path}", f"output_dir={tmp_path / 'o'}"]
-        user_error(capsys, main, args, f"data_dir {path} {fragment}", rule="files.data_dir_is_a_file")
+        user_error(capsys, main, args, f"data_dir {path} {fragment}", rule=rule)
 
 
 def test_what_the_fuzzer_found_is_said_with_its_fix(small_text_data, tmp_path, capsys):
@@ -885,11 +887,12 @@ def test_what_the_fuzzer_found_is_said_with_its_fix(small_text_data, tmp_path, c
     validation split that cannot hold every class (a class with one sample)."""
     recipe = _write(tmp_path / "dotted.yaml", "model_config.hidden_size: 8\n")
     user_error(capsys, main, ["--config", str(recipe), *recipe_text_args(small_text_data, tmp_path / "run")],
-               "in a recipe write model_config: {hidden_size: ...}")  # fmt: skip
+               "in a recipe write model_config: {hidden_size: ...}", rule="settings.dotted_key_in_recipe")  # fmt: skip
     rows = [{"text": f"sentence {i}", "label": "rare" if i == 0 else ["pos", "neg"][i % 2]} for i in range(20)]
     data = {"train": write_csv(tmp_path / "t.csv", rows), "validation": "null"}
     user_error(capsys, main, recipe_text_args(data, tmp_path / "run"),
-               "cannot hold out a stratified validation split", "give a validation_file")  # fmt: skip
+               "cannot hold out a stratified validation split", "give a validation_file",
+               rule="splits.not_stratified")  # fmt: skip
 
 
 def test_unknown_tracker_and_tokens_in_errors(small_text_data, tmp_path, capsys):
@@ -1426,7 +1429,8 @@ def test_a_datasets_cache_that_cannot_be_written_is_named_not_the_file(world, tm
     cache.write_text("x")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     user_error(capsys, main, _text(world, out=tmp_path / "o"), f"the datasets cache it is copied into first "
-               f"({cache}) cannot be made: {cache} is a file, not a folder", "set HF_DATASETS_CACHE")  # fmt: skip
+               f"({cache}) cannot be made: {cache} is a file, not a folder", "set HF_DATASETS_CACHE",
+               rule="files.cache_unwritable")  # fmt: skip
     # HOME (or HF_HOME) a file: the cache below it cannot be made; the data file is not blamed
     under = cache / ".cache" / "huggingface" / "datasets"
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", under)
@@ -1450,15 +1454,17 @@ def test_a_parquet_file_without_rows_says_so(world, tmp_path, capsys):
                f"the train data has no rows ({path})")  # fmt: skip
 
 
-@pytest.mark.parametrize("first, fragment", [
-    ("sep=,\n", "starts with the line 'sep=,', a hint for Excel, not the header; delete that line"),
-    ("# exported by a tool\n", "starts with the line '# exported by a tool', a comment, where the header belongs"),
-    (None, "line 4 opens a quote that no quote closes: the field runs on to line 9"),
+@pytest.mark.parametrize("first, fragment, rule", [
+    ("sep=,\n", "starts with the line 'sep=,', a hint for Excel, not the header; delete that line",
+     "files.excel_separator_line"),
+    ("# exported by a tool\n", "starts with the line '# exported by a tool', a comment, where the header belongs",
+     "files.comment_above_header"),
+    (None, "line 4 opens a quote that no quote closes: the field runs on to line 9", "files.csv_open_quote"),
 ])  # fmt: skip
-def test_a_csv_line_that_is_not_data_is_named(world, tmp_path, capsys, first, fragment):
+def test_a_csv_line_that_is_not_data_is_named(world, tmp_path, capsys, first, fragment, rule):
     rows = ["text,label", *(f"sample {i},{'pos' if i % 2 else 'neg'}" for i in range(8))]
     if first is None:
         rows[3] = '"an open quote,pos'  # line 4
     path = tmp_path / "t.csv"
     path.write_text((first or "") + "\n".join(rows) + "\n")
-    user_error(capsys, main, _text(world, f"train_file={path}", out=tmp_path / "o"), fragment)
+    user_error(capsys, main, _text(world, f"train_file={path}", out=tmp_path / "o"), fragment, rule=rule)

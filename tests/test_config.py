@@ -49,17 +49,20 @@ def test_every_shipped_recipe_loads():
                 assert Path(value).exists(), f"{recipe.name}: {key} {value} is missing"
 
 
-def test_help_with_a_recipe_that_is_not_there_says_so(capsys):
+def test_help_with_a_recipe_that_is_not_there_says_so(capsys, monkeypatch):
     """--help --config <a misspelt path>: the help prints (the defaults) and one warning says the recipe
     is not found, instead of a help that looks like the recipe's and sets nothing."""
     from finetune.run import main
 
+    monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")
     with pytest.raises(SystemExit) as stop:
         main(["--help", "--config", "finetune/configs/bert_custom.yaml"])
     assert stop.value.code == 0
     out, err = capsys.readouterr()
     assert "the recipe finetune/configs/bert_custom.yaml is not found: the defaults are shown" in out
-    assert err.strip() == "warning: --config finetune/configs/bert_custom.yaml is not found; the help shows the defaults"
+    rule = "settings.help_recipe_unread"  # FINETUNE_SHOW_RULES=1: the line names the rule that said it
+    assert err.strip() == (f"warning: [{rule}] --config finetune/configs/bert_custom.yaml is not found; the help "
+                           "shows the defaults")
 
 
 def test_help_lists_every_setting_with_type_default_help_and_the_recipes_value(capsys):
@@ -98,26 +101,31 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
     assert cfg.max_memory == {"cpu": "1GiB"}
     with pytest.raises(UserError, match="max_memory caps each device of the layer split and needs model_parallel"):
         load_config(recipe, ["max_memory.cuda:0=2GiB"])  # else ignored without a word
-    with pytest.raises(UserError, match="learning_rate is not a mapping"):
+    with pytest.raises(UserError, match="learning_rate is not a mapping") as raised:
         load_config(recipe, ["learning_rate.x=1"])
+    assert raised.value.rule == "settings.subkey_of_no_mapping"
     with pytest.raises(UserError, match="unknown config key 'model_confg'; did you mean model_config"):
         load_config(recipe, ["model_confg.image_size=32"])
     with pytest.raises(UserError, match=r"^unknown config key 'defaults': a recipe is one flat YAML file, not a Hydra "
-                                        r"config"):  # Hydra's key: no far-fetched guess (peft)
+                                        r"config") as raised:  # Hydra's key: no far-fetched guess (peft)
         load_config(recipe, ["defaults=[]"])
+    assert raised.value.rule == "settings.hydra_defaults"
     for short, setting in [("lr", "learning_rate"), ("epochs", "num_train_epochs"), ("batch_size",
                            "per_device_train_batch_size"), ("model", "model_name_or_path"),
                            ("model_type", "model_config.model_type")]:  # fmt: skip
-        with pytest.raises(UserError, match=rf"^unknown config key '{short}': the setting is {setting}"):
+        with pytest.raises(UserError, match=rf"^unknown config key '{short}': the setting is {setting}") as raised:
             load_config(recipe, [f"{short}=1"])
+        assert raised.value.rule == "settings.short_name"
     # Another tool's nested layout (training_args: {learning_rate: ...}): the fix is to flatten it.
     with pytest.raises(UserError, match=r"^unknown config key 'training_args': a recipe is flat: move the settings "
-                                        r"under it \(learning_rate, seed\) to the top level"):  # fmt: skip
+                                        r"under it \(learning_rate, seed\) to the top level") as raised:  # fmt: skip
         load_config(recipe, ["training_args={learning_rate: 1e-4, seed: 3, colour: red}"])
+    assert raised.value.rule == "settings.nested_block"
     # transformers' TrainingArguments habits: what does their work here
     with pytest.raises(UserError, match=r"^unknown config key 'bf16': the precision is accelerate's: launch with "
-                                        r"--mixed_precision bf16"):  # fmt: skip
+                                        r"--mixed_precision bf16") as raised:  # fmt: skip
         load_config(recipe, ["bf16=true"])
+    assert raised.value.rule == "settings.other_tools_key"
     with pytest.raises(UserError, match=r"^unknown config key 'evaluation_strategy': validation runs at each epoch's end, and every eval_steps"):
         load_config(recipe, ["evaluation_strategy=steps"])
     assert load_config(recipe, ["report_to=none"]).report_to == []
@@ -134,20 +142,24 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
                                         r"base recipe to --config and your settings after it as key=value"):  # fmt: skip
         load_config(included, [])
     with pytest.raises(UserError, match=r"^text_column is one column, got \['premise', 'hypothesis'\]; for sentence "
-                                        r"pairs set text_column=premise text_pair_column=hypothesis$"):
+                                        r"pairs set text_column=premise text_pair_column=hypothesis$") as raised:
         load_config(recipe, ["text_column=[premise, hypothesis]"])
+    assert raised.value.rule == "settings.text_column_pair"
     # A metric name before the data says the problem type: the ones it may mean, with their problem types
     with pytest.raises(UserError, match=r"got 'f1'; the ones it may mean: macro_f1 \(single_label_classification\), "
                                         r"micro_f1 \(multi_label_classification\), .*entity_f1 \(token_classification\)$"):
         load_config("finetune/configs/bert_custom_files.yaml", ["metric_for_best_model=f1", "train_file=x.csv"])
     with pytest.raises(UserError, match=r"^save_total_limit=None is the text 'None'; to leave save_total_limit unset "
-                                        r"write save_total_limit=null"):  # fmt: skip
+                                        r"write save_total_limit=null") as raised:  # fmt: skip
         load_config(recipe, ["save_total_limit=None"])
+    assert raised.value.rule == "settings.none_as_text"
     with pytest.raises(UserError, match=r"^resume_from_checkpoint=true: the newest checkpoint of output_dir is "
-                                        r"resume_from_checkpoint=latest"):  # fmt: skip
+                                        r"resume_from_checkpoint=latest") as raised:  # fmt: skip
         load_config(recipe, ["resume_from_checkpoint=true"])
-    with pytest.raises(UserError, match=r"unknown tracker 'nothing'.*\(none, or \[\], for no tracker\)"):
+    assert raised.value.rule == "settings.resume_true"
+    with pytest.raises(UserError, match=r"unknown tracker 'nothing'.*\(none, or \[\], for no tracker\)") as raised:
         load_config(recipe, ["report_to=nothing"])
+    assert raised.value.rule == "settings.unknown_tracker"
 
 
 def test_metric_loss_means_lower_is_better(small_text_data, tmp_path):
@@ -211,7 +223,8 @@ def test_a_flag_without_its_value_is_one_line(capsys):
     from finetune.config import settings_from_flags
 
     assert settings_from_flags(["--group_by_length", "--max_steps", "3"]) == ["group_by_length=true", "max_steps=3"]
-    user_error(capsys, main, ["--output_dir"], "--output_dir needs a value: --output_dir VALUE")
+    user_error(capsys, main, ["--output_dir"], "--output_dir needs a value: --output_dir VALUE",
+               rule="settings.flag_without_value")
     user_error(capsys, main, ["--max_steps", "--dry-run"], "--max_steps needs a value")
 
 
@@ -223,9 +236,10 @@ def test_setting_flags_with_hyphens_read_and_mistyped_ones_get_the_nearest(capsy
     assert settings_from_flags(["--max-steps", "3", "--group-by-length", "--dry-run"]) == [
         "max_steps=3", "group_by_length=true", "--dry-run"]  # fmt: skip
     user_error(capsys, main, ["--num_train_epoch", "1"], "unknown setting --num_train_epoch; did you mean "
-               "--num_train_epochs (num_train_epochs=VALUE)?")  # fmt: skip
+               "--num_train_epochs (num_train_epochs=VALUE)?", rule="settings.flag_misspelt")  # fmt: skip
     user_error(capsys, main, ["--MAX_STEPS", "1"], "did you mean --max_steps")
-    user_error(capsys, main, ["--lr", "1e-4"], "unknown setting --lr: the setting is learning_rate (learning_rate=VALUE)")
+    user_error(capsys, main, ["--lr", "1e-4"], "unknown setting --lr: the setting is learning_rate (learning_rate=VALUE)",
+               rule="settings.flag_short_name")
     user_error(capsys, main, ["MAX_STEPS=1"], "unknown config key 'MAX_STEPS'; did you mean max_steps?")
 
 
@@ -259,8 +273,9 @@ def test_a_key_set_twice_in_a_recipe_is_refused_with_its_lines(tmp_path):
     recipe.write_text("model_config:\n  model_type: bert\n  hidden_size: 32\n  hidden_size: 64\n")
     with pytest.raises(UserError, match="hidden_size is set twice, on line 3 and line 4"):
         load_config(recipe)
-    with pytest.raises(UserError, match="model_config=.*model_type is set twice"):
+    with pytest.raises(UserError, match="model_config=.*model_type is set twice") as raised:
         load_config(None, ["model_config={model_type: bert, model_type: vit}"])
+    assert raised.value.rule == "settings.value_key_twice"
     recipe.write_text("base: &base {max_steps: 4}\nother:\n  <<: *base\n  max_steps: 6\n")  # a merge key overridden
     assert read_yaml(recipe.read_text()) == yaml.safe_load(recipe.read_text())
 
@@ -275,8 +290,9 @@ def test_model_name_or_path_on_the_command_line_replaces_the_recipe_s_model_conf
     cfg = load_config(recipe, [f"model_name_or_path={weights}"])
     assert cfg.model_config is None and cfg.model_name_or_path == weights
     assert "warning" not in capsys.readouterr().err
-    both = load_config(recipe, [f"model_name_or_path={weights}", "model_config.image_size=32"])  # named both: kept
-    assert both.model_config["image_size"] == 32
+    said = checks.Said()
+    both = load_config(recipe, [f"model_name_or_path={weights}", "model_config.image_size=32"], said=said)  # both: kept
+    assert both.model_config["image_size"] == 32 and said.rules() == ["settings.model_config_beside_name"]
     assert capsys.readouterr().err == (f"warning: model_config builds the model at random, so model_name_or_path="
                                        f"{weights} gives only the tokenizer, not its weights; to fine-tune {weights}, "
                                        "set model_config=null\n")  # fmt: skip
@@ -314,14 +330,20 @@ def test_an_option_given_twice_and_a_setting_without_a_key_are_refused(tmp_path)
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
     first.write_text("max_steps: 2\n")
     second.write_text("learning_rate: 1.0e-3\n")
-    with pytest.raises(UserError, match=f"--config is given twice \\({first} and {second}\\); give it once"):
+    with pytest.raises(UserError, match=f"--config is given twice \\({first} and {second}\\); give it once") as raised:
         parse_args(["--config", str(first), "--config", str(second)])
-    with pytest.raises(UserError, match="expected key=value, got '=5': the key before '=' is empty"):
+    assert raised.value.rule == "settings.option_twice"
+    with pytest.raises(UserError, match="expected key=value, got '=5': the key before '=' is empty") as raised:
         parse_args(["=5"])
-    with pytest.raises(UserError, match=re.escape("'\u2013-config' starts with '\u2013' (U+2013), a dash that is not")):
+    assert raised.value.rule == "settings.empty_key"
+    dash = re.escape("'\u2013-config' starts with '\u2013' (U+2013), a dash that is not")
+    with pytest.raises(UserError, match=dash) as raised:
         parse_args(["\u2013-config", str(first)])  # an en dash pasted from a web page
-    with pytest.raises(UserError, match="'max_steps\uff1d2' has '\uff1d' \\(U\\+FF1D, a full-width equals sign\\)"):
+    assert raised.value.rule == "settings.option_dashes"
+    with pytest.raises(UserError, match="'max_steps\uff1d2' has '\uff1d' \\(U\\+FF1D, a full-width equals "
+                                        "sign\\)") as raised:
         parse_args(["max_steps\uff1d2"])
+    assert raised.value.rule == "settings.full_width_equals"
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -346,14 +368,16 @@ def test_a_resume_names_the_runs_saved_config_when_it_was_edited(tmp_path):
     resume = [f"output_dir={run}", "resume_from_checkpoint=latest"]
     (run / "config.yaml").write_text("task: text-classification\nlearning_rate: abc\n")
     with pytest.raises(UserError, match=re.escape(f"{run / 'config.yaml'}, the run's saved config: learning_rate must "
-                                                  "be a number, got 'abc'; repair it there, or delete it")):  # fmt: skip
+                                                  "be a number, got 'abc'; repair it there, or delete it")) as raised:  # fmt: skip
         parse_args(resume)
+    assert raised.value.rule == "settings.saved_config_value"
     with pytest.raises(UserError, match="^learning_rate must be a number, got 'xyz'$"):  # the command line's own
         parse_args([*resume, "learning_rate=xyz"])
     # A check across settings that names one the command line gave (both set to null there): its own too.
     (run / "config.yaml").write_text("task: text-classification\nmodel_config: {model_type: bert}\n")
-    with pytest.raises(UserError, match="^set model_name_or_path .* or model_config$"):
+    with pytest.raises(UserError, match="^set model_name_or_path .* or model_config$") as raised:
         parse_args([*resume, "model_config=null", "model_name_or_path=null"])
+    assert raised.value.rule == "settings.no_model"
     (run / "config.yaml").write_text("task: [text-classification\n")
     with pytest.raises(UserError, match="is not valid YAML .*; repair it, or delete it: a resume then reads the "
                                         "config saved in its checkpoint's manifest.json"):  # fmt: skip
@@ -380,35 +404,47 @@ def test_help_into_a_pipe_closed_early_ends_quietly(monkeypatch):
     out.close()
 
 
-@pytest.mark.parametrize("settings, fragment", [
-    (["random_flip=true"], "random_flip=true augments training images; a text-classification run has none"),
+OTHER = "settings.other_tasks_setting"
+
+
+@pytest.mark.parametrize("settings, fragment, rule", [
+    (["random_flip=true"], "random_flip=true augments training images; a text-classification run has none",
+     "settings.augment_without_images"),
     (["label_all_tokens=true"], "label_all_tokens=true is a setting of token-classification runs, which a "
-                                "text-classification run does not read: leave it out"),
+                                "text-classification run does not read: leave it out", OTHER),
     (["task=image-classification", "freeze_embeddings=false", "group_by_length=true", "max_length=32"],
      "group_by_length=true, max_length=32 are settings of text-classification and token-classification runs, "
-     "which an image-classification run does not read: leave them out (or, if the task is wrong, set task=)"),
-    (["augment=[crop]"], "augment=[crop] augments training images"),
+     "which an image-classification run does not read: leave them out (or, if the task is wrong, set task=)", OTHER),
+    (["augment=[crop]"], "augment=[crop] augments training images", "settings.augment_without_images"),
     (["task=image-classification", "freeze_embeddings=false", "tokenizer_name=data/bert_minilm_l6_uncased"],
-     "is a setting of text-classification and token-classification runs, which an image-classification run does"),
+     "is a setting of text-classification and token-classification runs, which an image-classification run does",
+     OTHER),
     (["task=image-classification", "freeze_embeddings=false", "data_dir=/tmp/imgs", "output_dir=/tmp/imgs/train/run"],
-     "output_dir /tmp/imgs/train/run is inside data_dir /tmp/imgs, where the image folder loader reads"),
-    (["task=token-classification", "text_pair_column=tokens"], "a token-classification run tags one list of words"),
-    (["task=token-classification", "tags_column=tokens"], "tags_column is the tokens_column ('tokens')"),
-    (["label_columns=[pos,text]"], "label_columns holds 'text', an input column of the run"),
+     "output_dir /tmp/imgs/train/run is inside data_dir /tmp/imgs, where the image folder loader reads",
+     "settings.output_inside_image_folder"),
+    (["task=token-classification", "text_pair_column=tokens"], "a token-classification run tags one list of words",
+     "settings.pair_for_tagging"),
+    (["task=token-classification", "tags_column=tokens"], "tags_column is the tokens_column ('tokens')",
+     "settings.tags_are_the_words"),
+    (["label_columns=[pos,text]"], "label_columns holds 'text', an input column of the run",
+     "settings.input_among_label_columns"),
     (["image_column=img"], "image_column=img is a setting of image-classification runs, which a text-classification "
-                           "run does not read"),
+                           "run does not read", OTHER),
     (["task=image-classification", "freeze_embeddings=false", "text_pair_column=foo"],
-     "text_pair_column=foo is a setting of text-classification runs, which an image-classification run does not"),
+     "text_pair_column=foo is a setting of text-classification runs, which an image-classification run does not",
+     OTHER),
     (["task=token-classification", "image_column=img"], "image_column=img is a setting of image-classification runs, "
-                                                        "which a token-classification run does not read"),
+                                                        "which a token-classification run does not read", OTHER),
     (["task=token-classification", "text_column=sentence"], "text_column=sentence is a setting of "
-                                                            "text-classification runs"),
+                                                            "text-classification runs", OTHER),
     (["task=token-classification", "label_column=foo"], "label_column=foo is a setting of image-classification and "
-                                                        "text-classification runs, which a token-classification run"),
+                                                        "text-classification runs, which a token-classification run",
+     OTHER),
 ])  # fmt: skip
-def test_settings_of_another_task_or_that_read_the_answer_are_refused(settings, fragment):
-    with pytest.raises(UserError, match=re.escape(fragment)):
+def test_settings_of_another_task_or_that_read_the_answer_are_refused(settings, fragment, rule):
+    with pytest.raises(UserError, match=re.escape(fragment)) as raised:
         load_config(None, ["task=text-classification", *settings])
+    assert raised.value.rule == rule
 
 
 def test_a_multi_label_threshold_that_tuning_replaces_says_so(capsys):
@@ -416,7 +452,9 @@ def test_a_multi_label_threshold_that_tuning_replaces_says_so(capsys):
     training, said in one line; with tune_threshold=off it is kept, and nothing is said."""
     for tune, said in (("global", True), ("off", False)):
         cfg = load_config(None, ["multi_label_threshold=0.3", f"tune_threshold={tune}", "metric_for_best_model=null"])
-        resolved(cfg, checks.Said(), problem_type="multi_label_classification")
+        told = checks.Said()
+        resolved(cfg, told, problem_type="multi_label_classification")
+        assert ("settings.threshold_replaced_by_tuning" in told.rules()) is said, told.rules()
         err = capsys.readouterr().err
         assert ("warning: multi_label_threshold=0.3 decides the labels while training; after it, tune_threshold=global "
                 "replaces it" in err) is said, err
@@ -457,7 +495,9 @@ def test_validation_split_percentage_beside_a_validation_file_is_said_not_read(c
 
     for settings, said in ((["validation_file=v.csv", "validation_split_percentage=20"], True),
                            (["validation_file=null", "validation_split_percentage=20"], False)):  # fmt: skip
-        parse_command_line(["--config", "finetune/configs/bert_custom_files.yaml", "train_file=t.csv", *settings])
+        told = checks.Said()
+        parse_command_line(["--config", "finetune/configs/bert_custom_files.yaml", "train_file=t.csv", *settings], told)
+        assert told.rules() == (["settings.split_share_unread"] if said else []), told.rules()
         err = capsys.readouterr().err
         assert ("validation_split_percentage=20 is not read: a share of the training data is held out only without "
                 "a validation_file (this run's: ") in err if said else err == ""
@@ -475,17 +515,20 @@ def test_transformers_flags_are_answered_wherever_they_stand(capsys):
 
 
 @pytest.mark.parametrize(
-    ("spec", "hint"),
+    ("spec", "hint", "rule"),
     [
-        ("last", "; the newest checkpoint is resume_from_checkpoint=latest (lower case)"),
+        ("last", "; the newest checkpoint is resume_from_checkpoint=latest (lower case)", "runs.latest_misspelt"),
         ("runs/x/checkpoint-2", "; a run's checkpoints are <output_dir>/checkpoints/step-<step, 8 digits> (Trainer's "
-                                "checkpoint-N): resume_from_checkpoint=<output_dir>/checkpoints/step-00000002, or latest"),
+                                "checkpoint-N): resume_from_checkpoint=<output_dir>/checkpoints/step-00000002, or latest",
+         "runs.trainer_checkpoint_name"),
         ("step-2", "; a run's checkpoints are <output_dir>/checkpoints/step-<step, 8 digits>: give the path, "
-                   "resume_from_checkpoint=<output_dir>/checkpoints/step-00000002, or latest"),
+                   "resume_from_checkpoint=<output_dir>/checkpoints/step-00000002, or latest",
+         "runs.checkpoint_name_not_found"),
     ],
 )  # fmt: skip
-def test_a_checkpoint_named_the_trainers_way_gets_the_apps_name(spec, hint, small_text_data, tmp_path, capsys):
-    line = user_error(capsys, main, tiny_text_args(small_text_data, tmp_path / "run", f"resume_from_checkpoint={spec}"))
+def test_a_checkpoint_named_the_trainers_way_gets_the_apps_name(spec, hint, rule, small_text_data, tmp_path, capsys):
+    argv = tiny_text_args(small_text_data, tmp_path / "run", f"resume_from_checkpoint={spec}")
+    line = user_error(capsys, main, argv, rule=rule)
     assert line.endswith(f"checkpoint not found: {spec}{hint}")
 
 
@@ -493,17 +536,22 @@ def test_model_config_keys_beside_a_pretrained_model_say_what_model_config_is():
     """model_config.hidden_dropout_prob=0.2 with the MiniLM: the user meant to change the pretrained
     model's config; the line says model_config builds a new model, and where its dropout is set."""
     with pytest.raises(UserError, match=r"^model_config.hidden_dropout_prob beside model_name_or_path: model_config "
-                                        r"builds a new model .* its dropout is set with dropout=0.2$"):  # fmt: skip
+                                        r"builds a new model .* its dropout is set with "
+                                        r"dropout=0.2$") as raised:  # fmt: skip
         load_config(None, ["model_config.hidden_dropout_prob=0.2"])
-    with pytest.raises(UserError, match=r"^model_config needs a model_type"):
+    assert raised.value.rule == "settings.model_config_key_beside_name"
+    with pytest.raises(UserError, match=r"^model_config needs a model_type") as raised:
         load_config(None, ["model_name_or_path=null", "model_config.hidden_size=32"])
+    assert raised.value.rule == "settings.model_config_without_type"
 
 
 def test_a_share_where_a_count_of_steps_goes_names_the_setting_of_the_share():
     """warmup_steps=0.1: transformers' Trainer reads a number below 1 as a share of the training; here it
     is a count, and the share has its own setting."""
-    with pytest.raises(UserError, match=r"^warmup_steps=0.1 is a count of optimizer steps here, .*: set warmup_ratio=0.1$"):
+    with pytest.raises(UserError, match=r"^warmup_steps=0.1 is a count of optimizer steps here, .*: "
+                                        r"set warmup_ratio=0.1$") as raised:
         load_config(None, ["warmup_steps=0.1"])
+    assert raised.value.rule == "settings.steps_as_a_share"
     with pytest.raises(UserError, match=r"^eval_steps=0.25 is a count of optimizer steps here, .*: give a count of"):
         load_config(None, ["eval_steps=0.25"])
     with pytest.raises(UserError, match=r"^warmup_steps must be an integer, got 2.5$"):
@@ -515,10 +563,13 @@ def test_a_list_the_shell_split_at_its_space_says_to_quote_it_and_a_broken_one_t
     the line says the shell split it and how to quote it; a list that closes but does not parse is checked."""
     with pytest.raises(UserError, match=r"^label_names=\[negative,: the value opens a YAML list with '\[' and never "
                                         r"closes it: the shell splits a value at its spaces; quote it "
-                                        r"\(label_names='\[negative, \.\.\.\]'\) or leave out the spaces$"):  # fmt: skip
+                                        r"\(label_names='\[negative, \.\.\.\]'\) or leave out the "
+                                        r"spaces$") as raised:  # fmt: skip
         load_config(None, ["label_names=[negative,", "positive]"])
-    with pytest.raises(UserError, match=r"that does not parse .*; check the closing '\]' and the commas$"):
+    assert raised.value.rule == "settings.value_unclosed"
+    with pytest.raises(UserError, match=r"that does not parse .*; check the closing '\]' and the commas$") as raised:
         load_config(None, ["label_names=[a, [b]"])
+    assert raised.value.rule == "settings.value_not_yaml"
 
 
 def test_a_data_file_and_an_image_folder_both_named_are_refused():

@@ -35,21 +35,23 @@ def _run(cmd: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
-def _one_error_line(result: subprocess.CompletedProcess, *words: str) -> None:
-    one_error_line(result.returncode, result.stderr, *words)
+def _one_error_line(result: subprocess.CompletedProcess, *words: str, rule: str | None = None) -> None:
+    """The one error line; given `rule`, said by it (`error: [rule] ...`)."""
+    line = one_error_line(result.returncode, result.stderr, *words)
+    assert rule is None or line.startswith(f"error: [{rule}] "), (line, rule)
 
 
 def test_missing_accelerate_config_is_one_line(tmp_path):
     missing = tmp_path / "missing.yaml"
     _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(missing), "finetune/run.py"], tmp_path), str(missing),
-                    "[launch.config_not_found]")  # fmt: skip
+                    rule="launch.config_not_found")  # fmt: skip
 
 
 def test_unparsable_accelerate_config_is_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: [NO\n")
     _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(bad), "finetune/run.py"], tmp_path), str(bad), "not a valid",
-                    "[launch.config_invalid]")  # fmt: skip
+                    rule="launch.config_invalid")  # fmt: skip
 
 
 def test_a_multi_cpu_config_of_several_processes_without_mpirun_is_one_line(tmp_path):
@@ -58,13 +60,14 @@ def test_a_multi_cpu_config_of_several_processes_without_mpirun_is_one_line(tmp_
     config.write_text((REPO / "accelerate_configs/cpu.yaml").read_text().replace("distributed_type: 'NO'",
                       "distributed_type: MULTI_CPU").replace("num_processes: 1", "num_processes: 3"))  # fmt: skip
     _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(config), "finetune/run.py"], tmp_path),
-                    "asks for MULTI_CPU with 3 processes", "accelerate_configs/cpu_ddp.yaml", "[launch.multi_cpu_without_mpirun]")
+                    "asks for MULTI_CPU with 3 processes", "accelerate_configs/cpu_ddp.yaml",
+                    rule="launch.multi_cpu_without_mpirun")
     # the same count with distributed_type NO (the default config edited by hand): one process too
     alone = tmp_path / "no4.yaml"
     alone.write_text((REPO / "accelerate_configs/cpu.yaml").read_text().replace("num_processes: 1", "num_processes: 4"))
     _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(alone), "finetune/run.py"], tmp_path),
                     "num_processes 4 (in accelerate config", "with distributed_type NO", "cpu_ddp.yaml",
-                    "[launch.processes_without_distribution]")  # fmt: skip
+                    rule="launch.processes_without_distribution")  # fmt: skip
 
 
 def test_one_process_of_several_started_alone_by_plain_accelerate_launch_says_so(small_text_data, tmp_path,
@@ -88,7 +91,7 @@ def test_one_process_of_several_started_alone_by_plain_accelerate_launch_says_so
 
 def test_missing_script_is_one_line(tmp_path):
     _one_error_line(_run([*launch_command(launcher="finetune.launch"), "finetune/runn.py"], tmp_path), "finetune/runn.py",
-                    "[launch.no_script]")  # fmt: skip
+                    rule="launch.no_script")  # fmt: skip
 
 
 @pytest.mark.slow  # ~8 s; test_a_user_error_under_two_processes_is_one_line_and_exit_2 keeps exit 2 through the launcher
@@ -311,8 +314,10 @@ def test_a_recipe_and_an_accelerate_config_swapped_are_named(capsys):
     for before in (["--config", str(recipe)], [f"--config={recipe}"]):
         line = user_error(capsys, launch_main, [*before, "finetune/run.py"], rule="launch.recipe_flag")
         assert "--config (the recipe) is finetune/run.py's option: put it after the script" in line
-    with pytest.raises(UserError, match="that file is an accelerate config; pass it to accelerate launch --config_file"):
+    with pytest.raises(UserError, match="that file is an accelerate config; pass it to accelerate launch "
+                                        "--config_file") as raised:
         load_config(REPO / "accelerate_configs/cpu.yaml")
+    assert raised.value.rule == "settings.accelerate_config_as_recipe"
 
 
 ACCELERATE_CPU = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "NO", "num_machines": 1,
