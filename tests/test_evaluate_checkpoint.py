@@ -210,8 +210,9 @@ def test_a_pair_model_scored_on_single_texts_says_so(tmp_path, capsys, monkeypat
     monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # `[rule.id] ` before each line
     evaluate([str(tmp_path / "run" / "model"), "--data", str(data), "--output", str(tmp_path / "eval"),
               "text_pair_column=null"])  # fmt: skip
-    assert "warning: [evaluation.single_texts_for_pairs] text_pair_column=null: this model was trained on sentence " \
-           "pairs (text_pair_column=hypothesis)" in capsys.readouterr().err  # fmt: skip
+    rule = "evaluation.single_texts_for_pairs"
+    assert f"warning: [{rule}] text_pair_column=null: this model was trained on sentence pairs " \
+           "(text_pair_column=hypothesis)" in capsys.readouterr().err  # fmt: skip
     assert (tmp_path / "eval" / "metrics.json").is_file()
     # the pair under other names (sentence1/sentence2 for a premise/hypothesis model): both named, in order
     other = write_csv(tmp_path / "s12.csv", [{"sentence1": r["premise"], "sentence2": r["hypothesis"],
@@ -235,8 +236,9 @@ def test_predictions_carry_the_text_and_its_pair(run, tmp_path, capsys, monkeypa
         + ["text_column=premise", "text_pair_column=hypothesis"]
     )
     # the run's model read single texts: scored on pairs, as asked, with one line that says so
-    assert "warning: [evaluation.pairs_for_single_texts] text_pair_column=hypothesis: this model was trained on " \
-           "single texts" in capsys.readouterr().err  # fmt: skip
+    rule = "evaluation.pairs_for_single_texts"
+    assert f"warning: [{rule}] text_pair_column=hypothesis: this model was trained on single texts" \
+           in capsys.readouterr().err  # fmt: skip
     lines = [json.loads(line) for line in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]
     assert [list(r)[:3] for r in lines] == [["index", "text", "text_pair"]] * 6
     assert [(r["text"], r["text_pair"]) for r in lines] == [
@@ -472,7 +474,8 @@ def test_user_errors_are_one_line_and_exit_2(run, tmp_path, capsys, case, expect
         assert exit_info.value.__context__.rule == CASE_RULES[case]
 
 
-# The case of test_user_errors_are_one_line_and_exit_2 that each rule of the evaluation phase refuses.
+# The case of test_user_errors_are_one_line_and_exit_2 that each rule of the evaluation phase (and a few of
+# the data's phases) refuses.
 CASE_RULES = {
     "missing": "evaluation.not_found", "incomplete": "evaluation.incomplete_checkpoint",
     "manifest_lost": "evaluation.manifest_missing", "run_dir": "evaluation.run_directory",
@@ -489,6 +492,9 @@ CASE_RULES = {
     "weights_unreadable": "evaluation.weights_unreadable", "weights_do_not_fit": "evaluation.weights_do_not_fit",
     "output_is_the_target": "evaluation.output_is_the_target", "outputs_not_ours": "evaluation.outputs_not_ours",
     "unknown_option": "evaluation.arguments",
+    # another phase's rule, met by the evaluated data
+    "folder_without_data": "files.no_data_files", "tagging_data": "columns.another_tasks_data",
+    "words_to_tag": "columns.another_tasks_data", "one_image": "images.one_image_as_data",
 }  # fmt: skip
 
 
@@ -529,7 +535,7 @@ def _with_a_file(folder: Path, name: str) -> Path:
     return folder
 
 
-def test_class_ids_are_read_as_the_models_classes_at_those_places(run, tmp_path, capsys):
+def test_class_ids_are_read_as_the_models_classes_at_those_places(run, tmp_path, capsys, monkeypatch):
     """0/1 for a neg/pos model, as training reads ids through label_names: the same scores as the names,
     with one warning naming the places; for a model saved without names (transformers' LABEL_0, LABEL_1),
     the id is the name's, said in no warning."""
@@ -538,10 +544,14 @@ def test_class_ids_are_read_as_the_models_classes_at_those_places(run, tmp_path,
     ids = write_csv(tmp_path / "ids.csv", [{"text": r["text"], "label": ["neg", "pos"].index(r["label"])} for r in rows])
     by_name = evaluate([str(run["dir"] / "model"), "--data", str(names), "--output", str(tmp_path / "n")])
     capsys.readouterr()
+    monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # `[rule.id] ` before each line
     by_id = evaluate([str(run["dir"] / "model"), "--data", str(ids), "--output", str(tmp_path / "i")])
+    monkeypatch.delenv("FINETUNE_SHOW_RULES")
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert by_id["accuracy"] == by_name["accuracy"] and by_id["num_samples"] == by_name["num_samples"] == 6
     assert any("are class ids, read as the model's classes at those places (0 -> neg, 1 -> pos)" in w for w in warnings)
+    rule = "labels.class_ids_read_as_the_models"
+    assert any(w.startswith(f"warning: [{rule}] ") for w in warnings), warnings
     unnamed = tmp_path / "unnamed"
     shutil.copytree(run["dir"] / "model", unnamed)
     config = json.loads((unnamed / "config.json").read_text())
@@ -552,7 +562,7 @@ def test_class_ids_are_read_as_the_models_classes_at_those_places(run, tmp_path,
     assert not [line for line in capsys.readouterr().err.splitlines() if "class ids" in line]
     with pytest.raises(SystemExit) as exit_info:  # its classes by name: the lost names are said, and the fix
         evaluate([str(unnamed), "--data", str(names), "--output", str(tmp_path / "u2")])
-    assert exit_info.value.code == 2
+    assert exit_info.value.code == 2 and exit_info.value.__context__.rule == "labels.unseen_beside_default_names"
     (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "those are transformers' default names: the model's config.json holds no id2label" in error
 
@@ -651,7 +661,8 @@ def test_a_damaged_results_or_config_of_the_run_is_named(run, tmp_path, capsys, 
         result = evaluate([str(folder / "model"), "--data", str(data), "--output", str(tmp_path / name)])
         monkeypatch.delenv("FINETUNE_SHOW_RULES")
         assert result["num_samples"] == 3
-        assert f"[evaluation.run_file_damaged_alone] {folder / name} exists but is damaged" in capsys.readouterr().err
+        rule = "evaluation.run_file_damaged_alone"
+        assert f"[{rule}] {folder / name} exists but is damaged" in capsys.readouterr().err
         (folder / name).write_bytes(original)
     (folder / "results.json").write_text("[]\n")  # valid JSON, but not a run's results
     user_error(capsys, evaluate, [str(folder / "model")],
@@ -879,8 +890,8 @@ def test_the_runs_own_split_read_from_an_edited_file_is_said(run, tmp_path, caps
     monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # `[rule.id] ` before each line
     evaluate([str(folder / "model"), "--output", str(tmp_path / "edited")])
     err = capsys.readouterr().err
-    assert f"warning: [evaluation.data_changed] {test.resolve()} changed since the run trained on it (its sha256 " \
-           "differs" in err  # fmt: skip
+    rule = "evaluation.data_changed"
+    assert f"warning: [{rule}] {test.resolve()} changed since the run trained on it (its sha256 differs" in err
     # the run's data gone: training's line, said as the run's data's, with the way round it
     test.unlink()
     user_error(capsys, evaluate, [str(folder / "model"), "--output", str(tmp_path / "gone")], str(test),
@@ -935,14 +946,16 @@ def test_labels_of_another_problem_type_than_the_exports_name_the_model_not_a_se
     # numbers with a unit keep their own line (how to write them), beside the same regression export
     units = write_csv(tmp_path / "units.csv", [{"text": "good", "score": "81%"}, {"text": "bad", "score": "12%"}])
     user_error(capsys, evaluate, [str(tmp_path / "reg" / "model"), "--data", str(units), "--output",
-                                  str(tmp_path / "e3")], "written with a unit")  # fmt: skip
+                                  str(tmp_path / "e3")], "written with a unit", rule="labels.dressed_numbers")  # fmt: skip
     # The same export on its own training file, and on targets of another scale: scored, and said.
     monkeypatch.setenv("FINETUNE_SHOW_RULES", "1")  # `[rule.id] ` before each line
     evaluate([str(tmp_path / "reg" / "model"), "--data", str(data["train"]), "--output", str(tmp_path / "e4")])
-    assert "warning: [evaluation.training_data] --data " in capsys.readouterr().err
+    rule = "evaluation.training_data"
+    assert f"warning: [{rule}] --data " in capsys.readouterr().err
     x100 = write_jsonl(tmp_path / "x100.jsonl", [{**r, "score": r["score"] * 100 + 500} for r in regression_rows(6, 2)])
     evaluate([str(tmp_path / "reg" / "model"), "--data", str(x100), "--output", str(tmp_path / "e5")])
-    assert "warning: [evaluation.another_scale] 6 of the 6 targets of x100-" in capsys.readouterr().err
+    rule = "evaluation.another_scale"
+    assert f"warning: [{rule}] 6 of the 6 targets of x100-" in capsys.readouterr().err
 
 
 def test_a_file_without_the_models_text_column_names_the_setting(run, tmp_path, capsys):

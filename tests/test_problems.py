@@ -237,11 +237,11 @@ def test_multi_label_trains_evaluates_and_loads_in_a_pipeline(tmp_path, capsys):
 # --- bad labels: one line, exit status 2 -------------------------------------------------------------------
 
 
-def _bad(tmp_path, capsys, train_rows, *settings, suffix=".jsonl") -> str:
+def _bad(tmp_path, capsys, train_rows, *settings, suffix=".jsonl", rule=None) -> str:
     path = tmp_path / f"train{suffix}"
     write_jsonl(path, train_rows) if suffix == ".jsonl" else write_csv(path, train_rows)
     data = {"train": path, "validation": path}
-    return user_error(capsys, main, tiny_text_args(data, tmp_path / "out", *settings))
+    return user_error(capsys, main, tiny_text_args(data, tmp_path / "out", *settings), rule=rule)
 
 
 def _texts(labels: list, column: str = "label") -> list[dict]:
@@ -249,70 +249,70 @@ def _texts(labels: list, column: str = "label") -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    ("labels", "settings", "message"),
+    ("labels", "settings", "message", "rule"),
     [
         # JSON that mixes 1 and 2.0 is one float column of whole numbers: class ids or numbers?
-        (
-            [1, 2.0, 1, 2],
-            [],
-            "holds whole numbers stored as floats (e.g. 1) (ambiguous): set problem_type=regression",
-        ),
-        (
-            [0.5, 1.5, 0.5],
-            ["problem_type=single_label_classification"],
-            "single_label_classification needs classes",
-        ),
-        ([0.5, float("nan"), 1.5], [], "has 1 NaN or infinite target(s) (first at row 2: nan)"),
-        ([0.5, 1e30, 1.5], [], "has 1 target(s) too large for the float32 loss (first at row 2: 1e+30; its square"),
-        ([1e-300, 2e-300, 0.0], [], "has 2 target(s) too small for float32 (first at row 1: 1e-300, which rounds to 0)"),
-        ([0.5, 1.5, 2.5], ["class_weights=balanced"], "class_weights=balanced weighs classes or labels; a regression"),
-        ([0.5, 1.5, 2.5], ["label_smoothing=0.1"], "label_smoothing=0.1 smooths a cross-entropy over classes"),
-        ([["a"], ["b"], ["a", "b"]], ["label_smoothing=0.2"], "multi_label_classification has none"),
-        (["pos", "neg", "Pos", "neg"], [], "holds 'Pos' and 'pos', which differ only by letter case"),
-        (["nan", "NaN", "neg", "neg"], [], "holds 'NaN' and 'nan', which differ only by letter case"),
-        (["pos", "   ", "neg", "neg"], [], "has an empty (blank) label at row 2"),
-        (["0.5", "n/a", "1.5"], ["problem_type=regression"], "holds class names ('n/a' at row 2 is not a finite number)"),
-        ([["a"], [], ["b"]], [], "has an empty list at row 2; every sample needs a label"),
-        ([["a"], ["b", None], ["b"]], [], "has a null inside the list at row 2"),
-        (
-            [["a"], ["b", "c"]],
-            ["label_names=[a,b]"],
-            "train labels ['c'] are not in label_names (first at row 2",
-        ),
-        (
-            ["a", "b"],
-            ["problem_type=regression"],
-            "holds class names (e.g. 'a'), not numbers: to predict these classes, set "
-            "problem_type=single_label_classification",
-        ),
-        ([["a"], ["b"]], ["problem_type=regression"], "holds lists; regression needs one number per sample"),
+        ([1, 2.0, 1, 2], [], "holds whole numbers stored as floats (e.g. 1) (ambiguous): set problem_type=regression",
+         "labels.floats_as_classes"),
+        ([0.5, 1.5, 0.5], ["problem_type=single_label_classification"], "single_label_classification needs classes",
+         "labels.floats_as_classes"),
+        ([0.5, float("nan"), 1.5], [], "has 1 NaN or infinite target(s) (first at row 2: nan)",
+         "labels.targets_not_finite"),
+        ([0.5, 1e30, 1.5], [], "has 1 target(s) too large for the float32 loss (first at row 2: 1e+30; its square",
+         "labels.targets_too_large"),
+        ([1e-300, 2e-300, 0.0], [], "has 2 target(s) too small for float32 (first at row 1: 1e-300, which rounds to 0)",
+         "labels.targets_too_small"),
+        ([0.5, 1.5, 2.5], ["class_weights=balanced"], "class_weights=balanced weighs classes or labels; a regression",
+         "settings.class_weights_of_regression"),
+        ([0.5, 1.5, 2.5], ["label_smoothing=0.1"], "label_smoothing=0.1 smooths a cross-entropy over classes",
+         "settings.smoothing_without_classes"),
+        ([["a"], ["b"], ["a", "b"]], ["label_smoothing=0.2"], "multi_label_classification has none",
+         "settings.smoothing_without_classes"),
+        (["pos", "neg", "Pos", "neg"], [], "holds 'Pos' and 'pos', which differ only by letter case",
+         "labels.case_twin_classes"),
+        (["nan", "NaN", "neg", "neg"], [], "holds 'NaN' and 'nan', which differ only by letter case",
+         "labels.case_twin_classes"),
+        (["pos", "   ", "neg", "neg"], [], "has an empty (blank) label at row 2", "labels.blank_label"),
+        (["0.5", "n/a", "1.5"], ["problem_type=regression"], "holds class names ('n/a' at row 2 is not a finite number)",
+         "labels.not_numbers_for_regression"),
+        ([["a"], [], ["b"]], [], "has an empty list at row 2; every sample needs a label", "labels.empty_list"),
+        ([["a"], ["b", None], ["b"]], [], "has a null inside the list at row 2", "labels.null_in_a_list"),
+        ([["a"], ["b", "c"]], ["label_names=[a,b]"], "train labels ['c'] are not in label_names (first at row 2",
+         "labels.list_names_unknown"),
+        (["a", "b"], ["problem_type=regression"], "holds class names (e.g. 'a'), not numbers: to predict these classes, "
+         "set problem_type=single_label_classification", "labels.classes_for_regression"),
+        ([["a"], ["b"]], ["problem_type=regression"], "holds lists; regression needs one number per sample",
+         "labels.not_numbers_for_regression"),
         (["81%", "12%", "3.5%"], ["problem_type=regression"],  # numbers a spreadsheet dressed: write them plainly
          "holds numbers written with a unit or a separator (e.g. '81%'): regression reads plain numbers; write them "
-         "plainly (81 for 81%, or 0.81; 1200 for $1,200)"),
-        (["$1,200", "$950", "$2,450"], ["problem_type=regression"], "with a unit or a separator (e.g. '$1,200')"),
+         "plainly (81 for 81%, or 0.81; 1200 for $1,200)", "labels.dressed_numbers"),
+        (["$1,200", "$950", "$2,450"], ["problem_type=regression"], "with a unit or a separator (e.g. '$1,200')",
+         "labels.dressed_numbers"),
         # one reading of numbers with classification's check (problems.number_as_written): a unit of any length
-        (["3.2 stars", "4 stars", "1.5 stars"], ["problem_type=regression"], "with a unit or a separator (e.g. '3.2 stars')"),
-        (["1.000,5", "2.250,75", "3.100,0"], ["problem_type=regression"], "with a unit or a separator (e.g. '1.000,5')"),
+        (["3.2 stars", "4 stars", "1.5 stars"], ["problem_type=regression"], "with a unit or a separator (e.g. '3.2 stars')",
+         "labels.dressed_numbers"),
+        (["1.000,5", "2.250,75", "3.100,0"], ["problem_type=regression"], "with a unit or a separator (e.g. '1.000,5')",
+         "labels.dressed_numbers"),
         (["1.5", "n/a"], ["problem_type=regression"],  # numbers with a stray word: the cell, and how to write it
-         "holds class names ('n/a' at row 2 is not a finite number); regression needs one number per sample written"),
-        (["a", "b"], ["problem_type=multi_label_classification"], "needs a label column of lists"),
-        (
-            [["a"], ["b"]],
-            ["problem_type=single_label_classification"],
-            "holds lists of labels, a multi-label",
-        ),
-        ([0.5, 1.5], ["metric_for_best_model=accuracy"], "metric_for_best_model must be one of mse, mae"),
+         "holds class names ('n/a' at row 2 is not a finite number); regression needs one number per sample written",
+         "labels.not_numbers_for_regression"),
+        (["a", "b"], ["problem_type=multi_label_classification"], "needs a label column of lists",
+         "labels.multi_label_without_lists"),
+        ([["a"], ["b"]], ["problem_type=single_label_classification"], "holds lists of labels, a multi-label",
+         "labels.lists_for_single_label"),
+        ([0.5, 1.5], ["metric_for_best_model=accuracy"], "metric_for_best_model must be one of mse, mae",
+         "settings.metric_of_another_problem"),
     ],
-)
-def test_bad_labels_are_one_line(tmp_path, capsys, labels, settings, message):
-    assert message in _bad(tmp_path, capsys, _texts(labels), *settings)
+)  # fmt: skip
+def test_bad_labels_are_one_line(tmp_path, capsys, labels, settings, message, rule):
+    assert message in _bad(tmp_path, capsys, _texts(labels), *settings, rule=rule)
 
 
 def test_an_infinite_csv_target_and_a_stray_label_column_value(tmp_path, capsys):
-    line = _bad(tmp_path, capsys, _texts(["0.5", "inf", "1.5"]), suffix=".csv")
+    line = _bad(tmp_path, capsys, _texts(["0.5", "inf", "1.5"]), suffix=".csv", rule="labels.targets_not_finite")
     assert "NaN or infinite target(s) (first at row 2: inf)" in line
     rows = [{"text": "x", "cat": 1, "dog": 0}, {"text": "y", "cat": 2, "dog": 1}]
-    line = _bad(tmp_path, capsys, rows, "label_columns=[cat,dog]", suffix=".csv")
+    line = _bad(tmp_path, capsys, rows, "label_columns=[cat,dog]", suffix=".csv", rule="labels.not_zero_or_one")
     assert "label column 'cat' in the train data holds 2 at row 2; each of label_columns holds 0 or 1" in line
     # a word in a CSV column makes every value a string: the word is named, with its row
     rows = [{"text": "x", "cat": 1, "dog": 0}, {"text": "y", "cat": 0, "dog": 1}, {"text": "z", "cat": "yes", "dog": 0}]
@@ -439,12 +439,14 @@ def test_balanced_class_weights_weigh_each_sample_by_its_class(tmp_path):
     assert abs(weighted - plain) > 1e-3
 
 
-def test_a_multi_label_label_positive_on_every_training_sample_is_one_warning(capsys):
+def test_a_multi_label_label_positive_on_every_training_sample_is_one_warning(tmp_path, capsys):
     """A label on every sample (["art", "film", "music"] on each row) teaches the model to predict it always."""
     from datasets import Dataset
 
     from finetune import checks
     from finetune.checks import labels
+    from finetune.config import load_config
+    from finetune.data import load_splits
 
     def _warn_labels_without_positives(train, names):
         positives = list(np.asarray(train["labels"], dtype=np.float32).sum(0))
@@ -457,6 +459,13 @@ def test_a_multi_label_label_positive_on_every_training_sample_is_one_warning(ca
                                        "leave them out\n")  # fmt: skip
     _warn_labels_without_positives(train.select([0, 1]).map(lambda r: {"labels": [1.0, 0.0, 1.0]}), ["a", "b", "c"])
     assert "positive on every training sample ('a', 'c')" in capsys.readouterr().err
+    # a data file's lists, read as a run reads them: 'art' on every row
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": f"t{i}", "labels": ["art", ["film", "music"][i % 2]]}
+                                              for i in range(8)])  # fmt: skip
+    said = checks.Said()
+    load_splits(load_config(None, tiny_text_args({"train": path, "validation": path}, tmp_path / "r",
+                                                 "label_column=labels")).data_args, said)  # fmt: skip
+    assert "labels.label_always_positive" in said.rules()
 
 
 def test_lists_of_exactly_one_label_train_as_multi_label_with_a_warning(tmp_path, capsys):
@@ -465,23 +474,28 @@ def test_lists_of_exactly_one_label_train_as_multi_label_with_a_warning(tmp_path
     rows = [{"text": r["text"], "label": ["neg" if r["label"] == "0" else "pos"]} for r in rotten_rows(24)]
     data = {"train": write_jsonl(tmp_path / "t.jsonl", rows), "validation": write_jsonl(tmp_path / "v.jsonl", rows[:6])}
     warning = "holds a list of exactly one label in every training sample: trained as multi-label"
-    main(tiny_text_args(data, tmp_path / "run", "max_steps=1"))
+    results = main(tiny_text_args(data, tmp_path / "run", "max_steps=1"))
     config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
     assert config["problem_type"] == "multi_label_classification" and warning in capsys.readouterr().err
+    assert "labels.lists_of_one_label" in [w["rule"] for w in results["warnings"]]
     main(tiny_text_args(data, tmp_path / "run2", "max_steps=1", "problem_type=multi_label_classification"))
     assert warning not in capsys.readouterr().err
 
 
 def test_a_label_named_twice_in_one_multi_label_list_is_warned_of(tmp_path, capsys):
     """["a", "a"]: it counts once (a set of labels), but is probably a typo for another label: said once."""
+    from finetune import checks
     from finetune.config import load_config
     from finetune.data import load_splits
 
     rows = [{"text": f"t{i}", "labels": [["a", "a"], ["b"], ["a", "c"]][i % 3]} for i in range(12)]
     data = {"train": write_jsonl(tmp_path / "t.jsonl", rows), "validation": write_jsonl(tmp_path / "v.jsonl", rows[:3])}
-    load_splits(load_config(None, tiny_text_args(data, tmp_path / "r", "label_column=labels", "label_names=null")))
+    said = checks.Said()
+    load_splits(load_config(None, tiny_text_args(data, tmp_path / "r", "label_column=labels", "label_names=null")),
+                said)  # fmt: skip
     assert "warning: 4 training row(s) of label column 'labels' name a label twice (row 1: ['a', 'a'])" \
         in capsys.readouterr().err
+    assert "labels.label_twice_in_a_list" in said.rules()
     # The same at evaluation: the evaluated file's rows are named, not dropped without a word.
     clean = [{"text": r["text"], "labels": sorted(set(r["labels"]))} for r in rows]
     data = {"train": write_jsonl(tmp_path / "t2.jsonl", clean), "validation": write_jsonl(tmp_path / "v2.jsonl", clean[:3])}
@@ -497,8 +511,9 @@ def test_regression_targets_of_another_scale_in_validation_are_warned_of(tmp_pat
     train, validation = regression_rows(30, seed=0), regression_rows(12, seed=1)
     data = {"train": write_jsonl(tmp_path / "t.jsonl", train),
             "validation": write_jsonl(tmp_path / "v.jsonl", [{**r, "score": r["score"] * 100 + 500} for r in validation])}
-    main(tiny_text_args(data, tmp_path / "run", "label_column=score", "max_steps=1"))
+    results = main(tiny_text_args(data, tmp_path / "run", "label_column=score", "max_steps=1"))
     said = capsys.readouterr().err
+    assert "splits.another_scale" in [w["rule"] for w in results["warnings"]]
     low, high = min(r["score"] * 100 + 500 for r in validation), max(r["score"] * 100 + 500 for r in validation)
     assert "validation targets lie far outside the training targets' range" in said
     assert f"(they span {low:g} to {high:g}): another scale?" in said  # the data's own range, not a canned one
@@ -538,7 +553,8 @@ def test_multi_label_items_that_join_several_labels_are_named_once(tmp_path, cap
             for i in range(12)]  # fmt: skip
     path = write_jsonl(tmp_path / "train.jsonl", rows)
     data = {"train": path, "validation": path}
-    main(tiny_text_args(data, tmp_path / "run", "label_column=labels", "max_steps=1"))
+    results = main(tiny_text_args(data, tmp_path / "run", "label_column=labels", "max_steps=1"))
+    assert "labels.joined_in_one_item" in [w["rule"] for w in results["warnings"]]
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "joined in one item" in ln]
     assert lines == ["warning: label column 'labels' has 2 label(s) such as 'acting,plot': several labels joined in "
                      'one item? give each its own item (["acting", "plot"]), or list the labels in label_names to keep '
@@ -575,9 +591,10 @@ def test_multi_label_items_that_join_several_labels_are_named_once(tmp_path, cap
 def test_a_no_label_mark_among_the_classes_is_named(labels, said, tmp_path, capsys):
     rows = [{"text": f"sample {i}", "label": v} for i, v in enumerate(labels)]
     data = {"train": write_csv(tmp_path / "train.csv", rows), "validation": write_csv(tmp_path / "v.csv", rows)}
-    main(tiny_text_args(data, tmp_path / "run", "max_steps=1"))
+    results = main(tiny_text_args(data, tmp_path / "run", "max_steps=1"))
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "trained as a class of its own" in ln]
     assert len(lines) == (1 if said else 0) and all(said in line for line in lines)
+    assert ("labels.no_label_mark" in [w["rule"] for w in results["warnings"]]) == bool(said)
 
 
 def test_a_pair_data_sets_second_sentence_left_unread_is_said(tmp_path, capsys):
@@ -586,7 +603,8 @@ def test_a_pair_data_sets_second_sentence_left_unread_is_said(tmp_path, capsys):
     rows = [{"sentence1": f"a man sleeps {i}", "sentence2": f"a person rests {i}", "label": ["yes", "no"][i % 2]}
             for i in range(12)]  # fmt: skip
     data = {"train": write_csv(tmp_path / "train.csv", rows), "validation": write_csv(tmp_path / "v.csv", rows)}
-    main(tiny_text_args(data, tmp_path / "one", "text_column=sentence1", "max_steps=1"))
+    results = main(tiny_text_args(data, tmp_path / "one", "text_column=sentence1", "max_steps=1"))
+    assert "columns.pair_unread" in [w["rule"] for w in results["warnings"]]
     assert ("warning: column 'sentence2' is not read: the model sees 'sentence1' alone; for sentence pairs set "
             "text_pair_column=sentence2") in capsys.readouterr().err.splitlines()
     reset_accelerate()
@@ -604,8 +622,9 @@ def test_class_ids_beside_label_names_are_read_as_those_names(multi, tmp_path, c
     every split, with one warning; the model's labels are the names."""
     rows = [{"text": f"sample {i}", "label": [i % 3] if multi else i % 3} for i in range(18)]
     data = {"train": write_jsonl(tmp_path / "t.jsonl", rows), "validation": write_jsonl(tmp_path / "v.jsonl", rows)}
-    main(tiny_text_args(data, tmp_path / "run", "label_names=[neg,neutral,pos]", "max_steps=1",
-                        *(["problem_type=multi_label_classification"] if multi else [])))  # fmt: skip
+    results = main(tiny_text_args(data, tmp_path / "run", "label_names=[neg,neutral,pos]", "max_steps=1",
+                                  *(["problem_type=multi_label_classification"] if multi else [])))  # fmt: skip
+    assert "labels.class_ids_read_as_names" in [w["rule"] for w in results["warnings"]]
     said = [ln for ln in capsys.readouterr().err.splitlines() if "class ids" in ln]
     assert said == ["warning: label column 'label' holds class ids, read as the names at their places in label_names "
                     "(0 -> neg, 1 -> neutral, 2 -> pos); if label_names lists them in another order, fix its order"]

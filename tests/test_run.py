@@ -360,11 +360,40 @@ def test_a_tagger_must_also_beat_every_word_o():
 
 def test_a_multi_label_label_without_a_positive_training_sample_is_one_warning(tmp_path, capsys):
     path = write_jsonl(tmp_path / "train.jsonl", multi_label_rows(24))
-    main(recipe_text_args({"train": path, "validation": path}, tmp_path / "run", "label_column=labels", "max_steps=1",
-                          "label_names=[bird,cat,dog,fish]", "class_weights=balanced"))  # fmt: skip
+    results = main(recipe_text_args({"train": path, "validation": path}, tmp_path / "run", "label_column=labels",
+                                    "max_steps=1", "label_names=[bird,cat,dog,fish]", "class_weights=balanced"))  # fmt: skip
     lines = [line for line in capsys.readouterr().err.splitlines() if "no positive training sample" in line]
     assert lines == ["warning: 1 of the 4 labels have no positive training sample ('fish'): the model cannot learn "
                      "to predict them; give them positive samples, or leave them out"]  # fmt: skip
+    assert "labels.label_never_positive" in [w["rule"] for w in results["warnings"]]
+
+
+def test_a_setting_given_twice_and_texts_cut_at_max_length_are_said(small_text_data, tmp_path, capsys):
+    """max_length=32 and then max_length=8 on one command line: the last is used, with a word; and at 8 tokens
+    most training texts are cut, which is said too. Both are kept in results.json."""
+    results = main(tiny_text_args(small_text_data, tmp_path / "run", "max_steps=1", "max_length=8"))
+    rules = [w["rule"] for w in results["warnings"]]
+    assert "settings.given_twice" in rules and "inputs.texts_cut" in rules, rules
+    err = capsys.readouterr().err
+    assert "max_length is given twice on the command line (max_length=32, then max_length=8)" in err
+    assert "reach max_length=8 tokens and are cut there" in err
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())["warnings"]
+    assert [w["rule"] for w in saved] == rules
+
+
+def test_a_train_file_of_ones_own_beside_the_recipes_evaluation_files_is_said(tmp_path):
+    """The default recipe's validation and test files are rotten_tomatoes': a train_file of another folder is
+    kept beside them, with a word each; none once they are given."""
+    from finetune import checks
+    from finetune.config import load_config
+
+    train = write_csv(tmp_path / "train.csv", rotten_rows(8))
+    said = checks.Said()
+    load_config(None, [f"train_file={train}"], said=said)
+    assert said.rules().count("settings.recipe_evaluation_file") == 2, said.lines
+    said = checks.Said()
+    load_config(None, [f"train_file={train}", "validation_file=null", f"test_file={train}"], said=said)
+    assert "settings.recipe_evaluation_file" not in said.rules()
 
 
 def test_a_console_that_cannot_print_the_labels_shows_them_escaped(tmp_path):

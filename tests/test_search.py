@@ -300,8 +300,9 @@ def test_epochs_are_not_searched_when_max_steps_decides_the_length(small_text_da
     assert "num_train_epochs" not in record["params"] and "learning_rate" in record["params"]
     # asked for by name, the epochs dropped from the space are said (the default space: no word)
     said = [ln for ln in capsys.readouterr().err.splitlines() if "max_steps=2 decides" in ln]
-    assert said == ["warning: [tools.epochs_not_searched] max_steps=2 decides each trial's length, so num_train_epochs "
-                    "is not searched; to search it, set max_steps=null"]  # fmt: skip
+    rule = "tools.epochs_not_searched"
+    assert said == [f"warning: [{rule}] max_steps=2 decides each trial's length, so num_train_epochs is not "
+                    "searched; to search it, set max_steps=null"]  # fmt: skip
     search(["--budget", "300", "--trials", "1", *settings(small_text_data, tmp_path / "s2", "max_steps=2")])
     assert "num_train_epochs is not searched" in capsys.readouterr().err  # the default space's too, said once
 
@@ -580,7 +581,8 @@ def test_a_warning_every_trial_meets_is_said_once(small_text_data, tmp_path, cap
     assert len(said) == 1 and "[launch.frozen_random_weights]" in said[0], said
     # two steps of a model built at random: no trial learned, and the search's last word says so of its best
     (best,) = [ln for ln in err if "the best trial did not learn beyond the trivial baseline (validation " in ln]
-    assert best.startswith("warning: [tools.best_trial_did_not_learn] "), best
+    rule = "tools.best_trial_did_not_learn"
+    assert best.startswith(f"warning: [{rule}] "), best
     assert best.endswith("a longer --budget, other settings (a learning_rate the space does not hold, more steps: "
                          "max_steps) or more data may; see docs/your-own-data.md"), best  # max_steps=2 set the length
 

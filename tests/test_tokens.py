@@ -165,20 +165,22 @@ def test_a_conllu_file_gives_its_words_and_parts_of_speech(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "text, fragment",
+    "text, fragment, rule",
     [
-        ("Ada B-PER\nsaid O extra\n", "line 2 has 3 column(s), the file's first token line has 2"),
-        ("Ada\n", "line 1 has 1 column(s), a token and its tag"),
-        ("# only a comment\n\n", "no token lines"),
+        ("Ada B-PER\nsaid O extra\n", "line 2 has 3 column(s), the file's first token line has 2",
+         "files.txt_not_conll"),
+        ("Ada\n", "line 1 has 1 column(s), a token and its tag", "files.txt_not_conll"),
+        ("# only a comment\n\n", "no token lines", "files.conll_no_tokens"),
         ("Ada B-PER\nsaid O\n" * 60 + "\nok O\n", "reads as 2 sentence(s), one of 120 words: a CoNLL file has a "
-                                                   "blank line after each sentence"),
+                                                   "blank line after each sentence", "files.conll_no_blank_lines"),
     ],
-)
-def test_a_damaged_conll_file_is_one_line_with_its_line(tmp_path, text, fragment):
+)  # fmt: skip
+def test_a_damaged_conll_file_is_one_line_with_its_line(tmp_path, text, fragment, rule):
     path = tmp_path / "bad.txt"
     path.write_text(text)
-    with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace(")", r"\)")) as raised:
         load_raw({"train": str(path)}, None, None, None)
+    assert raised.value.rule == rule
 
 
 def test_a_conll_file_with_a_header_line_is_refused_as_such(tmp_path):
@@ -287,16 +289,34 @@ def test_words_that_hold_a_space_are_one_warning(tmp_path, capsys):
             {"tokens": ["Ada", "lives", "there"], "ner_tags": ["B-PER", "O", "O"]}] * 4  # fmt: skip
 
     def said(data: list[dict]) -> list[str]:
-        path = write_jsonl(tmp_path / "t.jsonl", data)
+        path, heard = write_jsonl(tmp_path / "t.jsonl", data), checks.Said()
         load_splits(load_config(None, ["task=token-classification", f"train_file={path}", "validation_file=null",
                                        "test_file=null", "validation_split_percentage=25", "label_names=null"]
-                                ).data_args)  # fmt: skip
-        return [line for line in capsys.readouterr().err.splitlines() if "hold a space" in line]
+                                ).data_args, heard)  # fmt: skip
+        lines = [line for line in capsys.readouterr().err.splitlines() if "hold a space" in line]
+        assert ("columns.words_with_spaces" in heard.rules()) == bool(lines)
+        return lines
 
     (line,) = said(rows)
     assert re.search(r"^warning: \d of the \d+ training words hold a space \('New York'\): a pipeline and any text "
                      r"split at spaces sees such a word as two", line), line
     assert said([{"tokens": r["tokens"][0].split()[:1] + r["tokens"][1:], "ner_tags": r["ner_tags"]} for r in rows]) == []
+
+
+def test_a_share_held_out_of_a_file_that_repeats_its_sentences_is_said(tmp_path):
+    """Every sentence written twice and a share held out for validation: the share is mostly copies of
+    training sentences, said once; the same sentences each written once say nothing."""
+    rows = [json.loads(line) for line in write_tagging(tmp_path / "s.jsonl", 20, seed=4).read_text().splitlines()]
+
+    def rules(data: list[dict]) -> list[str]:
+        path, said = write_jsonl(tmp_path / "t.jsonl", data), checks.Said()
+        load_splits(load_config(None, ["task=token-classification", f"train_file={path}", "validation_file=null",
+                                       "test_file=null", "validation_split_percentage=25", "label_names=null"]
+                                ).data_args, said)  # fmt: skip
+        return said.rules()
+
+    assert "splits.held_out_repeats" in rules(rows * 2)
+    assert "splits.held_out_repeats" not in rules(rows)
 
 
 def test_integer_tags_of_the_users_file_are_not_read_through_the_recipes_label_names(tmp_path, capsys):
@@ -646,40 +666,50 @@ def _rows(path: Path, rows: list[dict]) -> Path:
 
 
 @pytest.mark.parametrize(
-    "rows, fragment",
+    "rows, fragment, rule",
     [
-        ([{"tokens": ["a", "b"], "ner_tags": ["O"]}], "has 2 word(s) but 1 tag(s) at row 2"),
-        ([{"tokens": [], "ner_tags": []}], "empty sentence (no words) at row 2"),
-        ([{"tokens": ["ada"], "ner_tags": ["B-PERSON"]}], "tag 'B-PERSON' at row 2, word 1 is not in label_names"),
-        ([{"tokens": ["ada", "\u200b"], "ner_tags": ["O", "O"]}], "at row 2, word 2 is no token for this tokenizer"),
+        ([{"tokens": ["a", "b"], "ner_tags": ["O"]}], "has 2 word(s) but 1 tag(s) at row 2",
+         "labels.tags_not_one_per_word"),
+        ([{"tokens": [], "ner_tags": []}], "empty sentence (no words) at row 2", "columns.sentence_empty"),
+        ([{"tokens": ["ada"], "ner_tags": ["B-PERSON"]}], "tag 'B-PERSON' at row 2, word 1 is not in label_names",
+         "labels.tag_unknown"),
+        ([{"tokens": ["ada", "\u200b"], "ner_tags": ["O", "O"]}], "at row 2, word 2 is no token for this tokenizer",
+         "inputs.word_without_tokens"),
         # a control character (BEL), and the emoji presentation selector split from "❤️" into a word of its
         # own: MiniLM's tokenizer drops both (whole emoji are [UNK]: test_which_words_are_no_token)
-        ([{"tokens": ["ada", "went", "\x07"], "ner_tags": ["O", "O", "O"]}], "word '\\x07' at row 2, word 3 is no token"),
-        ([{"tokens": ["\u2764", "\ufe0f"], "ner_tags": ["O", "O"]}], "word '\ufe0f' at row 2, word 2 is no token"),
-        ([{"tokens": "ada said", "ner_tags": ["O", "O"]}], "not lists of words"),
-        ([{"tokens": ["ada"], "ner_tags": "O"}], "not lists of tags"),
-        ([{"tokens": ["ada", "said"], "ner_tags": [["B-PER"], ["O"]]}], "hold a list inside the list (word 1: ['B-PER'])"),
+        ([{"tokens": ["ada", "went", "\x07"], "ner_tags": ["O", "O", "O"]}], "word '\\x07' at row 2, word 3 is no token",
+         "inputs.word_without_tokens"),
+        ([{"tokens": ["\u2764", "\ufe0f"], "ner_tags": ["O", "O"]}], "word '\ufe0f' at row 2, word 2 is no token",
+         "inputs.word_without_tokens"),
+        ([{"tokens": "ada said", "ner_tags": ["O", "O"]}], "not lists of words", "columns.words_not_lists"),
+        ([{"tokens": ["ada"], "ner_tags": "O"}], "not lists of tags", "labels.tags_not_lists"),
+        ([{"tokens": ["ada", "said"], "ner_tags": [["B-PER"], ["O"]]}], "hold a list inside the list (word 1: ['B-PER'])",
+         "labels.tags_nested"),
         # tags that are not IOB2: seqeval's strict scoring raised KeyError at the first evaluation; the fix
         # writes the type as the data's other tags do (B-PER, not B-per, which would then be a tag of its own)
         ([{"tokens": ["ada", "said"], "ner_tags": ["b-per", "O"]}],
          "tag 'b-per' at row 2, word 1 is not IOB2: its prefix is lower-case; write the B-, I- and O prefixes in "
-         "capitals ('B-PER')"),
-        ([{"tokens": ["ada", "said"], "ner_tags": ["O", "PER"]}], "tag 'PER' at row 2, word 2 is not IOB2 (O, or B- or I-"),
-        ([{"tokens": ["ada"], "ner_tags": ["E-PER"]}], "tag 'E-PER' at row 2, word 1 is not IOB2"),
+         "capitals ('B-PER')", "columns.tag_not_iob2"),
+        ([{"tokens": ["ada", "said"], "ner_tags": ["O", "PER"]}], "tag 'PER' at row 2, word 2 is not IOB2 (O, or B- or I-",
+         "columns.tag_not_iob2"),
+        ([{"tokens": ["ada"], "ner_tags": ["E-PER"]}], "tag 'E-PER' at row 2, word 1 is not IOB2",
+         "columns.tag_not_iob2"),
         ([{"tokens": ["ada"], "ner_tags": ["B_PER"]}], "tag 'B_PER' at row 2, word 1 is not IOB2: write a hyphen after "
-                                                       "its B- or I- (B-PER)"),
+                                                       "its B- or I- (B-PER)", "columns.tag_not_iob2"),
         ([{"tokens": ["ada"], "ner_tags": ["PER-B"]}], "tag 'PER-B' at row 2, word 1 is not IOB2: its B- or I- comes "
-                                                       "first (B-PER)"),
-        ([{"tokens": ["ada"], "ner_tags": ["B-PER "]}], "tag 'B-PER ' at row 2, word 1 has surrounding spaces"),
+                                                       "first (B-PER)", "columns.tag_not_iob2"),
+        ([{"tokens": ["ada"], "ner_tags": ["B-PER "]}], "tag 'B-PER ' at row 2, word 1 has surrounding spaces",
+         "columns.tag_not_iob2"),
         # a CoNLL file's integer ids are read as strings: names that are numbers
-        ([{"tokens": ["ada"], "ner_tags": ["3"]}], "tag '3' at row 2, word 1 is a number, not an IOB2 tag name"),
+        ([{"tokens": ["ada"], "ner_tags": ["3"]}], "tag '3' at row 2, word 1 is a number, not an IOB2 tag name",
+         "columns.tag_not_iob2"),
     ],
 )  # fmt: skip
-def test_bad_tagging_data_is_one_line_with_its_row(rows, fragment, tmp_path, capsys):
+def test_bad_tagging_data_is_one_line_with_its_row(rows, fragment, rule, tmp_path, capsys):
     good = {"tokens": ["ada", "lovelace"], "ner_tags": ["B-PER", "I-PER"]}
     data = {"train": _rows(tmp_path / "train.jsonl", [good, *rows, good]), "validation": _rows(tmp_path / "v.jsonl", [good])}
     out = tmp_path / "run"
-    line = user_error(capsys, main, tagging_args(data, out))
+    line = user_error(capsys, main, tagging_args(data, out), rule=rule)
     assert fragment in line
     assert not out.exists()  # nothing written
 
@@ -711,7 +741,8 @@ def test_entity_tags_without_prefixes_train_word_by_word_with_one_warning(label_
     that says so and how to get entity-level scores."""
     rows = [{"tokens": ["ada", "went", "to", "paris"], "ner_tags": ["PER", "O", "O", "LOC"]}] * 4
     data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
-    main(tagging_args(data, tmp_path / "run", f"label_names={label_names}", "max_steps=1"))
+    results = main(tagging_args(data, tmp_path / "run", f"label_names={label_names}", "max_steps=1"))
+    assert "labels.tags_without_prefixes" in [w["rule"] for w in results["warnings"]]
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:") and "B-/I-" in line]
     assert len(warnings) == 1 and "the tags have no B-/I- prefixes (O, " in warnings[0], warnings
     assert "write them in IOB2" in warnings[0]
@@ -724,12 +755,13 @@ def test_a_tag_set_that_mixes_iob2_and_plain_tags_is_refused(tmp_path, capsys):
     data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
     out = tmp_path / "run"
     user_error(capsys, main, tagging_args(data, out, "label_names=null"),
-               "the train data's tag 'LOC' at row 1, word 4 is not IOB2", "beside tags that are")  # fmt: skip
+               "the train data's tag 'LOC' at row 1, word 4 is not IOB2", "beside tags that are",
+               rule="columns.tag_not_iob2")  # fmt: skip
     assert not out.exists()
     rows = [{"tokens": ["ada", "went", "to", "paris"], "ner_tags": [1, 0, 0, 2]}] * 4
     data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
     user_error(capsys, main, tagging_args(data, tmp_path / "run", "label_names=[O,B-PER,LOC]"),
-               "label_names' tag 'LOC' is not IOB2")  # fmt: skip
+               "label_names' tag 'LOC' is not IOB2", rule="labels.tag_set_not_iob2")  # fmt: skip
 
 
 def test_a_conll_file_with_the_tag_first_is_refused(tmp_path, capsys):
@@ -908,7 +940,8 @@ def test_tagging_data_with_a_number_among_the_words_is_not_read_the_wrong_way_ro
                                      f"output_dir={tmp_path / 'o'}"], "to tag words, set task=token-classification")
     assert "tokens_column=ner_tags" not in line
     user_error(capsys, main, ["task=token-classification", f"train_file={path}", "validation_file=null", "test_file=null",
-                              f"output_dir={tmp_path / 'o'}"], "word 1 at row 1 is 1990, not a string")  # fmt: skip
+                              f"output_dir={tmp_path / 'o'}"], "word 1 at row 1 is 1990, not a string",
+               rule="columns.word_not_a_string")  # fmt: skip
 
 
 def test_a_table_with_a_row_per_word_is_told_to_be_grouped_by_sentence(tmp_path, capsys):
@@ -916,13 +949,15 @@ def test_a_table_with_a_row_per_word_is_told_to_be_grouped_by_sentence(tmp_path,
     first line is a header), but a table to group into a sentence per row."""
     path = tmp_path / "ner.csv"
     path.write_text("Sentence #,Word,POS,Tag\n" + "Sentence: 1,Ada,NNP,B-PER\n,went,VBD,O\n,to,TO,O\n,Paris,NNP,B-LOC\n" * 3)
-    line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"))
+    line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"),
+                      rule="columns.conll_read_as_a_table")
     assert "it is a table with a row per word (the word in 'Word', its tag in 'Tag')" in line and "groupby" in line
     assert "name it" not in line
     renamed = tmp_path / "ner.conll"  # then renamed .conll all the same: its commas are named
     renamed.write_text(path.read_text())
     user_error(capsys, main, tagging_args({"train": renamed, "validation": renamed}, tmp_path / "run"),
-               "separates its fields with commas", "a token and its tag separated by a space or a tab")
+               "separates its fields with commas", "a token and its tag separated by a space or a tab",
+               rule="files.conll_of_commas")  # fmt: skip
 
 
 def test_a_conll_file_named_tsv_is_told_to_be_named_conll(tmp_path, capsys):
@@ -932,7 +967,8 @@ def test_a_conll_file_named_tsv_is_told_to_be_named_conll(tmp_path, capsys):
     for name, body in [("ner.tsv", text), ("ner.csv", text), ("spaced.tsv", text.replace("\t", " "))]:
         path = tmp_path / name
         path.write_text(body * 4)
-        line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"))
+        line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"),
+                          rule="files.conll_as_table")
         assert line.endswith(f"reads as a word and its tag on each line (its first line is {body.splitlines()[0]!r}): "
                              f"a CoNLL file; name it {path.stem}.conll")  # fmt: skip
         assert "text-classification" not in line and "tab-separated" not in line
@@ -944,7 +980,8 @@ def test_a_conll_file_named_tsv_is_told_to_be_named_conll(tmp_path, capsys):
                               ("u.tsv", "# sent_id = 1\n# text = Ada wrote\n" + conllu, conllu.splitlines()[0])]:
         path = tmp_path / name
         path.write_text(body * 4)
-        line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"))
+        line = user_error(capsys, main, tagging_args({"train": path, "validation": path}, tmp_path / "run"),
+                          rule="files.conll_as_table")
         assert line.endswith(f"(its first line of words is {first!r}): a CoNLL file; name it {path.stem}.conll"), line
 
 

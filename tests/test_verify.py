@@ -63,8 +63,9 @@ def test_a_check_longer_than_the_data_says_how_far_it_ran(recipe, capsys, monkey
     assert verify.main(["--config", str(recipe), "--steps", "6"]) == 0
     printed, err = capsys.readouterr()
     assert "6 optimizer steps on 43 samples" in printed
-    assert "warning: [tools.verify_fewer_steps] the training data gave fewer than the check's 43 samples: each " \
-           "variant ran 5 optimizer step(s), not 6" in err and "--steps 5" in err  # fmt: skip
+    rule = "tools.verify_fewer_steps"
+    assert f"warning: [{rule}] the training data gave fewer than the check's 43 samples: each variant ran 5 " \
+           "optimizer step(s), not 6" in err and "--steps 5" in err  # fmt: skip
 
 
 @pytest.mark.slow
