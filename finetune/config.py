@@ -160,7 +160,7 @@ class DataArgs(TaskArgs):
     data_dir: str | None = setting(
         None, "an image folder: <data_dir>/train/<label>/<image> (validation/, test/ optional)"
     )
-    train_file: str | None = setting(None, "training data: .csv, .tsv, .json, .jsonl or .parquet")
+    train_file: str | None = setting(None, "training data: .csv, .tsv, .json, .jsonl, .parquet, .arrow or CoNLL")
     validation_file: str | None = setting(
         None, "validation data (default: a stratified share of train is held out)"
     )

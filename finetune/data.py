@@ -66,6 +66,8 @@ def read_file(split: str, path: str, conll_columns: tuple[str, str], digests: di
 
 def _parse(head: files.FileHead) -> HFDataset:
     kwargs: dict[str, Any] = {"sep": "\t"} if head.suffix == ".tsv" else {}
+    if head.quotes_are_text:  # a quote is a character of the text there, not the start of a quoted field
+        kwargs["quoting"] = csv.QUOTE_NONE
     if head.builder == "csv":  # only an empty cell is missing: a class named NA, None or null is a class
         kwargs.update(keep_default_na=False, na_values=[""])
     # datasets' builders log their own "Failed to load" line before raising: ours names the line

@@ -15,10 +15,10 @@ from __future__ import annotations
 import re
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".tsv": "csv",
-                 ".conll": "conll", ".conllu": "conll", ".iob2": "conll", ".iob": "conll", ".bio": "conll",
-                 ".txt": "conll"}  # fmt: skip
-KINDS = ".csv, .tsv, .json, .jsonl, .parquet, or CoNLL (.conll, .conllu, .iob2, .txt)"
-TEXT_FORMATS = tuple(s for s in FILE_BUILDERS if s != ".parquet")  # a binary format has no text to decode
+                 ".arrow": "arrow", ".conll": "conll", ".conllu": "conll", ".iob2": "conll", ".iob": "conll",
+                 ".bio": "conll", ".txt": "conll"}  # fmt: skip
+KINDS = ".csv, .tsv, .json, .jsonl, .parquet, .arrow, or CoNLL (.conll, .conllu, .iob2, .iob, .bio, .txt)"
+TEXT_FORMATS = tuple(s for s in FILE_BUILDERS if s not in (".parquet", ".arrow"))  # binary: no text to decode
 
 
 def builder_of(path: str) -> str | None:

@@ -7,7 +7,8 @@
 
     options: --steps N       optimizer steps to train (default 3)
              --tolerance T   largest parameter difference accepted (default 1e-5)
-             --keep DIR      keep the runs under DIR instead of a temporary directory
+             --keep DIR      keep the runs under DIR instead of a temporary directory (an empty or
+                             new folder: one that holds anything is refused, nothing in it replaced)
 
 It trains your recipe (and key=value overrides) for a few optimizer steps with the global batch G =
 processes x per_device_train_batch_size x gradient_accumulation_steps, three ways:
@@ -359,7 +360,7 @@ def parse_args(argv: list[str]) -> Options:
         type=_number("--tolerance", float, lambda v: v > 0, "positive"),
         default=DEFAULT_TOLERANCE,
     )
-    parser.add_argument("--keep", metavar="DIR", help="keep the runs here")
+    parser.add_argument("--keep", metavar="DIR", help="keep the runs here (an empty or new folder)")
     parser.add_argument(
         "overrides", nargs="*", metavar="key=value", help="override any setting of the recipe"
     )

@@ -288,6 +288,25 @@ Args = Callable[[World], list[str]]
 
 # --- data files, columns, labels, images, models, checkpoints, the command line ------------------------
 
+KAGGLE_TEST = "id,text\n1,a fine film\n2,a dull one\n"
+LFS_POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 123456\n"
+
+
+def _written(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _saved(folder: Path, train: Path, splits: bool = False) -> Path:
+    """The training file as datasets' save_to_disk writes it (a Dataset, or a DatasetDict of two splits)."""
+    from datasets import Dataset, DatasetDict
+
+    ds = Dataset.from_csv(str(train))
+    if not folder.exists():
+        (DatasetDict({"train": ds, "validation": ds}) if splits else ds).save_to_disk(str(folder))
+    return folder
+
+
 # <rule id>:<case> -> (arguments, the part of the one error line that must be there); the test asserts
 # that the rule refused it
 COMMANDS: dict[str, tuple[Args, str]] = {
@@ -382,6 +401,22 @@ COMMANDS: dict[str, tuple[Args, str]] = {
     "files.workbook:workbook_of_one_sheet": (
         lambda w: _text(w, f"train_file={w.root / 'sheets.xlsx'}", "validation_file=null"),
         "is a spreadsheet workbook (Excel, LibreOffice), not a data file; save the sheet as CSV (UTF-8)",
+    ),
+    "files.git_lfs_pointer:lfs_pointer": (
+        lambda w: _text(w, f"train_file={_written(w.root / 'lfs.csv', LFS_POINTER)}", "validation_file=null"),
+        "is a Git LFS pointer, not the data: run `git lfs pull`",
+    ),
+    "files.saved_dataset_folder:save_to_disk_folder": (
+        lambda w: _text(w, f"train_file={_saved(w.root / 'saved', w.train)}", "validation_file=null"),
+        "is a dataset that datasets' save_to_disk wrote; give its .arrow file",
+    ),
+    "files.saved_dataset_folder:save_to_disk_splits": (
+        lambda w: _text(w, f"train_file={_saved(w.root / 'saved_dict', w.train, splits=True)}", "validation_file=null"),
+        "is a DatasetDict that datasets' save_to_disk wrote (splits: train, validation); give each split's .arrow file",
+    ),
+    "columns.scored_split_without_labels:test_file_of_ids_and_texts": (  # Kaggle's test.csv: no labels, an id
+        lambda w: _text(w, f"test_file={_written(w.root / 'kaggle_test.csv', KAGGLE_TEST)}"),
+        "the test split is scored, so it needs its labels; to predict on a file without them",
     ),
     "files.compressed:gzipped_csv": (
         lambda w: _text(w, f"train_file={w.root / 'train.csv.gz'}", "validation_file=null"),
@@ -891,8 +926,8 @@ def test_what_the_fuzzer_found_is_said_with_its_fix(small_text_data, tmp_path, c
     rows = [{"text": f"sentence {i}", "label": "rare" if i == 0 else ["pos", "neg"][i % 2]} for i in range(20)]
     data = {"train": write_csv(tmp_path / "t.csv", rows), "validation": "null"}
     user_error(capsys, main, recipe_text_args(data, tmp_path / "run"),
-               "cannot hold out a stratified validation split", "give a validation_file",
-               rule="splits.not_stratified")  # fmt: skip
+               "cannot hold out a stratified validation split", "1 class(es) of one sample: 'rare'",
+               "give a validation_file", rule="splits.not_stratified")  # fmt: skip
 
 
 def test_unknown_tracker_and_tokens_in_errors(small_text_data, tmp_path, capsys):
@@ -1222,7 +1257,9 @@ def test_a_permission_refused_is_one_line_also_as_root(what, world, monkeypatch,
         monkeypatch.setattr(Path, "read_text", refuse)
         argv = ["--config", str(world.root / "recipe.yaml"), f"output_dir={world.done}"]
     name = "train.csv" if what == "train file" else "recipe.yaml"
-    user_error(capsys, main, argv, name, "ermission", untouched=world.done, rule="files.unreadable")
+    # a recipe's read refused is the environment's (finetune/exits.py says every such OSError), not a rule's
+    rule = "files.unreadable" if what == "train file" else None
+    user_error(capsys, main, argv, name, "ermission", untouched=world.done, rule=rule)
 
 
 def _disk_full(path: str = "") -> OSError:

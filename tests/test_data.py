@@ -28,6 +28,7 @@ from conftest import (
 
 from finetune import checks
 from finetune.config import load_config
+from finetune.data import load_splits
 from finetune.errors import UserError
 from finetune.run import main
 
@@ -1009,6 +1010,19 @@ def test_a_rare_class_one_slip_from_a_common_one_is_said(tmp_path, capsys):
     assert "misspelling" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("rare, common", [("pso", "pos"), ("psoitive", "positive"), ("B", "A")])
+def test_a_rare_class_one_keystroke_from_a_short_common_one_is_said(rare, common, tmp_path, capsys):
+    """Two neighbours swapped ('pso' for 'pos') is one slip too, though difflib's ratio of short names falls
+    below its cutoff; names of fewer than 3 letters are left alone (every two are one letter apart)."""
+    rows = [{"text": f"sentence {i}", "label": [common, "other"][i % 2]} for i in range(80)]
+    said = checks.Said(quiet=True)
+    cfg = load_config(None, [f"train_file={write_csv(tmp_path / 't.csv', [*rows, {'text': 'x', 'label': rare}])}",
+                             f"validation_file={write_csv(tmp_path / 'v.csv', rows[:20])}", "test_file=null",
+                             "label_names=null"])  # fmt: skip
+    load_splits(cfg.data_args, said)
+    assert ("labels.misspelt_class" in said.rules()) == (len(rare) >= 3)
+
+
 @pytest.mark.parametrize("recipe", [None, "finetune/configs/vit_fashion_mnist.yaml"])
 def test_images_as_pixel_columns_are_named_as_such(recipe, tmp_path, capsys):
     """Kaggle's Fashion-MNIST CSV (label, pixel1 ... pixel784), given to a text or an image recipe: one line
@@ -1064,6 +1078,10 @@ def test_a_column_of_image_paths_is_named_for_images_and_warned_of_as_text(small
                                   "max_steps=1"))  # fmt: skip
     assert "warning: column 'filepath' holds image file paths" in capsys.readouterr().err
     assert "columns.image_paths_as_text" in [w["rule"] for w in results["warnings"]]
+    # a text run that does not name the column of paths is told to train an image model on them
+    user_error(capsys, main, tiny_text_args({"train": data, "validation": data}, tmp_path / "n"),
+               "'filepath' holds image file paths", f"vit_imagefolder.yaml train_file={data} image_column=filepath",
+               rule="columns.image_paths_for_a_text_model")  # fmt: skip
 
 
 def test_a_nested_field_named_with_a_dot_is_pointed_to_flattening(tmp_path):
@@ -1197,6 +1215,7 @@ def test_rows_joined_by_a_quote_never_closed_are_one_warning(tmp_path, capsys, s
 
     texts = [f"tweet {i} is fine" for i in range(40)]
     texts[5], texts[25] = '"wow a quote that never ends', 'it ends" here'
+    texts[2] = '"a text its writer quoted"'  # in a .tsv, what shows that quotes are quoting (below)
     path = tmp_path / f"train{suffix}"
     path.write_text(f"text{sep}label\n" + "".join(f"{t}{sep}{['neg', 'pos'][i % 2]}\n" for i, t in enumerate(texts)))
     args = [f"train_file={path}", "validation_file=null", "test_file=null", "label_names=null",
@@ -1212,9 +1231,40 @@ def test_rows_joined_by_a_quote_never_closed_are_one_warning(tmp_path, capsys, s
     assert "never closed" not in capsys.readouterr().err
 
 
+def test_a_tsv_written_without_quoting_keeps_its_quotes_as_text(tmp_path):
+    """GLUE's TSVs are written without quoting: `5" screen`, a text that starts with a quote, `"Bad" is ...`
+    are texts as they stand, every line a row, and no warning. A TSV whose writer quotes (pandas: a field in
+    quotes, its own quotes doubled) is read with its quoting."""
+    texts = [f"review {i}" + ('"' if i % 10 == 0 else "") for i in range(60)]
+    texts[5], texts[7], texts[9] = 'a 5" screen', '"Bad" is an understatement', '"opens and never closes'
+    glue = tmp_path / "glue.tsv"
+    glue.write_text("text\tlabel\n" + "".join(f"{t}\t{['neg', 'pos'][i % 2]}\n" for i, t in enumerate(texts)))
+    pandas = tmp_path / "pandas.tsv"
+    pandas.write_text("text\tlabel\n" + "".join(f'"{t.replace(chr(34), chr(34) * 2)}"\t{["neg", "pos"][i % 2]}\n'
+                                                for i, t in enumerate(texts)))  # fmt: skip
+    for path in (glue, pandas):
+        said = checks.Said(quiet=True)
+        raw, _ = load_splits(load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null",
+                                                "label_names=null", "max_train_samples=null"]).data_args, said)  # fmt: skip
+        assert sorted([*raw["train"]["text"], *raw["validation"]["text"]]) == sorted(texts) and said.lines == [], path
+
+
 def _check_image_folder(folder) -> None:
     """The image folder's own rules, as finetune/data.py asks them before datasets' loader reads the folder."""
     from finetune.checks import images
     from finetune.data import _a_run
 
     checks.gate(images.FOLDER, folder, _a_run, said=checks.Said())
+
+
+def test_an_arrow_file_of_a_saved_dataset_is_data(tmp_path):
+    """The .arrow file of a folder that datasets' save_to_disk wrote trains as any data file."""
+    from datasets import Dataset
+
+    rows = [{"text": f"sentence {i}", "label": ["neg", "pos"][i % 2]} for i in range(20)]
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    arrow = next((tmp_path / "saved").glob("*.arrow"))
+    raw, names = load_splits(load_config(None, [f"train_file={arrow}", "validation_file=null", "test_file=null",
+                                                "label_names=null"]).data_args, checks.Said(quiet=True))  # fmt: skip
+    assert names == ["neg", "pos"] and len(raw["train"]) + len(raw["validation"]) == 20
+

@@ -673,6 +673,35 @@ def test_a_damaged_results_or_config_of_the_run_is_named(run, tmp_path, capsys, 
     assert "config.yaml" not in line
 
 
+def test_the_best_model_of_a_search_names_the_best_trials_export(run, tmp_path, capsys):
+    """A search's `<output_dir>/model` (the path it prints at its end) is a copy of the best trial's export
+    without a run one level up: the line names that trial's export, which evaluates on its run's data. The
+    folder as finetune/search.py leaves it: its study, best_recipe.yaml, search.json, each trial a run, only
+    the best one with its weights."""
+    search = tmp_path / "search"
+    shutil.copytree(run["dir"], search / "trial-0", ignore=shutil.ignore_patterns("checkpoints", "eval", "model"))
+    shutil.copytree(run["dir"], search / "trial-1", ignore=shutil.ignore_patterns("checkpoints", "eval"))
+    shutil.copytree(search / "trial-1" / "model", search / "model")
+    (search / "study.db").write_bytes(b"SQLite format 3\x00")
+    (search / "best_recipe.yaml").write_text("# The best of 2 trials of finetune.search (trial 1)\n"
+                                             + (run["dir"] / "config.yaml").read_text())  # fmt: skip
+    record = {"best_trial": 1, "value": 0.5, "params": {"learning_rate": 1e-3}, "trials": 2, "continues": None}
+    (search / "search.json").write_text(json.dumps(record, indent=2))
+    best = search / "trial-1" / "model"
+    for told in ("search.json", "the one trial with its weights"):  # search.json gone: the trial that kept them
+        line = user_error(capsys, evaluate, [str(search / "model")], f"{search / 'model'} is the best model of the "
+                          f"search in {search}", f"evaluate the best trial's export, {best} (its run's data",
+                          "or pass --data FILE_OR_DIR", untouched=search, rule="evaluation.export_of_a_search")  # fmt: skip
+        assert "one level up" not in line, told
+        (search / "search.json").unlink(missing_ok=True)
+    result = evaluate([str(best), "--output", str(tmp_path / "best")])  # as the line says
+    assert result["split"] == "test" and result["num_samples"] == 11
+    shutil.rmtree(best)  # no whole best trial: --data is the one way
+    line = user_error(capsys, evaluate, [str(search / "model")], "is the best model of the search",
+                      "the best trial's run with its export (trial-N/model", "pass --data FILE_OR_DIR",
+                      rule="evaluation.export_of_a_search")  # fmt: skip
+
+
 def test_whole_numbers_stored_as_floats_are_class_ids_of_a_model_with_numbered_classes(run, tmp_path, capsys):
     """Labels written 1.0/0.0 (a CSV saved by pandas): for a model whose classes are "0", "1" they are
     those classes; for a model with named classes (neg, pos) the line says to write the names.

@@ -216,6 +216,7 @@ def test_a_failing_device_during_the_export_says_so(small_text_data, failing_dis
     line = _one_error(capsys, lambda: main(recipe_text_args(small_text_data, out, "max_steps=2"), hooks=_BreakAt(2, fail)),
                       "runs.export_failed_before_any_checkpoint")  # fmt: skip
     assert "could not write the export" in line and "Input/output error" in line and ADVICE["device"] in line
+    assert "then run again with overwrite_output_dir=true" in line  # its own started run would be refused
     _no_export_left(out)
 
 

@@ -288,6 +288,7 @@ def test_the_set_up_config_launches_without_accelerates_notice_and_is_written_on
     path.write_text("compute_environment: LOCAL_MACHINE\n\tdistributed_type: NO\n")
     line = user_error(capsys, configure, ["--config_file", str(path)], rule="launch.default_config_invalid")
     assert f"accelerate config {path} exists but is not a valid accelerate config" in line
+    assert "fix it, or move it aside" in line and "delete" not in line
     assert path.read_text().startswith("compute_environment")
     # one that parses, with a value no launch can use: said by finetune-config, and by a launch without a traceback
     path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_processes: two\nuse_cpu: true\n")
@@ -298,6 +299,50 @@ def test_the_set_up_config_launches_without_accelerates_notice_and_is_written_on
     line = user_error(capsys, launch_main, ["--config_file", str(path), "finetune/run.py", "--dry-run"],
                       rule="launch.not_a_whole_number")  # fmt: skip
     assert "num_processes 'two' (in accelerate config" in line
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("train.csv", "text,label\nfine film,1\ndull,0\n", "is not a YAML mapping of settings, not an accelerate config"),
+        ("rows.json", '{"text": "fine"}\n{"text": "dull"}\n', "is not valid JSON, not an accelerate config"),
+        ("recipe.yaml", (REPO / "finetune/configs/bert_custom_files.yaml").read_text(),
+         "without any of accelerate's keys (compute_environment, distributed_type, ...), not an accelerate config"),
+        ("notes.yaml", "todo: [fix the data\n", "is not valid YAML, not an accelerate config"),
+        ("empty.yaml", "", "is empty, not an accelerate config"),
+        ("picture.yaml", b"\x89PNG\r\n\x1a\n\xff\xfe", "is not text, not an accelerate config"),
+    ],
+)
+def test_finetune_config_on_a_file_that_is_no_accelerate_config_leaves_it_without_advising_to_delete_it(
+        tmp_path, capsys, name, content, fragment):  # fmt: skip
+    """finetune-config --config_file naming the user's file (data, a recipe, notes) says what the file is, and
+    offers another path or `accelerate config`, never deleting it; the file keeps its bytes."""
+    from finetune.launch import configure
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    path = mine / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    line = user_error(capsys, configure, ["--config_file", str(path)], f"{path} is ", fragment,
+                      "and is left as it is; give --config_file a new path", "or write one with `accelerate config`",
+                      untouched=mine, rule="launch.default_config_not_accelerate")  # fmt: skip
+    assert "delete" not in line
+
+
+def test_finetune_config_on_a_folder_is_one_line_of_its_own(tmp_path, capsys):
+    """A folder as finetune-config's --config_file (one of the user's data): said as a folder, not as a config
+    that "does not exist" in accelerate's words cut off mid-line, and never to be deleted."""
+    from finetune.launch import configure
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "train.csv").write_text("text,label\nfine film,1\n")
+    line = user_error(capsys, configure, ["--config_file", str(folder)],
+                      f"{folder} is a folder; --config_file names a YAML file: give the path of the file to write, "
+                      f"e.g. {folder / 'accelerate.yaml'}", untouched=folder, rule="launch.default_config_is_a_folder")  # fmt: skip
+    assert "delete" not in line and "does not exist" not in line
+    assert configure(["--config_file", str(folder / "accelerate.yaml")]) == 0  # as the line says
+    assert "wrote accelerate's default config" in capsys.readouterr().out
 
 
 def test_a_recipe_and_an_accelerate_config_swapped_are_named(capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import ANIMALS, TOKENIZER, launch, multi_label_rows, rotten_rows, write_csv
+from conftest import ANIMALS, TOKENIZER, launch, multi_label_rows, rotten_rows, user_error, write_csv
 
 from finetune import verify
 from finetune.config import TrainConfig
@@ -54,6 +54,10 @@ def test_accumulation_agrees_with_one_big_batch(recipe, tmp_path, capsys):
     assert "on 19 samples" in printed
     config = (tmp_path / "runs" / "accumulation" / "config.yaml").read_text()
     assert "hidden_dropout_prob: 0.0" in config or "dropout: 0.0" in config
+    # the same command again: the kept runs are refused, not replaced
+    user_error(capsys, verify.main, ["--config", str(recipe), "--keep", str(tmp_path / "runs")],
+               "already holds accumulation/, one_big_batch/", "give an empty or new folder",
+               untouched=tmp_path / "runs", rule="tools.verify_keep_not_empty")  # fmt: skip
 
 
 def test_a_check_longer_than_the_data_says_how_far_it_ran(recipe, capsys, monkeypatch):
@@ -202,6 +206,32 @@ def test_keep_naming_a_file_is_one_line(tmp_path):
     with pytest.raises(UserError, match="--keep .* is a file; give a folder for the runs") as e:
         verify.parse_args(["--keep", str(tmp_path / "runs")])
     assert e.value.rule == "tools.verify_keep_is_a_file"
+
+
+@pytest.mark.parametrize(
+    ("held", "named"),
+    [
+        ({"one_big_batch/notes.txt": "mine"}, "one_big_batch/"),  # the user's file where a variant writes
+        ({"accumulation/results.json": "{}", "accumulation/model/config.json": "{}"}, "accumulation/"),  # a run
+        ({"a.csv": "text,label", "b.csv": "", "c.csv": "", "d.csv": ""}, "a.csv, b.csv, c.csv and 1 more"),
+        ({".hidden": ""}, ".hidden"),
+    ],
+)
+def test_keep_naming_a_folder_that_holds_anything_is_refused_before_anything_runs(tmp_path, capsys, held, named):
+    """Nothing already written is replaced: a --keep folder that holds anything (an earlier verify's runs, a
+    finished run where a variant writes, the user's files) is refused, naming what is there, before the recipe
+    is read; an empty or new folder is taken."""
+    keep = tmp_path / "runs"
+    for name, text in held.items():
+        (keep / name).parent.mkdir(parents=True, exist_ok=True)
+        (keep / name).write_text(text)
+    line = user_error(capsys, verify.main, ["--config", str(tmp_path / "not-read.yaml"), "--keep", str(keep)],
+                      f"--keep {keep} already holds {named}", "give an empty or new folder", untouched=keep,
+                      rule="tools.verify_keep_not_empty")  # fmt: skip
+    assert "not-read.yaml" not in line
+    (tmp_path / "empty").mkdir()
+    for free in (tmp_path / "empty", tmp_path / "new"):
+        assert verify.parse_args(["--keep", str(free)]).keep == str(free)
 
 
 def test_a_pretrained_model_needs_a_dropout_key_to_be_verified():

@@ -352,6 +352,20 @@ def _the_texts_among(ds, columns: list[str]) -> list[str]:
     return [longest] if all(width[longest] >= 3 * width[n] for n in columns if n != longest) else columns
 
 
+@rule("columns.image_paths_for_a_text_model")
+def image_paths_for_a_text_model(c: Columns) -> str | None:
+    """A text run's missing text column beside a column of image file paths: images, for an image model."""
+    if c.missing not in c.inputs or c.train_has or c.task.modality != "text":
+        return None
+    found = next((n for n, values in c.head.items() if image_paths(values[:200])), None)
+    if found:
+        column = "" if found == "image" else f" image_column={found}"
+        return c.not_found(f"; '{found}' holds image file paths ({c.first[found]}): train an image model on them, "
+                           f"e.g. --config finetune/configs/vit_imagefolder.yaml train_file={c.args.files.get(c.split)}"
+                           f"{column}")  # fmt: skip
+    return None
+
+
 @rule("columns.text_column_named_otherwise")
 def text_column_named_otherwise(c: Columns) -> str | None:
     """A missing text column: the one string column left ("sentence", not "text"; the column of long strings
@@ -466,8 +480,8 @@ def missing(c: Columns) -> str | None:
 MISSING = [a_model_file, pixel_columns, tags_joined_in_a_cell, character_spans, image_folder_of_one_class,
            images_under_another_name, spaced_header, names_in_another_case, words_as_one_string,
            records_nested_under_a_key, words_and_tags_under_other_names, words_without_tags, conll_read_as_a_table,
-           another_tasks_data, labels_of_an_image_folder, text_column_named_otherwise, no_header,
-           label_column_named_otherwise, labels_and_texts_named_otherwise, scored_split_without_labels,
+           another_tasks_data, labels_of_an_image_folder, image_paths_for_a_text_model, text_column_named_otherwise,
+           no_header, scored_split_without_labels, label_column_named_otherwise, labels_and_texts_named_otherwise,
            another_name_than_train, nested_field, missing]  # fmt: skip
 
 

@@ -3,7 +3,8 @@
     COMMAND, DATA_ARGS  the command line: argparse's refusals, a second model, --data not there, --split of a file
     PATH, NOT_A_MODEL   the path given: not there, a file, a run directory, its checkpoints/ folder, an adapter
     CHECKPOINT          a training-state checkpoint: its COMPLETE marker, manifest.json, labels, run config
-    EXPORT_ALONE        an export whose run's results.json and config.yaml beside it are damaged, another's, gone
+    EXPORT_ALONE        an export whose run's results.json and config.yaml beside it are damaged, another's, gone;
+                        a search's best model, whose run is its best trial's
     SETTINGS            the key=value evaluation settings against the model (EVAL_KEYS, label_columns, pairs)
     *_FAILED, WEIGHTS   the model that does not load: a damaged JSON file, foreign or NaN weights, FSDP shards
     SPLIT, DATA, ...    --data and --split, and the evaluated data's labels against the model's
@@ -27,7 +28,21 @@ from finetune.checks.labels import number_as_written
 from finetune.checks.splits import another_scale
 from finetune.errors import first_line, remedy
 from finetune.formats import is_list
-from finetune.layout import ADAPTER, CHECKPOINTS, COMPLETE, MANIFEST, MODEL, PREFIX, RunDir, is_hub_name
+from finetune.layout import (
+    ADAPTER,
+    BEST_RECIPE,
+    CHECKPOINTS,
+    COMPLETE,
+    MANIFEST,
+    MODEL,
+    PREFIX,
+    SEARCH_RECORD,
+    STUDY,
+    TRIAL_PREFIX,
+    RunDir,
+    is_hub_name,
+    read_record,
+)
 from finetune.metrics import MULTI, REGRESSION, SINGLE
 
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
@@ -286,6 +301,33 @@ def labels_differ_from_run(e: ExportRun) -> str | None:
     return None
 
 
+def _best_trial_export(search: Path) -> Path | None:
+    """The best trial's export in a search folder: the trial search.json names, else the one trial that kept
+    its weights (a search keeps only the best one's), where that trial is a run to evaluate."""
+    best = read_record(search / SEARCH_RECORD).get("best_trial")
+    trials = [search / f"{TRIAL_PREFIX}{best}"] if isinstance(best, int) and not isinstance(best, bool) else \
+        [t for t in search.glob(f"{TRIAL_PREFIX}*") if RunDir(t).model.is_dir()]  # fmt: skip
+    runs = [RunDir(t) for t in trials if RunDir(t).model.is_dir() and RunDir(t).results.is_file()]
+    return runs[0].model if len(runs) == 1 else None
+
+
+@rule("evaluation.export_of_a_search")
+def export_of_a_search(e: ExportRun) -> str | None:
+    """The best model of a hyperparameter search (`<search>/model`, the path the search prints at its end) and
+    no --data: the search folder (study.db, best_recipe.yaml, search.json) holds no run's settings, but its best
+    trial's run (`<search>/trial-N`) does, and its export evaluates on that run's data."""
+    root = e.run.root
+    if e.have_data or not any((root / name).exists() for name in (STUDY, BEST_RECIPE, SEARCH_RECORD)):
+        return None
+    export = _best_trial_export(root)
+    if export is None:
+        return (f"{e.spec} is the best model of the search in {root}, a copy without its run, and the best "
+                f"trial's run with its export ({TRIAL_PREFIX}N/{MODEL}, N as {SEARCH_RECORD} names it) is not "
+                "there; pass --data FILE_OR_DIR (and --task if needed)")
+    return (f"{e.spec} is the best model of the search in {root}, a copy without its run; evaluate the best "
+            f"trial's export, {export} (its run's data and settings), or pass --data FILE_OR_DIR")
+
+
 @rule("evaluation.export_without_run")
 def export_without_run(e: ExportRun) -> str | None:
     """A model folder without its run (results.json and config.yaml one level up, naming its labels) and no
@@ -298,7 +340,7 @@ def export_without_run(e: ExportRun) -> str | None:
     return f"{e.spec} is a model folder {where}; pass --data FILE_OR_DIR (and --task if needed)"
 
 
-EXPORT_ALONE = [run_file_damaged, run_file_damaged_alone, labels_differ_from_run, export_without_run]
+EXPORT_ALONE = [run_file_damaged, run_file_damaged_alone, labels_differ_from_run, export_of_a_search, export_without_run]
 
 # --- the evaluation settings --------------------------------------------------------------------------------
 

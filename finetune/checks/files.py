@@ -84,6 +84,9 @@ def _not_utf8_at(path: str) -> tuple[int, int] | None:
     return None
 
 
+QUOTED_FIELD = re.compile(r'"(?:[^"]|"")*"')  # a field a quoting writer enclosed, its own quotes doubled
+
+
 @dataclass
 class FileHead:
     """A data file as the rules see it, read once: its size, sha256 (the fingerprint a resume and
@@ -146,6 +149,23 @@ class FileHead:
     def header(self) -> str:
         return self.text.split("\n", 1)[0].strip()
 
+    @functools.cached_property
+    def quotes_are_text(self) -> bool:
+        """A .tsv whose quotes are characters of its texts (GLUE's TSVs, written without quoting: `5" screen`),
+        read so: no field of the head is enclosed in quotes, as a writer that quotes (pandas) leaves one on a
+        line, or around a text with line breaks (a field that spans lines and holds no tab of other rows)."""
+        if self.suffix != ".tsv" or '"' not in self.text:
+            return False
+        fields = (f for line in self.text.splitlines()[1:] for f in line.rstrip("\r").split("\t"))
+        if any(len(f) >= 2 and QUOTED_FIELD.fullmatch(f) for f in fields):
+            return False
+        width = len(self.names())
+        try:
+            rows = list(csv.reader(io.StringIO(self.text, newline=""), delimiter="\t"))[1:-1]  # the last may be cut
+        except csv.Error:
+            return False
+        return not any(len(r) == width and any("\n" in f and "\t" not in f for f in r) for r in rows)
+
     def names(self) -> list[str]:
         """The header's fields, as the csv module reads them."""
         return next(csv.reader(self.text.splitlines()[:1] or [""], delimiter=delimiter_of(self.path)), [])
@@ -205,6 +225,21 @@ def _where_read(path: str) -> str:
     return said
 
 
+@rule("files.saved_dataset_folder")
+def saved_dataset_folder(split: str, path: str) -> str | None:
+    """A folder that datasets' save_to_disk wrote, given as a data file: its .arrow files are the data."""
+    p = Path(path)
+    if p.is_dir() and (p / "dataset_dict.json").is_file():
+        splits = sorted(q.name for q in p.iterdir() if (q / "state.json").is_file())
+        return (f"{split} file {path} is a DatasetDict that datasets' save_to_disk wrote (splits: {', '.join(splits)}); "
+                f"give each split's .arrow file, e.g. train_file={p / (splits or ['train'])[0] / 'data-00000-of-00001.arrow'}")
+    arrows = sorted(p.glob("*.arrow")) if p.is_dir() and (p / "state.json").is_file() else []
+    if arrows:
+        return (f"{split} file {path} is a dataset that datasets' save_to_disk wrote; give its .arrow file "
+                f"({arrows[0]}{' and the others' if len(arrows) > 1 else ''})")
+    return None
+
+
 @rule("files.not_a_file")
 def not_a_file(split: str, path: str) -> str | None:
     """A data file's path that names something else: a dangling link or a link loop, a folder, a device."""
@@ -242,7 +277,7 @@ def unreadable(split: str, path: str) -> str | None:
     return None
 
 
-PATH = [url, several_files, pattern, not_a_file, empty, unreadable]
+PATH = [url, several_files, pattern, saved_dataset_folder, not_a_file, empty, unreadable]
 
 
 # --- the bytes -------------------------------------------------------------------------------------------
@@ -269,6 +304,14 @@ def workbook(head: FileHead) -> str | None:
     if _workbook(head):
         return (f"{head.split} file {head.path} is a spreadsheet workbook (Excel, LibreOffice), not a data file; save "
                 "the sheet as CSV (UTF-8) and give that file")
+    return None
+
+
+@rule("files.git_lfs_pointer")
+def git_lfs_pointer(head: FileHead) -> str | None:
+    """A Git LFS pointer (a clone without `git lfs pull`): three lines that name the data, not the data."""
+    if head.head.startswith(b"version https://git-lfs.github.com/spec/"):
+        return f"{head.split} file {head.path} is a Git LFS pointer, not the data: run `git lfs pull` in its repository"
     return None
 
 
@@ -386,7 +429,7 @@ def column_twice(head: FileHead) -> str | None:
     return None
 
 
-HEAD = [workbook, compressed, parquet_by_another_name, unsupported_type, not_utf8, excel_separator_line,
+HEAD = [git_lfs_pointer, workbook, compressed, parquet_by_another_name, unsupported_type, not_utf8, excel_separator_line,
         conll_as_table, comment_above_header, other_separator, tsv_of_commas, column_twice]  # fmt: skip
 
 

@@ -1205,10 +1205,24 @@ def misspelt_class(names: list[str], counts: Counter, named) -> str:
     named, of = set(named or ()), {names[i]: c for i, c in counts.items()}
     common = [n for n, c in of.items() if c >= 10]
     for rare, count in sorted(((n, c) for n, c in of.items() if c <= 2), key=lambda x: x[1]):
-        near = difflib.get_close_matches(rare, [n for n in common if of[n] >= 10 * count], n=1, cutoff=0.8)
+        often = [n for n in common if of[n] >= 10 * count]
+        near = difflib.get_close_matches(rare, often, n=1, cutoff=0.8) or [n for n in often if one_slip(rare, n)][:1]
         if near and not {rare, near[0]} <= named:
             return f"{rare!r} ({count} sample{'s' if count > 1 else ''}) beside {near[0]!r} ({of[near[0]]}): a misspelling?"
     return ""
+
+
+def one_slip(a: str, b: str) -> bool:
+    """Names of 3 letters or more one keystroke apart: a letter added, dropped or changed, or two neighbours
+    swapped ('pso' for 'pos', which difflib's ratio puts at 0.67)."""
+    if min(len(a), len(b)) < 3 or a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) != len(b):
+        short, long = sorted((a, b), key=len)
+        return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
+    diff = [i for i in range(len(a)) if a[i] != b[i]]
+    return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
+                              and a[diff[1]] == b[diff[0]])  # fmt: skip
 
 
 def what_the_labels_look_like(names: list[str]) -> str:

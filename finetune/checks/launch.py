@@ -9,7 +9,7 @@ these, in this order).
     VALUES          the config's and the flags' values accelerate takes as they come and fails on later
     SCRIPT          the training script
     USAGE           a launcher argument accelerate does not know (the first that can tell)
-    DEFAULT_CONFIG  finetune-config: the default config that is there and does not parse
+    DEFAULT_CONFIG  finetune-config: what is there already and does not parse: a folder, another file, a damaged config
     WRITE_FAILED    finetune-config: a default config it cannot write
     BEFORE          the processes before the Accelerator is built: FSDP with the layer split, FSDP without GPUs
     FORMED          the processes once it is: the group they formed, the precision on this device
@@ -34,6 +34,12 @@ from finetune.checks import rule
 from finetune.errors import first_line
 
 # --- the launcher: its config file ----------------------------------------------------------------------
+
+
+def _shortened(error: Exception, limit: int) -> str:
+    """A library's message on one line, cut at a word (with ...) where it is longer than `limit`."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 @rule("launch.config_is_a_folder")
@@ -70,8 +76,7 @@ def config_is_a_recipe(path: Path, error: Exception, recipe: bool) -> str | None
 def config_invalid(path: Path, error: Exception, recipe: bool) -> str | None:
     """An accelerate config that accelerate cannot read: YAML or JSON syntax, unknown keys, wrong values.
     Always answers: accelerate's own words, on one line."""
-    detail = " ".join(str(error).split())[:300]
-    return f"accelerate config {path} is not a valid accelerate config: {detail}"
+    return f"accelerate config {path} is not a valid accelerate config: {_shortened(error, 300)}"
 
 
 CONFIG_FAILED = [config_is_a_recipe, config_invalid]
@@ -268,16 +273,78 @@ def usage(message: str) -> str | None:
 USAGE = [recipe_flag, usage]
 
 
+def _accelerate_keys() -> set[str]:
+    import dataclasses
+
+    from accelerate.commands.config.config_args import ClusterConfig, SageMakerConfig
+
+    return {f.name for config in (ClusterConfig, SageMakerConfig) for f in dataclasses.fields(config)}
+
+
+def _not_an_accelerate_config(path: Path) -> str | None:
+    """What a file is where it is no accelerate config at all (None: one, damaged or not). Its text names
+    accelerate's keys where it does not parse (a tab in its YAML): a damaged accelerate config."""
+    import json
+    import re
+
+    import yaml
+
+    fmt = "JSON" if path.suffix == ".json" else "YAML"  # as accelerate reads it
+    try:
+        if path.stat().st_size > 1_000_000:
+            return f"a file of {path.stat().st_size // 1_000_000} MB"
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return "not text"
+    except OSError:
+        return None
+    keys = _accelerate_keys()
+    try:
+        value = json.loads(text) if fmt == "JSON" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError):
+        named = re.search(rf"^\s*[\"']?({'|'.join(keys)})[\"']?\s*:", text, re.M)
+        return None if named else f"not valid {fmt}"
+    if value is None:
+        return "empty"
+    if not isinstance(value, dict):
+        return f"not a {fmt} mapping of settings"
+    if not keys & {str(k) for k in value}:
+        some = ", ".join(str(k) for k in list(value)[:3]) + (", ..." if len(value) > 3 else "")
+        return f"a {fmt} mapping of {some} without any of accelerate's keys (compute_environment, distributed_type, ...)"
+    return None
+
+
+@rule("launch.default_config_is_a_folder")
+def default_config_is_a_folder(path: Path, error: Exception) -> str | None:
+    """finetune-config's --config_file names a folder: accelerate's config is a file, and the folder (which
+    may hold the user's data) is left as it is."""
+    if path.is_dir():
+        return (f"{path} is a folder; --config_file names a YAML file: give the path of the file to write, "
+                f"e.g. {path / 'accelerate.yaml'}")
+    return None
+
+
+@rule("launch.default_config_not_accelerate")
+def default_config_not_accelerate(path: Path, error: Exception) -> str | None:
+    """finetune-config finds a file that is no accelerate config at all where it would write one: not text, not
+    YAML (or JSON), not a mapping, or a mapping without any of accelerate's keys (a data file, a recipe). It is
+    left as it is, and the line offers another path (it may be the user's file), not deleting it."""
+    what = _not_an_accelerate_config(path)
+    if what:
+        return (f"{path} is {what}, not an accelerate config, and is left as it is; give --config_file a new path "
+                "for finetune-config to write accelerate's config to, or write one with `accelerate config`")
+    return None
+
+
 @rule("launch.default_config_invalid")
 def default_config_invalid(path: Path, error: Exception) -> str | None:
     """finetune-config finds an accelerate config already there that does not parse, or holds a value no
     launch can use: said now, not at the next launch, and the file is left as it is. Always answers."""
-    detail = " ".join(str(error).split())[:200] if not isinstance(error, AttributeError) else "an empty file"
-    return (f"accelerate config {path} exists but is not a valid accelerate config ({detail}); "
-            "fix it, or delete it and run finetune-config again")
+    return (f"accelerate config {path} exists but is not a valid accelerate config ({_shortened(error, 200)}); "
+            "fix it, or move it aside and run finetune-config again")
 
 
-DEFAULT_CONFIG = [default_config_invalid]
+DEFAULT_CONFIG = [default_config_is_a_folder, default_config_not_accelerate, default_config_invalid]
 
 
 @rule("launch.cannot_write_config")

@@ -1063,8 +1063,10 @@ def export_failed(failure: OSError, root: Path) -> str | None:
 
 @rule("runs.export_failed_before_any_checkpoint")
 def export_failed_before_any_checkpoint(failure: OSError, root: Path) -> str:
-    """The export that could not be written, in a run that saved no checkpoint: it runs again."""
-    return _export_failed(failure, root, "then run again")
+    """The export that could not be written, in a run that saved no checkpoint: it runs again, over its own
+    started run (so with overwrite_output_dir=true)."""
+    return _export_failed(failure, root, "then run again with overwrite_output_dir=true (it replaces this started "
+                          "run, which saved no checkpoint)")
 
 
 EXPORT_FAILED = [export_failed, export_failed_before_any_checkpoint]

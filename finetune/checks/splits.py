@@ -323,8 +323,9 @@ def too_few_to_stratify(s: Stratify) -> str | None:
 
 @rule("splits.not_stratified")
 def not_stratified(s: Stratify) -> str:
-    """A stratified share datasets could not draw (a class of one sample)."""
-    return s.line()
+    """A stratified share datasets could not draw (a class of one sample): the classes too small, named."""
+    alone = [s.names[i] for i, n in sorted(s.counts.items()) if n < 2]
+    return s.line(f"{len(alone)} class(es) of one sample: {', '.join(map(repr, alone[:5]))}" if alone else "")
 
 
 NOT_STRATIFIED = [classes_of_another_kind, a_misspelt_class, an_id_column, scores_as_classes, stars_as_classes,

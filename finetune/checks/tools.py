@@ -397,7 +397,26 @@ def verify_keep_is_a_file(keep: str | None) -> str | None:
     return None
 
 
-VERIFY_KEEP = [verify_keep_is_a_file]
+@rule("tools.verify_keep_not_empty")
+def verify_keep_not_empty(keep: str | None) -> str | None:
+    """--keep names a folder that already holds something (an earlier verify's runs, a training run, the
+    user's own files): verify writes its runs there (one_big_batch/, accumulation/, DDP/) and would replace
+    or mix into what is there, so only an empty or new folder is taken, before anything runs."""
+    if keep is None or not Path(keep).is_dir():
+        return None
+    try:
+        held = sorted(Path(keep).iterdir())
+    except OSError as e:  # a folder it cannot list it cannot write into either
+        return f"--keep {keep} cannot be read ({e.strerror or e}); give an empty or new folder for the runs"
+    if not held:
+        return None
+    named = ", ".join(f"{p.name}/" if p.is_dir() else p.name for p in held[:3])
+    more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+    return (f"--keep {keep} already holds {named}{more}, which verify's runs would replace or mix with; "
+            "give an empty or new folder (e.g. a new name beside it)")
+
+
+VERIFY_KEEP = [verify_keep_is_a_file, verify_keep_not_empty]
 
 
 @rule("tools.verify_fewer_steps", warning=True)
