@@ -233,8 +233,8 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = Tr
 def _label_values(ds: HFDataset, column: str) -> list[Any]:
     feature = ds.features[column]
     if isinstance(feature, ClassLabel):
-        return [feature.names[i] for i in sorted(set(ds[column]))]
-    return sorted(set(ds[column]), key=lambda v: (str(type(v)), v))
+        return [feature.names[i] for i in sorted(set(ds[column][:]))]
+    return sorted(set(ds[column][:]), key=lambda v: (str(type(v)), v))
 
 
 def ids_read_through_label_names(raw: DatasetDict, args: DataArgs, problem: str, said: checks.Said | None = None,
@@ -257,7 +257,7 @@ def ids_read_through_label_names(raw: DatasetDict, args: DataArgs, problem: str,
         return None
 
     def values(ds: HFDataset) -> list:
-        rows = [v for v in ds[column] if v is not None]
+        rows = [v for v in ds[column][:] if v is not None]
         return [v for row in rows for v in row] if problem == MULTI else rows
 
     ids = {as_id(v) for d in raw.values() for v in values(d)}
@@ -298,7 +298,7 @@ def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str
     feature = ds.features[column]
     to_id = {name: i for i, name in enumerate(label_names)}
     name_of = (lambda v: feature.names[v]) if isinstance(feature, ClassLabel) else str
-    seen = {name_of(v) for v in set(ds[column])}
+    seen = {name_of(v) for v in set(ds[column][:])}
     unseen = sorted(seen - set(to_id))
     if unseen:
         raise checks.explain(labels.UNSEEN, labels.Unseen(split, unseen, label_names, seen))
@@ -370,10 +370,10 @@ def load_splits(args: DataArgs, said: checks.Said | None = None,
     raw = DatasetDict({s: encode_split(d, args, problem, label_names, s, said) for s, d in raw.items()})
     for split in ("validation", "test") if problem == REGRESSION else ():
         if split in raw:
-            checks.gate(splits.SCALE, raw["train"]["labels"], raw[split]["labels"], f"{split} targets", said=said)
+            checks.gate(splits.SCALE, raw["train"]["labels"][:], raw[split]["labels"][:], f"{split} targets", said=said)
     file_rows = _hold_out(raw["train"], args, problem, label_names, said) if "validation" not in raw else {}
     if problem == SINGLE:  # once the split held
-        trained = labels.Trained(label_names, Counter(raw["train"]["labels"]), args, len(raw["train"]))
+        trained = labels.Trained(label_names, Counter(raw["train"]["labels"][:]), args, len(raw["train"]))
         checks.gate(labels.TRAINED_AS, trained, said=said)
     if file_rows:  # the held-out split, drawn above
         raw["train"], raw["validation"] = raw["train"].select(file_rows["train"]), raw["train"].select(file_rows["validation"])
@@ -382,10 +382,10 @@ def load_splits(args: DataArgs, said: checks.Said | None = None,
         if limit is not None and split in raw and len(raw[split]) > limit:
             raw[split] = raw[split].select(range(limit))
     if problem == SINGLE and args.max_train_samples is not None:
-        kept = set(raw["train"]["labels"])
+        kept = set(raw["train"]["labels"][:])
         checks.gate(splits.KEPT, args.max_train_samples, len(kept), label_names[raw["train"][0]["labels"]])
     if problem == SINGLE and "validation" in raw:
-        checks.gate(splits.VALIDATION_CLASSES, set(raw["validation"]["labels"]), label_names, len(raw["validation"]),
+        checks.gate(splits.VALIDATION_CLASSES, set(raw["validation"]["labels"][:]), label_names, len(raw["validation"]),
                     said=said)  # fmt: skip
     for split, rows_of in file_rows.items():  # read by the tag rules (a tag's row in the training file)
         raw[split].file_rows = rows_of[: len(raw[split])]

@@ -450,7 +450,7 @@ def _columns_checked(ds: HFDataset, args: DataArgs, what: str, said: checks.Said
     """The data's columns, checked as training's are: (the data, whether it holds labels to score). No label
     column at all, or one with no value in any row (a CSV's header kept): data to predict."""
     checks.gate(evaluation.ROWS, what, len(ds))
-    empty = [c for c in args.label_sources if c in ds.column_names and all(v is None for v in ds[c])]
+    empty = [c for c in args.label_sources if c in ds.column_names and all(v is None for v in ds[c][:])]
     if empty:
         ds = ds.remove_columns(empty)
     labelled = any(column in ds.column_names for column in args.label_sources)
@@ -496,7 +496,7 @@ def _float_class_ids(ds: HFDataset, args: DataArgs, what: str) -> HFDataset:
     dtype = feature.dtype if isinstance(feature, Value) else ""
     if not (dtype.startswith("float") or dtype == "double"):
         return ds
-    values = [v for v in ds[column] if v is not None]  # a missing label is check_columns' to refuse
+    values = [v for v in ds[column][:] if v is not None]  # a missing label is check_columns' to refuse
     checks.gate(evaluation.FLOATS, evaluation.Floats(column, values, names, what))
     return ds.cast_column(column, Value("int64"))  # then matched by name as "0", "1", ...
 
@@ -622,7 +622,7 @@ def _warn_of_other_data(target: Target, info: dict[str, Any], ds: HFDataset, nam
         raw, _ = load_splits(target.cfg.data_args, checks.Said(quiet=True))  # its warnings were said by its run
     except (UserError, OSError):  # the run's data moved or changed: nothing to compare with
         return
-    checks.gate(evaluation.SCALE, raw["train"]["labels"], ds["labels"], name, said=said)
+    checks.gate(evaluation.SCALE, raw["train"]["labels"][:], ds["labels"][:], name, said=said)
 
 
 def _record(target: Target, cfg: TrainConfig, problem: str, info: dict[str, Any], report: dict[str, Any],
@@ -689,7 +689,7 @@ def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainC
             title = f"{target.short_name} on {name}\naccuracy {record['accuracy']:.3f}, {record['num_samples']:,} samples"
             plot_confusion_matrix(record["confusion_matrix"], target.label_names, temporary(png), title=title, said=said)
         if predictions is not None:
-            write_predictions(temporary(jsonl), predictions, list(ds["labels"]), target.label_names,
+            write_predictions(temporary(jsonl), predictions, ds["labels"][:], target.label_names,
                               _sample_inputs(ds, cfg), problem, record.get("threshold", cfg.multi_label_threshold),
                               record.get("labelled", True))  # fmt: skip
         for tmp in written.values():

@@ -140,7 +140,7 @@ def _replace_labels(ds: HFDataset, columns: list[str], fn, feature, split: str) 
 
 def _encode_regression(ds: HFDataset, column: str, split: str, said: checks.Said) -> HFDataset:
     feature = ds.features[column]
-    values = np.asarray(list(ds[column]), dtype=np.float64) if kind_of(feature) in ("int", "float") else None
+    values = np.asarray(ds[column][:], dtype=np.float64) if kind_of(feature) in ("int", "float") else None
     checks.gate(labels.TARGETS, labels.Targets(values, column, split, feature), said=said)
     return _replace_labels(ds, [column], lambda b: [float(v) for v in b[column]], Value("float32"), split)
 
@@ -198,7 +198,7 @@ def encode_tags(ds: HFDataset, args: DataArgs, tag_set: list[str], split: str, f
     else:
         name_of = str
     to_id = {name: i for i, name in enumerate(tag_set)}
-    for row, tags in enumerate(ds[args.tags_column]):
+    for row, tags in enumerate(ds[args.tags_column][:]):
         for word, tag in enumerate(tags):
             if name_of(tag) not in to_id:
                 raise checks.explain(labels.TAG_UNKNOWN, split, tag, row + 1, word + 1, tag_set, bool(args.label_names), fixed)

@@ -88,7 +88,7 @@ class Task:
 
     def lengths(self, ds) -> list[int] | None:
         """Each prepared sample's length, for length-grouped batches and longest-first evaluation."""
-        return list(ds["length"]) if "length" in ds.column_names else None
+        return ds["length"][:] if "length" in ds.column_names else None
 
     def default_workers(self, device_type: str) -> int:
         """Data-loader workers when `dataloader_num_workers` is null."""
@@ -403,7 +403,7 @@ class TokenClassification(TextClassification):
 
     def counted(self, ds) -> str:
         """Sentences, and the windows they make where a long one was split: "5 sentences (7 windows)"."""
-        sentences = len(set(ds["sentence"]))
+        sentences = len(set(ds["sentence"][:]))
         return f"{sentences:,} sentences" + (f" ({len(ds):,} windows)" if len(ds) != sentences else "")
 
     def input_columns(self, data: DataArgs) -> list[str]:

@@ -670,7 +670,7 @@ def unread_label_column(ds, args, names: list[str]) -> tuple[str, str] | None:
     beside a model that reads `score`). (The column, what it holds), or None."""
     inputs = {c for c in (args.text_column, args.text_pair_column, args.image_column, args.tokens_column) if c}
     for column in (c for c in ds.column_names if c not in inputs):
-        values = [v for v in ds[column] if v is not None]
+        values = [v for v in ds[column][:] if v is not None]
         if not values:
             continue
         if args.problem_type == REGRESSION:

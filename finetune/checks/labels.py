@@ -739,7 +739,7 @@ LABEL_COLUMNS_OF = [label_columns_of_other_labels]
 def not_zero_or_one(ds, columns: list[str], split: str) -> str | None:
     """A 0/1 label column (label_columns) holding another value."""
     for column in columns:
-        kind, values = kind_of(ds.features[column]), list(ds[column])
+        kind, values = kind_of(ds.features[column]), ds[column][:]
         # True == 1, 1.0 == 1; "0"/"1": a CSV column where a stray word made every value a string
         stray = next((i for i, v in enumerate(values) if v not in (0, 1, "0", "1")), None)
         if kind not in ("int", "float", "class") or type(ds.features[column]).__name__ == "ClassLabel" or stray is not None:
@@ -991,7 +991,7 @@ def tags_not_lists(ds, args, split: str) -> str | None:
 @rule("labels.tags_not_one_per_word")
 def tags_not_one_per_word(ds, args, split: str) -> str | None:
     """A row with another number of tags than words (or none)."""
-    for row, (tags, words) in enumerate(zip(ds[args.tags_column], ds[args.tokens_column], strict=True)):
+    for row, (tags, words) in enumerate(zip(ds[args.tags_column][:], ds[args.tokens_column][:], strict=True)):
         if tags is None or len(tags) != len(words):
             got = "no tags" if tags is None else f"{len(tags)} tag(s)"
             return f"the {split} data has {len(words)} word(s) but {got} at row {row + 1}; give each word its tag"
@@ -1001,7 +1001,7 @@ def tags_not_one_per_word(ds, args, split: str) -> str | None:
 @rule("labels.tag_null")
 def tag_null(ds, args, split: str) -> str | None:
     """An empty (null) tag."""
-    for row, tags in enumerate(ds[args.tags_column]):
+    for row, tags in enumerate(ds[args.tags_column][:]):
         if any(t is None for t in tags):
             return f"the {split} data has an empty (null) tag at row {row + 1}, word {tags.index(None) + 1}"
     return None
@@ -1010,7 +1010,7 @@ def tag_null(ds, args, split: str) -> str | None:
 @rule("labels.tags_nested")
 def tags_nested(ds, args, split: str) -> str | None:
     """A list inside a row's list of tags."""
-    for row, tags in enumerate(ds[args.tags_column]):
+    for row, tags in enumerate(ds[args.tags_column][:]):
         nested = next((i for i, t in enumerate(tags) if isinstance(t, (list, tuple, dict))), None)
         if nested is not None:
             return (f"the {split} data's tags at row {row + 1} hold a list inside the list (word {nested + 1}: "
@@ -1129,7 +1129,7 @@ def tags_without_prefixes(names: list[str], split: str, ds) -> str | None:
 def _iob1(names: list[str], ds) -> tuple[int, int] | None:
     """(entities that start with I-, entities) where most entities do (IOB1: B- only where two entities of a
     type touch, as CoNLL-2003's original files write them); None otherwise."""
-    starts = sum(1 for tags in ds["labels"] for i, t in enumerate(tags)
+    starts = sum(1 for tags in ds["labels"][:] for i, t in enumerate(tags)
                  if names[t].startswith("B-") or (names[t].startswith("I-") and (i == 0 or names[tags[i - 1]][2:] != names[t][2:]
                                                                               or names[tags[i - 1]] == "O")))  # fmt: skip
     opened = len(invalid_iob2(ds["labels"], names))

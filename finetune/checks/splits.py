@@ -90,7 +90,7 @@ def sample_rows(ds, columns: list[str], images: bool) -> list[tuple]:
         from datasets import Image
 
         return [(_image_digest(cell),) for cell in ds.cast_column(columns[0], Image(decode=False))[columns[0]]]
-    return [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in zip(*(ds[c] for c in columns), strict=True)]
+    return [tuple(tuple(v) if isinstance(v, list) else v for v in row) for row in zip(*(ds[c][:] for c in columns), strict=True)]
 
 
 class Samples:
@@ -111,7 +111,7 @@ class Samples:
         if not cols:
             return None
         rows = {s: sample_rows(raw[s], cols, images) for s in ("train", "validation", "test") if s in raw}
-        answers = raw["train"][args.label_column] if args.label_column in raw["train"].column_names else []
+        answers = raw["train"][args.label_column][:] if args.label_column in raw["train"].column_names else []
         return cls(rows, "image (the same bytes)" if images else " and ".join(cols), images, cols, answers, files,
                    args.setting_of, {s: len(d) for s, d in raw.items()})  # fmt: skip
 
