@@ -42,7 +42,8 @@ from finetune.config import REPO_DIR, DataArgs
 from finetune.errors import REDACTED, SECRET_VALUE
 from finetune.formats import plain_tags
 from finetune.layout import is_hub_name
-from finetune.metrics import METRICS, PROBLEMS, SINGLE, TOKENS
+from finetune.metrics import METRICS
+from finetune.problems import Problem, problem_of
 from finetune.tasks import DEFAULT_TASK, TASKS, task_of
 
 CARD = "README.md"
@@ -147,12 +148,10 @@ def describe_data(data: DataArgs) -> str:
     task = task_of(data.task)
     columns = f"{task.modality} column " + " paired with ".join(f"`{c}`" for c in task.input_columns(data))
     labels = ", ".join(f"`{c}`" for c in data.label_sources)
-    problem = {"regression": " (regression targets)", "multi_label_classification": " (multi-label)"}.get(
-        data.problem_type or "", ""
-    )
-    text = f"Trained on {source}; {columns}, labels from {labels}{problem}."
+    problem = problem_of(data.problem_type)
+    text = f"Trained on {source}; {columns}, labels from {labels}{problem.label_words}."
     if data.train_file and not data.validation_file:  # files: no validation split given
-        stratified = "stratified " if data.problem_type in (None, "single_label_classification") else ""
+        stratified = "stratified " if problem.classes else ""
         text += (
             f" Without a validation split, a {stratified}{data.validation_split_percentage}% "
             "of the training data was held out for validation."
@@ -214,54 +213,6 @@ def _learned_line(learned: dict | None) -> str | None:
     )
 
 
-def _usage(example: str, problem: str, model_json: dict, public: dict[str, Any]) -> str:
-    """The task's `pipeline()` example; for multi-label, with the model's decision rule after it: a
-    pipeline returns every label's probability and applies no threshold, so the example applies the
-    thresholds tuned on validation (config.json's `multi_label_thresholds`, what evaluation uses) or,
-    without them, the run's fixed `multi_label_threshold`."""
-    if problem == "token_classification":
-        if plain_tags((model_json.get("id2label") or {}).values()):  # parts of speech: a tag per word, no spans
-            example += ('\n# a tag per word (no B-/I-): the pipeline joins adjacent words of one tag into one span; '
-                        'aggregation_strategy="none" gives each subword its own tag')
-        return example
-    if problem != "multi_label_classification":
-        return example
-    # `classify(x)  # ...` -> `[scores] = classify([x])`: with top_k=None a pipeline gives one list per
-    # input, and for a single text transformers 5 nests it in another list (an image's it does not).
-    *first, call = example.splitlines()
-    code, _, comment = call.partition("  # ")
-    function, _, argument = code.partition("(")
-    lines = [*first, f"[scores] = {function}([{argument.removesuffix(')')}])  # {comment}".rstrip(" #")]
-    if model_json.get("multi_label_thresholds") is not None:
-        lines += [
-            "# A label is predicted at or above its threshold, tuned on validation and kept in config.json",
-            "config = classify.model.config",
-            "labels = [s[\"label\"] for s in scores if s[\"score\"] >= config.multi_label_thresholds[config.label2id[s[\"label\"]]]]",
-        ]
-    else:
-        fixed = public.get("multi_label_threshold", 0.5)
-        if isinstance(fixed, list):  # one per label, in id order
-            lines += [
-                f"thresholds = {fixed}  # the run's multi_label_threshold, one per label id",
-                "labels = [s[\"label\"] for s in scores if s[\"score\"] >= thresholds[classify.model.config.label2id[s[\"label\"]]]]",
-            ]
-        else:
-            lines += [f"labels = [s[\"label\"] for s in scores if s[\"score\"] >= {fixed}]  # the run's multi_label_threshold"]
-    return "\n".join(lines)
-
-
-def _what(task: str, problem: str, label_names: list[str]) -> str:
-    """The card's first words: "A 2-class text classifier", "A 5-label multi-label image classifier"..."""
-    modality = task_of(task).modality
-    if problem == "regression":
-        return f"A {modality} regression model"
-    if problem == "multi_label_classification":
-        return f"A {len(label_names)}-label multi-label {modality} classifier"
-    if problem == TOKENS:
-        return f"A word tagger ({len(label_names)} tags)"
-    return f"A {len(label_names)}-class {modality} classifier"
-
-
 def _eval_results(task: str, source: str, config_name: str | None, splits: dict, metrics: list) -> list:
     """The model-index entries: each split's value of each metric (finetune/metrics.py), where recorded."""
     return [
@@ -316,8 +267,8 @@ def write_model_card(
     hub_base = base_model if is_hub_name(base_model) else None
     model_json = _model_json(export_dir)
     splits = {s: m for s in ("validation", "test") if isinstance(m := results.get(s), dict)}
-    problem = public.get("problem_type") or SINGLE
-    shown = _shown_metrics(problem, label_names)  # the card's table; those with a type: model-index
+    problem = problem_of(public.get("problem_type"))
+    shown = problem.card_metrics(label_names)  # the card's table; those with a type: model-index
     name = repo_id.split("/")[-1] if repo_id else export_dir.parent.name
     data = _card_data(public, task, splits, shown, name, hub_base, license or _license_of(base_model),
                       model_json.get("model_type"))  # fmt: skip
@@ -327,7 +278,7 @@ def write_model_card(
         data,
         template_path=str(TEMPLATE),
         model_name=name,
-        what=_what(task, problem, label_names),
+        what=problem.describe(task_of(task).modality, label_names),
         local_base=None if hub_base else _display_path(base_model),
         model_type=model_json.get("model_type"),
         model_config_yaml=yaml.safe_dump(public.get("model_config") or {}, sort_keys=False).strip(),
@@ -355,13 +306,13 @@ def _metrics_table(shown: list, splits: dict) -> dict[str, Any]:
     }
 
 
-def _usage_of(public: dict[str, Any], task: str, problem: str, model_json: dict, where: str | Path) -> str:
+def _usage_of(public: dict[str, Any], task: str, problem: Problem, model_json: dict, where: str | Path) -> str:
     """The card's loading example: from the Hub repo, or from the export's path as the run's parent folder
     and its own name say (run/model)."""
     if isinstance(where, Path):
         where = _display_path(str(where)).removeprefix(ELIDED)
     data_args = DataArgs(**{f.name: public.get(f.name, f.default) for f in dataclasses.fields(DataArgs)})
-    return _usage(task_of(task).usage_example(where, problem, data_args), problem, model_json, public)
+    return problem.usage(task_of(task).usage_example(where, problem, data_args), model_json, public)
 
 
 def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
@@ -392,16 +343,6 @@ def _model_json(export_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return model_json if isinstance(model_json, dict) else {}
-
-
-def _shown_metrics(problem: str, label_names: list[str]) -> list:
-    """The metrics the card's table shows (finetune/metrics.py); a tagger without spans scores entity F1
-    word by word."""
-    shown = [METRICS[key] for key in PROBLEMS[problem].shown]
-    if problem == TOKENS and plain_tags(label_names):  # no spans: entity F1 is scored word by word
-        shown = [dataclasses.replace(m, card_args={"average": "micro", "scored": "word by word, O left out"})
-                 if m.card_args and m.card_args.get("scheme") else m for m in shown]  # fmt: skip
-    return shown
 
 
 def _card_data(public: dict[str, Any], task: str, splits: dict, shown: list, name: str, hub_base: str | None,
@@ -442,14 +383,14 @@ def _hyperparameters(public: dict[str, Any], task: str, results: dict[str, Any],
     return rows
 
 
-def _label_tables(problem: str, label_names: list[str], results: dict[str, Any], splits: dict) -> dict[str, Any]:
+def _label_tables(problem: Problem, label_names: list[str], results: dict[str, Any], splits: dict) -> dict[str, Any]:
     """The template's labels table (with each class's scores, on test where there is one, else validation)
     and, for a tagger, its entities table: a tagger's metrics are per entity type (PER, LOC), not per tag
     (B-PER, I-PER, O)."""
     per_class_split = "test" if "test" in splits else "validation"
     per_class = (results.get(per_class_split) or {}).get("per_class") or {}
     stats = ("precision", "recall", "f1", "support") if per_class else ()
-    tokens = problem == TOKENS
+    tokens = problem.per_word
     return {
         "per_class_split": per_class_split if per_class and not tokens else None,
         "labels": _cells(

@@ -12,7 +12,7 @@ file rules read: finetune/checks/files.py) and once by the parser; a parse that 
 
 Labels become ids `0..K-1` in the column `labels` by NAME (the order of `label_names`, else the sorted
 names of train), whatever their type was; regression targets and multi-label sets become numbers and
-multi-hot vectors (finetune/problems.py). Without a validation split, a seeded share of train is held out,
+multi-hot vectors (finetune/problems/). Without a validation split, a seeded share of train is held out,
 stratified by class. What the data holds is checked by the rules of finetune/checks/ (columns, labels,
 splits, images) at each step here; the task prepares the splits for the model afterwards.
 """
@@ -27,17 +27,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from datasets import ClassLabel, DatasetDict, Value, load_dataset
 from datasets import Dataset as HFDataset
+from datasets import DatasetDict, Value, load_dataset
 
 from finetune import checks
-from finetune.checks import columns, files, images, labels, splits
+from finetune.checks import columns, files, images, splits
 from finetune.config import DataArgs
 from finetune.errors import TrainingStopped, UserError
 from finetune.formats import A_TAG, CONLLU_COLUMNS, CONLLU_UPOS, FILE_BUILDERS, delimiter_of
 from finetune.images import verify_images
 from finetune.layout import RunDir
-from finetune.problems import MULTI, REGRESSION, SINGLE, TOKENS, encode, infer_problem_type, label_names_for
+from finetune.problems import Problem, infer_problem_type, problem_of
 from finetune.tasks import task_of
 
 # --- reading files ---------------------------------------------------------------------------------
@@ -227,104 +227,15 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = Tr
     checks.gate(columns.TRAINING, subject, said=said)
 
 
-# --- labels ----------------------------------------------------------------------------------------
-
-
-def _label_values(ds: HFDataset, column: str) -> list[Any]:
-    feature = ds.features[column]
-    if isinstance(feature, ClassLabel):
-        return [feature.names[i] for i in sorted(set(ds[column][:]))]
-    return sorted(set(ds[column][:]), key=lambda v: (str(type(v)), v))
-
-
-def ids_read_through_label_names(raw: DatasetDict, args: DataArgs, problem: str, said: checks.Said | None = None,
-                                 rules: list[checks.Rule] = labels.IDS_AS_NAMES, what: str = "") -> DatasetDict:  # fmt: skip
-    """Class ids (0, 1, ...) in the label column beside `label_names` that are names (the Hub's habit: the
-    ids in the data, the names in its card): each id is read as the name at its place in label_names, in
-    every split, with one warning (`rules`: training's, or evaluation's for a model's classes). Single-label
-    and multi-label lists; a ClassLabel column names its ids itself; a missing label stays missing."""
-    names, column = list(args.label_names or []), args.label_column
-    if problem not in (SINGLE, MULTI) or not names or args.label_columns:
-        return raw
-    if any(isinstance(d.features.get(column), ClassLabel) or column not in d.column_names for d in raw.values()):
-        return raw
-
-    def as_id(v):
-        if isinstance(v, bool):
-            return None
-        if isinstance(v, int) or (isinstance(v, str) and re.fullmatch(r"\d+", v.strip())):
-            return int(v)
-        return None
-
-    def values(ds: HFDataset) -> list:
-        rows = [v for v in ds[column][:] if v is not None]
-        return [v for row in rows for v in row] if problem == MULTI else rows
-
-    ids = {as_id(v) for d in raw.values() for v in values(d)}
-    if not ids or None in ids or not all(0 <= i < len(names) for i in ids) or {str(i) for i in ids} & set(names):
-        return raw
-
-    def named(batch):
-        if problem == MULTI:
-            return {column: [None if row is None else [names[as_id(v)] for v in row] for row in batch[column]]}
-        return {column: [None if v is None else names[as_id(v)] for v in batch[column]]}
-
-    pairs = ", ".join(f"{i} -> {names[i]}" for i in sorted(ids)[:4]) + (", ..." if len(ids) > 4 else "")
-    checks.gate(rules, column, pairs, names, what, said=said if said is not None else checks.Said())
-    raw = DatasetDict({s: d.cast_column(column, Value("string")) if problem == SINGLE and d.features[column] !=
-                       Value("string") else d for s, d in raw.items()})  # fmt: skip
-    return DatasetDict({s: d.map(named, batched=True, desc=f"labels ({s})") for s, d in raw.items()})
-
-
-def resolve_label_names(train: HFDataset, column: str, label_names: list[str] | None,
-                        said: checks.Said | None = None) -> list[str]:  # fmt: skip
-    """Label names in id order: `label_names` as given, a ClassLabel's names, else the sorted distinct values
-    of train; what the classes are is checked (checks/labels.py, CLASSES)."""
-    feature = train.features[column]
-    if label_names:
-        names = list(label_names)
-    elif isinstance(feature, ClassLabel):
-        names = list(feature.names)
-    else:
-        names = [str(v) for v in _label_values(train, column)]
-    present = {str(v) for v in _label_values(train, column)}
-    checks.gate(labels.CLASSES, labels.Classes(train, column, present, label_names, names),
-                said=said if said is not None else checks.Said())  # fmt: skip
-    return names
-
-
-def encode_labels(ds: HFDataset, column: str, label_names: list[str], split: str) -> HFDataset:
-    """Map the label column to ids by NAME into `labels` (a ClassLabel), whatever its type was."""
-    feature = ds.features[column]
-    to_id = {name: i for i, name in enumerate(label_names)}
-    name_of = (lambda v: feature.names[v]) if isinstance(feature, ClassLabel) else str
-    seen = {name_of(v) for v in set(ds[column][:])}
-    unseen = sorted(seen - set(to_id))
-    if unseen:
-        raise checks.explain(labels.UNSEEN, labels.Unseen(split, unseen, label_names, seen))
-    ds = ds.map(lambda b: {"labels": [to_id[name_of(v)] for v in b[column]]}, batched=True, desc=f"labels ({split})")
-    if column != "labels":
-        ds = ds.remove_columns(column)
-    return ds.cast_column("labels", ClassLabel(names=label_names))
-
-
-def encode_split(ds: HFDataset, args: DataArgs, problem: str, label_names: list[str], split: str,
-                 said: checks.Said | None = None, fixed: bool = False) -> HFDataset:  # fmt: skip
-    """One split's labels into `labels`, by name, in `label_names` order (class ids, numbers or multi-hot
-    vectors); a label the names do not know is refused. `fixed`: the names are a trained model's."""
-    if problem == SINGLE:
-        return encode_labels(ds, args.label_column, label_names, split)
-    return encode(ds, args, problem, label_names, split, said if said is not None else checks.Said(), fixed)
-
-
 # --- the splits ------------------------------------------------------------------------------------
 
 
-def _hold_out(train: HFDataset, args: DataArgs, problem: str, label_names: list[str], said: checks.Said) -> dict:
-    """A seeded share of train held out for validation: stratified by class for single-label, a seeded random
-    share for numbers and label sets; split by row number (the same draw as splitting the data itself), so
-    that each row's place in the file is known. Returns each part's rows of the training file (0-based)."""
-    stratify = {"stratify_by_column": "labels"} if problem == SINGLE else {}
+def _hold_out(train: HFDataset, args: DataArgs, problem: Problem, label_names: list[str], said: checks.Said) -> dict:
+    """A seeded share of train held out for validation: stratified by class (one class a sample), a seeded
+    random share for numbers, label sets and tags; split by row number (the same draw as splitting the data
+    itself), so that each row's place in the file is known. Returns each part's rows of the training file
+    (0-based)."""
+    stratify = {"stratify_by_column": "labels"} if problem.classes else {}
     rows = train.select_columns(["labels"]).add_column("file_row", list(range(len(train))))
     try:
         parts = rows.train_test_split(test_size=args.validation_split_percentage / 100, seed=args.seed, **stratify)
@@ -346,7 +257,7 @@ def _hold_out(train: HFDataset, args: DataArgs, problem: str, label_names: list[
 
 def load_splits(args: DataArgs, said: checks.Said | None = None,
                 raw: DatasetDict | None = None) -> tuple[DatasetDict, list[str]]:  # fmt: skip
-    """Raw splits with encoded `labels` (class ids; numbers or multi-hot vectors, finetune/problems.py);
+    """Raw splits with encoded `labels` (class ids; numbers or multi-hot vectors, finetune/problems/);
     a seeded validation split (stratified by class) when there is none. `raw`: the splits `read_splits`
     read (read here when not given)."""
     said = said if said is not None else checks.Said()
@@ -359,38 +270,24 @@ def load_splits(args: DataArgs, said: checks.Said | None = None,
     samples = splits.Samples.of(raw, args, task_of(args.task).modality == "image", paths)
     if samples is not None:
         checks.gate(splits.SHARED, samples, said=said)
-    problem = infer_problem_type(raw["train"], args, said)  # regression and multi-label: finetune/problems.py
-    raw = ids_read_through_label_names(raw, args, problem, said)
-    if problem == SINGLE:
-        column = args.label_column
-        checks.gate(labels.JOINED_TAGS, raw["train"].select_columns([column])[:200][column], column, "train")
-        label_names = resolve_label_names(raw["train"], column, args.label_names, said)
-    else:
-        label_names = label_names_for(raw["train"], args, problem, said)
-    raw = DatasetDict({s: encode_split(d, args, problem, label_names, s, said) for s, d in raw.items()})
-    for split in ("validation", "test") if problem == REGRESSION else ():
-        if split in raw:
-            checks.gate(splits.SCALE, raw["train"]["labels"][:], raw[split]["labels"][:], f"{split} targets", said=said)
+    problem = problem_of(infer_problem_type(raw["train"], args, said))  # finetune/problems/
+    raw = problem.read_ids_as_names(raw, args, said)
+    label_names = problem.label_names(raw["train"], args, said)
+    raw = DatasetDict({s: problem.encode(d, args, label_names, s, said) for s, d in raw.items()})
+    problem.check_encoded(raw, said)
     file_rows = _hold_out(raw["train"], args, problem, label_names, said) if "validation" not in raw else {}
-    if problem == SINGLE:  # once the split held
-        trained = labels.Trained(label_names, Counter(raw["train"]["labels"][:]), args, len(raw["train"]))
-        checks.gate(labels.TRAINED_AS, trained, said=said)
+    problem.check_trained(raw["train"], label_names, args, said)  # once the split held
     if file_rows:  # the held-out split, drawn above
         raw["train"], raw["validation"] = raw["train"].select(file_rows["train"]), raw["train"].select(file_rows["validation"])
     for split, limit in (("train", args.max_train_samples), ("validation", args.max_eval_samples),
                          ("test", args.max_test_samples)):  # fmt: skip
         if limit is not None and split in raw and len(raw[split]) > limit:
             raw[split] = raw[split].select(range(limit))
-    if problem == SINGLE and args.max_train_samples is not None:
-        kept = set(raw["train"]["labels"][:])
-        checks.gate(splits.KEPT, args.max_train_samples, len(kept), label_names[raw["train"][0]["labels"]])
-    if problem == SINGLE and "validation" in raw:
-        checks.gate(splits.VALIDATION_CLASSES, set(raw["validation"]["labels"][:]), label_names, len(raw["validation"]),
-                    said=said)  # fmt: skip
+    problem.check_splits(raw, label_names, args, said)
     for split, rows_of in file_rows.items():  # read by the tag rules (a tag's row in the training file)
         raw[split].file_rows = rows_of[: len(raw[split])]
-    for split, ds in raw.items() if problem == TOKENS else ():
-        checks.gate(labels.TAGS_READ, ds.features["labels"].feature.names, split, ds, said=said)
+    for split, ds in raw.items():
+        problem.check_read(ds, split, said)
     return raw, label_names
 
 

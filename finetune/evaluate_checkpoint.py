@@ -89,14 +89,7 @@ from finetune.config import (
     parse_override,
     settings_from_flags,
 )
-from finetune.data import (
-    check_columns,
-    encode_split,
-    file_sha256,
-    ids_read_through_label_names,
-    load_path,
-    load_splits,
-)
+from finetune.data import check_columns, file_sha256, load_path, load_splits
 from finetune.errors import UserError, first_line, write_failure
 from finetune.evaluation import evaluate_with_predictions, write_predictions
 from finetune.exits import exit_on_user_error
@@ -112,10 +105,10 @@ from finetune.layout import (
     replaced_whole_around,
 )
 from finetune.lora import apply_lora, merge_lora
-from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, summary_line
+from finetune.metrics import summary_line
 from finetune.models import build_model, offline_hint
 from finetune.plots import plot_confusion_matrix
-from finetune.problems import infer_problem_type, placeholder_labels, problem_type_of
+from finetune.problems import infer_problem_type, problem_of, problem_type_of, problem_type_of_model, tags_in
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
 from finetune.signals import started, stop_outside_the_loop
 from finetune.tasks import TASK_NAMES, task_of, task_of_model
@@ -230,8 +223,7 @@ def _lone_model_config(target: Target, task: str | None, data: str | None) -> di
     config = _load_model_config(target.spec)
     model_task = task_of_model(config, target.spec, task).name
     source = {"data_dir": data} if data is not None and Path(data).is_dir() else {"train_file": data}
-    # The model's problem type (transformers' reading: one output is a regression); null: from the data.
-    problem = getattr(config, "problem_type", None) or ("regression" if config.num_labels == 1 else None)
+    problem = problem_type_of_model(config)
     return {"task": model_task, "model_name_or_path": target.spec, "problem_type": problem, **source}
 
 
@@ -432,10 +424,10 @@ def data_split(args: DataArgs, data: str, split: str | None,
     name = "data" if path.is_file() else _pick_split(list(loaded), split, f"--data {data}")
     what = f"--data {data}" + (f" [{name}]" if path.is_dir() and len(loaded) > 1 else "")  # a split among others
     ds, labelled = _columns_checked(loaded[name], args, what, said)
-    ds = _labels_encoded(ds, args, what, said) if labelled else placeholder_labels(
-        ds, args, args.problem_type or task_of(args.task).problems[0], list(args.label_names or []))  # fmt: skip
-    if labelled and problem_type_of(ds) == TOKENS:  # IOB1, stray I- tags: scored as training scores them
-        checks.gate(label_rules.TAGS_READ, ds.features["labels"].feature.names, what, ds, said=said)
+    ds = _labels_encoded(ds, args, what, said) if labelled else problem_of(
+        args.problem_type or task_of(args.task).problems[0]).placeholder(ds, args, list(args.label_names or []))  # fmt: skip
+    if labelled:  # IOB1, stray I- tags: scored as training scores them
+        problem_of(problem_type_of(ds)).check_read(ds, what, said)
     info = {
         "split": None if path.is_file() else name,
         "data": str(path.resolve()),
@@ -466,10 +458,10 @@ def _labels_encoded(ds: HFDataset, args: DataArgs, what: str, said: checks.Said)
     fixed): labels of another problem type are said of the model (evaluation.ANOTHER_PROBLEM)."""
     checks.gate(evaluation.TAGS, ds, args, what, said=said)
     ds = _float_class_ids(ds, args, what)
-    if args.problem_type == SINGLE:  # a run trained on ids scores its own test file so
-        ds = ids_read_through_label_names(DatasetDict({what: ds}), args, SINGLE, said, label_rules.MODEL_IDS_AS_NAMES,
-                                          what)[what]  # fmt: skip
-    if args.problem_type == MULTI and not args.label_columns and args.label_column in ds.column_names:
+    model = problem_of(args.problem_type) if args.problem_type else None
+    if model is not None and model.classes:  # a run trained on ids scores its own test file so
+        ds = model.read_ids_as_names(DatasetDict({what: ds}), args, said, label_rules.MODEL_IDS_AS_NAMES, what)[what]
+    if model is not None and model.lists and not args.label_columns and args.label_column in ds.column_names:
         checks.gate(label_rules.REPEATED, ds[args.label_column], args.label_column, what, said=said)
     try:
         problem = infer_problem_type(ds, args, said)
@@ -478,7 +470,7 @@ def _labels_encoded(ds: HFDataset, args: DataArgs, what: str, said: checks.Said)
         if found is None:  # numbers with a unit, a stray cell: training's own line holds
             raise
         raise checks.refusal(*found) from None
-    return encode_split(ds, args, problem, list(args.label_names or []), what, said, fixed=True)
+    return problem_of(problem).encode(ds, args, list(args.label_names or []), what, said, fixed=True)
 
 
 def _float_class_ids(ds: HFDataset, args: DataArgs, what: str) -> HFDataset:
@@ -488,8 +480,8 @@ def _float_class_ids(ds: HFDataset, args: DataArgs, what: str) -> HFDataset:
     class "1"); other floats are refused with the fix that fits the model (evaluation.FLOATS)."""
     names = list(args.label_names or [])
     column = args.label_column
-    single = args.problem_type == SINGLE or (args.problem_type is None and len(names) >= 2)
-    tags = TOKENS in task_of(args.task).problems
+    single = problem_of(args.problem_type).classes if args.problem_type else len(names) >= 2
+    tags = tags_in(args.task)
     if args.label_columns or tags or not single or column not in ds.column_names:
         return ds
     feature = ds.features[column]
@@ -601,7 +593,7 @@ def _evaluated_data(args: argparse.Namespace, cfg: TrainConfig, target: Target,
 def _threshold(overrides: list[str], cfg: TrainConfig, model, target: Target, problem: str) -> float | list[float]:
     """The thresholds tuned on the run's validation split (the export's config.json), unless asked otherwise."""
     tuned = _thresholds(getattr(model.config, "multi_label_thresholds", None),
-                        target.label_names if problem == MULTI else None)  # fmt: skip
+                        target.label_names if problem_of(problem).thresholded else None)  # fmt: skip
     asked = any(parse_override(item)[0] == "multi_label_threshold" for item in overrides)
     return tuned if tuned and not asked else cfg.multi_label_threshold
 
@@ -616,7 +608,7 @@ def _warn_of_other_data(target: Target, info: dict[str, Any], ds: HFDataset, nam
         # the bytes it trained on (results.json), else (a run not finished) the file as it is
         trained = _recorded_digests(target).get(str(train.resolve())) or (sha256_of(train) if train.is_file() else None)
         checks.gate(evaluation.TRAINING_DATA, info, trained, said=said)
-    if problem != REGRESSION or train is None:
+    if not problem_of(problem).numbers or train is None:
         return
     try:
         raw, _ = load_splits(target.cfg.data_args, checks.Said(quiet=True))  # its warnings were said by its run
@@ -685,7 +677,7 @@ def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainC
     try:
         folder.mkdir(parents=True, exist_ok=True)
         temporary(metrics_file).write_text(json.dumps(record, indent=2) + "\n")
-        if problem == SINGLE and "confusion_matrix" in record:  # a confusion matrix is for classes, with labels
+        if problem_of(problem).classes and "confusion_matrix" in record:  # a confusion matrix is for classes, with labels
             title = f"{target.short_name} on {name}\naccuracy {record['accuracy']:.3f}, {record['num_samples']:,} samples"
             plot_confusion_matrix(record["confusion_matrix"], target.label_names, temporary(png), title=title, said=said)
         if predictions is not None:

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS, baseline_report, classification_report, report
+from finetune.metrics import classification_report
 from finetune.parallel import pipelined_forward
-from finetune.problems import loss_weights, per_sample_loss, predictions, scores
+from finetune.problems import Problem, problem_of
 from finetune.shapes import fill_rows
 
 NOT_INPUTS = ("labels", "meta")  # batch keys the model does not take
@@ -32,21 +32,21 @@ def longest_first(lengths: list[int]) -> list[int]:
     return sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
 
-def forward(model, batch: dict[str, torch.Tensor], chunks: int = 1, rows: int | None = None) -> torch.Tensor:
-    """Logits of a batch; with `chunks` > 1, GPipe-style micro-batches through model-parallel stages;
-    with `rows`, a shorter batch is filled to that many rows for the model and its logits cut back
-    (finetune/shapes.py: the shapes a compiled model sees)."""
+def forward(model, batch: dict[str, torch.Tensor], problem: Problem, chunks: int = 1, rows: int | None = None) -> torch.Tensor:
+    """The problem's outputs of a batch (`Problem.outputs`: the logits); with `chunks` > 1, GPipe-style
+    micro-batches through model-parallel stages; with `rows`, a shorter batch is filled to that many rows
+    for the model and its outputs cut back (finetune/shapes.py: the shapes a compiled model sees)."""
     inputs = {k: v for k, v in batch.items() if k not in NOT_INPUTS}
     if chunks > 1:
-        return pipelined_forward(model, inputs, chunks)
+        return pipelined_forward(model, inputs, chunks, problem.outputs)
     if rows is None:
-        return model(**inputs).logits
+        return problem.outputs(model(**inputs))
 
     inputs, real = fill_rows(inputs, rows)
     # A compiled model in CUDA-graph mode (torch_compile_mode=reduce-overhead) writes every call's
     # outputs into the same memory: a new step is marked, and the logits are copied out of it.
     torch.compiler.cudagraph_mark_step_begin()
-    return model(**inputs).logits[:real].clone()
+    return problem.outputs(model(**inputs))[:real].clone()
 
 
 @torch.no_grad()
@@ -68,20 +68,21 @@ def evaluate_model(
     `keep_predictions=True` adds `predictions` and `references` (for tags each sentence's predicted tag
     ids), in the data's order. With `trivial` (problems.trivial_prediction), `baseline` holds the
     metrics of always predicting it. `rows`: each batch filled to that many rows for the model (`forward`)."""
-    if problem_type == TOKENS:
-        metrics, gold = _evaluate_tags(model, loader, accelerator, label_names, chunks, rows)
+    problem = problem_of(problem_type)
+    if problem.per_word:
+        metrics, gold = _evaluate_tags(model, loader, accelerator, label_names, problem, chunks, rows)
         if trivial is not None:
-            metrics["baseline"] = baseline_report(TOKENS, trivial, gold, label_names)
+            metrics["baseline"] = problem.baseline(trivial, gold, label_names)
         if not keep_predictions:
             metrics.pop("predictions")
         return metrics
     model.eval()
     preds, refs, losses = [], [], []
     for batch in loader:
-        logits = forward(model, batch, chunks, rows)
+        logits = forward(model, batch, problem, chunks, rows)
         labels = batch["labels"].to(logits.device)
-        loss = per_sample_loss(logits, labels, problem_type)
-        p, r, lo = accelerator.gather_for_metrics((predictions(logits, problem_type), labels, loss))
+        loss = problem.loss(logits, labels)
+        p, r, lo = accelerator.gather_for_metrics((problem.predictions(logits), labels, loss))
         preds.append(p.cpu())
         refs.append(r.cpu())
         losses.append(lo.float().cpu())
@@ -90,26 +91,27 @@ def evaluate_model(
     expected = len(loader.dataset)
     if len(refs_t) != expected:
         raise RuntimeError(f"evaluated {len(refs_t)} samples, the dataset has {expected}")
-    metrics = report(problem_type, preds_t, refs_t, label_names, threshold)
+    metrics = problem.report(preds_t, refs_t, label_names, threshold)
     metrics["loss"] = torch.cat(losses).mean().item()
     if trivial is not None:
-        metrics["baseline"] = baseline_report(problem_type, trivial, refs_t, label_names, threshold)
+        metrics["baseline"] = problem.baseline(trivial, refs_t, label_names, threshold)
     if keep_predictions:
         metrics["predictions"], metrics["references"] = preds_t, refs_t
     return metrics
 
 
-def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[str], chunks: int, rows: int | None) -> dict:
+def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[str], problem: Problem, chunks: int,
+                   rows: int | None) -> dict:  # fmt: skip
     """Tags: each window's first-subword predictions (labels other than -100), gathered over processes
     (padded to one length first: windows differ in length), put back into their sentences."""
     model.eval()
     pieces: dict[int, list[tuple[int, list[int], list[int]]]] = {}  # sentence -> (first word, preds, gold)
     loss_sum, terms, windows = 0.0, 0, 0
     for batch in loader:
-        logits = forward(model, batch, chunks, rows)
+        logits = forward(model, batch, problem, chunks, rows)
         labels = batch["labels"].to(logits.device)
-        loss, weight = per_sample_loss(logits, labels, TOKENS), loss_weights(labels, TOKENS)
-        preds = accelerator.pad_across_processes(logits.argmax(-1), dim=1, pad_index=-100)
+        loss, weight = problem.loss(logits, labels), problem.loss_weights(labels)
+        preds = accelerator.pad_across_processes(problem.predictions(logits), dim=1, pad_index=-100)
         labels = accelerator.pad_across_processes(labels, dim=1, pad_index=-100)
         meta = batch["meta"]
         gathered = accelerator.gather_for_metrics((preds, labels, loss, weight, meta["sentence"], meta["first_word"]))
@@ -129,7 +131,7 @@ def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[st
         windows = sorted(pieces[s])
         predicted.append([tag for _, p, _ in windows for tag in p])
         gold.append([tag for _, _, g in windows for tag in g])
-    metrics = report(TOKENS, predicted, gold, label_names)
+    metrics = problem.report(predicted, gold, label_names)
     metrics["loss"] = loss_sum / max(terms, 1)
     metrics["predictions"] = predicted
     return metrics, gold
@@ -147,14 +149,14 @@ class RecordProbabilities(torch.nn.Module):
     that evaluate_model's own gather drops, so the kept rows are the dataset's, in order, once each.
     """
 
-    def __init__(self, model: torch.nn.Module, accelerator: Accelerator, problem_type: str = SINGLE):
+    def __init__(self, model: torch.nn.Module, accelerator: Accelerator, problem: Problem):
         super().__init__()
-        self.model, self.accelerator, self.problem_type = model, accelerator, problem_type
+        self.model, self.accelerator, self.problem = model, accelerator, problem
         self.probabilities: list[torch.Tensor] = []
 
     def forward(self, **inputs):
         output = self.model(**inputs)
-        probabilities = scores(output.logits, self.problem_type)
+        probabilities = self.problem.scores(self.problem.outputs(output))
         self.probabilities.append(self.accelerator.gather_for_metrics(probabilities).cpu())
         return output
 
@@ -165,7 +167,7 @@ def write_predictions(
     labels: list,
     names: list[str],
     inputs: list[dict[str, Any]] | None = None,
-    problem_type: str = SINGLE,
+    problem_type: str | None = None,
     threshold: float | list[float] = 0.5,
     labelled: bool = True,
 ) -> None:
@@ -174,29 +176,13 @@ def write_predictions(
     multi-label: labels, predictions (the names at or above `threshold`), per-label probabilities;
     tags: one line per sentence, its words, their gold tags (`labels`) and predicted tags (`predictions`).
     Data without labels (`labelled=False`): no `label`/`labels`, which would be the loader's placeholders."""
-    inputs = inputs if inputs is not None else [{} for _ in labels]
+    inputs, problem = inputs if inputs is not None else [{} for _ in labels], problem_of(problem_type)
     rows = probabilities.tolist() if isinstance(probabilities, torch.Tensor) else probabilities
     per_label = threshold if isinstance(threshold, list) else [threshold] * len(names)
     with path.open("w") as f:
         for i, (p, label, given) in enumerate(zip(rows, labels, inputs, strict=True)):
             record: dict[str, Any] = {"index": i, **given}
-            if problem_type == TOKENS:
-                record.update(labels=[names[t] for t in label], predictions=[names[t] for t in p])
-            elif problem_type == REGRESSION:
-                record.update(label=label, prediction=p)
-            elif problem_type == MULTI:
-                record.update(
-                    labels=[n for n, y in zip(names, label, strict=True) if y >= 0.5],
-                    predictions=[n for n, q, t in zip(names, p, per_label, strict=True) if q >= t],
-                    probabilities=dict(zip(names, p, strict=True)),
-                )
-            else:
-                prediction = max(range(len(p)), key=p.__getitem__)
-                record.update(
-                    label=names[label],
-                    prediction=names[prediction],
-                    probabilities=dict(zip(names, p, strict=True)),
-                )
+            record.update(problem.record(p, label, names, per_label))
             if not labelled:
                 record.pop("label", None), record.pop("labels", None)
             f.write(json.dumps(record) + "\n")
@@ -206,10 +192,10 @@ def evaluate_with_predictions(model, loader, accelerator: Accelerator, label_nam
                               threshold: float | list[float] = 0.5) -> tuple[dict, torch.Tensor | list | None]:
     """The metrics, and with `keep` what predictions.jsonl needs: per sample, the gathered probabilities
     (or numbers); per sentence, the predicted tag ids."""
-    if problem == TOKENS:
+    if problem_of(problem).per_word:
         report = evaluate_model(model, loader, accelerator, label_names, problem_type=problem, keep_predictions=keep)
         return report, report.pop("predictions", None)
-    recorder = RecordProbabilities(model, accelerator, problem) if keep else None
+    recorder = RecordProbabilities(model, accelerator, problem_of(problem)) if keep else None
     report = evaluate_model(
         recorder if recorder is not None else model, loader, accelerator, label_names,
         problem_type=problem, threshold=threshold,
@@ -218,7 +204,7 @@ def evaluate_with_predictions(model, loader, accelerator: Accelerator, label_nam
         return report, None
     probabilities = torch.cat(recorder.probabilities)
     agrees = len(probabilities) == len(loader.dataset)
-    if problem == SINGLE:
+    if problem_of(problem).classes:
         labels = list(loader.dataset["labels"])
         check = classification_report(probabilities.argmax(-1).tolist(), labels, label_names)
         agrees = check["confusion_matrix"] == report["confusion_matrix"]

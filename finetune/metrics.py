@@ -1,9 +1,9 @@
 """The metric table, and how every reported number is computed (scikit-learn and scipy, offline).
 
-    from finetune.metrics import METRICS, PROBLEMS, report, summary_line
+    from finetune.metrics import METRICS, PROBLEMS, summary_line
 
-    metrics = report(problem_type, predictions, references, label_names, threshold)
-    print(summary_line(problem_type, metrics))     # "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples"
+    metrics = problem_of(problem_type).report(predictions, references, label_names, threshold)  # finetune/problems/
+    print(summary_line(metrics))     # "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples"
 
 `METRICS` is the one table of metric names: each metric's key (in results.json, manifests and
 metrics.jsonl as `eval_<key>`), the name people read, whether higher is better, whether the training
@@ -131,7 +131,7 @@ def greater_is_better(key: str) -> bool:
     return METRICS[key].greater_is_better
 
 
-def problem_of(metrics: dict[str, Any]) -> str:
+def problem_of_metrics(metrics: dict[str, Any]) -> str:
     """The problem type whose metrics these are (by the first metric each reports)."""
     return next((p for p, m in PROBLEMS.items() if m.reported[0] in metrics), SINGLE)
 
@@ -152,7 +152,7 @@ def _counted(metrics: dict[str, Any]) -> str:
 
 def summary_line(metrics: dict[str, Any]) -> str:
     """One line for the console: "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples"."""
-    shown = PROBLEMS[problem_of(metrics)].shown
+    shown = PROBLEMS[problem_of_metrics(metrics)].shown
     line = f"{_named(shown, metrics)}, loss {_shown(metrics.get('loss'))} on {_counted(metrics)}"
     if metrics.get("baseline"):  # what predicting the same for every input scores
         line += f" (trivial baseline: {_named(shown[:1], metrics['baseline'])})"
@@ -161,43 +161,7 @@ def summary_line(metrics: dict[str, Any]) -> str:
 
 def headline(metrics: dict[str, Any]) -> str:
     """The end of a run in a few words: "accuracy 0.7955 on 1066 samples"."""
-    return f"{_named(PROBLEMS[problem_of(metrics)].headline, metrics)} on {_counted(metrics)}"
-
-
-def baseline_report(problem: str | None, constant, references, label_names: list[str], threshold: float = 0.5) -> dict:
-    """The metrics of predicting `constant` (finetune/problems.py, trivial_prediction) for every sample
-    of `references` (lists of tag ids per sentence, for tags): the numbers a model must beat."""
-    import torch
-
-    if problem == TOKENS:
-        predictions = [[constant] * len(sentence) for sentence in references]
-    elif problem == MULTI:
-        return _best_constant_label_set(torch.as_tensor(constant), references, label_names)
-    else:
-        predictions = torch.full((len(references),), constant)
-    reported = report(problem, predictions, references, label_names, threshold)
-    return {k: v for k, v in reported.items() if k in METRICS}
-
-
-def _best_constant_label_set(prior, references, label_names: list[str]) -> dict:
-    """Multi-label: a model that learned nothing gives every sample the same probabilities, and a tuned
-    threshold turns them into the same label set: none, the most frequent label, the two most frequent,
-    ... all. Each metric's baseline is the best such a set scores (predicting every label scores a
-    micro F1 of about twice the labels' share, where the prior at 0.5 predicts nothing and scores 0)."""
-    import torch
-
-    order = prior.argsort(descending=True).tolist()
-    sizes = sorted({*range(min(len(order), 10) + 1), *(round(len(order) ** (i / 8)) for i in range(9))})
-    best: dict[str, float] = {}
-    for size in sizes:  # every size up to 10 labels, then 9 steps to all of them
-        chosen = torch.zeros(len(order))
-        chosen[order[:size]] = 1.0
-        reported = report(MULTI, chosen.expand(len(references), -1), references, label_names, 0.5)
-        for key, value in reported.items():
-            if key in METRICS and isinstance(value, (int, float)):
-                keep = max if METRICS[key].greater_is_better else min
-                best[key] = keep(best[key], value) if key in best else value
-    return best
+    return f"{_named(PROBLEMS[problem_of_metrics(metrics)].headline, metrics)} on {_counted(metrics)}"
 
 
 FEWEST_TO_JUDGE = 10  # validation samples (words, for word accuracy): on fewer, no verdict either way
@@ -230,20 +194,6 @@ def learned(key: str, value: float | None, baseline: float | None, n: int) -> bo
 
 
 # --- how each number is computed ----------------------------------------------------------------------
-
-
-def report(
-    problem_type: str | None, predictions: Any, references: Any, label_names: list[str], threshold: float = 0.5
-) -> dict[str, Any]:
-    """The metrics of the problem type (without the loss, which the caller adds)."""
-    if problem_type == REGRESSION:
-        return regression_report(predictions, references)
-    if problem_type == MULTI:
-        return multi_label_report(predictions, references, label_names, threshold)
-    if problem_type == TOKENS:  # per sentence: lists of tag ids
-        return token_report(predictions, references, label_names)
-    as_list = [v.tolist() if hasattr(v, "tolist") else v for v in (predictions, references)]
-    return classification_report(*as_list, label_names)
 
 
 def _as_label_array(values: Any, what: str) -> np.ndarray:

@@ -19,8 +19,8 @@ from finetune import checks
 from finetune.checks import models as model_rules
 from finetune.config import ModelArgs
 from finetune.errors import UserError
-from finetune.metrics import MULTI, REGRESSION, SINGLE
 from finetune.parallel import ParallelError, find_blocks
+from finetune.problems import problem_of
 from finetune.tasks import task_of
 
 
@@ -64,7 +64,7 @@ def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None 
         "label2id": {name: i for i, name in enumerate(label_names)},
         # What the pipeline applies to the outputs (softmax, sigmoid, none); null: transformers' default
         # (transformers knows no problem_type for tags).
-        **({"problem_type": args.problem_type} if args.problem_type in (SINGLE, MULTI, REGRESSION) else {}),
+        **({"problem_type": hf} if (hf := problem_of(args.problem_type).hf_problem_type) and args.problem_type else {}),
     }
     if args.model_config is not None:
         return _from_config(args, labels, vocab_size)

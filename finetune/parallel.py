@@ -12,7 +12,7 @@ A transform applied to a model that is already built (the model classes know not
     plan = plan_model_parallel(model, devices, micro_batch_size=32, seq_len=128)
     print(plan.format_table())
     model = apply_model_parallel(model, plan)               # then accelerator.prepare(model, ...)
-    logits = pipelined_forward(model, inputs, chunks=4)     # optional GPipe-style micro-batches
+    logits = pipelined_forward(model, inputs, 4, problem.outputs)  # optional GPipe-style micro-batches
 
 The model is cut into ordered blocks (embeddings, each encoder layer, the head), the blocks are
 split into one contiguous stage per device so that the largest stage's *training* memory (weights,
@@ -595,8 +595,10 @@ def _block_hook(state: ModelParallelState, stage: int, device: torch.device) -> 
 # --- GPipe-style micro-batches -------------------------------------------------------------------
 
 
-def pipelined_forward(model: nn.Module, batch: Mapping[str, Any], chunks: int) -> torch.Tensor:
-    """Logits of `batch`, run as `chunks` micro-batches one after the other (GPipe).
+def pipelined_forward(model: nn.Module, batch: Mapping[str, Any], chunks: int,
+                      outputs: Callable[[Any], torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    """The outputs of `batch` (`outputs` of each chunk's model output: the problem's, finetune/problems/),
+    run as `chunks` micro-batches one after the other (GPipe).
 
     Every tensor is split along dim 0 (sizes differ by at most one; chunks > batch size means one
     sample a chunk); other values are passed to every chunk; `labels` are left out (compute the loss
@@ -613,7 +615,5 @@ def pipelined_forward(model: nn.Module, batch: Mapping[str, Any], chunks: int) -
         raise ValueError(f"pipelined_forward needs tensors with one batch size, got sizes {sorted(sizes)}")
     n = min(chunks, sizes.pop())
     parts = {k: torch.tensor_split(v, n) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-    logits = [
-        model(**{k: parts[k][j] if k in parts else v for k, v in inputs.items()}).logits for j in range(n)
-    ]
+    logits = [outputs(model(**{k: parts[k][j] if k in parts else v for k, v in inputs.items()})) for j in range(n)]
     return torch.cat(logits)

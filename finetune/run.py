@@ -37,6 +37,7 @@ if __name__ == "__main__":
     EARLY = answer_early(sys.argv[1:])  # --help and setting mistakes: before torch is imported; parsed once
 
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -65,9 +66,6 @@ from finetune.lora import apply_lora, is_lora
 from finetune.metrics import (
     FEWEST_TO_JUDGE,
     METRICS,
-    MULTI,
-    PROBLEMS,
-    TOKENS,
     headline,
     learned,
     never_predicted,
@@ -76,14 +74,7 @@ from finetune.metrics import (
 )
 from finetune.models import build_model, freeze_layers
 from finetune.parallel import apply_model_parallel, plan_model_parallel, process_devices
-from finetune.problems import (
-    SINGLE,
-    class_weights_of,
-    loss_weights,
-    per_sample_loss,
-    problem_type_of,
-    trivial_prediction,
-)
+from finetune.problems import Problem, problem_of, problem_type_of
 from finetune.rundir import (
     check_output_dir,
     check_shared_output_dir,
@@ -132,7 +123,7 @@ def _train(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack, said: che
         start_run(cfg, run)
     if cfg.torch_compile:  # every shape of the run compiled now, not at its first batch
         with hooks.phase("compile"):
-            warm_up(model, accelerator, optimizer, forward, run.shapes)
+            warm_up(model, accelerator, optimizer, functools.partial(forward, problem=run.problem), run.shapes)
     losses, evaluations = LossWatch(accelerator, cfg, run.log), Evaluations(cfg, run, hooks)
     fault, scaler_skipped = injected_fault(), ScalerSkips(accelerator.scaler)
     model.train()
@@ -150,14 +141,14 @@ def _train(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack, said: che
                 for k, batch in enumerate(run.train_loader):
                     hooks.mark("batch", batch)
                     with accelerator.accumulate(model):
-                        logits = forward(model, batch, cfg.pipeline_chunks, run.rows("train"))
+                        logits = forward(model, batch, run.problem, cfg.pipeline_chunks, run.rows("train"))
                         labels = batch["labels"].to(logits.device)
                         real = stream.real_rows(k, accelerator.process_index, len(labels), logits.device)
-                        per_sample = per_sample_loss(logits, labels, cfg.problem_type, run.class_weights, cfg.label_smoothing)
+                        per_sample = run.problem.loss(logits, labels, run.class_weights, cfg.label_smoothing)
                         loss_sum = (per_sample * real).sum()
                         hooks.mark("backward")
                         accelerator.backward(step_loss(loss_sum, stream.window_count(k), processes, accumulation))
-                        losses.add(loss_sum.detach(), loss_weights(labels, cfg.problem_type) * real)
+                        losses.add(loss_sum.detach(), run.problem.loss_weights(labels) * real)
                         hooks.mark("optimizer")
                         if accelerator.sync_gradients and cfg.max_grad_norm:
                             accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -298,8 +289,8 @@ class Run:
     train_loader: DataLoader
     sampler: EpochSampler
     sample_weights: list[int] | None  # each training sample's count in its step's loss (None: one each)
-    trivial: Any  # what a model that learned nothing predicts (problems.trivial_prediction): the baseline
-    class_weights: torch.Tensor | None  # class_weights=balanced (problems.class_weights_of)
+    trivial: Any  # what a model that learned nothing predicts (Problem.trivial): the baseline
+    class_weights: torch.Tensor | None  # class_weights=balanced (Problem.class_weights)
     eval_loaders: dict[str, DataLoader]
     shapes: Shapes | None  # length buckets, a compiled model's full batches (finetune/shapes.py)
     plan: StepPlan
@@ -314,6 +305,10 @@ class Run:
     cfg: TrainConfig  # the run's config, resolved: the task and problem type the data decided
     said: checks.Said  # the run's warnings, each said once
     digests: dict[str, str]  # each data file's sha256 (results.json's data_sha256)
+
+    @property
+    def problem(self) -> Problem:
+        return problem_of(self.cfg.problem_type)
 
     def rows(self, kind: str) -> int | None:
         """The rows every "train" or "eval" batch is filled to for a compiled model, or None."""
@@ -364,8 +359,9 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
                                      said)  # fmt: skip
     weights = task_of(cfg.task).sample_weights(splits["train"])
     train_labels = splits["train"].with_format(None)["labels"]  # without an image transform's decoding
-    trivial = trivial_prediction(train_labels, cfg.problem_type)
-    balance = class_weights_of(train_labels, cfg.problem_type, len(label_names), cfg.class_weights)
+    problem = problem_of(cfg.problem_type)
+    trivial = problem.trivial(train_labels)
+    balance = problem.class_weights(train_labels, len(label_names), cfg.class_weights)
     return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial,
                balance, eval_loaders, shapes,
                plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer, held, cfg, said,
@@ -611,7 +607,7 @@ def start_run(cfg: TrainConfig, run: Run) -> None:
     total = sum(p.numel() for p in unwrapped.parameters())  # DTensor: global
     base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # under LoRA
     name = type(base).__name__.removeprefix("FSDP")  # fully_shard's subclass
-    problem = f" ({cfg.problem_type})" if cfg.problem_type not in (None, SINGLE) else ""
+    problem = run.problem.start_words()
     accelerator.print(
         f"{cfg.task}{problem}: {name}, train {task.counted(run.splits['train'])} / validation "
         f"{task.counted(run.splits['validation'])}, {processes} process(es) on {accelerator.device}{threads} "
@@ -704,7 +700,7 @@ def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, 
     and the export use them: config.json's `multi_label_thresholds`); and the classes or labels the
     validation predictions never chose (said by `tools.never_predicted`)."""
     threshold, validation = cfg.multi_label_threshold, results["validation"]
-    if cfg.problem_type == MULTI:
+    if run.problem.thresholded:
         scored = evaluate_split(cfg, run, "validation", keep_predictions=True)
         predictions = scored.pop("predictions")
         if cfg.tune_threshold != "off":
@@ -720,7 +716,7 @@ def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, 
 def judged_metric(cfg: TrainConfig) -> str:
     """The metric whether the model learned is judged by: metric_for_best_model, or the problem's main
     metric where that is the loss (a loss has no trivial baseline to be judged against)."""
-    return cfg.metric_for_best_model if cfg.metric_for_best_model != "loss" else PROBLEMS[cfg.problem_type].reported[0]
+    return cfg.metric_for_best_model if cfg.metric_for_best_model != "loss" else problem_of(cfg.problem_type).metrics.reported[0]
 
 
 def better(key: str, value: float, than: float) -> bool:
@@ -741,19 +737,18 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
     baseline = (validation.get("baseline") or {}).get(key)
     n = validation.get("num_words") if key == "word_accuracy" else validation.get("num_samples", 0)
     verdict = learned(key, value, baseline, n or 0)
-    words = "word_accuracy"
-    if verdict and cfg.problem_type == TOKENS and key != words:  # an entity F1 above a baseline's 0 can
-        # still come from a tagger worse than "every word O": it must not tag words worse than that. Not
-        # "clearly above it" too: a tagger of entity F1 0.525 is 0.0197 above it, with most words O anyway.
+    problem = problem_of(cfg.problem_type)
+    words = problem.also_judged_by
+    if verdict and words is not None and key != words:  # an entity F1 above a baseline's 0 can still come
+        # from a tagger worse than "every word O": it must not tag words worse than that. Not "clearly
+        # above it" too: a tagger of entity F1 0.525 is 0.0197 above it, with most words O anyway.
         word_baseline = (validation.get("baseline") or {}).get(words)
         word_value = validation.get(words)
         if isinstance(word_value, (int, float)) and isinstance(word_baseline, (int, float)) and word_value <= word_baseline:
             verdict, key, value, baseline = False, words, word_value, word_baseline
     shown = METRICS[key].name  # the value (at the tuned threshold, where one was tuned: the final line is at the fixed one)
     at = " (at the tuned threshold)" if tuned is not None else ""
-    trivial = {"regression": "mean", MULTI: "frequency of each label, as its probability"}.get(
-        cfg.problem_type, "most frequent answer"
-    )
+    trivial = problem.trivial_words
     spread = ((validation.get("baseline") or {}).get("mse") or 0) ** 0.5  # about the targets' spread
     unreachable = (verdict is None and isinstance(value, (int, float)) and isinstance(baseline, (int, float))
                    and (n or 0) >= FEWEST_TO_JUDGE and learned(key, 1.0, baseline, n) is None)  # fmt: skip

@@ -73,7 +73,6 @@ from finetune.config import TrainConfig, load_config, resolved, settings_from_fl
 from finetune.errors import TrainingStopped, UserError, first_line, on_failure
 from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.layout import BEST_RECIPE, MODEL, SEARCH_RECORD, STUDY, TRIAL_PREFIX, RunDir, read_record
-from finetune.metrics import MULTI
 from finetune.rundir import check_not_inside_a_run
 from finetune.signals import stop_outside_the_loop
 from finetune.tasks import task_for_data
@@ -106,6 +105,8 @@ def batches(cfg: TrainConfig) -> list[int]:
 def suggest(trial, cfg: TrainConfig, space: list[str], layers: int, max_epochs: int = MAX_EPOCHS) -> dict[str, Any]:
     """The trial's settings, from the parts of the space asked for that apply to this run (`max_epochs`:
     as many as the time left is expected to hold)."""
+    from finetune.problems import problem_of  # torch, datasets: not for --help
+
     chosen: dict[str, Any] = {}
     if "learning_rate" in space:
         chosen["learning_rate"] = trial.suggest_float("learning_rate", 1e-5, 1e-3, log=True)
@@ -117,7 +118,7 @@ def suggest(trial, cfg: TrainConfig, space: list[str], layers: int, max_epochs: 
         chosen["warmup_ratio"] = trial.suggest_float("warmup_ratio", 0.0, 0.2)
     if "freeze_layers" in space and layers > 1 and cfg.peft is None:
         chosen["freeze_layers"] = trial.suggest_int("freeze_layers", 0, layers // 2)
-    if "tune_threshold" in space and cfg.problem_type == MULTI:
+    if "tune_threshold" in space and problem_of(cfg.problem_type).thresholded:
         chosen["tune_threshold"] = trial.suggest_categorical("tune_threshold", ["global", "per_label"])
     return chosen
 
@@ -127,6 +128,8 @@ def the_recipes_own(cfg: TrainConfig, space: list[str], layers: int) -> dict[str
     holds one run of the recipe ends with at least the recipe's model. Multi-label: the threshold tuned
     globally on validation (it costs no training, and a fixed 0.5 is what leaves rare labels unpredicted).
     A value the space cannot hold (1.35 epochs, warmup_steps instead of a ratio) is drawn instead."""
+    from finetune.problems import problem_of  # torch, datasets: not for --help
+
     own: dict[str, Any] = {"learning_rate": cfg.learning_rate,
                            "per_device_train_batch_size": cfg.per_device_train_batch_size}  # fmt: skip
     epochs = cfg.num_train_epochs
@@ -136,7 +139,7 @@ def the_recipes_own(cfg: TrainConfig, space: list[str], layers: int) -> dict[str
         own["warmup_ratio"] = cfg.warmup_ratio
     if 0 <= cfg.freeze_layers <= layers // 2:
         own["freeze_layers"] = cfg.freeze_layers
-    if cfg.problem_type == MULTI:
+    if problem_of(cfg.problem_type).thresholded:
         own["tune_threshold"] = cfg.tune_threshold if cfg.tune_threshold != "off" else "global"
     if not 1e-5 <= cfg.learning_rate <= 1e-3:
         del own["learning_rate"]

@@ -29,10 +29,11 @@ from finetune.checks import images as image_rules
 from finetune.checks import inputs
 from finetune.checks import models as model_rules
 from finetune.formats import word_lists
-from finetune.metrics import MULTI, REGRESSION
+from finetune.metrics import MULTI, REGRESSION, SINGLE, TOKENS
 
 if TYPE_CHECKING:
     from finetune.config import DataArgs, ModelArgs
+    from finetune.problems import Problem
 
 
 
@@ -45,7 +46,7 @@ class Task:
     architecture_suffix: str  # a saved model's `architectures` entry ends with it
     # Settings only this task reads: the card's hyperparameter table leaves them out for the others.
     own_settings: frozenset[str] = frozenset()
-    problems: tuple[str, ...] = ("single_label_classification", "multi_label_classification", "regression")
+    problems: tuple[str, ...] = (SINGLE, MULTI, REGRESSION)  # finetune/problems/: the first is the default
     has_word_embeddings = False  # freeze_embeddings applies
     preprocessor_first = False  # loaded before the model (a tokenizer's vocabulary sizes a model from a config)
     # The rules `check_model` asks of the built model and its preprocessor (a `model_rules.Fit`).
@@ -139,7 +140,7 @@ class Task:
         return None
 
     # --- the model card ---------------------------------------------------------------------------
-    def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
+    def usage_example(self, where: str, problem: Problem, data: DataArgs) -> str:
         raise NotImplementedError
 
 
@@ -244,12 +245,8 @@ class TextClassification(Task):
     def sequence_length(self, data: DataArgs) -> int | None:
         return data.max_length
 
-    def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
-        arguments = {REGRESSION: ', function_to_apply="none"', MULTI: ", top_k=None"}.get(problem, "")
-        returns = {
-            REGRESSION: "the predicted number, as the score of the one label",
-            MULTI: "every label with its probability",
-        }.get(problem, "the most likely label and its probability")
+    def usage_example(self, where: str, problem: Problem, data: DataArgs) -> str:
+        arguments, returns = problem.pipeline_arguments, problem.pipeline_returns
         if data.text_pair_column:
             call = 'classify({"text": "the first sentence", "text_pair": "the second sentence"})'
         else:
@@ -355,8 +352,8 @@ class ImageClassification(Task):
         notice = resize_notice(image_sizes(raw["train"], data.image_column), preprocessor)
         return [notice] if notice else []
 
-    def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
-        arguments = ", top_k=None" if problem == MULTI else ""
+    def usage_example(self, where: str, problem: Problem, data: DataArgs) -> str:
+        arguments = ", top_k=None" if problem.lists else ""
         return (
             f'classify = pipeline("{self.pipeline_tag}", model="{where}"{arguments})\n'
             'classify("path/to/image.png")  # a path, URL or PIL image'
@@ -399,7 +396,7 @@ class TokenClassification(TextClassification):
     own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column", "label_column",
                                                        "label_columns"}) | {
         "tokens_column", "tags_column", "label_all_tokens"}  # words in lists, not texts
-    problems = ("token_classification",)
+    problems = (TOKENS,)
 
     def counted(self, ds) -> str:
         """Sentences, and the windows they make where a long one was split: "5 sentences (7 windows)"."""
@@ -484,7 +481,7 @@ class TokenClassification(TextClassification):
     def sample_inputs(self, ds, data: DataArgs) -> list[dict[str, Any]]:
         return [{"words": words} for words in ds[data.tokens_column]]
 
-    def usage_example(self, where: str, problem: str, data: DataArgs) -> str:
+    def usage_example(self, where: str, problem: Problem, data: DataArgs) -> str:
         # Trained on first subwords only, a word's tag is its first subword's ("first"); trained on every
         # subword, adjacent subwords agree and "simple" groups them.
         strategy = "simple" if data.label_all_tokens else "first"

@@ -18,7 +18,7 @@ processes x per_device_train_batch_size x gradient_accumulation_steps, three way
                                                                         or the smallest factor of G
     (c) DDP             your processes x batch x accumulation          only when launched on several
 
-for any problem type (single-label, regression, multi-label: finetune/problems.py), and compares
+for any problem type (single-label, regression, multi-label: finetune/problems/), and compares
 the exported weights of (b) and (c) with (a): the largest absolute difference of any
 parameter (what the tolerance applies to), the largest relative one (per tensor, against the
 tensor's largest value; tensors whose values all stay below 1e-3, such as attention key biases

@@ -556,7 +556,7 @@ def test_labels_written_with_spaces_around_them_train_with_one_warning(capsys):
     train as written, and one line says so; names listed in label_names are the user's own."""
     from datasets import Dataset
 
-    from finetune.data import resolve_label_names
+    from finetune.problems import resolve_label_names
 
     train = Dataset.from_dict({"label": ["pos ", "neg ", " neutral", "pos "]})
     assert resolve_label_names(train, "label", None, said := checks.Said()) == [" neutral", "neg ", "pos "]

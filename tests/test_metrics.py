@@ -21,12 +21,12 @@ from finetune.metrics import (
     MULTI,
     PROBLEMS,
     Metric,
-    baseline_report,
     classification_report,
     learned,
     tune_thresholds,
 )
 from finetune.plots import plot_confusion_matrix
+from finetune.problems import problem_of
 
 # A fixed set worked out by hand: 10 samples, 3 classes, "bird" (2) is never predicted.
 NAMES = ["cat", "dog", "bird"]
@@ -308,7 +308,7 @@ def test_a_multi_label_baseline_is_the_best_constant_label_set():
         row[rng.choice(4, size=rng.integers(1, 3), replace=False)] = 1
     prior = torch.as_tensor(references.mean(0))
     assert prior.max() < 0.5
-    baseline = baseline_report(MULTI, prior, torch.as_tensor(references), list("abcd"))
+    baseline = problem_of(MULTI).baseline(prior, torch.as_tensor(references), list("abcd"))
     every = sklearn_metrics.f1_score(references, np.ones_like(references), average="micro")
     assert baseline["micro_f1"] == pytest.approx(max(every, baseline["micro_f1"])) and baseline["micro_f1"] >= every > 0.5
     assert baseline["micro_recall"] == 1.0  # every label: a recall no model beats

@@ -44,6 +44,10 @@ BATCH = 7  # odd, so that chunks of 2 and 3 are uneven
 SEQ = 8
 
 
+def LOGITS(output):  # noqa: N802  the outputs pipelined_forward concatenates: a classifier's logits
+    return output.logits
+
+
 def tiny_bert(seed: int = 0, **overrides) -> BertForSequenceClassification:
     """conftest's tiny BERT with 4 layers (a split has blocks to share out), a 100-word vocabulary."""
     torch.manual_seed(seed)
@@ -287,7 +291,7 @@ def test_split_model_hands_off_and_matches(kind):
     torch.testing.assert_close(got.logits, expected.logits, rtol=0, atol=1e-6)
     torch.testing.assert_close(got.loss, expected.loss, rtol=0, atol=1e-6)  # labels went to the last stage
     with torch.no_grad():
-        pipelined_forward(model, batch, chunks=2)
+        pipelined_forward(model, batch, chunks=2, outputs=LOGITS)
     assert model.mp_state.handoffs == 2  # per forward, not per step
     assert model.mp_state.total_handoffs == 2 + 2 * 2
 
@@ -303,7 +307,7 @@ def train(model, data, chunks: int | None, lr: float = 1e-3) -> None:
             loss = model(**batch).loss
         else:
             inputs = {k: v for k, v in batch.items() if k != "labels"}
-            logits = model(**inputs).logits if chunks == 0 else pipelined_forward(model, batch, chunks)
+            logits = model(**inputs).logits if chunks == 0 else pipelined_forward(model, batch, chunks, LOGITS)
             # summed over samples / batch size: equal to the unchunked mean, whatever the chunk sizes
             loss = F.cross_entropy(logits, batch["labels"].to(logits.device), reduction="sum") / len(logits)
         loss.backward()
@@ -356,7 +360,7 @@ def test_accelerator_prepare_keeps_the_split():
     prepared, opt = accelerator.prepare(model, opt)
     assert prepared is model  # no DDP wrapper around a split model
     batch = batches("bert", 1)[0]
-    loss = F.cross_entropy(pipelined_forward(prepared, batch, 2), batch["labels"])
+    loss = F.cross_entropy(pipelined_forward(prepared, batch, 2, LOGITS), batch["labels"])
     accelerator.backward(loss)
     opt.step()
     assert model.mp_state.handoffs == 2
@@ -368,11 +372,11 @@ def test_pipelined_forward_chunk_sizes():
     for chunks, calls in ((1, 1), (3, 3), (BATCH, BATCH), (100, BATCH)):
         before = model.mp_state.forwards
         with torch.no_grad():
-            logits = pipelined_forward(model, batch, chunks)
+            logits = pipelined_forward(model, batch, chunks, LOGITS)
         assert model.mp_state.forwards - before == calls
         assert logits.shape == (BATCH, 3)
     with pytest.raises(UserError, match="at least 1") as e:
-        pipelined_forward(model, batch, 0)
+        pipelined_forward(model, batch, 0, LOGITS)
     assert e.value.rule == "models.pipeline_chunks_below_one"
 
 

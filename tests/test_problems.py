@@ -33,7 +33,7 @@ from finetune.config import TrainConfig
 from finetune.errors import UserError
 from finetune.evaluate_checkpoint import main as evaluate_main
 from finetune.evaluation import forward
-from finetune.problems import class_weights_of, trivial_prediction
+from finetune.problems import problem_of
 from finetune.run import Hooks, main
 
 # --- the loss and the metrics ----------------------------------------------------------------------
@@ -43,11 +43,11 @@ def test_per_sample_losses_average_to_transformers_losses():
     """Masked and scaled per sample by run.py, their mean is the loss transformers computes itself."""
     g = torch.Generator().manual_seed(0)
     logits, targets = torch.randn(6, 1, generator=g), torch.randn(6, generator=g)
-    mse = problems.per_sample_loss(logits, targets, problems.REGRESSION)
+    mse = problem_of(problems.REGRESSION).loss(logits, targets)
     assert mse.shape == (6,)
     assert torch.allclose(mse.mean(), torch.nn.MSELoss()(logits.squeeze(-1), targets))
     logits, hot = torch.randn(6, 4, generator=g), (torch.rand(6, 4, generator=g) > 0.5).float()
-    bce = problems.per_sample_loss(logits, hot, problems.MULTI)
+    bce = problem_of(problems.MULTI).loss(logits, hot)
     assert bce.shape == (6,)
     assert torch.allclose(bce.mean(), torch.nn.BCEWithLogitsLoss()(logits, hot))
 
@@ -370,19 +370,19 @@ def test_vit_regression_and_multi_label_from_image_paths(tmp_path):
 
 
 def test_the_trivial_prediction_of_each_problem():
-    assert trivial_prediction([0, 1, 1, 2], "single_label_classification") == 1
-    assert trivial_prediction([1.0, 2.0, 6.0], "regression") == pytest.approx(3.0)
-    prior = trivial_prediction([[1, 0], [1, 1], [1, 0], [0, 0]], "multi_label_classification")
+    assert problem_of("single_label_classification").trivial([0, 1, 1, 2]) == 1
+    assert problem_of("regression").trivial([1.0, 2.0, 6.0]) == pytest.approx(3.0)
+    prior = problem_of("multi_label_classification").trivial([[1, 0], [1, 1], [1, 0], [0, 0]])
     assert prior.tolist() == pytest.approx([0.75, 0.25])
-    assert trivial_prediction([[0, -100, 3], [0, 0]], "token_classification") == 0
+    assert problem_of("token_classification").trivial([[0, -100, 3], [0, 0]]) == 0
 
 
 def test_class_weights_are_balanced_by_rarity():
-    weights = class_weights_of([0, 0, 0, 1], "single_label_classification", 3, "balanced")
+    weights = problem_of("single_label_classification").class_weights([0, 0, 0, 1], 3, "balanced")
     assert weights.tolist() == pytest.approx([4 / (3 * 3), 4 / (3 * 1), 1.0])  # class 2 absent: 1
-    pos = class_weights_of([[1, 0], [1, 0], [1, 1], [0, 0]], "multi_label_classification", 2, "balanced")
+    pos = problem_of("multi_label_classification").class_weights([[1, 0], [1, 0], [1, 1], [0, 0]], 2, "balanced")
     assert pos.tolist() == pytest.approx([1 / 3, 3.0])
-    assert class_weights_of([0, 1], "single_label_classification", 2, None) is None
+    assert problem_of("single_label_classification").class_weights([0, 1], 2, None) is None
 
 
 class Batches(Hooks):
@@ -397,7 +397,7 @@ class Batches(Hooks):
             self.model = value.model
         elif name == "batch":
             with torch.no_grad():
-                self.logits.append(forward(self.model, value).float())
+                self.logits.append(forward(self.model, value, problem_of(None)).float())
             self.labels.append(value["labels"])
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from finetune.evaluation import forward
+from finetune.problems import problem_of
 from finetune.run import main
 from finetune.shapes import Bucketed, batch_lengths, choose_buckets, fill_rows, padded_ratio
 from tests.conftest import launch, tiny_text_args, user_error
@@ -86,7 +87,7 @@ def test_filled_rows_reach_the_model_and_are_cut_from_its_logits():
             return Out()
 
     batch = {"input_ids": torch.arange(6).reshape(3, 2), "attention_mask": torch.ones(3, 2), "labels": torch.zeros(3)}
-    logits = forward(Model(), batch, rows=8)
+    logits = forward(Model(), batch, problem_of(None), rows=8)
     assert seen == [torch.Size([8, 2])] and torch.equal(logits, batch["input_ids"].float() * 2)
     filled, real = fill_rows({"x": torch.arange(4).reshape(2, 2)}, 3)
     assert real == 2 and filled["x"].tolist() == [[0, 1], [2, 3], [0, 1]]  # copies of the first row

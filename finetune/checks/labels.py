@@ -1,5 +1,5 @@
 """Labels: what the label column holds, and whether it means what the run will train (finetune/data.py and
-finetune/problems.py ask these as they read and encode the labels).
+finetune/problems/ ask these as they read and encode the labels).
 
     PROBLEM        the label column against the problem type asked for (or read from it)
     CLASSES        single-label class names: one class, lists written as text, twins that differ by a space,

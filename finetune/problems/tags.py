@@ -1,0 +1,154 @@
+"""Tags: a tag per word (token classification)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import torch.nn.functional as F
+from datasets import ClassLabel, Sequence
+from datasets import Dataset as HFDataset
+
+from finetune import checks
+from finetune.checks import labels
+from finetune.config import DataArgs
+from finetune.formats import kind_of, plain_tags
+from finetune.metrics import (
+    TOKENS,
+    Metric,
+    token_report,
+)
+from finetune.problems.base import (
+    Problem,
+    balanced,
+    metrics_only,
+    on_device,
+    replace_labels,
+    with_labels,
+)
+
+
+class Tags(Problem):
+    """A tag per word (finetune/tasks.py's token task); not a transformers problem_type."""
+
+    name, hf_problem_type = TOKENS, None
+    classes, ids_as_names, per_word = False, False, True
+    also_judged_by = "word_accuracy"  # an entity F1 above a baseline's 0 can still come from a tagger worse than "every word O"
+
+    def describe(self, modality: str, names: list[str]) -> str:
+        return f"A word tagger ({len(names)} tags)"
+
+    def card_metrics(self, names: list[str]) -> list[Metric]:
+        """A tag set without spans scores entity F1 word by word."""
+        shown = super().card_metrics(names)
+        if plain_tags(names):
+            shown = [dataclasses.replace(m, card_args={"average": "micro", "scored": "word by word, O left out"})
+                     if m.card_args and m.card_args.get("scheme") else m for m in shown]  # fmt: skip
+        return shown
+
+    def usage(self, example: str, model_json: dict, public: dict[str, Any]) -> str:
+        if plain_tags((model_json.get("id2label") or {}).values()):  # parts of speech: a tag per word, no spans
+            example += ('\n# a tag per word (no B-/I-): the pipeline joins adjacent words of one tag into one span; '
+                        'aggregation_strategy="none" gives each subword its own tag')
+        return example
+
+    def label_names(self, train, args, said):
+        """The tag set (`tag_names`)."""
+        given = list(args.label_names) if args.label_names else None
+        checks.gate(labels.TAG_LISTS, train, args, "train")  # a string of tags would be read as its characters
+        names = tag_names(train, args.tags_column, given)
+        checks.gate(labels.TAG_SET, names, bool(given))
+        return names
+
+    def encode(self, ds, args, names, split, said, fixed=False):
+        return encode_tags(ds, args, names, split, fixed)
+
+    def check_trained(self, train, names, args, said) -> None:
+        pass
+
+    def check_splits(self, raw, names, args, said) -> None:
+        pass
+
+    def check_read(self, ds, what, said) -> None:
+        """IOB1, stray I- tags: said as they are read (training's splits, evaluation's --data)."""
+        checks.gate(labels.TAGS_READ, ds.features["labels"].feature.names, what, ds, said=said)
+
+    def placeholder(self, ds, args, names):
+        return with_labels(ds, Sequence(ClassLabel(names=names)), lambda b: [[0] * len(w) for w in b[args.tokens_column]])
+
+    def loss(self, logits, labels, class_weights=None, label_smoothing=0.0):
+        """The cross-entropy SUMMED over a sample's labelled tokens (-100: not labelled), which
+        `loss_weights` counts: the loop divides by the labelled tokens of the whole optimizer step."""
+        return F.cross_entropy(logits.float().transpose(1, 2), labels, weight=on_device(class_weights, logits), reduction="none",
+                               ignore_index=-100, label_smoothing=label_smoothing).sum(-1)  # fmt: skip
+
+    def loss_weights(self, labels):
+        """Its labelled tokens."""
+        return (labels != -100).sum(-1)
+
+    def class_weights(self, train_labels, num_labels, how):
+        """Balanced over the labelled tokens' tags."""
+        if how is None:
+            return None
+        return balanced([t for row in train_labels for t in row if t != -100], num_labels)
+
+    def trivial(self, train_labels):
+        """The most frequent tag (the lowest id of the most frequent)."""
+        tags = [t for row in list(train_labels) for t in row if t != -100]
+        return max(set(tags), key=lambda t: (tags.count(t), -t)) if tags else 0
+
+    def baseline(self, constant, references, names, threshold=0.5):
+        return metrics_only(self.report([[constant] * len(sentence) for sentence in references], references, names))
+
+    def report(self, predictions, references, names, threshold=0.5):
+        """Per sentence: lists of tag ids."""
+        return token_report(predictions, references, names)
+
+    def record(self, scored, label, names, per_label):
+        """One line per sentence: its gold tags and predicted tags."""
+        return {"labels": [names[t] for t in label], "predictions": [names[t] for t in scored]}
+
+
+# --- tags (token classification) ----------------------------------------------------------------------
+
+
+def tag_names(train: HFDataset, column: str, given: list[str] | None) -> list[str]:
+    """The tag set in id order: `label_names`; a ClassLabel's names; else train's tags, "O" first then
+    sorted by entity type, B- before I- (a plain set, `formats.plain_tags`: by name). Integer tags need
+    `label_names`."""
+    inner = getattr(train.features[column], "feature", None)
+    checks.gate(labels.TAG_COUNT, {t for row in train[column] for t in row}, column, inner)
+    if given:
+        return given
+    if isinstance(inner, ClassLabel):
+        return list(inner.names)
+    if kind_of(inner) == "int":
+        raise checks.explain(labels.TAG_IDS, column)
+    counts = collections.Counter(str(t) for row in train[column] for t in row)
+    checks.gate(labels.TAG_NAMES, counts)
+    if plain_tags(counts):  # parts of speech: O (if any) first, then by name
+        return sorted(counts, key=lambda t: (t != "O", t))
+    return sorted(counts, key=lambda t: (t != "O", t[2:], t[:2]))
+
+
+def encode_tags(ds: HFDataset, args: DataArgs, tag_set: list[str], split: str, fixed: bool = False) -> HFDataset:
+    """Each row's tags into `labels`: a list of tag ids, one per word, by name (integer tags through
+    `label_names`); a tag outside the tag set is refused with its row and word (`fixed`: in a model's words)."""
+    checks.gate(labels.TAG_LISTS, ds, args, split)
+    inner = getattr(ds.features[args.tags_column], "feature", None)
+    if isinstance(inner, ClassLabel):
+        def name_of(v):  # noqa: E306
+            return inner.names[v]
+    elif kind_of(inner) == "int":
+        def name_of(v):  # noqa: E306
+            return tag_set[v] if 0 <= v < len(tag_set) else None
+    else:
+        name_of = str
+    to_id = {name: i for i, name in enumerate(tag_set)}
+    for row, tags in enumerate(ds[args.tags_column][:]):
+        for word, tag in enumerate(tags):
+            if name_of(tag) not in to_id:
+                raise checks.explain(labels.TAG_UNKNOWN, split, tag, row + 1, word + 1, tag_set, bool(args.label_names), fixed)
+    return replace_labels(ds, [args.tags_column], lambda b: [[to_id[name_of(t)] for t in tags] for tags in b[args.tags_column]],
+                           Sequence(ClassLabel(names=tag_set)), split)  # fmt: skip
