@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict:
                 synchronize(devices)
 
     def pipelined_step(chunks: int) -> None:
-        logits = model(**batch).logits if chunks == 1 else pipelined_forward(model, batch, chunks, lambda o: o.logits)
+        logits = model(**batch).logits if chunks == 1 else pipelined_forward(model, batch, chunks, lambda o, _: o.logits)
         (F.cross_entropy(logits, labels, reduction="sum") / B).backward()
         update(sync=False)
 

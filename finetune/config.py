@@ -181,6 +181,15 @@ class DataArgs(TaskArgs):
         False, "token classification: train every subword of a word on its tag, not only the first"
     )
     label_column: str = setting("label", "the column holding the label", evaluation=True)
+    # Extractive question answering (the Hub's squad layout): a question, the context that holds its answer,
+    # and the answers as {text: [...], answer_start: [...]} (character offsets into the context).
+    question_column: str = setting("question", "question answering: the column of questions", evaluation=True)
+    context_column: str = setting("context", "question answering: the column of contexts", evaluation=True)
+    answers_column: str = setting("answers", "question answering: the answers, {text: [...], answer_start: [...]}",
+                                  evaluation=True)  # fmt: skip
+    doc_stride: int = setting(128, "question answering: tokens the windows of a long context overlap", evaluation=True)
+    n_best_size: int = setting(20, "question answering: start and end candidates a window offers", evaluation=True)
+    max_answer_length: int = setting(30, "question answering: the longest answer, in tokens", evaluation=True)
     # Multi-label as several 0/1 columns, one per label (named by its column), instead of a column of lists.
     label_columns: list[str] | None = setting(
         None, "multi-label: the 0/1 columns, one per label (instead of label_column)", evaluation=True
@@ -246,7 +255,8 @@ class DataArgs(TaskArgs):
 
     def setting_of(self, column: str) -> str:
         """The setting that names `column` (label_columns for one of those)."""
-        names = ("label_column", "text_column", "text_pair_column", "tokens_column", "tags_column", "image_column")
+        names = ("label_column", "text_column", "text_pair_column", "tokens_column", "tags_column", "image_column",
+                 "question_column", "context_column", "answers_column")  # fmt: skip
         return next((n for n in names if getattr(self, n, None) == column), "label_columns")
 
     @property

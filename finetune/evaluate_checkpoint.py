@@ -561,7 +561,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     if args.data is not None and labelled and accelerator.is_main_process:
         _warn_of_other_data(target, info, ds, name, problem, said)
     report, predictions = evaluate_with_predictions(model, loader, accelerator, target.label_names, problem, keep,
-                                                    threshold)  # fmt: skip
+                                                    threshold, cfg.data_args)  # fmt: skip
     if not labelled:  # the placeholder labels score nothing: only what was predicted, and how much
         report = {k: v for k, v in report.items() if k in ("num_samples", "num_sentences", "num_words", "threshold")}
     record = _record(target, cfg, problem, info, report, output_paths(metrics_file)[1].name if keep else None,

@@ -40,13 +40,13 @@ def forward(model, batch: dict[str, torch.Tensor], problem: Problem, chunks: int
     if chunks > 1:
         return pipelined_forward(model, inputs, chunks, problem.outputs)
     if rows is None:
-        return problem.outputs(model(**inputs))
+        return problem.outputs(model(**inputs), inputs)
 
     inputs, real = fill_rows(inputs, rows)
     # A compiled model in CUDA-graph mode (torch_compile_mode=reduce-overhead) writes every call's
     # outputs into the same memory: a new step is marked, and the logits are copied out of it.
     torch.compiler.cudagraph_mark_step_begin()
-    return problem.outputs(model(**inputs))[:real].clone()
+    return problem.outputs(model(**inputs), inputs)[:real].clone()
 
 
 @torch.no_grad()
@@ -61,6 +61,7 @@ def evaluate_model(
     keep_predictions: bool = False,
     trivial=None,
     rows: int | None = None,
+    data=None,
 ) -> dict:
     """The problem type's metrics (finetune/metrics.py) and loss over exactly the dataset:
     `gather_for_metrics` drops the samples Accelerate duplicated to even out the last batch, and the
@@ -69,8 +70,8 @@ def evaluate_model(
     ids), in the data's order. With `trivial` (problems.trivial_prediction), `baseline` holds the
     metrics of always predicting it. `rows`: each batch filled to that many rows for the model (`forward`)."""
     problem = problem_of(problem_type)
-    if problem.per_word:
-        metrics, gold = _evaluate_tags(model, loader, accelerator, label_names, problem, chunks, rows)
+    if problem.windowed:
+        metrics, gold = _evaluate_windows(model, loader, accelerator, label_names, problem, chunks, rows, data)
         if trivial is not None:
             metrics["baseline"] = problem.baseline(trivial, gold, label_names)
         if not keep_predictions:
@@ -100,37 +101,29 @@ def evaluate_model(
     return metrics
 
 
-def _evaluate_tags(model, loader, accelerator: Accelerator, label_names: list[str], problem: Problem, chunks: int,
-                   rows: int | None) -> dict:  # fmt: skip
-    """Tags: each window's first-subword predictions (labels other than -100), gathered over processes
-    (padded to one length first: windows differ in length), put back into their sentences."""
+def _evaluate_windows(model, loader, accelerator: Accelerator, label_names: list[str], problem: Problem, chunks: int,
+                      rows: int | None, data) -> tuple[dict, list]:  # fmt: skip
+    """A windowed problem (tags, spans): each window's predictions, labels and meta, gathered over processes
+    (padded to one length first: windows differ in length), put back into their samples by the problem
+    (`Problem.assemble`). The loss is the mean over the loss's terms."""
     model.eval()
-    pieces: dict[int, list[tuple[int, list[int], list[int]]]] = {}  # sentence -> (first word, preds, gold)
-    loss_sum, terms, windows = 0.0, 0, 0
+    windows, loss_sum, terms = [], 0.0, 0
     for batch in loader:
         logits = forward(model, batch, problem, chunks, rows)
         labels = batch["labels"].to(logits.device)
         loss, weight = problem.loss(logits, labels), problem.loss_weights(labels)
-        preds = accelerator.pad_across_processes(problem.predictions(logits), dim=1, pad_index=-100)
+        preds = accelerator.pad_across_processes(problem.predictions(logits), dim=1, pad_index=problem.pad_value)
         labels = accelerator.pad_across_processes(labels, dim=1, pad_index=-100)
-        meta = batch["meta"]
-        gathered = accelerator.gather_for_metrics((preds, labels, loss, weight, meta["sentence"], meta["first_word"]))
-        preds, labels, loss, weight, sentence, first_word = (t.cpu() for t in gathered)
-        loss_sum, terms, windows = loss_sum + loss.double().sum().item(), terms + int(weight.sum()), windows + len(labels)
-        for p, g, s, w in zip(preds, labels, sentence.tolist(), first_word.tolist(), strict=True):
-            scored = g != -100
-            pieces.setdefault(s, []).append((w, p[scored].tolist(), g[scored].tolist()))
+        meta = {k: accelerator.pad_across_processes(v.to(logits.device), dim=1, pad_index=-1) if v.dim() > 1 else v.to(logits.device)
+                for k, v in batch["meta"].items()}  # fmt: skip
+        preds, labels, loss, weight, meta = accelerator.gather_for_metrics((preds, labels, loss, weight, meta))
+        loss_sum, terms = loss_sum + loss.double().sum().item(), terms + int(weight.sum())
+        meta = {k: v.cpu() for k, v in meta.items()}
+        windows += [({k: v[i] for k, v in meta.items()}, p, g) for i, (p, g) in enumerate(zip(preds.cpu(), labels.cpu(), strict=True))]
     model.train()
-    if windows != len(loader.dataset):
-        raise RuntimeError(f"evaluated {windows} windows, the dataset has {len(loader.dataset)}")
-    sentences = sorted(pieces)
-    if sentences != list(range(len(sentences))):
-        raise RuntimeError("the evaluated windows do not cover every sentence once")
-    predicted, gold = [], []
-    for s in sentences:
-        windows = sorted(pieces[s])
-        predicted.append([tag for _, p, _ in windows for tag in p])
-        gold.append([tag for _, _, g in windows for tag in g])
+    if len(windows) != len(loader.dataset):
+        raise RuntimeError(f"evaluated {len(windows)} windows, the dataset has {len(loader.dataset)}")
+    predicted, gold = problem.assemble(windows, loader.dataset, data)
     metrics = problem.report(predicted, gold, label_names)
     metrics["loss"] = loss_sum / max(terms, 1)
     metrics["predictions"] = predicted
@@ -156,7 +149,7 @@ class RecordProbabilities(torch.nn.Module):
 
     def forward(self, **inputs):
         output = self.model(**inputs)
-        probabilities = self.problem.scores(self.problem.outputs(output))
+        probabilities = self.problem.scores(self.problem.outputs(output, inputs))
         self.probabilities.append(self.accelerator.gather_for_metrics(probabilities).cpu())
         return output
 
@@ -189,11 +182,12 @@ def write_predictions(
 
 
 def evaluate_with_predictions(model, loader, accelerator: Accelerator, label_names: list[str], problem: str, keep: bool,
-                              threshold: float | list[float] = 0.5) -> tuple[dict, torch.Tensor | list | None]:
+                              threshold: float | list[float] = 0.5, data=None) -> tuple[dict, torch.Tensor | list | None]:
     """The metrics, and with `keep` what predictions.jsonl needs: per sample, the gathered probabilities
     (or numbers); per sentence, the predicted tag ids."""
-    if problem_of(problem).per_word:
-        report = evaluate_model(model, loader, accelerator, label_names, problem_type=problem, keep_predictions=keep)
+    if problem_of(problem).windowed:
+        report = evaluate_model(model, loader, accelerator, label_names, problem_type=problem, keep_predictions=keep,
+                                data=data)  # fmt: skip
         return report, report.pop("predictions", None)
     recorder = RecordProbabilities(model, accelerator, problem_of(problem)) if keep else None
     report = evaluate_model(

@@ -50,6 +50,7 @@ from finetune.formats import plain_tags
 
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 TOKENS = "token_classification"  # a tag per word (finetune/tasks.py's token task); not a transformers problem_type
+SPANS = "question_answering"  # an answer's span in a context (extractive QA); not a transformers problem_type
 
 
 # How `learned` judges a metric against the trivial baseline's (its docstring states each rule).
@@ -94,6 +95,8 @@ METRICS: dict[str, Metric] = {
         Metric("entity_precision", "entity precision", card_type="precision"),
         Metric("entity_recall", "entity recall", card_type="recall"),
         Metric("word_accuracy", "word accuracy", plotted=True, card_type="accuracy"),
+        Metric("exact_match", "exact match", plotted=True, card_type="exact_match"),
+        Metric("f1", "F1", plotted=True, card_type="f1"),
         Metric("loss", "loss", greater_is_better=False),
     )
 }
@@ -124,6 +127,7 @@ PROBLEMS: dict[str, ProblemMetrics] = {
         ("entity_f1", "entity_precision", "entity_recall", "word_accuracy"),
         ("entity_f1",),
     ),
+    SPANS: ProblemMetrics(("f1", "exact_match", "loss"), ("exact_match", "f1"), ("exact_match", "f1")),
 }  # fmt: skip
 
 
@@ -145,6 +149,8 @@ def _named(keys: tuple[str, ...], metrics: dict[str, Any]) -> str:
 
 
 def _counted(metrics: dict[str, Any]) -> str:
+    if "exact_match" in metrics:
+        return f"{metrics['num_samples']} questions"
     if "num_words" in metrics:
         return f"{metrics['num_sentences']} sentences ({metrics['num_words']} words)"
     return f"{metrics['num_samples']} samples"

@@ -596,8 +596,8 @@ def _block_hook(state: ModelParallelState, stage: int, device: torch.device) -> 
 
 
 def pipelined_forward(model: nn.Module, batch: Mapping[str, Any], chunks: int,
-                      outputs: Callable[[Any], torch.Tensor]) -> torch.Tensor:  # fmt: skip
-    """The outputs of `batch` (`outputs` of each chunk's model output: the problem's, finetune/problems/),
+                      outputs: Callable[[Any, Mapping[str, Any]], torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    """The outputs of `batch` (`outputs` of each chunk's model output and inputs: the problem's, finetune/problems/),
     run as `chunks` micro-batches one after the other (GPipe).
 
     Every tensor is split along dim 0 (sizes differ by at most one; chunks > batch size means one
@@ -615,5 +615,6 @@ def pipelined_forward(model: nn.Module, batch: Mapping[str, Any], chunks: int,
         raise ValueError(f"pipelined_forward needs tensors with one batch size, got sizes {sorted(sizes)}")
     n = min(chunks, sizes.pop())
     parts = {k: torch.tensor_split(v, n) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-    logits = [outputs(model(**{k: parts[k][j] if k in parts else v for k, v in inputs.items()})) for j in range(n)]
+    chunked = [{k: parts[k][j] if k in parts else v for k, v in inputs.items()} for j in range(n)]
+    logits = [outputs(model(**chunk), chunk) for chunk in chunked]
     return torch.cat(logits)

@@ -663,7 +663,7 @@ def evaluate_split(cfg: TrainConfig, run: Run, split: str, threshold=None, keep_
     threshold = cfg.multi_label_threshold if threshold is None else threshold
     return evaluate_model(run.model, run.eval_loaders[split], run.accelerator, run.label_names, cfg.pipeline_chunks,
                           cfg.problem_type, threshold, keep_predictions, trivial=run.trivial,
-                          rows=run.rows("eval"))  # fmt: skip
+                          rows=run.rows("eval"), data=cfg.data_args)  # fmt: skip
 
 
 def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hooks: Hooks) -> dict[str, Any]:

@@ -112,11 +112,11 @@ def _public_files(root: Path) -> dict[str, list[str]]:
 
 
 def test_no_rule_fires_on_the_bundled_data_sets():
-    """The bundled recipes' data (rotten_tomatoes, UNER English, Fashion-MNIST, its PNG sample folder): read,
-    checked and prepared, with not one warning."""
+    """The bundled recipes' data (rotten_tomatoes, UNER English, SQuAD-shifts, Fashion-MNIST, its PNG sample
+    folder): read, checked and prepared, with not one warning."""
     from finetune.data import load_splits, read_splits
 
-    for recipe in ("bert_rotten_tomatoes.yaml", "bert_ner.yaml"):
+    for recipe in ("bert_rotten_tomatoes.yaml", "bert_ner.yaml", "bert_qa.yaml"):
         cfg = load_config(f"finetune/configs/{recipe}")
         assert _said(lambda said, c=cfg: _text_run(c, said)) == [], recipe
     for recipe in ("vit_fashion_mnist.yaml", "vit_imagefolder.yaml"):
@@ -191,7 +191,7 @@ def test_a_good_file_is_read_once_for_its_fingerprint_and_once_by_the_parser(tmp
 LAYERS = [
     {"errors"},
     {"text", "formats"},
-    {"signals", "checks", "metrics"},
+    {"signals", "checks", "metrics", "squad"},
     {"layout"},
     {"checks.inputs", "checks.images", "checks.files", "checks.labels", "checks.models", "checks.runs",
      "checks.launch", "checks.tools", "checks.catalogue"},
@@ -201,7 +201,7 @@ LAYERS = [
     {"checks.settings", "checks.columns"},
     {"config", "exits"},
     {"problems.base"},
-    {"problems.multi_label", "problems.regression", "problems.tags"},
+    {"problems.multi_label", "problems.regression", "problems.tags", "problems.spans"},
     {"problems"},
     {"runtime", "steps", "shapes", "models", "card", "launch", "cli"},
     {"data", "checkpoint", "evaluation"},

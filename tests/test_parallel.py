@@ -44,7 +44,7 @@ BATCH = 7  # odd, so that chunks of 2 and 3 are uneven
 SEQ = 8
 
 
-def LOGITS(output):  # noqa: N802  the outputs pipelined_forward concatenates: a classifier's logits
+def LOGITS(output, inputs):  # noqa: N802  the outputs pipelined_forward concatenates: a classifier's logits
     return output.logits
 
 

@@ -849,6 +849,41 @@ def regression_outputs(given: list[str] | None) -> str | None:
 REGRESSION_NAMES = [regression_outputs]
 
 
+# --- answers (question answering) -----------------------------------------------------------------------
+
+
+@rule("labels.answers_not_squad")
+def answers_not_squad(ds, column: str, context: str, split: str) -> str | None:
+    """An answers column that is not the squad layout: {text: [...], answer_start: [...]} per question."""
+    feature = ds.features[column]
+    if isinstance(feature, dict) and {"text", "answer_start"} <= set(feature):
+        return None
+    return (f"the answers column '{column}' of the {split} data holds {feature}; question answering reads the Hub's "
+            "squad layout, one {\"text\": [...], \"answer_start\": [...]} per question (character offsets into the "
+            "context), e.g. {\"text\": [\"London\"], \"answer_start\": [25]}")
+
+
+@rule("labels.answer_not_in_context")
+def answer_not_in_context(ds, column: str, context: str, split: str) -> str | None:
+    """An answer whose text is not the context's at its answer_start: offsets counted otherwise (bytes, from
+    1, of another version of the context), which would train on the wrong span."""
+    for row, (text, answers) in enumerate(zip(ds[context][:], ds[column][:], strict=True)):
+        texts, starts = answers["text"] or [], answers["answer_start"] or []
+        if len(texts) != len(starts):
+            return (f"row {row + 1} of the {split} data has {len(texts)} answer text(s) and {len(starts)} "
+                    "answer_start(s); give one start for each answer")
+        for answer, start in zip(texts, starts, strict=True):
+            if text is None or start is None or text[start : start + len(answer)] != answer:
+                found = "" if text is None or start is None else f", where the context reads {shown(text[start : start + len(answer)])}"
+                return (f"row {row + 1} of the {split} data: the answer {shown(answer)} is not at its answer_start "
+                        f"{start} in the context{found}; answer_start is the answer's first character in the context, "
+                        "counted in characters from 0")
+    return None
+
+
+ANSWERS = [answers_not_squad, answer_not_in_context]
+
+
 class Targets:
     """A regression split's targets: the values (float64), the column, the split."""
 

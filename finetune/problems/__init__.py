@@ -10,7 +10,7 @@
     problem = problem_of(cfg.problem_type)   # a `Problem`: the rest of the app asks it, and compares no names
     names = problem.label_names(train, args, said)
     train = problem.encode(train, args, names, "train", said)
-    loss = problem.loss(problem.outputs(model(**inputs)), labels)
+    loss = problem.loss(problem.outputs(model(**inputs), inputs), labels)
 
 Each problem is a class of its own module: single-label classification (`Problem` itself, the default
 behaviour, with what every problem shares) in base.py, then multi_label.py, regression.py and tags.py; this
@@ -47,14 +47,15 @@ from finetune import checks
 from finetune.checks import labels
 from finetune.config import DataArgs
 from finetune.formats import is_list
-from finetune.metrics import MULTI, PROBLEMS, REGRESSION, SINGLE, TOKENS
+from finetune.metrics import MULTI, PROBLEMS, REGRESSION, SINGLE, SPANS, TOKENS
 from finetune.problems.base import Problem, encode_labels, resolve_label_names
 from finetune.problems.multi_label import MultiLabel
 from finetune.problems.regression import Regression
+from finetune.problems.spans import Spans
 from finetune.problems.tags import Tags, encode_tags, tag_names
 from finetune.tasks import task_of
 
-__all__ = ["MULTI", "REGRESSION", "SINGLE", "TOKENS", "MultiLabel", "Problem", "Regression", "Tags", "encode_labels",
+__all__ = ["MULTI", "REGRESSION", "SINGLE", "SPANS", "TOKENS", "MultiLabel", "Problem", "Regression", "Spans", "Tags", "encode_labels",
            "encode_tags", "infer_problem_type", "problem_of", "problem_type_of", "problem_type_of_model",
            "resolve_label_names", "tag_names", "tags_in"]  # fmt: skip
 
@@ -65,8 +66,9 @@ __all__ = ["MULTI", "REGRESSION", "SINGLE", "TOKENS", "MultiLabel", "Problem", "
 def infer_problem_type(train: HFDataset, args: DataArgs, said: checks.Said | None = None) -> str:
     """`args.problem_type` checked against train's labels (checks/labels.py, PROBLEM), or read from them
     when it is null."""
-    if task_of(args.task).problems == (TOKENS,):  # a tag per word: the task's one problem
-        return TOKENS
+    task = task_of(args.task)
+    if len(task.problems) == 1:  # tags, spans: the task's one problem
+        return task.problems[0]
     if args.label_columns:
         return MULTI  # a rule refuses another problem_type beside label_columns
     column = labels.Column(train, args.label_column, args.problem_type)
@@ -79,14 +81,14 @@ def infer_problem_type(train: HFDataset, args: DataArgs, said: checks.Said | Non
 def problem_type_of(ds: HFDataset) -> str:
     """The problem type of a split whose `labels` are encoded (by `encode` or data.encode_labels)."""
     feature = ds.features["labels"]
+    if isinstance(feature, dict):  # answers: {text, answer_start}
+        return SPANS
     if is_list(feature) and isinstance(getattr(feature, "feature", None), ClassLabel):
         return TOKENS  # a tag id per word
     return SINGLE if isinstance(feature, ClassLabel) else MULTI if is_list(feature) else REGRESSION
 
 
-
-
-PROBLEM_OF: dict[str, Problem] = {p.name: p for p in (Problem(), MultiLabel(), Regression(), Tags())}
+PROBLEM_OF: dict[str, Problem] = {p.name: p for p in (Problem(), MultiLabel(), Regression(), Tags(), Spans())}
 assert set(PROBLEM_OF) == set(PROBLEMS), "a problem of finetune/metrics.py's table has no class here"
 
 

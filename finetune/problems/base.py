@@ -35,6 +35,8 @@ class Problem:
     thresholded = False  # a threshold turns probabilities into labels, tunable on validation
     numbers = False  # the labels are numbers on a scale (regression)
     per_word = False  # a tag per word: scored per sentence, its windows put back together
+    windowed = False  # a sample is read in windows (tags, spans): scored per sample from its windows (`assemble`)
+    pad_value: float = -100  # what pads a window's predictions to one length across processes
     also_judged_by: str | None = None  # a metric that must beat its baseline too for "learned"
     trivial_words = "most frequent answer"  # what the trivial baseline predicts, in the run's verdict
     pipeline_arguments = ""  # the card's pipeline call
@@ -102,8 +104,8 @@ class Problem:
         return with_labels(ds, ClassLabel(names=names), lambda b: [0] * rows_of(b))
 
     # --- outputs, loss, predictions -----------------------------------------------------------------------
-    def outputs(self, output) -> torch.Tensor:
-        """What the loss and the predictions read of a model's output."""
+    def outputs(self, output, inputs: dict[str, Any]) -> torch.Tensor:
+        """What the loss and the predictions read of a model's output (`inputs`: the batch it read)."""
         return output.logits
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, class_weights: torch.Tensor | None = None,
@@ -146,6 +148,11 @@ class Problem:
         """The metrics (without the loss, which the caller adds)."""
         as_list = [v.tolist() if hasattr(v, "tolist") else v for v in (predictions, references)]
         return classification_report(*as_list, names)
+
+    def assemble(self, windows: list[tuple[dict, Any, Any]], dataset: HFDataset, data: DataArgs | None) -> tuple[list, list]:
+        """A windowed problem's predictions and references per sample, in the data's order, from every
+        window's meta, predictions and labels (gathered from all processes)."""
+        raise NotImplementedError
 
     def record(self, scored, label, names: list[str], per_label: list[float]) -> dict[str, Any]:
         """What predictions.jsonl says of one sample beside its input: here its label, the predicted class

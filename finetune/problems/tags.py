@@ -33,7 +33,7 @@ class Tags(Problem):
     """A tag per word (finetune/tasks.py's token task); not a transformers problem_type."""
 
     name, hf_problem_type = TOKENS, None
-    classes, ids_as_names, per_word = False, False, True
+    classes, ids_as_names, per_word, windowed = False, False, True, True
     also_judged_by = "word_accuracy"  # an entity F1 above a baseline's 0 can still come from a tagger worse than "every word O"
 
     def describe(self, modality: str, names: list[str]) -> str:
@@ -100,6 +100,22 @@ class Tags(Problem):
 
     def baseline(self, constant, references, names, threshold=0.5):
         return metrics_only(self.report([[constant] * len(sentence) for sentence in references], references, names))
+
+    def assemble(self, windows, dataset, data):
+        """Each window's first-subword predictions (labels other than -100) put back into their sentences."""
+        pieces: dict[int, list[tuple[int, list[int], list[int]]]] = {}  # sentence -> (first word, preds, gold)
+        for meta, p, g in windows:
+            scored = g != -100
+            pieces.setdefault(int(meta["sentence"]), []).append((int(meta["first_word"]), p[scored].tolist(), g[scored].tolist()))
+        sentences = sorted(pieces)
+        if sentences != list(range(len(sentences))):
+            raise RuntimeError("the evaluated windows do not cover every sentence once")
+        predicted, gold = [], []
+        for s in sentences:
+            ordered = sorted(pieces[s])
+            predicted.append([tag for _, p, _ in ordered for tag in p])
+            gold.append([tag for _, _, g in ordered for tag in g])
+        return predicted, gold
 
     def report(self, predictions, references, names, threshold=0.5):
         """Per sentence: lists of tag ids."""

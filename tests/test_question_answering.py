@@ -1,0 +1,169 @@
+"""Extractive question answering (finetune/tasks.py QuestionAnswering, finetune/problems/spans.py): windows
+over long contexts, each question scored once from all its windows (exact match and F1 as SQuAD's script,
+finetune/squad.py), accumulation and DDP equal to one big batch, an exact resume, the export and
+evaluate_checkpoint.py, and the rules for answers that do not fit their contexts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import (
+    DATA,
+    DROPOUT_BERT,
+    TINY_BERT,
+    TOKENIZER,
+    launch,
+    logged_losses,
+    user_error,
+    write_jsonl,
+)
+from safetensors.torch import load_file
+
+from finetune import checkpoint as ckpt
+from finetune.evaluate_checkpoint import main as evaluate_main
+from finetune.run import main
+from finetune.squad import normalize_answer
+
+SQUAD = DATA / "squad_shifts_wiki"
+
+
+def _rows(split: str, n: int) -> list[dict]:
+    with (SQUAD / f"{split}.jsonl").open() as f:
+        return [json.loads(next(f)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def qa_data(tmp_path_factory) -> dict[str, Path]:
+    """23 training and 11 validation questions of the bundled set: their contexts (hundreds of tokens) make
+    several windows each at max_length=64, and 11 is uneven over 2 processes."""
+    root = tmp_path_factory.mktemp("qa")
+    return {"train": write_jsonl(root / "train.jsonl", _rows("train", 23)),
+            "validation": write_jsonl(root / "validation.jsonl", _rows("validation", 11))}  # fmt: skip
+
+
+def qa_args(data: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    return ["task=question-answering", f"model_config={TINY_BERT}", f"tokenizer_name={TOKENIZER}",
+            f"train_file={data['train']}", f"validation_file={data['validation']}", "test_file=null", "max_length=64",
+            "doc_stride=16",
+            "per_device_train_batch_size=8", "per_device_eval_batch_size=16", "num_train_epochs=1", "learning_rate=1e-3",
+            "warmup_ratio=0.2", "logging_steps=1", "seed=0", "freeze_embeddings=false", "freeze_layers=0", "dropout=null", "group_by_length=false", f"output_dir={out}", "overwrite_output_dir=true",
+            "report_to=[]", *extra]  # fmt: skip
+
+
+def _weights(out: Path) -> dict:
+    return load_file(out / "model" / "model.safetensors")
+
+
+# Weights that add the same to every token's start (or end) score: a softmax over a window's tokens ignores
+# them, so their gradient is 0 in exact arithmetic, and AdamW, which divides a gradient by its own size, turns
+# the float noise there into steps that differ with the batching. Nothing the model answers depends on them.
+SHIFTS = {"qa_outputs.bias", "bert.encoder.layer.1.output.LayerNorm.bias"}
+
+
+def _worst(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and SHIFTS <= a.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a if k not in SHIFTS)
+
+
+def test_a_window_is_labelled_with_its_answers_tokens_or_its_cls(qa_data):
+    """Every window whose label is not the CLS decodes to its question's first answer; a question's windows
+    overlap; some windows of a long context hold no answer and are labelled (0, 0)."""
+    from transformers import AutoTokenizer
+
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.tasks import task_of
+
+    cfg = load_config(None, qa_args(qa_data, Path("/tmp/unused")))
+    raw, names = load_splits(cfg.data_args)
+    assert names == ["start", "end"]
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    windows = task_of("question-answering").prepare(raw["train"], tokenizer, cfg.data_args, "train", 3)
+    assert len(windows) > 2 * len(raw["train"])  # long contexts: several windows a question
+    cls = 0
+    for row in windows:
+        start, end = row["labels"]
+        if (start, end) == (0, 0):
+            cls += 1
+            continue
+        answer, offsets = row["answers"][0], row["offsets"]
+        span = row["context"][offsets[start][0] : offsets[end][1]]  # whole tokens: an answer may end inside one
+        assert answer in span and len(span) - len(answer) < 12, (span, answer)
+        assert normalize_answer(answer)[:4] in normalize_answer(tokenizer.decode(row["input_ids"][start : end + 1]))
+    assert 0 < cls < len(windows)
+
+
+def test_accumulation_and_ddp_equal_one_big_batch_and_score_every_question_once(qa_data, tmp_path):
+    """1 x 8, 1 x 2 x 4 and 2 processes x 2 x 2 give the same weights (the loss is a mean over windows, the
+    windows split unevenly over the ranks); validation scores each of the 11 questions once under both, with
+    the same scores."""
+    common = ("num_train_epochs=2", "max_grad_norm=null")
+    main(qa_args(qa_data, tmp_path / "a", *common))
+    main(qa_args(qa_data, tmp_path / "b", "per_device_train_batch_size=2", "gradient_accumulation_steps=4", *common))
+    result = launch(qa_args(qa_data, tmp_path / "d", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",
+                            *common), num_processes=2)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    reference = _weights(tmp_path / "a")
+    assert _worst(_weights(tmp_path / "b"), reference) < 1e-5
+    assert _worst(_weights(tmp_path / "d"), reference) < 1e-5
+    assert any(v.abs().sum() > 0 for v in reference.values())
+    scored = {run: json.loads((tmp_path / run / "results.json").read_text())["validation"] for run in ("a", "d")}
+    assert scored["a"]["num_samples"] == scored["d"]["num_samples"] == 11
+    assert scored["a"]["f1"] == pytest.approx(scored["d"]["f1"], abs=1e-9)
+    assert scored["a"]["exact_match"] == pytest.approx(scored["d"]["exact_match"], abs=1e-9)
+
+
+def test_a_resume_mid_epoch_ends_as_the_uninterrupted_run(qa_data, tmp_path):
+    args = ("per_device_train_batch_size=4", "num_train_epochs=2", "save_steps=3", "save_total_limit=null",
+            "max_train_samples=6", f"model_config={DROPOUT_BERT}")  # fmt: skip
+    main(qa_args(qa_data, tmp_path / "full", *args))
+    first = ckpt.list_checkpoints(tmp_path / "full")[0]
+    assert 0 < ckpt.read_manifest(first)["samples_in_epoch"]
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(first, resumed / "checkpoints" / first.name)
+    main(qa_args(qa_data, resumed, *args, "resume_from_checkpoint=latest"))
+    full, again = _weights(tmp_path / "full"), _weights(resumed)
+    assert max((full[k] - again[k]).abs().max().item() for k in full) <= 1e-6  # every weight: the same steps
+    losses, resumed_losses = logged_losses(tmp_path / "full"), logged_losses(resumed)
+    assert resumed_losses and all(resumed_losses[step] == pytest.approx(losses[step], abs=1e-6) for step in resumed_losses)
+
+
+def test_an_overfit_model_answers_and_its_export_evaluates_the_same(tmp_path):
+    """Trained on its validation questions, a tiny model finds their answers; evaluate_checkpoint.py scores
+    the export as training did, and writes each question's id, answer and score; the export loads as a
+    transformers question-answering model and the card shows how to ask it."""
+    rows = _rows("validation", 3)
+    data = {"train": write_jsonl(tmp_path / "three.jsonl", rows), "validation": tmp_path / "three.jsonl"}
+    out = tmp_path / "run"
+    results = main(qa_args(data, out, "num_train_epochs=15", "per_device_train_batch_size=4", "learning_rate=3e-3",
+                           "warmup_ratio=0.05", "logging_steps=20"))  # fmt: skip
+    validation = results["validation"]
+    assert validation["f1"] > 0.6 and validation["f1"] > validation["baseline"]["f1"] + 0.3, validation
+    evaluated = evaluate_main([str(out / "model"), "--predictions"])
+    assert evaluated["f1"] == pytest.approx(validation["f1"]) and evaluated["num_samples"] == 3
+    lines = [json.loads(line) for line in (out / "eval" / "validation" / "predictions.jsonl").read_text().splitlines()]
+    assert [line["id"] for line in lines] == [r["id"] for r in rows]
+    assert all(isinstance(line["prediction"], str) and isinstance(line["score"], float) for line in lines)
+    assert lines[0]["answers"] == rows[0]["answers"]["text"]
+    from transformers import AutoModelForQuestionAnswering
+
+    model = AutoModelForQuestionAnswering.from_pretrained(out / "model")
+    assert model.config.num_labels == 2
+    assert "AutoModelForQuestionAnswering.from_pretrained" in (out / "model" / "README.md").read_text()
+
+
+def test_answers_in_another_layout_or_off_their_context_are_one_line(qa_data, tmp_path, capsys):
+    rows = _rows("train", 6)
+    flat = write_jsonl(tmp_path / "flat.jsonl", [{**r, "answers": r["answers"]["text"][0]} for r in rows])
+    user_error(capsys, main, qa_args(qa_data, tmp_path / "a", f"train_file={flat}"), "answer_start",
+               rule="labels.answers_not_squad")
+    moved = [{**r, "answers": {"text": r["answers"]["text"], "answer_start": [s + 1 for s in r["answers"]["answer_start"]]}}
+             for r in rows]  # fmt: skip
+    shifted = write_jsonl(tmp_path / "shifted.jsonl", moved)
+    user_error(capsys, main, qa_args(qa_data, tmp_path / "b", f"train_file={shifted}"), "row 1 of the train data",
+               rule="labels.answer_not_in_context")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
