@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import logging
 import re
 from collections import Counter
@@ -38,6 +39,7 @@ from finetune.formats import A_TAG, CONLLU_COLUMNS, CONLLU_UPOS, FILE_BUILDERS, 
 from finetune.images import verify_images
 from finetune.layout import RunDir
 from finetune.problems import Problem, infer_problem_type, problem_of
+from finetune.squad import flatten_squad
 from finetune.tasks import task_of
 
 # --- reading files ---------------------------------------------------------------------------------
@@ -52,6 +54,8 @@ def read_file(split: str, path: str, conll_columns: tuple[str, str], digests: di
     checks.gate(files.HEAD, head)
     if head.builder == "conll":  # datasets has no builder for it
         return read_conll(path, split, *conll_columns)
+    if head.squad_nested:  # SQuAD's own file: articles of paragraphs of questions, one row a question
+        return read_squad(path)
     try:
         ds = _parse(head)
     except Exception as e:  # datasets raises many types for unreadable data
@@ -315,6 +319,14 @@ def load_path(path: Path, args: DataArgs, said: checks.Said | None = None,
 
 
 # --- CoNLL -----------------------------------------------------------------------------------------
+
+
+def read_squad(path: str) -> HFDataset:
+    """A SQuAD v1.1/v2.0 file (`{"version", "data": [...]}`) as the Hub's squad rows (finetune/squad.py):
+    id, title, context, question, answers {text, answer_start}; v2's unanswerable questions have none."""
+    with open(path, encoding="utf-8-sig") as f:
+        rows = flatten_squad(json.load(f))
+    return HFDataset.from_list(rows)
 
 
 def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> HFDataset:

@@ -143,9 +143,11 @@ def test_an_overfit_model_answers_and_its_export_evaluates_the_same(tmp_path):
                            "warmup_ratio=0.05", "logging_steps=20"))  # fmt: skip
     validation = results["validation"]
     assert validation["f1"] > 0.6 and validation["f1"] > validation["baseline"]["f1"] + 0.3, validation
-    evaluated = evaluate_main([str(out / "model"), "--predictions"])
+    evaluated = evaluate_main([str(out / "model"), "--data", str(data["train"]), "--predictions"])
     assert evaluated["f1"] == pytest.approx(validation["f1"]) and evaluated["num_samples"] == 3
-    lines = [json.loads(line) for line in (out / "eval" / "validation" / "predictions.jsonl").read_text().splitlines()]
+    [written] = (out / "eval").rglob("predictions.jsonl")
+    lines = [json.loads(line) for line in written.read_text().splitlines()]
+    assert lines[0]["question"] == rows[0]["question"]
     assert [line["id"] for line in lines] == [r["id"] for r in rows]
     assert all(isinstance(line["prediction"], str) and isinstance(line["score"], float) for line in lines)
     assert lines[0]["answers"] == rows[0]["answers"]["text"]
@@ -167,3 +169,41 @@ def test_answers_in_another_layout_or_off_their_context_are_one_line(qa_data, tm
     user_error(capsys, main, qa_args(qa_data, tmp_path / "b", f"train_file={shifted}"), "row 1 of the train data",
                rule="labels.answer_not_in_context")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_squads_own_nested_file_reads_as_the_hub_rows(qa_data, tmp_path):
+    """A SQuAD v1.1 / v2.0 file (articles of paragraphs of questions) is read as the Hub's squad rows, in file
+    order; a v2 question without an answer has empty answer lists."""
+    from finetune.config import load_config
+    from finetune.data import load_splits
+
+    rows = _rows("train", 23)
+    articles: dict[str, dict[str, list]] = {}
+    for r in rows:
+        articles.setdefault(r["title"], {}).setdefault(r["context"], []).append(
+            {"id": r["id"], "question": r["question"],
+             "answers": [{"text": t, "answer_start": s} for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"], strict=True)]})  # fmt: skip
+    nested = {"version": "v2.0", "data": [{"title": title, "paragraphs": [{"context": c, "qas": qas} for c, qas in paragraphs.items()]}
+                                          for title, paragraphs in articles.items()]}  # fmt: skip
+    nested["data"][0]["paragraphs"][0]["qas"].append({"id": "impossible", "question": "Who?", "answers": [], "is_impossible": True})
+    path = tmp_path / "train-v2.0.json"
+    path.write_text(json.dumps(nested))
+    raw, _ = load_splits(load_config(None, qa_args({**qa_data, "train": path}, tmp_path / "out")).data_args)
+    read = {r["id"]: r for r in raw["train"]}
+    assert len(read) == 24 and read["impossible"]["labels"] == {"text": [], "answer_start": []}
+    for r in rows:
+        assert (read[r["id"]]["question"], read[r["id"]]["context"]) == (r["question"], r["context"])
+        assert read[r["id"]]["labels"] == r["answers"]
+
+
+def test_the_recipe_scores_every_question_of_its_validation_file_once(tmp_path, capsys):
+    """The bundled recipe, with a tiny model for two steps: the task read from the data (task=null), every
+    one of the 1,050 validation questions scored once from its windows."""
+    results = main(["--config", "finetune/configs/bert_qa.yaml", "task=null", f"model_config={TINY_BERT.replace('128', '512')}",
+                    f"tokenizer_name={TOKENIZER}", "max_steps=2", "max_train_samples=32", "freeze_embeddings=false",
+                    f"output_dir={tmp_path / 'run'}"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "question-answering: BertForQuestionAnswering, train 32 questions" in out
+    assert "validation 1,050 questions (" in out and "windows)" in out
+    assert results["validation"]["num_samples"] == 1050
+    assert "on 1050 questions" in out.splitlines()[-2]

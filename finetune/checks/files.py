@@ -150,6 +150,13 @@ class FileHead:
         return self.text.split("\n", 1)[0].strip()
 
     @functools.cached_property
+    def squad_nested(self) -> bool:
+        """A .json file in SQuAD's own nested layout ({"version", "data": [{"title", "paragraphs": [{"context",
+        "qas": [...]}]}]}): read by finetune/squad.py's flatten_squad into the Hub's squad rows."""
+        return (self.suffix == ".json" and self.text.lstrip("\ufeff \t\r\n").startswith("{")
+                and re.search(r'"paragraphs"\s*:', self.text) is not None and '"qas"' in self.text)  # fmt: skip
+
+    @functools.cached_property
     def quotes_are_text(self) -> bool:
         """A .tsv whose quotes are characters of its texts (GLUE's TSVs, written without quoting: `5" screen`),
         read so: no field of the head is enclosed in quotes, as a writer that quotes (pandas) leaves one on a
