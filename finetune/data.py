@@ -325,7 +325,10 @@ def read_squad(path: str) -> HFDataset:
     """A SQuAD v1.1/v2.0 file (`{"version", "data": [...]}`) as the Hub's squad rows (finetune/squad.py):
     id, title, context, question, answers {text, answer_start}; v2's unanswerable questions have none."""
     with open(path, encoding="utf-8-sig") as f:
-        rows = flatten_squad(json.load(f))
+        try:
+            rows = flatten_squad(json.load(f))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise checks.explain(files.SQUAD_FILE, path, e) from None
     return HFDataset.from_list(rows)
 
 

@@ -177,7 +177,7 @@ def write_predictions(
             record: dict[str, Any] = {"index": i, **given}
             record.update(problem.record(p, label, names, per_label))
             if not labelled:
-                record.pop("label", None), record.pop("labels", None)
+                record.pop("label", None), record.pop("labels", None), record.pop("answers", None)
             f.write(json.dumps(record) + "\n")
 
 

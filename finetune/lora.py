@@ -8,7 +8,7 @@ A transform applied to a built model, like model parallelism (finetune/parallel.
 wraps every linear layer named in `target_modules` (the last part of its module name: BERT's attention
 has query, key, value; ViT's, in transformers 5, q_proj, k_proj, v_proj; unset, the model's query and
 value layers by whichever of those names it has) with W + (alpha / r) B A, A and B of rank r, and keeps the
-classification head (`classifier`, `score`, `pre_classifier`) trainable beside them; every other
+classification head (`classifier`, `score`, `pre_classifier`; a QA model's `qa_outputs`) trainable beside them; every other
 weight is frozen, so the optimizer holds only those (the start line's "weights trained"). Nothing
 else in the loop changes: the per-sample loss, its masking and scaling, DDP and accumulation, and
 checkpoints (Accelerate saves the wrapped model's state, adapters included, so a resume is exact).
@@ -34,7 +34,7 @@ from finetune.checks import models as model_rules
 DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": None}
 QUERY_VALUE = (["query", "value"], ["q_proj", "v_proj"])  # BERT's; ViT's (transformers 5), and most others'
 
-HEADS = ("classifier", "score", "pre_classifier")  # the heads of transformers' classification models
+HEADS = ("classifier", "score", "pre_classifier", "qa_outputs")  # the heads of transformers' classification and QA models
 
 
 def with_defaults(spec: dict[str, Any]) -> dict[str, Any]:

@@ -158,10 +158,10 @@ def _counted(metrics: dict[str, Any]) -> str:
 
 def summary_line(metrics: dict[str, Any]) -> str:
     """One line for the console: "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples"."""
-    shown = PROBLEMS[problem_of_metrics(metrics)].shown
-    line = f"{_named(shown, metrics)}, loss {_shown(metrics.get('loss'))} on {_counted(metrics)}"
-    if metrics.get("baseline"):  # what predicting the same for every input scores
-        line += f" (trivial baseline: {_named(shown[:1], metrics['baseline'])})"
+    problem = PROBLEMS[problem_of_metrics(metrics)]
+    line = f"{_named(problem.shown, metrics)}, loss {_shown(metrics.get('loss'))} on {_counted(metrics)}"
+    if metrics.get("baseline"):  # what predicting the same for every input scores, by the metric the verdict reads
+        line += f" (trivial baseline: {_named(problem.reported[:1], metrics['baseline'])})"
     return line
 
 

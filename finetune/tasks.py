@@ -561,6 +561,8 @@ class QuestionAnswering(TextClassification):
         """Question-context pairs into overlapping windows with their answers' token spans (the class docstring)."""
         tokenizer, question, context = preprocessor, data.question_column, data.context_column
         first = tokenizer.padding_side == "right"  # the question first, as the model was trained (run_qa.py)
+        questions = [str(q or "").lstrip() for q in ds[question][:]]
+        checks.gate(inputs.QUESTIONS, questions, tokenizer, data.max_length, data.doc_stride, split)
 
         def windows(batch, rows):
             questions = [q.lstrip() for q in batch[question]]  # leading spaces only waste the window

@@ -207,3 +207,68 @@ def test_the_recipe_scores_every_question_of_its_validation_file_once(tmp_path, 
     assert "validation 1,050 questions (" in out and "windows)" in out
     assert results["validation"]["num_samples"] == 1050
     assert "on 1050 questions" in out.splitlines()[-2]
+
+
+def _squad_rows(n: int = 6) -> list[dict]:
+    return _rows("train", n)
+
+
+BAD = {  # name: (rows of the training file or a writer, the settings beside, the rule, a fragment of its line)
+    "answers as scalars": (lambda rows: [{**r, "answers": {"text": r["answers"]["text"][0], "answer_start": r["answers"]["answer_start"][0]}} for r in rows],
+                           (), "labels.answers_not_squad", "an answer that is not a list"),
+    "starts as strings": (lambda rows: [{**r, "answers": {"text": r["answers"]["text"], "answer_start": [str(s) for s in r["answers"]["answer_start"]]}}
+                                        for r in rows], (), "labels.answers_not_squad", "whole numbers from 0"),
+    "an empty answer text": (lambda rows: [{**r, "answers": {"text": [""], "answer_start": [0]}} if i == 2 else r for i, r in enumerate(rows)],
+                             (), "labels.answer_not_in_context", "row 3 of the train data has an empty answer text"),
+    "no answer at all": (lambda rows: [{**r, "answers": {"text": [], "answer_start": []}} for r in rows],
+                         (), "labels.no_answer_to_learn", "no question of the training data has an answer"),
+    "columns named otherwise": (lambda rows: [{"q": r["question"] + "?", "passage": r["context"], "ans": r["answers"]} for r in rows],
+                                (), "columns.question_answering_columns", "set question_column=q, context_column=passage, answers_column=ans"),
+    "flat answer columns": (lambda rows: [{"question": r["question"], "context": r["context"], "answer_text": r["answers"]["text"][0],
+                                           "answer_start": r["answers"]["answer_start"][0]} for r in rows],
+                            (), "columns.question_answering_columns", "not as separate columns"),
+    "a question longer than a window": (lambda rows: [{**r, "question": " ".join(["why"] * 80)} if i == 1 else r for i, r in enumerate(rows)],
+                                        (), "inputs.question_leaves_no_room", "the question of row 2 of the train data is 80 tokens long"),
+    "doc_stride as long as the window": (lambda rows: rows, ("doc_stride=64",), "inputs.question_leaves_no_room", "lower doc_stride"),
+    "no candidate span": (lambda rows: rows, ("n_best_size=0",), "settings.positive", "n_best_size must be a positive integer"),
+    "a negative doc_stride": (lambda rows: rows, ("doc_stride=-5",), "settings.out_of_range", "doc_stride must be >= 0"),
+    "class weights": (lambda rows: rows, ("class_weights=balanced",), "settings.class_weights_of_regression", "question answering"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_question_answering_input_is_one_line(case, qa_data, tmp_path, capsys):
+    make, settings, rule, fragment = BAD[case]
+    train = write_jsonl(tmp_path / "train.jsonl", make(_squad_rows()))
+    user_error(capsys, main, qa_args(qa_data, tmp_path / "run", f"train_file={train}", *settings), fragment, rule=rule)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_csv_of_answers_as_text_and_a_broken_squad_file_are_one_line(qa_data, tmp_path, capsys):
+    rows = _squad_rows()
+    csv = tmp_path / "train.csv"
+    csv.write_text("id,question,context,answers\n" + "".join(
+        f'{r["id"]},"{r["question"]}","{r["context"].replace(chr(34), chr(39))}","{json.dumps(r["answers"]).replace(chr(34), chr(34) * 2)}"\n'
+        for r in rows))  # fmt: skip
+    user_error(capsys, main, qa_args(qa_data, tmp_path / "a", f"train_file={csv}"), "write the data as JSON Lines",
+               rule="labels.answers_not_squad")
+    broken = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": rows[0]["context"], "qas": [
+        {"id": "1", "question": "why?", "answers": [{"text": rows[0]["answers"]["text"][0]}]}]}]}]}
+    path = tmp_path / "train-v1.1.json"
+    path.write_text(json.dumps(broken))
+    user_error(capsys, main, qa_args(qa_data, tmp_path / "b", f"train_file={path}"), "'answer_start'",
+               rule="files.squad_file_malformed")
+
+
+def test_a_resume_with_other_windows_names_doc_stride(qa_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    main(qa_args(qa_data, out, "max_train_samples=6", "max_steps=2", "save_steps=1"))
+    user_error(capsys, main, qa_args(qa_data, out, "max_train_samples=6", "max_steps=4", "save_steps=1", "doc_stride=8",
+                                     "resume_from_checkpoint=latest", "overwrite_output_dir=false"),
+               "doc_stride=16 (now 8)", rule="runs.other_sample_count", untouched=out)
+
+
+def test_lora_trains_the_question_answering_head(qa_data, tmp_path, capsys):
+    main(qa_args(qa_data, tmp_path / "run", "max_train_samples=6", "max_steps=2", "peft={r: 4, alpha: 8, target_modules: [query, value]}"))
+    line = next(line for line in capsys.readouterr().out.splitlines() if "weights trained" in line)
+    assert "1,090 of" in line, line  # the adapters (2 layers x 2 modules x 256) and the head (32 x 2 + 2)

@@ -28,7 +28,7 @@ from finetune.checks.labels import (
     token_record,
 )
 from finetune.formats import A_TAG, IOB2_TAG, image_paths, plain_tags, word_lists
-from finetune.metrics import TOKENS
+from finetune.metrics import SPANS, TOKENS
 from finetune.tasks import TASKS, pair_first, pair_partner, task_for_data
 from finetune.text import BLANK, shown
 
@@ -325,6 +325,30 @@ def _no_labels_hint(c: Columns) -> str:
     return ""
 
 
+@rule("columns.question_answering_columns")
+def question_answering_columns(c: Columns) -> str | None:
+    """Question-answering data whose columns go by other names (q, passage, ans) or whose answers are two flat
+    columns (a CSV's answer_text, answer_start): the settings that name them, or the one answers column."""
+    if c.missing is None or c.task.problems != (SPANS,):
+        return None
+    texts = [n for n in c.names if c.head.get(n) and all(isinstance(v, str) for v in c.head[n][:50])]
+    answers = next((n for n in c.names if c.head.get(n) and isinstance(c.head[n][0], dict)
+                    and {"text", "answer_start"} <= set(c.head[n][0])), None)  # fmt: skip
+    if answers is None and any("start" in n.lower() for n in c.names):
+        return c.not_found("; question answering reads the answers as one column of {\"text\": [...], \"answer_start\": "
+                           "[...]} (the Hub's squad layout), not as separate columns: build it (pandas: df['answers'] = "
+                           "[{'text': [t], 'answer_start': [s]} for t, s in zip(df.answer_text, df.answer_start)]) and "
+                           "write JSON Lines (to_json(orient='records', lines=True))")
+    if len(texts) < 2:
+        return None
+    mean = {n: sum(len(v) for v in c.head[n]) / len(c.head[n]) for n in texts}
+    context = max(texts, key=mean.get)
+    question = next((n for n in texts if n != context and "?" in "".join(c.head[n][:50])), min(texts, key=mean.get))
+    named = [f"question_column={question}", f"context_column={context}"] + ([f"answers_column={answers}"] if answers else [])
+    return c.not_found(f"; question answering reads a question, a context and its answers: set {', '.join(named)}"
+                       + ("" if answers else " and answers_column=<the column of {\"text\": [...], \"answer_start\": [...]}>"))
+
+
 @rule("columns.another_tasks_data")
 def another_tasks_data(c: Columns) -> str | None:
     """The columns of another task's data (lists of words for a text run, images for a tagger)."""
@@ -488,7 +512,7 @@ def missing(c: Columns) -> str | None:
 MISSING = [a_model_file, pixel_columns, tags_joined_in_a_cell, character_spans, image_folder_of_one_class,
            images_under_another_name, spaced_header, names_in_another_case, words_as_one_string,
            records_nested_under_a_key, words_and_tags_under_other_names, words_without_tags, conll_read_as_a_table,
-           another_tasks_data, labels_of_an_image_folder, image_paths_for_a_text_model, text_column_named_otherwise,
+           question_answering_columns, another_tasks_data, labels_of_an_image_folder, image_paths_for_a_text_model, text_column_named_otherwise,
            no_header, scored_split_without_labels, label_column_named_otherwise, labels_and_texts_named_otherwise,
            another_name_than_train, nested_field, missing]  # fmt: skip
 

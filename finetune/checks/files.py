@@ -906,3 +906,16 @@ def no_data_files(path: Path, image_task: bool) -> str | None:
 
 
 DATA_FOLDER = [no_data_files]
+
+
+@rule("files.squad_file_malformed")
+def squad_file_malformed(path: str, error: Exception) -> str | None:
+    """A SQuAD-layout .json file that breaks the layout: a question without its id or answers, an answer
+    without its answer_start."""
+    missing = f"a key {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
+    return (f"{path} is in SQuAD's nested layout but breaks it ({missing} missing or of another type); each question "
+            'needs "id", "question" and "answers": [{"text": ..., "answer_start": ...}] (v2.0: "is_impossible": true '
+            "and no answers)")
+
+
+SQUAD_FILE = [squad_file_malformed]

@@ -3,6 +3,7 @@ asks these of the training split).
 
     TOKENIZED   texts cut at max_length, texts the tokenizer reads as unknown tokens
     WORDS       a tagging word that is no token at all for the tokenizer
+    QUESTIONS   a question that leaves a window no room for its context, or for the overlap doc_stride asks
 """
 
 from __future__ import annotations
@@ -93,3 +94,27 @@ def word_without_tokens(split: str, word: str, row: int, index: int) -> str:
 
 
 WORDS = [word_without_tokens]
+
+
+@rule("inputs.question_leaves_no_room")
+def question_leaves_no_room(questions: list[str], tokenizer, max_length: int, doc_stride: int, split: str) -> str | None:
+    """A question so long that a window of max_length tokens has no room for its context, or less room than
+    doc_stride, the tokens consecutive windows share (the tokenizer fails on either mid-run)."""
+    specials = tokenizer.num_special_tokens_to_add(pair=True)
+    lengths = [len(ids) for ids in tokenizer(questions, add_special_tokens=False)["input_ids"]]
+    row = max(range(len(lengths)), key=lengths.__getitem__, default=None)
+    if row is None:
+        return None
+    room = max_length - lengths[row] - specials
+    if room <= 0:
+        return (f"the question of row {row + 1} of the {split} data is {lengths[row]} tokens long: with the {specials} "
+                f"special tokens a window of max_length={max_length} leaves no room for its context; raise max_length "
+                "(the recipe's is 384) or shorten the question")
+    if doc_stride >= room:
+        return (f"doc_stride={doc_stride} is not below the room a window leaves for the context, {room} tokens (max_length="
+                f"{max_length} less the {lengths[row]}-token question of row {row + 1} of the {split} data and {specials} "
+                f"special tokens); lower doc_stride (to {max(room // 4, 0)}, say) or raise max_length")
+    return None
+
+
+QUESTIONS = [question_leaves_no_room]

@@ -854,34 +854,55 @@ REGRESSION_NAMES = [regression_outputs]
 
 @rule("labels.answers_not_squad")
 def answers_not_squad(ds, column: str, context: str, split: str) -> str | None:
-    """An answers column that is not the squad layout: {text: [...], answer_start: [...]} per question."""
+    """An answers column that is not the squad layout: {text: [...], answer_start: [...]} per question, lists of
+    texts and of whole character offsets (a CSV's cell is text, which cannot hold it)."""
     feature = ds.features[column]
-    if isinstance(feature, dict) and {"text", "answer_start"} <= set(feature):
+    layout = isinstance(feature, dict) and {"text", "answer_start"} <= set(feature)
+    def of(part: str, kind: str) -> bool:  # a list of `kind` (or of nothing: every list empty)
+        return is_list(feature[part]) and (kind_of(feature[part].feature) == kind or getattr(feature[part].feature, "dtype", "") == "null")
+
+    if layout and of("text", "class") and of("answer_start", "int"):
         return None
-    return (f"the answers column '{column}' of the {split} data holds {feature}; question answering reads the Hub's "
-            "squad layout, one {\"text\": [...], \"answer_start\": [...]} per question (character offsets into the "
-            "context), e.g. {\"text\": [\"London\"], \"answer_start\": [25]}")
+    got = (f"answer_start of {feature['answer_start']}" if layout and is_list(feature["text"]) else
+           "an answer that is not a list" if layout else f"{feature}")  # fmt: skip
+    csv = " (a CSV cell is text: write the data as JSON Lines, one object a line)" if not layout and kind_of(feature) == "class" else ""
+    return (f"the answers column '{column}' of the {split} data holds {got}; question answering reads the Hub's squad "
+            "layout, one {\"text\": [...], \"answer_start\": [...]} per question: lists of the answers and of their "
+            f"first characters' offsets in the context, whole numbers from 0, e.g. {{\"text\": [\"London\"], \"answer_start\": [25]}}{csv}")
 
 
 @rule("labels.answer_not_in_context")
 def answer_not_in_context(ds, column: str, context: str, split: str) -> str | None:
     """An answer whose text is not the context's at its answer_start: offsets counted otherwise (bytes, from
-    1, of another version of the context), which would train on the wrong span."""
+    1, of another version of the context), which would train on the wrong span; or an empty answer text."""
     for row, (text, answers) in enumerate(zip(ds[context][:], ds[column][:], strict=True)):
         texts, starts = answers["text"] or [], answers["answer_start"] or []
+        where = f"row {row + 1} of the {split} data"
         if len(texts) != len(starts):
-            return (f"row {row + 1} of the {split} data has {len(texts)} answer text(s) and {len(starts)} "
-                    "answer_start(s); give one start for each answer")
+            return f"{where} has {len(texts)} answer text(s) and {len(starts)} answer_start(s); give one start for each answer"
         for answer, start in zip(texts, starts, strict=True):
-            if text is None or start is None or text[start : start + len(answer)] != answer:
-                found = "" if text is None or start is None else f", where the context reads {shown(text[start : start + len(answer)])}"
-                return (f"row {row + 1} of the {split} data: the answer {shown(answer)} is not at its answer_start "
-                        f"{start} in the context{found}; answer_start is the answer's first character in the context, "
-                        "counted in characters from 0")
+            if not answer:
+                return (f"{where} has an empty answer text; a question without an answer has empty lists "
+                        "({\"text\": [], \"answer_start\": []}, SQuAD v2.0's unanswerable)")
+            if text is None or start is None or not 0 <= start <= len(text) - len(answer) or \
+                    text[start : start + len(answer)] != answer:  # fmt: skip
+                found = f", where the context reads {shown(text[start : start + len(answer)])}" if text and start is not None \
+                    and 0 <= start < len(text) else f" (the context has {len(text or '')} characters)"  # fmt: skip
+                return (f"{where}: the answer {shown(answer)} is not at its answer_start {start} in the context{found}; "
+                        "answer_start is the answer's first character in the context, counted in characters from 0")
     return None
 
 
-ANSWERS = [answers_not_squad, answer_not_in_context]
+@rule("labels.no_answer_to_learn")
+def no_answer_to_learn(ds, column: str, context: str, split: str) -> str | None:
+    """Training questions none of which has an answer: the model would learn only to answer nothing."""
+    if split != "train" or any(a["text"] for a in ds[column][:]):
+        return None
+    return (f"no question of the training data has an answer (every '{column}' holds empty lists); extractive question "
+            "answering learns from answers: give questions with their answers' spans")
+
+
+ANSWERS = [answers_not_squad, answer_not_in_context, no_answer_to_learn]
 
 
 class Targets:

@@ -855,10 +855,14 @@ def other_sample_count(r: Resume) -> str | None:
     given or left out: a run without one holds out a share of the training data)."""
     if r.manifest.get("train_samples") in (None, r.train_samples):
         return None
-    was, now = (r.manifest.get("config") or {}).get("validation_file"), r.cfg.validation_file
+    old = r.manifest.get("config") or {}
+    was, now = old.get("validation_file"), r.cfg.validation_file
+    windows = [f"{k}={old[k]} (now {getattr(r.cfg, k)})" for k in ("max_length", "doc_stride") if k in old and old[k] != getattr(r.cfg, k, old[k])]
     why = ("another max_train_samples, or other training data" if was == now else
            f"the run had validation_file={was or 'null'}, this run has {now or 'null'}: a run without "
            "one holds out a share of the training data")  # fmt: skip
+    if windows and was == now:  # long texts read in windows: another window size makes another number of them
+        why = f"the run's windows came from {', '.join(windows)}: other windows make another number of samples"
     return (f"the checkpoint's run trained on {r.manifest['train_samples']} samples an epoch, this run has "
             f"{r.train_samples} ({why}); resume with the run's own data and settings")
 

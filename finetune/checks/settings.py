@@ -21,7 +21,7 @@ from typing import Any, Literal
 from finetune import lora
 from finetune.checks import rule
 from finetune.formats import SPLIT_FOLDERS
-from finetune.metrics import MULTI, PROBLEMS, REGRESSION, TOKENS
+from finetune.metrics import MULTI, PROBLEMS, REGRESSION, SPANS, TOKENS
 from finetune.tasks import TASKS, task_of
 
 # --- tables the rules read ---------------------------------------------------------------------------
@@ -629,7 +629,8 @@ WRONG_TYPE = [none_as_text, output_dir_empty, null_for_a_value, resume_true, ste
 FINITE = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
           "warmup_ratio", "num_train_epochs", "label_smoothing", "dropout", "validation_split_percentage")  # fmt: skip
 POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-            "logging_steps", "max_nonfinite_loss_steps", "ddp_timeout", "pipeline_chunks", "max_length")  # fmt: skip
+            "logging_steps", "max_nonfinite_loss_steps", "ddp_timeout", "pipeline_chunks", "max_length", "n_best_size",
+            "max_answer_length")  # fmt: skip
 POSITIVE_OR_NULL = ("max_steps", "eval_steps", "save_steps", "save_total_limit", "early_stopping_patience",
                     "cpu_threads", "max_train_samples", "max_eval_samples", "max_test_samples", "pad_to_multiple_of")  # fmt: skip
 WEEK = 7 * 24 * 3600  # past a week, the timeouts of torch's backends overflow
@@ -653,6 +654,7 @@ RANGES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "length_buckets": (lambda v: 1 <= v <= 32, "between 1 and 32 (or null)"),
     "validation_split_percentage": (lambda v: 0 < v < 100, "in (0, 100)"),
     "dataloader_num_workers": (lambda v: v >= 0, ">= 0"),
+    "doc_stride": (lambda v: v >= 0, ">= 0 (the tokens a long context's windows overlap)"),
 }
 
 
@@ -1069,10 +1071,10 @@ def smoothing_without_classes(cfg) -> str | None:
 
 @rule("settings.class_weights_of_regression", needs=("problem_type",))
 def class_weights_of_regression(cfg) -> str | None:
-    """class_weights for a regression: a number has no class to weigh."""
-    if cfg.problem_type == REGRESSION and cfg.class_weights is not None:
-        return (f"class_weights={cfg.class_weights} weighs classes or labels; a regression has none: leave "
-                "class_weights unset (null)")
+    """class_weights for a regression (a number has no class to weigh) or question answering (nor a span)."""
+    if cfg.problem_type in (REGRESSION, SPANS) and cfg.class_weights is not None:
+        what = "a regression" if cfg.problem_type == REGRESSION else "question answering (its answers are spans)"
+        return f"class_weights={cfg.class_weights} weighs classes or labels; {what} has none: leave class_weights unset (null)"
     return None
 
 
