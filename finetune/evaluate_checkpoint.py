@@ -592,8 +592,11 @@ def _evaluated_data(args: argparse.Namespace, cfg: TrainConfig, target: Target,
 
 def _threshold(overrides: list[str], cfg: TrainConfig, model, target: Target, problem: str) -> float | list[float]:
     """The thresholds tuned on the run's validation split (the export's config.json), unless asked otherwise."""
+    own = problem_of(problem).stored_threshold(model.config)  # a problem that keeps its own (question answering's)
+    if own is not None or not problem_of(problem).lists:
+        return own if own is not None else problem_of(problem).default_threshold(cfg)
     tuned = _thresholds(getattr(model.config, "multi_label_thresholds", None),
-                        target.label_names if problem_of(problem).thresholded else None)  # fmt: skip
+                        target.label_names)  # fmt: skip
     asked = any(parse_override(item)[0] == "multi_label_threshold" for item in overrides)
     return tuned if tuned and not asked else cfg.multi_label_threshold
 

@@ -71,10 +71,12 @@ def evaluate_model(
     metrics of always predicting it. `rows`: each batch filled to that many rows for the model (`forward`)."""
     problem = problem_of(problem_type)
     if problem.windowed:
-        metrics, gold = _evaluate_windows(model, loader, accelerator, label_names, problem, chunks, rows, data)
+        metrics, gold = _evaluate_windows(model, loader, accelerator, label_names, problem, chunks, rows, data, threshold)
         if trivial is not None:
             metrics["baseline"] = problem.baseline(trivial, gold, label_names)
-        if not keep_predictions:
+        if keep_predictions:
+            metrics["references"] = gold
+        else:
             metrics.pop("predictions")
         return metrics
     model.eval()
@@ -102,7 +104,7 @@ def evaluate_model(
 
 
 def _evaluate_windows(model, loader, accelerator: Accelerator, label_names: list[str], problem: Problem, chunks: int,
-                      rows: int | None, data) -> tuple[dict, list]:  # fmt: skip
+                      rows: int | None, data, threshold=None) -> tuple[dict, list]:  # fmt: skip
     """A windowed problem (tags, spans): each window's predictions, labels and meta, gathered over processes
     (padded to one length first: windows differ in length), put back into their samples by the problem
     (`Problem.assemble`). The loss is the mean over the loss's terms."""
@@ -124,7 +126,7 @@ def _evaluate_windows(model, loader, accelerator: Accelerator, label_names: list
     if len(windows) != len(loader.dataset):
         raise RuntimeError(f"evaluated {len(windows)} windows, the dataset has {len(loader.dataset)}")
     predicted, gold = problem.assemble(windows, loader.dataset, data)
-    metrics = problem.report(predicted, gold, label_names)
+    metrics = problem.report(predicted, gold, label_names, threshold)
     metrics["loss"] = loss_sum / max(terms, 1)
     metrics["predictions"] = predicted
     return metrics, gold
@@ -187,7 +189,8 @@ def evaluate_with_predictions(model, loader, accelerator: Accelerator, label_nam
     (or numbers); per sentence, the predicted tag ids."""
     if problem_of(problem).windowed:
         report = evaluate_model(model, loader, accelerator, label_names, problem_type=problem, keep_predictions=keep,
-                                data=data)  # fmt: skip
+                                threshold=threshold, data=data)  # fmt: skip
+        report.pop("references", None)
         return report, report.pop("predictions", None)
     recorder = RecordProbabilities(model, accelerator, problem_of(problem)) if keep else None
     report = evaluate_model(

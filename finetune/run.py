@@ -70,7 +70,6 @@ from finetune.metrics import (
     learned,
     never_predicted,
     summary_line,
-    tune_thresholds,
 )
 from finetune.models import build_model, freeze_layers
 from finetune.parallel import apply_model_parallel, plan_model_parallel, process_devices
@@ -660,7 +659,7 @@ class Evaluations:
 def evaluate_split(cfg: TrainConfig, run: Run, split: str, threshold=None, keep_predictions: bool = False) -> dict:
     """The metrics of the run's problem type on one split (finetune/evaluation.py); multi-label at
     `threshold` (default multi_label_threshold: one, or one per label)."""
-    threshold = cfg.multi_label_threshold if threshold is None else threshold
+    threshold = run.problem.default_threshold(cfg) if threshold is None else threshold
     return evaluate_model(run.model, run.eval_loaders[split], run.accelerator, run.label_names, cfg.pipeline_chunks,
                           cfg.problem_type, threshold, keep_predictions, trivial=run.trivial,
                           rows=run.rows("eval"), data=cfg.data_args)  # fmt: skip
@@ -696,20 +695,21 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
 
 
 def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, list[str]]:
-    """Multi-label with tune_threshold: the threshold(s) that score best on validation (the test split
-    and the export use them: config.json's `multi_label_thresholds`); and the classes or labels the
+    """A thresholded problem's threshold tuned on validation (`Problem.tune`: multi-label's with
+    tune_threshold, question answering's null score where validation has unanswerable questions); the test
+    split and the export use it (config.json: `Problem.store_threshold`); and the classes or labels the
     validation predictions never chose (said by `tools.never_predicted`)."""
-    threshold, validation = cfg.multi_label_threshold, results["validation"]
-    if run.problem.thresholded:
+    problem = run.problem
+    threshold, validation, predictions = problem.default_threshold(cfg), results["validation"], None
+    if problem.thresholded:
         scored = evaluate_split(cfg, run, "validation", keep_predictions=True)
         predictions = scored.pop("predictions")
-        if cfg.tune_threshold != "off":
-            threshold = tune_thresholds(predictions, scored.pop("references"), cfg.tune_threshold == "per_label")
+        tuned = problem.tune(predictions, scored.pop("references", None), cfg)
+        if tuned is not None:
+            threshold = tuned
             results["validation_tuned"] = validation = evaluate_split(cfg, run, "validation", threshold)
-            run.accelerator.unwrap_model(run.model).config.multi_label_thresholds = threshold
-        never = never_predicted(validation, predictions, run.label_names, threshold)
-    else:
-        never = never_predicted(validation, None, run.label_names, threshold)
+            problem.store_threshold(run.accelerator.unwrap_model(run.model).config, threshold)
+    never = never_predicted(validation, predictions if problem.lists else None, run.label_names, threshold)
     return threshold, never
 
 

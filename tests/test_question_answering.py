@@ -272,3 +272,27 @@ def test_lora_trains_the_question_answering_head(qa_data, tmp_path, capsys):
     main(qa_args(qa_data, tmp_path / "run", "max_train_samples=6", "max_steps=2", "peft={r: 4, alpha: 8, target_modules: [query, value]}"))
     line = next(line for line in capsys.readouterr().out.splitlines() if "weights trained" in line)
     assert "1,090 of" in line, line  # the adapters (2 layers x 2 modules x 256) and the head (32 x 2 + 2)
+
+
+def test_squad_v2_tunes_a_null_threshold_on_validation_and_the_export_keeps_it(tmp_path):
+    """Questions without an answer (SQuAD v2): trained on the [CLS] token; after training the null-score
+    threshold that scores the best validation F1 is tuned, scored (`validation_tuned`), kept in the export's
+    config.json, and read back by evaluate_checkpoint.py, whose predictions say which questions it abstained on."""
+    answered = _rows("validation", 3)
+    unanswerable = [{**r, "id": f"none-{i}", "question": q, "answers": {"text": [], "answer_start": []}}
+                    for i, (r, q) in enumerate(zip(answered, ("Who painted the ceiling?", "When did the moon land?"), strict=False))]  # fmt: skip
+    path = write_jsonl(tmp_path / "v2.jsonl", answered + unanswerable)
+    out = tmp_path / "run"
+    results = main(qa_args({"train": path, "validation": path}, out, "num_train_epochs=15", "per_device_train_batch_size=4",
+                           "learning_rate=3e-3", "warmup_ratio=0.05", "logging_steps=20"))  # fmt: skip
+    tuned = results["validation_tuned"]
+    assert tuned["f1"] >= results["validation"]["f1"] and tuned["f1"] > 0.6, (tuned, results["validation"])
+    assert results["validation"]["no_answer_f1"] == 0.0  # untuned: every question answered with a span
+    threshold = json.loads((out / "model" / "config.json").read_text())["null_score_threshold"]
+    assert tuned["null_score_threshold"] == pytest.approx(threshold)
+    evaluated = evaluate_main([str(out / "model"), "--data", str(path), "--predictions"])
+    assert evaluated["f1"] == pytest.approx(tuned["f1"]) and evaluated["null_score_threshold"] == pytest.approx(threshold)
+    [written] = (out / "eval").rglob("predictions.jsonl")
+    lines = {line["id"]: line for line in map(json.loads, written.read_text().splitlines())}
+    assert all("abstained" in line for line in lines.values())
+    assert [lines[f"none-{i}"]["prediction"] == "" for i in range(2)] == [lines[f"none-{i}"]["abstained"] for i in range(2)]

@@ -149,6 +149,21 @@ class Problem:
         as_list = [v.tolist() if hasattr(v, "tolist") else v for v in (predictions, references)]
         return classification_report(*as_list, names)
 
+    def default_threshold(self, cfg):
+        """The threshold `report` takes when none was tuned (multi-label's multi_label_threshold)."""
+        return cfg.multi_label_threshold
+
+    def tune(self, predictions, references, cfg):
+        """A thresholded problem's threshold tuned on validation's kept predictions, or None (none tuned)."""
+        return None
+
+    def store_threshold(self, config, threshold) -> None:
+        """Keep a tuned threshold in the export's config.json (evaluation reads it back: `stored_threshold`)."""
+
+    def stored_threshold(self, config):
+        """The threshold a problem of its own keeps in a model's config (None: the shared path reads it)."""
+        return None
+
     def assemble(self, windows: list[tuple[dict, Any, Any]], dataset: HFDataset, data: DataArgs | None) -> tuple[list, list]:
         """A windowed problem's predictions and references per sample, in the data's order, from every
         window's meta, predictions and labels (gathered from all processes)."""

@@ -17,6 +17,7 @@ from finetune.metrics import (
     METRICS,
     MULTI,
     multi_label_report,
+    tune_thresholds,
 )
 from finetune.problems.base import (
     Problem,
@@ -111,6 +112,15 @@ class MultiLabel(Problem):
 
     def placeholder(self, ds: HFDataset, args: DataArgs, names: list[str]) -> HFDataset:
         return with_labels(ds, Sequence(Value("float32"), length=len(names)), lambda b: [[0.0] * len(names)] * rows_of(b))
+
+    def tune(self, predictions, references, cfg):
+        """The threshold(s) that score best on validation (tune_threshold: global or per_label; off: None)."""
+        if cfg.tune_threshold == "off":
+            return None
+        return tune_thresholds(predictions, references, cfg.tune_threshold == "per_label")
+
+    def store_threshold(self, config, threshold) -> None:
+        config.multi_label_thresholds = threshold
 
     def loss(self, logits, labels, class_weights=None, label_smoothing=0.0):
         """BCE with logits averaged over the K labels."""

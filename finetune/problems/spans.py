@@ -15,7 +15,7 @@ from finetune.checks import labels
 from finetune.config import DataArgs
 from finetune.metrics import SPANS
 from finetune.problems.base import Problem, with_labels
-from finetune.squad import best_answer, squad_report
+from finetune.squad import Answer, best_answer, squad_report, tune_null_threshold
 
 ANSWERS = {"text": Sequence(Value("string")), "answer_start": Sequence(Value("int32"))}
 OUTPUTS = ["start", "end"]  # the head's two outputs: each token's score as the answer's first and last
@@ -28,7 +28,7 @@ class Spans(Problem):
     best span over all its windows (`assemble`)."""
 
     name, hf_problem_type = SPANS, None
-    classes, ids_as_names, windowed = False, False, True
+    classes, ids_as_names, windowed, thresholded = False, False, True, True
     trivial_words = "typical answer length, taken as each context's first words"
     pad_value = -1e4  # a padded token's score: never a start or an end
 
@@ -92,11 +92,38 @@ class Spans(Problem):
         first = [" ".join(r["context"].split()[:constant]) for r in references]
         return {k: v for k, v in self.report(first, references, names).items() if k in ("exact_match", "f1")}
 
-    def report(self, predictions, references, names, threshold=0.5):
-        """Exact match and F1 (finetune/squad.py) of each question's answer (`assemble`: its text and score)
-        against its gold answers."""
-        texts = [p["text"] if isinstance(p, dict) else p for p in predictions]
-        return squad_report(texts, [r["answers"] for r in references])
+    def report(self, predictions, references, names, threshold=None):
+        """Exact match and F1 (finetune/squad.py) of each question's answer (`assemble`: its text and scores)
+        against its gold answers. With a null-score threshold (`tune`: {"null_score": t}, SQuAD v2), a question
+        whose best span scores more than t below its windows' [CLS] is answered with nothing, and its
+        prediction says it abstained."""
+        null = threshold.get("null_score") if isinstance(threshold, dict) else None
+        texts = []
+        for p in predictions:
+            if isinstance(p, dict) and null is not None:
+                p["abstained"] = p["null_score"] - p["score"] > null
+            texts.append("" if isinstance(p, dict) and p.get("abstained") else p["text"] if isinstance(p, dict) else p)
+        report = squad_report(texts, [r["answers"] for r in references])
+        return {**report, "null_score_threshold": null} if null is not None else report
+
+    def default_threshold(self, cfg):
+        """None: answer every question (SQuAD v1.1) until `tune` finds one that abstaining pays on."""
+        return None
+
+    def tune(self, predictions, references, cfg):
+        """SQuAD v2: where some validation questions have no answer, the null-score threshold that scores the
+        best F1 on them (evaluate-v2.0.py's best_f1_thresh); None when every question has one."""
+        if all(r["answers"] for r in references):
+            return None
+        bests = [Answer(p["text"], p["score"], p["null_score"]) for p in predictions]
+        return {"null_score": tune_null_threshold(bests, [r["answers"] for r in references])[0]}
+
+    def store_threshold(self, config, threshold) -> None:
+        config.null_score_threshold = threshold["null_score"]
+
+    def stored_threshold(self, config):
+        value = getattr(config, "null_score_threshold", None)
+        return None if value is None else {"null_score": float(value)}
 
     def assemble(self, windows: list[tuple[dict, Any, Any]], dataset: HFDataset, data: DataArgs) -> tuple[list, list]:
         """Each question's best answer from all its windows (`windows`: each window's meta, scores and
@@ -116,10 +143,12 @@ class Spans(Problem):
         for example in sorted(first):
             context, answers = first[example]
             best = best_answer(of_question[example], context, data.n_best_size, data.max_answer_length)
-            predicted.append({"text": best.text, "score": best.score})
+            predicted.append({"text": best.text, "score": best.score, "null_score": best.null_score})
             gold.append({"answers": list(answers), "context": context})
         return predicted, gold
 
     def record(self, scored, label, names, per_label):
-        """The gold answers, the answer and its score."""
-        return {"answers": list(label["text"]), "prediction": scored["text"], "score": scored["score"]}
+        """The gold answers, the answer and its score (and, at a tuned null-score threshold, whether it abstained)."""
+        abstained = {"abstained": scored["abstained"]} if "abstained" in scored else {}
+        return {"answers": list(label["text"]), "prediction": "" if abstained.get("abstained") else scored["text"],
+                "score": scored["score"], **abstained}  # fmt: skip
