@@ -296,3 +296,14 @@ def test_squad_v2_tunes_a_null_threshold_on_validation_and_the_export_keeps_it(t
     lines = {line["id"]: line for line in map(json.loads, written.read_text().splitlines())}
     assert all("abstained" in line for line in lines.values())
     assert [lines[f"none-{i}"]["prediction"] == "" for i in range(2)] == [lines[f"none-{i}"]["abstained"] for i in range(2)]
+
+
+@pytest.mark.slow  # as the text and tagging layer-split tests: the default run keeps QA's DDP and accumulation
+def test_the_layer_split_with_pipeline_chunks_equals_one_unsplit_process(qa_data, tmp_path):
+    """The model's layers over two (CPU) devices, each batch in two GPipe chunks whose span scores are masked and
+    put back together: the same weights as one unsplit process, every question scored once."""
+    common = ("max_grad_norm=null", "per_device_train_batch_size=4", "gradient_accumulation_steps=2", "adam_epsilon=1e-6")
+    main(qa_args(qa_data, tmp_path / "plain", *common))
+    results = main(qa_args(qa_data, tmp_path / "split", *common, "model_parallel=true", "devices=cpu,cpu", "pipeline_chunks=2"))
+    assert _worst(_weights(tmp_path / "split"), _weights(tmp_path / "plain")) < 1e-5
+    assert results["validation"]["num_samples"] == 11
