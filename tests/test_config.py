@@ -79,7 +79,7 @@ def test_help_lists_every_setting_with_type_default_help_and_the_recipes_value(c
         assert f"  {f.name}: " in out and f.metadata["help"] in out, f.name
     assert "  learning_rate: float = 5e-05" in out
     assert (
-        "task: token-classification | image-classification | text-classification | null = null    "
+        "task: question-answering | token-classification | image-classification | text-classification | null = null    "
         "(recipe: image-classification)"
         in out
     )
