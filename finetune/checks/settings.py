@@ -1007,6 +1007,7 @@ def other_tasks_setting(cfg, given: set[str]) -> str | None:
     if not named:
         return None
     owners = sorted({t.name for t in TASKS.values() for name in named if name in t.own_settings})
+    owners = [", ".join(owners[:-1]), owners[-1]] if len(owners) > 2 else owners  # "a, b and c"
     shown = ", ".join(f"{n}={_shown(getattr(cfg, n))}" for n in named)
     one = len(named) == 1
     return (f"{shown} {'is a setting' if one else 'are settings'} of {' and '.join(owners)} runs, which "
@@ -1020,10 +1021,12 @@ GIVEN = [other_tasks_setting]
 # --- the config: what needs the problem type -----------------------------------------------------------------
 
 
-def _metrics_of(problem: str | None) -> tuple[str, ...]:
+def _metrics_of(problem: str | None, task: str | None = None) -> tuple[str, ...]:
+    """The problem's metrics; before the data says the problem, those of the task's problems (or of all)."""
     if problem:
         return PROBLEMS[problem].reported
-    return tuple(dict.fromkeys(m for p in PROBLEMS.values() for m in p.reported))
+    problems = task_of(task).problems if task else tuple(PROBLEMS)
+    return tuple(dict.fromkeys(m for p in problems for m in PROBLEMS[p].reported))
 
 
 @rule("settings.metric_with_eval_prefix")
@@ -1041,13 +1044,14 @@ def metric_of_no_problem(cfg) -> str | None:
     """A metric_for_best_model that no problem type reports (its problem type still unknown): the ones it
     may mean."""
     given = cfg.metric_for_best_model
-    if given is None or cfg.problem_type is not None or given in _metrics_of(None):
+    if given is None or cfg.problem_type is not None or given in _metrics_of(None, cfg.task):
         return None
     name = given.removeprefix("eval_")
-    near = [f"{m} ({p})" for p, spec in PROBLEMS.items() for m in spec.reported if name in m.split("_") and m != "loss"]
+    problems = {p: PROBLEMS[p] for p in (task_of(cfg.task).problems if cfg.task else PROBLEMS)}
+    near = [f"{m} ({p})" for p, spec in problems.items() for m in spec.reported if name in m.split("_") and m != "loss"]
     return (f"metric_for_best_model must be a metric of the run's problem type, got {given!r}"
             + (f"; the ones it may mean: {', '.join(near)}" if near else "; each problem type's: " + "; ".join(
-                f"{p}: {', '.join(spec.reported)}" for p, spec in PROBLEMS.items())))
+                f"{p}: {', '.join(spec.reported)}" for p, spec in problems.items())))
 
 
 @rule("settings.metric_of_another_problem", needs=("problem_type",))
