@@ -541,9 +541,10 @@ def test_the_task_of_a_saved_model_is_read_from_its_head():
     with pytest.raises(UserError, match=r"m is a pretrained base model \(BertForMaskedLM\), not a fine-tuned one") as e:
         task_of_model(BertConfig(architectures=["BertForMaskedLM"]), "m")
     assert e.value.rule == "models.base_model_not_fine_tuned"
-    named = BertConfig(architectures=["BertForQuestionAnswering"], id2label={0: "no", 1: "yes"})
+    assert task_of_model(BertConfig(architectures=["BertForQuestionAnswering"]), "m").name == "question-answering"
+    named = BertConfig(architectures=["BertForMultipleChoice"], id2label={0: "no", 1: "yes"})
     with pytest.raises(UserError, match=r"cannot tell the task of m from its config \(architectures "
-                                        r"\['BertForQuestionAnswering'\]\); pass --task") as e:  # fmt: skip
+                                        r"\['BertForMultipleChoice'\]\); pass --task") as e:  # fmt: skip
         task_of_model(named, "m")
     assert e.value.rule == "models.task_unknown"
     assert task_of_model(named, "m", "text-classification").name == "text-classification"
