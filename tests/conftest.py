@@ -33,6 +33,29 @@ _SESSION_DIRS.append(tempfile.mkdtemp(prefix="finetune-tests-hf-home-"))
 os.environ["HF_HOME"] = _SESSION_DIRS[1]
 
 
+def _share_the_cores_among_workers() -> None:
+    """Under pytest-xdist (`-n 2`, the default run's), each worker gets its own slice of the CPUs, before
+    torch loads: the app gives a process all the cores it may use (finetune/runtime.py), so two
+    unpinned workers ran 4 torch threads on 2 cores, and OpenMP threads spin while they wait (the
+    entry points set OMP_WAIT_POLICY=PASSIVE, but a test module may import torch first): each test took
+    3x as long as in one process. Pinned, a worker and the processes it launches keep to their slice."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or not hasattr(os, "sched_setaffinity"):
+        return
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    cpus = sorted(os.sched_getaffinity(0))
+    index, count = int(worker.removeprefix("gw")), int(count)
+    if len(cpus) >= count:
+        share = len(cpus) // count
+        os.sched_setaffinity(0, cpus[index * share : (index + 1) * share] if index < count - 1
+                             else cpus[index * share :])  # fmt: skip
+    else:  # fewer CPUs than workers: one each, shared
+        os.sched_setaffinity(0, {cpus[index % len(cpus)]})
+
+
+_share_the_cores_among_workers()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session's private caches go with it (tens of MB each; a machine that runs the suite often
     would fill its temporary folder)."""
