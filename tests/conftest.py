@@ -33,6 +33,44 @@ _SESSION_DIRS.append(tempfile.mkdtemp(prefix="finetune-tests-hf-home-"))
 os.environ["HF_HOME"] = _SESSION_DIRS[1]
 
 
+def _share_the_cores_among_workers() -> None:
+    """Under pytest-xdist (`-n 2`, the default run's), each worker gets its own slice of the CPUs, before
+    torch loads: the app gives a process all the cores it may use (finetune/runtime.py), so two
+    unpinned workers ran 4 torch threads on 2 cores, and OpenMP threads spin while they wait (the
+    entry points set OMP_WAIT_POLICY=PASSIVE, but a test module may import torch first): each test took
+    2-3x as long as in one process. Pinned, a worker and the processes it launches keep to their slice."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or not hasattr(os, "sched_setaffinity"):
+        return
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    cpus = sorted(os.sched_getaffinity(0))
+    index, count = int(worker.removeprefix("gw")), int(count)
+    if len(cpus) >= count:
+        share = len(cpus) // count
+        os.sched_setaffinity(0, cpus[index * share : (index + 1) * share] if index < count - 1
+                             else cpus[index * share :])  # fmt: skip
+    else:  # fewer CPUs than workers: one each, shared
+        os.sched_setaffinity(0, {cpus[index % len(cpus)]})
+
+
+_share_the_cores_among_workers()
+
+# The longest files of the default run (by their seconds on a pinned worker), handed out first under
+# xdist (`--dist loadfile` gives each worker a whole file, in collection order): the last file to start
+# is then a short one, not test_equivalence.py's 30 s test while the other worker waits idle
+# (pyproject.toml's --no-loadscope-reorder keeps this order).
+LONGEST_FIRST = ["test_equivalence.py", "test_run.py", "test_bad_input.py", "test_rundir.py", "test_problems.py",
+                 "test_evaluate_checkpoint.py", "test_signals.py", "test_data.py", "test_models.py", "test_tokens.py",
+                 "test_checkpoint.py", "test_verify.py", "test_checks.py", "test_search.py", "test_fuzz.py",
+                 "test_launch.py"]  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike; a plain run keeps the file order
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order stays
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session's private caches go with it (tens of MB each; a machine that runs the suite often
     would fill its temporary folder)."""
