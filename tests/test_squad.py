@@ -31,7 +31,7 @@ from finetune.squad import (
     tune_null_threshold,
 )
 
-SQUAD_SHIFTS = Path(__file__).resolve().parents[1].parent / "shared/data/squad_shifts_wiki/validation.jsonl"
+SQUAD_SHIFTS = Path(__file__).resolve().parents[1] / "data/squad_shifts_wiki/validation.jsonl"  # bundled
 
 
 # --- The references: the official scripts' functions, as they are written there ---------------------------
@@ -457,7 +457,6 @@ def test_answer_span_with_sequence_ids():
 
 # --- real data ----------------------------------------------------------------------------------------
 
-@pytest.mark.skipif(not SQUAD_SHIFTS.exists(), reason="the squad_shifts_wiki data is not in ../shared/data")
 def test_first_gold_answer_scores_full_marks_on_squad_shifts():
     rows = [json.loads(line) for line in SQUAD_SHIFTS.read_text(encoding="utf-8").splitlines()]
     began = time.perf_counter()
