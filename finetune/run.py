@@ -701,7 +701,7 @@ def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, 
     validation predictions never chose (said by `tools.never_predicted`)."""
     problem = run.problem
     threshold, validation, predictions = problem.default_threshold(cfg), results["validation"], None
-    if problem.thresholded:
+    if problem.thresholded and problem.may_tune(run.splits["validation"]):
         scored = evaluate_split(cfg, run, "validation", keep_predictions=True)
         predictions = scored.pop("predictions")
         tuned = problem.tune(predictions, scored.pop("references", None), cfg)

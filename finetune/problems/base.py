@@ -153,6 +153,11 @@ class Problem:
         """The threshold `report` takes when none was tuned (multi-label's multi_label_threshold)."""
         return cfg.multi_label_threshold
 
+    def may_tune(self, validation) -> bool:
+        """Whether the validation split (as prepared) can tune a threshold: worth an evaluation that keeps
+        its predictions."""
+        return self.thresholded
+
     def tune(self, predictions, references, cfg):
         """A thresholded problem's threshold tuned on validation's kept predictions, or None (none tuned)."""
         return None

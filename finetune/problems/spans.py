@@ -110,6 +110,10 @@ class Spans(Problem):
         """None: answer every question (SQuAD v1.1) until `tune` finds one that abstaining pays on."""
         return None
 
+    def may_tune(self, validation) -> bool:
+        """Only validation questions without an answer (SQuAD v2) tune a null threshold."""
+        return any(not answers for answers in validation["answers"][:])
+
     def tune(self, predictions, references, cfg):
         """SQuAD v2: where some validation questions have no answer, the null-score threshold that scores the
         best F1 on them (evaluate-v2.0.py's best_f1_thresh); None when every question has one."""
