@@ -34,7 +34,6 @@ from finetune.squad import answer_span
 
 if TYPE_CHECKING:
     from finetune.config import DataArgs, ModelArgs
-    from finetune.problems import Problem
 
 
 
@@ -141,7 +140,9 @@ class Task:
         return None
 
     # --- the model card ---------------------------------------------------------------------------
-    def usage_example(self, where: str, problem: Problem, data: DataArgs) -> str:
+    # `problem`: the run's finetune.problems.Problem (its pipeline arguments and words); not imported here,
+    # which would make the problems' home, which asks the tasks, an import of theirs.
+    def usage_example(self, where: str, problem: Any, data: DataArgs) -> str:
         raise NotImplementedError
 
 
@@ -246,7 +247,7 @@ class TextClassification(Task):
     def sequence_length(self, data: DataArgs) -> int | None:
         return data.max_length
 
-    def usage_example(self, where: str, problem: Problem, data: DataArgs) -> str:
+    def usage_example(self, where: str, problem: Any, data: DataArgs) -> str:
         arguments, returns = problem.pipeline_arguments, problem.pipeline_returns
         if data.text_pair_column:
             call = 'classify({"text": "the first sentence", "text_pair": "the second sentence"})'
@@ -353,7 +354,7 @@ class ImageClassification(Task):
         notice = resize_notice(image_sizes(raw["train"], data.image_column), preprocessor)
         return [notice] if notice else []
 
-    def usage_example(self, where: str, problem: Problem, data: DataArgs) -> str:
+    def usage_example(self, where: str, problem: Any, data: DataArgs) -> str:
         arguments = ", top_k=None" if problem.lists else ""
         return (
             f'classify = pipeline("{self.pipeline_tag}", model="{where}"{arguments})\n'
@@ -482,7 +483,7 @@ class TokenClassification(TextClassification):
     def sample_inputs(self, ds, data: DataArgs) -> list[dict[str, Any]]:
         return [{"words": words} for words in ds[data.tokens_column]]
 
-    def usage_example(self, where: str, problem: Problem, data: DataArgs) -> str:
+    def usage_example(self, where: str, problem: Any, data: DataArgs) -> str:
         # Trained on first subwords only, a word's tag is its first subword's ("first"); trained on every
         # subword, adjacent subwords agree and "simple" groups them.
         strategy = "simple" if data.label_all_tokens else "first"
@@ -596,7 +597,7 @@ class QuestionAnswering(TextClassification):
         ids = ds["id"] if "id" in ds.column_names else [str(i) for i in range(len(ds))]
         return [{"id": i, "question": q} for i, q in zip(ids, ds[data.question_column], strict=True)]
 
-    def usage_example(self, where: str, problem: Problem, data: DataArgs) -> str:
+    def usage_example(self, where: str, problem: Any, data: DataArgs) -> str:
         # transformers 5 has no question-answering pipeline (its MIGRATION_GUIDE_V5): the model and its
         # tokenizer answer in five lines; evaluate_checkpoint.py --predictions reads long contexts in windows.
         return (
