@@ -118,7 +118,7 @@ def suggest(trial, cfg: TrainConfig, space: list[str], layers: int, max_epochs: 
         chosen["warmup_ratio"] = trial.suggest_float("warmup_ratio", 0.0, 0.2)
     if "freeze_layers" in space and layers > 1 and cfg.peft is None:
         chosen["freeze_layers"] = trial.suggest_int("freeze_layers", 0, layers // 2)
-    if "tune_threshold" in space and problem_of(cfg.problem_type).thresholded:
+    if "tune_threshold" in space and problem_of(cfg.problem_type).lists:  # per-label thresholds (Space.applies)
         chosen["tune_threshold"] = trial.suggest_categorical("tune_threshold", ["global", "per_label"])
     return chosen
 
@@ -139,7 +139,7 @@ def the_recipes_own(cfg: TrainConfig, space: list[str], layers: int) -> dict[str
         own["warmup_ratio"] = cfg.warmup_ratio
     if 0 <= cfg.freeze_layers <= layers // 2:
         own["freeze_layers"] = cfg.freeze_layers
-    if problem_of(cfg.problem_type).thresholded:
+    if problem_of(cfg.problem_type).lists:
         own["tune_threshold"] = cfg.tune_threshold if cfg.tune_threshold != "off" else "global"
     if not 1e-5 <= cfg.learning_rate <= 1e-3:
         del own["learning_rate"]

@@ -259,7 +259,7 @@ TOOLS = tuple(
 )
 # Flags of other tools that the docs quote in a span of their own: pytest's marker and quiet flags,
 # sbatch's signal and log mode.
-OTHER_TOOLS_FLAGS = {"-m", "-q", "-k", "-x", "--signal", "--open-mode",
+OTHER_TOOLS_FLAGS = {"-m", "-q", "-k", "-x", "-n", "--signal", "--open-mode",
                      "--do_train", "--fp16", "--lr"}  # transformers' example scripts, named where they are refused
 SHELL_OPERATORS = {"&&", "||", "|", ";"}
 FLAG = re.compile(r"^\[?(--?[A-Za-z](?:[\w-]*\w)?)(?:=\S*)?\]?$")  # `--data`, `[--plan-only]`, `--x=1`
