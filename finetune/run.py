@@ -701,6 +701,8 @@ def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, 
     validation predictions never chose (said by `tools.never_predicted`)."""
     problem = run.problem
     threshold, validation, predictions = problem.default_threshold(cfg), results["validation"], None
+    if problem.thresholded:  # a threshold the starting model's config kept from its own tuning is not this model's
+        problem.store_threshold(run.accelerator.unwrap_model(run.model).config, None)
     if problem.thresholded and problem.may_tune(run.splits["validation"]):
         scored = evaluate_split(cfg, run, "validation", keep_predictions=True)
         predictions = scored.pop("predictions")

@@ -119,7 +119,7 @@ def squad_report(predictions: Sequence[str], references: Sequence[Sequence[str]]
 class Answer:
     """One question's best span over its windows: `text` (context[start:end]), its `score` (start logit +
     end logit; -inf when no window had a valid span, then text is "" and start/end None), and `null_score`,
-    the lowest CLS score (start_logits[0] + end_logits[0]) of its windows."""
+    the lowest CLS score (start_logits[cls] + end_logits[cls]) of its windows."""
 
     text: str
     score: float
@@ -137,8 +137,9 @@ def best_answer(
     windows: Sequence[Mapping[str, Any]], context: str, n_best_size: int = 20, max_answer_length: int = 30
 ) -> Answer:
     """The answer to one question from all its windows, as utils_qa.py's `postprocess_qa_predictions`. Each
-    window has `start_logits` and `end_logits` (1-D, one per token) and `offsets` (per token a (char_start,
-    char_end) pair into `context`, None for question, special and padding tokens). A window proposes every
+    window has `start_logits` and `end_logits` (1-D, one per token), `offsets` (per token a (char_start,
+    char_end) pair into `context`, None for question, special and padding tokens) and optionally `cls`, the
+    index of its CLS token (0 unless given), whose start and end scores are the window's null score. A window proposes every
     pair of its `n_best_size` highest start and end tokens that are both context tokens, end >= start and at
     most `max_answer_length` tokens long; the best score over all windows wins (the first on a tie)."""
     if not windows:
@@ -147,7 +148,8 @@ def best_answer(
     for window in windows:
         start_logits, end_logits = np.asarray(window["start_logits"]), np.asarray(window["end_logits"])
         offsets = window["offsets"]
-        null_score = min(null_score, float(start_logits[0] + end_logits[0]))
+        cls = window.get("cls", 0)  # the window's CLS token (last, for a tokenizer that pads left)
+        null_score = min(null_score, float(start_logits[cls] + end_logits[cls]))
         starts = np.argsort(start_logits)[-1 : -n_best_size - 1 : -1].tolist()
         ends = np.argsort(end_logits)[-1 : -n_best_size - 1 : -1].tolist()
         for s in starts:

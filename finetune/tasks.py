@@ -572,13 +572,15 @@ class QuestionAnswering(TextClassification):
                             stride=data.doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True)  # fmt: skip
             of_sample, spans = enc.pop("overflow_to_sample_mapping"), enc.pop("offset_mapping")
             out: dict[str, list] = {key: list(value) for key, value in enc.items()}
-            for key in ("labels", "example", "offsets", "length", "context", "answers", "id"):
+            for key in ("labels", "example", "offsets", "cls", "length", "context", "answers", "id"):
                 out[key] = []
             for i, j in enumerate(of_sample):
                 in_context = 1 if first else 0
                 offsets = [list(o) if s == in_context else [-1, -1] for o, s in zip(spans[i], enc.sequence_ids(i), strict=True)]
-                answers = batch["labels"][j]
-                out["labels"].append(list(answer_span(answers, [o if o[0] >= 0 else None for o in offsets])))
+                answers, ids = batch["labels"][j], enc["input_ids"][i]
+                cls = ids.index(tokenizer.cls_token_id) if tokenizer.cls_token_id in ids else 0  # last for XLNet
+                out["labels"].append(list(answer_span(answers, [o if o[0] >= 0 else None for o in offsets], cls_index=cls)))
+                out["cls"].append(cls)
                 out["example"].append(rows[j])
                 out["offsets"].append(offsets)
                 out["length"].append(len(offsets))
@@ -612,8 +614,8 @@ class QuestionAnswering(TextClassification):
 
 
 class PadSpans:
-    """Pads a batch of question windows; each row's question index and token offsets (padded with -1) go
-    in `batch["meta"]`, which the model does not read; the labels are the (start, end) tokens."""
+    """Pads a batch of question windows on the right; each row's question index, token offsets (padded with
+    -1) and CLS token's index go in `batch["meta"]`, which the model does not read; the labels are the (start, end) tokens."""
 
     def __init__(self, tokenizer, pad_to_multiple_of: int | None = 8):
         self.tokenizer, self.pad_to_multiple_of = tokenizer, pad_to_multiple_of
@@ -622,16 +624,20 @@ class PadSpans:
         import torch
 
         inputs = [{k: v for k, v in f.items() if k in ("input_ids", "attention_mask", "token_type_ids")} for f in features]
+        # Padded on the right whatever the tokenizer's side, so token i of a window is offset i and its labels'
         if length is None:
-            batch = self.tokenizer.pad(inputs, padding=True, pad_to_multiple_of=self.pad_to_multiple_of, return_tensors="pt")
+            batch = self.tokenizer.pad(inputs, padding=True, pad_to_multiple_of=self.pad_to_multiple_of,
+                                       padding_side="right", return_tensors="pt")  # fmt: skip
         else:
-            batch = self.tokenizer.pad(inputs, padding="max_length", max_length=length, return_tensors="pt")
+            batch = self.tokenizer.pad(inputs, padding="max_length", max_length=length, padding_side="right",
+                                       return_tensors="pt")  # fmt: skip
         width = batch["input_ids"].shape[1]
         offsets = torch.full((len(features), width, 2), -1, dtype=torch.long)
         for i, f in enumerate(features):
             offsets[i, : len(f["offsets"])] = torch.tensor(f["offsets"], dtype=torch.long)
         batch["labels"] = torch.tensor([f["labels"] for f in features], dtype=torch.long)
-        batch["meta"] = {"example": torch.tensor([f["example"] for f in features]), "offsets": offsets}
+        batch["meta"] = {"example": torch.tensor([f["example"] for f in features]), "offsets": offsets,
+                         "cls": torch.tensor([f.get("cls", 0) for f in features])}  # fmt: skip
         return batch
 
     def pad_to(self, features: list[dict[str, Any]], length: int):

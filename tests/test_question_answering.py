@@ -96,6 +96,67 @@ def test_a_window_is_labelled_with_its_answers_tokens_or_its_cls(qa_data):
     assert 0 < cls < len(windows)
 
 
+def test_a_tokenizer_that_pads_left_gets_its_windows_padded_right_with_their_offsets(qa_data):
+    """A tokenizer whose padding side is left (the context first, as run_qa.py pairs them): the collator
+    pads on the right all the same, so a window's labels and offsets still point at its answer's tokens,
+    and its CLS token's index travels in the batch's meta."""
+    from transformers import AutoTokenizer
+
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.tasks import PadSpans, task_of
+
+    cfg = load_config(None, qa_args(qa_data, Path("/tmp/unused")))
+    raw, _ = load_splits(cfg.data_args)
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    tokenizer.padding_side = "left"
+    windows = task_of("question-answering").prepare(raw["train"].select(range(4)), tokenizer, cfg.data_args, "train", 3)
+    rows = [windows[i] for i in range(len(windows))]
+    assert len({len(r["input_ids"]) for r in rows}) > 1  # the batch pads some of them
+    batch = PadSpans(tokenizer)(rows)
+    answered = 0
+    for i, row in enumerate(rows):
+        start, end = batch["labels"][i].tolist()
+        assert batch["input_ids"][i, : len(row["input_ids"])].tolist() == row["input_ids"]  # padding after the window
+        cls = int(batch["meta"]["cls"][i])
+        assert batch["input_ids"][i, cls] == tokenizer.cls_token_id
+        if (start, end) != (cls, cls):
+            answered += 1
+            offsets = batch["meta"]["offsets"][i]
+            assert row["answers"][0] in row["context"][int(offsets[start][0]) : int(offsets[end][1])]
+    assert answered
+
+
+def test_label_smoothing_counts_a_windows_own_tokens_not_the_batchs_padding():
+    """A window's smoothed loss is the same however far its batch pads it, and 0 smoothing is the plain
+    cross-entropy."""
+    import torch
+    import torch.nn.functional as F
+
+    from finetune.problems import problem_of
+
+    spans = problem_of("question_answering")
+    torch.manual_seed(0)
+    scores, labels = torch.randn(2, 7, 2), torch.tensor([[1, 3], [0, 0]])
+    padded = torch.cat([scores, torch.full((2, 9, 2), spans.pad_value)], dim=1)
+    for smoothing in (0.0, 0.1):
+        assert torch.allclose(spans.loss(scores, labels, label_smoothing=smoothing),
+                              spans.loss(padded, labels, label_smoothing=smoothing), atol=1e-6)  # fmt: skip
+    plain = (F.cross_entropy(scores[..., 0], labels[:, 0], reduction="none", label_smoothing=0.1)
+             + F.cross_entropy(scores[..., 1], labels[:, 1], reduction="none", label_smoothing=0.1)) / 2  # fmt: skip
+    assert torch.allclose(spans.loss(scores, labels, label_smoothing=0.1), plain, atol=1e-6)
+
+
+def test_the_squad_v2_baseline_abstains_where_answering_nothing_scores_more():
+    from finetune.problems import problem_of
+
+    spans = problem_of("question_answering")
+    none = {"answers": [], "context": "The river runs north to the sea."}
+    one = {"answers": ["north"], "context": "The river runs north to the sea."}
+    assert spans.baseline(2, [none, none, one], [])["f1"] == pytest.approx(2 / 3)  # two of three right, by abstaining
+    assert spans.baseline(2, [one], [])["f1"] == 0.0  # v1.1: the first words, as before
+
+
 def test_accumulation_and_ddp_equal_one_big_batch_and_score_every_question_once(qa_data, tmp_path):
     """1 x 8, 1 x 2 x 4 and 2 processes x 2 x 2 give the same weights (the loss is a mean over windows, the
     windows split unevenly over the ranks); validation scores each of the 11 questions once under both, with
@@ -296,6 +357,12 @@ def test_squad_v2_tunes_a_null_threshold_on_validation_and_the_export_keeps_it(t
     lines = {line["id"]: line for line in map(json.loads, written.read_text().splitlines())}
     assert all("abstained" in line for line in lines.values())
     assert [lines[f"none-{i}"]["prediction"] == "" for i in range(2)] == [lines[f"none-{i}"]["abstained"] for i in range(2)]
+    # fine-tuned again on questions that all have answers, the new export keeps no threshold of the old one's
+    again = tmp_path / "again"
+    answered_only = write_jsonl(tmp_path / "v1.jsonl", answered)
+    main([*qa_args({"train": answered_only, "validation": answered_only}, again), f"model_name_or_path={out / 'model'}",
+          "model_config=null"])  # fmt: skip
+    assert json.loads((again / "model" / "config.json").read_text()).get("null_score_threshold") is None
 
 
 @pytest.mark.slow  # as the text and tagging layer-split tests: the default run keeps QA's DDP and accumulation
@@ -307,3 +374,16 @@ def test_the_layer_split_with_pipeline_chunks_equals_one_unsplit_process(qa_data
     results = main(qa_args(qa_data, tmp_path / "split", *common, "model_parallel=true", "devices=cpu,cpu", "pipeline_chunks=2"))
     assert _worst(_weights(tmp_path / "split"), _weights(tmp_path / "plain")) < 1e-5
     assert results["validation"]["num_samples"] == 11
+
+
+def test_a_search_of_a_question_answering_run_draws_no_per_label_threshold():
+    """tune_threshold is multi-label's (one threshold per label); a QA run's null threshold is tuned on its own."""
+    import optuna
+
+    from finetune.config import TrainConfig
+    from finetune.search import SPACE, suggest, the_recipes_own
+
+    cfg = TrainConfig(task="question-answering", problem_type="question_answering")
+    assert "tune_threshold" not in the_recipes_own(cfg, list(SPACE), layers=2)
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    assert "tune_threshold" not in suggest(trial, cfg, list(SPACE), layers=2)

@@ -29,7 +29,7 @@ class Spans(Problem):
 
     name, hf_problem_type = SPANS, None
     classes, ids_as_names, windowed, thresholded = False, False, True, True
-    trivial_words = "typical answer length, taken as each context's first words"
+    trivial_words = "typical answer length, taken as each context's first words (or no answer, where that scores more)"
     pad_value = -1e4  # a padded token's score: never a start or an end
 
     def describe(self, modality: str, names: list[str]) -> str:
@@ -65,11 +65,22 @@ class Spans(Problem):
         return scores if mask is None else scores.masked_fill(mask[..., None] == 0, self.pad_value)
 
     def loss(self, logits, labels, class_weights=None, label_smoothing=0.0):
-        """(B,): the mean of the start's and the end's cross-entropy over the window's tokens."""
+        """(B,): the mean of the start's and the end's cross-entropy over the window's tokens. Label smoothing
+        spreads its share over the window's own tokens, not the batch's padding (torch's would count each
+        padded position as a class, so a window's loss would change with what it is batched with)."""
         logits = logits.float()
-        start = F.cross_entropy(logits[..., 0], labels[:, 0], reduction="none", label_smoothing=label_smoothing)
-        end = F.cross_entropy(logits[..., 1], labels[:, 1], reduction="none", label_smoothing=label_smoothing)
+        start, end = (self._cross_entropy(logits[..., i], labels[:, i], label_smoothing) for i in (0, 1))
         return (start + end) / 2
+
+    def _cross_entropy(self, scores, target, smoothing: float):
+        """(B,): cross-entropy of (B, T) token scores; smoothed, (1 - e) * nll + e * mean(-log p) over real tokens."""
+        if not smoothing:
+            return F.cross_entropy(scores, target, reduction="none")
+        logp = scores.log_softmax(-1)
+        nll = -logp.gather(-1, target[:, None])[:, 0]
+        real = scores > self.pad_value / 2
+        uniform = -(logp * real).sum(-1) / real.sum(-1)
+        return (1 - smoothing) * nll + smoothing * uniform
 
     def predictions(self, logits):
         """Each token's start and end scores (B, T, 2): a window's answer is chosen with its question's others."""
@@ -88,9 +99,13 @@ class Spans(Problem):
         return lengths[len(lengths) // 2] if lengths else 1
 
     def baseline(self, constant, references, names, threshold=0.5):
-        """The scores of answering every question with its context's first `constant` words."""
+        """The scores of answering every question with its context's first `constant` words, or, where some
+        questions have no answer (SQuAD v2) and that scores more, of answering none."""
         first = [" ".join(r["context"].split()[:constant]) for r in references]
-        return {k: v for k, v in self.report(first, references, names).items() if k in ("exact_match", "f1")}
+        guesses = [first] + ([[""] * len(references)] if any(not r["answers"] for r in references) else [])
+        reports = [self.report(guess, references, names) for guess in guesses]
+        best = max(reports, key=lambda r: r["f1"])
+        return {k: v for k, v in best.items() if k in ("exact_match", "f1")}
 
     def report(self, predictions, references, names, threshold=None):
         """Exact match and F1 (finetune/squad.py) of each question's answer (`assemble`: its text and scores)
@@ -123,7 +138,7 @@ class Spans(Problem):
         return {"null_score": tune_null_threshold(bests, [r["answers"] for r in references])[0]}
 
     def store_threshold(self, config, threshold) -> None:
-        config.null_score_threshold = threshold["null_score"]
+        config.null_score_threshold = None if threshold is None else threshold["null_score"]
 
     def stored_threshold(self, config):
         value = getattr(config, "null_score_threshold", None)
@@ -136,7 +151,8 @@ class Spans(Problem):
         for meta, scored, _ in windows:
             offsets = [tuple(o) if o[0] >= 0 else None for o in meta["offsets"].tolist()]
             of_question.setdefault(int(meta["example"]), []).append(
-                {"start_logits": scored[:, 0].numpy(), "end_logits": scored[:, 1].numpy(), "offsets": offsets})
+                {"start_logits": scored[:, 0].numpy(), "end_logits": scored[:, 1].numpy(), "offsets": offsets,
+                 "cls": int(meta["cls"])})  # fmt: skip
         rows = dataset.select_columns(["example", "context", "answers"])
         first = {}
         for example, context, answers in zip(rows["example"], rows["context"], rows["answers"], strict=True):
