@@ -188,6 +188,12 @@ class DataArgs(TaskArgs):
     answers_column: str = setting("answers", "question answering: the answers, {text: [...], answer_start: [...]}",
                                   evaluation=True)  # fmt: skip
     doc_stride: int = setting(128, "question answering: tokens the windows of a long context overlap", evaluation=True)
+    # Long texts read whole: windows of max_length tokens, overlapping by this many, each trained on its text's
+    # label; a text's prediction is the mean of its windows' logits (null: a text is cut at max_length).
+    text_windows: int | None = setting(
+        None, "text classification: read a long text whole, in windows of max_length overlapping by this many tokens",
+        evaluation=True,
+    )
     n_best_size: int = setting(20, "question answering: start and end candidates a window offers", evaluation=True)
     max_answer_length: int = setting(30, "question answering: the longest answer, in tokens", evaluation=True)
     # Multi-label as several 0/1 columns, one per label (named by its column), instead of a column of lists.

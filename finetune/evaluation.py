@@ -80,27 +80,45 @@ def evaluate_model(
             metrics.pop("predictions")
         return metrics
     model.eval()
-    preds, refs, losses = [], [], []
+    outputs, refs, losses, texts = [], [], [], []
     for batch in loader:
         logits = forward(model, batch, problem, chunks, rows)
         labels = batch["labels"].to(logits.device)
         loss = problem.loss(logits, labels)
-        p, r, lo = accelerator.gather_for_metrics((problem.predictions(logits), labels, loss))
-        preds.append(p.cpu())
+        example = batch["meta"]["example"].to(logits.device) if "meta" in batch else torch.zeros_like(loss)
+        o, r, lo, e = accelerator.gather_for_metrics((logits.float(), labels, loss, example))
+        outputs.append(o.cpu())
         refs.append(r.cpu())
         losses.append(lo.float().cpu())
+        texts.append(e.cpu())
     model.train()
-    preds_t, refs_t = torch.cat(preds), torch.cat(refs)
+    logits_t, refs_t = torch.cat(outputs), torch.cat(refs)
     expected = len(loader.dataset)
     if len(refs_t) != expected:
         raise RuntimeError(f"evaluated {len(refs_t)} samples, the dataset has {expected}")
+    if "example" in loader.dataset.column_names:  # a long text's windows (text_windows): scored once, together
+        logits_t, refs_t = per_text(logits_t, refs_t, torch.cat(texts))
+    preds_t = problem.predictions(logits_t)
     metrics = problem.report(preds_t, refs_t, label_names, threshold)
     metrics["loss"] = torch.cat(losses).mean().item()
     if trivial is not None:
         metrics["baseline"] = problem.baseline(trivial, refs_t, label_names, threshold)
     if keep_predictions:
         metrics["predictions"], metrics["references"] = preds_t, refs_t
+        metrics["scores"] = problem.scores(logits_t)
     return metrics
+
+
+def per_text(logits: torch.Tensor, labels: torch.Tensor, texts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each text's logits, the mean of its windows' (the mean, not the max: a window that only mentions a
+    class does not outvote the rest of the text; benchmarks/long_documents.py measures both), and its label,
+    in text order."""
+    order, at = torch.unique(texts, sorted=True, return_inverse=True)
+    sums = torch.zeros(len(order), *logits.shape[1:], dtype=logits.dtype).index_add_(0, at, logits)
+    counts = torch.bincount(at, minlength=len(order)).to(logits.dtype)
+    first = torch.full((len(order),), len(texts), dtype=torch.long).scatter_reduce_(
+        0, at, torch.arange(len(texts)), reduce="amin")  # fmt: skip
+    return sums / counts.view(-1, *[1] * (logits.dim() - 1)), labels[first]
 
 
 def _evaluate_windows(model, loader, accelerator: Accelerator, label_names: list[str], problem: Problem, chunks: int,
@@ -192,6 +210,11 @@ def evaluate_with_predictions(model, loader, accelerator: Accelerator, label_nam
                                 threshold=threshold, data=data)  # fmt: skip
         report.pop("references", None)
         return report, report.pop("predictions", None)
+    if "example" in loader.dataset.column_names:  # a text read in windows: its scores from them all
+        report = evaluate_model(model, loader, accelerator, label_names, problem_type=problem, threshold=threshold,
+                                keep_predictions=keep)  # fmt: skip
+        report.pop("predictions", None), report.pop("references", None)
+        return report, report.pop("scores", None)
     recorder = RecordProbabilities(model, accelerator, problem_of(problem)) if keep else None
     report = evaluate_model(
         recorder if recorder is not None else model, loader, accelerator, label_names,

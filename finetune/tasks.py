@@ -172,7 +172,7 @@ class TextClassification(Task):
     architecture_suffix = "ForSequenceClassification"
     own_settings = frozenset({"max_length", "group_by_length", "freeze_embeddings", "pad_to_multiple_of", "tokenizer_name",
                               "length_buckets", "text_column", "text_pair_column", "label_column",
-                              "label_columns"})  # fmt: skip
+                              "label_columns", "text_windows"})  # fmt: skip
     has_word_embeddings = True
     preprocessor_first = True
     model_checks = tuple(model_rules.TEXT_MODEL)
@@ -180,22 +180,44 @@ class TextClassification(Task):
     def input_columns(self, data: DataArgs) -> list[str]:
         return data.text_columns
 
+    def counted(self, ds) -> str:
+        """Texts, and the windows they make when read whole (text_windows): "1,066 samples (3,208 windows)"."""
+        if "example" not in ds.column_names:
+            return super().counted(ds)
+        texts = len(set(ds["example"][:]))
+        return f"{texts:,} samples" + (f" ({len(ds):,} windows)" if len(ds) != texts else "")
+
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int,
                 said: checks.Said | None = None):
         """Tokenized once (datasets caches it), without padding (the collator pads each batch); `length`
-        kept for grouping."""
-        columns, max_length = self.input_columns(data), data.max_length
+        kept for grouping. With text_windows, a text longer than max_length becomes overlapping windows,
+        each a training sample with its text's label and its text's index (`example`): evaluation scores
+        each text once, from the mean of its windows' logits (finetune/evaluation.py)."""
+        columns, max_length, overlap = self.input_columns(data), data.max_length, data.text_windows
+        if overlap is not None:
+            checks.gate(inputs.WINDOWS, preprocessor, max_length, overlap, data.text_pair_column)
 
         def tokenize(batch):
             enc = preprocessor(*[batch[c] for c in columns], truncation=True, max_length=max_length)
             enc["length"] = [len(ids) for ids in enc["input_ids"]]
             return enc
 
-        drop = [c for c in ds.column_names if c != "labels"]
-        tokenized = ds.map(tokenize, batched=True, remove_columns=drop, desc="tokenizing",
-                           new_fingerprint=tokenized_fingerprint(ds, tokenize))  # fmt: skip
+        def windows(batch, rows):
+            enc = preprocessor(batch[columns[0]], truncation=True, max_length=max_length, stride=overlap,
+                               return_overflowing_tokens=True)  # fmt: skip
+            of_text = enc.pop("overflow_to_sample_mapping")
+            enc["length"] = [len(ids) for ids in enc["input_ids"]]
+            enc["example"] = [rows[j] for j in of_text]
+            enc["labels"] = [batch["labels"][j] for j in of_text]
+            return enc
+
+        make, more = (tokenize, {}) if overlap is None else (windows, {"with_indices": True})
+        drop = ds.column_names if overlap is not None else [c for c in ds.column_names if c != "labels"]
+        tokenized = ds.map(make, batched=True, remove_columns=drop, desc="tokenizing",
+                           new_fingerprint=tokenized_fingerprint(ds, make), **more)  # fmt: skip
         if split == "train":
-            checks.gate(inputs.TOKENIZED, ds[columns[0]][:2000], tokenized[:2000]["input_ids"], tokenized["length"],
+            texts, ids = ds[columns[0]][:2000], tokenized[:2000]["input_ids"]
+            checks.gate(inputs.TOKENIZED if overlap is None else inputs.READ_WHOLE, texts, ids, tokenized["length"],
                         max_length, preprocessor, said=said or checks.Said())  # fmt: skip
         return tokenized
 
@@ -266,15 +288,21 @@ class PadText:
         self.tokenizer, self.pad_to_multiple_of = tokenizer, pad_to_multiple_of
 
     def __call__(self, features: list[dict[str, Any]]):
-        features = [{k: v for k, v in f.items() if k != "length"} for f in features]
-        return self.tokenizer.pad(
-            features, padding=True, pad_to_multiple_of=self.pad_to_multiple_of, return_tensors="pt"
-        )
+        return self._with_meta(features, padding=True, pad_to_multiple_of=self.pad_to_multiple_of)
 
     def pad_to(self, features: list[dict[str, Any]], length: int):
         """The batch padded to exactly `length` tokens (a length bucket, finetune/shapes.py)."""
-        features = [{k: v for k, v in f.items() if k != "length"} for f in features]
-        return self.tokenizer.pad(features, padding="max_length", max_length=length, return_tensors="pt")
+        return self._with_meta(features, padding="max_length", max_length=length)
+
+    def _with_meta(self, features: list[dict[str, Any]], **padding):
+        """The padded batch; a window's text index (text_windows) in `batch["meta"]`, which the model does not read."""
+        import torch
+
+        inputs = [{k: v for k, v in f.items() if k not in ("length", "example")} for f in features]
+        batch = self.tokenizer.pad(inputs, return_tensors="pt", **padding)
+        if features and "example" in features[0]:
+            batch["meta"] = {"example": torch.tensor([f["example"] for f in features])}
+        return batch
 
 
 # --- images -------------------------------------------------------------------------------------------
@@ -395,7 +423,7 @@ class TokenClassification(TextClassification):
     name = "token-classification"
     auto_class = "AutoModelForTokenClassification"
     architecture_suffix = "ForTokenClassification"
-    own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column", "label_column",
+    own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column", "label_column", "text_windows",
                                                        "label_columns"}) | {
         "tokens_column", "tags_column", "label_all_tokens"}  # words in lists, not texts
     problems = (TOKENS,)
@@ -539,7 +567,7 @@ class QuestionAnswering(TextClassification):
     auto_class = "AutoModelForQuestionAnswering"
     architecture_suffix = "ForQuestionAnswering"
     own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column", "label_column", "label_columns"}
-                    ) | {"question_column", "context_column", "answers_column", "doc_stride", "n_best_size",
+                    - {"text_windows"}) | {"question_column", "context_column", "answers_column", "doc_stride", "n_best_size",
                          "max_answer_length"}  # fmt: skip
     problems = (SPANS,)
 

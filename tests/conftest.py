@@ -59,7 +59,7 @@ _share_the_cores_among_workers()
 # xdist (`--dist loadfile` gives each worker a whole file, in collection order): the last file to start
 # is then a short one, not test_equivalence.py's 30 s test while the other worker waits idle
 # (pyproject.toml's --no-loadscope-reorder keeps this order).
-LONGEST_FIRST = ["test_equivalence.py", "test_question_answering.py", "test_run.py", "test_bad_input.py", "test_rundir.py", "test_problems.py",
+LONGEST_FIRST = ["test_equivalence.py", "test_question_answering.py", "test_text_windows.py", "test_run.py", "test_bad_input.py", "test_rundir.py", "test_problems.py",
                  "test_evaluate_checkpoint.py", "test_signals.py", "test_data.py", "test_models.py", "test_tokens.py",
                  "test_checkpoint.py", "test_verify.py", "test_checks.py", "test_search.py", "test_fuzz.py",
                  "test_launch.py"]  # fmt: skip

@@ -4,6 +4,8 @@ asks these of the training split).
     TOKENIZED   texts cut at max_length, texts the tokenizer reads as unknown tokens
     WORDS       a tagging word that is no token at all for the tokenizer
     QUESTIONS   a question that leaves a window no room for its context, or for the overlap doc_stride asks
+    WINDOWS     windows of a long text (text_windows) that overlap by as much as they hold
+    READ_WHOLE  TOKENIZED without the cut texts: texts read whole in windows
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def texts_cut(texts: list, ids: list[list[int]], lengths: list[int], max_length:
     lost = f", {sum(n - max_length for n in whole) / sum(whole):.0%} of their tokens unread" if whole else ""
     return (f"{cut:,} of {len(lengths):,} training texts ({cut / len(lengths):.0%}) reach max_length={max_length} tokens "
             f"and are cut there{lost}: the model reads only their start; raise max_length{most} to read more of each, "
-            "at a cost in time")
+            "at a cost in time, or read each whole in overlapping windows (text_windows=32)")
 
 
 @rule("inputs.unknown_tokens", warning=True)
@@ -83,6 +85,7 @@ def words_in_pieces(texts: list, ids: list[list[int]], lengths: list[int], max_l
 
 
 TOKENIZED = [texts_cut, unknown_tokens, words_in_pieces]
+READ_WHOLE = [unknown_tokens, words_in_pieces]
 
 
 @rule("inputs.word_without_tokens", local=True)
@@ -118,3 +121,20 @@ def question_leaves_no_room(questions: list[str], tokenizer, max_length: int, do
 
 
 QUESTIONS = [question_leaves_no_room]
+
+
+@rule("inputs.windows_overlap_whole")
+def windows_overlap_whole(tokenizer, max_length: int, overlap: int, pair: str | None) -> str | None:
+    """text_windows that asks consecutive windows to share as many tokens as a window holds (the tokenizer
+    fails on it mid-run), or windows of sentence pairs (which of the two would be windowed is not said)."""
+    if pair is not None:
+        return (f"text_windows reads one long text in windows; this data is sentence pairs (text_pair_column={pair}): "
+                "set text_windows=null, or raise max_length to read more of each pair")
+    room = max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    if overlap >= room:
+        return (f"text_windows={overlap} is not below the tokens a window holds, {room} (max_length={max_length} less "
+                f"the special tokens): consecutive windows would share all of them; lower text_windows (to {room // 4}, say)")
+    return None
+
+
+WINDOWS = [windows_overlap_whole]

@@ -655,6 +655,7 @@ RANGES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "validation_split_percentage": (lambda v: 0 < v < 100, "in (0, 100)"),
     "dataloader_num_workers": (lambda v: v >= 0, ">= 0"),
     "doc_stride": (lambda v: v >= 0, ">= 0 (the tokens a long context's windows overlap)"),
+    "text_windows": (lambda v: v >= 0, ">= 0 (the tokens a long text's windows overlap), or null to cut at max_length"),
 }
 
 

@@ -1,0 +1,106 @@
+"""Long texts read whole (text_windows, finetune/tasks.py TextClassification): windows of max_length tokens
+that overlap, each trained on its text's label; evaluation scores each text once from the mean of its
+windows' logits (finetune/evaluation.py, per_text), under accumulation and DDP as in one big batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_BERT, TOKENIZER, launch, rotten_rows, user_error, write_csv
+from safetensors.torch import load_file
+
+from finetune.evaluate_checkpoint import main as evaluate_main
+from finetune.evaluation import per_text
+from finetune.run import main
+
+
+def _documents(n: int, start: int) -> list[dict]:
+    """n texts of five reviews of one label each: 100-200 tokens, several windows of 32."""
+    rows = rotten_rows(10 * n + 40, start)
+    by_label = {label: [r["text"] for r in rows if r["label"] == label] for label in ("0", "1")}
+    return [{"text": " ".join(by_label[str(i % 2)][5 * (i // 2) : 5 * (i // 2) + 5]), "label": str(i % 2)} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def long_texts(tmp_path_factory) -> dict[str, Path]:
+    """13 training and 7 validation texts (7 is uneven over 2 processes, and so are their windows)."""
+    root = tmp_path_factory.mktemp("long")
+    return {"train": write_csv(root / "train.csv", _documents(13, 0)),
+            "validation": write_csv(root / "validation.csv", _documents(7, 2000))}  # fmt: skip
+
+
+def window_args(data: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    return ["task=text-classification", f"model_config={TINY_BERT}", f"tokenizer_name={TOKENIZER}",
+            f"train_file={data['train']}", f"validation_file={data['validation']}", "test_file=null", "max_length=32",
+            "text_windows=8", "per_device_train_batch_size=8", "num_train_epochs=2", "learning_rate=1e-3", "seed=0",
+            "logging_steps=1", "freeze_embeddings=false", "dropout=null", "max_grad_norm=null", "group_by_length=false",
+            "label_names=null", f"output_dir={out}", "report_to=[]", *extra]  # fmt: skip
+
+
+def test_a_long_text_becomes_overlapping_windows_with_its_label_and_index(long_texts):
+    from transformers import AutoTokenizer
+
+    from finetune.config import load_config
+    from finetune.data import load_splits
+    from finetune.tasks import task_of
+
+    cfg = load_config(None, window_args(long_texts, Path("/tmp/unused")))
+    raw, _ = load_splits(cfg.data_args)
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    windows = task_of("text-classification").prepare(raw["train"], tokenizer, cfg.data_args, "train", 3)
+    assert len(windows) > 3 * len(raw["train"]) and max(windows["length"]) == 32
+    assert sorted(set(windows["example"])) == list(range(len(raw["train"])))
+    for i in range(len(windows) - 1):
+        a, b = windows[i], windows[i + 1]
+        assert a["labels"] == raw["train"][a["example"]]["labels"]
+        if a["example"] == b["example"]:  # the next window starts with the last 8 tokens of this one
+            assert a["input_ids"][-9:-1] == b["input_ids"][1:9]
+    whole = tokenizer(raw["train"][0]["text"])["input_ids"]
+    read = [t for w in windows if w["example"] == 0 for t in w["input_ids"][1:-1]]
+    assert set(whole[1:-1]) <= set(read)  # nothing of the text is left unread
+
+
+def test_per_text_is_the_mean_of_a_texts_windows_in_text_order():
+    logits = torch.tensor([[1.0, 0.0], [3.0, 2.0], [0.0, 4.0], [5.0, 5.0]])
+    mean, labels = per_text(logits, torch.tensor([1, 0, 1, 0]), torch.tensor([2, 0, 2, 0]))
+    assert torch.equal(mean, torch.tensor([[4.0, 3.5], [0.5, 2.0]])) and labels.tolist() == [0, 1]
+
+
+def _weights(out: Path) -> dict:
+    return load_file(out / "model" / "model.safetensors")
+
+
+def test_accumulation_and_ddp_equal_one_big_batch_and_each_text_is_scored_once(long_texts, tmp_path):
+    main(window_args(long_texts, tmp_path / "a"))
+    main(window_args(long_texts, tmp_path / "b", "per_device_train_batch_size=2", "gradient_accumulation_steps=4"))
+    result = launch(window_args(long_texts, tmp_path / "d", "per_device_train_batch_size=2",
+                                "gradient_accumulation_steps=2"), num_processes=2)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    reference = _weights(tmp_path / "a")
+    for run in ("b", "d"):
+        assert max((v - reference[k]).abs().max().item() for k, v in _weights(tmp_path / run).items()) < 1e-5, run
+    scored = {run: json.loads((tmp_path / run / "results.json").read_text())["validation"] for run in ("a", "d")}
+    assert scored["a"]["num_samples"] == scored["d"]["num_samples"] == 7
+    assert scored["a"]["accuracy"] == pytest.approx(scored["d"]["accuracy"], abs=1e-9)
+    assert "7 samples (" in result.stdout + result.stderr  # the start summary counts texts and their windows
+
+    # the export evaluates the same, text by text, with a line of predictions each
+    evaluated = evaluate_main([str(tmp_path / "a" / "model"), "--data", str(long_texts["validation"]), "--predictions"])
+    assert evaluated["num_samples"] == 7 and evaluated["accuracy"] == pytest.approx(scored["a"]["accuracy"])
+    [written] = (tmp_path / "a" / "eval").rglob("predictions.jsonl")
+    lines = [json.loads(line) for line in written.read_text().splitlines()]
+    assert len(lines) == 7 and all(abs(sum(line["probabilities"].values()) - 1) < 1e-5 for line in lines)
+
+
+@pytest.mark.parametrize(("setting", "rule", "fragment"), [
+    ("text_windows=30", "inputs.windows_overlap_whole", "lower text_windows"),
+    ("text_pair_column=text2", "inputs.windows_overlap_whole", "sentence pairs"),
+    ("text_windows=-1", "settings.out_of_range", "text_windows must be >= 0"),
+])  # fmt: skip
+def test_windows_that_cannot_be_made_are_one_line(long_texts, tmp_path, capsys, setting, rule, fragment):
+    pairs = [{**r, "text2": r["text"][::-1]} for r in _documents(6, 0)]
+    data = long_texts if "text2" not in setting else {s: write_csv(tmp_path / f"{s}.csv", pairs) for s in long_texts}
+    user_error(capsys, main, window_args(data, tmp_path / "run", setting), fragment, rule=rule)
