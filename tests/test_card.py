@@ -296,6 +296,10 @@ def test_the_verdict_rules_say_what_judge_found():
         checks.gate(tools.VERDICT, judge(cfg, {"accuracy": value, "num_samples": n, "baseline": {"accuracy": 0.5}}, {}),
                     said=said)  # fmt: skip
         assert said.rules() == rules
+    said = checks.Said()  # a run whose texts were cut: the verdict says how to read more of them
+    checks.gate(tools.VERDICT, judge(cfg, {"accuracy": 0.5, "num_samples": 400, "baseline": {"accuracy": 0.5}}, {}),
+                ["inputs.texts_cut"], said=said)  # fmt: skip
+    assert "raise max_length or read them whole with text_windows=32" in said.lines[0][1]
     said = checks.Said()
     checks.gate(tools.PREDICTED, ["cat"], ["cat", "dog"], "single_label_classification", said=said)
     checks.gate(tools.PREDICTED, [], ["cat", "dog"], "single_label_classification", said=said)

@@ -34,16 +34,20 @@ from finetune.metrics import MULTI
 
 
 @rule("tools.did_not_learn", warning=True)
-def did_not_learn(learned: dict) -> str | None:
+def did_not_learn(learned: dict, said_before: list[str] = ()) -> str | None:
     """The best validation value of the judged metric is not clearly beyond a trivial baseline's (a model
-    that predicts the same for every input): the run learned nothing worth keeping. Its card says so too."""
+    that predicts the same for every input): the run learned nothing worth keeping. Its card says so too.
+    Where the run said that the training texts were cut at max_length, the line says that the model read
+    only their start, and how to read more."""
     if learned.get("warn") and learned.get("verdict") is False:
-        return learned["said"]
+        cut = ("; the training texts were cut at max_length (said above): the model read only their start, "
+               "raise max_length or read them whole with text_windows=32") if "inputs.texts_cut" in said_before else ""
+        return learned["said"] + cut
     return None
 
 
 @rule("tools.too_few_to_judge", warning=True)
-def too_few_to_judge(learned: dict) -> str | None:
+def too_few_to_judge(learned: dict, said_before: list[str] = ()) -> str | None:
     """A validation split too small to tell whether the model learned: under 10 samples, or so few that not
     even a perfect score would be clearly above the baseline's."""
     if learned.get("warn") and learned.get("verdict") is None:
