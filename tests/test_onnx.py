@@ -76,7 +76,7 @@ def test_a_text_classifier_serves_on_onnxruntime_fp32_within_1e_4_and_int8(tmp_p
     assert sorted(p.name for p in (run / "onnx").iterdir()) == sorted(
         ["model.onnx", "model_int8.onnx", "config.json", "README.md", "tokenizer.json", "tokenizer_config.json"]
     ), list((run / "onnx").iterdir())
-    _assert_same_as_pytorch(run)  # pairs too (token_type_ids), batches 1, 3 and 5, lengths 4 to 42 tokens
+    _assert_same_as_pytorch(run)  # pairs too (token_type_ids), batches 1, 3 and 5 of other lengths
     _assert_same_as_pytorch(run, "int8", atol=0.5)  # int8: near, not equal
     assert (run / "onnx" / "model_int8.onnx").stat().st_size < (run / "onnx" / "model.onnx").stat().st_size / 2
     card = (run / "onnx" / "README.md").read_text()
@@ -135,3 +135,16 @@ def test_the_hostile_cases_are_one_line(finished_run, tmp_path, capsys):
     user_error(capsys, evaluate, [str(run / "model"), "--onnx", "int8", "--data", str(wrong)], "text",
                rule="columns.text_column_named_otherwise")  # fmt: skip
     assert not (run / "eval").exists()
+
+
+@pytest.mark.slow
+def test_a_lora_run_exports_its_merged_model_and_its_adapter_is_refused(finished_run, tmp_path, capsys):
+    """A LoRA run's model/ holds the adapters merged (finetune/export.py): it exports as any other run, equal
+    to PyTorch; its adapter/ alone is refused in one line that names the run."""
+    pytest.importorskip("peft")
+    run = finished_run.copy(tmp_path / "lora", "max_steps=2", "peft={r: 4, alpha: 8, target_modules: [query, value]}")
+    line = user_error(capsys, onnx_main, [str(run / "adapter")], "is a LoRA adapter alone",
+                      rule="runs.onnx_of_an_adapter")  # fmt: skip
+    assert str(run) in line
+    onnx_main([str(run)])
+    _assert_same_as_pytorch(run)
