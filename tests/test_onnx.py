@@ -148,3 +148,15 @@ def test_a_lora_run_exports_its_merged_model_and_its_adapter_is_refused(finished
     assert str(run) in line
     onnx_main([str(run)])
     _assert_same_as_pytorch(run)
+
+
+def test_a_text_run_and_an_evaluation_import_no_onnx():
+    """The light path: onnx, onnxruntime and onnxscript are imported by the ONNX export and --onnx alone."""
+    import subprocess
+    import sys
+
+    code = ("import sys, finetune.run, finetune.evaluate_checkpoint; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'onnxscript')))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert done.stdout.strip() == "[]"
