@@ -111,6 +111,7 @@ def test_a_run_evaluates_on_onnx_through_the_same_metrics(finished_run, tmp_path
     assert json.loads(Path(int8["metrics_file"]).read_text())["onnx"] == int8["onnx"]
 
 
+@pytest.mark.slow  # ~40 s: an export and three refused evaluations; the default run keeps the one above
 def test_the_hostile_cases_are_one_line(finished_run, tmp_path, capsys):
     from finetune.evaluate_checkpoint import main as evaluate
 
