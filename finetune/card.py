@@ -451,3 +451,46 @@ def push_to_hub(export_dir: Path, repo_id: str, token: str | None = None, privat
     except (LocalTokenNotFoundError, HFValidationError, HfHubHTTPError, ConnectionError) as e:
         raise checks.explain(tools.HUB_PUSH_FAILED, repo_id, e) from None
     return str(url)
+
+
+def write_onnx_card(folder: Path, inputs: list[str], outputs: list[str], written: list[str]) -> Path:
+    """`<run>/onnx/README.md` (finetune/onnx_export.py): what each file is and how to run it on onnxruntime."""
+    files = {"fp32": ("model.onnx", "fp32, the export's outputs within 1e-4"),
+             "int8": ("model_int8.onnx", "dynamic int8 (onnxruntime's quantize_dynamic): int8 weights, smaller and "
+                                         "faster on a CPU, a little less accurate (python -m "
+                                         "finetune.evaluate_checkpoint <run>/model --onnx int8 measures it)")}  # fmt: skip
+    rows = "\n".join(f"| `{files[p][0]}` | {files[p][1]} |" for p in written)
+    feeds = ", ".join(f'"{name}": batch["{name}"]' for name in inputs)
+    text = f"""---
+library_name: onnx
+tags:
+- onnx
+- finetune
+---
+
+# ONNX files of `../model`
+
+| file | what it is |
+|---|---|
+{rows}
+| `config.json` | the model's config: `id2label` names the outputs' classes |
+| tokenizer or preprocessor files | what makes the inputs, as for `../model` |
+
+Inputs: {", ".join(f"`{n}`" for n in inputs)} (batch and sequence axes of any size). Outputs:
+{", ".join(f"`{n}`" for n in outputs)}, as the PyTorch model's.
+
+```python
+import numpy as np
+import onnxruntime as ort
+from transformers import AutoConfig, AutoProcessor
+
+session = ort.InferenceSession("{files[written[-1]][0]}", providers=["CPUExecutionProvider"])
+processor = AutoProcessor.from_pretrained(".")  # the tokenizer, or the image processor
+batch = processor(...,  return_tensors="np")  # texts (padding=True) or images, as for the PyTorch model
+({", ".join(outputs)},) = session.run(None, {{{feeds}}})
+id2label = AutoConfig.from_pretrained(".").id2label
+```
+"""
+    path = folder / CARD
+    path.write_text(text)
+    return path

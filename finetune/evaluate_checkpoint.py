@@ -107,6 +107,7 @@ from finetune.layout import (
 from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import summary_line
 from finetune.models import build_model, offline_hint
+from finetune.onnx_export import ONNX_HELP, OnnxModel, onnx_file_of  # onnxruntime is imported only for --onnx
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import infer_problem_type, problem_of, problem_type_of, problem_type_of_model, tags_in
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
@@ -537,11 +538,14 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
 
     model, preprocessor = load_model(target, cfg)
+    onnx_file = onnx_file_of(args.onnx, target.kind, target.spec, target.path)  # --onnx: checked before the data
     task = task_of(cfg.task)
     with main_process_first(accelerator):  # the main process fills datasets' cache, the others read it
         ds, name, info = _evaluated_data(args, cfg, target, said)
         # As split "eval", never "train": that would add the training-time augmentation.
         prepared = task.prepare(ds, preprocessor, cfg.data_args, "eval", getattr(model.config, "num_channels", 3), said)
+    if onnx_file is not None:  # beside the PyTorch evaluation of the same data, not over it
+        name, model = f"{name}-onnx-{args.onnx}", OnnxModel(onnx_file, model.config)
     metrics_file = metrics_path(args.output, target, name)
     check_output(metrics_file, target, chosen=args.output is not None)
 
@@ -566,6 +570,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         report = {k: v for k, v in report.items() if k in ("num_samples", "num_sentences", "num_words", "threshold")}
     record = _record(target, cfg, problem, info, report, output_paths(metrics_file)[1].name if keep else None,
                      accelerator, started)  # fmt: skip
+    record = {**record, "onnx": str(onnx_file)} if onnx_file is not None else record
     replaced = False
     if accelerator.is_main_process:
         replaced = write_outputs(metrics_file, record, predictions, ds, cfg, target, name, said)
@@ -773,6 +778,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the folder for the outputs (default: <run>/eval/<split>/, or ./eval/<model>/<data>/)",
     )
     parser.add_argument("--predictions", action="store_true", help="also write predictions.jsonl")
+    parser.add_argument("--onnx", nargs="?", const="fp32", choices=("fp32", "int8"), help=ONNX_HELP)
     parser.add_argument("--task", choices=TASK_NAMES, help="the task of a model evaluated without its run")
     args = parser.parse_intermixed_args(settings_from_flags(argv, EVAL_KEYS))
     checks.gate(evaluation.SECOND, args.overrides)  # a second checkpoint where settings go

@@ -6,6 +6,7 @@
         checkpoints/step-N/  training state (finetune/checkpoint.py: the format inside)
         model/               the export: save_pretrained, with its tokenizer or image processor and card
         adapter/             a LoRA run's adapters alone, in peft's format
+        onnx/                when asked (finetune/onnx_export.py): model.onnx, model_int8.onnx, config, preprocessor
         training_curves.png  loss, validation metrics and learning rate against the step
         results.json         written last: a run with it is finished
         .previous-run/       the run an overwrite replaces, until the new one is finished
@@ -49,8 +50,12 @@ BEST_RECIPE = "best_recipe.yaml"
 SEARCH_RECORD = "search.json"
 TRIAL_PREFIX = "trial-"
 EXPORT_STAGE, EXPORT_ASIDE = ".export-new", ".export-old"
+# The ONNX files of the export (finetune/onnx_export.py): <run>/onnx/ with these, written aside first.
+ONNX = "onnx"
+ONNX_FILES = {"fp32": "model.onnx", "int8": "model_int8.onnx"}
+ONNX_STAGE, ONNX_ASIDE = ".onnx-new", ".onnx-old"
 # What a run writes in its output_dir, besides Accelerate's tracker logs in <output_dir>/<its name>.
-RUN_FILES = (CHECKPOINTS, MODEL, ADAPTER, METRICS_LOG, RESULTS, CONFIG, CURVES)
+RUN_FILES = (CHECKPOINTS, MODEL, ADAPTER, ONNX, METRICS_LOG, RESULTS, CONFIG, CURVES)
 SHARED_PROBE_PREFIX = ".finetune-shared-probe-"
 
 
@@ -84,6 +89,13 @@ class RunDir:
     previous = property(lambda self: self.root / PREVIOUS)
     export_stage = property(lambda self: self.root / EXPORT_STAGE)
     export_aside = property(lambda self: self.root / EXPORT_ASIDE)
+    onnx = property(lambda self: self.root / ONNX)
+    onnx_stage = property(lambda self: self.root / ONNX_STAGE)
+    onnx_aside = property(lambda self: self.root / ONNX_ASIDE)
+
+    def onnx_file(self, precision: str) -> Path:
+        """<run>/onnx/model.onnx (fp32) or model_int8.onnx (int8)."""
+        return self.onnx / ONNX_FILES[precision]
 
     def holds_run(self) -> str | None:
         """'a finished run', 'a started run' (checkpoints or a log), or None."""

@@ -53,8 +53,9 @@ def make_accelerator(cfg: TrainConfig, said: checks.Said | None = None) -> Accel
     if os.environ.get("ACCELERATE_MIXED_PRECISION"):
         os.environ["ACCELERATE_MIXED_PRECISION"] = os.environ["ACCELERATE_MIXED_PRECISION"].lower()
     fsdp_on_cpu = _fsdp_on_cpu_for_tests(world_size)
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"  # --use_deepspeed
     processes = launch.Processes(world_size, _fsdp_requested(), torch.cuda.is_available(), fsdp_on_cpu,
-                                 cfg.model_parallel)  # fmt: skip
+                                 cfg.model_parallel, deepspeed)  # fmt: skip
     checks.gate(launch.BEFORE, processes)
     if cfg.model_parallel and world_size > 1:
         prepare_hybrid(cfg)

@@ -206,7 +206,7 @@ LAYERS = [
     {"runtime", "steps", "shapes", "models", "card", "launch", "cli"},
     {"data", "checkpoint", "evaluation"},
     {"plots"},
-    {"export"},
+    {"export", "onnx_export"},
     {"run"},
     {"evaluate_checkpoint", "search", "verify", "console", "checks.__main__"},
 ]  # fmt: skip

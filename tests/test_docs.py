@@ -245,6 +245,7 @@ ENTRIES = (
     Entry(("finetune/verify.py", "finetune-verify", "finetune.verify"), "finetune/verify.py", ALL),
     Entry(("finetune/search.py", "finetune-search", "finetune.search"), "finetune/search.py", ALL, ALL),
     Entry(("finetune-config",), "finetune/launch.py"),  # writes accelerate's config: takes no settings
+    Entry(("finetune/onnx_export.py", "finetune-onnx", "finetune.onnx_export"), "finetune/onnx_export.py"),
 )  # fmt: skip
 LAUNCHERS = ("finetune-launch", "finetune.launch")  # accelerate launch's flags, then an entry point
 # The benchmarks' and scripts' own command lines: flags checked, `--override key=value` too.

@@ -374,6 +374,8 @@ ACCELERATE_CPU = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "N
     [
         ("launch.config_is_a_folder", "<folder>", [], "is a folder; pass the config file"),
         ("launch.fsdp_with_cpu", {"distributed_type": "FSDP", "use_cpu": False}, ["--cpu"], "--cpu would train without it"),
+        ("launch.deepspeed_config", {"distributed_type": "DEEPSPEED", "use_cpu": False,
+                                     "deepspeed_config": {"zero_stage": 2}}, [], "asks for DeepSpeed"),
         ("launch.not_a_whole_number", {"num_machines": 1.5}, [], "num_machines 1.5 (in accelerate config"),
         ("launch.num_processes", {"num_processes": 0}, [], "num_processes must be at least 1, got 0"),
         ("launch.num_machines", {}, ["--num_machines", "0"], "num_machines must be at least 1, got 0 (--num_machines)"),

@@ -177,6 +177,7 @@ def test_bf16_on_a_cpu_without_native_bf16_is_a_warning_of_the_run(monkeypatch, 
         ({"ACCELERATE_USE_FSDP": "true"}, ["model_parallel=true"], "launch.model_parallel_with_fsdp",
          "splits a replica of the model inside each process"),
         ({"ACCELERATE_USE_FSDP": "true"}, [], "launch.fsdp_without_gpus", "which Accelerate runs on GPUs only"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true"}, [], "launch.deepspeed", "use FSDP2: accelerate_configs/fsdp.yaml"),
         ({"ACCELERATE_MIXED_PRECISION": "fp16"}, [], "launch.fp16_on_cpu", "mixed precision fp16 needs a GPU"),
     ],
 )  # fmt: skip

@@ -10,6 +10,7 @@
     SPLIT, DATA, ...    --data and --split, and the evaluated data's labels against the model's
     THRESHOLDS          config.json's multi_label_thresholds
     OUTPUT, WRITE_FAILED   the output folder of an evaluation, and a write of metrics.json that fails
+    ONNX                --onnx: a model that is not a run's export, ONNX files not made yet
 
 What a rule needs comes in its subject: paths, the run's raw files (`ExportRun`), the DataArgs, a dataset.
 """
@@ -967,3 +968,27 @@ def write_failed(folder: Path, failure: OSError) -> str:
 
 
 WRITE_FAILED = [write_failed]
+
+
+# --- --onnx: the run's ONNX files instead of its PyTorch weights ------------------------------------------------
+
+
+@rule("evaluation.onnx_not_an_export")
+def onnx_not_an_export(kind: str, spec: str, file: Path, run: Path) -> str | None:
+    """--onnx with a training-state checkpoint or a hub model: the ONNX files are made from a run's export, and
+    --onnx evaluates those (<run>/onnx/)."""
+    if kind != "export":
+        return (f"--onnx evaluates the ONNX files beside a run's export (<run>/onnx/), and {spec} is a {kind} "
+                "model; give the run's model/ folder")
+    return None
+
+
+@rule("evaluation.onnx_file_missing")
+def onnx_file_missing(kind: str, spec: str, file: Path, run: Path) -> str | None:
+    """--onnx before the ONNX files were made: nothing to evaluate."""
+    if not file.is_file():
+        return f"no {file}: make the run's ONNX files first with python -m finetune.onnx_export {run}"
+    return None
+
+
+ONNX = [onnx_not_an_export, onnx_file_missing]

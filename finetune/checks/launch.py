@@ -5,13 +5,13 @@ these, in this order).
 
     CONFIG_FILE     --config_file: a folder, or a file that is not there
     CONFIG_FAILED   why accelerate could not read the config (the first that can tell)
-    CONFIG          what --cpu drops from a config without a word
+    CONFIG          what --cpu drops from a config without a word; DeepSpeed (FSDP2 instead)
     VALUES          the config's and the flags' values accelerate takes as they come and fails on later
     SCRIPT          the training script
     USAGE           a launcher argument accelerate does not know (the first that can tell)
     DEFAULT_CONFIG  finetune-config: what is there already and does not parse: a folder, another file, a damaged config
     WRITE_FAILED    finetune-config: a default config it cannot write
-    BEFORE          the processes before the Accelerator is built: FSDP with the layer split, FSDP without GPUs
+    BEFORE          the processes before the Accelerator is built: DeepSpeed, FSDP with the layer split, FSDP without GPUs
     FORMED          the processes once it is: the group they formed, the precision on this device
     ON_CPU          a CPU's bf16
     COMPILE         torch_compile with FSDP, or with Accelerate's own compile
@@ -92,7 +92,25 @@ def fsdp_with_cpu(args: Any, config: Any, path: Path) -> str | None:
     return None
 
 
-CONFIG = [fsdp_with_cpu]
+DEEPSPEED_INSTEAD = (
+    "this app does not run DeepSpeed (its loop saves and resumes plain state dicts, which DeepSpeed's engine "
+    "replaces with its own); for sharded training use FSDP2: accelerate_configs/fsdp.yaml (on GPUs), or "
+    "accelerate_configs/cpu_ddp.yaml on a CPU"
+)
+
+
+@rule("launch.deepspeed_config")
+def deepspeed_config(args: Any, config: Any, path: Path) -> str | None:
+    """An accelerate config (or --use_deepspeed) that asks for DeepSpeed: the app's loop, checkpoints and
+    layer split are written for Accelerate's DDP and FSDP2, not for DeepSpeed's engine, and accelerate would
+    otherwise fail on a missing deepspeed package or later, in every process."""
+    kind = getattr(config, "distributed_type", None)
+    if getattr(args, "use_deepspeed", False) or str(getattr(kind, "value", kind)) == "DEEPSPEED":
+        return f"accelerate config {path} asks for DeepSpeed: {DEEPSPEED_INSTEAD}"
+    return None
+
+
+CONFIG = [fsdp_with_cpu, deepspeed_config]
 
 
 # --- the launcher: its values ----------------------------------------------------------------------------
@@ -375,6 +393,16 @@ class Processes:
     cuda: bool  # torch sees a GPU
     fsdp_on_cpu: bool  # the tests' FSDP on CPU processes (runtime._fsdp_on_cpu_for_tests)
     model_parallel: bool
+    deepspeed: bool = False  # a DeepSpeed config (the launcher's ACCELERATE_USE_DEEPSPEED)
+
+
+@rule("launch.deepspeed")
+def deepspeed(p: Processes) -> str | None:
+    """A run launched with a DeepSpeed config (`accelerate launch` straight, not finetune-launch): refused
+    before the Accelerator builds DeepSpeed's engine, which the loop's checkpoints do not know."""
+    if p.deepspeed:
+        return f"the run was launched with DeepSpeed: {DEEPSPEED_INSTEAD}"
+    return None
 
 
 @rule("launch.model_parallel_with_fsdp")
@@ -395,7 +423,7 @@ def fsdp_without_gpus(p: Processes) -> str | None:
     return None
 
 
-BEFORE = [model_parallel_with_fsdp, fsdp_without_gpus]
+BEFORE = [deepspeed, model_parallel_with_fsdp, fsdp_without_gpus]
 
 
 @dataclass

@@ -15,6 +15,8 @@ or failing disk). Asked by finetune/rundir.py, finetune/checkpoint.py and finetu
                      do not fit
     SAVE_FAILED      a checkpoint that could not be written (its process alone meets it)
     EXPORT_FAILED    the export that could not be written
+    ONNX_COMMAND     finetune.onnx_export's command line
+    ONNX_SOURCE      what finetune.onnx_export is pointed at: no such path, a LoRA adapter alone, no export
 
 A damaged checkpoint is found by the rule that names its damage (`PROBLEMS`, whose line is the damage
 alone: `checkpoint_problem`, and `latest`'s list of what it skipped); it is refused under that rule's id
@@ -1074,3 +1076,47 @@ def export_failed_before_any_checkpoint(failure: OSError, root: Path) -> str:
 
 
 EXPORT_FAILED = [export_failed, export_failed_before_any_checkpoint]
+
+
+# --- the ONNX files of an export (finetune/onnx_export.py) ---------------------------------------------------
+
+
+@rule("runs.onnx_arguments")
+def onnx_arguments(message: str) -> str:
+    """argparse's refusal of python -m finetune.onnx_export's arguments: one line and exit status 2."""
+    return f"{message} (see python -m finetune.onnx_export --help)"
+
+
+ONNX_COMMAND = [onnx_arguments]
+
+
+@rule("runs.onnx_path_not_found")
+def onnx_path_not_found(path: Path, run: Path) -> str | None:
+    """The run (or export) to make ONNX files of is not there."""
+    if not path.exists():
+        return f"{path} does not exist; give a finished run's folder (its output_dir) or its model/ folder"
+    return None
+
+
+@rule("runs.onnx_of_an_adapter")
+def onnx_of_an_adapter(path: Path, run: Path) -> str | None:
+    """A LoRA run's adapter folder (adapter_config.json): the adapter alone is not a model; the run's export
+    already holds it merged into the weights, and that is what is exported."""
+    if (path / "adapter_config.json").is_file():
+        return (f"{path} is a LoRA adapter alone, not a model; export the run instead "
+                f"(python -m finetune.onnx_export {run}): its model/ holds the adapter merged into the weights")
+    return None
+
+
+@rule("runs.onnx_without_export")
+def onnx_without_export(path: Path, run: Path) -> str | None:
+    """A folder without an export (a run not finished, a checkpoint, another folder): ONNX files are made from
+    the export's weights and config, which a finished run writes last."""
+    model = layout.RunDir(run).model
+    if not (model / "config.json").is_file() or not (model / "model.safetensors").is_file():
+        return (f"no export in {path} (no {model} with config.json and model.safetensors): give a finished run; "
+                "a run cut short exports when resumed (resume_from_checkpoint=latest)")
+    return None
+
+
+ONNX_SOURCE = [onnx_path_not_found, onnx_of_an_adapter, onnx_without_export]

@@ -1,0 +1,163 @@
+"""finetune/onnx_export.py: ONNX files of a run's export for every task, run in onnxruntime against PyTorch
+(fp32 within 1e-4, on batches and lengths other than the traced ones); int8; `evaluate_checkpoint --onnx`
+through the same metrics; the hostile cases (no export, an adapter, no ONNX files yet, the wrong data).
+
+    HF_HUB_OFFLINE=1 python -m pytest -q -n 0 tests/test_onnx.py            # -m slow: every task
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TOKENIZER, save_tiny_bert, save_tiny_vit, user_error, write_csv
+
+pytest.importorskip("onnxruntime")  # the .[onnx] extra (CI installs it through .[dev])
+import onnxruntime as ort  # noqa: E402
+
+from finetune.onnx_export import main as onnx_main  # noqa: E402
+
+LABELS = {"id2label": {0: "neg", 1: "pos", 2: "mixed"}, "label2id": {"neg": 0, "pos": 1, "mixed": 2}}
+# Each task's model as a finished run's export (<run>/model): the architectures the app trains.
+MODELS = {
+    "single_label": lambda f: save_tiny_bert(f, **LABELS),
+    "multi_label": lambda f: save_tiny_bert(f, problem_type="multi_label_classification", **LABELS),
+    "regression": lambda f: save_tiny_bert(f, num_labels=1, problem_type="regression"),
+    "tags": lambda f: save_tiny_bert(f, "BertForTokenClassification", id2label={0: "O", 1: "B-PER", 2: "I-PER"},
+                                     label2id={"O": 0, "B-PER": 1, "I-PER": 2}),
+    "spans": lambda f: save_tiny_bert(f, "BertForQuestionAnswering"),
+    "image": lambda f: save_tiny_vit(f),
+}  # fmt: skip
+RUN = ("max_steps=3", "save_steps=3")  # a finished run with a checkpoint, on data with a test split
+
+
+def _texts(batch: int, words: int, pairs: bool):
+    """`batch` texts of up to `words` words (each shorter than the last: padding), optionally as pairs."""
+    from transformers import AutoTokenizer
+
+    texts = [" ".join(["good film"] * max(1, words - 3 * i)) for i in range(batch)]
+    second = [" ".join(["bad plot"] * (i + 1)) for i in range(batch)] if pairs else None
+    return dict(AutoTokenizer.from_pretrained(TOKENIZER)(texts, second, padding=True, return_tensors="pt"))
+
+
+def _assert_same_as_pytorch(run: Path, precision: str = "fp32", atol: float = 1e-4) -> float:
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(run / "model")
+    model = getattr(transformers, config.architectures[0]).from_pretrained(run / "model").eval()
+    session = ort.InferenceSession(str(run / "onnx" / ("model.onnx" if precision == "fp32" else "model_int8.onnx")))
+    worst = 0.0
+    image = "pixel_values" in [i.name for i in session.get_inputs()]
+    shapes = [(1, 2), (3, 9), (5, 40)] if not image else [(1, 0), (4, 0)]
+    for batch, words in shapes:  # traced on a batch of 2 of another length
+        inputs = {"pixel_values": torch.rand(batch, 3, 28, 28)} if image else _texts(batch, words, pairs=batch == 3)
+        inputs = {k: v for k, v in inputs.items() if k in [i.name for i in session.get_inputs()]}
+        with torch.no_grad():
+            expected = model(**inputs)
+        got = session.run(None, {k: v.numpy() for k, v in inputs.items()})
+        for name, value in zip([o.name for o in session.get_outputs()], got, strict=True):
+            worst = max(worst, float(np.abs(value - expected[name].numpy()).max()))
+    assert worst <= atol, worst
+    return worst
+
+
+def _export(tmp_path: Path, kind: str) -> Path:
+    run = tmp_path / kind
+    MODELS[kind](run / "model")
+    onnx_main([str(run)])
+    return run
+
+
+def test_a_text_classifier_serves_on_onnxruntime_fp32_within_1e_4_and_int8(tmp_path):
+    run = _export(tmp_path, "single_label")
+    assert sorted(p.name for p in (run / "onnx").iterdir()) == sorted(
+        ["model.onnx", "model_int8.onnx", "config.json", "README.md", "tokenizer.json", "tokenizer_config.json"]
+    ), list((run / "onnx").iterdir())
+    _assert_same_as_pytorch(run)  # pairs too (token_type_ids), batches 1, 3 and 5 of other lengths
+    _assert_same_as_pytorch(run, "int8", atol=0.5)  # int8: near, not equal
+    assert (run / "onnx" / "model_int8.onnx").stat().st_size < (run / "onnx" / "model.onnx").stat().st_size / 2
+    card = (run / "onnx" / "README.md").read_text()
+    assert "model_int8.onnx" in card and "ort.InferenceSession" in card and "`token_type_ids`" in card
+    onnx_main([str(run / "model"), "--no-int8"])  # again, from the export's folder: replaced whole
+    assert not (run / "onnx" / "model_int8.onnx").exists() and not (run / ".onnx-new").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [k for k in MODELS if k != "single_label"])
+def test_every_task_exports_with_dynamic_axes(tmp_path, kind):
+    _assert_same_as_pytorch(_export(tmp_path, kind))
+
+
+def test_a_run_evaluates_on_onnx_through_the_same_metrics(finished_run, tmp_path):
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    run = finished_run.copy(tmp_path / "run", *RUN, data="named+test")
+    onnx_main([str(run)])
+    torch_record = evaluate([str(run / "model")])
+    fp32 = evaluate([str(run / "model"), "--onnx"])
+    int8 = evaluate([str(run / "model"), "--onnx", "int8", "--predictions"])
+    assert fp32["num_samples"] == torch_record["num_samples"] == 11
+    assert fp32["accuracy"] == torch_record["accuracy"]
+    assert fp32["loss"] == pytest.approx(torch_record["loss"], abs=1e-4)
+    assert abs(int8["loss"] - torch_record["loss"]) < 0.05
+    assert fp32["onnx"].endswith("model.onnx") and int8["onnx"].endswith("model_int8.onnx")
+    # beside the PyTorch evaluation, not over it
+    assert Path(fp32["metrics_file"]).parent.name == "test-onnx-fp32"
+    assert (run / "eval" / "test" / "metrics.json").is_file()
+    assert len((Path(int8["metrics_file"]).parent / "predictions.jsonl").read_text().splitlines()) == 11
+    assert json.loads(Path(int8["metrics_file"]).read_text())["onnx"] == int8["onnx"]
+
+
+@pytest.mark.slow  # ~40 s: an export and three refused evaluations; the default run keeps the one above
+def test_the_hostile_cases_are_one_line(finished_run, tmp_path, capsys):
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    user_error(capsys, onnx_main, [str(tmp_path / "nowhere")], "does not exist", rule="runs.onnx_path_not_found")
+    (tmp_path / "empty").mkdir()
+    user_error(capsys, onnx_main, [str(tmp_path / "empty")], "no export in", rule="runs.onnx_without_export")
+    adapter = tmp_path / "lora" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    user_error(capsys, onnx_main, [str(adapter)], "is a LoRA adapter alone", rule="runs.onnx_of_an_adapter")
+    user_error(capsys, onnx_main, [str(tmp_path), "--int4"], "unrecognized arguments", rule="runs.onnx_arguments")
+
+    run = finished_run.copy(tmp_path / "run", *RUN, data="named+test")
+    user_error(capsys, evaluate, [str(run / "model"), "--onnx"], "python -m finetune.onnx_export",
+               rule="evaluation.onnx_file_missing")  # fmt: skip
+    checkpoint = run / "checkpoints" / "step-00000003"
+    user_error(capsys, evaluate, [str(checkpoint), "--onnx"], "give the run's model/ folder",
+               rule="evaluation.onnx_not_an_export")  # fmt: skip
+    # the wrong data: the same refusal as without --onnx (the data's checks come before the model runs)
+    onnx_main([str(run)])
+    wrong = write_csv(tmp_path / "wrong.csv", [{"review": "fine", "label": "pos"}])
+    user_error(capsys, evaluate, [str(run / "model"), "--onnx", "int8", "--data", str(wrong)], "text",
+               rule="columns.text_column_named_otherwise")  # fmt: skip
+    assert not (run / "eval").exists()
+
+
+@pytest.mark.slow
+def test_a_lora_run_exports_its_merged_model_and_its_adapter_is_refused(finished_run, tmp_path, capsys):
+    """A LoRA run's model/ holds the adapters merged (finetune/export.py): it exports as any other run, equal
+    to PyTorch; its adapter/ alone is refused in one line that names the run."""
+    pytest.importorskip("peft")
+    run = finished_run.copy(tmp_path / "lora", "max_steps=2", "peft={r: 4, alpha: 8, target_modules: [query, value]}")
+    line = user_error(capsys, onnx_main, [str(run / "adapter")], "is a LoRA adapter alone",
+                      rule="runs.onnx_of_an_adapter")  # fmt: skip
+    assert str(run) in line
+    onnx_main([str(run)])
+    _assert_same_as_pytorch(run)
+
+
+def test_a_text_run_and_an_evaluation_import_no_onnx():
+    """The light path: onnx, onnxruntime and onnxscript are imported by the ONNX export and --onnx alone."""
+    import subprocess
+    import sys
+
+    code = ("import sys, finetune.run, finetune.evaluate_checkpoint; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'onnxscript')))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert done.stdout.strip() == "[]"
