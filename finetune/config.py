@@ -128,6 +128,17 @@ class ModelArgs(TaskArgs):
     freeze_layers: int = setting(
         0, "freeze all the embeddings (whatever freeze_embeddings says) and the first N encoder layers"
     )
+    # BatchNorm models (EfficientNet): each micro-batch normalises by its own statistics, so one big batch,
+    # DDP and accumulation differ (docs/topologies.md). Frozen: the loaded running statistics are used in
+    # training too (BatchNorm in eval mode; its scale and shift still train), and those equalities hold.
+    freeze_batchnorm: bool = setting(
+        False, "BatchNorm layers keep their loaded statistics: eval mode in training too (pretrained models)"
+    )
+    # DDP: BatchNorm statistics over the batches of every process (torch.nn.SyncBatchNorm; GPUs only):
+    # DDP then equals one big batch; accumulation still normalises each micro-batch alone.
+    sync_batchnorm: bool = setting(
+        False, "DDP on GPUs: BatchNorm statistics over every process's batch (torch.nn.SyncBatchNorm)"
+    )
     # Keep only each layer's input during forward and recompute the rest in backward: less activation
     # memory for more compute (transformers' activation checkpointing).
     gradient_checkpointing: bool = setting(
