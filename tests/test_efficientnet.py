@@ -115,3 +115,24 @@ def test_batchnorm_settings_refused_where_they_cannot_act(capsys, tiny_efficient
     user_error(capsys, main, _args(tiny_efficientnet_folder, photos, tmp_path / "o", "sync_batchnorm=true",
                                    "freeze_batchnorm=false"),
                "sync_batchnorm=true needs GPUs", rule="launch.sync_batchnorm_on_cpu")  # fmt: skip
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_verify_says_which_equalities_a_batchnorm_model_keeps(frozen, tiny_efficientnet_folder, tmp_path, capsys):
+    """`finetune.verify` on a BatchNorm model: live statistics, accumulation differs by design and says why
+    (exit 0, not a failure); frozen, every variant agrees within 1e-5."""
+    from finetune import verify
+
+    data = image_folder(tmp_path / "photos", classes=3, per_class=14)
+    argv = ["--config", RECIPE, f"model_name_or_path={tiny_efficientnet_folder}", f"data_dir={data}",
+            "per_device_train_batch_size=8", "augment=[]", "validation_split_percentage=20",
+            f"freeze_batchnorm={str(frozen).lower()}"]  # fmt: skip
+    assert verify.main(argv) == 0
+    printed = capsys.readouterr().out
+    if frozen:
+        assert "OK: every variant agrees with one big batch within 1e-05" in printed
+    else:
+        assert "differs by design" in printed
+        assert "note: accumulation is not expected to equal one big batch: BatchNorm normalises each micro-batch " \
+               "of 4 by its own statistics (freeze_batchnorm=true makes it equal)" in printed
+        assert "OK: accumulation differs by design (BatchNorm)" in printed
