@@ -136,3 +136,34 @@ def test_verify_says_which_equalities_a_batchnorm_model_keeps(frozen, tiny_effic
         assert "note: accumulation is not expected to equal one big batch: BatchNorm normalises each micro-batch " \
                "of 4 by its own statistics (freeze_batchnorm=true makes it equal)" in printed
         assert "OK: accumulation differs by design (BatchNorm)" in printed
+
+
+def test_lora_on_its_convolutions_and_every_checkpoint_kind_evaluates(tiny_efficientnet_folder, photos, tmp_path):
+    """LoRA (peft's Conv2d) on the blocks' pointwise convolutions by default; the training-state checkpoint
+    (adapters put back, then merged) and the merged export evaluate to the run's own last validation score."""
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    out = tmp_path / "run"
+    results = main(_args(tiny_efficientnet_folder, photos, out, "peft.r=4", "save_steps=6"))
+    assert (out / "adapter" / "adapter_config.json").exists()
+    adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["expand_conv", "project_conv"]
+    checkpoint = sorted((out / "checkpoints").iterdir())[-1]
+    for target in (checkpoint, out / "model"):
+        record = json.loads(Path(evaluate([str(target), "--split", "validation"])["metrics_file"]).read_text())
+        assert record["accuracy"] == pytest.approx(results["validation"]["accuracy"])
+
+
+def test_the_layer_split_and_freeze_layers_refuse_in_one_line(capsys, tiny_efficientnet_folder, photos, tmp_path):
+    """The layer split and freeze_layers know BERT-like encoders only: for EfficientNet, one line each."""
+    user_error(capsys, main, _args(tiny_efficientnet_folder, photos, tmp_path / "a", "model_parallel=true",
+                                   "devices=cpu,cpu"), "cannot split EfficientNetForImageClassification")  # fmt: skip
+    user_error(capsys, main, _args(tiny_efficientnet_folder, photos, tmp_path / "b", "freeze_layers=1"),
+               "EfficientNetForImageClassification has no embeddings and encoder layers")
+
+
+@pytest.mark.slow  # about 90 s of compilation on 2 cores
+def test_torch_compile_trains_it(tiny_efficientnet_folder, photos, tmp_path):
+    """torch_compile=true: every shape compiled in the warm-up, none after it."""
+    results = main(_args(tiny_efficientnet_folder, photos, tmp_path / "run", "torch_compile=true"))
+    assert results["shapes"]["graphs_compiled_after_warm_up"] == 0
