@@ -109,6 +109,12 @@ class ModelArgs(TaskArgs):
     image_processor_name: str | None = setting(
         None, "images: the image processor (default: model_name_or_path)"
     )
+    # A convolutional model (EfficientNet) takes images of any size: a smaller one trades accuracy for time
+    # (about the square of the size). The image processor's resize (and crop) is set to it, and the export's
+    # processor keeps it, so pipeline() resizes as training did.
+    image_size: int | None = setting(
+        None, "images: resize to this many pixels square instead of the image processor's size (convolutional models)"
+    )
     trust_remote_code: bool = setting(
         False, "run Python code shipped with a hub model: only for sources you trust"
     )

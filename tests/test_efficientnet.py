@@ -167,3 +167,21 @@ def test_torch_compile_trains_it(tiny_efficientnet_folder, photos, tmp_path):
     """torch_compile=true: every shape compiled in the warm-up, none after it."""
     results = main(_args(tiny_efficientnet_folder, photos, tmp_path / "run", "torch_compile=true"))
     assert results["shapes"]["graphs_compiled_after_warm_up"] == 0
+
+
+def test_image_size_trades_size_for_time_and_the_export_keeps_it(tiny_efficientnet_folder, photos, tmp_path):
+    """image_size=48: training and the export's processor resize to 48x48 (a convolutional model takes any
+    size), so pipeline() sees what training saw."""
+    out = tmp_path / "run"
+    main(_args(tiny_efficientnet_folder, photos, out, "image_size=48"))
+    saved = json.loads((out / "model" / "preprocessor_config.json").read_text())
+    assert saved["size"] == {"height": 48, "width": 48}
+
+
+def test_image_size_of_a_vit_is_refused(capsys, tmp_path):
+    """A ViT takes only the size its position embeddings were built for: image_size is refused in one line."""
+    from conftest import tiny_image_args
+
+    data = image_folder(tmp_path / "img", classes=2, per_class=6)
+    user_error(capsys, main, tiny_image_args(data, tmp_path / "o", "image_size=48", "validation_split_percentage=34"),
+               "image_size=48: ViT cuts images into patches", rule="models.image_size_of_a_patch_model")  # fmt: skip
