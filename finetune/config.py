@@ -109,6 +109,12 @@ class ModelArgs(TaskArgs):
     image_processor_name: str | None = setting(
         None, "images: the image processor (default: model_name_or_path)"
     )
+    # A convolutional model (EfficientNet) takes images of any size: a smaller one trades accuracy for time
+    # (about the square of the size). The image processor's resize (and crop) is set to it, and the export's
+    # processor keeps it, so pipeline() resizes as training did.
+    image_size: int | None = setting(
+        None, "images: resize to this many pixels square instead of the image processor's size (convolutional models)"
+    )
     trust_remote_code: bool = setting(
         False, "run Python code shipped with a hub model: only for sources you trust"
     )
@@ -127,6 +133,17 @@ class ModelArgs(TaskArgs):
     # frozen_layers`).
     freeze_layers: int = setting(
         0, "freeze all the embeddings (whatever freeze_embeddings says) and the first N encoder layers"
+    )
+    # BatchNorm models (EfficientNet): each micro-batch normalises by its own statistics, so one big batch,
+    # DDP and accumulation differ (docs/topologies.md). Frozen: the loaded running statistics are used in
+    # training too (BatchNorm in eval mode; its scale and shift still train), and those equalities hold.
+    freeze_batchnorm: bool = setting(
+        False, "BatchNorm layers keep their loaded statistics: eval mode in training too (pretrained models)"
+    )
+    # DDP: BatchNorm statistics over the batches of every process (torch.nn.SyncBatchNorm; GPUs only):
+    # DDP then equals one big batch; accumulation still normalises each micro-batch alone.
+    sync_batchnorm: bool = setting(
+        False, "DDP on GPUs: BatchNorm statistics over every process's batch (torch.nn.SyncBatchNorm)"
     )
     # Keep only each layer's input during forward and recompute the rest in backward: less activation
     # memory for more compute (transformers' activation checkpointing).

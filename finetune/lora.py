@@ -32,7 +32,8 @@ from finetune.checks import models as model_rules
 # The settings of `peft`, with their defaults (peft's LoraConfig names them r, lora_alpha, lora_dropout).
 # target_modules null: the model's attention query and value layers, by the names it has (`QUERY_VALUE`).
 DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": None}
-QUERY_VALUE = (["query", "value"], ["q_proj", "v_proj"])  # BERT's; ViT's (transformers 5), and most others'
+# BERT's; ViT's (transformers 5), and most others'; EfficientNet's pointwise (1x1) convolutions of each block.
+QUERY_VALUE = (["query", "value"], ["q_proj", "v_proj"], ["expand_conv", "project_conv"])
 
 HEADS = ("classifier", "score", "pre_classifier", "qa_outputs")  # the heads of transformers' classification and QA models
 
@@ -46,15 +47,30 @@ def with_defaults(spec: dict[str, Any]) -> dict[str, Any]:
     return full
 
 
-def linear_names(model) -> list[str]:
-    """The last parts of the names of the model's linear layers (outside the head): what LoRA can target."""
+def adaptable(module) -> bool:
+    """A layer LoRA adapts: a linear layer, or a convolution that is not grouped (peft's LoRA Conv2d: a
+    depthwise convolution, EfficientNet's, has one filter a channel and no low-rank update to speak of)."""
     import torch
 
+    return isinstance(module, torch.nn.Linear) or (isinstance(module, torch.nn.Conv2d) and module.groups == 1)
+
+
+def _width(module) -> int:
+    import torch
+
+    if isinstance(module, torch.nn.Linear):
+        return min(module.in_features, module.out_features)
+    return min(module.in_channels, module.out_channels)
+
+
+def linear_names(model) -> list[str]:
+    """The last parts of the names of the model's linear layers and ungrouped convolutions (outside the head):
+    what LoRA can target."""
     return sorted(
         {
             name.rsplit(".", 1)[-1]
             for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear) and name.split(".")[0] not in HEADS
+            if adaptable(module) and name.split(".")[0] not in HEADS
         }
     )
 
@@ -66,16 +82,14 @@ def apply_lora(model, spec: dict[str, Any]):
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise checks.explain(model_rules.PEFT_MISSING) from None
-    import torch
-
     spec = with_defaults(spec)
     known = linear_names(model)
     if spec["target_modules"] is None:
         fits = next((names for names in QUERY_VALUE if set(names) <= set(known)), None)
         checks.gate(model_rules.LORA_DEFAULT, type(model).__name__, known, fits)
         spec = {**spec, "target_modules": fits}
-    widths = {min(m.in_features, m.out_features) for name, m in model.named_modules()
-              if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in spec["target_modules"]}  # fmt: skip
+    widths = {_width(m) for name, m in model.named_modules()
+              if adaptable(m) and name.rsplit(".", 1)[-1] in spec["target_modules"]}  # fmt: skip
     checks.gate(model_rules.LORA_TARGETS,
                 model_rules.Adapters(type(model).__name__, known, spec["target_modules"], spec["r"], widths, HEADS))
     config = LoraConfig(

@@ -161,3 +161,28 @@ def freeze_layers(model: PreTrainedModel, n: int) -> None:
     checks.gate(model_rules.FREEZE, n, len(layers), type(model).__name__)
     for name in [*embeddings, *layers[:n]]:
         model.get_submodule(name).requires_grad_(False)
+
+
+def batchnorm_layers(model) -> list[str]:
+    """The names of the model's BatchNorm layers (EfficientNet's; none in BERT or ViT)."""
+    import torch
+
+    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def _stay_in_eval(module, mode: bool = True):
+    """`train()` of a frozen BatchNorm: it stays in eval mode, normalising by its running statistics."""
+    module.training = False
+    return module
+
+
+def freeze_batchnorm(model) -> None:
+    """Every BatchNorm layer of `model` in eval mode for good, also after `model.train()`: it normalises by
+    the loaded running statistics and no longer updates them; its weight and bias still train. A per-module
+    `train` (nn.Module.train calls each child's), so the model class and its state dict are unchanged."""
+    import functools
+
+    for name in batchnorm_layers(model):
+        module = model.get_submodule(name)
+        module.train = functools.partial(_stay_in_eval, module)
+        module.training = False

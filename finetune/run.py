@@ -71,7 +71,7 @@ from finetune.metrics import (
     never_predicted,
     summary_line,
 )
-from finetune.models import build_model, freeze_layers
+from finetune.models import batchnorm_layers, build_model, freeze_batchnorm, freeze_layers
 from finetune.parallel import apply_model_parallel, plan_model_parallel, process_devices
 from finetune.problems import Problem, problem_of, problem_type_of
 from finetune.rundir import (
@@ -450,6 +450,11 @@ def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: 
         model.get_input_embeddings().requires_grad_(False)
     if cfg.freeze_layers:
         freeze_layers(model, cfg.freeze_layers)
+    checks.gate(launch.BATCHNORM, cfg, accelerator.device.type, batchnorm_layers(model), type(model).__name__)
+    if cfg.freeze_batchnorm:  # the loaded statistics in training too: accumulation and DDP equal one big batch
+        freeze_batchnorm(model)
+    elif cfg.sync_batchnorm and accelerator.num_processes > 1:  # statistics over every process's batch
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     # frozen weights of a model built at random; gradient checkpointing it lacks; LoRA under FSDP
     checks.gate(launch.MODEL, cfg, model, accelerator.distributed_type == DistributedType.FSDP, said=said)
     if cfg.gradient_checkpointing:

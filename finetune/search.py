@@ -9,10 +9,10 @@ Each trial is the real `finetune.run.train()` on the recipe with the trial's set
 `<output_dir>/trial-N` (so every topology works: under DDP every process runs each trial, process 0
 asks optuna and tells the others). The search space (`--space` picks a part of it):
 
-    learning_rate               log-uniform in [1e-5, 1e-3]
-    num_train_epochs            1, 2, 3, 4 or 5
+    learning_rate               log-uniform in [1e-5, 1e-3] (widened to hold the recipe's own)
+    num_train_epochs            1 to 5; for a recipe of more, half to twice its own (20: 10 to 40)
     per_device_train_batch_size 8, 16, 32 or 64
-    warmup_ratio                uniform in [0, 0.2]
+    warmup_ratio                uniform in [0, 0.2] (widened to hold the recipe's own)
     freeze_layers               0 .. half the model's layers (models whose layers the app can find)
     tune_threshold              global or per_label (multi-label)
 
@@ -22,9 +22,10 @@ it at the same step (after the first two trials and the first evaluation). A fin
 its final validation score, with the multi-label threshold tuned on validation where `tune_threshold`
 tunes one (`results["validation_tuned"]`: the decisions its export makes), else at the fixed one.
 
-Trial 0 of a new study is the recipe's own settings (`the_recipes_own`; for multi-label with the
-threshold tuned globally), run with the recipe's evaluations: a budget that holds one run of the recipe
-ends with at least its model, and the best trial is never worse on validation. Trial 1 is the same
+Trial 0 of a new study is the recipe as written (`the_recipes_own`: a value outside the ranges is
+kept, not drawn again; for multi-label with the threshold tuned globally), run with the recipe's
+evaluations: a budget that holds one run of the recipe ends with at least its model, the best trial is
+never worse on validation, and the end line compares the best trial with it. Trial 1 is the same
 settings with one change chosen from trial 0's curve (`the_next_step`: half the batch if it was still
 improving at its last evaluation, a third of the learning rate if it was best before its end);
 optuna's sampler draws the rest. The last of the budget, where it holds less than two more trials of the
@@ -62,6 +63,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -102,20 +104,41 @@ def batches(cfg: TrainConfig) -> list[int]:
     return sorted({*BATCHES, cfg.per_device_train_batch_size})
 
 
+def epoch_range(cfg: TrainConfig) -> tuple[int, int]:
+    """The epochs searched, around the recipe's own: 1 to 5 for a recipe of 5 or fewer, else half to twice
+    the recipe's (a 20-epoch image recipe: 10 to 40; 1 to 5 would only ever train it shorter)."""
+    epochs = max(1, round(float(cfg.num_train_epochs)))
+    return (1, MAX_EPOCHS) if epochs <= MAX_EPOCHS else (math.ceil(epochs / 2), 2 * epochs)
+
+
+def rate_range(cfg: TrainConfig) -> tuple[float, float]:
+    """The learning rates searched: 1e-5 to 1e-3, widened to hold the recipe's own."""
+    return min(1e-5, cfg.learning_rate), max(1e-3, cfg.learning_rate)
+
+
 def suggest(trial, cfg: TrainConfig, space: list[str], layers: int, max_epochs: int = MAX_EPOCHS) -> dict[str, Any]:
     """The trial's settings, from the parts of the space asked for that apply to this run (`max_epochs`:
-    as many as the time left is expected to hold)."""
+    as many as the time left is expected to hold). Trial 0's values are fixed (queued): they are used as
+    they are, whatever the range."""
     from finetune.problems import problem_of  # torch, datasets: not for --help
 
+    with warnings.catch_warnings():  # optuna's "Fixed parameter ... is out of range": trial 0's, kept on purpose
+        warnings.filterwarnings("ignore", "Fixed parameter", UserWarning)
+        return _suggest(trial, cfg, space, layers, max_epochs, problem_of)
+
+
+def _suggest(trial, cfg: TrainConfig, space: list[str], layers: int, max_epochs: int, problem_of) -> dict[str, Any]:
     chosen: dict[str, Any] = {}
     if "learning_rate" in space:
-        chosen["learning_rate"] = trial.suggest_float("learning_rate", 1e-5, 1e-3, log=True)
+        chosen["learning_rate"] = trial.suggest_float("learning_rate", *rate_range(cfg), log=True)
     if "num_train_epochs" in space:
-        chosen["num_train_epochs"] = trial.suggest_int("num_train_epochs", 1, max(1, min(MAX_EPOCHS, max_epochs)))
+        low, high = epoch_range(cfg)
+        high = max(1, min(high, max_epochs))
+        chosen["num_train_epochs"] = trial.suggest_int("num_train_epochs", min(low, high), high)
     if "per_device_train_batch_size" in space:
         chosen["per_device_train_batch_size"] = trial.suggest_categorical("per_device_train_batch_size", batches(cfg))
     if "warmup_ratio" in space:
-        chosen["warmup_ratio"] = trial.suggest_float("warmup_ratio", 0.0, 0.2)
+        chosen["warmup_ratio"] = trial.suggest_float("warmup_ratio", 0.0, max(0.2, cfg.warmup_ratio))
     if "freeze_layers" in space and layers > 1 and cfg.peft is None:
         chosen["freeze_layers"] = trial.suggest_int("freeze_layers", 0, layers // 2)
     if "tune_threshold" in space and problem_of(cfg.problem_type).lists:  # per-label thresholds (Space.applies)
@@ -127,22 +150,21 @@ def the_recipes_own(cfg: TrainConfig, space: list[str], layers: int) -> dict[str
     """Trial 0's settings: the recipe's own values of the searched settings, so that a search whose budget
     holds one run of the recipe ends with at least the recipe's model. Multi-label: the threshold tuned
     globally on validation (it costs no training, and a fixed 0.5 is what leaves rare labels unpredicted).
-    A value the space cannot hold (1.35 epochs, warmup_steps instead of a ratio) is drawn instead."""
+    Each value is kept as written, also outside the range the later trials draw from (20 epochs, a learning
+    rate of 1e-2); only one the space cannot hold (1.35 epochs, warmup_steps instead of a ratio) is drawn."""
     from finetune.problems import problem_of  # torch, datasets: not for --help
 
     own: dict[str, Any] = {"learning_rate": cfg.learning_rate,
                            "per_device_train_batch_size": cfg.per_device_train_batch_size}  # fmt: skip
     epochs = cfg.num_train_epochs
-    if cfg.max_steps is None and float(epochs).is_integer() and 1 <= epochs <= MAX_EPOCHS:
+    if cfg.max_steps is None and float(epochs).is_integer() and 1 <= epochs:
         own["num_train_epochs"] = int(epochs)
-    if cfg.warmup_steps is None and 0.0 <= cfg.warmup_ratio <= 0.2:
+    if cfg.warmup_steps is None and 0.0 <= cfg.warmup_ratio < 1.0:
         own["warmup_ratio"] = cfg.warmup_ratio
     if 0 <= cfg.freeze_layers <= layers // 2:
         own["freeze_layers"] = cfg.freeze_layers
     if problem_of(cfg.problem_type).lists:
         own["tune_threshold"] = cfg.tune_threshold if cfg.tune_threshold != "off" else "global"
-    if not 1e-5 <= cfg.learning_rate <= 1e-3:
-        del own["learning_rate"]
     return {k: v for k, v in own.items() if k in space}
 
 
@@ -348,12 +370,13 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
     base, samples, space, study = _set_up(recipe, overrides, space, said)
     out, metric, layers = Path(base.output_dir), base.metric_for_best_model, _layers(base)
     by_epochs = "num_train_epochs" in space and base.max_steps is None  # trials fitted to the time left
+    most = epoch_range(base)[1]
     durations: list[float] = []
     epoch_seconds: list[float] = []  # each trial's wall time per epoch it ran (its start-up included)
     ran, extension = 0, None
     while True:
         slower = extension[3] if extension is not None else 1.0  # a continuation at half the batch
-        fits = epochs_that_fit(budget - (time.monotonic() - started), durations, epoch_seconds, by_epochs, slower)
+        fits = epochs_that_fit(budget - (time.monotonic() - started), durations, epoch_seconds, by_epochs, slower, most)
         if _share(fits == 0 or (trials is not None and ran >= trials)):
             break
         # Process 0's (the clocks of the others differ); the continuation: (the trial, its settings, its epochs) or None
@@ -380,8 +403,8 @@ def search(recipe: str | None, overrides: list[str], budget: float, space: list[
             _tell(study, trial, state, value, pruning, chosen, extension, fits, base.greater_is_better)
             _keep_only_the_best(out, study)
             left = budget - (time.monotonic() - started)
-            fits_next = epochs_that_fit(left, durations, epoch_seconds, by_epochs)
-            halved = epochs_that_fit(left, durations, epoch_seconds, by_epochs, HALF_BATCH_EPOCH)
+            fits_next = epochs_that_fit(left, durations, epoch_seconds, by_epochs, most=most)
+            halved = epochs_that_fit(left, durations, epoch_seconds, by_epochs, HALF_BATCH_EPOCH, most)
             extension = _continuation(study, out, left, durations, fits_next, halved) if by_epochs else None
             if extension is None and state == "complete" and trial.user_attrs.get(RECIPE):
                 _guide_trial_1(study, chosen, pruning.curve, base.greater_is_better, fits_next)
@@ -555,7 +578,7 @@ def _run_again_what_was_stopped(study) -> None:
 
 
 def epochs_that_fit(left: float, durations: list[float], epoch_seconds: list[float], by_epochs: bool,
-                    slower: float = 1.0) -> int:
+                    slower: float = 1.0, most: int = MAX_EPOCHS) -> int:
     """How many epochs the next trial may have (0: start none). No trial starts that is expected to
     outrun the time left: where the epochs are searched, one of more epochs than the time left holds at
     the median wall time per epoch of the trials so far (times `slower`, for a continuation at half the
@@ -564,8 +587,8 @@ def epochs_that_fit(left: float, durations: list[float], epoch_seconds: list[flo
         return 0
     median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     if by_epochs and epoch_seconds:
-        return min(MAX_EPOCHS, int(left // (median(epoch_seconds) * slower)))
-    return MAX_EPOCHS if not durations or left >= median(durations) else 0
+        return min(most, int(left // (median(epoch_seconds) * slower)))
+    return most if not durations or left >= median(durations) else 0
 
 
 def _resolved(cfg: TrainConfig, said: checks.Said) -> tuple[TrainConfig, int]:
@@ -666,10 +689,25 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
     print(f"best: trial {best.number}, validation {best.value:.4f} with {params}; model in {model}, "
           f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {cut} of them cut "
           f"at the budget; wall time {seconds} s of a {budget:g} s budget)")
+    print(against_the_recipe(study, best))
     learned = read_record(RunDir(out / f"{TRIAL_PREFIX}{best.number}").results).get("learned") or {}
     base_steps = source.get("max_steps") is not None  # the trials' length, which epochs do not change
     checks.gate(tools.SEARCH_VERDICT, learned, base_steps, said=said)  # every trial at the baseline: no model either
     return record
+
+
+def against_the_recipe(study, best) -> str:
+    """The end line's comparison of the best trial with the recipe as written (trial 0, or its run again)."""
+    import optuna
+
+    own = [t for t in study.trials if t.user_attrs.get(RECIPE) and t.state == optuna.trial.TrialState.COMPLETE]
+    if not own:
+        return "the recipe as written (trial 0) did not finish: the best trial is not compared with it"
+    recipe = own[-1]
+    if recipe.number == best.number:
+        return f"the recipe as written (trial {recipe.number}) is the best trial: validation {recipe.value:.4f}"
+    return (f"against the recipe as written (trial {recipe.number}, validation {recipe.value:.4f}): the best trial "
+            f"{best.value - recipe.value:+.4f}")
 
 
 def duration(text: str) -> float:

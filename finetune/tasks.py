@@ -314,7 +314,7 @@ class ImageClassification(Task):
     auto_class = "AutoModelForImageClassification"
     architecture_suffix = "ForImageClassification"
     own_settings = frozenset({"random_flip", "augment", "image_processor_name", "image_column", "label_column",
-                              "label_columns"})  # fmt: skip
+                              "label_columns", "image_size"})  # fmt: skip
 
     def input_columns(self, data: DataArgs) -> list[str]:
         return [data.image_column]
@@ -355,6 +355,7 @@ class ImageClassification(Task):
         from transformers import AutoImageProcessor
 
         name = args.image_processor_name or (args.model_name_or_path if args.model_config is None else None)
+        checks.gate(model_rules.IMAGE_SIZE_SETTING, args.image_size, model_config)
         if name is None:  # a ViT built from a config: resize to its image size, scale to [-1, 1]
             size = getattr(model_config, "image_size", 224)
             channels = getattr(model_config, "num_channels", 3)
@@ -366,10 +367,15 @@ class ImageClassification(Task):
                 size={"height": size, "width": size}, image_mean=[0.5] * channels, image_std=[0.5] * channels
             )
         try:
-            return AutoImageProcessor.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+            processor = AutoImageProcessor.from_pretrained(name, trust_remote_code=args.trust_remote_code)
         except (OSError, ValueError) as e:
             setting = None if args.image_processor_name else "model_name_or_path"
             raise checks.explain(model_rules.LOAD_FAILED, model_rules.Loading("image processor", name, e, setting)) from None
+        if args.image_size is not None:  # a convolutional model's trade of accuracy for time
+            for key in ("size", "crop_size"):
+                if getattr(processor, key, None) is not None:  # a dict, or transformers 5's SizeDict
+                    setattr(processor, key, {"height": args.image_size, "width": args.image_size})
+        return processor
 
     def load_saved_preprocessor(self, source: str):
         from transformers import AutoImageProcessor

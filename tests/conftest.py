@@ -93,6 +93,13 @@ TINY_VIT = (
     "num_hidden_layers: 2, num_attention_heads: 4, intermediate_size: 37, hidden_dropout_prob: 0.0, "
     "attention_probs_dropout_prob: 0.0}"
 )
+# A tiny EfficientNet (BatchNorm, depthwise convolutions, squeeze-excite): 2 blocks, 5,934 weights, 32x32.
+TINY_EFFICIENTNET = (
+    "{model_type: efficientnet, image_size: 32, num_channels: 3, width_coefficient: 0.25, depth_coefficient: 0.25, "
+    "hidden_dim: 320, kernel_sizes: [3, 3], in_channels: [32, 16], out_channels: [16, 24], num_block_repeats: [1, 1], "
+    "strides: [1, 2], expand_ratios: [1, 6], depthwise_padding: [], hidden_act: relu6, dropout_rate: 0.0, "
+    "drop_connect_rate: 0.0, batch_norm_momentum: 0.01}"
+)
 # Dropout on, so that an exact resume also needs the RNG state restored.
 DROPOUT_BERT = TINY_BERT.replace("hidden_dropout_prob: 0.0", "hidden_dropout_prob: 0.1")
 
@@ -408,6 +415,34 @@ def save_tiny_vit(folder: Path, labels: Sequence[str] = ("cat", "dog"), seed: in
     size = config.image_size
     ViTImageProcessor(size={"height": size, "width": size}).save_pretrained(folder)
     return folder
+
+
+def save_tiny_efficientnet(folder: Path, labels: Sequence[str] = ("cat", "dog"), seed: int = 0) -> Path:
+    """TINY_EFFICIENTNET as a "pretrained" model folder, as data/efficientnet_lite0 is one: an ImageNet-style
+    head of `labels`, running statistics that are not the initial 0 and 1 (a few batches in train mode),
+    and its EfficientNet image processor (bicubic resize, (x-127)/128)."""
+    import torch
+    import transformers
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    processor = getattr(transformers, "EfficientNetImageProcessorPil", None) or transformers.EfficientNetImageProcessor
+    config = EfficientNetConfig(**_sizes(TINY_EFFICIENTNET), id2label=dict(enumerate(labels)),
+                                label2id={name: i for i, name in enumerate(labels)})  # fmt: skip
+    torch.manual_seed(seed)
+    model = EfficientNetForImageClassification(config)
+    with torch.no_grad():
+        for _ in range(5):
+            model(pixel_values=torch.randn(8, 3, 32, 32) * 2 + 0.5)
+    model.save_pretrained(folder)
+    processor(size={"height": 32, "width": 32}, resample=3, do_center_crop=False, rescale_factor=1 / 255,
+              image_mean=[127 / 255] * 3, image_std=[128 / 255] * 3, include_top=False).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_efficientnet_folder(tmp_path_factory) -> Path:
+    """A tiny EfficientNet of 5 "pretrained" classes (a new head for the tests' 3), with its processor."""
+    return save_tiny_efficientnet(tmp_path_factory.mktemp("models") / "tiny-efficientnet", ("a", "b", "c", "d", "e"))
 
 
 @pytest.fixture(scope="session")

@@ -706,6 +706,10 @@ COMMANDS: dict[str, tuple[Args, str]] = {
         lambda w: _text(w, "--plan-only"),
         "--plan-only needs model_parallel=true",
     ),
+    "launch.batchnorm_setting_without_batchnorm:freeze_batchnorm_of_bert": (
+        lambda w: _text(w, "freeze_batchnorm=true"),
+        "BertForSequenceClassification has no BatchNorm layer: freeze_batchnorm=true would do nothing; drop it",
+    ),
     "settings.freeze_embeddings_of_task:freeze_embeddings_for_images": (
         lambda w: _text(w, "task=image-classification", "freeze_embeddings=true"),
         "freeze_embeddings is for models with a word-embedding table",

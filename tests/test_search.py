@@ -221,20 +221,60 @@ def test_the_recipes_own_values_are_those_the_space_can_hold():
     # 1.35 epochs cannot be drawn from 1..5: drawn instead; the threshold is tuned (costs no training)
     assert own == {"learning_rate": 2e-4, "per_device_train_batch_size": 64, "warmup_ratio": 0.06,
                    "freeze_layers": 2, "tune_threshold": "global"}  # fmt: skip
-    assert the_recipes_own(TrainConfig(learning_rate=5e-3), ["learning_rate"], layers=6) == {}
+    # a value outside the ranges the later trials draw from is kept as written (issue 49: 20 epochs drawn as 2)
+    assert the_recipes_own(TrainConfig(learning_rate=5e-3), ["learning_rate"], layers=6) == {"learning_rate": 5e-3}
+    assert the_recipes_own(TrainConfig(num_train_epochs=20), ["num_train_epochs"], layers=6) == {"num_train_epochs": 20}
     assert the_recipes_own(TrainConfig(freeze_layers=3), ["freeze_layers", "tune_threshold"], layers=4) == {}
 
 
+def test_the_space_fits_the_recipe_it_searches():
+    """Epochs around the recipe's own (a 20-epoch recipe: 10 to 40, not 1 to 5), a learning rate range that
+    holds the recipe's; queued, trial 0's values are used as they are."""
+    import optuna
+
+    from finetune.config import TrainConfig
+    from finetune.search import epoch_range, rate_range, suggest
+
+    assert epoch_range(TrainConfig(num_train_epochs=3)) == (1, 5)
+    assert epoch_range(TrainConfig(num_train_epochs=20)) == (10, 40)
+    assert rate_range(TrainConfig(learning_rate=1e-2)) == (1e-5, 1e-2)
+    cfg = TrainConfig(num_train_epochs=20, learning_rate=1e-2)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.enqueue_trial({"num_train_epochs": 20, "learning_rate": 1e-2})
+    assert suggest(study.ask(), cfg, ["num_train_epochs", "learning_rate"], layers=6, max_epochs=8) == {
+        "num_train_epochs": 20, "learning_rate": 1e-2}
+    drawn = [suggest(study.ask(), cfg, ["num_train_epochs"], 6, 40)["num_train_epochs"] for _ in range(20)]
+    assert all(10 <= e <= 40 for e in drawn)
+    assert all(e <= 12 for e in (suggest(study.ask(), cfg, ["num_train_epochs"], 6, 12)["num_train_epochs"]
+                                 for _ in range(10)))  # fmt: skip
+
+
+def test_the_end_line_compares_the_best_trial_with_the_recipe():
+    import optuna
+
+    from finetune.search import RECIPE, against_the_recipe
+
+    study = optuna.create_study(direction="maximize")
+    for value, attrs in ((0.78, {RECIPE: True}), (0.80, {})):
+        trial = study.ask()
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        study.tell(trial, value)
+    assert against_the_recipe(study, study.best_trial) == (
+        "against the recipe as written (trial 0, validation 0.7800): the best trial +0.0200")
+    assert "is the best trial" in against_the_recipe(study, study.trials[0])
+
+
 def test_a_value_the_space_cannot_hold_is_said_not_dropped(capsys):
-    """learning_rate=1e-2 given with --space learning_rate: trial 0 draws it instead, and says so."""
+    """num_train_epochs=1.35 given with --space num_train_epochs: trial 0 draws it instead, and says so."""
     from finetune.checks import Said
     from finetune.config import TrainConfig
     from finetune.search import say_what_trial_0_draws, the_recipes_own
 
-    cfg = TrainConfig(model_name_or_path="data/bert_minilm_l6_uncased", train_file="data/x.csv", learning_rate=1e-2)
+    cfg = TrainConfig(model_name_or_path="data/bert_minilm_l6_uncased", train_file="data/x.csv", num_train_epochs=1.35)
     said = Said()
-    say_what_trial_0_draws(cfg, ["learning_rate"], the_recipes_own(cfg, ["learning_rate"], layers=6), said)
-    assert "warning: learning_rate=0.01: outside what the search draws from" in capsys.readouterr().err
+    say_what_trial_0_draws(cfg, ["num_train_epochs"], the_recipes_own(cfg, ["num_train_epochs"], layers=6), said)
+    assert "warning: num_train_epochs=1.35: outside what the search draws from" in capsys.readouterr().err
     assert said.rules() == ["tools.outside_the_space"]
     say_what_trial_0_draws(cfg, ["per_device_train_batch_size"], the_recipes_own(cfg, ["per_device_train_batch_size"], 6),
                            Said())  # fmt: skip

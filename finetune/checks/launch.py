@@ -624,7 +624,26 @@ def lora_with_fsdp(cfg: Any, model: Any, fsdp: bool) -> str | None:
     return None
 
 
+@rule("launch.sync_batchnorm_on_cpu")
+def sync_batchnorm_on_cpu(cfg: Any, device: str, layers: list[str], model_name: str) -> str | None:
+    """sync_batchnorm=true on a CPU: torch's SyncBatchNorm gathers its statistics on GPUs only."""
+    if cfg.sync_batchnorm and device == "cpu":
+        return ("sync_batchnorm=true needs GPUs (torch.nn.SyncBatchNorm does not run on a CPU); on a CPU set "
+                "freeze_batchnorm=true to make DDP equal one big batch, or sync_batchnorm=false")
+    return None
+
+
+@rule("launch.batchnorm_setting_without_batchnorm")
+def batchnorm_setting_without_batchnorm(cfg: Any, device: str, layers: list[str], model_name: str) -> str | None:
+    """freeze_batchnorm or sync_batchnorm for a model with no BatchNorm layer (BERT, ViT): it would do nothing."""
+    named = [n for n in ("freeze_batchnorm", "sync_batchnorm") if getattr(cfg, n)]
+    if named and not layers:
+        return f"{model_name} has no BatchNorm layer: {' and '.join(n + '=true' for n in named)} would do nothing; drop it"
+    return None
+
+
 MODEL = [frozen_random_weights, gradient_checkpointing, lora_with_fsdp]
+BATCHNORM = [sync_batchnorm_on_cpu, batchnorm_setting_without_batchnorm]
 
 
 # --- the layer split and a resume ------------------------------------------------------------------------

@@ -423,6 +423,20 @@ def image_not_a_multiple_of_patch(config) -> str | None:
 
 
 IMAGE_SIZES = [image_smaller_than_patch, image_not_a_multiple_of_patch]
+
+
+@rule("models.image_size_of_a_patch_model")
+def image_size_of_a_patch_model(image_size: int | None, config) -> str | None:
+    """image_size for a model that cuts images into patches (ViT): its position embeddings are for the size
+    it was built for, so another size fails at the first batch; the setting is for convolutional models."""
+    if image_size is None or getattr(config, "patch_size", None) is None:
+        return None
+    return (f"image_size={image_size}: {type(config).__name__.removesuffix('Config')} cuts images into patches and "
+            f"takes only its own size ({getattr(config, 'image_size', '?')}); drop image_size (for a ViT built from a "
+            "config, set model_config.image_size)")
+
+
+IMAGE_SIZE_SETTING = [image_size_of_a_patch_model]
 CONFIG_VALUES = [size_below_one, heads_do_not_divide, unknown_activation, pad_token_outside_vocabulary, *IMAGE_SIZES]
 
 

@@ -632,7 +632,8 @@ POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradie
             "logging_steps", "max_nonfinite_loss_steps", "ddp_timeout", "pipeline_chunks", "max_length", "n_best_size",
             "max_answer_length")  # fmt: skip
 POSITIVE_OR_NULL = ("max_steps", "eval_steps", "save_steps", "save_total_limit", "early_stopping_patience",
-                    "cpu_threads", "max_train_samples", "max_eval_samples", "max_test_samples", "pad_to_multiple_of")  # fmt: skip
+                    "cpu_threads", "max_train_samples", "max_eval_samples", "max_test_samples", "pad_to_multiple_of",
+                    "image_size")  # fmt: skip
 WEEK = 7 * 24 * 3600  # past a week, the timeouts of torch's backends overflow
 # name: (whether a value is in range, the range in words); None passes (an unset setting)
 RANGES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
