@@ -385,7 +385,7 @@ def apply_learning_rate(optimizer, scheduler, manifest: dict[str, Any], learning
 
 
 # What makes a run what it is: the data order (seed, grouping, the samples), what a sample is (its
-# columns, max_length, the tokenizer or image processor, the held-out share, the image augmentation), the model built from a config
+# columns, max_length and the windows, the tokenizer or image processor and image size, the held-out share, the image augmentation), the model built from a config
 # (model_config), the weights that train (freezing, LoRA), the loss and labels (task, problem type,
 # subword labels, label smoothing, class weights) and what "best" means. A resume keeps them all; one
 # that differs is named, with the checkpoint's value.
@@ -394,7 +394,8 @@ FIXED_ON_RESUME = ("task", "problem_type", "model_config", "seed", "group_by_len
                    "freeze_layers", "peft", "label_all_tokens", "max_length", "text_column", "text_pair_column",
                    "image_column", "tokens_column", "tags_column", "label_column", "label_columns",
                    "validation_split_percentage", "random_flip", "augment", "label_smoothing", "class_weights",
-                   "metric_for_best_model", "greater_is_better", "tokenizer_name", "image_processor_name")  # fmt: skip
+                   "metric_for_best_model", "greater_is_better", "tokenizer_name", "image_processor_name",
+                   "text_windows", "doc_stride", "image_size", "freeze_batchnorm")  # fmt: skip
 # Settings that say where and how the processes run, not what is trained (or that are checked apart:
 # label_names with the labels, the samples by their count): a resume changes them without a word.
 # Any other setting may change on a resume (learning_rate, weight_decay, dropout, max_steps, the cadences

@@ -109,9 +109,7 @@ class ModelArgs(TaskArgs):
     image_processor_name: str | None = setting(
         None, "images: the image processor (default: model_name_or_path)"
     )
-    # A convolutional model (EfficientNet) takes images of any size: a smaller one trades accuracy for time
-    # (about the square of the size). The image processor's resize (and crop) is set to it, and the export's
-    # processor keeps it, so pipeline() resizes as training did.
+    # Convolutional models only: time goes with the square of the size; the export's processor keeps it.
     image_size: int | None = setting(
         None, "images: resize to this many pixels square instead of the image processor's size (convolutional models)"
     )
@@ -134,13 +132,10 @@ class ModelArgs(TaskArgs):
     freeze_layers: int = setting(
         0, "freeze all the embeddings (whatever freeze_embeddings says) and the first N encoder layers"
     )
-    # BatchNorm models (EfficientNet): each micro-batch normalises by its own statistics, so one big batch,
-    # DDP and accumulation differ (docs/topologies.md). Frozen: the loaded running statistics are used in
-    # training too (BatchNorm in eval mode; its scale and shift still train), and those equalities hold.
+    # Frozen, BatchNorm's scale and shift still train, and accumulation equals one big batch (topologies.md).
     freeze_batchnorm: bool = setting(
         False, "BatchNorm layers keep their loaded statistics: eval mode in training too (pretrained models)"
     )
-    # DDP: BatchNorm statistics over the batches of every process (torch.nn.SyncBatchNorm; GPUs only):
     # DDP then equals one big batch; accumulation still normalises each micro-batch alone.
     sync_batchnorm: bool = setting(
         False, "DDP on GPUs: BatchNorm statistics over every process's batch (torch.nn.SyncBatchNorm)"
@@ -205,8 +200,7 @@ class DataArgs(TaskArgs):
     answers_column: str = setting("answers", "question answering: the answers, {text: [...], answer_start: [...]}",
                                   evaluation=True)  # fmt: skip
     doc_stride: int = setting(128, "question answering: tokens the windows of a long context overlap", evaluation=True)
-    # Long texts read whole: windows of max_length tokens, overlapping by this many, each trained on its text's
-    # label; a text's prediction is the mean of its windows' logits (null: a text is cut at max_length).
+    # Each window trains on its text's label; a text's prediction is the mean of its windows' logits.
     text_windows: int | None = setting(
         None, "text classification: read a long text whole, in windows of max_length overlapping by this many tokens",
         evaluation=True,
@@ -297,9 +291,7 @@ class OptimArgs:
     num_train_epochs: float = setting(3.0, "passes over the training data (1.5: one and a half)")
     max_steps: int | None = setting(None, "optimizer steps to train; overrides num_train_epochs")
     per_device_train_batch_size: int = setting(32, "training samples per process per micro-batch")
-    per_device_eval_batch_size: int = setting(
-        64, "evaluation samples per process per batch", evaluation=True
-    )
+    per_device_eval_batch_size: int = setting(64, "evaluation samples per process per batch", evaluation=True)
     gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step")
     learning_rate: float = setting(5e-5, "AdamW's peak learning rate")
     weight_decay: float = setting(0.01, "AdamW's decoupled weight decay (not on biases and LayerNorm)")

@@ -284,6 +284,28 @@ def batchnorm_reasons(cfg: TrainConfig, reference_dir: Path, variants: list[Vari
     return reasons
 
 
+def table(comparisons: list[Comparison], reference: Variant, reference_steps: int, tolerance: float,
+          expected: dict[str, str]) -> bool:
+    """Print a row per variant against the reference; True when each agrees or differs by design."""
+    print(
+        f"\n{'variant':<15} {'processes x batch x accumulation':<34} {'steps':>5} {'max |Δ param|':>14} "
+        f"{'max rel Δ':>10} {'max |Δ loss|':>13}"
+    )
+    print(f"{reference.name:<15} {reference.shape:<34} {reference_steps:>5} {'(reference)':>14}")
+    ok = True
+    for c in comparisons:
+        agrees = c.max_abs <= tolerance and c.steps == reference_steps and math.isfinite(c.max_abs)
+        by_design = c.variant.name in expected and c.steps == reference_steps
+        ok &= agrees or by_design
+        loss = f"{c.max_loss_diff:.1e}" if c.max_loss_diff is not None else "-"
+        verdict = "ok" if agrees else "differs by design" if by_design else "DIFFERENT"
+        print(
+            f"{c.variant.name:<15} {c.variant.shape:<34} {c.steps:>5} {c.max_abs:>14.1e} {c.max_rel:>10.1e} "
+            f"{loss:>13}   {verdict}"
+        )
+    return ok
+
+
 def report(
     comparisons: list[Comparison],
     reference: Variant,
@@ -306,22 +328,7 @@ def report(
     why: they are shown, not failed.
     """
     expected = expected or {}
-    print(
-        f"\n{'variant':<15} {'processes x batch x accumulation':<34} {'steps':>5} {'max |Δ param|':>14} "
-        f"{'max rel Δ':>10} {'max |Δ loss|':>13}"
-    )
-    print(f"{reference.name:<15} {reference.shape:<34} {reference_steps:>5} {'(reference)':>14}")
-    ok = True
-    for c in comparisons:
-        agrees = c.max_abs <= tolerance and c.steps == reference_steps and math.isfinite(c.max_abs)
-        by_design = c.variant.name in expected and c.steps == reference_steps
-        ok &= agrees or by_design
-        loss = f"{c.max_loss_diff:.1e}" if c.max_loss_diff is not None else "-"
-        verdict = "ok" if agrees else "differs by design" if by_design else "DIFFERENT"
-        print(
-            f"{c.variant.name:<15} {c.variant.shape:<34} {c.steps:>5} {c.max_abs:>14.1e} {c.max_rel:>10.1e} "
-            f"{loss:>13}   {verdict}"
-        )
+    ok = table(comparisons, reference, reference_steps, tolerance, expected)
     for name, why in expected.items():
         print(f"note: {name} is not expected to equal one big batch: {why}")
     comparisons = [c for c in comparisons if c.variant.name not in expected]

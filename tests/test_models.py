@@ -590,3 +590,12 @@ def test_pickle_weights_that_hold_code_are_one_line_when_allowed(small_text_data
     user_error(capsys, main, args, "do not load as plain data (they hold code or objects other than tensors",
                rule="models.pickle_holds_code")  # fmt: skip
     assert "this code ran" not in capsys.readouterr().out
+
+
+def test_an_imagenet_head_is_replaced_without_a_warning():
+    """An image backbone's ImageNet head (1,000 classes) is its pretraining's: a new head for the user's
+    classes is the usual fine-tune, not a surprise; a fine-tuned head of 3 labels is still said."""
+    from finetune.checks.models import head_replaced
+
+    assert head_replaced("efficientnet", [f"class {i}" for i in range(1000)], ["cat", "dog"], True) is None
+    assert "a new head is trained" in head_replaced("sentiment", ["neg", "neu", "pos"], ["cat", "dog"], True)

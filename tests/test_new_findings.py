@@ -94,4 +94,5 @@ def test_texts_cut_at_max_length_are_one_warning(words, warned, capsys):
     lost = f"{(whole - 16) / whole:.0%}"
     assert said == ([f"warning: 20 of 20 training texts (100%) reach max_length=16 tokens and are cut there, {lost} of "
                      "their tokens unread: the model reads only their start; raise max_length (the model's limit is "
-                     "512) to read more of each, at a cost in time"] if warned else []), said  # fmt: skip
+                     "512) to read more of each, at a cost in time, or read each whole in overlapping windows "
+                     "(text_windows=4)"] if warned else []), said  # fmt: skip

@@ -104,3 +104,20 @@ def test_windows_that_cannot_be_made_are_one_line(long_texts, tmp_path, capsys, 
     pairs = [{**r, "text2": r["text"][::-1]} for r in _documents(6, 0)]
     data = long_texts if "text2" not in setting else {s: write_csv(tmp_path / f"{s}.csv", pairs) for s in long_texts}
     user_error(capsys, main, window_args(data, tmp_path / "run", setting), fragment, rule=rule)
+
+
+def test_the_cut_texts_warning_advises_windows_that_run_and_a_resume_keeps_them(long_texts, tmp_path, capsys):
+    """Texts cut at max_length: the warning's advice (text_windows=N) is a value a run takes; a resume with
+    other windows (other samples at the checkpoint's place in the epoch) is refused, naming text_windows."""
+    import re
+
+    cut = [a for a in window_args(long_texts, tmp_path / "cut", "max_steps=1") if not a.startswith("text_windows=")]
+    results = main(cut)
+    [line] = [w["line"] for w in results["warnings"] if w["rule"] == "inputs.texts_cut"]
+    advice = re.search(r"text_windows=\d+", line).group()
+    out = tmp_path / "run"
+    main([*window_args(long_texts, out, "max_steps=2", "save_steps=1"), advice])
+    user_error(capsys, main, [*window_args(long_texts, out, "max_steps=4", "save_steps=1", "text_windows=10",
+                                           "resume_from_checkpoint=latest", "overwrite_output_dir=false")],
+               f"trained with {advice}, this run has text_windows=10", rule="runs.resume_changes_a_fixed_setting",
+               untouched=out)  # fmt: skip

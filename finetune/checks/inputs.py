@@ -28,7 +28,7 @@ def texts_cut(texts: list, ids: list[list[int]], lengths: list[int], max_length:
     lost = f", {sum(n - max_length for n in whole) / sum(whole):.0%} of their tokens unread" if whole else ""
     return (f"{cut:,} of {len(lengths):,} training texts ({cut / len(lengths):.0%}) reach max_length={max_length} tokens "
             f"and are cut there{lost}: the model reads only their start; raise max_length{most} to read more of each, "
-            "at a cost in time, or read each whole in overlapping windows (text_windows=32)")
+            f"at a cost in time, or read each whole in overlapping windows (text_windows={max_length // 4})")
 
 
 @rule("inputs.unknown_tokens", warning=True)

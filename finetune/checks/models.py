@@ -447,11 +447,15 @@ def _names(names: list[str]) -> str:
     return ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
 
 
+IMAGENET_HEADS = (1000, 1001, 21841, 21843)  # ImageNet-1k (with a background class), ImageNet-21k: a pretraining's
+
+
 @rule("models.head_replaced", warning=True)
 def head_replaced(name: str, head: list[str], labels: list[str], new_head: bool) -> str | None:
     """A fine-tuned model trained on for another number of labels: its encoder is kept and its head
-    replaced by a random one, which the user may not expect."""
-    if not new_head:
+    replaced by a random one, which the user may not expect. Not said of an ImageNet head (1,000 or
+    21,841 classes): that is how image backbones are pretrained, and replacing it is the usual fine-tune."""
+    if not new_head or len(head) in IMAGENET_HEADS:
         return None
     return (f"model '{name}' was fine-tuned for {len(head)} labels ({_names(head)}) and the data has {len(labels)} "
             f"({_names(labels)}): its encoder is kept and a new head is trained from random weights")

@@ -41,7 +41,7 @@ def did_not_learn(learned: dict, said_before: list[str] = ()) -> str | None:
     only their start, and how to read more."""
     if learned.get("warn") and learned.get("verdict") is False:
         cut = ("; the training texts were cut at max_length (said above): the model read only their start, "
-               "raise max_length or read them whole with text_windows=32") if "inputs.texts_cut" in said_before else ""
+               "raise max_length or read them whole in windows (text_windows, a quarter of max_length, say)") if "inputs.texts_cut" in said_before else ""
         return learned["said"] + cut
     return None
 
