@@ -90,10 +90,11 @@ def _load_export(folder: Path):
 def sample_inputs(model, preprocessor) -> dict[str, torch.Tensor]:
     """A batch of two as the model's preprocessor makes it: the inputs the ONNX graph takes."""
     accepted = inspect.signature(model.forward).parameters
-    if "pixel_values" in accepted:  # an image model: the size its config was trained at
-        size = model.config.image_size
-        size = (size, size) if isinstance(size, int) else tuple(size)
-        return {"pixel_values": torch.rand(2, model.config.num_channels, *size)}
+    if "pixel_values" in accepted:  # an image model: the size its processor makes (image_size: the run's own)
+        from PIL import Image  # images only
+
+        made = preprocessor(images=[Image.new("RGB", (300, 200), (90, 120, 150))] * 2, return_tensors="pt")
+        return {"pixel_values": torch.rand(2, model.config.num_channels, *made["pixel_values"].shape[-2:])}
     batch = preprocessor(SAMPLE_TEXTS, padding=True, return_tensors="pt")
     return {k: v for k, v in batch.items() if k in accepted}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TOKENIZER, save_tiny_bert, save_tiny_vit, user_error, write_csv
+from conftest import TOKENIZER, save_tiny_bert, save_tiny_efficientnet, save_tiny_vit, user_error, write_csv
 
 pytest.importorskip("onnxruntime")  # the .[onnx] extra (CI installs it through .[dev])
 import onnxruntime as ort  # noqa: E402
@@ -30,6 +30,7 @@ MODELS = {
                                      label2id={"O": 0, "B-PER": 1, "I-PER": 2}),
     "spans": lambda f: save_tiny_bert(f, "BertForQuestionAnswering"),
     "image": lambda f: save_tiny_vit(f),
+    "efficientnet": lambda f: save_tiny_efficientnet(f),
 }  # fmt: skip
 RUN = ("max_steps=3", "save_steps=3")  # a finished run with a checkpoint, on data with a test split
 
@@ -53,7 +54,8 @@ def _assert_same_as_pytorch(run: Path, precision: str = "fp32", atol: float = 1e
     image = "pixel_values" in [i.name for i in session.get_inputs()]
     shapes = [(1, 2), (3, 9), (5, 40)] if not image else [(1, 0), (4, 0)]
     for batch, words in shapes:  # traced on a batch of 2 of another length
-        inputs = {"pixel_values": torch.rand(batch, 3, 28, 28)} if image else _texts(batch, words, pairs=batch == 3)
+        size = session.get_inputs()[0].shape[-2:] if image else None  # the size the export's processor makes
+        inputs = {"pixel_values": torch.rand(batch, 3, *size)} if image else _texts(batch, words, pairs=batch == 3)
         inputs = {k: v for k, v in inputs.items() if k in [i.name for i in session.get_inputs()]}
         with torch.no_grad():
             expected = model(**inputs)
@@ -161,3 +163,18 @@ def test_a_text_run_and_an_evaluation_import_no_onnx():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     assert done.stdout.strip() == "[]"
+
+
+def test_an_image_model_is_traced_at_the_size_its_processor_makes(tmp_path):
+    """A run's image_size is its processor's (config.json keeps the pretraining's): the ONNX graph takes
+    what the processor saved beside it makes, so evaluate_checkpoint --onnx and onnx/README.md's code run."""
+    from transformers import AutoImageProcessor, EfficientNetForImageClassification
+
+    from finetune.onnx_export import sample_inputs
+
+    folder = save_tiny_efficientnet(tmp_path / "model")
+    processor = AutoImageProcessor.from_pretrained(folder)
+    processor.size = {"height": 48, "width": 48}  # as a run with image_size=48 saves it
+    model = EfficientNetForImageClassification.from_pretrained(folder)
+    assert model.config.image_size != 48
+    assert sample_inputs(model, processor)["pixel_values"].shape == (2, 3, 48, 48)
