@@ -85,12 +85,12 @@ def evaluate_model(
         logits = forward(model, batch, problem, chunks, rows)
         labels = batch["labels"].to(logits.device)
         loss = problem.loss(logits, labels)
-        example = batch["meta"]["example"].to(logits.device) if "meta" in batch else torch.zeros_like(loss)
-        o, r, lo, e = accelerator.gather_for_metrics((logits.float(), labels, loss, example))
+        example = (batch["meta"]["example"].to(logits.device),) if "meta" in batch else ()  # text_windows only
+        o, r, lo, *e = accelerator.gather_for_metrics((logits.float(), labels, loss, *example))
         outputs.append(o.cpu())
         refs.append(r.cpu())
         losses.append(lo.float().cpu())
-        texts.append(e.cpu())
+        texts += [t.cpu() for t in e]
     model.train()
     logits_t, refs_t = torch.cat(outputs), torch.cat(refs)
     expected = len(loader.dataset)
