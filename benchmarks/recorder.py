@@ -42,7 +42,7 @@ import torch
 
 from benchmarks.flops import batch_counts, flop_model, real_flops, token_flops, tokens_per_image
 from benchmarks.peak import synchronize
-from finetune.run import PHASES, Hooks
+from finetune.tracking import PHASES, Hooks
 
 # The phase each mark ends (the time since the previous mark); "step" ends the optimizer step.
 ENDS = {"batch": "data", "backward": "forward", "optimizer": "backward", "micro-batch done": "optimizer"}

@@ -15,10 +15,11 @@ card's table) and which end a run's last line. The config (`metric_for_best_mode
 
 How each number is computed (y_true = references, y_pred = predictions):
 
-- classes (`classification_report`): accuracy is `sklearn.metrics.accuracy_score`; per-class
-  precision, recall, F1, support `precision_recall_fscore_support(labels=range(K), zero_division=0)`
-  (a class absent from the data counts, as 0.0, in the macro means); the confusion matrix is
-  `confusion_matrix(labels=range(K))`, indexed [true][predicted]. A class id outside the labels is
+- classes (`classification_report`): from one confusion matrix over labels range(K), indexed
+  [true][predicted], as scikit-learn defines them (`tests/test_metrics.py` holds it to
+  `accuracy_score`, `precision_recall_fscore_support(labels=range(K), zero_division=0)` and
+  `confusion_matrix(labels=range(K))` on random data): a class absent from the data counts, as 0.0,
+  in the macro means. A class id outside the labels is
   an error (a label-mapping mismatch), not dropped as scikit-learn would. No samples: every number 0.
 - label sets (`multi_label_report`): a label is predicted at probability >= the threshold; micro and
   macro precision/recall/F1 and per-label values over the (N, K) 0/1 matrices, subset accuracy.
@@ -239,9 +240,6 @@ def classification_report(predictions: Any, references: Any, label_names: Sequen
         confusion_matrix: [true][predicted] counts, num_labels x num_labels.
     A loss, if wanted, is added by the caller.
     """
-    # Imported here: scikit-learn takes ~1 s to import, and most runs that stop early never need it.
-    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
-
     names = [str(name) for name in label_names]
     if len(set(names)) != len(names):
         duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -254,19 +252,14 @@ def classification_report(predictions: Any, references: Any, label_names: Sequen
     _check_labels(y_true, n, "references")
     _check_labels(y_pred, n, "predictions")
 
-    labels = list(range(n))
-    if len(y_true):
-        precision, recall, f1, support = precision_recall_fscore_support(
-            y_true, y_pred, labels=labels, zero_division=0
-        )
-        with warnings.catch_warnings():  # it warns of a 1 x 1 matrix even when that is all `labels`
-            warnings.filterwarnings("ignore", "A single label was found", UserWarning)
-            matrix = confusion_matrix(y_true, y_pred, labels=labels)
-        accuracy = float(accuracy_score(y_true, y_pred))
-    else:  # scikit-learn rejects empty input
-        precision = recall = f1 = support = np.zeros(n)
-        matrix = np.zeros((n, n), dtype=np.int64)
-        accuracy = 0.0
+    # One confusion matrix, and every figure from it: scikit-learn's precision_recall_fscore_support,
+    # confusion_matrix and accuracy_score each validate and count the labels again (about 10 ms a call on
+    # 2 cores, at every evaluation of a run, its baseline's too); the same definitions, zero_division=0.
+    matrix = np.bincount(y_true * n + y_pred, minlength=n * n).reshape(n, n) if n else np.zeros((0, 0), np.int64)
+    hits, support, chosen = np.diag(matrix), matrix.sum(axis=1), matrix.sum(axis=0)
+    precision, recall = _share(hits, chosen), _share(hits, support)
+    f1 = _share(2 * hits, support + chosen)  # 2PR / (P + R), 0 where both are
+    accuracy = float(hits.sum() / len(y_true)) if len(y_true) else 0.0
 
     def macro(values: np.ndarray) -> float:
         return float(np.mean(values)) if n else 0.0
@@ -280,6 +273,11 @@ def classification_report(predictions: Any, references: Any, label_names: Sequen
         "per_class": per_class(names, precision, recall, f1, support),
         "confusion_matrix": matrix.tolist(),
     }
+
+
+def _share(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
+    """part / whole, 0 where whole is 0 (scikit-learn's zero_division=0)."""
+    return np.divide(part, whole, out=np.zeros(len(part)), where=whole > 0)
 
 
 def per_class(names: Sequence[str], precision: Any, recall: Any, f1: Any, support: Any) -> dict[str, dict]:

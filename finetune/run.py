@@ -38,9 +38,7 @@ if __name__ == "__main__":
 
 import contextlib
 import functools
-import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,10 +62,7 @@ from finetune.export import export_run
 from finetune.layout import RunDir, read_record, step_of
 from finetune.lora import apply_lora, is_lora
 from finetune.metrics import (
-    FEWEST_TO_JUDGE,
-    METRICS,
     headline,
-    learned,
     never_predicted,
     summary_line,
 )
@@ -99,6 +94,8 @@ from finetune.shapes import Shapes, check_compile, compile_model, plan_shapes, w
 from finetune.signals import StopOnSignal, stop_outside_the_loop, stop_with_launcher
 from finetune.steps import EpochSampler, StepPlan, Stream, plan_steps, step_loss
 from finetune.tasks import task_for_data, task_of
+from finetune.tracking import Hooks, LossWatch, MetricsLog, phase_order
+from finetune.verdict import better, judge, judged_metric
 
 # --- the loop -------------------------------------------------------------------------------------
 
@@ -197,7 +194,7 @@ def _train(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack, said: che
                     (results.get("validation_tuned") or results["validation"], "validation"))  # fmt: skip
     accelerator.print(f"model saved to {run.dir.model} ({results['exported']['why']})")
     accelerator.print(f"{split} {headline(final)}{tuned}")
-    accelerator.print("seconds: " + ", ".join(f"{name} {s:.1f}" for name, s in sorted(hooks.seconds.items(), key=_phase_order)))
+    accelerator.print("seconds: " + ", ".join(f"{name} {s:.1f}" for name, s in sorted(hooks.seconds.items(), key=phase_order)))
     if cfg.torch_compile:
         compiled = results["shapes"]
         accelerator.print(f"torch_compile: {compiled['graphs_compiled_in_warm_up']} graphs compiled in the warm-up, "
@@ -209,67 +206,9 @@ def _train(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack, said: che
     return results
 
 
-PHASES = ("start-up", "data", "build", "compile", "train", "evaluate", "export")
-
-
-def _phase_order(item: tuple[str, float]) -> int:
-    return PHASES.index(item[0]) if item[0] in PHASES else len(PHASES)
-
-
 def due(every: int | None, step: int) -> bool:
     """Whether a cadence of `every` optimizer steps (None: never) falls on `step`."""
     return bool(every) and step % every == 0
-
-
-# --- what a tool sees of the loop ------------------------------------------------------------------
-
-
-class Hooks:
-    """What a tool (benchmarks/, a profiler) sees of `train()`: named moments. Pass a subclass as
-    `train(cfg, hooks)`; the app's own timing of its phases is this class.
-
-    phase(name)      a context around a phase: "start-up" (imports excluded), "data", "build", "train",
-                     "evaluate", "export"; `seconds` holds each one's own time (a phase inside another
-                     is not counted in the outer one), and results.json and the run's last line show them
-    mark(name, x)    a moment of the run: "built" (x: the model, before Accelerate wraps it),
-                     "prepared" (x: the `Run`: the Accelerator, the prepared model, loaders...),
-                     "batch" (x: a micro-batch, just fetched), "backward" (forward and loss done),
-                     "optimizer" (backward done), "micro-batch done" (optimizer step and zero_grad
-                     done, or skipped while accumulating), "step" (x: the optimizer step just done,
-                     with its logging, evaluation and checkpoint), "evaluated" (x: (step, the
-                     validation metrics), after each evaluation)
-    """
-
-    verdicts = True  # the run's last lines on whether it learned; a search's trials (finetune/search.py) keep
-    # them in results.json and their cards, and say their value on the trial's own line
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._open: list[list] = []  # [name, started, seconds of the phases inside it]
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        frame = [name, time.perf_counter(), 0.0]
-        self._open.append(frame)
-        try:
-            yield
-        finally:
-            self._open.pop()
-            took = time.perf_counter() - frame[1]
-            self.seconds[name] = self.seconds.get(name, 0.0) + took - frame[2]
-            if self._open:  # the enclosing phase's own time excludes this one
-                self._open[-1][2] += took
-
-    def so_far(self) -> dict[str, float]:
-        """Each phase's own seconds until now, the open ones included."""
-        now, seconds = time.perf_counter(), dict(self.seconds)
-        for i, (name, started, inside) in enumerate(self._open):
-            inner = now - self._open[i + 1][1] if i + 1 < len(self._open) else 0.0
-            seconds[name] = seconds.get(name, 0.0) + now - started - inside - inner
-        return seconds
-
-    def mark(self, name: str, value: Any = None) -> None:
-        pass
 
 
 # --- building a run -------------------------------------------------------------------------------
@@ -722,87 +661,6 @@ def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, 
     return threshold, never
 
 
-def judged_metric(cfg: TrainConfig) -> str:
-    """The metric whether the model learned is judged by: metric_for_best_model, or the problem's main
-    metric where that is the loss (a loss has no trivial baseline to be judged against)."""
-    return cfg.metric_for_best_model if cfg.metric_for_best_model != "loss" else problem_of(cfg.problem_type).metrics.reported[0]
-
-
-def better(key: str, value: float, than: float) -> bool:
-    return value > than if METRICS[key].greater_is_better else value < than
-
-
-def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = None,
-          top: tuple[int, float] | None = None) -> dict:
-    """Whether the model learned: the best validation value of the problem's main metric (or of
-    metric_for_best_model) against the trivial baseline's (metrics.learned states the rule): the best
-    of the export's (`validation`), the best checkpoint's (`best`) and the periodic evaluations' (`top`:
-    step, value). Where an evaluation beat the export, the line says so and how to export that one.
-    With `tuned` (multi-label, the threshold tuned on validation: `results["validation_tuned"]`), the
-    export's validation value at that threshold against the baseline's at the same threshold: those
-    are the decisions the export makes (the periodic evaluations' best used the fixed threshold)."""
-    key = judged_metric(cfg)
-    validation, value, earlier = _judged_value(key, validation, best, tuned, top)
-    baseline = (validation.get("baseline") or {}).get(key)
-    n = validation.get("num_words") if key == "word_accuracy" else validation.get("num_samples", 0)
-    verdict = learned(key, value, baseline, n or 0)
-    problem = problem_of(cfg.problem_type)
-    words = problem.also_judged_by
-    if verdict and words is not None and key != words:  # an entity F1 above a baseline's 0 can still come
-        # from a tagger worse than "every word O": it must not tag words worse than that. Not "clearly
-        # above it" too: a tagger of entity F1 0.525 is 0.0197 above it, with most words O anyway.
-        word_baseline = (validation.get("baseline") or {}).get(words)
-        word_value = validation.get(words)
-        if isinstance(word_value, (int, float)) and isinstance(word_baseline, (int, float)) and word_value <= word_baseline:
-            verdict, key, value, baseline = False, words, word_value, word_baseline
-    shown = METRICS[key].name  # the value (at the tuned threshold, where one was tuned: the final line is at the fixed one)
-    at = " (at the tuned threshold)" if tuned is not None else ""
-    trivial = problem.trivial_words
-    spread = ((validation.get("baseline") or {}).get("mse") or 0) ** 0.5  # about the targets' spread
-    unreachable = (verdict is None and isinstance(value, (int, float)) and isinstance(baseline, (int, float))
-                   and (n or 0) >= FEWEST_TO_JUDGE and learned(key, 1.0, baseline, n) is None)  # fmt: skip
-    said = (
-        f"the model did not learn beyond a trivial baseline: best validation {shown} {value:.4f}{at}, against "
-        f"{baseline if baseline is None else round(baseline, 4)} for a model that predicts the same for every "
-        f"input (the training labels' {trivial}); "
-        + (f"targets that spread over about {spread:.3g} train slowly from a head that starts near 0: scale them "
-           "(divide by their spread, or standardize) and scale the predictions back; also " if spread > 100 else "")
-        + "try more epochs or more data, a learning_rate 3-10x higher or lower, or a larger pretrained model "
-        "(docs/your-own-data.md)"
-        if verdict is False
-        else f"best validation {shown} {value:.4f}{at}, clearly {'above' if METRICS[key].greater_is_better else 'below'} "
-        "the trivial baseline's "
-        f"{'0 (a constant correlates with nothing)' if baseline is None else f'{baseline:.4f}'}"
-        + (f"; that was at step {earlier[0]}, and the export, {validation.get(key):.4f}, is the last step's: "
-           "load_best_model_at_end=true exports the best" if earlier is not None and earlier[0] is not None else "")
-        if verdict
-        else f"validation has {n or 0} sample(s), too few to tell whether the model learned (at least "
-        f"{FEWEST_TO_JUDGE}); give a larger validation_file or validation_split_percentage"
-        if (n or 0) < FEWEST_TO_JUDGE
-        else f"validation has {n} samples, too few to tell whether the model learned: against the trivial baseline's "
-        f"{baseline:.4f} (the training labels' {trivial}), not even a perfect {shown} would be clearly above it; "
-        f"best validation {shown} {value:.4f}{at}; give a larger validation_file or validation_split_percentage"
-        if unreachable
-        else f"validation {shown} {value} against the trivial baseline's {baseline}"
-    )
-    warn = verdict is False or (verdict is None and ((n or 0) < FEWEST_TO_JUDGE or unreachable))  # card too
-    return {"metric": key, "value": value, "baseline": baseline, "verdict": verdict, "said": said, "warn": warn}
-
-
-def _judged_value(key: str, validation: dict, best: dict, tuned: dict | None,
-                  top: tuple[int, float] | None) -> tuple[dict, Any, tuple | None]:  # fmt: skip
-    """`judge`'s validation, its value of `key`, and (step, value) of an evaluation better than the export
-    (or None): at the tuned threshold where one was tuned, else the best of the export's, the best
-    checkpoint's and the periodic evaluations'."""
-    if tuned is not None:
-        return tuned, tuned.get(key), None
-    value, earlier = validation.get(key), None
-    for seen in (top, (best.get("step"), best.get("value")) if best.get("metric") == key else None):
-        if seen and isinstance(seen[1], (int, float)) and isinstance(value, (int, float)) and better(key, seen[1], value):
-            value, earlier = seen[1], seen
-    return validation, value, earlier
-
-
 def choose_export(cfg: TrainConfig, run: Run, step: int, results: dict) -> dict:
     """Which weights the export holds: the last step's, or with load_best_model_at_end the best
     checkpoint's, loaded here (its validation metrics replace the last step's in `results`)."""
@@ -821,79 +679,6 @@ def choose_export(cfg: TrainConfig, run: Run, step: int, results: dict) -> dict:
     ckpt.load_checkpoint(run.accelerator, Path(best["path"]))
     results["validation"] = evaluate_split(cfg, run, "validation")
     return {"step": best["step"], "why": f"the best checkpoint, step {best['step']}, by validation {metric} {value:.4f}"}
-
-
-class MetricsLog:
-    """metrics.jsonl on the main process, and the trackers of `report_to` through Accelerate."""
-
-    def __init__(self, accelerator: Accelerator, path: Path):
-        self.accelerator, self.path = accelerator, path
-
-    def drop_after(self, step: int) -> None:
-        """On resume: forget what an interrupted attempt logged after the checkpoint it resumes from."""
-        if not self.accelerator.is_main_process or not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
-            except ValueError:  # a line torn by a kill
-                pass
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
-
-    def log(self, record: dict[str, Any], step: int) -> None:
-        if not self.accelerator.is_main_process:
-            return
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **record}) + "\n")
-        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float))}
-        if self.accelerator.trackers:
-            self.accelerator.log(scalars, step=step)
-
-
-class LossWatch:
-    """The training loss and its NaN/inf runs, kept on the device and read only at logging steps (the
-    one host sync of the loop): (sum of per-sample losses, samples) since the last log, and (optimizer
-    steps in a row with a non-finite loss, the longest such run since the last log)."""
-
-    def __init__(self, accelerator: Accelerator, cfg: TrainConfig, log: MetricsLog):
-        self.accelerator, self.cfg, self.metrics_log = accelerator, cfg, log
-        device = accelerator.device
-        self.running = torch.zeros(2, device=device)
-        self.nonfinite = torch.zeros(2, device=device)
-        self.window_nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-        self.last_time, self.last_samples = time.perf_counter(), 0
-
-    def add(self, loss_sum: torch.Tensor, real: torch.Tensor) -> None:
-        self.running += torch.stack([loss_sum.float(), real.sum().float()]).to(self.running.device)
-        self.window_nonfinite |= ~torch.isfinite(loss_sum).to(self.window_nonfinite.device)
-
-    def step_done(self) -> None:
-        self.nonfinite[0] = (self.nonfinite[0] + 1) * self.window_nonfinite
-        self.nonfinite[1] = torch.maximum(self.nonfinite[1], self.nonfinite[0])
-        self.window_nonfinite.zero_()
-
-    def log(self, step: int, epoch: int, samples_seen: int, lr: float, progress, last_checkpoint) -> None:
-        # (P, 3) = every process's loss sum, samples, NaN run.
-        stats = self.accelerator.gather(torch.cat([self.running, self.nonfinite[1:]]).reshape(1, 3))
-        now = time.perf_counter()
-        rate = (samples_seen - self.last_samples) / max(now - self.last_time, 1e-9)
-        self.last_time, self.last_samples = now, samples_seen
-        loss = (stats[:, 0].sum() / stats[:, 1].sum().clamp(min=1)).item()
-        self.metrics_log.log(  # the epoch counted from 1, as the console does
-            {"epoch": epoch + 1, "loss": loss, "learning_rate": lr, "samples_per_second": rate}, step
-        )
-        progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{rate:.0f}")
-        self.running.zero_()
-        limit = self.cfg.max_nonfinite_loss_steps
-        if stats[:, 2].max().item() >= limit:
-            raise ckpt.diverged(
-                f"the loss was NaN or infinite for {limit} optimizer steps in a row", step, last_checkpoint
-            )
-        self.nonfinite[1] = 0
 
 
 # --- the modes that do not train --------------------------------------------------------------------

@@ -288,7 +288,7 @@ def test_the_verdict_rules_say_what_judge_found():
 
     from finetune import checks
     from finetune.checks import tools
-    from finetune.run import judge
+    from finetune.verdict import judge
 
     cfg = SimpleNamespace(problem_type="single_label_classification", metric_for_best_model="accuracy")
     for value, n, rules in [(0.5, 400, ["tools.did_not_learn"]), (1.0, 5, ["tools.too_few_to_judge"]), (0.9, 400, [])]:

@@ -967,6 +967,12 @@ def test_a_tokenized_split_is_cached_under_what_makes_it_and_nothing_else(tmp_pa
     added = prepared(add=word)  # a word of several pieces becomes one token
     assert added._fingerprint != first._fingerprint and added["input_ids"] != first["input_ids"]
     assert tokenized_fingerprint(first, lambda batch: batch) is None  # no tokenizer: datasets' own hashing
+    # what a call left set (truncation, padding) is state, not what the tokenizer does: the same name
+    from finetune.tasks import _serialized
+
+    fresh = _serialized(load_preprocessor(load_config(None, []).model_args))
+    tokenizer(["a text"], truncation=True, max_length=5, padding="max_length")
+    assert _serialized(tokenizer) == fresh and isinstance(fresh, tuple)  # the quick form: no parse of the vocabulary
 
 
 def test_a_training_file_that_repeats_its_rows_warns_that_the_held_out_share_was_trained_on(tmp_path, capsys):

@@ -239,7 +239,7 @@ def test_a_validation_too_small_to_judge_says_so_not_learned(small_text_data, tm
     results = main(recipe_text_args(data, out, "max_steps=1"))
     lines = [line for line in "\n".join(capsys.readouterr()).splitlines() if line.startswith(("learned:", "warning:"))]
     assert results["learned"]["verdict"] is None and not any(line.startswith("learned:") for line in lines)
-    assert any(line.startswith("warning: validation has 1 sample(s), too few to tell whether the model learned "
+    assert any(line.startswith("warning: validation has 1 sample, too few to tell whether the model learned "
                                "(at least 10)") for line in lines), lines
     assert "too few to tell whether the model learned" in (out / "model" / "README.md").read_text()
 
@@ -280,7 +280,7 @@ def test_labels_never_predicted_on_validation_are_named_in_one_warning_line(tmp_
 def test_the_verdict_reads_the_tuned_validation_when_there_is_one():
     from types import SimpleNamespace
 
-    from finetune.run import judge
+    from finetune.verdict import judge
 
     cfg = SimpleNamespace(problem_type="multi_label_classification", metric_for_best_model="micro_f1")
     fixed = {"micro_f1": 0.10, "num_samples": 400, "baseline": {"micro_f1": 0.40}}
@@ -300,7 +300,7 @@ def test_the_verdict_quotes_the_best_evaluation_and_says_when_the_export_is_not_
     evaluation is quoted, with its step, and the export's own value beside it."""
     from types import SimpleNamespace
 
-    from finetune.run import judge
+    from finetune.verdict import judge
 
     cfg = SimpleNamespace(problem_type="single_label_classification", metric_for_best_model="accuracy")
     last = {"accuracy": 0.75, "num_samples": 300, "baseline": {"accuracy": 0.5}}
@@ -324,7 +324,7 @@ def test_a_validation_too_small_for_any_score_to_clear_the_baseline_is_too_few_t
     reviews). It is too few to tell, said as a warning, as under 10 samples."""
     from types import SimpleNamespace
 
-    from finetune.run import judge
+    from finetune.verdict import judge
 
     cfg = SimpleNamespace(problem_type="single_label_classification", metric_for_best_model="accuracy")
     small = {"accuracy": 1.0, "num_samples": 23, "baseline": {"accuracy": 0.913}}
@@ -341,7 +341,7 @@ def test_a_tagger_must_also_beat_every_word_o():
     "every word O" has still learned nothing, and is told so (a new user's 2-step run, reproduced)."""
     from types import SimpleNamespace
 
-    from finetune.run import judge
+    from finetune.verdict import judge
 
     cfg = SimpleNamespace(problem_type="token_classification", metric_for_best_model="entity_f1")
     best = {"metric": "entity_f1", "value": 0.041}

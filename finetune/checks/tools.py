@@ -2,7 +2,7 @@
 accumulation and DDP (finetune/verify.py), the pictures (finetune/plots.py), the model card and the
 upload to the Hub (finetune/card.py).
 
-    VERDICT         whether the run learned beyond a trivial baseline (finetune/run.py's `finish`)
+    VERDICT         whether the run learned beyond a trivial baseline (finetune/verdict.py's `judge`)
     PREDICTED       the classes or labels validation never saw predicted
     SEARCH_ARGS     --space, --budget, --trials, and a setting a search cannot take
     SPACE           a --space of which nothing, or a part named, applies to this run
@@ -28,7 +28,7 @@ from typing import Any
 from finetune.checks import rule
 from finetune.errors import first_line
 from finetune.layout import BEST_RECIPE, METRICS_LOG, STUDY, RunDir
-from finetune.metrics import MULTI
+from finetune.metrics import FEWEST_TO_JUDGE, MULTI
 
 # --- the run's verdict -----------------------------------------------------------------------------------
 
@@ -38,21 +38,37 @@ def did_not_learn(learned: dict, said_before: list[str] = ()) -> str | None:
     """The best validation value of the judged metric is not clearly beyond a trivial baseline's (a model
     that predicts the same for every input): the run learned nothing worth keeping. Its card says so too.
     Where the run said that the training texts were cut at max_length, the line says that the model read
-    only their start, and how to read more."""
-    if learned.get("warn") and learned.get("verdict") is False:
-        cut = ("; the training texts were cut at max_length (said above): the model read only their start, "
-               "raise max_length or read them whole in windows (text_windows, a quarter of max_length, say)") if "inputs.texts_cut" in said_before else ""
-        return learned["said"] + cut
-    return None
+    only their start, and how to read more. `learned`: the facts of finetune/verdict.py's `judge`."""
+    if not learned.get("warn") or learned.get("verdict") is not False:
+        return None
+    baseline = learned["baseline"]
+    line = (f"the model did not learn beyond a trivial baseline: best validation {learned['shown']} "
+            f"{learned['value']:.4f}{learned['at']}, against {baseline if baseline is None else round(baseline, 4)} "
+            f"for a model that predicts the same for every input (the training labels' {learned['trivial']}); ")
+    if learned["spread"] > 100:
+        line += (f"targets that spread over about {learned['spread']:.3g} train slowly from a head that starts near 0: "
+                 "scale them (divide by their spread, or standardize) and scale the predictions back; also ")
+    line += ("try more epochs or more data, a learning_rate 3-10x higher or lower, or a larger pretrained model "
+             "(docs/your-own-data.md)")
+    if "inputs.texts_cut" in said_before:
+        line += ("; the training texts were cut at max_length (said above): the model read only their start, "
+                 "raise max_length or read them whole in windows (text_windows, a quarter of max_length, say)")
+    return line
 
 
 @rule("tools.too_few_to_judge", warning=True)
 def too_few_to_judge(learned: dict, said_before: list[str] = ()) -> str | None:
-    """A validation split too small to tell whether the model learned: under 10 samples, or so few that not
-    even a perfect score would be clearly above the baseline's."""
-    if learned.get("warn") and learned.get("verdict") is None:
-        return learned["said"]
-    return None
+    """A validation split too small to tell whether the model learned: under 10 samples (questions, words),
+    or so few that not even a perfect score would be clearly above the baseline's."""
+    if not learned.get("warn") or learned.get("verdict") is not None:
+        return None
+    n, more = learned["n"], "give a larger validation_file or validation_split_percentage"
+    counted = learned["counted"] if n != 1 else learned["counted"][:-1]  # 1 sample, 1 question, 1 word
+    if not learned["unreachable"]:
+        return f"validation has {n} {counted}, too few to tell whether the model learned (at least {FEWEST_TO_JUDGE}); {more}"
+    return (f"validation has {n} {counted}, too few to tell whether the model learned: against the trivial baseline's "
+            f"{learned['baseline']:.4f} (the training labels' {learned['trivial']}), not even a perfect {learned['shown']} "
+            f"would be clearly above it; best validation {learned['shown']} {learned['value']:.4f}{learned['at']}; {more}")
 
 
 VERDICT = [did_not_learn, too_few_to_judge]

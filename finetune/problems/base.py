@@ -39,6 +39,7 @@ class Problem:
     pad_value: float = -100  # what pads a window's predictions to one length across processes
     also_judged_by: str | None = None  # a metric that must beat its baseline too for "learned"
     trivial_words = "most frequent answer"  # what the trivial baseline predicts, in the run's verdict
+    counted = "samples"  # what validation counts, in the run's verdict ("validation has 8 samples")
     pipeline_arguments = ""  # the card's pipeline call
     pipeline_returns = "the most likely label and its probability"
     label_words = ""  # the card's "labels from `label`" goes on with them

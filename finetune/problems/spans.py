@@ -30,6 +30,7 @@ class Spans(Problem):
     name, hf_problem_type = SPANS, None
     classes, ids_as_names, windowed, thresholded = False, False, True, True
     trivial_words = "typical answer length, taken as each context's first words (or no answer, where that scores more)"
+    counted = "questions"
     pad_value = -1e4  # a padded token's score: never a start or an end
 
     def describe(self, modality: str, names: list[str]) -> str:
