@@ -162,9 +162,14 @@ def training_curves_figure(metrics_jsonl: Path, title: str | None = None, best: 
         best = recorded_best(metrics_jsonl.parent)
 
     panels = ["loss"] + (["metrics"] if eval_keys else []) + ["learning_rate"]
-    fig = Figure(figsize=(8, 2.6 * len(panels) + 0.6), layout="constrained")
+    height = 2.6 * len(panels) + 0.6
+    fig = Figure(figsize=(8, height))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    # Margins in inches, set once: a layout engine ("constrained", "tight") lays the figure out again at
+    # every draw, about 0.2 s of each run's export on 2 cores (0.55 s against 0.39 s for this picture).
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False,
+                        gridspec_kw={"left": 1.0 / 8, "right": 1 - 0.2 / 8, "top": 1 - 0.55 / height,
+                                     "bottom": 0.55 / height, "hspace": 0.18})[:, 0]  # fmt: skip
     ax_of = dict(zip(panels, axes, strict=True))
     fig.suptitle(title if title is not None else f"training curves: {metrics_jsonl.parent.name}")
     _loss_panel(ax_of["loss"], train, evals)

@@ -202,3 +202,37 @@ def test_an_image_column_of_numbers_is_refused_by_its_rule(cell, tmp_path, capsy
     args = ["task=image-classification", f"model_config={TINY_VIT}", "model_name_or_path=null", f"train_file={path}",
             "validation_file=null", "test_file=null", "label_names=null", f"output_dir={tmp_path / 'run'}"]  # fmt: skip
     user_error(capsys, main, args, "image", rule="images.not_an_image_column")
+
+
+def test_a_phone_photo_is_decoded_upright_and_no_larger_than_the_model_needs():
+    """A portrait photo is stored on its side with EXIF orientation 6: it trains upright, as pipeline()
+    shows it. A 12-megapixel JPEG for a 224-pixel model decodes at a quarter of its size (PIL's draft),
+    never below twice the model's side, and the pixels the model sees are those of a full decode,
+    within resampling noise."""
+    import io
+
+    import PIL.Image
+    from conftest import DATA
+    from transformers import AutoImageProcessor
+
+    from finetune.images import ImageTransform, open_image
+
+    y, x = np.mgrid[0:3024, 0:4032]
+    pixels = np.stack([x * 255 // 4032, y * 255 // 3024, (x // 300 + y // 300) % 2 * 255], -1).astype(np.uint8)
+    exif = PIL.Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to show it
+    stored = io.BytesIO()
+    PIL.Image.fromarray(pixels).save(stored, "JPEG", quality=90, exif=exif.tobytes())
+    value = {"bytes": stored.getvalue(), "path": None}
+    full = open_image(value)
+    assert full.size == (3024, 4032)  # upright: portrait
+    top = np.asarray(full)[0]  # the stored left column (red 0), its bottom (green 255) on the left
+    assert top[0, 0] < 40 and top[0, 1] > 200 and top[-1, 0] < 40 and top[-1, 1] < 40, (top[0], top[-1])
+    processor = AutoImageProcessor.from_pretrained(DATA / "efficientnet_lite0")
+    transform = ImageTransform(processor, "image", 3)
+    assert transform.at_least == 448
+    small = open_image(value, at_least=transform.at_least)
+    assert small.size == (756, 1008) and min(small.size) >= 448
+    seen = transform({"image": [value], "labels": [0]})["pixel_values"]
+    reference = processor(images=[full.convert("RGB")], return_tensors="pt")["pixel_values"]
+    assert seen.shape == reference.shape and (seen - reference).abs().mean().item() < 0.02
