@@ -53,6 +53,7 @@ def _scratch_config() -> str:
 
 ROWS = {
     "pretrained, BatchNorm frozen (the recipe)": ["freeze_batchnorm=true"],
+    "pretrained, BatchNorm frozen, stem and first 8 of 16 blocks frozen": ["freeze_batchnorm=true", "freeze_layers=8"],
     "pretrained, BatchNorm live": ["freeze_batchnorm=false"],
     "from scratch (same network)": ["freeze_batchnorm=false", "model_name_or_path=null",
                                     f"image_processor_name={BUNDLED}", f"model_config={_scratch_config()}"],  # fmt: skip
@@ -65,20 +66,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", type=int, default=600)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--rows", default=None, help="comma-separated row numbers to run (0: the recipe); all by default")
     args = parser.parse_args(argv)
+    chosen = list(ROWS.items()) if args.rows is None else [list(ROWS.items())[int(i)] for i in args.rows.split(",")]
     from finetune.run import main as run
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         train = _subset(args.train, Path(tmp))
-        for name, settings in ROWS.items():
+        for name, settings in chosen:
             out = Path(tmp) / f"run-{len(rows)}"
             started = time.perf_counter()
             results = run(["--config", RECIPE, "dataset_name=null", "data_dir=null", f"train_file={train}",
                            f"test_file={REPO / 'data/fashion_mnist/test.parquet'}", "validation_split_percentage=10",
                            "random_flip=true", f"num_train_epochs={args.epochs}", f"image_size={args.image_size}",
                            "logging_steps=50", f"output_dir={out}", *settings])  # fmt: skip
-            rows.append({"run": name, "settings": settings[:1] if "scratch" not in name else ["model_config=<bundled>"],
+            rows.append({"run": name, "settings": [x for x in settings if not x.startswith("model_config=")],
                          "test_accuracy": results["test"]["accuracy"], "seconds": round(time.perf_counter() - started, 1)})
     m = machine()
     table = "\n".join([
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.epochs} epochs at {args.image_size}x{args.image_size}, batch 16, learning rate 5e-4 (the recipe's), "
         "random flip and crop; 10% of the training images held out for validation; one seed (42).", "",
         f"`python -m benchmarks.pretrained_images --out {args.out} --train {args.train} --epochs {args.epochs} "
-        f"--image-size {args.image_size}`",
+        f"--image-size {args.image_size}" + (f" --rows {args.rows}`" if args.rows else "`"),
     ])  # fmt: skip
     write_report(args.out, "pretrained_images", {"machine": m, "rows": rows, **vars(args) | {"out": str(args.out)}},
                  table)

@@ -152,15 +152,32 @@ def _fine_tuned_head(config: PretrainedConfig) -> list[str] | None:
 
 
 def freeze_layers(model: PreTrainedModel, n: int) -> None:
-    """Freeze the embeddings and the first `n` encoder layers (BERT-like models and ViT: the blocks the
-    layer split knows, finetune/parallel.py)."""
+    """Freeze the embeddings and the first `n` encoder layers: BERT-like models and ViT (the blocks the
+    layer split knows, finetune/parallel.py), and a convolutional backbone's stem and first `n` blocks
+    (EfficientNet's `encoder.blocks`: 16 in Lite0). No gradient flows through what is frozen, so its
+    backward is not computed: the early blocks, at the highest resolution, cost the most of it."""
     try:
         embeddings, layers, _ = find_blocks(model)
     except ParallelError:
+        embeddings, layers = _convolutional_blocks(model)
+    if not layers:
         raise checks.explain(model_rules.FREEZE_UNKNOWN, type(model).__name__) from None
     checks.gate(model_rules.FREEZE, n, len(layers), type(model).__name__)
     for name in [*embeddings, *layers[:n]]:
         model.get_submodule(name).requires_grad_(False)
+
+
+def _convolutional_blocks(model) -> tuple[list[str], list[str]]:
+    """([the stem], [the blocks]) of a backbone with `embeddings` and a ModuleList at `encoder.blocks`
+    (EfficientNet), else ([], [])."""
+    import torch
+
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None)
+    blocks = getattr(getattr(base, "encoder", None), "blocks", None)
+    if not isinstance(getattr(base, "embeddings", None), torch.nn.Module) or not isinstance(blocks, torch.nn.ModuleList):
+        return [], []
+    return [f"{prefix}.embeddings"], [f"{prefix}.encoder.blocks.{i}" for i in range(len(blocks))]
 
 
 def batchnorm_layers(model) -> list[str]:

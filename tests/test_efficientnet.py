@@ -154,12 +154,25 @@ def test_lora_on_its_convolutions_and_every_checkpoint_kind_evaluates(tiny_effic
         assert record["accuracy"] == pytest.approx(results["validation"]["accuracy"])
 
 
-def test_the_layer_split_and_freeze_layers_refuse_in_one_line(capsys, tiny_efficientnet_folder, photos, tmp_path):
-    """The layer split and freeze_layers know BERT-like encoders only: for EfficientNet, one line each."""
+def test_the_layer_split_refuses_in_one_line_and_freeze_layers_freezes_the_stem_and_first_blocks(
+        capsys, tiny_efficientnet_folder, photos, tmp_path):  # fmt: skip
+    """The layer split knows BERT-like encoders only: for EfficientNet, one line. freeze_layers=1 freezes
+    its stem and first block (they end as they began), the rest trains; past its 2 blocks, one line."""
+    from safetensors.torch import load_file
+
     user_error(capsys, main, _args(tiny_efficientnet_folder, photos, tmp_path / "a", "model_parallel=true",
                                    "devices=cpu,cpu"), "cannot split EfficientNetForImageClassification")  # fmt: skip
-    user_error(capsys, main, _args(tiny_efficientnet_folder, photos, tmp_path / "b", "freeze_layers=1"),
-               "EfficientNetForImageClassification has no embeddings and encoder layers")
+    main(_args(tiny_efficientnet_folder, photos, tmp_path / "b", "freeze_layers=1"))
+    before = load_file(tiny_efficientnet_folder / "model.safetensors")
+    after = load_file(tmp_path / "b" / "model" / "model.safetensors")
+    weights = [k for k in before if k in after and not k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+    frozen = [k for k in weights if k.startswith(("efficientnet.embeddings.", "efficientnet.encoder.blocks.0."))]
+    trained = [k for k in weights if k.startswith("efficientnet.encoder.blocks.1.")]
+    assert frozen and trained
+    assert all(torch.equal(before[k], after[k]) for k in frozen)
+    assert any(not torch.equal(before[k], after[k]) for k in trained)
+    user_error(capsys, main, _args(tiny_efficientnet_folder, photos, tmp_path / "c", "freeze_layers=3"),
+               "freeze_layers", rule="models.freeze_layers_past_the_model")
 
 
 @pytest.mark.slow  # about 90 s of compilation on 2 cores

@@ -480,8 +480,8 @@ HEAD = [head_replaced, head_relabelled]
 
 @rule("models.freeze_layers_unknown_model")
 def freeze_layers_unknown_model(model_class: str) -> str:
-    """freeze_layers on a model whose embeddings and encoder layers the layer split cannot find."""
-    return f"freeze_layers: {model_class} has no embeddings and encoder layers that finetune can find"
+    """freeze_layers on a model whose embeddings and encoder layers (or stem and blocks) cannot be found."""
+    return f"freeze_layers: {model_class} has no embeddings and encoder layers (or stem and blocks) that finetune can find"
 
 
 FREEZE_UNKNOWN = [freeze_layers_unknown_model]
