@@ -49,6 +49,7 @@ class Task:
     problems: tuple[str, ...] = (SINGLE, MULTI, REGRESSION)  # finetune/problems/: the first is the default
     has_word_embeddings = False  # freeze_embeddings applies
     preprocessor_first = False  # loaded before the model (a tokenizer's vocabulary sizes a model from a config)
+    streams = False  # streaming=true reads its training data as a stream (finetune/streams.py)
     # The rules `check_model` asks of the built model and its preprocessor (a `model_rules.Fit`).
     model_checks: tuple[checks.Rule, ...] = ()
 
@@ -175,6 +176,7 @@ class TextClassification(Task):
                               "label_columns", "text_windows"})  # fmt: skip
     has_word_embeddings = True
     preprocessor_first = True
+    streams = True
     model_checks = tuple(model_rules.TEXT_MODEL)
 
     def input_columns(self, data: DataArgs) -> list[str]:
@@ -427,6 +429,7 @@ class TokenClassification(TextClassification):
     """
 
     name = "token-classification"
+    streams = False  # read whole: its data is the text task's in another shape
     auto_class = "AutoModelForTokenClassification"
     architecture_suffix = "ForTokenClassification"
     own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column", "label_column", "text_windows",
@@ -570,6 +573,7 @@ class QuestionAnswering(TextClassification):
     """
 
     name = "question-answering"
+    streams = False  # read whole: its data is the text task's in another shape
     auto_class = "AutoModelForQuestionAnswering"
     architecture_suffix = "ForQuestionAnswering"
     own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column", "label_column", "label_columns"}
