@@ -12,7 +12,7 @@ The run is max_steps optimizer steps of exactly one global batch each. A pass ov
 epoch) does not end a step: when a process's share ends, its next pass begins, so every step holds processes x
 batch x accumulation real samples and its loss is that one big batch's (`steps.step_loss` over a full window;
 the loop's one epoch is `STREAM_SAMPLES` long, which max_steps ends first). A process reads its share in blocks
-of stream_buffer samples, each tokenized at once (the task's `prepare`) and ordered by a seed of (seed, pass,
+of stream_buffer samples, each tokenized at once (the task's `tokenize`) and ordered by a seed of (seed, pass,
 block, process): shuffled, and with group_by_length sorted by length into batches whose order is shuffled (the
 epoch sampler's grouping, inside a block); stream_buffer=0 keeps the data's order.
 
@@ -33,9 +33,8 @@ from datasets import ClassLabel, DatasetDict
 from datasets import Dataset as HFDataset
 from datasets.distributed import split_dataset_by_node
 
-from finetune import checks
+from finetune import checks, data
 from finetune.checks import streams as rules
-from finetune.data import FIRST_PASS, open_stream
 from finetune.problems import problem_of
 from finetune.tasks import task_of
 
@@ -85,7 +84,7 @@ class TrainStream:
 
     def describe(self) -> str:
         """The start summary's words for the training split."""
-        names = "given" if self.given_names else f"read from its first {FIRST_PASS:,} rows, as the baseline is"
+        names = "given" if self.given_names else f"read from its first {data.FIRST_PASS:,} rows, as the baseline is"
         per_step = self.world * self.batch * self.accumulation
         return (f"a stream of {self.steps * per_step:,} samples ({self.steps} steps x {per_step}; a pass over the "
                 f"data is an epoch, and a step goes on into the next pass; label names {names})")
@@ -103,7 +102,7 @@ class TrainStream:
 
     # --- reading ------------------------------------------------------------------------------------------------
     def _open(self, state: dict | None):
-        raw = open_stream(self.args)
+        raw = data.open_stream(self.args)
         if self.world > 1:
             raw = split_dataset_by_node(raw, rank=self.rank, world_size=self.world)
         if state is not None:
@@ -139,9 +138,10 @@ class TrainStream:
         if self.problem.classes and not self.problem.lists and not isinstance(ds.features[column], ClassLabel):
             unseen = sorted({str(v) for v in ds[column]} - set(self.label_names))
             row = (at["block"] * self.block_size) * self.world
-            checks.gate(rules.LABELS, unseen, self.label_names, FIRST_PASS, row)
-        ds = self.problem.encode(ds, self.args, self.label_names, "train", self.said)
-        return self.task.prepare(ds, self.preprocessor, self.args, "stream", 3, self.said).to_list()
+            checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, row)
+        batch = self.problem.encode(ds, self.args, self.label_names, "train", self.said)[:]
+        prepared = {**self.task.tokenize(batch, self.preprocessor, self.args), "labels": batch["labels"]}
+        return [dict(zip(prepared, values, strict=True)) for values in zip(*prepared.values(), strict=True)]
 
     def _ordered(self, samples: list[dict], pass_: int, block: int) -> list[dict]:
         """A block in its training order, drawn from (seed, pass, block, process): shuffled; with group_by_length

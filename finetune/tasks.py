@@ -200,9 +200,7 @@ class TextClassification(Task):
             checks.gate(inputs.WINDOWS, preprocessor, max_length, overlap, data.text_pair_column)
 
         def tokenize(batch):
-            enc = preprocessor(*[batch[c] for c in columns], truncation=True, max_length=max_length)
-            enc["length"] = [len(ids) for ids in enc["input_ids"]]
-            return enc
+            return self.tokenize(batch, preprocessor, data)
 
         def windows(batch, rows):
             enc = preprocessor(batch[columns[0]], truncation=True, max_length=max_length, stride=overlap,
@@ -222,6 +220,13 @@ class TextClassification(Task):
             checks.gate(inputs.TOKENIZED if overlap is None else inputs.READ_WHOLE, texts, ids, tokenized["length"],
                         max_length, preprocessor, said=said or checks.Said())  # fmt: skip
         return tokenized
+
+    def tokenize(self, batch: dict[str, list], preprocessor, data: DataArgs):
+        """Rows (a column's values by name) tokenized, cut at max_length, `length` kept: `prepare`'s, and a
+        streamed block's (finetune/streams.py), which datasets' map would cost more than the tokenizer."""
+        enc = preprocessor(*[batch[c] for c in self.input_columns(data)], truncation=True, max_length=data.max_length)
+        enc["length"] = [len(ids) for ids in enc["input_ids"]]
+        return enc
 
     def collator(self, preprocessor, pad_to_multiple_of: int | None):
         return PadText(preprocessor, pad_to_multiple_of)
