@@ -3,7 +3,8 @@
     <output_dir>/checkpoints/step-00000120/
         model.safetensors, optimizer.bin, scheduler.bin, random_states_<rank>.pkl   (Accelerate)
         manifest.json    step, epoch, samples consumed in the epoch, seed, world size, accumulation,
-                         precision, label names, metrics, versions, the resolved config
+                         precision, label names, metrics, versions, the resolved config; a streamed
+                         run's position in its stream (finetune/streams.py), each process's
         COMPLETE         written last; a directory without it is ignored
 
 A checkpoint is written into a hidden temporary directory, flushed to disk, marked complete and
