@@ -98,7 +98,8 @@ def whole_pass(train: Path) -> dict:
     from finetune.config import load_config
     from finetune.data import open_stream
 
-    args = load_config(None, [f"train_file={train}", "streaming=true", "max_steps=1", "max_train_samples=null"]).data_args
+    args = load_config(None, [f"train_file={train}", "validation_file=null", "test_file=null", "streaming=true",
+                                "max_steps=1", "max_train_samples=null"]).data_args
     t, rows = time.perf_counter(), 0
     with RunMonitor(torch.device("cpu")) as monitor:
         for _ in open_stream(args):
