@@ -138,6 +138,7 @@ def test_two_processes_read_their_own_shares_and_each_step_is_one_big_batch(rows
     assert _worst(_weights(streamed), _weights(one)) <= 1e-5
 
 
+@pytest.mark.slow
 def test_a_dataset_by_name_streams_its_train_split_and_reads_validation_whole(tmp_path):
     """dataset_name: the hub's path (here a local dataset folder, offline): train streamed, validation written
     to datasets' cache and counted exactly."""
@@ -145,7 +146,8 @@ def test_a_dataset_by_name_streams_its_train_split_and_reads_validation_whole(tm
     folder.mkdir()
     data = _data(folder, rotten_rows(ROWS))
     args = [a for a in tiny_text_args(data, tmp_path / "out") if not a.startswith(("train_file=", "validation_file="))]
-    results = main([*args, f"dataset_name={folder}", "streaming=true", "max_steps=2", "per_device_train_batch_size=4"])
+    results = main([*args, "train_file=null", "validation_file=null", f"dataset_name={folder}", "streaming=true",
+                    "max_steps=2", "per_device_train_batch_size=4"])  # fmt: skip
     assert results["validation"]["num_samples"] == 13 and results["step"] == 2
 
 
