@@ -3,7 +3,8 @@
     <output_dir>/checkpoints/step-00000120/
         model.safetensors, optimizer.bin, scheduler.bin, random_states_<rank>.pkl   (Accelerate)
         manifest.json    step, epoch, samples consumed in the epoch, seed, world size, accumulation,
-                         precision, label names, metrics, versions, the resolved config
+                         precision, label names, metrics, versions, the resolved config; a streamed
+                         run's position in its stream (finetune/streams.py), each process's
         COMPLETE         written last; a directory without it is ignored
 
 A checkpoint is written into a hidden temporary directory, flushed to disk, marked complete and
@@ -239,7 +240,7 @@ class Checkpointer:
 
     def __init__(self, accelerator, cfg, output_dir: Path, label_names: list[str], train_samples: int,
                  command: str | None = None, train_data: dict[str, str] | None = None,
-                 said: checks.Said | None = None):  # fmt: skip
+                 said: checks.Said | None = None, stream=None):  # fmt: skip
         self.accelerator, self.cfg, self.out, self.label_names = accelerator, cfg, output_dir, label_names
         self.train_samples, self.command = train_samples, command  # the run's first launch command
         self.train_data = train_data  # finetune.data.train_data_fingerprint
@@ -247,6 +248,7 @@ class Checkpointer:
         self.last: Path | None = None
         self.resumed_with: list[dict[str, Any]] = []  # the settings each resume changed (resume_changes)
         self.said = said if said is not None else checks.Said()
+        self.stream = stream  # a streamed run's training stream (finetune/streams.py): its position is saved
 
     def resumed_from(self, path: Path, manifest: dict[str, Any], say) -> None:
         """A resume from `path`: its best and history carried on, and the settings this resume changes said
@@ -260,6 +262,8 @@ class Checkpointer:
                 checks.gate(runs.BEST, self.best, self.out / CHECKPOINTS, said=self.said)
                 self.best = {}
         self.resumed_with = list(manifest.get("resumed_with") or [])
+        if self.stream is not None:  # each process goes on from its position in the stream
+            self.stream.restore(manifest.get("stream"))
         changed = resume_changes(manifest, self.cfg)
         if changed:
             self.resumed_with.append({"step": manifest["step"], "changed": changed})
@@ -325,6 +329,7 @@ class Checkpointer:
             "resumed_with": self.resumed_with,
             "versions": package_versions(),
             "config": cfg.to_dict(),
+            **({"stream": self.stream.state()} if self.stream is not None else {}),
         }
 
 
@@ -395,7 +400,8 @@ FIXED_ON_RESUME = ("task", "problem_type", "model_config", "seed", "group_by_len
                    "image_column", "tokens_column", "tags_column", "label_column", "label_columns",
                    "validation_split_percentage", "random_flip", "augment", "label_smoothing", "class_weights",
                    "metric_for_best_model", "greater_is_better", "tokenizer_name", "image_processor_name",
-                   "text_windows", "doc_stride", "image_size", "freeze_batchnorm")  # fmt: skip
+                   "text_windows", "doc_stride", "image_size", "freeze_batchnorm", "streaming",
+                   "stream_buffer")  # fmt: skip
 # Settings that say where and how the processes run, not what is trained (or that are checked apart:
 # label_names with the labels, the samples by their count): a resume changes them without a word.
 # Any other setting may change on a resume (learning_rate, weight_decay, dropout, max_steps, the cadences

@@ -225,16 +225,15 @@ class DataArgs(TaskArgs):
     max_eval_samples: int | None = setting(None, "use only the first N validation samples")
     max_test_samples: int | None = setting(None, "use only the first N test samples")
     group_by_length: bool = setting(False, "text: batch similar lengths together (less padding)")
+    # train_file (csv, tsv, json, jsonl, parquet) or the hub's train split read as it trains (docs/streaming.md).
+    streaming: bool = setting(False, "text: read the training data as a stream, never whole (needs max_steps)")
+    stream_buffer: int = setting(1000, "streaming: samples a process reads ahead, shuffled (and grouped) within (0: file order)")
     # Pad every text batch to the smallest of K lengths chosen from the data (finetune/shapes.py), not
     # to its own longest: the few shapes a compiled model (torch_compile) compiles once. null: per batch.
-    length_buckets: int | None = setting(
-        None, "text: pad each batch to one of this many lengths chosen from the data (for torch_compile)"
-    )
+    length_buckets: int | None = setting(None, "text: pad each batch to one of this many lengths chosen from the data (for torch_compile)")
     # Off unless the recipe says its images keep their class when mirrored: a flip turns digits, text
     # and many medical images into something else.
-    random_flip: bool = setting(
-        False, "images: random horizontal flip of training images (for mirror-invariant classes)"
-    )
+    random_flip: bool = setting(False, "images: random horizontal flip of training images (for mirror-invariant classes)")
     # Images: training augmentation ops, seeded by (seed, epoch, sample) so a resume stays exact
     # (finetune/images.py, Augment): crop (random resized crop), color (brightness, contrast,
     # saturation), trivial (one TrivialAugment-Wide op a sample).

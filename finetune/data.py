@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import json
 import logging
 import re
@@ -29,13 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from datasets import Dataset as HFDataset
-from datasets import DatasetDict, Value, load_dataset
+from datasets import DatasetDict, IterableDataset, Value, load_dataset
 
 from finetune import checks
 from finetune.checks import columns, files, images, splits
+from finetune.checks import streams as stream_rules
 from finetune.config import DataArgs
 from finetune.errors import TrainingStopped, UserError
-from finetune.formats import A_TAG, CONLLU_COLUMNS, CONLLU_UPOS, FILE_BUILDERS, delimiter_of
+from finetune.formats import A_TAG, CONLLU_COLUMNS, CONLLU_UPOS, FILE_BUILDERS, builder_of, delimiter_of
 from finetune.images import verify_images
 from finetune.layout import RunDir
 from finetune.problems import Problem, infer_problem_type, problem_of
@@ -169,9 +171,54 @@ def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str
 
 
 def read_splits(args: DataArgs, said: checks.Said | None = None, digests: dict[str, str] | None = None) -> DatasetDict:
-    """The run's splits as its files (or folder, or hub dataset) hold them."""
+    """The run's splits as its files (or folder, or hub dataset) hold them; a streamed run's train as its
+    first rows (`read_streamed`)."""
+    if args.streaming:
+        return read_streamed(args, said, digests)
     return load_raw(args.files, args.dataset_name, args.dataset_config_name, args.data_dir,
                     conll_columns=(args.tokens_column, args.tags_column), said=said, digests=digests)  # fmt: skip
+
+
+# --- streams (streaming=true: finetune/streams.py reads the training stream as the run trains) ---------------
+
+FIRST_PASS = 10_000  # a streamed train's first rows: what the checks, the label names and the baseline read
+
+
+def open_stream(args: DataArgs, split: str = "train") -> IterableDataset:
+    """One split as an iterable (`load_dataset(..., streaming=True)`): read as it is iterated, never whole;
+    train's first max_train_samples only (`take`)."""
+    path = args.files.get(split)
+    if path:
+        sep = {"sep": "\t"} if path.lower().endswith(".tsv") else {}
+        ds = load_dataset(builder_of(path), data_files={split: path}, split=split, streaming=True, **sep)
+    else:
+        ds = load_dataset(args.dataset_name, args.dataset_config_name, split=split, streaming=True)
+    return ds.take(args.max_train_samples) if split == "train" and args.max_train_samples is not None else ds
+
+
+def _stream_rows(args: DataArgs, split: str):
+    yield from open_stream(args, split)
+
+
+def read_streamed(args: DataArgs, said: checks.Said | None, digests: dict[str, str] | None) -> DatasetDict:
+    """A streamed run's splits: train's first `FIRST_PASS` rows (its file's bytes checked as any file's),
+    validation and test whole (files as `load_raw` reads them; a hub's written to datasets' cache)."""
+    if args.train_file:
+        checks.gate(stream_rules.SPLITS, list(args.files), args.train_file)
+        head = files.FileHead.read("train", args.train_file)
+        if digests is not None:
+            digests[str(Path(args.train_file).resolve())] = head.sha256
+        checks.gate(files.HEAD, head)
+        others = {s: p for s, p in args.files.items() if s != "train"}
+        raw = load_raw(others, None, None, None, require_train=False, said=said, digests=digests)
+    else:
+        names = list(load_dataset(args.dataset_name, args.dataset_config_name, streaming=True))
+        checks.gate(stream_rules.SPLITS, names, args.dataset_name)
+        raw = DatasetDict({s: HFDataset.from_generator(_stream_rows, gen_kwargs={"args": args, "split": s})
+                           for s in ("validation", "test") if s in names})  # fmt: skip
+    stream = open_stream(args)
+    raw["train"] = HFDataset.from_list(list(itertools.islice(stream, FIRST_PASS)), features=stream.features)
+    return raw
 
 
 def file_sha256(path: str | Path) -> str:

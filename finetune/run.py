@@ -93,6 +93,7 @@ from finetune.runtime import (
 from finetune.shapes import Shapes, check_compile, compile_model, plan_shapes, warm_up
 from finetune.signals import StopOnSignal, stop_outside_the_loop, stop_with_launcher
 from finetune.steps import EpochSampler, StepPlan, Stream, plan_steps, step_loss
+from finetune.streams import TrainStream, samples_of
 from finetune.tasks import task_for_data, task_of
 from finetune.tracking import Hooks, LossWatch, MetricsLog, phase_order
 from finetune.verdict import better, judge, judged_metric
@@ -270,6 +271,8 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     model, preprocessor, splits, label_names, cfg = built.model, built.preprocessor, built.splits, built.label_names, built.cfg
     model = split_model(cfg, accelerator, model, said)
     train_loader, sampler, eval_loaders, shapes = make_loaders(cfg, accelerator, splits, preprocessor)
+    if cfg.streaming:  # the training split read as the run trains (finetune/streams.py)
+        train_loader = sampler = TrainStream(cfg, accelerator, preprocessor, label_names)
     if cfg.torch_compile:
         check_compile(accelerator)
         compile_model(model, dynamic=shapes.dynamic, mode=cfg.torch_compile_mode)
@@ -277,9 +280,9 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     train_data = train_data_fingerprint(cfg, built.digests)
     moved = manifest is not None and ckpt.check_resume_compatible(
-        manifest, cfg, accelerator.num_processes, label_names, len(splits["train"]), fsdp, train_data
+        manifest, cfg, accelerator.num_processes, label_names, sampler.num_samples, fsdp, train_data
     )  # before anything is written: a resume that would change the run is refused now
-    plan = plan_steps(cfg, accelerator.num_processes, len(splits["train"]), manifest, moved, said)
+    plan = plan_steps(cfg, accelerator.num_processes, sampler.num_samples, manifest, moved, said)
     ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)  # a max_steps short of the checkpoint
     warn_of_later_checkpoints(out, resume_path, manifest, said)
     optimizer, trained = make_optimizer(cfg, model, accelerator)
@@ -293,8 +296,8 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     assert len(train_loader) == plan.batches, (len(train_loader), plan.batches)
     log = MetricsLog(accelerator, out.metrics)
     command = (manifest or {}).get("command") or launch_command()  # a resume keeps the run's first command
-    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, len(splits["train"]), command, train_data,
-                                     said)  # fmt: skip
+    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, sampler.num_samples, command, train_data,
+                                     said, stream=sampler if cfg.streaming else None)  # fmt: skip
     weights = task_of(cfg.task).sample_weights(splits["train"])
     train_labels = splits["train"].with_format(None)["labels"]  # without an image transform's decoding
     problem = problem_of(cfg.problem_type)
@@ -551,8 +554,9 @@ def start_run(cfg: TrainConfig, run: Run) -> None:
     base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped  # under LoRA
     name = type(base).__name__.removeprefix("FSDP")  # fully_shard's subclass
     problem = run.problem.start_words()
+    trained_on = run.sampler.describe() if cfg.streaming else task.counted(run.splits["train"])
     accelerator.print(
-        f"{cfg.task}{problem}: {name}, train {task.counted(run.splits['train'])} / validation "
+        f"{cfg.task}{problem}: {name}, train {trained_on} / validation "
         f"{task.counted(run.splits['validation'])}, {processes} process(es) on {accelerator.device}{threads} "
         f"({accelerator.distributed_type}), precision {accelerator.mixed_precision}, global batch "
         f"{processes * batch * accumulation} ({processes} x {batch} x {accumulation} accumulation), "
@@ -695,10 +699,10 @@ def dry_run(cfg: TrainConfig, said: checks.Said) -> dict[str, Any]:
     processes, batch, accumulation = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     resume_path, manifest = resume_target(cfg, out, said)
     moved = manifest is not None and ckpt.check_resume_compatible(
-        manifest, cfg, processes, label_names, len(splits["train"]), accelerator.distributed_type == DistributedType.FSDP,
-        train_data_fingerprint(cfg, built.digests),
+        manifest, cfg, processes, label_names, samples_of(cfg, splits["train"]),
+        accelerator.distributed_type == DistributedType.FSDP, train_data_fingerprint(cfg, built.digests),
     )
-    plan = plan_steps(cfg, processes, len(splits["train"]), manifest, moved, said)
+    plan = plan_steps(cfg, processes, samples_of(cfg, splits["train"]), manifest, moved, said)
     ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)
     warn_of_later_checkpoints(out, resume_path, manifest, said)
     optimizer, _ = make_optimizer(cfg, model, accelerator)

@@ -52,6 +52,7 @@ class Task:
     problems: tuple[str, ...] = (SINGLE, MULTI, REGRESSION)  # finetune/problems/: the first is the default
     has_word_embeddings = False  # freeze_embeddings applies
     preprocessor_first = False  # loaded before the model (a tokenizer's vocabulary sizes a model from a config)
+    streams = False  # streaming=true reads its training data as a stream (finetune/streams.py)
     # The rules `check_model` asks of the built model and its preprocessor (a `model_rules.Fit`).
     model_checks: tuple[checks.Rule, ...] = ()
 
@@ -178,6 +179,7 @@ class TextClassification(Task):
                               "label_columns", "text_windows"})  # fmt: skip
     has_word_embeddings = True
     preprocessor_first = True
+    streams = True
     model_checks = tuple(model_rules.TEXT_MODEL)
 
     def input_columns(self, data: DataArgs) -> list[str]:
@@ -201,9 +203,7 @@ class TextClassification(Task):
             checks.gate(inputs.WINDOWS, preprocessor, max_length, overlap, data.text_pair_column)
 
         def tokenize(batch):
-            enc = preprocessor(*[batch[c] for c in columns], truncation=True, max_length=max_length)
-            enc["length"] = [len(ids) for ids in enc["input_ids"]]
-            return enc
+            return self.tokenize(batch, preprocessor, data)
 
         def windows(batch, rows):
             enc = preprocessor(batch[columns[0]], truncation=True, max_length=max_length, stride=overlap,
@@ -223,6 +223,13 @@ class TextClassification(Task):
             checks.gate(inputs.TOKENIZED if overlap is None else inputs.READ_WHOLE, texts, ids, tokenized["length"],
                         max_length, preprocessor, said=said or checks.Said())  # fmt: skip
         return tokenized
+
+    def tokenize(self, batch: dict[str, list], preprocessor, data: DataArgs):
+        """Rows (a column's values by name) tokenized, cut at max_length, `length` kept: `prepare`'s, and a
+        streamed block's (finetune/streams.py), which datasets' map would cost more than the tokenizer."""
+        enc = preprocessor(*[batch[c] for c in self.input_columns(data)], truncation=True, max_length=data.max_length)
+        enc["length"] = [len(ids) for ids in enc["input_ids"]]
+        return enc
 
     def collator(self, preprocessor, pad_to_multiple_of: int | None):
         return PadText(preprocessor, pad_to_multiple_of)
@@ -434,6 +441,7 @@ class TokenClassification(TextClassification):
     """
 
     name = "token-classification"
+    streams = False  # read whole: its data is the text task's in another shape
     auto_class = "AutoModelForTokenClassification"
     architecture_suffix = "ForTokenClassification"
     own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column", "label_column", "text_windows",
@@ -577,6 +585,7 @@ class QuestionAnswering(TextClassification):
     """
 
     name = "question-answering"
+    streams = False  # read whole: its data is the text task's in another shape
     auto_class = "AutoModelForQuestionAnswering"
     architecture_suffix = "ForQuestionAnswering"
     own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column", "label_column", "label_columns"}

@@ -14,6 +14,7 @@ PHASES = {
     "columns": "a split's columns and their values",
     "labels": "the label column: the problem type, classes, label lists, regression targets, tags",
     "splits": "the splits together: shared samples, the held-out share, what the limits leave",
+    "streams": "a streamed run: the settings that cannot stream, the splits it needs, what its stream holds",
     "images": "image folders and the images a split names",
     "inputs": "what the tokenizer makes of the training texts",
     "models": "model folders, configs, tokenizers, image processors, weights",

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from finetune import lora
 from finetune.checks import rule
+from finetune.checks.streams import SETTINGS as STREAMING
 from finetune.formats import SPLIT_FOLDERS
 from finetune.metrics import MULTI, PROBLEMS, REGRESSION, SPANS, TOKENS
 from finetune.tasks import TASKS, task_of
@@ -657,6 +658,7 @@ RANGES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "dataloader_num_workers": (lambda v: v >= 0, ">= 0"),
     "doc_stride": (lambda v: v >= 0, ">= 0 (the tokens a long context's windows overlap)"),
     "text_windows": (lambda v: v >= 0, ">= 0 (the tokens a long text's windows overlap), or null to cut at max_length"),
+    "stream_buffer": (lambda v: v >= 0, ">= 0 (0: the stream's own order)"),
 }
 
 
@@ -1118,7 +1120,7 @@ CONFIG = [
     problem_of_task, freeze_embeddings_of_task, label_is_an_input, augment_without_images, pair_for_tagging,
     tags_are_the_words, input_among_label_columns,
     metric_with_eval_prefix, metric_of_no_problem, metric_of_another_problem, smoothing_without_classes,
-    class_weights_of_regression, threshold_without_multi_label, threshold_replaced_by_tuning,
+    class_weights_of_regression, threshold_without_multi_label, threshold_replaced_by_tuning, *STREAMING,
 ]  # fmt: skip
 
 

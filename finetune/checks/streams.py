@@ -1,0 +1,114 @@
+"""Streams: a streamed run (streaming=true, finetune/streams.py): the settings that cannot stream, the splits
+it needs, and what the stream meets as it is read.
+
+    SETTINGS  the typed config: asked with the settings' CONFIG (finetune/checks/settings.py), the task's
+              rule once the task is known
+    SPLITS    the split names of the streamed data, before anything is read (finetune/data.py)
+    LABELS    a block's labels, as a process reads its share of the stream (finetune/streams.py)
+    EMPTY     a process's share of one pass, read from its start (finetune/streams.py)
+"""
+
+from __future__ import annotations
+
+from finetune.checks import rule
+from finetune.formats import builder_of
+from finetune.tasks import TASKS, task_of
+
+STREAMED_BUILDERS = ("csv", "json", "parquet")  # datasets' builders that stream a file (.tsv is csv)
+
+
+@rule("streams.without_max_steps")
+def without_max_steps(cfg) -> str | None:
+    """streaming=true without max_steps: a stream's length is unknown until it has been read, so an epoch
+    cannot be counted in advance, nor a schedule planned over epochs."""
+    if cfg.streaming and cfg.max_steps is None:
+        return ("streaming=true reads data of unknown length: set max_steps=N (the run's optimizer steps; "
+                "num_train_epochs cannot be counted on a stream)")
+    return None
+
+
+@rule("streams.task_cannot_stream", needs=("task",))
+def task_cannot_stream(cfg) -> str | None:
+    """streaming=true for a task that reads its data whole (images, tags, question answering): only text
+    classification streams."""
+    if cfg.streaming and not task_of(cfg.task).streams:
+        which = ", ".join(name for name, task in TASKS.items() if task.streams)
+        return f"streaming=true streams the data of {which} only; task={cfg.task} loads it whole: leave streaming out"
+    return None
+
+
+# A setting that needs the whole training split, or a layout a stream does not have: the reason, and what to do.
+CANNOT_STREAM = {
+    "text_windows": "a text's windows would be scored apart from the texts they come from",
+    "length_buckets": "the buckets are chosen from every training length",
+    "torch_compile": "its shapes are planned from every training length",
+    "resume_allow_topology_change": "each process resumes its own share of the stream, which another topology splits otherwise",
+    "dataloader_num_workers": "the stream is read and tokenized by each training process itself",
+    "data_dir": "an image folder is read whole",
+}
+
+
+@rule("streams.setting_cannot_stream")
+def setting_cannot_stream(cfg) -> str | None:
+    """streaming=true with a setting that reads the whole training split (text_windows, length_buckets,
+    torch_compile), an image folder, a topology change on resume, or data workers: the first one, and why."""
+    if not cfg.streaming:
+        return None
+    bad = next((key for key in CANNOT_STREAM if getattr(cfg, key) not in (None, False, 0)), None)
+    if bad is None:
+        return None
+    return f"streaming=true cannot be used with {bad}={getattr(cfg, bad)}: {CANNOT_STREAM[bad]}; leave {bad} out"
+
+
+@rule("streams.file_cannot_stream")
+def file_cannot_stream(cfg) -> str | None:
+    """A streamed train_file of a format datasets does not stream (CoNLL, an .arrow file of save_to_disk)."""
+    if cfg.streaming and cfg.train_file and builder_of(cfg.train_file) not in STREAMED_BUILDERS:
+        return (f"streaming=true reads .csv, .tsv, .json, .jsonl and .parquet files; {cfg.train_file} is not one: "
+                "convert it, or leave streaming out")
+    return None
+
+
+SETTINGS = [without_max_steps, task_cannot_stream, setting_cannot_stream, file_cannot_stream]
+
+
+@rule("streams.no_validation")
+def no_validation(splits: list[str], where: str) -> str | None:
+    """A streamed run without a validation split: a stream cannot hold out a stratified share of itself,
+    since its classes are not known before it is read."""
+    if "validation" not in splits:
+        return (f"streaming=true needs a validation split, and {where} has none (a stream cannot hold out a "
+                "stratified share of itself): give validation_file=...")
+    return None
+
+
+SPLITS = [no_validation]
+
+
+@rule("streams.label_after_first_pass", local=True)
+def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int, row: int) -> str | None:
+    """A training label met in the stream that its first rows, from which the label names were read, did not
+    hold: the model has no class for it."""
+    if unseen:
+        return (f"the training stream holds the label(s) {', '.join(map(repr, unseen[:5]))} near row {row:,}, which "
+                f"its first {first_rows:,} rows (where the label names {names} were read) did not: give every label "
+                "in label_names=[...]")
+    return None
+
+
+LABELS = [label_after_first_pass]
+
+
+@rule("streams.empty_share", local=True)
+def empty_share(rows: int, rank: int, processes: int) -> str | None:
+    """A process whose share of the training stream is empty (fewer samples than processes, or a
+    max_train_samples smaller than that): it would wait for samples forever."""
+    if rows:
+        return None
+    if processes > 1:
+        return (f"process {rank}'s share of the training stream is empty: it has fewer samples than the "
+                f"{processes} processes; give more training data, or fewer processes")
+    return "the training stream has no samples: give a train_file (or max_train_samples) with some"
+
+
+EMPTY = [empty_share]

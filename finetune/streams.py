@@ -1,0 +1,159 @@
+"""A streamed run's training split (streaming=true): read, tokenized and batched as the run trains, never whole.
+
+    accelerate launch finetune/run.py train_file=big.jsonl validation_file=dev.jsonl streaming=true max_steps=2000
+
+`TrainStream` is the loop's training loader and its sampler at once (finetune/run.py's `setup`). What it reads is
+`data.open_stream`'s: train_file (csv, tsv, json, jsonl, parquet) or the hub's train split as datasets'
+`IterableDataset`, its first max_train_samples (`take`). Under DDP each process reads its own share,
+`datasets.distributed.split_dataset_by_node` (every world-th sample, or whole shards where they divide among
+the processes): no sample is read by two processes, none is left out.
+
+The run is max_steps optimizer steps of exactly one global batch each. A pass over the data (a streamed run's
+epoch) does not end a step: when a process's share ends, its next pass begins, so every step holds processes x
+batch x accumulation real samples and its loss is that one big batch's (`steps.step_loss` over a full window;
+the loop's one epoch is `STREAM_SAMPLES` long, which max_steps ends first). A process reads its share in blocks
+of stream_buffer samples, each tokenized at once (the task's `tokenize`) and ordered by a seed of (seed, pass,
+block, process): shuffled, and with group_by_length sorted by length into batches whose order is shuffled (the
+epoch sampler's grouping, inside a block); stream_buffer=0 keeps the data's order.
+
+A checkpoint's manifest records each process's position (`stream`): the pass, the block, datasets' own
+`state_dict()` of the stream at the block's start, and the samples of the block trained on. A resume loads that
+state (datasets reads on from there: a file's earlier rows are skipped as Arrow tables, not tokenized), reads the
+block again, orders it by the same seed and skips what was trained: it goes on exactly where the run stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+from accelerate.utils import gather_object, send_to_device
+from datasets import ClassLabel, DatasetDict
+from datasets import Dataset as HFDataset
+from datasets.distributed import split_dataset_by_node
+
+from finetune import checks, data
+from finetune.checks import streams as rules
+from finetune.problems import problem_of
+from finetune.tasks import task_of
+
+STREAM_SAMPLES = 10**15  # the loop's one epoch of a streamed run, in samples: max_steps ends the run long before
+
+
+def samples_of(cfg, train) -> int:
+    """Training samples an epoch as the step plan counts them: a streamed run's one unbounded epoch."""
+    return STREAM_SAMPLES if cfg.streaming else len(train)
+
+
+class TrainStream:
+    """This process's batches of a streamed training split, and the sampler interface the loop asks
+    (`reset`, `weights`, `num_samples`); its position is what a checkpoint records (`state`, `restore`)."""
+
+    def __init__(self, cfg, accelerator, preprocessor, label_names: list[str]):
+        self.args, self.task, self.problem = cfg.data_args, task_of(cfg.task), problem_of(cfg.problem_type)
+        self.preprocessor, self.label_names, self.given_names = preprocessor, label_names, bool(cfg.label_names)
+        self.rank, self.world, self.device = accelerator.process_index, accelerator.num_processes, accelerator.device
+        self.batch, self.seed, self.group = cfg.per_device_train_batch_size, cfg.seed, cfg.group_by_length
+        self.steps, self.accumulation = cfg.max_steps, cfg.gradient_accumulation_steps
+        self.shuffle = cfg.stream_buffer > 0
+        self.block_size = math.ceil(max(cfg.stream_buffer, 1) / self.batch) * self.batch  # whole batches
+        self.collate = self.task.collator(preprocessor, cfg.pad_to_multiple_of)
+        self.num_samples = STREAM_SAMPLES
+        self.said = checks.Said(quiet=True)  # the first rows' checks said it once already
+        self.start = {"pass": 0, "block": 0, "raw": None, "skip": 0}  # where the next __iter__ begins
+        self.at = dict(self.start)  # where this process's stream stands: after the last sample handed out
+        self.features, self._left = None, 0
+
+    # --- the sampler's interface (finetune/steps.py EpochSampler) -------------------------------------------
+    def reset(self, epoch: int, start: int = 0) -> None:
+        """The loop's epoch, `start` samples (of all processes) in: the batches left of the run's one epoch. Where
+        the data stands is this process's own position (`restore`), not a count of samples."""
+        self._left = max(0, self.num_samples - start) // (self.world * self.batch) if epoch == 0 else 0
+
+    def weights(self, sample_weights):
+        return None  # one each: a text sample counts once in its step's loss
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / (self.world * self.batch))
+
+    def __iter__(self):
+        samples = self._samples(dict(self.start))
+        for _ in range(self._left):
+            yield send_to_device(self.collate(list(itertools.islice(samples, self.batch))), self.device)
+
+    def describe(self) -> str:
+        """The start summary's words for the training split."""
+        names = "given" if self.given_names else f"read from its first {data.FIRST_PASS:,} rows, as the baseline is"
+        per_step = self.world * self.batch * self.accumulation
+        return (f"a stream of {self.steps * per_step:,} samples ({self.steps} steps x {per_step}; a pass over the "
+                f"data is an epoch, and a step goes on into the next pass; label names {names})")
+
+    # --- the position a checkpoint records --------------------------------------------------------------------
+    def state(self) -> list[dict]:
+        """Every process's position (a collective: every process calls it), for the manifest."""
+        return gather_object([self.at])
+
+    def restore(self, states: list[dict] | None) -> None:
+        """A resume: this process goes on from its position in the checkpoint's manifest."""
+        assert states is not None and len(states) == self.world, "a streamed checkpoint of this topology"
+        self.start = dict(states[self.rank])
+        self.at = dict(self.start)
+
+    # --- reading ------------------------------------------------------------------------------------------------
+    def _open(self, state: dict | None):
+        raw = data.open_stream(self.args)
+        if self.world > 1:
+            raw = split_dataset_by_node(raw, rank=self.rank, world_size=self.world)
+        if state is not None:
+            raw.load_state_dict(state)
+        self.features = self.features or raw.features
+        return raw
+
+    def _samples(self, at: dict):
+        """This process's samples from `at`, forever: its share of each pass, block by block."""
+        while True:
+            raw, read, fresh = self._open(at["raw"]), 0, at["raw"] is None and at["block"] == 0
+            rows_of = iter(raw)
+            while True:
+                state = at["raw"] if read == 0 else raw.state_dict()  # datasets' position at the block's start
+                rows = list(itertools.islice(rows_of, self.block_size))
+                if not rows:
+                    break
+                read += len(rows)
+                ordered = self._ordered(self._prepare(rows, at), at["pass"], at["block"])
+                for i in range(at["skip"], len(ordered)):
+                    self.at = {"pass": at["pass"], "block": at["block"], "raw": state, "skip": i + 1}
+                    yield ordered[i]
+                at = {"pass": at["pass"], "block": at["block"] + 1, "raw": None, "skip": 0}
+            if fresh:  # a pass read from its start: it must hold something
+                checks.gate(rules.EMPTY, read, self.rank, self.world)
+            at = {"pass": at["pass"] + 1, "block": 0, "raw": None, "skip": 0}
+
+    def _prepare(self, rows: list[dict], at: dict) -> list[dict]:
+        """A block's rows as the model reads them: labels encoded by the run's names, tokenized."""
+        ds = HFDataset.from_list(rows, features=self.features)
+        ds = self.problem.read_ids_as_names(DatasetDict({"train": ds}), self.args, self.said)["train"]
+        column = self.args.label_column
+        if self.problem.classes and not self.problem.lists and not isinstance(ds.features[column], ClassLabel):
+            unseen = sorted({str(v) for v in ds[column]} - set(self.label_names))
+            row = (at["block"] * self.block_size) * self.world
+            checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, row)
+        batch = self.problem.encode(ds, self.args, self.label_names, "train", self.said)[:]
+        prepared = {**self.task.tokenize(batch, self.preprocessor, self.args), "labels": batch["labels"]}
+        return [dict(zip(prepared, values, strict=True)) for values in zip(*prepared.values(), strict=True)]
+
+    def _ordered(self, samples: list[dict], pass_: int, block: int) -> list[dict]:
+        """A block in its training order, drawn from (seed, pass, block, process): shuffled; with group_by_length
+        sorted by length into batches, whose order is shuffled, a short last batch kept last."""
+        if not self.shuffle:
+            return samples
+        rng, order = random.Random(f"{self.seed}/{pass_}/{block}/{self.rank}"), list(range(len(samples)))
+        rng.shuffle(order)
+        if self.group:
+            order.sort(key=lambda i: -samples[i]["length"])  # stable: equal lengths keep the shuffled order
+            batches = [order[i : i + self.batch] for i in range(0, len(order), self.batch)]
+            tail = [batches.pop()] if batches and len(batches[-1]) < self.batch else []
+            rng.shuffle(batches)
+            order = [i for b in batches + tail for i in b]
+        return [samples[i] for i in order]

@@ -1,0 +1,207 @@
+"""finetune/streams.py and finetune/checks/streams.py: a streamed run (streaming=true) trains the weights a
+loaded run does, resumes exactly mid-pass, splits its stream among DDP processes with every step one big batch,
+and refuses what cannot stream in one line.
+
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_streams.py
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    DROPOUT_BERT,
+    launch,
+    logged_losses,
+    rotten_rows,
+    tiny_text_args,
+    user_error,
+    write_jsonl,
+)
+from safetensors.torch import load_file
+
+import finetune.data
+from finetune import checkpoint as ckpt
+from finetune.run import main
+from finetune.steps import EpochSampler
+
+ROWS = 45  # not a multiple of any global batch here, nor of 2 processes
+
+
+@pytest.fixture
+def rows() -> list[dict]:
+    return rotten_rows(ROWS)
+
+
+def _data(tmp_path: Path, train: list[dict], name: str = "train") -> dict[str, Path]:
+    return {"train": write_jsonl(tmp_path / f"{name}.jsonl", train),
+            "validation": write_jsonl(tmp_path / "validation.jsonl", rotten_rows(13, start=100))}  # fmt: skip
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(out / "model" / "model.safetensors")
+
+
+def _worst(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_a_streamed_run_trains_the_weights_of_a_loaded_run_on_the_same_samples(rows, tmp_path):
+    """The loaded run reads its file in the epoch sampler's order; the streamed run (stream_buffer=0: the file's
+    order) reads a file of the rows in that order, in micro-batches of 4 with accumulation 2 where the loaded
+    run takes batches of 8: 5 steps of 8 samples, the same weights within 1e-5."""
+    loaded = tmp_path / "loaded"
+    main(tiny_text_args(_data(tmp_path, rows), loaded, "max_steps=5", "per_device_train_batch_size=8",
+                        "group_by_length=false"))  # fmt: skip
+    order = EpochSampler(ROWS, 42).order(0)
+    streamed = tmp_path / "streamed"
+    data = _data(tmp_path, [rows[i] for i in order], "ordered")
+    results = main(tiny_text_args(data, streamed, "streaming=true", "stream_buffer=0", "max_steps=5",
+                                  "per_device_train_batch_size=4", "gradient_accumulation_steps=2", "save_steps=5"))  # fmt: skip
+    assert _worst(_weights(loaded), _weights(streamed)) <= 1e-5
+    assert results["validation"]["num_samples"] == 13  # validation is read whole: its count is exact
+    manifest = ckpt.read_manifest(ckpt.list_checkpoints(streamed)[-1])
+    # blocks of one batch (4) without a buffer: 40 samples in, the 10th block's last sample
+    assert manifest["stream"] == [{"pass": 0, "block": 9, "raw": manifest["stream"][0]["raw"], "skip": 4}]
+
+
+# 45 samples in batches of 4: a pass is 11.25 steps, so the run crosses into its second pass; blocks of 8.
+RESUMED = (f"model_config={DROPOUT_BERT}", "streaming=true", "stream_buffer=8", "group_by_length=true",
+           "max_steps=14", "per_device_train_batch_size=4", "save_steps=3", "save_total_limit=null")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[dict[str, Path], Path, str]:
+    """The streamed run the resumes are compared with, and its start summary."""
+    import io
+    from contextlib import redirect_stdout
+
+    root = tmp_path_factory.mktemp("streamed")
+    data, printed = _data(root, rotten_rows(ROWS)), io.StringIO()
+    with redirect_stdout(printed):
+        main(tiny_text_args(data, root / "full", *RESUMED))
+    return data, root / "full", printed.getvalue()
+
+
+@pytest.mark.parametrize("step, position", [
+    (9, {"pass": 0, "block": 4, "skip": 4}),  # 36 samples in: block 4 of the first pass, 4 samples into it
+    pytest.param(12, {"pass": 1, "block": 0, "skip": 3}, marks=pytest.mark.slow),  # 48: the second pass
+])  # fmt: skip
+def test_a_streamed_run_resumes_mid_block_and_past_a_pass_bit_exact(step, position, uninterrupted, tmp_path):
+    """Killed after a mid-pass checkpoint, the run resumed from it ends with the uninterrupted run's weights,
+    bit for bit, and its losses (from step 9 it reads into the second pass after the resume). Dropout on: the
+    RNG is restored too. The start summary says what a streamed epoch is and where the label names came from."""
+    data, full, summary = uninterrupted
+    assert "train a stream of 56 samples (14 steps x 4; a pass over the data is an epoch" in summary, summary
+    assert "label names read from its first 10,000 rows" in summary
+    saved = ckpt.list_checkpoints(full)[step // 3 - 1]
+    assert {k: v for k, v in ckpt.read_manifest(saved)["stream"][0].items() if k != "raw"} == position
+    resumed = tmp_path / f"resumed-{step}"
+    shutil.copytree(saved, resumed / ckpt.CHECKPOINTS / saved.name)
+    main(tiny_text_args(data, resumed, *RESUMED, "resume_from_checkpoint=latest"))
+    a, b = _weights(full), _weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a), f"resumed from step {step}: {_worst(a, b):.2e}"
+    assert {s: v for s, v in logged_losses(resumed).items() if s > step} == {
+        s: v for s, v in logged_losses(full).items() if s > step}
+
+
+def _ddp_order(n: int, processes: int, per_step: int, steps: int) -> list[int]:
+    """The rows of each step of a DDP streamed run in the file's order (stream_buffer=0): process p reads rows
+    p, p + P, ... of each pass in turn, per_step of them a step."""
+    shares = [[i for i in range(n) if i % processes == p] for p in range(processes)]
+    streams = [[i for _ in range(steps * per_step // len(s) + 1) for i in s] for s in shares]
+    return [i for t in range(steps) for s in streams for i in s[t * per_step : (t + 1) * per_step]]
+
+
+@pytest.mark.slow
+def test_two_processes_read_their_own_shares_and_each_step_is_one_big_batch(rows, tmp_path):
+    """Two processes, batch 2, accumulation 2, on 45 rows (shares of 23 and 22) for 8 steps of 8: 64 samples,
+    across the end of the first pass, where the shares end unevenly. Each process reads its own share once a
+    pass (split_dataset_by_node), and the weights are those of one process taking each step's 8 samples as one
+    batch, within 1e-5."""
+    streamed = tmp_path / "ddp"
+    args = ("streaming=true", "stream_buffer=0", "max_steps=8", "per_device_train_batch_size=2",
+            "gradient_accumulation_steps=2")  # fmt: skip
+    result = launch(tiny_text_args(_data(tmp_path, rows), streamed, *args), num_processes=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    order = _ddp_order(ROWS, 2, 4, 8)
+    # every row once in the first pass, then the second pass's first rows; around the uneven end the processes'
+    # passes overlap (process 0's 23rd row and process 1's second-pass first rows share step 6)
+    assert sorted(set(order)) == list(range(ROWS)) and sorted(Counter(order).values())[-1] == 2
+    one = tmp_path / "one"
+    main(tiny_text_args(_data(tmp_path, [rows[i] for i in order], "one"), one, "streaming=true",
+                        "stream_buffer=0", "max_steps=8", "per_device_train_batch_size=8"))  # fmt: skip
+    assert _worst(_weights(streamed), _weights(one)) <= 1e-5
+
+
+@pytest.mark.slow
+def test_a_dataset_by_name_streams_its_train_split_and_reads_validation_whole(tmp_path):
+    """dataset_name: the hub's path (here a local dataset folder, offline): train streamed, validation written
+    to datasets' cache and counted exactly."""
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    data = _data(folder, rotten_rows(ROWS))
+    args = [a for a in tiny_text_args(data, tmp_path / "out") if not a.startswith(("train_file=", "validation_file="))]
+    results = main([*args, "train_file=null", "validation_file=null", f"dataset_name={folder}", "streaming=true",
+                    "max_steps=2", "per_device_train_batch_size=4"])  # fmt: skip
+    assert results["validation"]["num_samples"] == 13 and results["step"] == 2
+
+
+# --- what cannot stream: one line each ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, rule, fragment", [
+    (("streaming=true",), "streams.without_max_steps", "set max_steps=N"),
+    (("streaming=true", "max_steps=2", "length_buckets=4"), "streams.setting_cannot_stream",
+     "cannot be used with length_buckets=4"),
+    (("streaming=true", "max_steps=2", "task=token-classification"), "streams.task_cannot_stream",
+     "task=token-classification loads it whole"),
+])  # fmt: skip
+def test_settings_that_cannot_stream_are_one_line(extra, rule, fragment, rows, tmp_path, capsys):
+    user_error(capsys, main, tiny_text_args(_data(tmp_path, rows), tmp_path / "out", *extra), fragment, rule=rule)
+
+
+def test_a_streamed_file_datasets_cannot_stream_and_a_missing_validation_split_are_one_line(rows, tmp_path, capsys):
+    data = _data(tmp_path, rows)
+    conll = tmp_path / "train.conll"
+    conll.write_text("a O\n")
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=2", f"train_file={conll}")
+    user_error(capsys, main, args, "is not one: convert it", rule="streams.file_cannot_stream")
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=2", "validation_file=null")
+    user_error(capsys, main, args, "needs a validation split", rule="streams.no_validation")
+
+
+def test_a_label_the_first_pass_did_not_hold_is_one_line(rows, tmp_path, capsys, monkeypatch):
+    """The label names are read from the stream's first rows (FIRST_PASS, 8 here): a class met later has no
+    place in the model, and the line says to give label_names."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    late = [*rows[:20], {"text": "a new kind of review", "label": "2"}, *rows[20:]]
+    args = tiny_text_args(_data(tmp_path, late), tmp_path / "out", "streaming=true", "max_steps=10",
+                          "per_device_train_batch_size=4", "stream_buffer=8")  # fmt: skip
+    user_error(capsys, main, args, "give every label in label_names", rule="streams.label_after_first_pass")
+
+
+def test_a_process_with_an_empty_share_is_one_line(tmp_path):
+    """One sample for two processes: the second's share is empty (what it meets, alone, under DDP)."""
+    from types import SimpleNamespace
+
+    from finetune.config import load_config
+    from finetune.errors import UserError
+    from finetune.streams import TrainStream
+    from finetune.tasks import task_of
+
+    data = _data(tmp_path, rotten_rows(1))
+    cfg = load_config(None, tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=1",
+                                           "problem_type=single_label_classification"))  # fmt: skip
+    tokenizer = task_of(cfg.task).load_preprocessor(cfg.model_args)
+    second = SimpleNamespace(process_index=1, num_processes=2, device=torch.device("cpu"))
+    stream = TrainStream(cfg, second, tokenizer, ["0", "1"])
+    stream.reset(0)
+    with pytest.raises(UserError) as refused:
+        next(iter(stream))
+    assert refused.value.rule == "streams.empty_share" and "process 1's share" in str(refused.value)
+
