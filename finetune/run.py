@@ -359,7 +359,7 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     weights = task_of(cfg.task).sample_weights(splits["train"])
     train_labels = splits["train"].with_format(None)["labels"]  # without an image transform's decoding
     problem = problem_of(cfg.problem_type)
-    trivial = problem.trivial(train_labels)
+    trivial = problem.trivial(train_labels, splits["train"].with_format(None))
     balance = problem.class_weights(train_labels, len(label_names), cfg.class_weights)
     return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial,
                balance, eval_loaders, shapes,
@@ -763,8 +763,8 @@ def judge(cfg: TrainConfig, validation: dict, best: dict, tuned: dict | None = N
                    and (n or 0) >= FEWEST_TO_JUDGE and learned(key, 1.0, baseline, n) is None)  # fmt: skip
     said = (
         f"the model did not learn beyond a trivial baseline: best validation {shown} {value:.4f}{at}, against "
-        f"{baseline if baseline is None else round(baseline, 4)} for a model that predicts the same for every "
-        f"input (the training labels' {trivial}); "
+        f"{baseline if baseline is None else round(baseline, 4)} for {problem.baseline_model} "
+        f"(the training labels' {trivial}); "
         + (f"targets that spread over about {spread:.3g} train slowly from a head that starts near 0: scale them "
            "(divide by their spread, or standardize) and scale the predictions back; also " if spread > 100 else "")
         + "try more epochs or more data, a learning_rate 3-10x higher or lower, or a larger pretrained model "

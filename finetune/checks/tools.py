@@ -36,12 +36,16 @@ from finetune.metrics import MULTI
 @rule("tools.did_not_learn", warning=True)
 def did_not_learn(learned: dict, said_before: list[str] = ()) -> str | None:
     """The best validation value of the judged metric is not clearly beyond a trivial baseline's (a model
-    that predicts the same for every input): the run learned nothing worth keeping. Its card says so too.
-    Where the run said that the training texts were cut at max_length, the line says that the model read
-    only their start, and how to read more."""
+    that predicts the same for every input; for plain tags, each word's most frequent training tag): the run
+    learned nothing worth keeping. Its card says so too. Where the run said that the training texts were cut
+    at max_length, the line says that the model read only their start, and how to read more (windows for
+    single texts; a larger max_length for sentence pairs, which windows do not read)."""
     if learned.get("warn") and learned.get("verdict") is False:
         cut = ("; the training texts were cut at max_length (said above): the model read only their start, "
                "raise max_length or read them whole in windows (text_windows, a quarter of max_length, say)") if "inputs.texts_cut" in said_before else ""
+        if "inputs.pairs_cut" in said_before:
+            cut = ("; the training sentence pairs were cut at max_length (said above): the model read only their "
+                   "start, raise max_length")
         return learned["said"] + cut
     return None
 
