@@ -40,7 +40,6 @@ from finetune import checks
 from finetune.checks import tools
 from finetune.config import REPO_DIR, DataArgs
 from finetune.errors import REDACTED, SECRET_VALUE
-from finetune.formats import plain_tags
 from finetune.layout import is_hub_name
 from finetune.metrics import METRICS
 from finetune.problems import Problem, problem_of
@@ -200,15 +199,16 @@ def _cells(rows: list[list[Any]]) -> list[list[str]]:
     return [[_number(v) for v in row] for row in rows]
 
 
-def _learned_line(learned: dict | None) -> str | None:
-    """The run's verdict against the trivial baseline (a model that predicts the same for every input)."""
+def _learned_line(learned: dict | None, problem: Problem) -> str | None:
+    """The run's verdict against the trivial baseline (a model that predicts the same for every input; for
+    plain tags, each word's most frequent training tag: `Problem.baseline_model`)."""
     if not learned or learned.get("value") is None or learned.get("baseline") is None:
         return None
     shown = METRICS[learned["metric"]].name
     if learned.get("warn", learned["verdict"] is False):  # (a run before "warn" was recorded: a False verdict)
         return f"**Warning:** {learned['said']}."
     return (
-        f"Against a trivial baseline (the same prediction for every input, from the training labels alone): "
+        f"Against a trivial baseline ({problem.baseline_model}, from the training labels alone): "
         f"validation {shown} {learned['value']:.4f} vs {learned['baseline']:.4f}."
     )
 
@@ -287,7 +287,7 @@ def write_model_card(
         config_yaml=config_yaml,
         **_metrics_table(shown, splits),
         usage=_usage_of(public, task, problem, model_json, repo_id or export_dir),
-        **_verdicts(results),
+        **_verdicts(results, problem),
         **_label_tables(problem, label_names, results, splits),
         **_provenance(results, command or launch_command(), f"{config_yaml} {data_description}"),
     )
@@ -315,13 +315,13 @@ def _usage_of(public: dict[str, Any], task: str, problem: Problem, model_json: d
     return problem.usage(task_of(task).usage_example(where, problem, data_args), model_json, public)
 
 
-def _verdicts(results: dict[str, Any]) -> dict[str, Any]:
+def _verdicts(results: dict[str, Any], problem: Problem) -> dict[str, Any]:
     """The template's best checkpoint, which weights were exported and why, and whether the run learned."""
     best = results.get("best") or {}
     return {
         "best": {**best, "value": _number(best.get("value"))} if best.get("metric") is not None else None,
         "exported": (results.get("exported") or {}).get("why"),
-        "learned": _learned_line(results.get("learned")),
+        "learned": _learned_line(results.get("learned"), problem),
     }
 
 
@@ -399,7 +399,7 @@ def _label_tables(problem: Problem, label_names: list[str], results: dict[str, A
             else [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(label_names)]
         ),
         "entity_split": per_class_split if per_class and tokens else None,
-        "word_by_word": tokens and plain_tags(label_names),
+        "word_by_word": tokens and not problem.entities,
         "entities": _cells([[f"`{t}`", *(v.get(k) for k in stats)] for t, v in per_class.items()]) if tokens else None,
     }
 

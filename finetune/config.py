@@ -81,7 +81,7 @@ class TaskArgs:
     problem_type: ProblemType | None = setting(
         None,
         "single_label_classification, multi_label_classification or regression (null: from the labels; "
-        "token_classification for token-classification)",
+        "for token-classification the tags': token_classification for IOB2, word_tagging for plain tags)",
     )
     label_names: list[str] | None = setting(
         None, "the label set and its order (default: the sorted labels of train)"

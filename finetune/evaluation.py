@@ -67,13 +67,14 @@ def evaluate_model(
     `gather_for_metrics` drops the samples Accelerate duplicated to even out the last batch, and the
     count is asserted. The loss is the mean over the loss's terms (samples; labelled tokens for tags).
     `keep_predictions=True` adds `predictions` and `references` (for tags each sentence's predicted tag
-    ids), in the data's order. With `trivial` (problems.trivial_prediction), `baseline` holds the
-    metrics of always predicting it. `rows`: each batch filled to that many rows for the model (`forward`)."""
+    ids), in the data's order. With `trivial` (`Problem.trivial`), `baseline` holds the metrics of always
+    predicting it (plain tags: of each word's most frequent training tag). `rows`: each batch filled to
+    that many rows for the model (`forward`)."""
     problem = problem_of(problem_type)
     if problem.windowed:
         metrics, gold = _evaluate_windows(model, loader, accelerator, label_names, problem, chunks, rows, data, threshold)
         if trivial is not None:
-            metrics["baseline"] = problem.baseline(trivial, gold, label_names)
+            metrics["baseline"] = problem.baseline(trivial, gold, label_names, dataset=loader.dataset)
         if keep_predictions:
             metrics["references"] = gold
         else:

@@ -25,13 +25,16 @@ How each number is computed (y_true = references, y_pred = predictions):
   macro precision/recall/F1 and per-label values over the (N, K) 0/1 matrices, subset accuracy.
 - numbers (`regression_report`): mse, mae, r2 (scikit-learn), Pearson's and Spearman's r (scipy); an
   undefined correlation or r2 (constant predictions, fewer than 2 samples) is None, never made up.
-- tags (`token_report`): seqeval's entity-level precision, recall and F1 in strict IOB2 mode (an
+- entity tags (`token_report`): seqeval's entity-level precision, recall and F1 in strict IOB2 mode (an
   entity is a B-X followed by its I-X; an I-X after O or another type starts none), micro over all
   entities and per entity type; word accuracy is the share of words whose tag is right. Each word
-  of the data counts once (`num_words`), each sentence once (`num_sentences`, `num_samples`). A plain
-  tag set (no B-/I- tags: parts of speech, `tasks.plain_tags`) makes each word an entity of its own
-  tag: the entity scores are then micro precision/recall/F1 over the words whose tag is not O, and
-  per tag (with no O they all equal word accuracy).
+  of the data counts once (`num_words`), each sentence once (`num_sentences`, `num_samples`).
+- word tags (`word_report`: a plain tag set, no B-/I- prefixes, parts of speech; `formats.plain_tags`):
+  word accuracy, and each tag's precision, recall, F1 and support over the words
+  (`precision_recall_fscore_support`, zero_division=0), their macro means over the tags that occur
+  in the references or the predictions (scikit-learn's own default labels). No entities: seqeval
+  would make each word an entity of its own tag, and with no O tag its micro precision, recall and F1
+  are three equal numbers, word accuracy again.
 
 `evaluate.load("accuracy")` and friends call these same scikit-learn functions, but fetch their
 scripts from the Hub at run time, which fails offline.
@@ -47,10 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from finetune.formats import plain_tags
-
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 TOKENS = "token_classification"  # a tag per word (finetune/tasks.py's token task); not a transformers problem_type
+WORD_TAGS = "word_tagging"  # the token task's plain tags (parts of speech): scored word by word, no entities
 SPANS = "question_answering"  # an answer's span in a context (extractive QA); not a transformers problem_type
 
 
@@ -127,6 +129,10 @@ PROBLEMS: dict[str, ProblemMetrics] = {
         ("entity_f1", "entity_precision", "entity_recall", "word_accuracy", "loss"),
         ("entity_f1", "entity_precision", "entity_recall", "word_accuracy"),
         ("entity_f1",),
+    ),
+    WORD_TAGS: ProblemMetrics(
+        ("word_accuracy", "macro_f1", "macro_precision", "macro_recall", "loss"), ("word_accuracy", "macro_f1"),
+        ("word_accuracy",),
     ),
     SPANS: ProblemMetrics(("f1", "exact_match", "loss"), ("exact_match", "f1"), ("exact_match", "f1")),
 }  # fmt: skip
@@ -363,8 +369,6 @@ def token_report(predictions: list[list[int]], references: list[list[int]], labe
     from seqeval.scheme import IOB2
 
     names = [str(n) for n in label_names]
-    if plain_tags(names):  # parts of speech: each word an entity of its own tag (micro F1 over words, O left out)
-        names = [n if n == "O" else f"B-{n}" for n in names]
     y_true = [[names[i] for i in sentence] for sentence in references]
     y_pred = [[names[i] for i in sentence] for sentence in predictions]
     if [len(s) for s in y_true] != [len(s) for s in y_pred]:
@@ -388,6 +392,37 @@ def token_report(predictions: list[list[int]], references: list[list[int]], labe
         "entity_recall": float(micro[1]),
         "word_accuracy": right / words if words else 0.0,
         "per_class": {kind: scores.get(kind, zero) for kind in kinds},
+    }
+
+
+def word_report(predictions: list[list[int]], references: list[list[int]], label_names: Sequence[str]) -> dict[str, Any]:
+    """Word accuracy, and each tag's precision, recall, F1 and support over the words (scikit-learn), over
+    sentences given as lists of tag ids (one per word, in `label_names`): a plain tag set's scores. The
+    macro means are over the tags in the references or the predictions (scikit-learn's default labels: a
+    tag absent from both is no zero in them); `per_class` lists every tag, an absent one with zeros."""
+    from sklearn.metrics import precision_recall_fscore_support
+
+    names = [str(n) for n in label_names]
+    if [len(s) for s in references] != [len(s) for s in predictions]:
+        raise ValueError("predictions and references differ in their sentences' lengths")
+    y_true = np.asarray([t for s in references for t in s], dtype=np.int64)
+    y_pred = np.asarray([t for s in predictions for t in s], dtype=np.int64)
+    _check_labels(y_true, len(names), "references")
+    _check_labels(y_pred, len(names), "predictions")
+    k, words = len(names), len(y_true)
+    present = sorted(set(y_true.tolist()) | set(y_pred.tolist()))
+    p = r = f1 = support = np.zeros(k)
+    if words:
+        p, r, f1, support = precision_recall_fscore_support(y_true, y_pred, labels=list(range(k)), zero_division=0)
+    return {
+        "num_samples": len(references),
+        "num_sentences": len(references),
+        "num_words": words,
+        "word_accuracy": float((y_true == y_pred).mean()) if words else 0.0,
+        "macro_f1": float(np.mean(f1[present])) if present else 0.0,
+        "macro_precision": float(np.mean(p[present])) if present else 0.0,
+        "macro_recall": float(np.mean(r[present])) if present else 0.0,
+        "per_class": per_class(names, p, r, f1, support),
     }
 
 

@@ -31,7 +31,7 @@ from finetune.checks import images as image_rules
 from finetune.checks import inputs
 from finetune.checks import models as model_rules
 from finetune.formats import word_lists
-from finetune.metrics import MULTI, REGRESSION, SINGLE, SPANS, TOKENS
+from finetune.metrics import MULTI, REGRESSION, SINGLE, SPANS, TOKENS, WORD_TAGS
 from finetune.squad import answer_span
 
 # The settings a task reads: finetune.config's DataArgs and ModelArgs. Named here, not imported, since
@@ -220,8 +220,9 @@ class TextClassification(Task):
                            new_fingerprint=tokenized_fingerprint(ds, make), **more)  # fmt: skip
         if split == "train":
             texts, ids = ds[columns[0]][:2000], tokenized[:2000]["input_ids"]
+            pairs = ds[columns[1]][:2000] if len(columns) > 1 else None
             checks.gate(inputs.TOKENIZED if overlap is None else inputs.READ_WHOLE, texts, ids, tokenized["length"],
-                        max_length, preprocessor, said=said or checks.Said())  # fmt: skip
+                        max_length, preprocessor, pairs, said=said or checks.Said())  # fmt: skip
         return tokenized
 
     def tokenize(self, batch: dict[str, list], preprocessor, data: DataArgs):
@@ -423,6 +424,7 @@ def stack_images(features: list[dict[str, Any]]):
 # --- tags: a label per word ---------------------------------------------------------------------------
 
 WORD_META = ("sentence", "first_word")  # what a window row says of where its words come from
+WORD_TEXT = ("words", "word_tags")  # a window's words and their tags, which the model never reads: the per-word baseline's
 
 
 class TokenClassification(TextClassification):
@@ -437,7 +439,8 @@ class TokenClassification(TextClassification):
     windows that each fit, without overlap, so every word is trained on and scored exactly once (the
     price: a word at a window's start sees no left context). A single word longer than a window keeps
     its first subwords. Each window row records its sentence and first word (`WORD_META`), so that
-    evaluation puts the sentences back together whatever the batching and processes.
+    evaluation puts the sentences back together whatever the batching and processes, and its words and
+    their tags (`WORD_TEXT`), which a plain tag set's per-word baseline reads (finetune/problems/tags.py).
     """
 
     name = "token-classification"
@@ -447,7 +450,7 @@ class TokenClassification(TextClassification):
     own_settings = (TextClassification.own_settings - {"text_column", "text_pair_column", "label_column", "text_windows",
                                                        "label_columns"}) | {
         "tokens_column", "tags_column", "label_all_tokens"}  # words in lists, not texts
-    problems = (TOKENS,)
+    problems = (TOKENS, WORD_TAGS)  # entities in IOB2, or plain tags (parts of speech): the tag names decide
 
     def counted(self, ds) -> str:
         """Sentences, and the windows they make where a long one was split: "5 sentences (7 windows)"."""
@@ -489,7 +492,8 @@ class TokenClassification(TextClassification):
                         used, end = used + counts[end], end + 1
                     spans.append((row, start, end))
                     start = end
-            out: dict[str, list] = {"labels": [], "sentence": [], "first_word": [], "length": []}
+            out: dict[str, list] = {"labels": [], "sentence": [], "first_word": [], "length": [],
+                                    "words": [], "word_tags": []}  # fmt: skip
             words_of = {row: (words, tags) for row, words, tags in zip(rows, batch[column], batch["labels"], strict=True)}
             while spans:
                 encoded = tokenizer([words_of[s][0][a:b] for s, a, b in spans], is_split_into_words=True,
@@ -515,6 +519,8 @@ class TokenClassification(TextClassification):
                     out["labels"].append(labels)
                     out["sentence"].append(row)
                     out["first_word"].append(start)
+                    out["words"].append(words_of[row][0][start:end])
+                    out["word_tags"].append(tags[start:end])
                     out["length"].append(len(labels))
                 spans = again
             return out
@@ -538,7 +544,7 @@ class TokenClassification(TextClassification):
         strategy = "simple" if data.label_all_tokens else "first"
         return (
             f'tag = pipeline("{self.pipeline_tag}", model="{where}", aggregation_strategy="{strategy}")\n'
-            'tag("Ada Lovelace was born in London.")  # each entity: its type, words, score and character span'
+            f'tag("{problem.pipeline_example}")  # {problem.pipeline_returns}'
         )
 
 
@@ -555,7 +561,7 @@ class PadWords:
         import torch
 
         meta = {key: torch.tensor([f[key] for f in features]) for key in WORD_META}
-        words = [{k: v for k, v in f.items() if k not in (*WORD_META, "length")} for f in features]
+        words = [{k: v for k, v in f.items() if k not in (*WORD_META, *WORD_TEXT, "length")} for f in features]
         if length is None:
             batch = self.pad(words)
         else:  # exactly `length` tokens, labels padded with -100 alike (a length bucket, finetune/shapes.py)

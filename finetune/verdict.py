@@ -52,6 +52,7 @@ def judge(cfg: Any, validation: dict, best: dict, tuned: dict | None = None,
         "metric": key, "value": value, "baseline": baseline, "verdict": verdict, "n": n,
         "counted": "words" if words else problem.counted, "shown": METRICS[key].name,
         "at": " (at the tuned threshold)" if tuned is not None else "", "trivial": problem.trivial_words,
+        "baseline_model": problem.baseline_model,
         "spread": ((validation.get("baseline") or {}).get("mse") or 0) ** 0.5,  # about the targets' spread
         "warn": verdict is False or (verdict is None and (n < FEWEST_TO_JUDGE or unreachable)),  # the card too
         "unreachable": unreachable,

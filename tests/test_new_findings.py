@@ -78,7 +78,8 @@ def test_texts_the_tokenizer_reads_as_unknown_tokens_are_one_warning(tmp_path, c
 @pytest.mark.parametrize(("words", "warned"), [(40, True), (3, False)])
 def test_texts_cut_at_max_length_are_one_warning(words, warned, capsys):
     """Reviews of 40 words at max_length=16: every text is cut, and the model reads only its start; one
-    warning says how many and the setting to raise. Short texts say nothing."""
+    warning leads with the share of the texts' tokens lost, then says how many are cut and the setting to
+    raise. Short texts say nothing."""
     from conftest import TOKENIZER
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -89,10 +90,40 @@ def test_texts_cut_at_max_length_are_one_warning(words, warned, capsys):
     rows = {"text": [" ".join(["film"] * words + [str(i)]) for i in range(20)], "labels": [i % 2 for i in range(20)]}
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     task_of("text-classification").prepare(Dataset.from_dict(rows), tokenizer, DataArgs(max_length=16), "train", 3)
-    said = [line for line in capsys.readouterr().err.splitlines() if "reach max_length" in line]
+    said = [line for line in capsys.readouterr().err.splitlines() if "are cut there" in line]
     whole = len(tokenizer(rows["text"][0])["input_ids"])  # every text tokenizes to as many tokens
     lost = f"{(whole - 16) / whole:.0%}"
-    assert said == ([f"warning: 20 of 20 training texts (100%) reach max_length=16 tokens and are cut there, {lost} of "
-                     "their tokens unread: the model reads only their start; raise max_length (the model's limit is "
-                     "512) to read more of each, at a cost in time, or read each whole in overlapping windows "
-                     "(text_windows=4)"] if warned else []), said  # fmt: skip
+    assert said == ([f"warning: {lost} of the training texts' tokens are lost at max_length=16: 20 of 20 training "
+                     "texts (100%) reach it and are cut there, so the model reads only their start; raise max_length "
+                     "(the model's limit is 512) to read more of each, at a cost in time, or read each whole in "
+                     "overlapping windows (text_windows=4)"] if warned else []), said  # fmt: skip
+
+
+def test_sentence_pairs_cut_at_max_length_are_said_without_the_windows_advice():
+    """Pairs of 20-word texts at max_length=16: the warning leads with the share of the pairs' tokens lost and
+    advises a larger max_length, not text_windows=N (windows refuse pairs); a run that then learned nothing
+    says the same."""
+    from conftest import TOKENIZER
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from finetune import checks
+    from finetune.checks import tools
+    from finetune.config import DataArgs
+    from finetune.tasks import task_of
+
+    rows = {"text": [" ".join(["film"] * 20 + [str(i)]) for i in range(20)],
+            "text2": [" ".join(["plot"] * 20) for _ in range(20)], "labels": [i % 2 for i in range(20)]}  # fmt: skip
+    tokenizer, said = AutoTokenizer.from_pretrained(TOKENIZER), checks.Said(quiet=True)
+    task_of("text-classification").prepare(Dataset.from_dict(rows), tokenizer, DataArgs(max_length=16, text_pair_column="text2"),
+                                           "train", 3, said)  # fmt: skip
+    assert said.rules() == ["inputs.pairs_cut"]
+    whole = len(tokenizer(rows["text"][0], rows["text2"][0])["input_ids"])  # every pair tokenizes to as many
+    [(_, line)] = said.lines
+    assert line.startswith(f"{(whole - 16) / whole:.0%} of the training pairs' tokens are lost at max_length=16: 20 of "
+                           "20 training sentence pairs (100%) reach it and are cut there")  # fmt: skip
+    assert "raise max_length" in line and "text_windows=" not in line
+    verdict = checks.Said(quiet=True)
+    checks.gate(tools.VERDICT, {"warn": True, "verdict": False, "said": "the model did not learn"}, said.rules(),
+                said=verdict)  # fmt: skip
+    assert verdict.lines[0][1].endswith("the model read only their start, raise max_length")

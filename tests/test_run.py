@@ -376,7 +376,7 @@ def test_a_setting_given_twice_and_texts_cut_at_max_length_are_said(small_text_d
     assert "settings.given_twice" in rules and "inputs.texts_cut" in rules, rules
     err = capsys.readouterr().err
     assert "max_length is given twice on the command line (max_length=32, then max_length=8)" in err
-    assert "reach max_length=8 tokens and are cut there" in err
+    assert "of the training texts' tokens are lost at max_length=8: " in err and "reach it and are cut there" in err
     saved = json.loads((tmp_path / "run" / "results.json").read_text())["warnings"]
     assert [w["rule"] for w in saved] == rules
 

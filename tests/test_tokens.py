@@ -353,20 +353,22 @@ def test_invalid_iob2_is_counted_and_seqeval_strict_scores_on_entities():
 
 
 def test_a_plain_tag_set_is_scored_word_by_word():
-    """Parts of speech (no B-/I- tags): each word is an entity of its own tag, so the micro F1 is word
-    accuracy when no tag is O, and each tag has its own precision, recall and F1."""
+    """Parts of speech (no B-/I- tags): word accuracy and each tag's precision, recall and F1 over the words
+    (finetune/metrics.py's word_report; tests/test_pos_tags.py holds the rest)."""
     from finetune.formats import plain_tags
+    from finetune.metrics import word_report
 
     upos = ["DET", "NOUN", "VERB", "PUNCT"]
     gold = [[0, 1, 2, 3], [0, 1, 1, 2]]
     predicted = [[0, 1, 1, 3], [0, 1, 1, 2]]
-    report = token_report(predicted, gold, upos)
-    assert report["word_accuracy"] == report["entity_f1"] == pytest.approx(7 / 8)
+    report = word_report(predicted, gold, upos)
+    assert report["word_accuracy"] == pytest.approx(7 / 8) and "entity_f1" not in report
     assert report["per_class"]["VERB"] == {"precision": 1.0, "recall": 0.5, "f1": pytest.approx(2 / 3), "support": 2}
     assert report["per_class"]["NOUN"]["precision"] == pytest.approx(3 / 4)
-    # O, PER, LOC (entities without prefixes): the words tagged O are left out of the entity scores
-    io = token_report([[1, 1, 0]], [[1, 0, 0]], ["O", "PER"])
-    assert (io["entity_precision"], io["entity_recall"], io["word_accuracy"]) == (0.5, 1.0, pytest.approx(2 / 3))
+    # O, PER, LOC (entities without prefixes): O is a tag like the others
+    io = word_report([[1, 1, 0]], [[1, 0, 0]], ["O", "PER"])
+    assert (io["per_class"]["PER"]["precision"], io["per_class"]["PER"]["recall"], io["word_accuracy"]) == (
+        0.5, 1.0, pytest.approx(2 / 3))  # fmt: skip
     assert plain_tags(upos) and plain_tags(["O", "PER"]) and plain_tags(["NN", "-LRB-", "X", "."])
     assert not plain_tags(TAGS) and not plain_tags(["O"]) and not plain_tags(["O", "PER", "B-LOC"])
     assert not plain_tags(["S-PER", "O"]) and not plain_tags(["b-per", "o"]) and not plain_tags(["B", "I", "O"])
@@ -715,8 +717,8 @@ def test_bad_tagging_data_is_one_line_with_its_row(rows, fragment, rule, tmp_pat
 
 
 def test_parts_of_speech_train_and_are_scored_word_by_word(tmp_path, capsys):
-    """A tag set without B-/I- (UPOS) trains, with no warning about its tags, and is scored per word: its entity F1 is
-    word accuracy (no O), its per-type scores are per tag."""
+    """A tag set without B-/I- (UPOS) trains, with no warning about its tags, and is scored per word: word accuracy
+    and each tag's scores, no entity F1 (tests/test_pos_tags.py holds the rest)."""
     rows = [{"tokens": ["the", "cat", "sat", "."], "upos": ["DET", "NOUN", "VERB", "PUNCT"]},
             {"tokens": ["a", "dog", "ran", "home"], "upos": ["DET", "NOUN", "VERB", "NOUN"]}] * 6  # fmt: skip
     data = {"train": _rows(tmp_path / "t.jsonl", rows), "validation": _rows(tmp_path / "v.jsonl", rows)}
@@ -724,15 +726,15 @@ def test_parts_of_speech_train_and_are_scored_word_by_word(tmp_path, capsys):
     main(tagging_args(data, out, "tags_column=upos", "label_names=null", "max_steps=2"))
     assert "B-/I-" not in capsys.readouterr().out  # (a tiny model's 2 steps may warn that it did not learn)
     validation = json.loads((out / "results.json").read_text())["validation"]
-    assert validation["entity_f1"] == pytest.approx(validation["word_accuracy"])
+    assert "entity_f1" not in validation and "word_accuracy" in validation
     assert set(validation["per_class"]) == {"DET", "NOUN", "VERB", "PUNCT"} and validation["num_words"] == 48
     config = json.loads((out / "model" / "config.json").read_text())
     assert sorted(config["label2id"]) == ["DET", "NOUN", "PUNCT", "VERB"]
     # the card's pipeline example says how a pipeline groups a tag per word
     card = (out / "model" / "README.md").read_text()
     assert "the pipeline joins adjacent words of one tag into one span" in card
-    # its model-index names how entity F1 was scored: word by word, not by IOB2 spans
-    assert "scored: word by word, O left out" in card and "IOB2" not in card
+    # its model-index names word accuracy, not an entity F1 of IOB2 spans
+    assert "name: word accuracy" in card and "IOB2" not in card and "entity" not in card.lower()
 
 
 @pytest.mark.parametrize("label_names", ["null", "[O,PER,LOC]"])

@@ -51,7 +51,7 @@ class Columns:
 
     @property
     def tagging(self) -> bool:
-        return self.task.problems == (TOKENS,)
+        return TOKENS in self.task.problems
 
     @property
     def label_columns(self) -> list[str]:
@@ -98,7 +98,7 @@ class Columns:
         words = len(self.ds) and any(isinstance(v, list) and v and all(isinstance(w, str) for w in v)
                                      for v in self.first.values())  # fmt: skip
         if self.model_task and other == self.args.task and not self.tagging and self.missing in self.inputs and words:
-            other = next(n for n, t in TASKS.items() if t.problems == (TOKENS,))  # words to tag, a text model
+            other = next(n for n, t in TASKS.items() if TOKENS in t.problems)  # words to tag, a text model
         return other
 
     def setting_of(self, column: str) -> str:

@@ -1,7 +1,7 @@
 """Inputs: what the model will read of each sample, once it is tokenized (finetune/tasks.py's preparation
 asks these of the training split).
 
-    TOKENIZED   texts cut at max_length, texts the tokenizer reads as unknown tokens
+    TOKENIZED   texts (or sentence pairs) cut at max_length, texts the tokenizer reads as unknown tokens
     WORDS       a tagging word that is no token at all for the tokenizer
     QUESTIONS   a question that leaves a window no room for its context, or for the overlap doc_stride asks
     WINDOWS     windows of a long text (text_windows) that overlap by as much as they hold
@@ -14,25 +14,58 @@ from finetune.checks import rule
 from finetune.text import shown
 
 
-@rule("inputs.texts_cut", warning=True)
-def texts_cut(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer) -> str | None:
-    """A tenth or more of the training texts cut at max_length: the model reads only their start, which the
-    user may not know (the default, 128 tokens, is about 90 words). The line says how much of the cut texts
-    is lost (the first 2,000 texts, tokenized whole): a review of 700 words at 128 tokens loses most of itself."""
+def _cut(texts: list, lengths: list[int], max_length: int, tokenizer, pairs: list | None) -> tuple | None:
+    """(how many are cut, the words for the share of tokens past max_length in the texts measured, tokenized
+    whole, the words for the model's own limit) where a tenth or more of the training texts (or pairs) reach
+    max_length; None otherwise."""
     cut = sum(n >= max_length for n in lengths) if max_length and lengths else 0
     if not cut or cut * 10 < len(lengths):
         return None
     limit = getattr(tokenizer, "model_max_length", None)
     most = f" (the model's limit is {limit})" if limit and limit < 100_000 and limit > max_length else ""
-    whole = [len(t) for t in tokenizer([str(x) for x in texts], add_special_tokens=True)["input_ids"] if len(t) >= max_length]
-    lost = f", {sum(n - max_length for n in whole) / sum(whole):.0%} of their tokens unread" if whole else ""
-    return (f"{cut:,} of {len(lengths):,} training texts ({cut / len(lengths):.0%}) reach max_length={max_length} tokens "
-            f"and are cut there{lost}: the model reads only their start; raise max_length{most} to read more of each, "
-            f"at a cost in time, or read each whole in overlapping windows (text_windows={max_length // 4})")
+    first = [str(x) for x in texts]
+    whole = [len(t) for t in tokenizer(*([first, [str(x) for x in pairs]] if pairs is not None else [first]),
+                                       add_special_tokens=True)["input_ids"]]  # fmt: skip
+    lost = sum(max(n - max_length, 0) for n in whole) / max(sum(whole), 1)
+    measured = f" (of the first {len(texts):,} measured)" if len(texts) < len(lengths) else ""
+    return cut, f"{lost:.0%} of the training {'pairs' if pairs is not None else 'texts'}' tokens{measured}", most
+
+
+@rule("inputs.texts_cut", warning=True)
+def texts_cut(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer,
+              pairs: list | None = None) -> str | None:  # fmt: skip
+    """A tenth or more of the training texts cut at max_length: the model reads only their start, which the
+    user may not know (the default, 128 tokens, is about 90 words). The line leads with the share of the
+    texts' tokens lost (the first 2,000 texts, tokenized whole): a review of 700 words at 128 tokens loses most
+    of itself, which "all texts reach max_length" does not say."""
+    found = _cut(texts, lengths, max_length, tokenizer, pairs) if pairs is None else None
+    if found is None:
+        return None
+    cut, lost, most = found
+    return (f"{lost} are lost at max_length={max_length}: {cut:,} of {len(lengths):,} training texts "
+            f"({cut / len(lengths):.0%}) reach it and are cut there, so the model reads only their start; raise "
+            f"max_length{most} to read more of each, at a cost in time, or read each whole in overlapping windows "
+            f"(text_windows={max_length // 4})")
+
+
+@rule("inputs.pairs_cut", warning=True)
+def pairs_cut(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer,
+              pairs: list | None = None) -> str | None:  # fmt: skip
+    """A tenth or more of the training sentence pairs cut at max_length, the share of their tokens lost as
+    for single texts; the fix is a larger max_length alone, as text_windows reads single texts, not pairs."""
+    found = _cut(texts, lengths, max_length, tokenizer, pairs) if pairs is not None else None
+    if found is None:
+        return None
+    cut, lost, most = found
+    return (f"{lost} are lost at max_length={max_length}: {cut:,} of {len(lengths):,} training sentence pairs "
+            f"({cut / len(lengths):.0%}) reach it and are cut there (the longer text of a pair first), so the model "
+            f"reads only their start; raise max_length{most} to read more of each, at a cost in time (text_windows "
+            "reads single texts, not pairs)")
 
 
 @rule("inputs.unknown_tokens", warning=True)
-def unknown_tokens(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer) -> str | None:
+def unknown_tokens(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer,
+                   pairs: list | None = None) -> str | None:  # fmt: skip
     """Texts the tokenizer reads as unknown tokens ([UNK]): a script its vocabulary does not cover (Amharic,
     Tibetan, ... for an English vocabulary). Said when a fifth of the first 2,000 texts are nothing else, or
     half of all their tokens are unknown: the model would train on none of their words."""
@@ -70,7 +103,8 @@ def pieces_a_word(texts: list, tokenizer) -> tuple[float, float] | None:
 
 
 @rule("inputs.words_in_pieces", warning=True)
-def words_in_pieces(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer) -> str | None:
+def words_in_pieces(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer,
+                    pairs: list | None = None) -> str | None:  # fmt: skip
     """Training texts whose words the tokenizer mostly cuts into pieces: a vocabulary of another language (German
     news under an English uncased vocabulary: no unknown token, since accents are stripped, but 2.6 pieces a word
     and most words split, against 1.1 on English), so the model reads fragments of words it never learned."""
@@ -84,7 +118,7 @@ def words_in_pieces(texts: list, ids: list[list[int]], lengths: list[int], max_l
             "multilingual one, such as xlm-roberta-base)")
 
 
-TOKENIZED = [texts_cut, unknown_tokens, words_in_pieces]
+TOKENIZED = [texts_cut, pairs_cut, unknown_tokens, words_in_pieces]
 READ_WHOLE = [unknown_tokens, words_in_pieces]
 
 

@@ -6,7 +6,8 @@ finetune/problems/ ask these as they read and encode the labels).
                    a case, a Unicode form or a full stop, names the splits or label_names do not share
     LISTS          multi-label lists and 0/1 columns: nulls, nested lists, empty lists, names outside the set
     NUMBERS        regression targets: NaN, too large or small for float32, all the same, far from the rest
-    TAGS           a tag per word: lists of the words' length, a tag set strict IOB2 scoring reads
+    TAGS           a tag per word: lists of the words' length, a tag set strict IOB2 scoring reads, a problem_type
+                   of the other tag scheme (TAG_PROBLEM)
     TRAINED_AS     warnings once the labels are read: a label set that probably means something else
 
 A rule reads the column as the parser typed it (`kind_of`: class names, int, float, list) and the settings
@@ -1142,6 +1143,22 @@ def tag_set_not_iob2(tags: list[str], named: bool) -> str | None:
 TAG_SET = [tag_set_not_iob2]
 
 
+@rule("labels.tags_of_another_problem")
+def tags_of_another_problem(given: str | None, scheme: str, names: list[str]) -> str | None:
+    """A problem_type given for tags of the other scheme: token_classification (entities in IOB2, scored by
+    seqeval) beside a plain tag set such as parts of speech, or word_tagging beside IOB2 tags. The tag names
+    decide how a tagger is scored; a setting that disagrees would score it by the wrong words."""
+    if given is None or given == scheme:
+        return None
+    shown = ", ".join(map(str, names[:6])) + (", ..." if len(names) > 6 else "")
+    return (f"problem_type={given} does not fit these tags ({shown}), which make a {scheme} problem (tags with B-/I- "
+            "prefixes are entities, scored whole; tags without them, parts of speech, are scored word by word); "
+            "leave problem_type out: the tags decide it")
+
+
+TAG_PROBLEM = [tags_of_another_problem]
+
+
 @rule("labels.tag_unknown")
 def tag_unknown(split: str, tag: Any, row: int, word: int, tag_set: list[str], listed: bool, fixed: bool) -> str:
     """A tag outside the tag set, at its row and word; `fixed`: the tag set is a trained model's (evaluation),
@@ -1173,13 +1190,13 @@ def invalid_iob2(tag_rows: list[list[int]], tag_set: list[str]) -> list[tuple[in
 
 @rule("labels.tags_without_prefixes", warning=True)
 def tags_without_prefixes(names: list[str], split: str, ds) -> str | None:
-    """Entity types without B-/I- prefixes (O, PER, LOC): each word is scored on its own."""
+    """Entity types without B-/I- prefixes (O, PER, LOC): a plain tag set, each word scored on its own."""
     if split != "train" or not (plain_tags(names) and "O" in names):
         return None
     kinds = [n for n in names if n != "O"]
     return (f"the tags have no B-/I- prefixes (O, {', '.join(kinds[:5]) + (', ...' if len(kinds) > 5 else '')}): each "
-            "word is scored on its own (entity F1 is the F1 over the words not tagged O); to score whole entities, "
-            "write them in IOB2 (B-PER for an entity's first word, I-PER for the words after it)")
+            "word is scored on its own (word accuracy, and each tag's F1), not whole entities; to score whole "
+            "entities, write them in IOB2 (B-PER for an entity's first word, I-PER for the words after it)")
 
 
 def _iob1(names: list[str], ds) -> tuple[int, int] | None:

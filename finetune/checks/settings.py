@@ -971,7 +971,7 @@ def augment_without_images(cfg) -> str | None:
 @rule("settings.pair_for_tagging", needs=("task",))
 def pair_for_tagging(cfg) -> str | None:
     """text_pair_column on a tagging run, which tags one list of words."""
-    if task_of(cfg.task).problems == (TOKENS,) and cfg.text_pair_column is not None:
+    if TOKENS in task_of(cfg.task).problems and cfg.text_pair_column is not None:
         return (f"text_pair_column pairs two texts of a sentence classifier; a {cfg.task} run tags one list of words: "
                 "leave text_pair_column out")
     return None
@@ -980,7 +980,7 @@ def pair_for_tagging(cfg) -> str | None:
 @rule("settings.tags_are_the_words", needs=("task",))
 def tags_are_the_words(cfg) -> str | None:
     """tags_column is the tokens_column: the words would be read as their own tags."""
-    if task_of(cfg.task).problems == (TOKENS,) and cfg.tags_column == cfg.tokens_column:
+    if TOKENS in task_of(cfg.task).problems and cfg.tags_column == cfg.tokens_column:
         return (f"tags_column is the tokens_column ('{cfg.tokens_column}'): the words would be read as their own tags; "
                 "set tags_column to the column of tag lists")
     return None

@@ -36,15 +36,17 @@ from finetune.metrics import FEWEST_TO_JUDGE, MULTI
 @rule("tools.did_not_learn", warning=True)
 def did_not_learn(learned: dict, said_before: list[str] = ()) -> str | None:
     """The best validation value of the judged metric is not clearly beyond a trivial baseline's (a model
-    that predicts the same for every input): the run learned nothing worth keeping. Its card says so too.
-    Where the run said that the training texts were cut at max_length, the line says that the model read
-    only their start, and how to read more. `learned`: the facts of finetune/verdict.py's `judge`."""
+    that predicts the same for every input; for plain tags, each word's most frequent training tag): the run
+    learned nothing worth keeping. Its card says so too. Where the run said that the training texts were cut
+    at max_length, the line says that the model read only their start, and how to read more (windows for
+    single texts; a larger max_length for sentence pairs, which windows do not read). `learned`: the facts
+    of finetune/verdict.py's `judge`."""
     if not learned.get("warn") or learned.get("verdict") is not False:
         return None
     baseline = learned["baseline"]
     line = (f"the model did not learn beyond a trivial baseline: best validation {learned['shown']} "
             f"{learned['value']:.4f}{learned['at']}, against {baseline if baseline is None else round(baseline, 4)} "
-            f"for a model that predicts the same for every input (the training labels' {learned['trivial']}); ")
+            f"for {learned['baseline_model']} (the training labels' {learned['trivial']}); ")
     if learned["spread"] > 100:
         line += (f"targets that spread over about {learned['spread']:.3g} train slowly from a head that starts near 0: "
                  "scale them (divide by their spread, or standardize) and scale the predictions back; also ")
@@ -53,6 +55,9 @@ def did_not_learn(learned: dict, said_before: list[str] = ()) -> str | None:
     if "inputs.texts_cut" in said_before:
         line += ("; the training texts were cut at max_length (said above): the model read only their start, "
                  "raise max_length or read them whole in windows (text_windows, a quarter of max_length, say)")
+    elif "inputs.pairs_cut" in said_before:
+        line += ("; the training sentence pairs were cut at max_length (said above): the model read only their "
+                 "start, raise max_length")
     return line
 
 

@@ -5,7 +5,8 @@
     multi_label_classification    a list of names, or 0/1      K        BCE with logits, mean    micro/macro F1, subset accuracy,
                                   columns (`label_columns`)             over the K labels        per-label F1 at a threshold
     regression                    one number                   1        squared error            mse, mae, r2, pearson, spearman
-    token_classification          a tag per word               K/token  cross-entropy, summed    entity (or word) F1, word accuracy
+    token_classification          an IOB2 tag per word         K/token  cross-entropy, summed    entity F1, P, R; word accuracy
+    word_tagging                  a plain tag per word (POS)   K/token  cross-entropy, summed    word accuracy, per-tag F1
 
     problem = problem_of(cfg.problem_type)   # a `Problem`: the rest of the app asks it, and compares no names
     names = problem.label_names(train, args, said)
@@ -13,8 +14,9 @@
     loss = problem.loss(problem.outputs(model(**inputs), inputs), labels)
 
 Each problem is a class of its own module: single-label classification (`Problem` itself, the default
-behaviour, with what every problem shares) in base.py, then multi_label.py, regression.py and tags.py; this
-module reads which problem a split holds and keeps the table of them. A `Problem` says what its labels are and how they are read and encoded into `labels`, what the model's
+behaviour, with what every problem shares) in base.py, then multi_label.py, regression.py and tags.py (the
+two tag schemes: entities in IOB2, and plain tags such as parts of speech, which the tag names decide:
+`tag_scheme`); this module reads which problem a split holds and keeps the table of them. A `Problem` says what its labels are and how they are read and encoded into `labels`, what the model's
 outputs are, its loss per sample and the weights that make DDP and accumulation exact, how outputs
 become predictions and scores, its metrics (finetune/metrics.py computes them), its trivial baseline,
 what predictions.jsonl records of a sample, and its words for the console, the card and the pipeline
@@ -47,17 +49,17 @@ from finetune import checks
 from finetune.checks import labels
 from finetune.config import DataArgs
 from finetune.formats import is_list
-from finetune.metrics import MULTI, PROBLEMS, REGRESSION, SINGLE, SPANS, TOKENS
+from finetune.metrics import MULTI, PROBLEMS, REGRESSION, SINGLE, SPANS, TOKENS, WORD_TAGS
 from finetune.problems.base import Problem, encode_labels, resolve_label_names
 from finetune.problems.multi_label import MultiLabel
 from finetune.problems.regression import Regression
 from finetune.problems.spans import Spans
-from finetune.problems.tags import Tags, encode_tags, tag_names
+from finetune.problems.tags import Tags, WordTags, encode_tags, tag_names, tag_scheme
 from finetune.tasks import task_of
 
-__all__ = ["MULTI", "REGRESSION", "SINGLE", "SPANS", "TOKENS", "MultiLabel", "Problem", "Regression", "Spans", "Tags", "encode_labels",
-           "encode_tags", "infer_problem_type", "problem_of", "problem_type_of", "problem_type_of_model",
-           "resolve_label_names", "tag_names", "tags_in"]  # fmt: skip
+__all__ = ["MULTI", "REGRESSION", "SINGLE", "SPANS", "TOKENS", "WORD_TAGS", "MultiLabel", "Problem", "Regression", "Spans",
+           "Tags", "WordTags", "encode_labels", "encode_tags", "infer_problem_type", "problem_of", "problem_type_of",
+           "problem_type_of_model", "resolve_label_names", "tag_names", "tag_scheme", "tags_in"]  # fmt: skip
 
 
 # --- which problem ---------------------------------------------------------------------------------
@@ -67,7 +69,10 @@ def infer_problem_type(train: HFDataset, args: DataArgs, said: checks.Said | Non
     """`args.problem_type` checked against train's labels (checks/labels.py, PROBLEM), or read from them
     when it is null."""
     task = task_of(args.task)
-    if len(task.problems) == 1:  # tags, spans: the task's one problem
+    if problem_of(task.problems[0]).per_word:  # tags: the scheme of their names (IOB2 entities, or plain tags)
+        tagger = problem_of(task.problems[0])  # both schemes read tags alike
+        return tag_scheme(args.label_names or tagger.label_names(train, args, said if said is not None else checks.Said()))
+    if len(task.problems) == 1:  # spans: the task's one problem
         return task.problems[0]
     if args.label_columns:
         return MULTI  # a rule refuses another problem_type beside label_columns
@@ -84,11 +89,11 @@ def problem_type_of(ds: HFDataset) -> str:
     if isinstance(feature, dict):  # answers: {text, answer_start}
         return SPANS
     if is_list(feature) and isinstance(getattr(feature, "feature", None), ClassLabel):
-        return TOKENS  # a tag id per word
+        return tag_scheme(feature.feature.names)  # a tag id per word
     return SINGLE if isinstance(feature, ClassLabel) else MULTI if is_list(feature) else REGRESSION
 
 
-PROBLEM_OF: dict[str, Problem] = {p.name: p for p in (Problem(), MultiLabel(), Regression(), Tags(), Spans())}
+PROBLEM_OF: dict[str, Problem] = {p.name: p for p in (Problem(), MultiLabel(), Regression(), Tags(), WordTags(), Spans())}
 assert set(PROBLEM_OF) == set(PROBLEMS), "a problem of finetune/metrics.py's table has no class here"
 
 

@@ -40,6 +40,7 @@ class Problem:
     also_judged_by: str | None = None  # a metric that must beat its baseline too for "learned"
     trivial_words = "most frequent answer"  # what the trivial baseline predicts, in the run's verdict
     counted = "samples"  # what validation counts, in the run's verdict ("validation has 8 samples")
+    baseline_model = "a model that predicts the same for every input"  # the trivial baseline, in the verdict and card
     pipeline_arguments = ""  # the card's pipeline call
     pipeline_returns = "the most likely label and its probability"
     label_words = ""  # the card's "labels from `label`" goes on with them
@@ -134,15 +135,18 @@ class Problem:
         class absent from training: 1). None otherwise."""
         return None if how is None else balanced(list(train_labels), num_labels)
 
-    def trivial(self, train_labels):
+    def trivial(self, train_labels, train: HFDataset | None = None):
         """What a model that learned nothing from the inputs predicts, from the training labels alone (the
         majority class here, the first of the most frequent): the baseline every evaluation reports
-        beside the model's metrics (finetune/metrics.py, `learned`)."""
+        beside the model's metrics (finetune/metrics.py, `learned`). `train`: the prepared training split,
+        for a baseline that reads more of it than its labels (plain tags: each word's most frequent tag)."""
         return int(torch.bincount(torch.as_tensor(list(train_labels), dtype=torch.float32).long()).argmax())
 
-    def baseline(self, constant, references, names: list[str], threshold: float = 0.5) -> dict:
+    def baseline(self, constant, references, names: list[str], threshold: float = 0.5,
+                 dataset: HFDataset | None = None) -> dict:  # fmt: skip
         """The metrics of predicting `constant` (`trivial`) for every sample of `references`: the numbers a
-        model must beat."""
+        model must beat. `dataset`: the evaluated split as prepared (a windowed problem's; plain tags read
+        its words)."""
         return metrics_only(self.report(torch.full((len(references),), constant), references, names, threshold))
 
     def report(self, predictions, references, names: list[str], threshold: float | list[float] = 0.5) -> dict[str, Any]:

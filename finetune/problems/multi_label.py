@@ -144,11 +144,11 @@ class MultiLabel(Problem):
         weights = (len(rows) - positives) / positives.clamp(min=1)
         return torch.where(positives > 0, weights.clamp(max=100.0), torch.ones_like(weights))
 
-    def trivial(self, train_labels):
+    def trivial(self, train_labels, train=None):
         """Each label's frequency as its probability."""
         return torch.as_tensor(list(train_labels), dtype=torch.float32).mean(0)
 
-    def baseline(self, constant, references, names, threshold=0.5):
+    def baseline(self, constant, references, names, threshold=0.5, dataset=None):
         """A model that learned nothing gives every sample the same probabilities, and a tuned threshold
         turns them into the same label set: none, the most frequent label, the two most frequent, ... all.
         Each metric's baseline is the best such a set scores (predicting every label scores a micro F1 of

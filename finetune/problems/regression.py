@@ -76,7 +76,7 @@ class Regression(Problem):
     def class_weights(self, train_labels, num_labels, how):
         return None
 
-    def trivial(self, train_labels):
+    def trivial(self, train_labels, train=None):
         """The mean target."""
         return float(torch.as_tensor(list(train_labels), dtype=torch.float32).mean())
 

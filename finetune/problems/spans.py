@@ -93,13 +93,13 @@ class Spans(Problem):
     def class_weights(self, train_labels, num_labels, how):
         return None
 
-    def trivial(self, train_labels):
+    def trivial(self, train_labels, train=None):
         """How many tokens a training answer spans (the median, over windows that hold one): a model that
         learned nothing of the question answers with the context's first that many words."""
         lengths = sorted(int(end) - int(start) + 1 for start, end in train_labels if int(start) > 0)
         return lengths[len(lengths) // 2] if lengths else 1
 
-    def baseline(self, constant, references, names, threshold=0.5):
+    def baseline(self, constant, references, names, threshold=0.5, dataset=None):
         """The scores of answering every question with its context's first `constant` words, or, where some
         questions have no answer (SQuAD v2) and that scores more, of answering none."""
         first = [" ".join(r["context"].split()[:constant]) for r in references]

@@ -1,9 +1,11 @@
-"""Tags: a tag per word (token classification)."""
+"""Tags: a tag per word (token classification), in one of two schemes that the tag names decide once
+(`tag_scheme`): entity tags in IOB2 (`O`, `B-PER`, `I-PER`), scored by whole entities (seqeval's strict
+entity F1); or a plain tag set without prefixes (parts of speech: `NOUN`, `VERB`, `DET`), scored word by
+word (word accuracy, each tag's F1) against a per-word baseline."""
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 from typing import Any
 
 import torch.nn.functional as F
@@ -16,8 +18,9 @@ from finetune.config import DataArgs
 from finetune.formats import kind_of, plain_tags
 from finetune.metrics import (
     TOKENS,
-    Metric,
+    WORD_TAGS,
     token_report,
+    word_report,
 )
 from finetune.problems.base import (
     Problem,
@@ -35,23 +38,12 @@ class Tags(Problem):
     name, hf_problem_type = TOKENS, None
     classes, ids_as_names, per_word, windowed = False, False, True, True
     also_judged_by = "word_accuracy"  # an entity F1 above a baseline's 0 can still come from a tagger worse than "every word O"
+    entities = True  # scored by whole entities (the card's per-type table, its words)
+    pipeline_example = "Ada Lovelace was born in London."  # the card's pipeline call: a sentence of the kind
+    pipeline_returns = "each entity: its type, words, score and character span"
 
     def describe(self, modality: str, names: list[str]) -> str:
         return f"A word tagger ({len(names)} tags)"
-
-    def card_metrics(self, names: list[str]) -> list[Metric]:
-        """A tag set without spans scores entity F1 word by word."""
-        shown = super().card_metrics(names)
-        if plain_tags(names):
-            shown = [dataclasses.replace(m, card_args={"average": "micro", "scored": "word by word, O left out"})
-                     if m.card_args and m.card_args.get("scheme") else m for m in shown]  # fmt: skip
-        return shown
-
-    def usage(self, example: str, model_json: dict, public: dict[str, Any]) -> str:
-        if plain_tags((model_json.get("id2label") or {}).values()):  # parts of speech: a tag per word, no spans
-            example += ('\n# a tag per word (no B-/I-): the pipeline joins adjacent words of one tag into one span; '
-                        'aggregation_strategy="none" gives each subword its own tag')
-        return example
 
     def label_names(self, train, args, said):
         """The tag set (`tag_names`)."""
@@ -65,7 +57,8 @@ class Tags(Problem):
         return encode_tags(ds, args, names, split, fixed)
 
     def check_trained(self, train, names, args, said) -> None:
-        pass
+        """A problem_type given for tags of the other scheme (token_classification beside parts of speech)."""
+        checks.gate(labels.TAG_PROBLEM, args.problem_type, tag_scheme(names), names)
 
     def check_splits(self, raw, names, args, said) -> None:
         pass
@@ -93,12 +86,13 @@ class Tags(Problem):
             return None
         return balanced([t for row in train_labels for t in row if t != -100], num_labels)
 
-    def trivial(self, train_labels):
-        """The most frequent tag (the lowest id of the most frequent)."""
+    def trivial(self, train_labels, train=None):
+        """The most frequent tag (the lowest id of the most frequent), over the labelled subwords."""
         tags = [t for row in list(train_labels) for t in row if t != -100]
         return max(set(tags), key=lambda t: (tags.count(t), -t)) if tags else 0
 
-    def baseline(self, constant, references, names, threshold=0.5):
+    def baseline(self, constant, references, names, threshold=0.5, dataset=None):
+        """Every word given the most frequent tag (usually O: entity F1 0)."""
         return metrics_only(self.report([[constant] * len(sentence) for sentence in references], references, names))
 
     def assemble(self, windows, dataset, data):
@@ -124,6 +118,69 @@ class Tags(Problem):
     def record(self, scored, label, names, per_label):
         """One line per sentence: its gold tags and predicted tags."""
         return {"labels": [names[t] for t in label], "predictions": [names[t] for t in scored]}
+
+
+class WordTags(Tags):
+    """A plain tag set (parts of speech: no B-/I- prefixes): each word scored on its own, by word accuracy and
+    each tag's precision, recall and F1 (`metrics.word_report`); no entities. Its trivial baseline gives each
+    word form its most frequent tag in training (a word unseen there: the most frequent tag), a tagger that
+    knows words but no context: "every word NOUN" is a bar any model clears."""
+
+    name = WORD_TAGS
+    also_judged_by = None  # word accuracy is the judged metric itself
+    trivial_words = "most frequent tag of each word form, and the most frequent tag for a word unseen in training"
+    baseline_model = "a tagger that gives each word its most frequent training tag, whatever its context"
+    entities = False
+    pipeline_example = "The old man sat by the river."
+    pipeline_returns = "each run of words of one tag: the tag, its words, score and character span"
+
+    def describe(self, modality: str, names: list[str]) -> str:
+        return f"A word tagger ({len(names)} tags without B-/I- prefixes, such as parts of speech; scored by word accuracy)"
+
+    def usage(self, example: str, model_json: dict, public: dict[str, Any]) -> str:
+        return example + ('\n# a tag per word (no B-/I-): the pipeline joins adjacent words of one tag into one span; '
+                          'aggregation_strategy="none" gives each subword its own tag')
+
+    def trivial(self, train_labels, train=None):
+        """({word: its most frequent tag}, the most frequent tag over all words), counted over the training
+        words (`train`, prepared: each window's `words` and `word_tags`); ties go to the lowest tag id."""
+        by_word: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        overall: collections.Counter = collections.Counter()
+        for words, tags in zip(train["words"][:], train["word_tags"][:], strict=True):
+            for word, tag in zip(words, tags, strict=True):
+                by_word[word][tag] += 1
+                overall[tag] += 1
+        return {word: _most(counts) for word, counts in by_word.items()}, _most(overall)
+
+    def baseline(self, constant, references, names, threshold=0.5, dataset=None):
+        """The scores of tagging each word of the evaluated split (`dataset`, prepared) by `trivial`."""
+        by_word, default = constant
+        words = sentence_words(dataset)
+        if [len(s) for s in words] != [len(s) for s in references]:
+            raise RuntimeError("the evaluated words do not match the evaluated tags")
+        return metrics_only(self.report([[by_word.get(w, default) for w in s] for s in words], references, names))
+
+    def report(self, predictions, references, names, threshold=0.5):
+        return word_report(predictions, references, names)
+
+
+def _most(counts: collections.Counter) -> int:
+    """The most frequent tag id of `counts` (ties: the lowest id; none: 0)."""
+    return max(counts, key=lambda t: (counts[t], -t)) if counts else 0
+
+
+def tag_scheme(names) -> str:
+    """The problem a tag set is, from its names alone: word tagging for a plain set (no B-/I- or other
+    scheme prefixes: parts of speech, `formats.plain_tags`), token classification (entities in IOB2) else."""
+    return WORD_TAGS if plain_tags(names) else TOKENS
+
+
+def sentence_words(dataset) -> list[list[str]]:
+    """Each sentence's words, in order, from its windows (`words`, `sentence`, `first_word` of each row)."""
+    pieces: dict[int, list[tuple[int, list[str]]]] = {}
+    for sentence, first, words in zip(dataset["sentence"][:], dataset["first_word"][:], dataset["words"][:], strict=True):
+        pieces.setdefault(int(sentence), []).append((int(first), list(words)))
+    return [[w for _, words in sorted(pieces[s]) for w in words] for s in sorted(pieces)]
 
 
 # --- tags (token classification) ----------------------------------------------------------------------
