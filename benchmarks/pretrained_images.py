@@ -52,10 +52,10 @@ def _scratch_config() -> str:
 
 
 ROWS = {
-    "pretrained, BatchNorm frozen (the recipe)": ["freeze_batchnorm=true"],
-    "pretrained, BatchNorm frozen, stem and first 8 of 16 blocks frozen": ["freeze_batchnorm=true", "freeze_layers=8"],
-    "pretrained, BatchNorm live": ["freeze_batchnorm=false"],
-    "from scratch (same network)": ["freeze_batchnorm=false", "model_name_or_path=null",
+    "pretrained, BatchNorm, stem and first 8 of 16 blocks frozen (the recipe)": [],
+    "pretrained, BatchNorm frozen, every block trained": ["freeze_layers=0"],
+    "pretrained, BatchNorm live, every block trained": ["freeze_batchnorm=false", "freeze_layers=0"],
+    "from scratch (same network)": ["freeze_batchnorm=false", "freeze_layers=0", "model_name_or_path=null",
                                     f"image_processor_name={BUNDLED}", f"model_config={_scratch_config()}"],  # fmt: skip
 }
 

@@ -301,7 +301,7 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     weights = task_of(cfg.task).sample_weights(splits["train"])
     train_labels = splits["train"].with_format(None)["labels"]  # without an image transform's decoding
     problem = problem_of(cfg.problem_type)
-    trivial = problem.trivial(train_labels, splits["train"].with_format(None))
+    trivial = problem.trivial(task_of(cfg.task).sample_labels(splits["train"].with_format(None)), splits["train"].with_format(None))
     balance = problem.class_weights(train_labels, len(label_names), cfg.class_weights)
     return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial,
                balance, eval_loaders, shapes,

@@ -139,6 +139,16 @@ class Task:
         """Each prepared sample's count in its optimizer step's loss; None: one each."""
         return None
 
+    def sample_labels(self, ds) -> list:
+        """The labels of a prepared split's samples as the data has them (the trivial baseline's): one per
+        row, where a row is a sample; a text read in windows counts once (`example`), not once a window."""
+        if "example" not in ds.column_names:
+            return ds["labels"]
+        first = {}
+        for text, label in zip(ds["example"], ds["labels"], strict=True):
+            first.setdefault(text, label)
+        return list(first.values())
+
     def sequence_length(self, data: DataArgs) -> int | None:
         """Tokens per sample for the layer-split planner; None: from the model's config."""
         return None
@@ -200,7 +210,8 @@ class TextClassification(Task):
         each text once, from the mean of its windows' logits (finetune/evaluation.py)."""
         columns, max_length, overlap = self.input_columns(data), data.max_length, data.text_windows
         if overlap is not None:
-            checks.gate(inputs.WINDOWS, preprocessor, max_length, overlap, data.text_pair_column)
+            checks.gate(inputs.WINDOWS, preprocessor, max_length, overlap, data.text_pair_column,
+                        said=said or checks.Said(quiet=True))  # its warning is the training run's
 
         def tokenize(batch):
             return self.tokenize(batch, preprocessor, data)

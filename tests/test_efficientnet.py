@@ -23,8 +23,8 @@ RECIPE = str(CONFIGS_DIR / "efficientnet_photos.yaml")
 
 
 def _args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    """The photos recipe on `model` (a tiny EfficientNet folder) and an image folder, batch 4."""
-    return ["--config", RECIPE, f"model_name_or_path={model}", f"data_dir={data}", "per_device_train_batch_size=4",
+    """The photos recipe on `model` (a tiny EfficientNet folder: 2 blocks, none frozen) and an image folder, batch 4."""
+    return ["--config", RECIPE, f"model_name_or_path={model}", f"data_dir={data}", "per_device_train_batch_size=4", "freeze_layers=0",
             "per_device_eval_batch_size=8", "num_train_epochs=2", "logging_steps=1", "augment=[]",
             "random_flip=false", "validation_split_percentage=34", f"output_dir={out}", *extra]  # fmt: skip
 
@@ -44,7 +44,7 @@ def test_the_recipe_fine_tunes_the_bundled_backbone():
     weights, config, image processor and SOURCE.md (origin, licence)."""
     cfg = load_config(RECIPE)
     assert Path(cfg.model_name_or_path) == REPO / "data" / "efficientnet_lite0"
-    assert cfg.model_config is None and cfg.freeze_batchnorm
+    assert cfg.model_config is None and cfg.freeze_batchnorm and cfg.freeze_layers == 8
     names = {p.name for p in (REPO / "data" / "efficientnet_lite0").iterdir()}
     assert {"config.json", "model.safetensors", "preprocessor_config.json", "SOURCE.md"} <= names
     assert "Apache-2.0" in (REPO / "data" / "efficientnet_lite0" / "SOURCE.md").read_text()

@@ -17,7 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-from conftest import REPO, TINY_VIT, launch_runs, rotten_rows, tiny_text_args, user_error, write_csv
+from conftest import (
+    REPO,
+    TINY_VIT,
+    launch_runs,
+    rotten_rows,
+    tiny_text_args,
+    user_error,
+    write_csv,
+    write_jsonl,
+)
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForImageClassification, AutoModelForSequenceClassification
 
@@ -159,6 +168,19 @@ def fsdp_runs(tmp_path_factory) -> dict:
          "argv": _argv("bert", text, root / "bert_fsdp_best", "load_best_model_at_end=true", "eval_steps=2",
                        "metric_for_best_model=loss", "greater_is_better=true", "save_total_limit=null")},
     ]  # fmt: skip
+    # Question answering (windows of contexts, uneven over the processes) and texts read whole in windows.
+    from test_question_answering import _rows, qa_args
+    from test_text_windows import _documents, window_args
+
+    qa = {"train": write_jsonl(root / "qa_train.jsonl", _rows("train", 23)),
+          "validation": write_jsonl(root / "qa_validation.jsonl", _rows("validation", 11))}
+    long = {"train": write_csv(root / "long_train.csv", _documents(13, 0)),
+            "validation": write_csv(root / "long_validation.csv", _documents(7, 2000))}
+    for kind, args, data in (("qa", qa_args, qa), ("windows", window_args, long)):
+        runs += [{"name": f"{kind}_{engine}", "fsdp": engine == "fsdp",
+                  "argv": args(data, root / f"{kind}_{engine}", "per_device_train_batch_size=2",
+                               "gradient_accumulation_steps=2", "num_train_epochs=1", "max_grad_norm=null")}
+                 for engine in ("fsdp", "ddp")]  # fmt: skip
     records, output = launch_runs(REPO / "accelerate_configs/fsdp.yaml", runs, root,
                                   env={"FINETUNE_TEST_FSDP_ON_CPU": "1"})  # fmt: skip
     return {"root": root, "output": output, "records": records}
@@ -293,3 +315,24 @@ def test_evaluating_an_fsdp_checkpoint_merges_its_shards_and_gives_the_export_s_
     assert of_checkpoint["num_samples"] == of_export["num_samples"] == 13
     assert of_checkpoint["loss"] == pytest.approx(of_export["loss"], abs=1e-5)
     assert of_export["loss"] == pytest.approx(results["validation"]["loss"], abs=1e-5)
+
+
+@pytest.mark.slow  # the module's FSDP and DDP launches
+@pytest.mark.parametrize(("kind", "metric", "questions"), [("qa", "f1", 11), ("windows", "accuracy", 7)])
+def test_question_answering_and_windowed_texts_under_fsdp_equal_ddp_and_score_each_once(fsdp_runs, kind, metric,
+                                                                                          questions):  # fmt: skip
+    """Windows split unevenly over 2 processes: FSDP's weights equal DDP's within 1e-5 (QA's weights that
+    shift every token's score alike aside: their gradient is float noise, test_question_answering.py), and
+    validation scores each question or text once, with the same score."""
+    from test_question_answering import SHIFTS
+
+    root = fsdp_runs["root"]
+    fsdp, ddp = _export(root, f"{kind}_fsdp"), _export(root, f"{kind}_ddp")
+    assert fsdp.keys() == ddp.keys()
+    skip = SHIFTS if kind == "qa" else set()
+    worst = max((fsdp[k] - ddp[k]).abs().max().item() for k in fsdp if k not in skip)
+    assert worst < 1e-5, f"{kind}: FSDP differs from DDP by {worst:.2e}"
+    scored = [json.loads((root / f"{kind}_{r}" / "results.json").read_text())["validation"] for r in ("fsdp", "ddp")]
+    assert scored[0]["num_samples"] == scored[1]["num_samples"] == questions
+    assert scored[0][metric] == pytest.approx(scored[1][metric], abs=1e-9)
+

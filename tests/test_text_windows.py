@@ -121,3 +121,26 @@ def test_the_cut_texts_warning_advises_windows_that_run_and_a_resume_keeps_them(
                                            "resume_from_checkpoint=latest", "overwrite_output_dir=false")],
                f"trained with {advice}, this run has text_windows=10", rule="runs.resume_changes_a_fixed_setting",
                untouched=out)  # fmt: skip
+
+
+def test_windows_that_overlap_by_most_of_their_tokens_are_warned_of(long_texts, tmp_path):
+    """text_windows=24 of 30 tokens a window: each moves on by 6, every token read 5 times; said once, with
+    a quarter as the overlap that reads each text whole; a quarter itself is said nothing."""
+    results = main(window_args(long_texts, tmp_path / "most", "text_windows=24", "max_steps=1"))
+    [line] = [w["line"] for w in results["warnings"] if w["rule"] == "inputs.windows_overlap_most"]
+    assert "moves on by 6" in line and "read about 5 times" in line and "text_windows=7" in line, line
+    quarter = main(window_args(long_texts, tmp_path / "quarter", "text_windows=7", "max_steps=1"))
+    assert "inputs.windows_overlap_most" not in [w["rule"] for w in quarter["warnings"]]
+
+
+
+def test_the_trivial_baseline_counts_each_text_once_not_each_window(long_texts, tmp_path):
+    """3 long texts of label 1 (many windows each) and 4 short ones of label 0 (one window each): by texts
+    the most frequent label is 0, by windows 1. The baseline predicts the texts' 0: on the 7 validation
+    texts (4 of label 0) its accuracy is 4/7."""
+    long = [d for d in _documents(8, 0) if d["label"] == "1"][:3]
+    short = [{"text": " ".join(r["text"].split()[:5]), "label": "0"} for r in rotten_rows(4, 500)]
+    data = {"train": write_csv(tmp_path / "train.csv", long + short), "validation": long_texts["validation"]}
+    results = main(window_args(data, tmp_path / "run", "max_steps=1", "per_device_train_batch_size=4"))
+    assert results["validation"]["num_samples"] == 7
+    assert results["validation"]["baseline"]["accuracy"] == pytest.approx(4 / 7)

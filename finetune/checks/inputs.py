@@ -171,4 +171,16 @@ def windows_overlap_whole(tokenizer, max_length: int, overlap: int, pair: str | 
     return None
 
 
-WINDOWS = [windows_overlap_whole]
+@rule("inputs.windows_overlap_most", warning=True)
+def windows_overlap_most(tokenizer, max_length: int, overlap: int, pair: str | None) -> str | None:
+    """text_windows above half of what a window holds: each window moves on by fewer tokens than it
+    repeats, so a text makes several times the windows (and the time) it needs to be read whole."""
+    room = max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    if pair is not None or not room // 2 < overlap < room:
+        return None
+    return (f"text_windows={overlap} of windows of {room} tokens: each window moves on by {room - overlap}, so every "
+            f"token is read about {room / (room - overlap):.0f} times, in as many times the windows; an overlap of a "
+            f"quarter, text_windows={room // 4}, reads each text whole at far less cost")
+
+
+WINDOWS = [windows_overlap_whole, windows_overlap_most]
