@@ -422,7 +422,8 @@ def stack_images(features: list[dict[str, Any]]):
     """An image batch: pixel values stacked, channels last in memory; labels as class ids (int64), numbers
     or multi-hot vectors. A convolution fed channels last computes in that layout on a CPU (oneDNN) and
     passes it on, the weights and their gradients staying as they are: an EfficientNet training step took
-    0.60 of its time; a ViT's patch embedding flattens to its tokens' layout without a copy."""
+    0.93 of its time (benchmarks/results/image_levers.md); a ViT's patch embedding flattens to its
+    tokens' layout without a copy."""
     import torch
 
     pixels = torch.stack([torch.as_tensor(f["pixel_values"]) for f in features])
