@@ -109,6 +109,37 @@ def test_a_streamed_run_resumes_mid_block_and_past_a_pass_bit_exact(step, positi
         s: v for s, v in logged_losses(full).items() if s > step}
 
 
+def test_a_sigterm_mid_pass_saves_the_stream_position_and_the_resume_is_bit_exact(uninterrupted, tmp_path):
+    """`python finetune/run.py ... streaming=true` as a job that gets SIGTERM mid-pass: it checkpoints the
+    step it reached with the stream's position, exits 143, and the resume ends with the uninterrupted
+    run's weights, bit for bit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO, logged_steps, wait_until
+
+    data, full, _ = uninterrupted
+    out, log = tmp_path / "run", tmp_path / "log"
+    argv = tiny_text_args(data, out, *RESUMED, "save_steps=null")
+    proc = subprocess.Popen([sys.executable, str(REPO / "finetune/run.py"), *argv], cwd=REPO,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log.with_suffix(".out").open("w"),
+                            stderr=log.with_suffix(".err").open("w"))  # fmt: skip
+    wait_until(lambda: logged_steps(out) >= 2, proc)
+    proc.send_signal(signal.SIGSTOP)  # frozen mid-run, so that the signal surely lands before the end
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
+    assert proc.wait(timeout=120) == 143
+    err = log.with_suffix(".err").read_text()
+    assert "Traceback" not in err and "resume_from_checkpoint=latest" in err, err[-2000:]
+    [saved] = ckpt.list_checkpoints(out)
+    assert ckpt.read_manifest(saved)["stream"][0]["pass"] == 0 and logged_steps(out) < 14
+    main(tiny_text_args(data, out, *RESUMED, "save_steps=null", "resume_from_checkpoint=latest"))
+    a, b = _weights(full), _weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a), f"{_worst(a, b):.2e}"
+
+
 def _ddp_order(n: int, processes: int, per_step: int, steps: int) -> list[int]:
     """The rows of each step of a DDP streamed run in the file's order (stream_buffer=0): process p reads rows
     p, p + P, ... of each pass in turn, per_step of them a step."""
