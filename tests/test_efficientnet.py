@@ -125,7 +125,7 @@ def test_verify_says_which_equalities_a_batchnorm_model_keeps(frozen, tiny_effic
 
     data = image_folder(tmp_path / "photos", classes=3, per_class=14)
     argv = ["--config", RECIPE, f"model_name_or_path={tiny_efficientnet_folder}", f"data_dir={data}",
-            "per_device_train_batch_size=8", "augment=[]", "validation_split_percentage=20",
+            "per_device_train_batch_size=8", "augment=[]", "validation_split_percentage=20", "freeze_layers=0",
             f"freeze_batchnorm={str(frozen).lower()}"]  # fmt: skip
     assert verify.main(argv) == 0
     printed = capsys.readouterr().out

@@ -181,6 +181,15 @@ def fsdp_runs(tmp_path_factory) -> dict:
                   "argv": args(data, root / f"{kind}_{engine}", "per_device_train_batch_size=2",
                                "gradient_accumulation_steps=2", "num_train_epochs=1", "max_grad_norm=null")}
                  for engine in ("fsdp", "ddp")]  # fmt: skip
+    # The bundled EfficientNet's architecture (tiny), BatchNorm frozen as the photos recipe has it.
+    from conftest import image_folder, save_tiny_efficientnet
+    from test_efficientnet import _args as photo_args
+
+    tiny, photos = save_tiny_efficientnet(root / "tiny-efficientnet", ("a", "b", "c")), image_folder(root / "photos", 3, 6)
+    runs += [{"name": f"effnet_{engine}", "fsdp": engine == "fsdp",
+              "argv": photo_args(tiny, photos, root / f"effnet_{engine}", "per_device_train_batch_size=2",
+                                 "max_grad_norm=null")}
+             for engine in ("fsdp", "ddp")]  # fmt: skip
     records, output = launch_runs(REPO / "accelerate_configs/fsdp.yaml", runs, root,
                                   env={"FINETUNE_TEST_FSDP_ON_CPU": "1"})  # fmt: skip
     return {"root": root, "output": output, "records": records}
@@ -335,4 +344,26 @@ def test_question_answering_and_windowed_texts_under_fsdp_equal_ddp_and_score_ea
     scored = [json.loads((root / f"{kind}_{r}" / "results.json").read_text())["validation"] for r in ("fsdp", "ddp")]
     assert scored[0]["num_samples"] == scored[1]["num_samples"] == questions
     assert scored[0][metric] == pytest.approx(scored[1][metric], abs=1e-9)
+
+
+@pytest.mark.slow  # the module's FSDP and DDP launches
+def test_efficientnet_with_frozen_batchnorm_under_ddp_and_fsdp_equals_one_big_batch(fsdp_runs, tmp_path):
+    """The photos recipe's network (tiny), BatchNorm frozen: 2 processes x 2 under DDP and under FSDP end
+    with the weights of one process taking batches of 4, within 1e-5, and score the same validation."""
+    from conftest import save_tiny_efficientnet
+    from test_efficientnet import _args as photo_args
+
+    root = fsdp_runs["root"]
+    tiny = save_tiny_efficientnet(tmp_path / "tiny-efficientnet", ("a", "b", "c"))  # the same seed: the same weights
+    run.main(photo_args(tiny, root / "photos", tmp_path / "one", "per_device_train_batch_size=4", "max_grad_norm=null"))
+    one = load_file(tmp_path / "one" / "model" / "model.safetensors")
+    for engine in ("ddp", "fsdp"):
+        other = _export(root, f"effnet_{engine}")
+        assert other.keys() == one.keys()
+        worst = max((other[k].float() - one[k].float()).abs().max().item() for k in one)
+        assert worst < 1e-5, f"EfficientNet under {engine} differs from one big batch by {worst:.2e}"
+    scored = [json.loads((root / name / "results.json").read_text())["validation"]
+              for name in ("effnet_ddp", "effnet_fsdp")]  # fmt: skip
+    one_scored = json.loads((tmp_path / "one" / "results.json").read_text())["validation"]
+    assert scored[0]["accuracy"] == scored[1]["accuracy"] == one_scored["accuracy"]
 
