@@ -642,7 +642,22 @@ def batchnorm_setting_without_batchnorm(cfg: Any, device: str, layers: list[str]
     return None
 
 
-MODEL = [frozen_random_weights, gradient_checkpointing, lora_with_fsdp]
+@rule("launch.fsdp_without_input_embeddings")
+def fsdp_without_input_embeddings(cfg: Any, model: Any, fsdp: bool) -> str | None:
+    """An FSDP config for a model transformers gives no input embeddings (EfficientNet): Accelerate's FSDP2
+    asks every model for them, and transformers raises for such a one."""
+    if not fsdp:
+        return None
+    try:
+        model.get_input_embeddings()
+    except NotImplementedError:
+        return (f"FSDP cannot shard {type(model).__name__}: Accelerate's FSDP2 asks a model for its input embeddings, "
+                "which this one has not; it is small enough for one device: use DDP (accelerate_configs/cpu_ddp.yaml, "
+                "or a multi-GPU config), where freeze_batchnorm=true makes it equal one big batch")
+    return None
+
+
+MODEL = [frozen_random_weights, gradient_checkpointing, lora_with_fsdp, fsdp_without_input_embeddings]
 BATCHNORM = [sync_batchnorm_on_cpu, batchnorm_setting_without_batchnorm]
 
 
