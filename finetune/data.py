@@ -205,6 +205,7 @@ def read_streamed(args: DataArgs, said: checks.Said | None, digests: dict[str, s
     validation and test whole (files as `load_raw` reads them; a hub's written to datasets' cache)."""
     if args.train_file:
         checks.gate(stream_rules.SPLITS, list(args.files), args.train_file)
+        checks.gate(files.PATH, "train", args.train_file)  # as a loaded file's: not there, empty, a folder
         head = files.FileHead.read("train", args.train_file)
         if digests is not None:
             digests[str(Path(args.train_file).resolve())] = head.sha256
@@ -218,6 +219,7 @@ def read_streamed(args: DataArgs, said: checks.Said | None, digests: dict[str, s
                            for s in ("validation", "test") if s in names})  # fmt: skip
     stream = open_stream(args)
     raw["train"] = HFDataset.from_list(list(itertools.islice(stream, FIRST_PASS)), features=stream.features)
+    checks.gate(stream_rules.NO_ROWS, args.train_file or args.dataset_name, len(raw["train"]))
     return raw
 
 

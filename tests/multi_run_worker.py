@@ -102,7 +102,7 @@ def main() -> None:
         except UserError as e:
             if not spec.get("expect_error"):
                 raise
-            record["error"] = str(e)
+            record["error"], record["rule"] = str(e), e.rule
         record["seconds"] = time.perf_counter() - start
         if "_split" in record:
             record["handoffs"] = record.pop("_split").total_handoffs

@@ -363,6 +363,7 @@ def test_efficientnet_with_frozen_batchnorm_under_ddp_equals_one_big_batch_and_f
     assert worst < 1e-5, f"EfficientNet under DDP differs from one big batch by {worst:.2e}"
     scored = [json.loads((out / "results.json").read_text())["validation"] for out in (root / "effnet_ddp", tmp_path / "one")]
     assert scored[0]["accuracy"] == scored[1]["accuracy"]
-    error = fsdp_runs["records"][("effnet_fsdp", 0)]["error"]
-    assert error.startswith("FSDP cannot shard EfficientNetForImageClassification"), error
+    refused = fsdp_runs["records"][("effnet_fsdp", 0)]
+    assert refused["rule"] == "launch.fsdp_without_input_embeddings"
+    assert refused["error"].startswith("FSDP cannot shard EfficientNetForImageClassification"), refused["error"]
     assert not (root / "effnet_fsdp").exists()

@@ -206,6 +206,20 @@ def test_a_streamed_file_datasets_cannot_stream_and_a_missing_validation_split_a
     user_error(capsys, main, args, "needs a validation split", rule="streams.no_validation")
 
 
+def test_a_missing_empty_or_header_only_training_stream_is_one_line(rows, tmp_path, capsys):
+    """As a loaded file's: not there, 0 bytes, a header and no rows; each one line, exit 2."""
+    data = _data(tmp_path, rows)
+    header = tmp_path / "header.csv"
+    header.write_text("text,label\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for path, fragment, rule in ((tmp_path / "none.jsonl", "train file not found", None),
+                                 (empty, "train file is empty", None),
+                                 (header, "the training stream has no rows", "streams.no_rows")):  # fmt: skip
+        args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=2", f"train_file={path}")
+        user_error(capsys, main, args, fragment, rule=rule)
+
+
 def test_a_label_the_first_pass_did_not_hold_is_one_line(rows, tmp_path, capsys, monkeypatch):
     """The label names are read from the stream's first rows (FIRST_PASS, 8 here): a class met later has no
     place in the model, and the line says to give label_names."""

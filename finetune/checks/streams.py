@@ -85,6 +85,15 @@ def no_validation(splits: list[str], where: str) -> str | None:
 SPLITS = [no_validation]
 
 
+@rule("streams.no_rows")
+def no_rows(source: str, rows: int) -> str | None:
+    """A training stream with no row in it (a header alone): nothing to train on."""
+    return f"the training stream has no rows ({source}); check the file" if rows == 0 else None
+
+
+NO_ROWS = [no_rows]
+
+
 @rule("streams.label_after_first_pass", local=True)
 def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int, row: int) -> str | None:
     """A training label met in the stream that its first rows, from which the label names were read, did not
