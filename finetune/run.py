@@ -718,6 +718,9 @@ def dry_run(cfg: TrainConfig, said: checks.Said) -> dict[str, Any]:
         "first_learning_rate": cfg.learning_rate * lam(0),
         "last_learning_rate": cfg.learning_rate * lam(plan.total_steps - 1),
     }  # fmt: skip
+    if cfg.streaming:  # one unbounded epoch: its length is the stream's, unknown until read
+        summary.update(train_samples=f"a stream ({plan.total_steps * processes * batch * accumulation:,} samples in "
+                       f"max_steps={plan.total_steps})", batches_per_process_per_epoch="-", optimizer_steps_per_epoch="-")
     width = max(map(len, summary))
     accelerator.print("\n".join(f"{k:<{width}}  {v}" for k, v in summary.items()))
     return summary

@@ -250,3 +250,11 @@ def test_a_process_with_an_empty_share_is_one_line(tmp_path):
         next(iter(stream))
     assert refused.value.rule == "streams.empty_share" and "process 1's share" in str(refused.value)
 
+
+
+def test_a_dry_run_of_a_stream_counts_its_steps_not_a_placeholder(rows, tmp_path):
+    """--dry-run of a streamed run: the samples max_steps reads, no epoch length (the stream's is unknown)."""
+    plan = main([*tiny_text_args(_data(tmp_path, rows), tmp_path / "out", "streaming=true", "max_steps=3",
+                                 "per_device_train_batch_size=4"), "--dry-run"])  # fmt: skip
+    assert plan["train_samples"] == "a stream (12 samples in max_steps=3)"
+    assert plan["optimizer_steps_per_epoch"] == "-" and plan["total_optimizer_steps"] == 3
