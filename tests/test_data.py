@@ -1273,16 +1273,3 @@ def test_an_arrow_file_of_a_saved_dataset_is_data(tmp_path):
     raw, names = load_splits(load_config(None, [f"train_file={arrow}", "validation_file=null", "test_file=null",
                                                 "label_names=null"]).data_args, checks.Said(quiet=True))  # fmt: skip
     assert names == ["neg", "pos"] and len(raw["train"]) + len(raw["validation"]) == 20
-
-
-def test_a_header_line_inside_the_data_is_one_line(tmp_path, capsys):
-    """Two CSV files joined with `cat`: the second's header is a row whose every cell is its column's name.
-    Trained on, it would be a sample of a class named like the label column; it is refused, naming its row."""
-    rows = rotten_rows(20)
-    path = write_csv(tmp_path / "joined.csv", rows)
-    with path.open("a") as f:
-        f.write("text,label\n" + path.read_text().split("\n", 1)[1])
-    data = {"train": path, "validation": write_csv(tmp_path / "validation.csv", rotten_rows(13, start=100))}
-    user_error(capsys, main, tiny_text_args(data, tmp_path / "run"), "row 21 of the train data is its header again",
-               rule="columns.header_repeated", untouched=tmp_path / "run")
-

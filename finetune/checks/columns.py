@@ -750,24 +750,8 @@ def label_null(c: Columns) -> str | None:
     return None
 
 
-@rule("columns.header_repeated")
-def header_repeated(c: Columns) -> str | None:
-    """A row whose every read cell is its column's own name: a header line inside the data (two CSV files
-    joined with `cat`), which would train as a sample, its label a class named like the column."""
-    read = [n for n in (*c.label_columns, *c.inputs) if n in c.names]
-    if len(read) < 2:
-        return None
-    columns = [c.values(n) for n in read]
-    row = next((i for i, cells in enumerate(zip(*columns, strict=True))
-                if all(str(v) == n for v, n in zip(cells, read, strict=True))), None)  # fmt: skip
-    if row is None:
-        return None
-    return (f"row {row + 1} of the {c.split} data is its header again ({', '.join(read)}): two files joined with "
-            "their headers? Drop that line (with it, the header would train as a sample)")
-
-
 # The values of the columns that are there, in order; the image columns' own are checks/images.py's.
-VALUES = [header_repeated, mixed_types, text_column_empty, object_of_columns, numbers_as_texts, text_not_strings,
+VALUES = [mixed_types, text_column_empty, object_of_columns, numbers_as_texts, text_not_strings,
           text_missing_in_a_row, texts_all_blank, text_blank, pair_unread, word_not_a_string, words_not_lists,
           sentence_empty, word_empty, words_with_spaces, tag_not_iob2]  # fmt: skip
 LABELS = [label_null]
