@@ -298,10 +298,10 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     command = (manifest or {}).get("command") or launch_command()  # a resume keeps the run's first command
     checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, sampler.num_samples, command, train_data,
                                      said, stream=sampler if cfg.streaming else None)  # fmt: skip
-    weights = task_of(cfg.task).sample_weights(splits["train"])
-    train_labels = splits["train"].with_format(None)["labels"]  # without an image transform's decoding
+    task, train = task_of(cfg.task), splits["train"].with_format(None)  # without an image transform's decoding
+    weights, train_labels = task.sample_weights(splits["train"]), train["labels"]
     problem = problem_of(cfg.problem_type)
-    trivial = problem.trivial(task_of(cfg.task).sample_labels(splits["train"].with_format(None)), splits["train"].with_format(None))
+    trivial = problem.trivial(task.sample_labels(train, train_labels), train)
     balance = problem.class_weights(train_labels, len(label_names), cfg.class_weights)
     return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial,
                balance, eval_loaders, shapes,

@@ -139,13 +139,14 @@ class Task:
         """Each prepared sample's count in its optimizer step's loss; None: one each."""
         return None
 
-    def sample_labels(self, ds) -> list:
-        """The labels of a prepared split's samples as the data has them (the trivial baseline's): one per
-        row, where a row is a sample; a text read in windows counts once (`example`), not once a window."""
+    def sample_labels(self, ds, labels: list) -> list:
+        """The labels of a prepared split's samples as the data has them (the trivial baseline's), from its
+        rows' `labels`: one per row, where a row is a sample; a text read in windows counts once (`example`),
+        not once a window."""
         if "example" not in ds.column_names:
-            return ds["labels"]
+            return labels
         first = {}
-        for text, label in zip(ds["example"], ds["labels"], strict=True):
+        for text, label in zip(ds["example"], labels, strict=True):
             first.setdefault(text, label)
         return list(first.values())
 
@@ -782,7 +783,6 @@ def _serialized(tokenizer) -> Any:
     not what it does to text). A tokenizers' file opens with version, truncation and padding: the rest is
     named by its SHA-256, neither parsed nor hashed as a Python object (a 30k vocabulary: 0.5 s a split
     on 2 cores, where this takes 2 ms)."""
-
     text = tokenizer.backend_tokenizer.to_str()
     cut = text.find(',"added_tokens":')
     try:
