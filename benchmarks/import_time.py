@@ -1,0 +1,91 @@
+"""What `import finetune.run` costs beyond the libraries every run needs, in fresh interpreters.
+
+    python -m benchmarks.import_time --out benchmarks/results
+
+Three imports, each in a fresh interpreter, in turn `--reps` times (so a shared machine's load falls
+on all three alike): `torch` alone; the floor, the libraries a text run cannot start without (torch,
+accelerate, datasets, transformers' auto classes and `PreTrainedModel`, whose modeling stack building
+any model loads); and `finetune.run`. Reported: the median of each, the app's seconds over the floor's, and
+which of the optional libraries (`OPTIONAL`: the search's, the plots', the metrics' extras, LoRA's, the
+ONNX export's) `import finetune.run` loads: none should be, since a plain run needs none of them.
+Writes `import_time.json` and `import_time.md` into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.report import machine, machine_line, write_report
+
+FLOOR = (
+    "import torch, accelerate, datasets; "
+    "from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel"
+)
+IMPORTS = {"torch": "import torch", "floor": FLOOR, "finetune.run": "import finetune.run"}
+# Libraries a plain training run does not need at import: each is loaded where it is used.
+OPTIONAL = (
+    "optuna",
+    "matplotlib",
+    "sklearn",
+    "peft",
+    "onnx",
+    "onnxruntime",
+    "seqeval",
+    "torchvision",
+    "scipy.stats",
+)
+
+
+def optional_loaded() -> list[str]:
+    """The `OPTIONAL` libraries a fresh `import finetune.run` leaves in sys.modules."""
+    probe = f"import sys, finetune.run; print(' '.join(m for m in {OPTIONAL!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def seconds(statement: str) -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", statement], check=True, capture_output=True)
+    return time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.import_time", description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--out", type=Path, default=Path("runs/import_time"))
+    args = p.parse_args(argv)
+    runs: dict[str, list[float]] = {name: [] for name in IMPORTS}
+    for _ in range(args.reps):
+        for name, statement in IMPORTS.items():
+            runs[name].append(seconds(statement))
+    median = {name: statistics.median(v) for name, v in runs.items()}
+    report = {
+        "command": "python -m benchmarks.import_time " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": machine(), "reps": args.reps, "seconds": runs, "median_s": median,
+        "app_over_floor": median["finetune.run"] / median["floor"],
+        "app_minus_floor_s": median["finetune.run"] - median["floor"],
+        "optional_loaded": optional_loaded(),
+        "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE"),
+    }  # fmt: skip
+    rows = "\n".join(f"| `{IMPORTS[n]}` | {median[n]:.2f} | {min(runs[n]):.2f} |" for n in IMPORTS)
+    table = (
+        f"# Import time\n\n{machine_line(report['machine'])}. `{report['command']}`, {args.reps} rounds.\n\n"
+        "| import (fresh interpreter) | median s | fastest s |\n|---|---|---|\n" + rows + "\n\n"
+        f"`finetune.run` over the floor: **{report['app_over_floor']:.2f}×** "
+        f"({report['app_minus_floor_s']:+.2f} s). Optional libraries it loads: "
+        f"{', '.join(report['optional_loaded']) or 'none'} (of {', '.join(OPTIONAL)}). PYTHONDONTWRITEBYTECODE: "
+        f"{report['PYTHONDONTWRITEBYTECODE'] or 'unset'} (set, every import compiles the app's sources anew).\n"
+    )
+    write_report(args.out, "import_time", report, table)
+    return report
+
+
+if __name__ == "__main__":
+    main()
