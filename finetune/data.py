@@ -158,6 +158,8 @@ def _a_run(folder: Path) -> bool:
 def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str | None, said: checks.Said) -> DatasetDict:
     if data_dir:
         checks.gate(files.BUILDER_FOLDER, data_dir, name)  # dataset_name=json on a folder of CSVs
+    if name not in (None, "imagefolder"):  # a builder on data_dir, or a local dataset folder: files joined by split
+        check_split_files(data_dir if name in files.BUILDERS else str(Path(name, data_dir or "")))
     try:
         if name in (None, "imagefolder") and data_dir:
             checks.gate(images.FOLDER, Path(data_dir), _a_run, said=said)  # what the loader would leave out
@@ -168,6 +170,51 @@ def _load_folder_or_hub(name: str | None, config_name: str | None, data_dir: str
     except Exception as e:  # datasets raises many types for unreadable data
         _reraise_a_stop(e)
         raise checks.explain(files.LOAD_FAILED, name, data_dir, e) from None
+
+
+def split_files(folder: str) -> list[tuple[str, list[str]]]:
+    """The data files datasets reads for each split of a folder (its own patterns: train/, train.csv, ...), as
+    (split, files) for each builder's files, or none where it finds none (the loader then says so)."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    try:
+        found = DataFilesDict.from_patterns(get_data_patterns(folder), base_path=folder)
+    except Exception:  # no data file there (datasets' EmptyDatasetError), or a layout it does not know
+        return []
+    builder = {p: FILE_BUILDERS.get(Path(p).suffix.lower()) for paths in found.values() for p in paths}
+    return [(str(split), [p for p in paths if builder[p] == b]) for split, paths in found.items()
+            for b in sorted({builder[p] for p in paths if builder[p]})]  # fmt: skip
+
+
+def file_columns(path: str) -> list[str] | None:
+    """A data file's column names from its header alone: a CSV's or TSV's first line, a JSON Lines file's first
+    record, a Parquet file's schema (no value read, no image decoded); None for other files or an unreadable one."""
+    suffix = Path(path).suffix.lower()
+    try:
+        if suffix in (".csv", ".tsv"):
+            with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+                return next(csv.reader(f, delimiter=delimiter_of(path)), None)
+        if suffix == ".jsonl":
+            with open(path, encoding="utf-8-sig", errors="replace") as f:
+                record = json.loads(next((line for line in f if line.strip()), "null"))
+            return list(record) if isinstance(record, dict) else None
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+    except (OSError, ValueError):  # unreadable, or not its format: the loader's own rules say what it is
+        return None
+    return None
+
+
+def check_split_files(folder: str | None) -> None:
+    """The files datasets joins into each split of a local folder have the same columns, by their headers
+    (`files.SPLIT_FILES`): before it reads them, so that a stream's later file is not read under the first's."""
+    if not folder or not Path(folder).is_dir():
+        return
+    for split, paths in split_files(str(folder)):
+        columns = {p: names for p in paths if (names := file_columns(p)) is not None}
+        checks.gate(files.SPLIT_FILES, split, columns)
 
 
 def read_splits(args: DataArgs, said: checks.Said | None = None, digests: dict[str, str] | None = None) -> DatasetDict:
@@ -213,6 +260,7 @@ def read_streamed(args: DataArgs, said: checks.Said | None, digests: dict[str, s
         others = {s: p for s, p in args.files.items() if s != "train"}
         raw = load_raw(others, None, None, None, require_train=False, said=said, digests=digests)
     else:
+        check_split_files(args.dataset_name)  # a local dataset folder: the files of each split alike
         names = list(load_dataset(args.dataset_name, args.dataset_config_name, streaming=True))
         checks.gate(stream_rules.SPLITS, names, args.dataset_name)
         raw = DatasetDict({s: HFDataset.from_generator(_stream_rows, gen_kwargs={"args": args, "split": s})

@@ -24,17 +24,23 @@ block again, orders it by the same seed and skips what was trained: it goes on e
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
+from datetime import timedelta
 
+import torch
 from accelerate.utils import gather_object, send_to_device
 from datasets import ClassLabel, DatasetDict
 from datasets import Dataset as HFDataset
 from datasets.distributed import split_dataset_by_node
 
 from finetune import checks, data
+from finetune.checks import columns
+from finetune.checks import labels as label_rules
 from finetune.checks import streams as rules
+from finetune.errors import PeerFailed
 from finetune.problems import problem_of
 from finetune.tasks import task_of
 
@@ -64,6 +70,9 @@ class TrainStream:
         self.start = {"pass": 0, "block": 0, "raw": None, "skip": 0}  # where the next __iter__ begins
         self.at = dict(self.start)  # where this process's stream stands: after the last sample handed out
         self.features, self._left = None, 0
+        self.source = self.args.train_file or self.args.dataset_name  # what a late row's line names
+        self.by_row = True  # each process reads every world-th row (else whole shards: rows counted in its share)
+        self.timeout, self.group = cfg.ddp_timeout, None  # the gloo group a late refusal is agreed over
 
     # --- the sampler's interface (finetune/steps.py EpochSampler) -------------------------------------------
     def reset(self, epoch: int, start: int = 0) -> None:
@@ -80,7 +89,33 @@ class TrainStream:
     def __iter__(self):
         samples = self._samples(dict(self.start))
         for _ in range(self._left):
-            yield send_to_device(self.collate(list(itertools.islice(samples, self.batch))), self.device)
+            batch, failed = None, None
+            try:
+                batch = list(itertools.islice(samples, self.batch))
+            except Exception as e:  # a late row refused (or our bug): every process must hear of it
+                failed = e
+            self._agree(failed)
+            yield send_to_device(self.collate(batch), self.device)
+
+    def _agree(self, failed: Exception | None) -> None:
+        """Every process learns, before its next step, whether one failed reading its batch: that one raises its
+        error and says it (whatever its rank), the others end quietly (`PeerFailed`), instead of dying in the
+        step's all-reduce with a traceback. One all-reduce (MIN) of a CPU integer over a gloo group of the
+        stream's own a micro-batch, as `signals.StopOnSignal` does a step; without a process group, the error."""
+        if self.world == 1 or not torch.distributed.is_initialized():
+            if failed is not None:
+                raise failed
+            return
+        if self.group is None:  # every process makes it at its first batch, in the same order
+            self.group = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
+        first = torch.tensor([self.rank if failed is not None else self.world])
+        torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN, group=self.group)
+        if int(first) == self.world:
+            return
+        if failed is not None and int(first) == self.rank:
+            failed.local = True  # type: ignore[attr-defined]  # this process says it, whatever its rank
+            raise failed
+        raise PeerFailed(f"process {int(first)} failed")
 
     def describe(self) -> str:
         """The start summary's words for the training split."""
@@ -103,6 +138,7 @@ class TrainStream:
     # --- reading ------------------------------------------------------------------------------------------------
     def _open(self, state: dict | None):
         raw = data.open_stream(self.args)
+        self.by_row = self.world == 1 or raw.n_shards % self.world != 0  # split_dataset_by_node's choice
         if self.world > 1:
             raw = split_dataset_by_node(raw, rank=self.rank, world_size=self.world)
         if state is not None:
@@ -114,14 +150,14 @@ class TrainStream:
         """This process's samples from `at`, forever: its share of each pass, block by block."""
         while True:
             raw, read, fresh = self._open(at["raw"]), 0, at["raw"] is None and at["block"] == 0
-            rows_of = iter(raw)
+            rows_of, first = iter(raw), at["block"] * self.block_size  # the blocks before this one are whole
             while True:
                 state = at["raw"] if read == 0 else raw.state_dict()  # datasets' position at the block's start
                 rows = list(itertools.islice(rows_of, self.block_size))
                 if not rows:
                     break
+                ordered = self._ordered(self._prepare(rows, first + read), at["pass"], at["block"])
                 read += len(rows)
-                ordered = self._ordered(self._prepare(rows, at), at["pass"], at["block"])
                 for i in range(at["skip"], len(ordered)):
                     self.at = {"pass": at["pass"], "block": at["block"], "raw": state, "skip": i + 1}
                     yield ordered[i]
@@ -130,18 +166,39 @@ class TrainStream:
                 checks.gate(rules.EMPTY, read, self.rank, self.world)
             at = {"pass": at["pass"] + 1, "block": 0, "raw": None, "skip": 0}
 
-    def _prepare(self, rows: list[dict], at: dict) -> list[dict]:
-        """A block's rows as the model reads them: labels encoded by the run's names, tokenized."""
+    def _prepare(self, rows: list[dict], first: int) -> list[dict]:
+        """A block's rows as the model reads them: each row checked as a loaded file's are (`_check`), labels
+        encoded by the run's names, tokenized. `first`: the block's first row in this process's share of the pass."""
         ds = HFDataset.from_list(rows, features=self.features)
+        self._check(ds, first)
         ds = self.problem.read_ids_as_names(DatasetDict({"train": ds}), self.args, self.said)["train"]
-        column = self.args.label_column
-        if self.problem.classes and not self.problem.lists and not isinstance(ds.features[column], ClassLabel):
-            unseen = sorted({str(v) for v in ds[column]} - set(self.label_names))
-            row = (at["block"] * self.block_size) * self.world
-            checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, row)
         batch = self.problem.encode(ds, self.args, self.label_names, "train", self.said)[:]
         prepared = {**self.task.tokenize(batch, self.preprocessor, self.args), "labels": batch["labels"]}
         return [dict(zip(prepared, values, strict=True)) for values in zip(*prepared.values(), strict=True)]
+
+    def _check(self, ds: HFDataset, first: int) -> None:
+        """A block's rows by the rules a loaded file's rows meet (`rules.ROWS`: an empty text, a null or missing
+        label; then a new label's, `rules.NEW_LABELS`, and one the first rows did not hold), each naming the row
+        in the stream (`_row`): the first rows were checked whole, and no row is read twice to check it."""
+        where = functools.partial(self._row, first)
+        checks.gate(rules.ROWS, columns.Columns(ds, "train", self.args, row_name=where))
+        column = self.args.label_column
+        if self.problem.classes and not self.problem.lists and not isinstance(ds.features[column], ClassLabel):
+            unseen = sorted({str(v) for v in ds[column]} - set(self.label_names))
+            if unseen:
+                classes = label_rules.Classes(ds, column, set(unseen), self.args.label_names, self.label_names, where)
+                checks.gate(rules.NEW_LABELS, classes)
+                row = next(i for i, v in enumerate(ds[column]) if str(v) in unseen)
+                checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row))
+
+    def _row(self, first: int, i: int) -> str:
+        """Row `i` of a block whose first is row `first` of this process's share of the pass, as a line names it:
+        its row in the file (data rows from 1, the header not counted), or, where the processes read whole
+        shards, its row in this process's share."""
+        at = first + i
+        if self.by_row:
+            return f"row {at * self.world + self.rank + 1:,} of {self.source}"
+        return f"row {at + 1:,} of process {self.rank}'s share of {self.source}"
 
     def _ordered(self, samples: list[dict], pass_: int, block: int) -> list[dict]:
         """A block in its training order, drawn from (seed, pass, block, process): shuffled; with group_by_length

@@ -198,8 +198,9 @@ LAYERS = [
     {"lora", "images", "parallel", "checks.splits", "rundir"},
     {"checks.evaluation"},
     {"tasks"},
-    {"checks.streams"},
-    {"checks.settings", "checks.columns"},
+    {"checks.columns"},
+    {"checks.streams"},  # a streamed block's rows by the columns' rules for a row
+    {"checks.settings"},
     {"config", "exits"},
     {"problems.base"},
     {"problems.multi_label", "problems.regression", "problems.tags", "problems.spans"},

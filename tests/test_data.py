@@ -1273,3 +1273,63 @@ def test_an_arrow_file_of_a_saved_dataset_is_data(tmp_path):
     raw, names = load_splits(load_config(None, [f"train_file={arrow}", "validation_file=null", "test_file=null",
                                                 "label_names=null"]).data_args, checks.Said(quiet=True))  # fmt: skip
     assert names == ["neg", "pos"] and len(raw["train"]) + len(raw["validation"]) == 20
+
+
+def _joined_split(folder, second_header: str):
+    """A folder whose train split is two CSV files (datasets joins them), the second under `second_header`."""
+    (folder / "train").mkdir(parents=True)
+    write_csv(folder / "train" / "a.csv", rotten_rows(20))
+    rows = "".join(f'"{r["text"]}",{r["label"]}\n' for r in rotten_rows(20, start=20))
+    (folder / "train" / "b.csv").write_text(f"{second_header}\n{rows}")
+    write_csv(folder / "validation.csv", rotten_rows(13, start=100))
+    return folder
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_files_of_one_split_with_other_columns_are_one_line(streamed, tmp_path, capsys):
+    """train/a.csv (text, label) and train/b.csv (review, sentiment), one split: datasets would join them (loaded,
+    its own cast error; streamed, b's rows without a text or label). Refused before either is read, by the
+    files' headers, in both modes."""
+    folder = _joined_split(tmp_path / "reviews", "review,sentiment")
+    base = [a for a in tiny_text_args({"train": "x", "validation": "x"}, tmp_path / "run")
+            if not a.startswith(("train_file=", "validation_file="))] + ["train_file=null", "validation_file=null"]
+    source = ([f"dataset_name={folder}", "streaming=true", "max_steps=2"] if streamed else
+              ["dataset_name=csv", f"data_dir={folder}"])  # fmt: skip
+    user_error(capsys, main, [*base, *source], "the train files have other columns", "b.csv has review, sentiment",
+               rule="files.split_files_of_other_columns", untouched=tmp_path / "run")
+
+
+def test_files_of_one_split_alike_and_every_bundled_data_set_raise_no_alarm(tmp_path):
+    """No false alarm: the columns of one split's files in another order, every bundled data set's folder (data/
+    and ../shared/data/), and each bundled table file cut in two files of one split."""
+    import pyarrow.parquet as pq
+
+    from finetune.data import check_split_files, file_columns
+
+    check_split_files(str(_joined_split(tmp_path / "reordered", "label,text")))  # by name, in any order: alike
+    bundled = [p for root in (REPO / "data", REPO.parent / "shared" / "data") if root.is_dir()
+               for p in sorted(root.iterdir()) if p.is_dir()]  # fmt: skip
+    tables = [f for folder in bundled for f in sorted(folder.rglob("*"))
+              if f.suffix in (".csv", ".tsv", ".jsonl", ".parquet")]  # fmt: skip
+    assert len(bundled) >= 6 and len(tables) >= 6, (bundled, tables)
+    alarms = []
+    for n, table in enumerate(tables):
+        halves = tmp_path / f"halves{n}" / "train"
+        halves.mkdir(parents=True)
+        if table.suffix == ".parquet":  # the schema, two row groups' worth: no image decoded
+            whole = pq.ParquetFile(table)
+            pq.write_table(whole.read_row_group(0), halves / f"a{table.suffix}")
+            pq.write_table(whole.read_row_group(whole.num_row_groups - 1), halves / f"b{table.suffix}")
+        else:
+            head, *lines = table.read_text(encoding="utf-8").splitlines(keepends=True)
+            header = [] if table.suffix == ".jsonl" else [head]
+            body = [head, *lines] if table.suffix == ".jsonl" else lines
+            (halves / f"a{table.suffix}").write_text("".join(header + body[: len(body) // 2]), encoding="utf-8")
+            (halves / f"b{table.suffix}").write_text("".join(header + body[len(body) // 2 :]), encoding="utf-8")
+        assert file_columns(str(halves / f"a{table.suffix}")), table
+    for folder in (*bundled, *sorted(tmp_path.glob("halves*"))):
+        try:
+            check_split_files(str(folder))
+        except UserError as e:
+            alarms.append((folder, str(e)))
+    assert alarms == [], alarms

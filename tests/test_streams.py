@@ -7,7 +7,9 @@ and refuses what cannot stream in one line.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -15,8 +17,11 @@ import pytest
 import torch
 from conftest import (
     DROPOUT_BERT,
+    REPO,
     launch,
+    launch_command,
     logged_losses,
+    one_error_line,
     rotten_rows,
     tiny_text_args,
     user_error,
@@ -227,7 +232,46 @@ def test_a_label_the_first_pass_did_not_hold_is_one_line(rows, tmp_path, capsys,
     late = [*rows[:20], {"text": "a new kind of review", "label": "2"}, *rows[20:]]
     args = tiny_text_args(_data(tmp_path, late), tmp_path / "out", "streaming=true", "max_steps=10",
                           "per_device_train_batch_size=4", "stream_buffer=8")  # fmt: skip
-    user_error(capsys, main, args, "give every label in label_names", rule="streams.label_after_first_pass")
+    line = user_error(capsys, main, args, "give every label in label_names", rule="streams.label_after_first_pass")
+    assert f"at row 21 of {tmp_path / 'train.jsonl'}," in line  # the row in the file, not in its block
+
+
+LATE = 37  # a row past the first pass (FIRST_PASS 8) and past the first blocks (stream_buffer 8), in the file from 1
+
+
+@pytest.mark.parametrize("bad, rule, fragment", [
+    ({"text": "", "label": "1"}, "columns.text_blank", "has an empty (blank) text at row"),
+    ({"text": "   ", "label": "0"}, "columns.text_blank", "has an empty (blank) text at row"),
+    ({"text": None, "label": "1"}, "columns.text_missing_in_a_row", "has an empty cell at row"),
+    ({"label": "1"}, "columns.text_missing_in_a_row", "has an empty cell at row"),
+    ({"text": "a review", "label": None}, "columns.label_null", "has empty (null) values (first at row"),
+    ({"text": "a review"}, "columns.label_null", "has empty (null) values (first at row"),
+    ({"text": "text", "label": "label"}, "labels.header_inside_the_file", "the header repeated inside the file"),
+    ({"text": "a review", "label": ""}, "labels.blank_label", "has an empty (blank) label at row"),
+])  # fmt: skip
+def test_a_bad_row_past_the_first_pass_is_refused_by_its_own_rule_naming_its_row(bad, rule, fragment, rows, tmp_path,
+                                                                                 capsys, monkeypatch):  # fmt: skip
+    """Rows after the first pass (the checked first rows) are checked by the loaded path's rules for a row, as
+    the stream reads them: an empty text is not trained on, a null or missing label is not a class named 'None';
+    the line names the row in the file (not in its block) and the file. Under 2 processes too (slow: below)."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    late = [*rows[: LATE - 1], bad, *rows[LATE - 1 :]]
+    data = _data(tmp_path, late)
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4",
+                          "stream_buffer=8")  # fmt: skip
+    line = user_error(capsys, main, args, fragment, f"row {LATE} of {data['train']}", rule=rule)
+    assert "None" not in line
+
+
+def test_a_bad_row_is_named_by_its_row_in_the_file_after_a_resume(rows, tmp_path, capsys, monkeypatch):
+    """A resume reads on from the checkpoint's block: a bad row after it is still named by its row in the file."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    late = [*rows[: LATE - 1], {"text": "", "label": "1"}, *rows[LATE - 1 :]]
+    args = tiny_text_args(_data(tmp_path, late), tmp_path / "out", "streaming=true", "per_device_train_batch_size=4",
+                          "stream_buffer=8", "save_steps=3")  # fmt: skip
+    main([*args, "max_steps=3"])
+    user_error(capsys, main, [*args, "max_steps=12", "resume_from_checkpoint=latest"], f"at row {LATE} of",
+               rule="columns.text_blank")
 
 
 def test_a_process_with_an_empty_share_is_one_line(tmp_path):
@@ -258,3 +302,34 @@ def test_a_dry_run_of_a_stream_counts_its_steps_not_a_placeholder(rows, tmp_path
                                  "per_device_train_batch_size=4"), "--dry-run"])  # fmt: skip
     assert plan["train_samples"] == "a stream (12 samples in max_steps=3)"
     assert plan["optimizer_steps_per_epoch"] == "-" and plan["total_optimizer_steps"] == 3
+
+
+@pytest.mark.slow
+def test_a_late_refusal_under_two_processes_is_one_line_and_status_2(rows, tmp_path):
+    """Two processes (finetune-launch, which keeps a process's exit status): a label past the first pass (10,000
+    rows) that process 1 alone meets. The run ends with status 2 and one line, the rule's, from process 1, naming
+    the row in the file; process 0, which was about to wait in the step's all-reduce, ends quietly: no gloo
+    traceback. stream_buffer past the first pass: each process's first block holds its whole share."""
+    many = [rows[i % ROWS] for i in range(finetune.data.FIRST_PASS)]
+    data = _data(tmp_path, [*many, rows[0], {"text": "a new kind of review", "label": "2"}, *rows])
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=4", "stream_buffer=10016",
+                          "per_device_train_batch_size=2")  # fmt: skip
+    result = subprocess.run([*launch_command(2, launcher="finetune.launch"), "finetune/run.py", *args], cwd=REPO,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "FINETUNE_SHOW_RULES": "1"},
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    line = one_error_line(result.returncode, result.stderr, "[rank 1] [streams.label_after_first_pass]",
+                          f"at row 10,002 of {data['train']}")  # fmt: skip
+    assert "gloo" not in result.stderr.lower() and "Connection closed" not in result.stderr, result.stderr[-3000:]
+    assert line
+
+
+def test_a_resume_with_fewer_samples_than_the_checkpoint_trained_past_is_one_line(rows, tmp_path, capsys):
+    """A checkpoint 12 rows into its stream (3 steps of 4): a resume with max_train_samples=10 would stand past the
+    data's end; refused, naming the rows trained. As many rows as trained, or more, resume as asked."""
+    args = tiny_text_args(_data(tmp_path, rows), tmp_path / "out", "streaming=true", "per_device_train_batch_size=4",
+                          "stream_buffer=8", "save_steps=3")  # fmt: skip
+    main([*args, "max_steps=3"])
+    resumed = [*args, "max_steps=6", "resume_from_checkpoint=latest"]
+    user_error(capsys, main, [*resumed, "max_train_samples=10"], "trained on the stream's first 12 rows of its pass 1",
+               "max_train_samples=12 or more", rule="runs.stream_past_max_train_samples", untouched=tmp_path / "out")
+    assert main([*resumed, "max_train_samples=12", "--dry-run"])["total_optimizer_steps"] == 6

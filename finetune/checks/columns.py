@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ class Columns:
     labelled: bool = True  # the labels are read (evaluation predicts on data without them)
     model_task: bool = False  # the task is a trained model's (evaluation): other data is the wrong data
     train_columns: list[str] | None = None  # the train split's, for another split
+    row_name: Callable[[int], str] | None = None  # how a line names row i (a stream's block: its row in the file)
     _values: dict[str, list] = field(default_factory=dict, repr=False)
 
     @property
@@ -100,6 +102,10 @@ class Columns:
         if self.model_task and other == self.args.task and not self.tagging and self.missing in self.inputs and words:
             other = next(n for n, t in TASKS.items() if TOKENS in t.problems)  # words to tag, a text model
         return other
+
+    def row(self, i: int) -> str:
+        """Row i (from 0) as a line names it: "row 3", or where a streamed block's row is in its file."""
+        return self.row_name(i) if self.row_name is not None else f"row {i + 1}"
 
     def setting_of(self, column: str) -> str:
         return self.args.setting_of(column)
@@ -617,7 +623,7 @@ def text_missing_in_a_row(c: Columns) -> str | None:
     for column, _ in _text_columns(c):
         row = next((i for i, v in enumerate(c.values(column)) if v is None), None)
         if row is not None:
-            return f"text column '{column}' in the {c.split} data has an empty cell at row {row + 1}; fill it in or drop that row"
+            return f"text column '{column}' in the {c.split} data has an empty cell at {c.row(row)}; fill it in or drop that row"
     return None
 
 
@@ -640,8 +646,8 @@ def text_blank(c: Columns) -> str | None:
         row = next((i for i, v in enumerate(texts) if BLANK.fullmatch(v)), None)
         if row is not None:
             invisible = " of invisible characters (zero-width spaces)" if texts[row].strip() else ""
-            return (f"text column '{column}' in the {c.split} data has an empty (blank) text{invisible} at row "
-                    f"{row + 1}; fill it in or drop that row")
+            return (f"text column '{column}' in the {c.split} data has an empty (blank) text{invisible} at "
+                    f"{c.row(row)}; fill it in or drop that row")
     return None
 
 
@@ -745,7 +751,7 @@ def label_null(c: Columns) -> str | None:
         labels = c.values(column)
         row = next((i for i, v in enumerate(labels) if v is None), None)
         if row is not None:
-            return (f"label column '{column}' in the {c.split} data has empty (null) values (first at row {row + 1}); "
+            return (f"label column '{column}' in the {c.split} data has empty (null) values (first at {c.row(row)}); "
                     "fill them in or drop those rows")
     return None
 

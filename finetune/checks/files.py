@@ -7,6 +7,7 @@ a parse that succeeded hides (finetune/data.py's `read_file` asks these, in this
     PARSED        what a parse that succeeded hides: a pandas layout read as one row
     CONLL_*       the CoNLL reader's findings (a line of another width, a header, no blank lines)
     FOLDER        a folder given as data_dir or --data, and a hub dataset that does not load
+    SPLIT_FILES   the files a folder holds for one split, which datasets joins: their columns, by their headers
 
 A good file is read once here, by `FileHead.read` (its sha256, its first MiB and whether it is UTF-8 in one
 pass), and once by the parser.
@@ -919,3 +920,22 @@ def squad_file_malformed(path: str, error: Exception) -> str | None:
 
 
 SQUAD_FILE = [squad_file_malformed]
+
+
+@rule("files.split_files_of_other_columns")
+def split_files_of_other_columns(split: str, columns: dict[str, list[str]]) -> str | None:
+    """Files of one split (a folder's train/a.csv and train/b.csv, which datasets joins into one split) whose
+    columns differ, by their headers: the second file's rows would miss the first's columns (its texts or labels
+    read as empty), or its header be read as a row and trained as a class. Compared by name, in any order."""
+    if not columns:
+        return None
+    first, *others = columns.items()
+    other = next(((path, names) for path, names in others if set(names) != set(first[1])), None)
+    if other is None:
+        return None
+    return (f"the {split} files have other columns: {first[0]} has {', '.join(first[1])}; {other[0]} has "
+            f"{', '.join(other[1])}; give every file of a split the same header (rename the columns), or train on "
+            "one file (train_file=...)")
+
+
+SPLIT_FILES = [split_files_of_other_columns]

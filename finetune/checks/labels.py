@@ -342,14 +342,18 @@ class Classes:
     names label_names lists: the user's own, which no heuristic second-guesses), `names` (the label set in
     id order) and `feature`."""
 
-    def __init__(self, train, column: str, present: set[str], label_names: list[str] | None, names: list[str]):
+    def __init__(self, train, column: str, present: set[str], label_names: list[str] | None, names: list[str],
+                 row_name=None):  # fmt: skip
         self.train, self.column, self.present, self.names = train, column, present, names
+        self.row_name = row_name  # how a line names row i (a stream's block: its row in the file), else "row i+1"
         self.given = list(label_names or [])
         self.named = set(self.given)
         self.feature = train.features[column]
 
-    def row_of(self, value: str) -> int:
-        return next(i for i, v in enumerate(self.train[self.column]) if str(v) == value) + 1
+    def row_of(self, value: str) -> str:
+        """The first row that holds `value`, as a line names it ("row 3")."""
+        i = next(i for i, v in enumerate(self.train[self.column]) if str(v) == value)
+        return self.row_name(i) if self.row_name is not None else f"row {i + 1}"
 
 
 @rule("labels.single_class")
@@ -366,7 +370,7 @@ def list_written_as_text(c: Classes) -> str | None:
     """Class names that are lists written as text ("['art', 'film']": a multi-label set saved by a CSV writer)."""
     listy = next((v for v in sorted(c.present) if re.fullmatch(r"\s*\[.*\]\s*", v, re.S) and v not in c.named), None)
     if listy is not None:
-        return (f"label column '{c.column}' holds a list written as text ({listy!r} at row {c.row_of(listy)}); for "
+        return (f"label column '{c.column}' holds a list written as text ({listy!r} at {c.row_of(listy)}); for "
                 'several labels a sample, give real lists (JSON Lines: "label": ["art", "film"]) or 0/1 columns '
                 "(label_columns); for one label a sample, remove the brackets and quotes (or, if that is a class's "
                 "name, list it in label_names)")
@@ -377,7 +381,7 @@ def list_written_as_text(c: Classes) -> str | None:
 def header_inside_the_file(c: Classes) -> str | None:
     """The label column's own name among its labels: a CSV whose header line was pasted in again."""
     if c.column in c.present and c.column not in c.named:
-        return (f"label column '{c.column}' holds the label {c.column!r} at row {c.row_of(c.column)}: the header "
+        return (f"label column '{c.column}' holds the label {c.column!r} at {c.row_of(c.column)}: the header "
                 "repeated inside the file; remove that row (or, if it is a class's name, list it in label_names)")
     return None
 
@@ -387,7 +391,7 @@ def line_break_in_a_label(c: Classes) -> str | None:
     """A label with a line break in it ("pos\\nx"): a quoted field that ran on into the next line."""
     broken = next((v for v in sorted(c.present) if re.search(r"\S[\r\n]+\S", v) and v not in c.named), None)
     if broken is not None:
-        return (f"label column '{c.column}' holds a label with a line break ({broken!r} at row {c.row_of(broken)}): a "
+        return (f"label column '{c.column}' holds a label with a line break ({broken!r} at {c.row_of(broken)}): a "
                 "quote left open in the file, so the field ran on into the next line? fix the quoting (or, if that "
                 "is a class's name, list it in label_names)")
     return None
@@ -398,7 +402,7 @@ def blank_label(c: Classes) -> str | None:
     """An empty (blank) label that a CSV kept as text."""
     blank = next((v for v in sorted(c.present) if not v.strip()), None)
     if blank is not None:
-        return f"label column '{c.column}' has an empty (blank) label at row {c.row_of(blank)}; give that sample its label or drop the row"
+        return f"label column '{c.column}' has an empty (blank) label at {c.row_of(blank)}; give that sample its label or drop the row"
     return None
 
 

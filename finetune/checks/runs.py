@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import math
 import os
 import re
 import zipfile
@@ -869,6 +870,38 @@ def other_sample_count(r: Resume) -> str | None:
             f"{r.train_samples} ({why}); resume with the run's own data and settings")
 
 
+def stream_rows_trained(r: Resume) -> int:
+    """The rows of the current pass over a streamed run's data that its checkpoint had read up to (its last
+    trained sample's row, from 1): each process's position (finetune/streams.py: whole blocks of stream_buffer
+    samples, rounded up to whole batches, then the block's samples trained on); process p reads rows p, p + P, ...
+    of the data (datasets' split of one file among P processes)."""
+    m = r.manifest
+    world, batch = m["world_size"], m["per_device_train_batch_size"]
+    buffer = (m.get("config") or {}).get("stream_buffer", r.cfg.stream_buffer)
+    block = math.ceil(max(buffer, 1) / batch) * batch
+    read = [at["block"] * block + at["skip"] for at in m.get("stream") or []]
+    return max([(n - 1) * world + p + 1 for p, n in enumerate(read) if n] or [0])
+
+
+@rule("runs.stream_past_max_train_samples")
+def stream_past_max_train_samples(r: Resume) -> str | None:
+    """A streamed run resumed with a max_train_samples smaller than the rows its checkpoint had already trained
+    past in the pass it stands in: the stream's position would lie beyond the data, and the resume would go on
+    from another place than where the run stopped."""
+    limit = r.cfg.max_train_samples
+    if not r.cfg.streaming or limit is None or not r.manifest.get("stream"):
+        return None
+    if r.manifest["world_size"] > 1 and not r.cfg.train_file:  # a hub's shards split among processes: rows unknown
+        return None
+    trained = stream_rows_trained(r)
+    if limit >= trained:
+        return None
+    at = r.manifest["stream"][0]["pass"] + 1
+    return (f"the checkpoint's run had trained on the stream's first {trained:,} rows of its pass {at} over the data, "
+            f"and max_train_samples={limit} keeps fewer: resume with max_train_samples={trained} or more (or as the "
+            "run had it), or start a new run")
+
+
 @rule("runs.other_state_layout")
 def other_state_layout(r: Resume) -> str | None:
     """A checkpoint of FSDP's shards resumed without FSDP, or a whole one with it."""
@@ -896,7 +929,7 @@ def other_topology(r: Resume) -> str | None:
 
 
 RESUME = [resume_changes_a_fixed_setting, resume_on_other_labels, training_data_changed, other_sample_count,
-          other_state_layout, other_topology]  # fmt: skip
+          stream_past_max_train_samples, other_state_layout, other_topology]  # fmt: skip
 
 
 @rule("runs.checkpoint_past_the_plan")

@@ -4,13 +4,16 @@ it needs, and what the stream meets as it is read.
     SETTINGS  the typed config: asked with the settings' CONFIG (finetune/checks/settings.py), the task's
               rule once the task is known
     SPLITS    the split names of the streamed data, before anything is read (finetune/data.py)
+    ROWS      a block's rows, as a process reads its share of the stream, by the loaded path's own rules for a
+              row: the first rows were checked whole with the split, the later ones are checked here
+    NEW_LABELS a block's labels that the first rows did not hold, by the loaded path's rules for one label
     LABELS    a block's labels, as a process reads its share of the stream (finetune/streams.py)
     EMPTY     a process's share of one pass, read from its start (finetune/streams.py)
 """
 
 from __future__ import annotations
 
-from finetune.checks import rule
+from finetune.checks import columns, labels, rule
 from finetune.formats import builder_of
 from finetune.tasks import TASKS, task_of
 
@@ -94,12 +97,19 @@ def no_rows(source: str, rows: int) -> str | None:
 NO_ROWS = [no_rows]
 
 
+# A later row of the stream: the loaded path's rules for one row (`Columns.row` names its row in the file), in
+# their order there; and for a label the first rows did not hold, the loaded path's rules for one label.
+ROWS = [columns.missing, columns.text_missing_in_a_row, columns.text_blank, columns.label_null]
+NEW_LABELS = [labels.list_written_as_text, labels.header_inside_the_file, labels.line_break_in_a_label,
+              labels.blank_label]  # fmt: skip
+
+
 @rule("streams.label_after_first_pass", local=True)
-def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int, row: int) -> str | None:
+def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int, row: str) -> str | None:
     """A training label met in the stream that its first rows, from which the label names were read, did not
     hold: the model has no class for it."""
     if unseen:
-        return (f"the training stream holds the label(s) {', '.join(map(repr, unseen[:5]))} near row {row:,}, which "
+        return (f"the training stream holds the label(s) {', '.join(map(repr, unseen[:5]))} at {row}, which "
                 f"its first {first_rows:,} rows (where the label names {names} were read) did not: give every label "
                 "in label_names=[...]")
     return None
