@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench                                  # BERT recipe, the recipe's steps
     python -m benchmarks.bench --recipe both --out runs/bench   # BERT and ViT
+    python -m benchmarks.bench --recipe all --steps 30          # every task: text, tags, QA, ViT, EfficientNet
     python -m benchmarks.bench --steps 40 --levers              # plus each speed lever on/off
     python -m benchmarks.bench --precision bf16 --steps 4       # bf16 autocast (slow on CPUs without bf16)
     python -m benchmarks.bench --precision bf16 --seq-len 128 --no-split --override 'model_config={...}'  # a GPU's MFU
@@ -48,6 +49,7 @@ from benchmarks.flops import mfu
 from benchmarks.levers import LEVERS, bench_levers, lever_skipped, ratio, tokenize_cache
 from benchmarks.peak import PEAK_DTYPES, gemm_peak
 from benchmarks.recipes import (
+    EVERY_TASK,
     RECIPES,
     SEQ_LEN_SETTINGS,
     check_arguments,
@@ -61,6 +63,9 @@ from finetune.config import REPO_DIR
 from finetune.errors import UserError
 from finetune.exits import ArgumentParser, exit_on_user_error
 from finetune.runtime import cpu_threads
+
+# The app's scores that are the textbook loop's argmax accuracy too (benchmarks/reference.py, `accuracy`).
+COMPARABLE_METRICS = ("accuracy", "word_accuracy")
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -100,14 +105,34 @@ def bench_recipe(
             ],
             "padded_tokens_per_s": ratio(app_r["padded_tokens_per_s"], ref_r["padded_tokens_per_s"]),
             "model_flops_per_s": ratio(app_r["model_flops_per_s"], ref_r["model_flops_per_s"]),
-            "eval_accuracy_difference": app_r["eval_accuracy"] - ref_r["eval_accuracy"],
+            # the same score where the app's is the textbook's argmax accuracy (QA's exact match is not)
+            "eval_accuracy_difference": app_r["eval_accuracy"] - ref_r["eval_accuracy"]
+            if app_r["eval_metric"] in COMPARABLE_METRICS else None,
+            "validation_evaluation_s": evaluation_ratio(app_r, ref_r),
         },
     }
 
 
+def outside_training(app: dict[str, Any], import_s: float | None) -> dict[str, Any]:
+    """The app's seconds outside its training loop (the imports of a fresh interpreter, start-up, data,
+    building, evaluation and export: `train()`'s phases but "train"), and their share of the whole
+    (imports + `train()`'s wall). The launcher's own start is apart: benchmarks/launcher.py."""
+    imports = import_s or 0.0
+    outside = imports + app["train_wall_s"] - app["stages_s"].get("train", 0.0)
+    return {"seconds": outside, "share": outside / (imports + app["train_wall_s"]), "imports_counted": import_s is not None}
+
+
+def evaluation_ratio(app: dict[str, Any], ref: dict[str, Any]) -> float | None:
+    """Seconds of the app's last validation evaluation (metrics, gathering, a task's post-processing)
+    over a plain `model.eval()` loop's forward passes on the same split with the same batch size."""
+    timed, plain = app.get("validation_evaluation"), ref.get("plain_validation")
+    return ratio(timed["seconds"], plain["seconds"]) if timed and plain and plain["seconds"] > 0 else None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m benchmarks.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--recipe", choices=[*RECIPES, "both"], default="bert", help="both: bert and vit")
+    p.add_argument("--recipe", choices=[*RECIPES, "both", "all"], default="bert",
+                   help=f"both: bert and vit; all: one recipe of each task and image model ({', '.join(EVERY_TASK)})")  # fmt: skip
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     p.add_argument(
         "--reps", type=int, default=1, help="app/reference pairs, run alternately; medians reported"
@@ -174,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         peaks.append(gemm_peak(PEAK_DTYPES[precision], args.gemm_size, args.gemm_reps, device))
         return peaks[-1]["flops_per_s"]
 
-    recipes = ["bert", "vit"] if args.recipe == "both" else [args.recipe]
+    recipes = {"both": ["bert", "vit"], "all": EVERY_TASK}.get(args.recipe, [args.recipe])
     for name in args.levers_only or []:  # a named lever that would be skipped: say so before any run
         if why := lever_skipped(LEVERS[name], recipes[0], args, device, processes):
             raise UserError(f"--levers-only {name}: {why}")
@@ -186,6 +211,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="finetune-bench-") as tmp:
         for recipe in recipes:
             report["recipes"][recipe] = bench_recipe(recipe, args, peak, Path(tmp), device)
+            report["recipes"][recipe]["outside_training"] = outside_training(report["recipes"][recipe]["app"],
+                                                                             report["import_seconds"])  # fmt: skip
         if args.levers:
             report["levers"] = bench_levers(recipes[0], args, Path(tmp), device, processes)
             if recipes[0] == "bert":

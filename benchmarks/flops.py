@@ -20,9 +20,13 @@ from typing import Any
 import torch
 
 
-def flop_model(model: torch.nn.Module) -> dict[str, Any]:
+def flop_model(model: torch.nn.Module, batch: dict[str, Any] | None = None) -> dict[str, Any]:
     """N, L, H of the FLOP count (see `token_flops`): parameters outside the embedding tables,
-    layers, hidden size; and how many of them are frozen (read when training starts)."""
+    layers, hidden size; and how many of them are frozen (read when training starts). A model that is
+    not a transformer (a convolutional network: EfficientNet) has its FLOPs counted by torch instead
+    (`counted_flops`, on `batch`)."""
+    if not hasattr(model.config, "num_attention_heads") and batch is not None and "pixel_values" in batch:
+        return counted_flops(model, batch["pixel_values"])
     embedding = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     excluded = {"position_embeddings", "cls_token", "mask_token"}
     counted = [
@@ -93,3 +97,25 @@ def real_flops(batch: dict[str, torch.Tensor], f: dict[str, Any]) -> float:
 def mfu(model_flops_per_s: float, peak_flops_per_s: float) -> float:
     """Model FLOPs utilisation: the share of the measured matmul peak the model's FLOPs reach."""
     return model_flops_per_s / peak_flops_per_s
+
+
+def counted_flops(model: torch.nn.Module, pixel_values: torch.Tensor) -> dict[str, Any]:
+    """Training FLOPs of one image, counted by torch (`torch.utils.flop_counter.FlopCounterMode`: every
+    convolution and matmul of a forward and backward, as the model runs them) on a copy of `model`, so
+    that the run's own weights, gradients and BatchNorm statistics are untouched. The copy keeps what
+    is frozen, so a frozen block counts its forward only; two images, in the model's own mode
+    (BatchNorm in training mode needs more than one value per channel), per image after."""
+    import copy
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    twin = copy.deepcopy(model).to("cpu")
+    images = pixel_values[:2].detach().to("cpu", torch.float32)
+    with FlopCounterMode(display=False) as counter:
+        twin(pixel_values=images).logits.float().sum().backward()
+    return {
+        "flops_per_sample": counter.get_total_flops() / len(images),
+        "params": sum(p.numel() for p in model.parameters()),
+        "frozen_params": sum(p.numel() for p in model.parameters() if not p.requires_grad),
+        "counted_by": "torch.utils.flop_counter.FlopCounterMode, forward and backward of two images",
+    }

@@ -16,8 +16,14 @@ from finetune.tasks import Task, task_of
 RECIPES = {
     "bert": CONFIGS_DIR / "bert_rotten_tomatoes.yaml",
     "bert_full": CONFIGS_DIR / "bert_rotten_tomatoes_full.yaml",
+    "ner": CONFIGS_DIR / "bert_ner.yaml",
+    "qa": CONFIGS_DIR / "bert_qa.yaml",
     "vit": CONFIGS_DIR / "vit_fashion_mnist.yaml",
+    "efficientnet": CONFIGS_DIR / "efficientnet_photos.yaml",
 }
+# `--recipe all`: one recipe of each task the app trains (text and image classification, tagging,
+# question answering) and each image architecture (a ViT from a config, the pretrained EfficientNet).
+EVERY_TASK = ["bert", "ner", "qa", "vit", "efficientnet"]
 # --smoke, by the recipe's task modality: tiny models built from config on a slice of the bundled
 # data (the tests' runs).
 SMOKE = {
@@ -31,6 +37,19 @@ SMOKE = {
         "model_config={model_type: vit, image_size: 28, patch_size: 7, num_channels: 3, hidden_size: 32, "
         "num_hidden_layers: 2, num_attention_heads: 4, intermediate_size: 37}",
         "max_train_samples=64", "max_eval_samples=16", "max_test_samples=32",
+        "per_device_train_batch_size=8", "per_device_eval_batch_size=32",
+    ],
+}  # fmt: skip
+# --smoke, a recipe's own on top of its modality's: QA's overlap fits the smoke max_length; the photos
+# recipe keeps a convolutional BatchNorm model (a tiny EfficientNet, 2 blocks, 32x32), none frozen.
+SMOKE_OWN = {
+    "qa": ["doc_stride=8"],
+    "efficientnet": [
+        "model_config={model_type: efficientnet, image_size: 32, num_channels: 3, width_coefficient: 0.25, "
+        "depth_coefficient: 0.25, hidden_dim: 320, kernel_sizes: [3, 3], in_channels: [32, 16], "
+        "out_channels: [16, 24], num_block_repeats: [1, 1], strides: [1, 2], expand_ratios: [1, 6], "
+        "depthwise_padding: [], hidden_act: relu6, dropout_rate: 0.0, drop_connect_rate: 0.0}",
+        "freeze_layers=0", "max_train_samples=64", "max_eval_samples=16", "max_test_samples=32",
         "per_device_train_batch_size=8", "per_device_eval_batch_size=32",
     ],
 }  # fmt: skip
@@ -53,10 +72,19 @@ def recipe_overrides(recipe: str, args: argparse.Namespace) -> list[str]:
     """What the bench's options add to a recipe (--smoke, --seq-len, --steps, --override), as shown in
     its report."""
     task = recipe_task(recipe)
-    extra = list(SMOKE[task.modality]) if args.smoke else []
+    extra = smoke_settings(recipe) if args.smoke else []
     if args.seq_len and SEQ_LEN_SETTINGS <= task.own_settings:
         extra += [f"max_length={args.seq_len}", f"pad_to_multiple_of={args.seq_len}"]
     return extra + ([f"max_steps={args.steps}"] if args.steps else []) + list(args.override)
+
+
+def smoke_settings(recipe: str) -> list[str]:
+    """The --smoke settings of a recipe: its own (`SMOKE_OWN`) where it has them (a model of its
+    kind), else its modality's, then its own additions."""
+    own = SMOKE_OWN.get(recipe, [])
+    if any(setting.startswith("model_config=") for setting in own):
+        return list(own)
+    return [*SMOKE[recipe_task(recipe).modality], *own]
 
 
 def recipe_config(recipe: str, args: argparse.Namespace, out: Path, extra: list[str] = ()) -> TrainConfig:

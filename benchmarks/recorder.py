@@ -84,6 +84,7 @@ class Recorder(Hooks):
         self.steps: list[Step] = []
         self.cur = Step()
         self.evals: list[float] = []  # seconds of each evaluation
+        self.validations: list[dict[str, Any]] = []  # the app's validation evaluations: seconds, samples
         self.model: torch.nn.Module | None = None
         self.flops: dict[str, Any] | None = None
         self.tokens_per_image: int | None = None
@@ -104,6 +105,9 @@ class Recorder(Hooks):
         if name == "built":  # FLOPs are counted at the first batch, when the freezing is done
             self.model, self.flops, self.tokens_per_image = value, None, tokens_per_image(value.config)
             return
+        if name == "evaluated" and self.evals:  # a validation evaluation just ended: what it scored, and in how long
+            self.validations.append({"seconds": self.evals[-1], "samples": value[1].get("num_samples")})
+            return
         if name not in ENDS and name != "step":
             return
         t = self.now(self.split or (name == "step" and len(self.steps) + 1 == self.window_start))
@@ -120,8 +124,14 @@ class Recorder(Hooks):
 
     def _count(self, batch: Mapping) -> None:
         if self.flops is None and self.model is not None:
-            self.flops = flop_model(self.model)
+            self.flops = flop_model(self.model, batch)
         c = self.cur
+        if self.flops and "flops_per_sample" in self.flops:  # counted by torch (a convolutional model)
+            b = batch["pixel_values"].shape[0]
+            c.samples, c.real_tokens, c.padded_tokens = c.samples + b, c.real_tokens + b, c.padded_tokens + b
+            c.flops += b * self.flops["flops_per_sample"]
+            c.flops_real += b * self.flops["flops_per_sample"]
+            return
         if not self.split and "attention_mask" in batch:  # int(mask.sum()) would wait for the device
             mask = batch["attention_mask"]
             c.samples, c.padded_tokens = c.samples + mask.shape[0], c.padded_tokens + mask.numel()
@@ -220,6 +230,7 @@ class Recorder(Hooks):
                 )
             ),
             "evals_s": self.evals,
+            "validation_evaluations": self.validations,
         }
 
 

@@ -40,6 +40,8 @@ from finetune.models import build_model, load_preprocessor
 from finetune.run import Hooks
 from finetune.tasks import task_of
 
+# The labels a model's own loss takes; left out of an evaluation's inputs.
+SPAN_LABELS = ("labels", "start_positions", "end_positions")
 # run_glue_no_trainer.py's defaults.
 RUN_GLUE = {"batch": 8, "learning_rate": 5e-5, "epochs": 3, "max_length": 128, "weight_decay": 0.0}
 
@@ -85,7 +87,7 @@ def textbook_steps(
         while step < total:
             for batch in loader:
                 hooks.mark("batch", batch)
-                loss = model(**batch).loss
+                loss = model(**textbook_inputs(batch)).loss
                 hooks.mark("backward")
                 accelerator.backward(loss)
                 hooks.mark("optimizer")
@@ -100,19 +102,60 @@ def textbook_steps(
                     return
 
 
+def textbook_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """What the sources pass to `model(**batch)`, from a batch of the task's collator: its `meta` (the
+    app's record of what a row is) left out; a span's (start, end) labels as the QA model's own
+    `start_positions` and `end_positions`, as `run_qa_no_trainer.py` feeds them."""
+    inputs = {k: v for k, v in batch.items() if k != "meta"}
+    labels = inputs.get("labels")
+    if labels is not None and "offsets" in batch.get("meta", {}):  # spans: (start, end) token of each window
+        inputs.pop("labels")
+        inputs["start_positions"], inputs["end_positions"] = labels[:, 0], labels[:, 1]
+    return inputs
+
+
+def argmax_hits(output, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sources' evaluation at its simplest, for any head: the argmax of the logits against the
+    labels, where a label is given (not -100: a tagger's padding and later subwords). A QA window is a
+    hit where both its start and end tokens are right. Returns (hits, counted), one per labelled place."""
+    if hasattr(output, "start_logits"):
+        hits = (output.start_logits.argmax(-1) == labels[:, 0]) & (output.end_logits.argmax(-1) == labels[:, 1])
+        return hits, torch.ones_like(hits)
+    return output.logits.argmax(-1) == labels, labels != -100
+
+
 @torch.no_grad()
 def accuracy(model, loader, accelerator: Accelerator) -> tuple[float, int]:
-    """The sources' evaluation: argmax of the logits against the labels, gathered over processes
-    (`gather_for_metrics` drops the samples Accelerate repeats to even out the last batch).
-    Returns (accuracy, samples)."""
+    """The sources' evaluation: argmax of the logits against the labels (`argmax_hits`: a token for a
+    tagger, start and end for a QA window), gathered over processes (`gather_for_metrics` drops the
+    samples Accelerate repeats to even out the last batch). Returns (accuracy, samples)."""
     model.eval()
-    correct = total = 0
+    correct = counted = samples = 0
     for batch in loader:
-        preds, refs = accelerator.gather_for_metrics((model(**batch).logits.argmax(-1), batch["labels"]))
-        correct += int((preds == refs).sum())
-        total += len(refs)
+        output = model(**{k: v for k, v in textbook_inputs(batch).items() if k not in SPAN_LABELS})
+        hits, labelled = argmax_hits(output, batch["labels"])
+        if hits.dim() > 1:  # a tagger's sentences: as long as the longest on any process
+            hits, labelled = accelerator.pad_across_processes((hits, labelled), dim=1)
+        hits, labelled = accelerator.gather_for_metrics((hits, labelled))
+        correct += int((hits & labelled.bool()).sum())
+        counted += int(labelled.sum())
+        samples += len(hits)
     model.train()
-    return correct / total, total
+    return correct / max(counted, 1), samples
+
+
+@torch.no_grad()
+def plain_evaluation(model, loader) -> dict[str, Any]:
+    """A plain `model.eval()` loop over one process's batches: the forward passes and nothing else (no
+    gather, no metric), timed: what an evaluation costs at the least with this batch size."""
+    model.eval()
+    rows, t = 0, time.perf_counter()
+    for batch in loader:
+        output = model(**{k: v for k, v in textbook_inputs(batch).items() if k not in SPAN_LABELS})
+        rows += len(output[0])
+    seconds = time.perf_counter() - t
+    model.train()
+    return {"seconds": seconds, "rows": rows, "batches": len(loader)}
 
 
 def nlp_example(
@@ -136,11 +179,14 @@ def nlp_example(
         pass  # nothing between steps: one evaluation at the end
     with hooks.phase("evaluate"):
         share, samples = accuracy(model, eval_dl, accelerator)
+    # the validation split, as the app's evaluations read it, by a plain loop with the app's eval batch
+    validation = loaders(cfg, preprocessor, splits, cfg.per_device_eval_batch_size, "validation", pad_to)[1]
     return {
         "optimizer_steps": steps,
         "eval_accuracy": share,
         "eval_samples": samples,
         "communication_s": all_reduce_seconds(accelerator, model),
+        "plain_validation": plain_evaluation(model, accelerator.prepare(validation)),
     }
 
 

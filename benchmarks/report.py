@@ -85,7 +85,7 @@ ROWS = [
     ("MFU at real lengths", "mfu_real", "", 3),
     ("peak RSS (MiB)", "peak_rss_mib", "", 0),
     ("peak GPU allocated (MiB)", "peak_gpu_allocated_mib", "", 0),
-    ("eval accuracy", "eval_accuracy", "", 4),
+    ("eval score (metric below)", "eval_accuracy", "", 4),
     ("CPU cores used by other processes meanwhile", "other_processes_cpu_cores", "", 2),
 ]
 
@@ -148,11 +148,22 @@ def _recipe_lines(name: str, r: dict[str, Any], import_s: float | None) -> list[
         va, vb = _value(a, key, unit), _value(b, key, unit)
         rr = "–" if va is None or not vb else f"{va / vb:.2f}x"
         if key == "eval_accuracy":
-            rr = f"{q['eval_accuracy_difference'] * 100:+.2f} points"
+            d = q.get("eval_accuracy_difference")
+            rr = "– (other metrics)" if d is None else f"{d * 100:+.2f} points"
         lines.append(f"| {label} | {fmt(va, '', digits)} | {fmt(vb, '', digits)} | {rr} |")
     lines.append(
         f"| eval split (samples) | {a['eval_split']} ({a['eval_samples']}) | {b['eval_split']} ({b['eval_samples']}) | |"
     )
+    lines.append(f"| eval metric | {a.get('eval_metric', 'accuracy')} | {b.get('eval_metric', 'accuracy')} | |")
+    timed, plain = a.get("validation_evaluation"), b.get("plain_validation")
+    if timed and plain:
+        lines += [
+            "",
+            f"Evaluation of the validation split: the app's {timed['seconds']:.2f} s for {timed['samples']} samples "
+            f"(metrics, gathering, the task's post-processing) against {plain['seconds']:.2f} s for a plain "
+            f"`model.eval()` loop's forward passes over its {plain['rows']} rows in {plain['batches']} batches: "
+            f"app / plain {q['validation_evaluation_s']:.2f}x the time.",
+        ]
     imports = f"; imports before it (fresh interpreter) {import_s:.1f} s" if import_s else ""
     lines += [
         "",
@@ -160,6 +171,9 @@ def _recipe_lines(name: str, r: dict[str, Any], import_s: float | None) -> list[
         + ", ".join(f"{k} {v:.1f}" for k, v in a["stages_s"].items())
         + f" s; {a['steps_recorded']} steps {a['steps_recorded'] * a['step_time_s']:.1f} s (est.){imports}.",
     ]
+    if out := r.get("outside_training"):
+        lines.append(f"Outside the training loop: {out['seconds']:.1f} s, {out['share']:.0%} of the "
+                     f"{'imports and ' if out['imports_counted'] else ''}`train()` wall.")  # fmt: skip
     return lines
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from benchmarks.bench import main
 
@@ -241,3 +242,62 @@ def test_the_launcher_benchmark_stops_when_a_command_fails(tmp_path):
 
     with pytest.raises(SystemExit, match="failed"):
         launcher(["--reps", "1", "--config-file", str(tmp_path / "missing.yaml"), "--out", str(tmp_path)])
+
+
+class _Convolutional(torch.nn.Module):
+    """A convolution and a linear head on 8x8 RGB images, as a convolutional model answers
+    (`.logits`), with a config that is not a transformer's."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"hidden_size": 2})()
+        self.conv, self.head = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Linear(4 * 8 * 8, 2)
+
+    def forward(self, pixel_values):
+        return type("Output", (), {"logits": self.head(self.conv(pixel_values).flatten(1))})()
+
+
+def test_a_convolutional_model_has_its_flops_counted_by_torch_and_frozen_layers_count_forward_only():
+    from benchmarks.flops import flop_model
+
+    model, batch = _Convolutional(), {"pixel_values": torch.randn(5, 3, 8, 8)}
+    conv, head = 2 * 3 * 4 * 9 * 64, 2 * 256 * 2  # forward FLOPs of one image, by layer
+    # backward: the convolution's weight gradient (no input gradient: the images need none), the head's two
+    assert flop_model(model, batch)["flops_per_sample"] == 2 * conv + 3 * head
+    model.conv.requires_grad_(False)  # frozen: no backward through it, nor a gradient of its output
+    assert flop_model(model, batch)["flops_per_sample"] == conv + 2 * head
+    assert all(p.grad is None for p in model.parameters())  # counted on a copy: the run's gradients untouched
+
+
+def test_the_textbook_loop_feeds_each_head_its_own_labels_and_scores_where_labelled():
+    from types import SimpleNamespace
+
+    from benchmarks.reference import argmax_hits, textbook_inputs
+
+    spans = {"input_ids": torch.ones(2, 4), "labels": torch.tensor([[1, 2], [0, 0]]),
+             "meta": {"example": torch.tensor([0, 0]), "offsets": torch.zeros(2, 4, 2)}}  # fmt: skip
+    inputs = textbook_inputs(spans)
+    assert set(inputs) == {"input_ids", "start_positions", "end_positions"}  # run_qa's own loss arguments
+    assert inputs["start_positions"].tolist() == [1, 0] and inputs["end_positions"].tolist() == [2, 0]
+    qa = SimpleNamespace(start_logits=torch.tensor([[0.0, 9, 0, 0], [9.0, 0, 0, 0]]),
+                         end_logits=torch.tensor([[0.0, 0, 0, 9], [9.0, 0, 0, 0]]))  # fmt: skip
+    hits, counted = argmax_hits(qa, spans["labels"])
+    assert hits.tolist() == [False, True] and counted.sum() == 2  # a window is right where start and end are
+    tags = {"input_ids": torch.ones(1, 3), "labels": torch.tensor([[1, -100, 0]])}
+    assert set(textbook_inputs(tags)) == {"input_ids", "labels"}
+    hits, counted = argmax_hits(SimpleNamespace(logits=torch.tensor([[[0.0, 1], [0, 1], [0, 1]]])), tags["labels"])
+    assert counted.tolist() == [[True, False, True]] and (hits & counted).sum() == 1  # later subwords not scored
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["ner", "qa", "efficientnet"])
+def test_smoke_bench_of_every_task(recipe, tmp_path):
+    main(["--smoke", "--recipe", recipe, "--steps", "4", "--out", str(tmp_path)])
+    r = json.loads((tmp_path / "bench.json").read_text())["recipes"][recipe]
+    for side in ("app", "reference"):
+        assert r[side]["optimizer_steps"] == 4 and r[side]["samples"] == 3 * 8, side
+        assert 0 < r[side]["mfu"] < 1.5 and r[side]["model_flops"] > 0, side
+    assert r["app"]["eval_metric"] == {"ner": "word_accuracy", "qa": "exact_match", "efficientnet": "accuracy"}[recipe]
+    assert (r["app_over_reference"]["eval_accuracy_difference"] is None) == (recipe == "qa")
+    assert r["app_over_reference"]["validation_evaluation_s"] > 0
+    assert r["app"]["validation_evaluation"]["samples"] == 16  # max_eval_samples: texts, sentences, questions
