@@ -99,9 +99,22 @@ def mfu(model_flops_per_s: float, peak_flops_per_s: float) -> float:
     return model_flops_per_s / peak_flops_per_s
 
 
+def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                        _output_padding, _groups, output_mask, out_shape, **kwargs) -> int:
+    """A convolution's backward FLOPs: each gradient it computes (`output_mask`: the input's, the
+    weight's) costs what its forward does. torch's own formula (torch 2.13) leaves out the groups in the
+    weight's gradient, so a depthwise convolution's counted C times over (EfficientNet's: 32x the
+    model's FLOPs)."""
+    from torch.utils.flop_counter import conv_flop_count
+
+    forward = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed)
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
 def counted_flops(model: torch.nn.Module, pixel_values: torch.Tensor) -> dict[str, Any]:
     """Training FLOPs of one image, counted by torch (`torch.utils.flop_counter.FlopCounterMode`: every
-    convolution and matmul of a forward and backward, as the model runs them) on a copy of `model`, so
+    convolution and matmul of a forward and backward, as the model runs them; a convolution's backward
+    by `conv_backward_flops`) on a copy of `model`, so
     that the run's own weights, gradients and BatchNorm statistics are untouched. The copy keeps what
     is frozen, so a frozen block counts its forward only; two images, in the model's own mode
     (BatchNorm in training mode needs more than one value per channel), per image after."""
@@ -111,7 +124,7 @@ def counted_flops(model: torch.nn.Module, pixel_values: torch.Tensor) -> dict[st
 
     twin = copy.deepcopy(model).to("cpu")
     images = pixel_values[:2].detach().to("cpu", torch.float32)
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops}) as counter:
         twin(pixel_values=images).logits.float().sum().backward()
     return {
         "flops_per_sample": counter.get_total_flops() / len(images),

@@ -245,27 +245,28 @@ def test_the_launcher_benchmark_stops_when_a_command_fails(tmp_path):
 
 
 class _Convolutional(torch.nn.Module):
-    """A convolution and a linear head on 8x8 RGB images, as a convolutional model answers
-    (`.logits`), with a config that is not a transformer's."""
+    """A convolution, a depthwise one (EfficientNet's kind: a group per channel) and a linear head on 8x8
+    RGB images, as a convolutional model answers (`.logits`), with a config that is not a transformer's."""
 
     def __init__(self):
         super().__init__()
         self.config = type("Config", (), {"hidden_size": 2})()
         self.conv, self.head = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Linear(4 * 8 * 8, 2)
+        self.depthwise = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)
 
     def forward(self, pixel_values):
-        return type("Output", (), {"logits": self.head(self.conv(pixel_values).flatten(1))})()
+        return type("Output", (), {"logits": self.head(self.depthwise(self.conv(pixel_values)).flatten(1))})()
 
 
 def test_a_convolutional_model_has_its_flops_counted_by_torch_and_frozen_layers_count_forward_only():
     from benchmarks.flops import flop_model
 
     model, batch = _Convolutional(), {"pixel_values": torch.randn(5, 3, 8, 8)}
-    conv, head = 2 * 3 * 4 * 9 * 64, 2 * 256 * 2  # forward FLOPs of one image, by layer
-    # backward: the convolution's weight gradient (no input gradient: the images need none), the head's two
-    assert flop_model(model, batch)["flops_per_sample"] == 2 * conv + 3 * head
+    conv, depthwise, head = 2 * 3 * 4 * 9 * 64, 2 * 4 * 1 * 9 * 64, 2 * 256 * 2  # forward FLOPs of one image
+    # backward: each gradient costs its forward; no input gradient for the first layer (the images need none)
+    assert flop_model(model, batch)["flops_per_sample"] == 2 * conv + 3 * depthwise + 3 * head
     model.conv.requires_grad_(False)  # frozen: no backward through it, nor a gradient of its output
-    assert flop_model(model, batch)["flops_per_sample"] == conv + 2 * head
+    assert flop_model(model, batch)["flops_per_sample"] == conv + 2 * depthwise + 3 * head
     assert all(p.grad is None for p in model.parameters())  # counted on a copy: the run's gradients untouched
 
 
