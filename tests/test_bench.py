@@ -206,14 +206,20 @@ def test_bad_arguments_are_one_line(argv, message, tmp_path, capsys):
 
 
 @pytest.mark.slow  # ~7 s: the profiler over a few steps of the bundled model
-def test_profile_step_splits_the_step_into_groups(capsys):
+def test_profile_step_splits_the_step_into_groups(capsys, tmp_path):
     from benchmarks.profile_step import main as profile_main
 
-    shares = profile_main(["--precision", "no", "--batch", "4", "--length", "8", "--steps", "1"])
+    shares = profile_main(["--precision", "no", "--batch", "4", "--length", "8", "--steps", "1",
+                           "--out", str(tmp_path), "--gemm-size", "256"])  # fmt: skip
     assert shares["step_s"] > 0 and shares["weight GEMMs (mm, addmm)"] > 0
     groups = [v for k, v in shares.items() if k != "step_s"]
     assert all(v >= 0 for v in groups[:-1]) and abs(sum(groups) - 1) < 1e-9
     assert "ms a step" in capsys.readouterr().out
+    report = json.loads((tmp_path / "profile_step_no_4x8.json").read_text())
+    # torch's count of the weight GEMMs is the FLOP model's forward and backward of every trained weight
+    counted = report["flops_counted_by_torch"]["mm"] + report["flops_counted_by_torch"]["addmm"]
+    assert 0.8 < counted / report["model_flops_per_step"] <= 1.0
+    assert 0 < report["mfu_ceiling"] <= report["weight_gemm_over_peak"] and report["machine"]["cpu"]
 
 
 def test_warmup_that_leaves_no_step_to_time_is_refused(tmp_path, capsys):
