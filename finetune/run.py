@@ -608,9 +608,33 @@ def evaluate_split(cfg: TrainConfig, run: Run, split: str, threshold=None, keep_
     """The metrics of the run's problem type on one split (finetune/evaluation.py); multi-label at
     `threshold` (default multi_label_threshold: one, or one per label)."""
     threshold = run.problem.default_threshold(cfg) if threshold is None else threshold
-    return evaluate_model(run.model, run.eval_loaders[split], run.accelerator, run.label_names, cfg.pipeline_chunks,
-                          cfg.problem_type, threshold, keep_predictions, trivial=run.trivial,
-                          rows=run.rows("eval"), data=cfg.data_args)  # fmt: skip
+    with evaluation_attention(cfg, run.accelerator, run.model):
+        return evaluate_model(run.model, run.eval_loaders[split], run.accelerator, run.label_names, cfg.pipeline_chunks,
+                              cfg.problem_type, threshold, keep_predictions, trivial=run.trivial,
+                              rows=run.rows("eval"), data=cfg.data_args)  # fmt: skip
+
+
+@contextlib.contextmanager
+def evaluation_attention(cfg: TrainConfig, accelerator: Accelerator, model):
+    """Evaluation with SDPA where training's kernel was chosen eager (unasked, on a CPU under reduced
+    precision: `attention_kernel`). Eager is chosen for SDPA's slow backward there; evaluation has none,
+    and SDPA's forward reads a long window about twice as fast (benchmarks/README.md, "The app against a
+    textbook loop"), as `evaluate_checkpoint.py` and `pipeline()` read the export (transformers' default
+    kernel). A compiled model, or one without SDPA, keeps its kernel."""
+    inner = accelerator.unwrap_model(model)
+    trained = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision)
+    if cfg.attn_implementation is not None or trained != "eager" or cfg.torch_compile or not hasattr(inner, "set_attn_implementation"):
+        yield
+        return
+    try:
+        inner.set_attn_implementation("sdpa")
+    except (ValueError, ImportError):  # a model without SDPA (EfficientNet: no attention at all)
+        yield
+        return
+    try:
+        yield
+    finally:
+        inner.set_attn_implementation(trained)
 
 
 def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hooks: Hooks) -> dict[str, Any]:

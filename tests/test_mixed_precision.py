@@ -140,3 +140,48 @@ def test_attention_kernel_on_cpu(small_text_data, tmp_path, monkeypatch, precisi
     extra = [f"attn_implementation={asked}"] if asked else []
     run.train(load_config(None, tiny_text_args(small_text_data, tmp_path / "run", "max_steps=2", *extra)))
     assert built[0].config._attn_implementation == expected
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="needs a CPU with native bf16")
+@pytest.mark.parametrize(
+    ("precision", "asked", "trains", "evaluates"),
+    [("bf16", None, "eager", "sdpa"), ("no", None, "sdpa", "sdpa"), ("bf16", "eager", "eager", "eager")],
+)
+def test_evaluation_reads_with_sdpa_where_training_was_given_eager(small_text_data, tmp_path, monkeypatch,
+                                                                    precision, asked, trains, evaluates):  # fmt: skip
+    """Eager attention is chosen for bf16 training on a CPU for SDPA's slow backward; evaluation has no
+    backward and reads with SDPA, as evaluate_checkpoint.py reads the export; an asked kernel is kept."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", precision)
+    seen: set[tuple[bool, str]] = set()
+    real_build = run.build_model
+
+    def build(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        model.register_forward_pre_hook(lambda m, _: seen.add((m.training, m.config._attn_implementation)))
+        return model
+
+    monkeypatch.setattr(run, "build_model", build)
+    extra = [f"attn_implementation={asked}"] if asked else []
+    run.train(load_config(None, tiny_text_args(small_text_data, tmp_path / "run", "max_steps=2", "eval_steps=1", *extra)))
+    assert seen == {(True, trains), (False, evaluates)}  # and training went back to its own after each evaluation
+
+
+def test_a_model_without_sdpa_keeps_its_kernel_for_evaluation():
+    from types import SimpleNamespace
+
+    class NoSdpa(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.kernels = []
+
+        def set_attn_implementation(self, kernel):
+            if kernel == "sdpa":
+                raise ValueError("this model does not support sdpa")
+            self.kernels.append(kernel)
+
+    cfg = SimpleNamespace(attn_implementation=None, torch_compile=False)
+    accelerator = SimpleNamespace(device=torch.device("cpu"), mixed_precision="bf16", unwrap_model=lambda m: m)
+    model = NoSdpa()
+    with run.evaluation_attention(cfg, accelerator, model):
+        pass
+    assert model.kernels == []  # neither switched nor "restored"
