@@ -280,6 +280,23 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def sha256_of(path: Path) -> str:
+    """A file: the sha256 of its bytes (what `sha256sum` prints). A folder: of its files' relative
+    paths and bytes, in sorted order, each framed by its length so that no two layouts collide."""
+    if path.is_file():
+        return file_sha256(path)
+    h = hashlib.sha256()
+    for file in sorted(
+        (p for p in path.rglob("*") if p.is_file()), key=lambda p: p.relative_to(path).as_posix()
+    ):
+        name = file.relative_to(path).as_posix().encode()
+        h.update(len(name).to_bytes(8, "little") + name + file.stat().st_size.to_bytes(8, "little"))
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
 def data_file_digests(args: DataArgs, known: dict[str, str] | None = None) -> dict[str, str]:
     """The sha256 of each data file of the run, by its resolved path (kept in results.json: an evaluation
     of the run's own split says when the file changed since the run); `known`: those the run read."""
