@@ -374,7 +374,10 @@ def _pick_split(available: list[str], split: str | None, where: str) -> str:
 
 def run_split(args: DataArgs, split: str | None, said: checks.Said | None = None) -> tuple[HFDataset, str, dict[str, Any]]:
     """The split as the run saw it: `load_splits` again, so a held-out validation split and the
-    max_*_samples limits come out as in training. Labels are the checkpoint's, in its order. """
+    max_*_samples limits come out as in training. Labels are the checkpoint's, in its order. A streamed run's train
+    split is read whole as the loaded path reads it (up to max_train_samples, as the stream took them), not only
+    the first rows its checks read."""
+    args = dataclasses.replace(args, streaming=False) if args.streaming and split == "train" else args
     if split is not None and args.train_file:  # files: their splits are known before any is read (or warned of)
         _pick_split(["train", "validation"] + (["test"] if args.test_file else []), split, "the run's data")
     try:

@@ -333,3 +333,18 @@ def test_a_resume_with_fewer_samples_than_the_checkpoint_trained_past_is_one_lin
     user_error(capsys, main, [*resumed, "max_train_samples=10"], "trained on the stream's first 12 rows of its pass 1",
                "max_train_samples=12 or more", rule="runs.stream_past_max_train_samples", untouched=tmp_path / "out")
     assert main([*resumed, "max_train_samples=12", "--dry-run"])["total_optimizer_steps"] == 6
+
+
+def test_evaluating_the_train_split_of_a_streamed_run_scores_the_whole_file(rows, tmp_path, monkeypatch):
+    """evaluate_checkpoint --split train of a streamed run: every row of its training file (its first
+    max_train_samples where the run had one, as the stream took them), not only the first pass (8 here) that
+    the run's checks read."""
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    args = tiny_text_args(_data(tmp_path, rows), tmp_path / "out", "streaming=true", "max_steps=2",
+                          "per_device_train_batch_size=4")  # fmt: skip
+    main(args)
+    assert evaluate([str(tmp_path / "out" / "model"), "--split", "train"])["num_samples"] == ROWS
+    main([*args, "max_train_samples=20", f"output_dir={tmp_path / 'capped'}"])
+    assert evaluate([str(tmp_path / "capped" / "model"), "--split", "train"])["num_samples"] == 20
