@@ -348,3 +348,23 @@ def test_evaluating_the_train_split_of_a_streamed_run_scores_the_whole_file(rows
     assert evaluate([str(tmp_path / "out" / "model"), "--split", "train"])["num_samples"] == ROWS
     main([*args, "max_train_samples=20", f"output_dir={tmp_path / 'capped'}"])
     assert evaluate([str(tmp_path / "capped" / "model"), "--split", "train"])["num_samples"] == 20
+
+
+@pytest.mark.parametrize("chunk", [None, 512])
+def test_a_malformed_json_line_in_the_stream_is_one_line_naming_its_row(chunk, rows, tmp_path, capsys, monkeypatch):
+    """A line of the training stream that is no JSON: the parser reads the file in blocks (10 MiB; 512 bytes
+    here puts the line past the first pass's block, so the training stream meets it, not the first pass), and
+    either way the run ends in one line naming the row and line in the file, status 2, no traceback."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    if chunk is not None:
+        load = finetune.data.load_dataset
+        monkeypatch.setattr(finetune.data, "load_dataset", lambda *a, **k: load(*a, **k, chunksize=chunk)
+                            if a and a[0] == "json" and k.get("streaming") else load(*a, **k))  # fmt: skip
+    data = _data(tmp_path, rows)
+    lines = data["train"].read_text().splitlines()
+    lines[LATE - 1] = '{"text": "a review cut off", "label": '
+    data["train"].write_text("\n".join(lines) + "\n")
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4",
+                          "stream_buffer=8")  # fmt: skip
+    user_error(capsys, main, args, f"row {LATE} of {data['train']} (line {LATE}) is not valid JSON Lines: column",
+               "fix or remove that line", rule="streams.row_unparsable")
