@@ -420,7 +420,7 @@ def _set_up(recipe: str | None, overrides: list[str], space: list[str],
     base, samples = _resolved(load_config(recipe, overrides, said=said), said)  # the problem type and its metric, from the data
     _check_space_applies(space, base, _layers(base))
     if _main_process():  # max_steps decides the length: the default space's epochs too are said, not dropped
-        checks.gate(tools.SEARCH_EPOCHS, base.max_steps, space, said=said)
+        checks.gate(tools.SEARCH_EPOCHS, base.max_steps, space, base.streaming, said=said)
     if base.max_steps is not None:
         space = [name for name in space if name != "num_train_epochs"]
     study, refusal = _open_study(base, space, said) if _main_process() else (None, None)

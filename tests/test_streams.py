@@ -8,6 +8,7 @@ and refuses what cannot stream in one line.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections import Counter
@@ -368,3 +369,71 @@ def test_a_malformed_json_line_in_the_stream_is_one_line_naming_its_row(chunk, r
                           "stream_buffer=8")  # fmt: skip
     user_error(capsys, main, args, f"row {LATE} of {data['train']} (line {LATE}) is not valid JSON Lines: column",
                "fix or remove that line", rule="streams.row_unparsable")
+
+
+# --- advice that is followed: what a line tells a streamed run to set passes the settings' rules ---------------
+
+ADVISED = re.compile(r"\b([a-z_]+)=(null|true|false|\d+)\b")  # a setting a line's advice names, with its value
+
+
+def _followed(args: list[str], line: str) -> list[str]:
+    """`args` as a user who follows the line's advice (after its last ';') literally makes them: each setting it
+    says to leave out dropped, each key=value it names set."""
+    advice = line.rsplit("; ", 1)[-1]
+    left_out = re.findall(r"leave (\w+) out", advice)
+    kept = [a for a in args if a.split("=", 1)[0] not in left_out]
+    return [*kept, *(f"{key}={value}" for key, value in ADVISED.findall(advice))]
+
+
+def _passes(args: list[str]) -> None:
+    from finetune.config import load_config
+
+    load_config(None, args)  # a refusal of any settings rule would raise here
+
+
+@pytest.mark.parametrize("mistake", ["text_windows=16", "length_buckets=4", "torch_compile=true",
+                                     "resume_allow_topology_change=true", "dataloader_num_workers=2", "data_dir"])
+def test_the_advice_of_a_setting_that_cannot_stream_passes_the_settings_rules(mistake, rows, tmp_path):
+    """streams.setting_cannot_stream says what to leave out; the settings it leaves pass (an image folder without a
+    train_file: leaving streaming out, as leaving data_dir out would leave no data)."""
+    from finetune.errors import UserError
+
+    base = tiny_text_args(_data(tmp_path, rows), tmp_path / "out", "streaming=true", "max_steps=4")
+    if mistake == "data_dir":
+        mistake = f"data_dir={tmp_path / 'images'}"
+        base = [*base, "train_file=null", "validation_file=null"]
+    with pytest.raises(UserError) as refused:
+        _passes([*base, mistake])
+    assert refused.value.rule == "streams.setting_cannot_stream", refused.value
+    _passes(_followed([*base, mistake], str(refused.value)))
+
+
+def test_advice_given_to_a_streamed_run_names_no_setting_a_stream_refuses(rows, tmp_path):
+    """What the rules advise a streamed run (texts cut at max_length, a run that learned nothing after that, a
+    resume on another topology, epochs in a search's space beside max_steps), followed literally, passes the
+    settings' rules: no text_windows, resume_allow_topology_change or max_steps=null, which a stream refuses. The
+    same rules' advice to a loaded run names them, and passes too."""
+    from types import SimpleNamespace
+
+    from conftest import TOKENIZER
+    from transformers import AutoTokenizer
+
+    from finetune.checks import inputs, runs, tools
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    texts = [" ".join(["a long review of a film"] * 20)] * 10
+    ids = tokenizer(texts, truncation=True, max_length=32)["input_ids"]
+    learned = {"warn": True, "verdict": False, "baseline": 0.5, "shown": "accuracy", "value": 0.5, "at": "",
+               "baseline_model": "the majority class", "trivial": "majority class", "spread": 1.0}
+    for streaming in (True, False):
+        base = tiny_text_args(_data(tmp_path, rows), tmp_path / "out", "max_steps=4", "max_length=32",
+                              *(["streaming=true"] if streaming else []))  # fmt: skip
+        resume = SimpleNamespace(saved_topology=(1, 1, 4), topology=(2, 1, 4), sharded=False,
+                                 cfg=SimpleNamespace(streaming=streaming, resume_allow_topology_change=False))
+        lines = [inputs.texts_cut(texts, ids, [len(i) for i in ids], 32, tokenizer, None, streaming),
+                 tools.did_not_learn(learned, ["inputs.texts_cut"], streaming), runs.other_topology(resume),
+                 tools.epochs_not_searched(4, ["num_train_epochs", "learning_rate"], streaming)]  # fmt: skip
+        advised = {key for line in lines for key, _ in ADVISED.findall(line.rsplit("; ", 1)[-1])}
+        assert bool(advised & {"text_windows", "resume_allow_topology_change", "max_steps"}) is not streaming, lines
+        for line in lines:
+            _passes(_followed(base, line))

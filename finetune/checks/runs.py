@@ -918,12 +918,13 @@ def other_state_layout(r: Resume) -> str | None:
 @rule("runs.other_topology")
 def other_topology(r: Resume) -> str | None:
     """A resume with other processes x batch x accumulation, unless resume_allow_topology_change (never for
-    sharded state): the data would be split another way."""
+    sharded state, nor a stream, whose processes each resume their own share): the data would be split another
+    way."""
     saved, now = r.saved_topology, r.topology
     if saved == now or (r.cfg.resume_allow_topology_change and not r.sharded):
         return None
-    allow = "" if r.sharded else (", or pass resume_allow_topology_change=true to continue without repeating "
-                                  "consumed samples")  # fmt: skip
+    allow = "" if r.sharded or r.cfg.streaming else (", or pass resume_allow_topology_change=true to continue "
+                                                     "without repeating consumed samples")  # fmt: skip
     return (f"the checkpoint was saved with processes x batch x accumulation = {saved[0]} x {saved[2]} x "
             f"{saved[1]}, this run has {now[0]} x {now[2]} x {now[1]}; resume with the same settings{allow}")
 
@@ -1153,3 +1154,4 @@ def onnx_without_export(path: Path, run: Path) -> str | None:
 
 
 ONNX_SOURCE = [onnx_path_not_found, onnx_of_an_adapter, onnx_without_export]
+

@@ -64,7 +64,8 @@ def setting_cannot_stream(cfg) -> str | None:
     bad = next((key for key in CANNOT_STREAM if getattr(cfg, key) not in (None, False, 0)), None)
     if bad is None:
         return None
-    return f"streaming=true cannot be used with {bad}={getattr(cfg, bad)}: {CANNOT_STREAM[bad]}; leave {bad} out"
+    instead = f"leave {bad} out" if bad != "data_dir" or cfg.train_file else "leave streaming out"
+    return f"streaming=true cannot be used with {bad}={getattr(cfg, bad)}: {CANNOT_STREAM[bad]}; {instead}"
 
 
 @rule("streams.file_cannot_stream")
