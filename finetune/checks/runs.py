@@ -17,6 +17,8 @@ or failing disk). Asked by finetune/rundir.py, finetune/checkpoint.py and finetu
     EXPORT_FAILED    the export that could not be written
     ONNX_COMMAND     finetune.onnx_export's command line
     ONNX_SOURCE      what finetune.onnx_export is pointed at: no such path, a LoRA adapter alone, no export
+    ONNX_OUTPUT      finetune.onnx_export's --output-dir: a folder it may replace whole
+    ONNX_WRITE_FAILED the ONNX files that cannot be written (read-only, full)
 
 A damaged checkpoint is found by the rule that names its damage (`PROBLEMS`, whose line is the damage
 alone: `checkpoint_problem`, and `latest`'s list of what it skipped); it is refused under that rule's id
@@ -1155,3 +1157,27 @@ def onnx_without_export(path: Path, run: Path) -> str | None:
 
 ONNX_SOURCE = [onnx_path_not_found, onnx_of_an_adapter, onnx_without_export]
 
+
+@rule("runs.onnx_output_not_ours")
+def onnx_output_not_ours(out: Path) -> str | None:
+    """--output-dir naming a file, or a folder that holds files but no ONNX export (a run, the user's own): the
+    export replaces its folder whole, so it is never written over."""
+    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / layout.ONNX_FILES["fp32"]).is_file()):
+        return (f"--output-dir {out} holds files that are not the ONNX files of an export (no "
+                f"{layout.ONNX_FILES['fp32']}), which the export would replace whole; name a new or empty folder")
+    return None
+
+
+ONNX_OUTPUT = [onnx_output_not_ours]
+
+
+@rule("runs.onnx_write_failed")
+def onnx_write_failed(out: Path, failure: OSError) -> str:
+    """ONNX files that cannot be written (a read-only run folder or disk, a full one): nothing of them is left;
+    --output-dir writes them elsewhere."""
+    file = f" ({failure.filename})" if failure.filename else ""
+    return (f"cannot write the ONNX files to {out}: {failure.strerror}{file}; nothing of them was left there; "
+            f"{remedy(failure.errno, '--output-dir')}")
+
+
+ONNX_WRITE_FAILED = [onnx_write_failed]
