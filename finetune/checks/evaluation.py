@@ -45,6 +45,7 @@ from finetune.layout import (
     read_record,
 )
 from finetune.metrics import MULTI, REGRESSION, SINGLE
+from finetune.text import pasted
 
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
 ANOTHER = "evaluate another checkpoint of the run, or its export (<run>/model)"
@@ -999,7 +1000,7 @@ def onnx_not_an_export(kind: str, spec: str, file: Path, run: Path) -> str | Non
 def onnx_file_missing(kind: str, spec: str, file: Path, run: Path) -> str | None:
     """--onnx before the ONNX files were made: nothing to evaluate."""
     if not file.is_file():
-        return f"no {file}: make the run's ONNX files first with python -m finetune.onnx_export {run}"
+        return f"no {file}: make the run's ONNX files first with python -m finetune.onnx_export {pasted(run)}"
     return None
 
 
