@@ -70,21 +70,21 @@ def export_onnx(path: str | Path, int8: bool = True, output_dir: str | Path | No
     checks.gate(runs.ONNX_SOURCE, path, run.root)
     out = Path(output_dir).expanduser() if output_dir is not None else run.onnx
     checks.gate(runs.ONNX_OUTPUT, out)
-    stage, aside = out.parent / f".{out.name}-new", out.parent / f".{out.name}-old"  # the run's: layout.ONNX_STAGE
-    try:
-        with libraries_quiet():
-            model, preprocessor = _load_export(run.model)
-            sample = sample_inputs(model, preprocessor)
+    stage, aside = out.parent / f".{out.name}-new", out.parent / f".{out.name}-old"  # in a run: layout.ONNX_STAGE
+    with libraries_quiet():  # their known noise, for the export alone
+        model, preprocessor = _load_export(run.model)
+        sample = sample_inputs(model, preprocessor)
+        try:
             shutil.rmtree(stage, ignore_errors=True)  # a kill during an earlier export left it
             stage.mkdir(parents=True)
             _write(model, preprocessor, sample, stage, int8)
-        _move_into_place(stage, out, aside)
-    except BaseException as e:  # noqa: BLE001 - a failure or a signal: nothing half-written
-        shutil.rmtree(stage, ignore_errors=True)
-        failure = write_failure(e, out.parent if out.parent.exists() else None)
-        if failure is None:
-            raise
-        raise checks.explain(runs.ONNX_WRITE_FAILED, out, failure) from None
+            _move_into_place(stage, out, aside)
+        except BaseException as e:  # noqa: BLE001 - a failure or a signal: nothing half-written
+            shutil.rmtree(stage, ignore_errors=True)
+            failure = write_failure(e, out.parent if out.parent.exists() else None)
+            if failure is None:
+                raise
+            raise checks.explain(runs.ONNX_WRITE_FAILED, out, failure) from None
     return out
 
 
@@ -95,8 +95,8 @@ def libraries_quiet():
     still raise; the app's own line is printed after it."""
     import transformers
 
-    bars, torch_onnx, root = transformers.utils.logging.is_progress_bar_enabled(), logging.getLogger(NOISY_LOGGER), \
-        logging.getLogger()  # fmt: skip
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    torch_onnx, root = logging.getLogger(NOISY_LOGGER), logging.getLogger()
     level, hush = torch_onnx.level, logging.NullHandler()  # hush: logging.warning() then configures no root handler
 
     def noise(record: logging.LogRecord) -> bool:
