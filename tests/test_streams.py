@@ -410,15 +410,16 @@ def test_the_advice_of_a_setting_that_cannot_stream_passes_the_settings_rules(mi
 
 def test_advice_given_to_a_streamed_run_names_no_setting_a_stream_refuses(rows, tmp_path):
     """What the rules advise a streamed run (texts cut at max_length, a run that learned nothing after that, a
-    resume on another topology, epochs in a search's space beside max_steps), followed literally, passes the
-    settings' rules: no text_windows, resume_allow_topology_change or max_steps=null, which a stream refuses. The
-    same rules' advice to a loaded run names them, and passes too."""
+    resume on another topology, epochs in a search's space beside max_steps, a validation split too small, a
+    share to hold out beside a validation_file), followed literally, passes the settings' rules: no
+    text_windows, resume_allow_topology_change, max_steps=null or validation_file=null, which a stream refuses.
+    The same rules' advice to a loaded run names them, and passes too."""
     from types import SimpleNamespace
 
     from conftest import TOKENIZER
     from transformers import AutoTokenizer
 
-    from finetune.checks import inputs, runs, tools
+    from finetune.checks import inputs, runs, settings, tools
 
     tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
     texts = [" ".join(["a long review of a film"] * 20)] * 10
@@ -430,10 +431,16 @@ def test_advice_given_to_a_streamed_run_names_no_setting_a_stream_refuses(rows, 
                               *(["streaming=true"] if streaming else []))  # fmt: skip
         resume = SimpleNamespace(saved_topology=(1, 1, 4), topology=(2, 1, 4), sharded=False,
                                  cfg=SimpleNamespace(streaming=streaming, resume_allow_topology_change=False))
+        cfg = SimpleNamespace(streaming=streaming, validation_file="validation.jsonl")
         lines = [inputs.texts_cut(texts, ids, [len(i) for i in ids], 32, tokenizer, None, streaming),
                  tools.did_not_learn(learned, ["inputs.texts_cut"], streaming), runs.other_topology(resume),
-                 tools.epochs_not_searched(4, ["num_train_epochs", "learning_rate"], streaming)]  # fmt: skip
+                 tools.epochs_not_searched(4, ["num_train_epochs", "learning_rate"], streaming),
+                 tools.too_few_to_judge({**learned, "verdict": None, "n": 3, "counted": "samples",
+                                         "unreachable": False}, [], streaming),
+                 settings.split_share_unread({"validation_split_percentage": 20}, cfg)]  # fmt: skip
         advised = {key for line in lines for key, _ in ADVISED.findall(line.rsplit("; ", 1)[-1])}
-        assert bool(advised & {"text_windows", "resume_allow_topology_change", "max_steps"}) is not streaming, lines
+        refused = {"text_windows", "resume_allow_topology_change", "max_steps", "validation_file"}
+        assert bool(advised & refused) is not streaming, lines
+        assert ("validation_split_percentage" in lines[4]) is not streaming, lines[4]
         for line in lines:
             _passes(_followed(base, line))

@@ -65,10 +65,10 @@ def did_not_learn(learned: dict, said_before: list[str] = (), streaming: bool = 
 @rule("tools.too_few_to_judge", warning=True)
 def too_few_to_judge(learned: dict, said_before: list[str] = (), streaming: bool = False) -> str | None:
     """A validation split too small to tell whether the model learned: under 10 samples (questions, words),
-    or so few that not even a perfect score would be clearly above the baseline's."""
+    or so few that not even a perfect score would be clearly above the baseline's (a stream holds no share out)."""
     if not learned.get("warn") or learned.get("verdict") is not None:
         return None
-    n, more = learned["n"], "give a larger validation_file or validation_split_percentage"
+    n, more = learned["n"], "give a larger validation_file" + ("" if streaming else " or validation_split_percentage")
     counted = learned["counted"] if n != 1 else learned["counted"][:-1]  # 1 sample, 1 question, 1 word
     if not learned["unreachable"]:
         return f"validation has {n} {counted}, too few to tell whether the model learned (at least {FEWEST_TO_JUDGE}); {more}"
