@@ -19,6 +19,7 @@ splits, images) at each step here; the task prepares the splits for the model af
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import itertools
@@ -247,6 +248,16 @@ def _stream_rows(args: DataArgs, split: str):
     yield from open_stream(args, split)
 
 
+@contextlib.contextmanager
+def reading_the_stream(args: DataArgs):
+    """Reading the training stream: a row its parser refuses, past those read, is one line (streams.UNREADABLE)."""
+    try:
+        yield
+    except Exception as e:  # datasets' parsers raise many types (pyarrow's ArrowInvalid for a malformed JSON line)
+        _reraise_a_stop(e)
+        raise checks.explain(stream_rules.UNREADABLE, args.train_file, args.train_file or args.dataset_name, e) from None
+
+
 def read_streamed(args: DataArgs, said: checks.Said | None, digests: dict[str, str] | None) -> DatasetDict:
     """A streamed run's splits: train's first `FIRST_PASS` rows (its file's bytes checked as any file's),
     validation and test whole (files as `load_raw` reads them; a hub's written to datasets' cache)."""
@@ -265,18 +276,26 @@ def read_streamed(args: DataArgs, said: checks.Said | None, digests: dict[str, s
         checks.gate(stream_rules.SPLITS, names, args.dataset_name)
         raw = DatasetDict({s: HFDataset.from_generator(_stream_rows, gen_kwargs={"args": args, "split": s})
                            for s in ("validation", "test") if s in names})  # fmt: skip
-    stream = open_stream(args)
-    raw["train"] = HFDataset.from_list(list(itertools.islice(stream, FIRST_PASS)), features=stream.features)
+    with reading_the_stream(args):
+        stream = open_stream(args)
+        raw["train"] = HFDataset.from_list(list(itertools.islice(stream, FIRST_PASS)), features=stream.features)
     checks.gate(stream_rules.NO_ROWS, args.train_file or args.dataset_name, len(raw["train"]))
     return raw
 
 
-def file_sha256(path: str | Path) -> str:
-    """The sha256 of a file's bytes (what `sha256sum` prints)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+def sha256_of(path: str | Path) -> str:
+    """A file: the sha256 of its bytes (what `sha256sum` prints). A folder: of its files' relative paths and
+    bytes, in sorted order, each framed by its length so that no two layouts collide."""
+    path, digest = Path(path), hashlib.sha256()
+    each = [path] if path.is_file() else sorted((p for p in path.rglob("*") if p.is_file()),
+                                                key=lambda p: p.relative_to(path).as_posix())  # fmt: skip
+    for file in each:
+        if file != path:
+            name = file.relative_to(path).as_posix().encode()
+            digest.update(len(name).to_bytes(8, "little") + name + file.stat().st_size.to_bytes(8, "little"))
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 
@@ -285,7 +304,7 @@ def data_file_digests(args: DataArgs, known: dict[str, str] | None = None) -> di
     of the run's own split says when the file changed since the run); `known`: those the run read."""
     known = known or {}
     paths = dict.fromkeys(str(Path(f).resolve()) for f in (args.train_file, args.validation_file, args.test_file) if f)
-    return {p: known.get(p) or file_sha256(p) for p in paths if Path(p).is_file()}
+    return {p: known.get(p) or sha256_of(p) for p in paths if Path(p).is_file()}
 
 
 def train_data_fingerprint(args: DataArgs, known: dict[str, str] | None = None) -> dict[str, str] | None:

@@ -56,6 +56,7 @@ if __name__ == "__main__":
 import argparse
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -89,7 +90,7 @@ from finetune.config import (
     parse_override,
     settings_from_flags,
 )
-from finetune.data import check_columns, file_sha256, load_path, load_splits
+from finetune.data import check_columns, load_path, load_splits, sha256_of
 from finetune.errors import UserError, first_line, write_failure
 from finetune.evaluation import evaluate_with_predictions, write_predictions
 from finetune.exits import exit_on_user_error
@@ -138,6 +139,15 @@ class Target:
         if self.path is None:
             return self.spec
         return "/".join(self.path.parts[-3:] if self.kind == "training-state" else self.path.parts[-2:])
+
+    @functools.cached_property
+    def weights_sha256(self) -> str | None:
+        """What identifies the model (metrics.json's weights_sha256): the sha256 of its weights file (of its weight
+        files' names and digests when there are several: shards, FSDP's folder); None for a hub name."""
+        found = sorted(self.path.glob("*.safetensors")) or sorted(self.path.glob("pytorch_model_fsdp_*")) if self.path else []
+        if len(found) == 1:
+            return sha256_of(found[0])
+        return hashlib.sha256("".join(f"{f.name}\0{sha256_of(f)}\n" for f in found).encode()).hexdigest() if found else None
 
 
 def _run_config(raw: Any, where: str) -> TrainConfig:
@@ -345,23 +355,6 @@ def merged_fsdp_weights(shards: Path) -> dict[str, torch.Tensor]:
 # --- the data -------------------------------------------------------------------------------------
 
 
-def sha256_of(path: Path) -> str:
-    """A file: the sha256 of its bytes (what `sha256sum` prints). A folder: of its files' relative
-    paths and bytes, in sorted order, each framed by its length so that no two layouts collide."""
-    if path.is_file():
-        return file_sha256(path)
-    h = hashlib.sha256()
-    for file in sorted(
-        (p for p in path.rglob("*") if p.is_file()), key=lambda p: p.relative_to(path).as_posix()
-    ):
-        name = file.relative_to(path).as_posix().encode()
-        h.update(len(name).to_bytes(8, "little") + name + file.stat().st_size.to_bytes(8, "little"))
-        with file.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
 def _run_of(target: Target) -> RunDir:
     return RunDir(target.path.parent if target.kind == "export" else target.path.parent.parent)
 
@@ -381,7 +374,10 @@ def _pick_split(available: list[str], split: str | None, where: str) -> str:
 
 def run_split(args: DataArgs, split: str | None, said: checks.Said | None = None) -> tuple[HFDataset, str, dict[str, Any]]:
     """The split as the run saw it: `load_splits` again, so a held-out validation split and the
-    max_*_samples limits come out as in training. Labels are the checkpoint's, in its order."""
+    max_*_samples limits come out as in training. Labels are the checkpoint's, in its order. A streamed run's train
+    split is read whole as the loaded path reads it (up to max_train_samples, as the stream took them), not only
+    the first rows its checks read."""
+    args = dataclasses.replace(args, streaming=False) if args.streaming and split == "train" else args
     if split is not None and args.train_file:  # files: their splits are known before any is read (or warned of)
         _pick_split(["train", "validation"] + (["test"] if args.test_file else []), split, "the run's data")
     try:
@@ -521,7 +517,7 @@ def check_output(metrics_file: Path, target: Target, chosen: bool = False) -> No
     mine = str(target.path) if target.path is not None else target.spec
     inner = replaced_whole_around(metrics_file.parent)  # a run's checkpoints/ or export: deleted whole by that run
     checks.gate(evaluation.OUTPUT, evaluation.Output(metrics_file, output_paths(metrics_file), target.path, mine, chosen,
-                                                     inner, FORMAT))  # fmt: skip
+                                                     inner, FORMAT, target.weights_sha256))  # fmt: skip
 
 
 # --- the evaluation -------------------------------------------------------------------------------
@@ -632,6 +628,7 @@ def _record(target: Target, cfg: TrainConfig, problem: str, info: dict[str, Any]
         "format": FORMAT,
         "checkpoint": str(target.path) if target.path is not None else target.spec,
         "checkpoint_kind": target.kind,
+        "weights_sha256": target.weights_sha256,  # the model's identity: a copy of its run is the same model
         "step": target.step,
         "task": cfg.task,
         "problem_type": problem,

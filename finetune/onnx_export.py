@@ -2,6 +2,7 @@
 
     python -m finetune.onnx_export runs/bert-rotten-tomatoes             # <run>/onnx/: fp32 and int8
     python -m finetune.onnx_export runs/bert-rotten-tomatoes/model --no-int8
+    python -m finetune.onnx_export /read-only/runs/bert-rotten-tomatoes --output-dir onnx-bert   # elsewhere
     python -m finetune.evaluate_checkpoint runs/bert-rotten-tomatoes/model --onnx int8   # the test split's metrics
 
 Needs the optional extra: pip install -e ".[onnx]" (onnx, onnxruntime, onnxscript).
@@ -25,10 +26,13 @@ any other. An adapter folder alone is refused (runs.onnx_of_an_adapter).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
+import logging
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,12 +41,19 @@ import torch
 from finetune import checks
 from finetune.card import write_onnx_card
 from finetune.checks import evaluation, runs
+from finetune.errors import write_failure
 from finetune.exits import exit_on_user_error
 from finetune.layout import MODEL, ONNX_FILES, RunDir, as_umask_allows
 from finetune.tasks import task_of_model
 
 ONNX_HELP = "the run's ONNX file instead (<run>/onnx/: python -m finetune.onnx_export <run>); fp32 or int8"
 SAMPLE_TEXTS = ["a short text", "a second, somewhat longer text, so that the batch is padded"]
+# What the libraries say on every export, of their own making, not the user's: torch's pytree deprecation (in
+# torch.export) and torch.onnx's note on dynamic axes that share a name; onnxruntime's quantizer's advice to
+# pre-process (logged on the root logger); torch.onnx's registry skipping torchvision's ops (its own logger).
+NOISY_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"# The axis name: \w+ will not be used")
+NOISY_ROOT_LOG = "Please consider to run pre-processing before quantization"
+NOISY_LOGGER = "torch.onnx"
 
 
 def run_of(path: Path) -> RunDir:
@@ -50,32 +61,76 @@ def run_of(path: Path) -> RunDir:
     return RunDir(path.parent if path.name == MODEL and not (path / MODEL).is_dir() else path)
 
 
-def export_onnx(path: str | Path, int8: bool = True) -> Path:
-    """Write `<run>/onnx/` from `<run>/model` (`path`: the run or its export). Returns the folder."""
+def export_onnx(path: str | Path, int8: bool = True, output_dir: str | Path | None = None) -> Path:
+    """Write `<run>/onnx/` (or `output_dir`) from `<run>/model` (`path`: the run or its export). Returns the folder.
+    The files are written aside (`.<folder>-new`, `.onnx-new` in the run) and moved into place whole; a write
+    that fails (a read-only run folder, a full disk) leaves nothing and says to choose another --output-dir."""
     path = Path(path).expanduser()
     run = run_of(path)
     checks.gate(runs.ONNX_SOURCE, path, run.root)
-    model, preprocessor = _load_export(run.model)
-    sample = sample_inputs(model, preprocessor)
-    stage = run.onnx_stage
-    shutil.rmtree(stage, ignore_errors=True)  # a kill during an earlier export left it
-    stage.mkdir(parents=True)
+    out = Path(output_dir).expanduser() if output_dir is not None else run.onnx
+    checks.gate(runs.ONNX_OUTPUT, out)
+    stage, aside = out.parent / f".{out.name}-new", out.parent / f".{out.name}-old"  # in a run: layout.ONNX_STAGE
+    with libraries_quiet():  # their known noise, for the export alone
+        model, preprocessor = _load_export(run.model)
+        sample = sample_inputs(model, preprocessor)
+        try:
+            shutil.rmtree(stage, ignore_errors=True)  # a kill during an earlier export left it
+            stage.mkdir(parents=True)
+            _write(model, preprocessor, sample, stage, int8)
+            _move_into_place(stage, out, aside)
+        except BaseException as e:  # noqa: BLE001 - a failure or a signal: nothing half-written
+            shutil.rmtree(stage, ignore_errors=True)
+            failure = write_failure(e, out.parent if out.parent.exists() else None)
+            if failure is None:
+                raise
+            raise checks.explain(runs.ONNX_WRITE_FAILED, out, failure) from None
+    return out
+
+
+@contextlib.contextmanager
+def libraries_quiet():
+    """The libraries' known noise of an export (NOISY_*: warnings, log lines, transformers' loading and saving
+    bars) silenced while it runs, and every setting put back after: no global state changes. Their errors
+    still raise; the app's own line is printed after it."""
+    import transformers
+
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    torch_onnx, root = logging.getLogger(NOISY_LOGGER), logging.getLogger()
+    level, hush = torch_onnx.level, logging.NullHandler()  # hush: logging.warning() then configures no root handler
+
+    def noise(record: logging.LogRecord) -> bool:
+        return NOISY_ROOT_LOG not in record.getMessage()
+
+    transformers.utils.logging.disable_progress_bar()
+    torch_onnx.setLevel(logging.ERROR)
+    root.addFilter(noise)
+    root.addHandler(hush)
     try:
-        fp32 = stage / ONNX_FILES["fp32"]
-        _to_onnx(model, sample, fp32)
-        written = ["fp32"]
-        if int8:
-            quantize(fp32, stage / ONNX_FILES["int8"])
-            written.append("int8")
-        model.config.save_pretrained(stage)
-        preprocessor.save_pretrained(stage)
-        write_onnx_card(stage, list(sample), output_names(model, sample), written)
-        as_umask_allows(stage)
-    except BaseException:  # noqa: BLE001 - a failure or a signal: nothing half-written
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    _move_into_place(run)
-    return run.onnx
+        with warnings.catch_warnings():
+            for message in NOISY_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        root.removeHandler(hush)
+        root.removeFilter(noise)
+        torch_onnx.setLevel(level)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+
+
+def _write(model, preprocessor, sample: dict[str, torch.Tensor], stage: Path, int8: bool) -> None:
+    """The ONNX files, the export's config and preprocessor, and the card, into `stage`."""
+    fp32 = stage / ONNX_FILES["fp32"]
+    _to_onnx(model, sample, fp32)
+    written = ["fp32"]
+    if int8:
+        quantize(fp32, stage / ONNX_FILES["int8"])
+        written.append("int8")
+    model.config.save_pretrained(stage)
+    preprocessor.save_pretrained(stage)
+    write_onnx_card(stage, list(sample), output_names(model, sample), written)
+    as_umask_allows(stage)
 
 
 def _load_export(folder: Path):
@@ -124,13 +179,13 @@ def quantize(fp32: Path, int8: Path) -> None:
     quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8)
 
 
-def _move_into_place(run: RunDir) -> None:
-    """The staged folder becomes <run>/onnx; an earlier one is set aside first and removed after."""
-    shutil.rmtree(run.onnx_aside, ignore_errors=True)
-    if run.onnx.exists():
-        os.replace(run.onnx, run.onnx_aside)
-    os.replace(run.onnx_stage, run.onnx)
-    shutil.rmtree(run.onnx_aside, ignore_errors=True)
+def _move_into_place(stage: Path, out: Path, aside: Path) -> None:
+    """The staged folder becomes `out`; an earlier one is set aside first and removed after."""
+    shutil.rmtree(aside, ignore_errors=True)
+    if out.exists():
+        os.replace(out, aside)
+    os.replace(stage, out)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def onnx_file_of(precision: str | None, kind: str, spec: str, path: Path | None) -> Path | None:
@@ -178,8 +233,10 @@ def main(argv: list[str] | None = None) -> Path:
                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("run", help="a finished run's folder (its output_dir), or its model/ folder")
     parser.add_argument("--no-int8", action="store_true", help="write model.onnx alone, without model_int8.onnx")
+    parser.add_argument("--output-dir", help="the folder for the ONNX files (default: <run>/onnx/, which "
+                        "evaluate_checkpoint.py --onnx reads); a new or empty one, or an earlier export's")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    folder = export_onnx(args.run, int8=not args.no_int8)
+    folder = export_onnx(args.run, int8=not args.no_int8, output_dir=args.output_dir)
     print(f"ONNX files of {run_of(Path(args.run)).model} -> {folder}")
     return folder
 

@@ -658,7 +658,7 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
     if results["learned"]["verdict"] and hooks.verdicts:
         run.accelerator.print(f"learned: {results['learned']['said']}")
     if hooks.verdicts:  # a search's trials: the search's end says whether its best learned
-        checks.gate(tools.VERDICT, results["learned"], run.said.rules(), said=run.said)
+        checks.gate(tools.VERDICT, results["learned"], run.said.rules(), cfg.streaming, said=run.said)
         verdicts = {rule.id for rule in tools.VERDICT}  # the card says what the verdict's rule said
         results["learned"]["said"] = next((line for rule, line in run.said.lines if rule in verdicts), results["learned"]["said"])
         checks.gate(tools.PREDICTED, never, run.label_names, cfg.problem_type, said=run.said)

@@ -310,10 +310,10 @@ def _search_folder_problem(out: Path) -> UserError | None:
     folder = tools.SearchFolder(out)
     recipe = out / BEST_RECIPE
     if recipe.is_file():  # the search writes it again at its end: one the user edited would be lost
-        from finetune.data import file_sha256  # datasets: only when a search runs
+        from finetune.data import sha256_of  # datasets: only when a search runs
 
         folder.wrote = read_record(out / SEARCH_RECORD).get("best_recipe_sha256")
-        folder.found, folder.recorded = file_sha256(recipe), (out / SEARCH_RECORD).is_file()
+        folder.found, folder.recorded = sha256_of(recipe), (out / SEARCH_RECORD).is_file()
     found = checks.first(tools.SEARCH_FOLDER, folder)
     return checks.refusal(*found) if found else None
 
@@ -420,7 +420,7 @@ def _set_up(recipe: str | None, overrides: list[str], space: list[str],
     base, samples = _resolved(load_config(recipe, overrides, said=said), said)  # the problem type and its metric, from the data
     _check_space_applies(space, base, _layers(base))
     if _main_process():  # max_steps decides the length: the default space's epochs too are said, not dropped
-        checks.gate(tools.SEARCH_EPOCHS, base.max_steps, space, said=said)
+        checks.gate(tools.SEARCH_EPOCHS, base.max_steps, space, base.streaming, said=said)
     if base.max_steps is not None:
         space = [name for name in space if name != "num_train_epochs"]
     study, refusal = _open_study(base, space, said) if _main_process() else (None, None)
@@ -646,7 +646,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
             said: checks.Said) -> dict:  # fmt: skip
     import optuna
 
-    from finetune.data import file_sha256  # datasets: only when a search runs
+    from finetune.data import sha256_of  # datasets: only when a search runs
 
     seconds = round(time.monotonic() - started, 1)
     ran = [t for t in study.trials if t.state != optuna.trial.TrialState.WAITING]  # not the queued next one
@@ -684,7 +684,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
               "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
               "cut_at_budget": cut, "seconds": seconds, "budget_s": budget,
               "over_budget_s": round(max(0.0, seconds - budget), 1),
-              "best_recipe_sha256": file_sha256(out / BEST_RECIPE)}  # fmt: skip
+              "best_recipe_sha256": sha256_of(out / BEST_RECIPE)}  # fmt: skip
     (out / SEARCH_RECORD).write_text(json.dumps(record, indent=2))
     print(f"best: trial {best.number}, validation {best.value:.4f} with {params}; model in {model}, "
           f"recipe {out / BEST_RECIPE} ({record['trials']} trials, {record['pruned']} pruned, {cut} of them cut "

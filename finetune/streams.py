@@ -153,7 +153,8 @@ class TrainStream:
             rows_of, first = iter(raw), at["block"] * self.block_size  # the blocks before this one are whole
             while True:
                 state = at["raw"] if read == 0 else raw.state_dict()  # datasets' position at the block's start
-                rows = list(itertools.islice(rows_of, self.block_size))
+                with data.reading_the_stream(self.args):
+                    rows = list(itertools.islice(rows_of, self.block_size))
                 if not rows:
                     break
                 ordered = self._ordered(self._prepare(rows, first + read), at["pass"], at["block"])

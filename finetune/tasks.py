@@ -234,7 +234,7 @@ class TextClassification(Task):
             texts, ids = ds[columns[0]][:2000], tokenized[:2000]["input_ids"]
             pairs = ds[columns[1]][:2000] if len(columns) > 1 else None
             checks.gate(inputs.TOKENIZED if overlap is None else inputs.READ_WHOLE, texts, ids, tokenized["length"],
-                        max_length, preprocessor, pairs, said=said or checks.Said())  # fmt: skip
+                        max_length, preprocessor, pairs, data.streaming, said=said or checks.Said())  # fmt: skip
         return tokenized
 
     def tokenize(self, batch: dict[str, list], preprocessor, data: DataArgs):

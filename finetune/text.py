@@ -6,6 +6,7 @@ Nothing heavy is imported: the config, the checks and the tasks read these.
 from __future__ import annotations
 
 import re
+import shlex
 import unicodedata
 
 # A text that reads as nothing: spaces and invisible format characters (zero-width spaces and joiners,
@@ -25,6 +26,12 @@ def shown(text: str) -> str:
     two names that `visible` makes one are told apart."""
     marks = "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cf", "Mn") else c for c in text)
     return repr(marks).replace("\\\\u", "\\u")
+
+
+def pasted(value) -> str:
+    """A path or value as a line offers it in a command or a key=value setting: quoted for the shell where it
+    holds a space or another character the shell reads (shlex.quote), so the line's advice can be pasted."""
+    return shlex.quote(str(value))
 
 
 def a(word: str) -> str:

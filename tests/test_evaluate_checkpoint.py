@@ -31,6 +31,7 @@ from conftest import (
     NAMES,
     REPO,
     drawn_images,
+    file_hashes,
     free_port,
     launch,
     predicted_by_evaluate,
@@ -885,10 +886,33 @@ def test_two_models_of_one_name_never_share_a_default_evaluation(finished_run, t
     (folder,) = (tmp_path / "eval" / "model").iterdir()
     before = (folder / "metrics.json").read_bytes()
     line = user_error(capsys, evaluate, [str(second), "--data", str(data)], rule="evaluation.another_models_evaluation")
-    assert f"holds the evaluation of another model of the same name ({first}) on the same data; pass --output" in line
+    assert f"holds the evaluation of another model of the same name ('{first}', its weights' sha256 " in line
+    assert "on the same data; pass --output" in line
     assert (folder / "metrics.json").read_bytes() == before
     evaluate([str(first), "--data", str(data)])
     assert "(replaced the previous one)" in capsys.readouterr().out
+
+
+def test_a_copied_run_evaluates_as_its_own_and_other_weights_in_it_are_refused(finished_run, tmp_path, capsys):
+    """A finished and evaluated run copied whole (cp -r) to another place evaluates there: its eval/ holds the
+    evaluation of the same weights (metrics.json's weights_sha256), recorded under the first path. The copy's
+    model/ given another model's weights is another model: its evaluation is refused, the previous one kept."""
+    first = finished_run.copy(tmp_path / "first")
+    evaluate([str(first / "model")])
+    (folder,) = (first / "eval").iterdir()
+    record = json.loads((folder / "metrics.json").read_text())
+    assert record["weights_sha256"] == hashlib.sha256((first / "model" / "model.safetensors").read_bytes()).hexdigest()
+    copy = Path(shutil.copytree(first, tmp_path / "elsewhere" / "copy"))
+    evaluate([str(copy / "model")])
+    assert "(replaced the previous one)" in capsys.readouterr().out
+    again = json.loads((copy / "eval" / folder.name / "metrics.json").read_text())
+    assert again["checkpoint"] == str(copy / "model") and again["weights_sha256"] == record["weights_sha256"]
+    assert again["accuracy"] == record["accuracy"]
+    shutil.copyfile(finished_run("seed=7") / "model" / "model.safetensors", copy / "model" / "model.safetensors")
+    before = file_hashes(copy / "eval")
+    line = user_error(capsys, evaluate, [str(copy / "model")], rule="evaluation.another_models_evaluation")
+    assert f"holds the evaluation of another model of the same name ('{copy / 'model'}', its weights' sha256 " in line
+    assert file_hashes(copy / "eval") == before
 
 
 def test_predictions_without_labels_use_the_tuned_thresholds(multi_label_export, tmp_path):

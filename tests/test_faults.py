@@ -398,3 +398,27 @@ def test_a_search_on_a_full_disk_is_one_line_and_leaves_nothing(small_text_data,
 # --- data that probably means something else ---------------------------------------------------------
 
 
+
+
+@pytest.mark.parametrize("small_disk", ["64M"], indirect=True)
+def test_onnx_files_of_a_read_only_run_go_where_output_dir_says(small_disk, tmp_path, capsys):
+    """A run on a read-only file system: the export cannot write <run>/onnx/; one line, nothing left, and the
+    option to write elsewhere, --output-dir, which then holds the ONNX files (the run untouched)."""
+    pytest.importorskip("onnxruntime")
+    from conftest import save_tiny_bert
+
+    from finetune.onnx_export import main as onnx_main
+
+    run = small_disk / "run"
+    save_tiny_bert(run / "model")
+    before = file_hashes(run)
+    _remount(small_disk, "ro")
+    try:
+        line = user_error(capsys, onnx_main, [str(run), "--no-int8"], "cannot write the ONNX files to",
+                          "Read-only file system", rule="runs.onnx_write_failed")  # fmt: skip
+        assert ADVICE["read-only"] + " --output-dir" in line and "nothing of them was left" in line
+        onnx_main([str(run), "--no-int8", "--output-dir", str(tmp_path / "onnx")])
+    finally:
+        _remount(small_disk, "rw")
+    assert (tmp_path / "onnx" / "model.onnx").is_file() and (tmp_path / "onnx" / "config.json").is_file()
+    assert file_hashes(run) == before and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -8,6 +8,7 @@ through the same metrics; the hostile cases (no export, an adapter, no ONNX file
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,52 @@ def test_a_lora_run_exports_its_merged_model_and_its_adapter_is_refused(finished
     assert str(run) in line
     onnx_main([str(run)])
     _assert_same_as_pytorch(run)
+
+
+def test_an_export_prints_its_own_line_and_no_library_warnings(tmp_path):
+    """python -m finetune.onnx_export (int8 too): stdout is the app's one line, stderr holds none of the libraries'
+    noise (torch.onnx's registry and axis names, torch's pytree deprecation, onnxruntime's quantizer's advice,
+    transformers' bars)."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    MODELS["single_label"](run / "model")
+    done = subprocess.run([sys.executable, "-m", "finetune.onnx_export", str(run)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [f"ONNX files of {run / 'model'} -> {run / 'onnx'}"]
+    assert done.stderr.strip() == "", done.stderr
+
+
+def test_an_export_leaves_the_libraries_settings_as_they_were(tmp_path):
+    """The noise is silenced for the export alone: warning filters, loggers and transformers' bars are put back."""
+    import logging
+    import warnings
+
+    import transformers
+
+    from finetune.onnx_export import libraries_quiet
+
+    root = logging.getLogger()
+    before = (list(warnings.filters), list(root.handlers), list(root.filters), logging.getLogger("torch.onnx").level,
+              transformers.utils.logging.is_progress_bar_enabled())  # fmt: skip
+    with libraries_quiet():
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning, stacklevel=1)
+    assert (list(warnings.filters), list(root.handlers), list(root.filters), logging.getLogger("torch.onnx").level,
+            transformers.utils.logging.is_progress_bar_enabled()) == before
+
+
+def test_an_output_dir_that_holds_other_files_is_never_replaced(tmp_path, capsys):
+    """--output-dir is replaced whole: a folder of other files (the user's, a run) is refused, untouched."""
+    run = tmp_path / "run"
+    MODELS["single_label"](run / "model")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    user_error(capsys, onnx_main, [str(run), "--output-dir", str(mine)], "holds files that are not the ONNX files",
+               "name a new or empty folder", untouched=mine, rule="runs.onnx_output_not_ours")  # fmt: skip
+    user_error(capsys, onnx_main, [str(run), "--output-dir", str(run)], rule="runs.onnx_output_not_ours")
 
 
 def test_a_text_run_and_an_evaluation_import_no_onnx():

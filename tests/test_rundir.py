@@ -629,6 +629,38 @@ def test_a_resume_from_an_earlier_checkpoint_says_which_later_ones_it_replaces(f
     assert f"before this run's later checkpoint(s) {newest.name}" in err, err
 
 
+def test_a_run_without_a_checkpoint_is_not_told_to_resume_and_its_paths_paste(finished_run, tmp_path, capsys):
+    """A run kept without its checkpoints, in a folder whose name has a space: given to resume from (the run, its
+    export) or to the ONNX export without its model/, no line offers resume_from_checkpoint=latest, which
+    runs.no_checkpoint_to_resume would refuse; the paths a line offers in a setting or a command are quoted
+    for the shell. The same run with its checkpoints is offered the resume, quoted."""
+    import shlex
+
+    from finetune.onnx_export import main as onnx_main
+
+    kept = finished_run.copy(tmp_path / "my runs" / "kept", *EARLIER_RUN)
+    bare = Path(shutil.copytree(kept, tmp_path / "my runs" / "bare"))
+    shutil.rmtree(bare / "checkpoints")
+    args = recipe_text_args(finished_run.data(), tmp_path / "next")
+    line = user_error(capsys, main, [*args, f"resume_from_checkpoint={bare}"], "is a run directory without a "
+                      "checkpoint to resume from; leave resume_from_checkpoint out", rule="runs.resume_is_a_run")
+    assert "=latest" not in line and f"model_name_or_path={shlex.quote(str(bare / 'model'))})" in line
+    line = user_error(capsys, main, [*args, f"resume_from_checkpoint={bare / 'model'}"], "is an exported model",
+                      rule="runs.resume_is_an_export")  # fmt: skip
+    assert "=latest" not in line and line.endswith(f"model_name_or_path={shlex.quote(str(bare / 'model'))}")
+    line = user_error(capsys, main, [*args, f"resume_from_checkpoint={kept}"], rule="runs.resume_is_a_run")
+    assert f"resume_from_checkpoint=latest output_dir={shlex.quote(str(kept))}, or name" in line
+    line = user_error(capsys, main, [*args, f"resume_from_checkpoint={kept / 'model'}"], rule="runs.resume_is_an_export")
+    assert f"resume_from_checkpoint=latest output_dir={shlex.quote(str(kept))} (or" in line
+    for run in (bare, kept):
+        shutil.rmtree(run / "model")
+    line = user_error(capsys, onnx_main, [str(bare)], "saved no checkpoint to resume from: train it again",
+                      rule="runs.onnx_without_export")  # fmt: skip
+    assert "resume_from_checkpoint" not in line
+    line = user_error(capsys, onnx_main, [str(kept)], rule="runs.onnx_without_export")
+    assert f"(resume_from_checkpoint=latest output_dir={shlex.quote(str(kept))})" in line
+
+
 def test_a_runs_own_folder_as_the_checkpoint_to_resume_is_named_as_such(finished_run, tmp_path, capsys):
     """resume_from_checkpoint=<the run's folder> with output_dir=<the same folder>: the line says it is a run
     directory and how to resume it, not that it is "a checkpoint of another run"; the same for a file of the

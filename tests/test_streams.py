@@ -8,6 +8,7 @@ and refuses what cannot stream in one line.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections import Counter
@@ -333,3 +334,113 @@ def test_a_resume_with_fewer_samples_than_the_checkpoint_trained_past_is_one_lin
     user_error(capsys, main, [*resumed, "max_train_samples=10"], "trained on the stream's first 12 rows of its pass 1",
                "max_train_samples=12 or more", rule="runs.stream_past_max_train_samples", untouched=tmp_path / "out")
     assert main([*resumed, "max_train_samples=12", "--dry-run"])["total_optimizer_steps"] == 6
+
+
+def test_evaluating_the_train_split_of_a_streamed_run_scores_the_whole_file(rows, tmp_path, monkeypatch):
+    """evaluate_checkpoint --split train of a streamed run: every row of its training file (its first
+    max_train_samples where the run had one, as the stream took them), not only the first pass (8 here) that
+    the run's checks read."""
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    args = tiny_text_args(_data(tmp_path, rows), tmp_path / "out", "streaming=true", "max_steps=2",
+                          "per_device_train_batch_size=4")  # fmt: skip
+    main(args)
+    assert evaluate([str(tmp_path / "out" / "model"), "--split", "train"])["num_samples"] == ROWS
+    main([*args, "max_train_samples=20", f"output_dir={tmp_path / 'capped'}"])
+    assert evaluate([str(tmp_path / "capped" / "model"), "--split", "train"])["num_samples"] == 20
+
+
+@pytest.mark.parametrize("chunk", [None, 512])
+def test_a_malformed_json_line_in_the_stream_is_one_line_naming_its_row(chunk, rows, tmp_path, capsys, monkeypatch):
+    """A line of the training stream that is no JSON: the parser reads the file in blocks (10 MiB; 512 bytes
+    here puts the line past the first pass's block, so the training stream meets it, not the first pass), and
+    either way the run ends in one line naming the row and line in the file, status 2, no traceback."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    if chunk is not None:
+        load = finetune.data.load_dataset
+        monkeypatch.setattr(finetune.data, "load_dataset", lambda *a, **k: load(*a, **k, chunksize=chunk)
+                            if a and a[0] == "json" and k.get("streaming") else load(*a, **k))  # fmt: skip
+    data = _data(tmp_path, rows)
+    lines = data["train"].read_text().splitlines()
+    lines[LATE - 1] = '{"text": "a review cut off", "label": '
+    data["train"].write_text("\n".join(lines) + "\n")
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4",
+                          "stream_buffer=8")  # fmt: skip
+    user_error(capsys, main, args, f"row {LATE} of {data['train']} (line {LATE}) is not valid JSON Lines: column",
+               "fix or remove that line", rule="streams.row_unparsable")
+
+
+# --- advice that is followed: what a line tells a streamed run to set passes the settings' rules ---------------
+
+ADVISED = re.compile(r"\b([a-z_]+)=(null|true|false|\d+)\b")  # a setting a line's advice names, with its value
+
+
+def _followed(args: list[str], line: str) -> list[str]:
+    """`args` as a user who follows the line's advice (after its last ';') literally makes them: each setting it
+    says to leave out dropped, each key=value it names set."""
+    advice = line.rsplit("; ", 1)[-1]
+    left_out = re.findall(r"leave (\w+) out", advice)
+    kept = [a for a in args if a.split("=", 1)[0] not in left_out]
+    return [*kept, *(f"{key}={value}" for key, value in ADVISED.findall(advice))]
+
+
+def _passes(args: list[str]) -> None:
+    from finetune.config import load_config
+
+    load_config(None, args)  # a refusal of any settings rule would raise here
+
+
+@pytest.mark.parametrize("mistake", ["text_windows=16", "length_buckets=4", "torch_compile=true",
+                                     "resume_allow_topology_change=true", "dataloader_num_workers=2", "data_dir"])
+def test_the_advice_of_a_setting_that_cannot_stream_passes_the_settings_rules(mistake, rows, tmp_path):
+    """streams.setting_cannot_stream says what to leave out; the settings it leaves pass (an image folder without a
+    train_file: leaving streaming out, as leaving data_dir out would leave no data)."""
+    from finetune.errors import UserError
+
+    base = tiny_text_args(_data(tmp_path, rows), tmp_path / "out", "streaming=true", "max_steps=4")
+    if mistake == "data_dir":
+        mistake = f"data_dir={tmp_path / 'images'}"
+        base = [*base, "train_file=null", "validation_file=null"]
+    with pytest.raises(UserError) as refused:
+        _passes([*base, mistake])
+    assert refused.value.rule == "streams.setting_cannot_stream", refused.value
+    _passes(_followed([*base, mistake], str(refused.value)))
+
+
+def test_advice_given_to_a_streamed_run_names_no_setting_a_stream_refuses(rows, tmp_path):
+    """What the rules advise a streamed run (texts cut at max_length, a run that learned nothing after that, a
+    resume on another topology, epochs in a search's space beside max_steps, a validation split too small, a
+    share to hold out beside a validation_file), followed literally, passes the settings' rules: no
+    text_windows, resume_allow_topology_change, max_steps=null or validation_file=null, which a stream refuses.
+    The same rules' advice to a loaded run names them, and passes too."""
+    from types import SimpleNamespace
+
+    from conftest import TOKENIZER
+    from transformers import AutoTokenizer
+
+    from finetune.checks import inputs, runs, settings, tools
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    texts = [" ".join(["a long review of a film"] * 20)] * 10
+    ids = tokenizer(texts, truncation=True, max_length=32)["input_ids"]
+    learned = {"warn": True, "verdict": False, "baseline": 0.5, "shown": "accuracy", "value": 0.5, "at": "",
+               "baseline_model": "the majority class", "trivial": "majority class", "spread": 1.0}
+    for streaming in (True, False):
+        base = tiny_text_args(_data(tmp_path, rows), tmp_path / "out", "max_steps=4", "max_length=32",
+                              *(["streaming=true"] if streaming else []))  # fmt: skip
+        resume = SimpleNamespace(saved_topology=(1, 1, 4), topology=(2, 1, 4), sharded=False,
+                                 cfg=SimpleNamespace(streaming=streaming, resume_allow_topology_change=False))
+        cfg = SimpleNamespace(streaming=streaming, validation_file="validation.jsonl")
+        lines = [inputs.texts_cut(texts, ids, [len(i) for i in ids], 32, tokenizer, None, streaming),
+                 tools.did_not_learn(learned, ["inputs.texts_cut"], streaming), runs.other_topology(resume),
+                 tools.epochs_not_searched(4, ["num_train_epochs", "learning_rate"], streaming),
+                 tools.too_few_to_judge({**learned, "verdict": None, "n": 3, "counted": "samples",
+                                         "unreachable": False}, [], streaming),
+                 settings.split_share_unread({"validation_split_percentage": 20}, cfg)]  # fmt: skip
+        advised = {key for line in lines for key, _ in ADVISED.findall(line.rsplit("; ", 1)[-1])}
+        refused = {"text_windows", "resume_allow_topology_change", "max_steps", "validation_file"}
+        assert bool(advised & refused) is not streaming, lines
+        assert ("validation_split_percentage" in lines[4]) is not streaming, lines[4]
+        for line in lines:
+            _passes(_followed(base, line))

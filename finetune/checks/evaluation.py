@@ -45,6 +45,7 @@ from finetune.layout import (
     read_record,
 )
 from finetune.metrics import MULTI, REGRESSION, SINGLE
+from finetune.text import pasted
 
 WEIGHTS = "model.safetensors"  # what Accelerate's save_state writes for a (non-sharded) model
 ANOTHER = "evaluate another checkpoint of the run, or its export (<run>/model)"
@@ -875,7 +876,8 @@ def _field(metrics_file: Path, key: str) -> Any:
 class Output:
     """Where an evaluation writes: metrics.json and the files beside it, the evaluated model's folder (None for a
     hub name) and name as recorded, whether --output chose the folder, the folder around it that a run replaces
-    whole (`layout.replaced_whole_around`), and the format that marks a metrics.json as an evaluation's."""
+    whole (`layout.replaced_whole_around`), the format that marks a metrics.json as an evaluation's, and the
+    sha256 of the evaluated weights (metrics.json's weights_sha256; None for a hub name)."""
 
     metrics_file: Path
     beside: tuple[Path, ...]  # the confusion matrix and predictions.jsonl
@@ -884,6 +886,7 @@ class Output:
     chosen: bool
     inner: Path | None
     format: str
+    weights: str | None = None
 
     @property
     def folder(self) -> Path:
@@ -935,11 +938,21 @@ def output_not_ours(o: Output) -> str | None:
 
 @rule("evaluation.another_models_evaluation")
 def another_models_evaluation(o: Output) -> str | None:
-    """The default folder holding another model's evaluation on the same data (two models both named `model/`):
-    it would be replaced."""
-    other = _field(o.metrics_file, "checkpoint") if o.ours and not o.chosen else None
+    """The default folder holding another model's evaluation on the same data (two models both named `model/`,
+    or a run's model/ whose weights were replaced by another's): it would be replaced. A model is known by its
+    weights (metrics.json's weights_sha256), so a copy of a run (cp -r) evaluates as the run it was copied from;
+    by its path where an older evaluation recorded no weights."""
+    if not o.ours or o.chosen:
+        return None
+    other, theirs = _field(o.metrics_file, "checkpoint"), _field(o.metrics_file, "weights_sha256")
+    if theirs is not None and o.weights is not None:
+        if theirs == o.weights:
+            return None
+        return (f"{o.folder} holds the evaluation of another model of the same name ('{other}', its weights' sha256 "
+                f"{theirs[:12]}, not {o.weights[:12]}) on the same data; pass --output DIR for this one (or move that "
+                "evaluation away)")
     if other is not None and other != o.mine:
-        return (f"{o.folder} holds the evaluation of another model of the same name ({other}) on the same data; pass "
+        return (f"{o.folder} holds the evaluation of another model of the same name ('{other}') on the same data; pass "
                 "--output DIR for this one (or move that evaluation away)")
     return None
 
@@ -987,7 +1000,7 @@ def onnx_not_an_export(kind: str, spec: str, file: Path, run: Path) -> str | Non
 def onnx_file_missing(kind: str, spec: str, file: Path, run: Path) -> str | None:
     """--onnx before the ONNX files were made: nothing to evaluate."""
     if not file.is_file():
-        return f"no {file}: make the run's ONNX files first with python -m finetune.onnx_export {run}"
+        return f"no {file}: make the run's ONNX files first with python -m finetune.onnx_export {pasted(run)}"
     return None
 
 

@@ -33,24 +33,25 @@ def _cut(texts: list, lengths: list[int], max_length: int, tokenizer, pairs: lis
 
 @rule("inputs.texts_cut", warning=True)
 def texts_cut(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer,
-              pairs: list | None = None) -> str | None:  # fmt: skip
+              pairs: list | None = None, streaming: bool = False) -> str | None:  # fmt: skip
     """A tenth or more of the training texts cut at max_length: the model reads only their start, which the
     user may not know (the default, 128 tokens, is about 90 words). The line leads with the share of the
     texts' tokens lost (the first 2,000 texts, tokenized whole): a review of 700 words at 128 tokens loses most
-    of itself, which "all texts reach max_length" does not say."""
+    of itself, which "all texts reach max_length" does not say. Windows are offered where the run may read
+    them (a streamed run cannot)."""
     found = _cut(texts, lengths, max_length, tokenizer, pairs) if pairs is None else None
     if found is None:
         return None
     cut, lost, most = found
+    windows = "" if streaming else f", or read each whole in overlapping windows (text_windows={max_length // 4})"
     return (f"{lost} are lost at max_length={max_length}: {cut:,} of {len(lengths):,} training texts "
             f"({cut / len(lengths):.0%}) reach it and are cut there, so the model reads only their start; raise "
-            f"max_length{most} to read more of each, at a cost in time, or read each whole in overlapping windows "
-            f"(text_windows={max_length // 4})")
+            f"max_length{most} to read more of each, at a cost in time{windows}")
 
 
 @rule("inputs.pairs_cut", warning=True)
 def pairs_cut(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer,
-              pairs: list | None = None) -> str | None:  # fmt: skip
+              pairs: list | None = None, streaming: bool = False) -> str | None:  # fmt: skip
     """A tenth or more of the training sentence pairs cut at max_length, the share of their tokens lost as
     for single texts; the fix is a larger max_length alone, as text_windows reads single texts, not pairs."""
     found = _cut(texts, lengths, max_length, tokenizer, pairs) if pairs is not None else None
@@ -65,7 +66,7 @@ def pairs_cut(texts: list, ids: list[list[int]], lengths: list[int], max_length:
 
 @rule("inputs.unknown_tokens", warning=True)
 def unknown_tokens(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer,
-                   pairs: list | None = None) -> str | None:  # fmt: skip
+                   pairs: list | None = None, streaming: bool = False) -> str | None:  # fmt: skip
     """Texts the tokenizer reads as unknown tokens ([UNK]): a script its vocabulary does not cover (Amharic,
     Tibetan, ... for an English vocabulary). Said when a fifth of the first 2,000 texts are nothing else, or
     half of all their tokens are unknown: the model would train on none of their words."""
@@ -104,7 +105,7 @@ def pieces_a_word(texts: list, tokenizer) -> tuple[float, float] | None:
 
 @rule("inputs.words_in_pieces", warning=True)
 def words_in_pieces(texts: list, ids: list[list[int]], lengths: list[int], max_length: int, tokenizer,
-                    pairs: list | None = None) -> str | None:  # fmt: skip
+                    pairs: list | None = None, streaming: bool = False) -> str | None:  # fmt: skip
     """Training texts whose words the tokenizer mostly cuts into pieces: a vocabulary of another language (German
     news under an English uncased vocabulary: no unknown token, since accents are stripped, but 2.6 pieces a word
     and most words split, against 1.1 on English), so the model reads fragments of words it never learned."""

@@ -28,7 +28,7 @@ from typing import Any
 from finetune.checks import rule
 from finetune.errors import first_line
 from finetune.layout import CHECKPOINTS, COMPLETE, MANIFEST, RunDir, is_hub_name
-from finetune.text import a
+from finetune.text import a, pasted
 
 # --- loading: a model, a tokenizer, an image processor ----------------------------------------------------
 
@@ -108,9 +108,9 @@ def training_state_checkpoint(load: Loading) -> str | None:
     if folder.resolve().parent.name != CHECKPOINTS:  # moved out of its run
         run = RunDir(folder / "no-run")
     export = run.model if (run.model / "config.json").is_file() else "<run>/model"
-    own = f" output_dir={run.root}" if run.config.is_file() else ""  # the run's own recipe, as it ran
+    own = f" output_dir={pasted(run.root)}" if run.config.is_file() else ""  # the run's own recipe, as it ran
     return (f"{load.said} '{load.name}' is a training-state checkpoint, not a model folder: give the run's export "
-            f"({export}), or resume it with resume_from_checkpoint={folder}{own}")
+            f"({export}), or resume it with resume_from_checkpoint={pasted(folder)}{own}")
 
 
 @rule("models.lora_adapter_alone")
@@ -658,7 +658,7 @@ def base_model_not_fine_tuned(spec: str, architectures: list[str], id2label: dic
     if not architectures or heads or not defaults:
         return None
     return (f"{spec} is a pretrained base model ({', '.join(architectures)}), not a fine-tuned one: it has no "
-            f"classifier to evaluate; fine-tune it first (finetune/run.py model_name_or_path={spec}) and evaluate "
+            f"classifier to evaluate; fine-tune it first (finetune/run.py model_name_or_path={pasted(spec)}) and evaluate "
             "the run's export (<output_dir>/model)")
 
 

@@ -17,6 +17,8 @@ or failing disk). Asked by finetune/rundir.py, finetune/checkpoint.py and finetu
     EXPORT_FAILED    the export that could not be written
     ONNX_COMMAND     finetune.onnx_export's command line
     ONNX_SOURCE      what finetune.onnx_export is pointed at: no such path, a LoRA adapter alone, no export
+    ONNX_OUTPUT      finetune.onnx_export's --output-dir: a folder it may replace whole
+    ONNX_WRITE_FAILED the ONNX files that cannot be written (read-only, full)
 
 A damaged checkpoint is found by the rule that names its damage (`PROBLEMS`, whose line is the damage
 alone: `checkpoint_problem`, and `latest`'s list of what it skipped); it is refused under that rule's id
@@ -42,6 +44,7 @@ from typing import Any
 from finetune import checks, layout
 from finetune.checks import Rule, rule
 from finetune.errors import UserError, first_line, remedy
+from finetune.text import pasted
 
 # What to do about a damaged checkpoint, after its damage.
 ANOTHER = "use another checkpoint (resume_from_checkpoint=latest skips damaged ones)"
@@ -99,7 +102,7 @@ def output_dir_in_a_checkpoint(out: str | Path, path: Path, inner: Path) -> str 
     what = (f"holds files that are not a run of this app: it is checkpoint {step} of the run in {outer}"
             if path == inner / step else f"is inside checkpoint {step} of the run in {outer}")
     return (f"output_dir {out} {what}, which that run deletes when it prunes or re-saves its checkpoints; "
-            f"to continue from it pass resume_from_checkpoint={inner / step} (output_dir={outer}, or a new "
+            f"to continue from it pass resume_from_checkpoint={pasted(inner / step)} (output_dir={pasted(outer)}, or a new "
             "folder outside that run's checkpoints/), or choose an output_dir outside it")
 
 
@@ -727,21 +730,28 @@ def checkpoint_not_found(spec: str, path: Path) -> str | None:
 @rule("runs.resume_is_an_export")
 def resume_is_an_export(spec: str, path: Path) -> str | None:
     """An exported model (save_pretrained) given to resume from: it holds weights, not the training state; it
-    can start a new run."""
+    can start a new run, and its run (where it kept a checkpoint) can be resumed."""
     if layout.kind_of(path) == "export":
-        return (f"{spec} is an exported model, not a training-state checkpoint: resume from "
-                "resume_from_checkpoint=latest (or <run>/checkpoints/step-N), or start a new run from its weights "
-                f"with model_name_or_path={spec}")
+        run = path.resolve().parent
+        resume = (f"resume its run with resume_from_checkpoint=latest output_dir={pasted(run)} (or "
+                  f"<run>/checkpoints/step-N), or " if layout.list_checkpoints(run) else "")
+        return (f"{spec} is an exported model, not a training-state checkpoint: {resume}start a new run from its "
+                f"weights with model_name_or_path={pasted(spec)}")
     return None
 
 
 @rule("runs.resume_is_a_run")
 def resume_is_a_run(spec: str, path: Path) -> str | None:
-    """A run directory given to resume from: `latest` with it as output_dir, or one of its checkpoints."""
-    if layout.kind_of(path) == "run":
-        return (f"{spec} is a run directory; resume it with resume_from_checkpoint=latest output_dir={spec}, or name "
-                f"one of {layout.RunDir(path).checkpoints}/{layout.PREFIX}N")
-    return None
+    """A run directory given to resume from: `latest` with it as output_dir, or one of its checkpoints; a new run
+    where it kept none."""
+    if layout.kind_of(path) != "run":
+        return None
+    if not layout.list_checkpoints(path):  # nothing to resume: `latest` would be refused too
+        return (f"{spec} is a run directory without a checkpoint to resume from; leave resume_from_checkpoint out to "
+                "start a new run" + (f" (from its weights: model_name_or_path={pasted(layout.RunDir(path).model)})"
+                                     if layout.kind_of(layout.RunDir(path).model) == "export" else ""))
+    return (f"{spec} is a run directory; resume it with resume_from_checkpoint=latest output_dir={pasted(spec)}, or "
+            f"name one of {layout.RunDir(path).checkpoints}/{layout.PREFIX}N")
 
 
 @rule("runs.resume_is_a_checkpoints_folder")
@@ -751,7 +761,7 @@ def resume_is_a_checkpoints_folder(spec: str, path: Path) -> str | None:
     marked = any(p.is_dir() and (p / complete).is_file() for p in path.glob(f"{prefix}*"))
     if path.name == layout.CHECKPOINTS and marked:
         return (f"{spec} is a run's checkpoints folder; name one of its {prefix}N folders, or resume the run "
-                f"with resume_from_checkpoint=latest output_dir={path.parent}")
+                f"with resume_from_checkpoint=latest output_dir={pasted(path.parent)}")
     return None
 
 
@@ -918,12 +928,13 @@ def other_state_layout(r: Resume) -> str | None:
 @rule("runs.other_topology")
 def other_topology(r: Resume) -> str | None:
     """A resume with other processes x batch x accumulation, unless resume_allow_topology_change (never for
-    sharded state): the data would be split another way."""
+    sharded state, nor a stream, whose processes each resume their own share): the data would be split another
+    way."""
     saved, now = r.saved_topology, r.topology
     if saved == now or (r.cfg.resume_allow_topology_change and not r.sharded):
         return None
-    allow = "" if r.sharded else (", or pass resume_allow_topology_change=true to continue without repeating "
-                                  "consumed samples")  # fmt: skip
+    allow = "" if r.sharded or r.cfg.streaming else (", or pass resume_allow_topology_change=true to continue "
+                                                     "without repeating consumed samples")  # fmt: skip
     return (f"the checkpoint was saved with processes x batch x accumulation = {saved[0]} x {saved[2]} x "
             f"{saved[1]}, this run has {now[0]} x {now[2]} x {now[1]}; resume with the same settings{allow}")
 
@@ -942,7 +953,7 @@ def checkpoint_past_the_plan(manifest: dict[str, Any] | None, path: Path | None,
     plan = f"max_steps={cfg.max_steps}" if cfg.max_steps else f"num_train_epochs={cfg.num_train_epochs:g}"
     return (f"the checkpoint is at optimizer step {manifest['step']}, past the {total_steps} steps of this run ({plan}); "
             f"resume with max_steps={manifest['step']} or more (or more num_train_epochs), or evaluate the checkpoint "
-            f"as it is: finetune/evaluate_checkpoint.py {path}")
+            f"as it is: finetune/evaluate_checkpoint.py {pasted(path)}")
 
 
 PLAN = [checkpoint_past_the_plan]
@@ -1137,7 +1148,7 @@ def onnx_of_an_adapter(path: Path, run: Path) -> str | None:
     already holds it merged into the weights, and that is what is exported."""
     if (path / "adapter_config.json").is_file():
         return (f"{path} is a LoRA adapter alone, not a model; export the run instead "
-                f"(python -m finetune.onnx_export {run}): its model/ holds the adapter merged into the weights")
+                f"(python -m finetune.onnx_export {pasted(run)}): its model/ holds the adapter merged into the weights")
     return None
 
 
@@ -1147,9 +1158,36 @@ def onnx_without_export(path: Path, run: Path) -> str | None:
     the export's weights and config, which a finished run writes last."""
     model = layout.RunDir(run).model
     if not (model / "config.json").is_file() or not (model / "model.safetensors").is_file():
+        resume = (f"a run cut short exports when resumed (resume_from_checkpoint=latest output_dir={pasted(run)})"
+                  if layout.list_checkpoints(run) else "this one saved no checkpoint to resume from: train it again")
         return (f"no export in {path} (no {model} with config.json and model.safetensors): give a finished run; "
-                "a run cut short exports when resumed (resume_from_checkpoint=latest)")
+                f"{resume}")
     return None
 
 
 ONNX_SOURCE = [onnx_path_not_found, onnx_of_an_adapter, onnx_without_export]
+
+
+@rule("runs.onnx_output_not_ours")
+def onnx_output_not_ours(out: Path) -> str | None:
+    """--output-dir naming a file, or a folder that holds files but no ONNX export (a run, the user's own): the
+    export replaces its folder whole, so it is never written over."""
+    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / layout.ONNX_FILES["fp32"]).is_file()):
+        return (f"--output-dir {out} holds files that are not the ONNX files of an export (no "
+                f"{layout.ONNX_FILES['fp32']}), which the export would replace whole; name a new or empty folder")
+    return None
+
+
+ONNX_OUTPUT = [onnx_output_not_ours]
+
+
+@rule("runs.onnx_write_failed")
+def onnx_write_failed(out: Path, failure: OSError) -> str:
+    """ONNX files that cannot be written (a read-only run folder or disk, a full one): nothing of them is left;
+    --output-dir writes them elsewhere."""
+    file = f" ({failure.filename})" if failure.filename else ""
+    return (f"cannot write the ONNX files to {out}: {failure.strerror}{file}; nothing of them was left there; "
+            f"{remedy(failure.errno, '--output-dir')}")
+
+
+ONNX_WRITE_FAILED = [onnx_write_failed]

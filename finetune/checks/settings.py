@@ -397,11 +397,14 @@ GIVEN_TWICE = [given_twice]
 
 @rule("settings.split_share_unread", warning=True)
 def split_share_unread(given: dict[str, Any], cfg) -> str | None:
-    """validation_split_percentage given beside a validation_file, which makes it unread."""
+    """validation_split_percentage given beside a validation_file, which makes it unread (and a streamed run,
+    which cannot hold out a share of its stream, needs the file)."""
     if "validation_split_percentage" in given and cfg.validation_file:
+        instead = ("a streamed run needs it: leave validation_split_percentage out" if cfg.streaming else
+                   "to hold out a share instead, add validation_file=null")  # fmt: skip
         return (f"validation_split_percentage={given['validation_split_percentage']} is not read: a share of the "
-                f"training data is held out only without a validation_file (this run's: {cfg.validation_file}); to "
-                "hold out a share instead, add validation_file=null")
+                f"training data is held out only without a validation_file (this run's: {cfg.validation_file}); "
+                f"{instead}")
     return None
 
 

@@ -8,12 +8,16 @@ it needs, and what the stream meets as it is read.
               row: the first rows were checked whole with the split, the later ones are checked here
     NEW_LABELS a block's labels that the first rows did not hold, by the loaded path's rules for one label
     LABELS    a block's labels, as a process reads its share of the stream (finetune/streams.py)
+    UNREADABLE rows of the stream its parser refuses, past those read (finetune/data.py's `reading_the_stream`)
     EMPTY     a process's share of one pass, read from its start (finetune/streams.py)
 """
 
 from __future__ import annotations
 
+import json
+
 from finetune.checks import columns, labels, rule
+from finetune.checks.files import root_cause
 from finetune.formats import builder_of
 from finetune.tasks import TASKS, task_of
 
@@ -60,7 +64,8 @@ def setting_cannot_stream(cfg) -> str | None:
     bad = next((key for key in CANNOT_STREAM if getattr(cfg, key) not in (None, False, 0)), None)
     if bad is None:
         return None
-    return f"streaming=true cannot be used with {bad}={getattr(cfg, bad)}: {CANNOT_STREAM[bad]}; leave {bad} out"
+    instead = f"leave {bad} out" if bad != "data_dir" or cfg.train_file else "leave streaming out"
+    return f"streaming=true cannot be used with {bad}={getattr(cfg, bad)}: {CANNOT_STREAM[bad]}; {instead}"
 
 
 @rule("streams.file_cannot_stream")
@@ -116,6 +121,37 @@ def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int,
 
 
 LABELS = [label_after_first_pass]
+
+
+def _first_unparsable_line(path: str) -> tuple[int, int, str] | None:
+    """A JSON Lines file read again, a line at a time: its first line that is no JSON record, as (its row among
+    the data's lines, its line, why); None where every line is one (a JSON document over several lines)."""
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
+        rows = (pair for pair in enumerate(f, 1) if pair[1].strip())
+        for row, (line, text) in enumerate(rows, 1):
+            try:
+                record = json.loads(text.rstrip("\r\n"))
+            except json.JSONDecodeError as e:
+                return row, line, f"column {e.colno}: {e.msg.lower()}"
+            if not isinstance(record, dict):
+                return row, line, f"{type(record).__name__} {text.strip()[:30]!r}, not a record"
+    return None
+
+
+@rule("streams.row_unparsable")
+def row_unparsable(path: str | None, source: str, error: Exception) -> str:
+    """A row of the training stream that its parser refuses (a malformed JSON line) past the rows already read:
+    the stream meets it as the run trains. A JSON Lines file is read again a line at a time to name the row;
+    another format, or data of the hub, by the parser's own words."""
+    found = _first_unparsable_line(path) if path and builder_of(path) == "json" else None
+    if found is not None:
+        row, line, why = found
+        return (f"row {row:,} of {path} (line {line:,}) is not valid JSON Lines: {why}; fix or remove that line "
+                "(a stream reads each row as the run trains)")
+    return f"the training stream {source} could not be read on: {root_cause(error)}; check that it is valid data"
+
+
+UNREADABLE = [row_unparsable]
 
 
 @rule("streams.empty_share", local=True)

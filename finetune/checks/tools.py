@@ -34,7 +34,7 @@ from finetune.metrics import FEWEST_TO_JUDGE, MULTI
 
 
 @rule("tools.did_not_learn", warning=True)
-def did_not_learn(learned: dict, said_before: list[str] = ()) -> str | None:
+def did_not_learn(learned: dict, said_before: list[str] = (), streaming: bool = False) -> str | None:
     """The best validation value of the judged metric is not clearly beyond a trivial baseline's (a model
     that predicts the same for every input; for plain tags, each word's most frequent training tag): the run
     learned nothing worth keeping. Its card says so too. Where the run said that the training texts were cut
@@ -54,7 +54,8 @@ def did_not_learn(learned: dict, said_before: list[str] = ()) -> str | None:
              "(docs/your-own-data.md)")
     if "inputs.texts_cut" in said_before:
         line += ("; the training texts were cut at max_length (said above): the model read only their start, "
-                 "raise max_length or read them whole in windows (text_windows, a quarter of max_length, say)")
+                 "raise max_length" + ("" if streaming else
+                                       " or read them whole in windows (text_windows, a quarter of max_length, say)"))
     elif "inputs.pairs_cut" in said_before:
         line += ("; the training sentence pairs were cut at max_length (said above): the model read only their "
                  "start, raise max_length")
@@ -62,12 +63,12 @@ def did_not_learn(learned: dict, said_before: list[str] = ()) -> str | None:
 
 
 @rule("tools.too_few_to_judge", warning=True)
-def too_few_to_judge(learned: dict, said_before: list[str] = ()) -> str | None:
+def too_few_to_judge(learned: dict, said_before: list[str] = (), streaming: bool = False) -> str | None:
     """A validation split too small to tell whether the model learned: under 10 samples (questions, words),
-    or so few that not even a perfect score would be clearly above the baseline's."""
+    or so few that not even a perfect score would be clearly above the baseline's (a stream holds no share out)."""
     if not learned.get("warn") or learned.get("verdict") is not None:
         return None
-    n, more = learned["n"], "give a larger validation_file or validation_split_percentage"
+    n, more = learned["n"], "give a larger validation_file" + ("" if streaming else " or validation_split_percentage")
     counted = learned["counted"] if n != 1 else learned["counted"][:-1]  # 1 sample, 1 question, 1 word
     if not learned["unreachable"]:
         return f"validation has {n} {counted}, too few to tell whether the model learned (at least {FEWEST_TO_JUDGE}); {more}"
@@ -301,12 +302,14 @@ STUDY_FAILED = [study_damaged]
 
 
 @rule("tools.epochs_not_searched", warning=True)
-def epochs_not_searched(max_steps: int | None, space: list[str]) -> str | None:
+def epochs_not_searched(max_steps: int | None, space: list[str], streaming: bool = False) -> str | None:
     """num_train_epochs in the space of a recipe with max_steps: max_steps decides each trial's length, so
-    the epochs would change nothing (said, not dropped)."""
+    the epochs would change nothing (said, not dropped). A streamed run needs max_steps: its epochs are not
+    searched at all."""
     if max_steps is not None and "num_train_epochs" in space:
-        return (f"max_steps={max_steps} decides each trial's length, so num_train_epochs is not searched; to "
-                "search it, set max_steps=null")
+        how = ("a streamed run needs it, so leave num_train_epochs out of the space" if streaming else
+               "to search it, set max_steps=null")  # fmt: skip
+        return f"max_steps={max_steps} decides each trial's length, so num_train_epochs is not searched; {how}"
     return None
 
 
