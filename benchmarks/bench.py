@@ -58,11 +58,11 @@ from benchmarks.recipes import (
     recipe_task,
 )
 from benchmarks.report import bench_markdown, import_seconds, machine, write_report
-from benchmarks.runs import reset_accelerate, run_app, run_reference
+from benchmarks.runs import environment, reset_accelerate, run_app, run_reference
 from finetune.config import REPO_DIR
 from finetune.errors import UserError
 from finetune.exits import ArgumentParser, exit_on_user_error
-from finetune.runtime import cpu_threads
+from finetune.runtime import cpu_threads, native_bf16
 
 # The app's scores that are the textbook loop's argmax accuracy too (benchmarks/reference.py, `accuracy`).
 COMPARABLE_METRICS = ("accuracy", "word_accuracy")
@@ -140,7 +140,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="optimizer steps left out of the timing")
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
     p.add_argument("--precision", choices=["no", "bf16", "fp16"], default=None,
-                   help="mixed precision for both loops (default: the accelerate config's, else no)")  # fmt: skip
+                   help="mixed precision for both loops (default: the accelerate config's; else on a CPU the one "
+                        "it computes natively: bf16 with AMX or AVX512-BF16, else no)")  # fmt: skip
     p.add_argument("--seq-len", type=int, default=None,
                    help="text: pad every batch of both loops to this many tokens (max_length and pad_to_multiple_of)")  # fmt: skip
     p.add_argument("--no-split", action="store_true",
@@ -180,10 +181,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    if args.precision:
-        os.environ["ACCELERATE_MIXED_PRECISION"] = args.precision
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    # the asked precision, the accelerate config's, or on a CPU the one it computes natively: bf16 with AMX
+    # or AVX512-BF16, else fp32 (bf16 emulated); set for the bench's runs only
+    native = "bf16" if not torch.cuda.is_available() and native_bf16() else "no"
+    precision = args.precision or os.environ.get("ACCELERATE_MIXED_PRECISION") or native
+    tokenizers = os.environ.get("TOKENIZERS_PARALLELISM", "false")
+    with environment({"ACCELERATE_MIXED_PRECISION": precision, "TOKENIZERS_PARALLELISM": tokenizers}):
+        return bench(args, argv, precision)
+
+
+def bench(args: argparse.Namespace, argv: list[str] | None, precision: str) -> dict[str, Any]:
+    """The bench's runs and report (`main`, with its precision set)."""
     load_start = os.getloadavg()
     probe = Accelerator()  # the device and process layout, as the runs will see them
     device, processes, is_main = probe.device, probe.num_processes, probe.is_main_process
