@@ -321,7 +321,7 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = Tr
         if task_of(args.task).modality == "image":
             if split == "train" and args.data_dir and args.dataset_name in (None, "imagefolder"):
                 checks.gate(images.CLASSES, args.data_dir)
-            verify_images(ds, args.image_column, split)
+            verify_images(ds, args.image_column, split, said)
         checks.gate(columns.LABELS, subject)
     except UnicodeDecodeError as e:  # a parquet file's strings: read only when a value is
         raise checks.explain(columns.NOT_UTF8, subject, e) from None
