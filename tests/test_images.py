@@ -348,3 +348,18 @@ def test_images_the_loader_skips_by_their_names_are_warned_of(tiny_efficientnet_
     assert next(w for w in results["warnings"] if w["rule"].startswith("images."))["line"].startswith(
         f"2 file(s) in {folder} are images by their bytes but not by their names, so the image folder loader leaves "
         f"them out (first: {folder / 'train' / 'cat' / 'IMG_0001'}, a JPEG)")
+
+
+def test_a_class_folder_named_in_another_unicode_form_is_said_to_be_one(tiny_efficientnet_folder, tmp_path, capsys):
+    """macOS writes a folder's name decomposed (café: e and a combining accent), most other systems composed: a
+    validation/café/ copied from a Mac beside train/café/ reads the same and is another class. The line says so,
+    its accent written out, rather than that train/café/ has no images."""
+    import unicodedata
+
+    composed, decomposed = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    folder = class_folders(tmp_path / "photos", {"train": [composed, "dog"]}, per_class=4)
+    class_folders(folder, {"validation": [decomposed, "dog"]}, per_class=2)
+    user_error(capsys, main, _photos(tiny_efficientnet_folder, folder, tmp_path / "run"),
+               "class 'cafe\\u0301' of label column 'label' has no training sample; 'cafe\\u0301' (train: 'café') differ "
+               "from the training labels only by Unicode form or invisible characters", untouched=folder,
+               rule="labels.class_without_training_sample")  # fmt: skip
