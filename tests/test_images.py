@@ -363,3 +363,18 @@ def test_a_class_folder_named_in_another_unicode_form_is_said_to_be_one(tiny_eff
                "class 'cafe\\u0301' of label column 'label' has no training sample; 'cafe\\u0301' (train: 'café') differ "
                "from the training labels only by Unicode form or invisible characters", untouched=folder,
                rule="labels.class_without_training_sample")  # fmt: skip
+
+
+def test_pipeline_clips_a_16_bit_image_that_training_scales_as_the_docs_say(tmp_path):
+    """docs/recipes-and-data.md: transformers' pipeline() reads a 16-bit PNG by PIL's convert("RGB"), which
+    clips it white; the docs' shift to 8 bits gives it the pixels training saw."""
+    from transformers.image_utils import load_image
+
+    from finetune.images import _to_8_bit, open_image
+
+    gradient = (np.linspace(0, 65535, 64 * 48).reshape(48, 64)).astype(np.uint16)
+    Image.fromarray(gradient).save(tmp_path / "deep.png")
+    assert np.asarray(load_image(str(tmp_path / "deep.png"))).mean() > 250  # what pipeline() sees: white
+    trained = np.asarray(_to_8_bit(open_image({"path": str(tmp_path / "deep.png"), "bytes": None})).convert("RGB"))
+    docs = np.asarray(Image.fromarray((np.asarray(Image.open(tmp_path / "deep.png")) >> 8).astype("uint8")).convert("RGB"))
+    assert (trained == docs).all() and docs.std() > 60
