@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import io
 import random
+import warnings
 from typing import Any
 
 import PIL.Image
@@ -19,6 +20,11 @@ from datasets import Image
 
 from finetune import checks
 from finetune.checks import images as image_rules
+
+# PIL warns of a "decompression bomb DOS attack" for a photo of 89 to 179 megapixels (a panorama, a scan), in
+# a line of its own with its source file: a large photo is good data, decoded here at the fraction its JPEG
+# allows. Twice that, PIL refuses to open it, and images.unreadable_image says so in one line.
+warnings.filterwarnings("ignore", category=PIL.Image.DecompressionBombWarning)
 
 
 def _image_name(value: dict[str, Any], index: int | None = None) -> str:

@@ -378,3 +378,29 @@ def test_pipeline_clips_a_16_bit_image_that_training_scales_as_the_docs_say(tmp_
     trained = np.asarray(_to_8_bit(open_image({"path": str(tmp_path / "deep.png"), "bytes": None})).convert("RGB"))
     docs = np.asarray(Image.fromarray((np.asarray(Image.open(tmp_path / "deep.png")) >> 8).astype("uint8")).convert("RGB"))
     assert (trained == docs).all() and docs.std() > 60
+
+
+def test_a_photo_of_more_megapixels_than_pil_warns_of_trains_without_its_warning(tiny_efficientnet_folder, tmp_path):
+    """PIL warns of a "decompression bomb DOS attack" above 89 megapixels (a panorama, a scan: good data), in a
+    Python warning line naming its own source file; the app decodes such a photo as any other, without it. Above
+    twice that, PIL will not open it: one line. The real command in a process of its own (pytest records
+    warnings its own way), PIL's limit lowered so that a small photo stands in."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, one_error_line
+
+    folder = _photo_folder(tmp_path / "photos")
+    Image.new("RGB", (60, 60), (200, 30, 30)).save(folder / "train" / "cat" / "panorama.jpg")  # 3600 pixels
+    run = ("import sys, PIL.Image; PIL.Image.MAX_IMAGE_PIXELS = 3000; from finetune.run import main; "
+           "main(sys.argv[1:])")  # warns above 3000 pixels, refuses above 6000
+
+    def command(out):
+        return subprocess.run([sys.executable, "-c", run, *_photos(tiny_efficientnet_folder, folder, out)], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    done = command(tmp_path / "run")
+    assert done.returncode == 0 and "DecompressionBomb" not in done.stderr, done.stderr[-2000:]
+    Image.new("RGB", (80, 80), (200, 30, 30)).save(folder / "train" / "cat" / "huge.jpg")  # 6400 pixels
+    refused = command(tmp_path / "run2")
+    one_error_line(refused.returncode, refused.stderr, "huge.jpg", "could be decompression bomb")
