@@ -404,19 +404,3 @@ def test_a_photo_of_more_megapixels_than_pil_warns_of_trains_without_its_warning
     Image.new("RGB", (80, 80), (200, 30, 30)).save(folder / "train" / "cat" / "huge.jpg")  # 6400 pixels
     refused = command(tmp_path / "run2")
     one_error_line(refused.returncode, refused.stderr, "huge.jpg", "could be decompression bomb")
-
-
-def test_a_class_folder_copied_into_another_is_refused(tiny_efficientnet_folder, tmp_path, capsys):
-    """cat/'s photos copied into dog/ beside dog's own: every cat is also a dog, so the model cannot learn cat (it
-    trained, with a warning that some images have two labels). A photo or two in both folders is still the
-    warning of images with two labels, and the run goes on."""
-    folder = _photo_folder(tmp_path / "photos")
-    for jpg in sorted((folder / "train" / "cat").iterdir()):
-        shutil.copy(jpg, folder / "train" / "dog" / f"copy-{jpg.name}")
-    user_error(capsys, main, _photos(tiny_efficientnet_folder, folder, tmp_path / "run"),
-               "all 4 images of class 'cat' are also in class 'dog' (the same bytes)", untouched=folder,
-               rule="splits.class_folder_inside_another")  # fmt: skip
-    for copy in sorted((folder / "train" / "dog").glob("copy-*"))[1:]:
-        copy.unlink()
-    results = main(_photos(tiny_efficientnet_folder, folder, tmp_path / "run"))
-    assert "splits.one_sample_two_labels" in [w["rule"] for w in results["warnings"]]

@@ -103,7 +103,6 @@ class Samples:
         self.files, self.setting_of, self.sizes = files, setting_of, sizes
         self.train = rows["train"]
         self.seen = set(self.train) - {(None,)}
-        self.class_names: dict[int, str] | None = None  # the class ids' names, for an image folder's ClassLabel
 
     @classmethod
     def of(cls, raw, args, images: bool, files: dict) -> Samples | None:
@@ -113,11 +112,8 @@ class Samples:
             return None
         rows = {s: sample_rows(raw[s], cols, images) for s in ("train", "validation", "test") if s in raw}
         answers = raw["train"][args.label_column][:] if args.label_column in raw["train"].column_names else []
-        feature = raw["train"].features.get(args.label_column)
-        samples = cls(rows, "image (the same bytes)" if images else " and ".join(cols), images, cols, answers, files,
-                      args.setting_of, {s: len(d) for s, d in raw.items()})  # fmt: skip
-        samples.class_names = dict(enumerate(feature.names)) if hasattr(feature, "names") else None  # a ClassLabel's
-        return samples
+        return cls(rows, "image (the same bytes)" if images else " and ".join(cols), images, cols, answers, files,
+                   args.setting_of, {s: len(d) for s, d in raw.items()})  # fmt: skip
 
 
 @rule("splits.samples_all_the_same", warning=True)
@@ -139,24 +135,6 @@ def pair_of_one_text(s: Samples) -> str | None:
     if twins * 2 >= len(s.train):
         return (f"{twins} of the {len(s.train)} training pairs have the same text in {s.columns[0]} and {s.columns[1]}: "
                 f"each sentence would be paired with itself; check {s.setting_of(s.columns[1])}")
-    return None
-
-
-@rule("splits.class_folder_inside_another")
-def class_folder_inside_another(s: Samples) -> str | None:
-    """A class folder whose every image (by its bytes) is also in another class's folder: a folder copied into
-    another, or one class's photos saved twice. The model cannot learn that class apart from the other."""
-    by_class: dict = {}
-    for row, label in zip(s.train, s.labels, strict=False) if s.images else ():
-        if isinstance(label, (str, int)) and row != (None,):
-            by_class.setdefault(label, set()).add(row)
-    names = s.class_names or {}
-    for a, b in ((a, b) for a in sorted(by_class, key=str) for b in sorted(by_class, key=str) if a != b):
-        if len(by_class[a]) >= 2 and by_class[a] <= by_class[b]:  # (one image alone: one_sample_two_labels)
-            a_name, b_name = names.get(a, a), names.get(b, b)
-            return (f"all {len(by_class[a])} images of class '{a_name}' are also in class '{b_name}' (the same bytes): "
-                    f"the model cannot learn '{a_name}' apart from it; was a folder copied into another? put each "
-                    "class's own images in its folder")
     return None
 
 
@@ -200,8 +178,8 @@ def test_of_training_samples(s: Samples) -> str | None:
     return _scored_on_training_samples(s, "test")
 
 
-SHARED = [samples_all_the_same, pair_of_one_text, class_folder_inside_another, one_sample_two_labels,
-          validation_of_training_samples, test_of_training_samples]  # fmt: skip
+SHARED = [samples_all_the_same, pair_of_one_text, one_sample_two_labels, validation_of_training_samples,
+          test_of_training_samples]  # fmt: skip
 
 
 @rule("splits.held_out_repeats", warning=True)
