@@ -404,3 +404,17 @@ def test_a_photo_of_more_megapixels_than_pil_warns_of_trains_without_its_warning
     Image.new("RGB", (80, 80), (200, 30, 30)).save(folder / "train" / "cat" / "huge.jpg")  # 6400 pixels
     refused = command(tmp_path / "run2")
     one_error_line(refused.returncode, refused.stderr, "huge.jpg", "could be decompression bomb")
+
+
+@pytest.mark.parametrize(("split", "instead"), [("validation", "hold out a share of train for validation instead"),
+                                                ("test", "have no test score")])  # fmt: skip
+def test_a_split_folder_without_images_is_refused(split, instead, tiny_efficientnet_folder, tmp_path, capsys):
+    """validation/ or test/ beside train/ with its class folders made and no photo copied yet (a .DS_Store
+    alone): the loader left the split out without a word, and the run held out train or had no test score."""
+    folder = _photo_folder(tmp_path / "photos")
+    for label in ("cat", "dog"):
+        (folder / split / label).mkdir(parents=True)
+    (folder / split / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    user_error(capsys, main, _photos(tiny_efficientnet_folder, folder, tmp_path / "run"),
+               f"{folder / split} holds no image, so its split would be left out: the run would {instead}",
+               untouched=folder, rule="images.empty_split_folder")  # fmt: skip

@@ -78,6 +78,22 @@ def images_beside_split_folders(root: Path, is_run) -> str | None:
     return None
 
 
+@rule("images.empty_split_folder")
+def empty_split_folder(root: Path, is_run) -> str | None:
+    """A validation or test folder beside train/ that holds no image (its class folders made, the photos not
+    copied yet): the split would vanish without a word, validation then held out of train, and no test score."""
+    splits = _splits(root)
+    if not any(p.name in ("train", "training") for p in splits):
+        return None
+    for folder in (p for p in splits if p.name not in ("train", "training")):
+        if not any(f.suffix.lower() in image_suffixes() and f.is_file() for f in folder.rglob("*")):
+            instead = ("the run would hold out a share of train for validation instead" if folder.name in
+                       ("validation", "valid", "val", "dev") else "the run would have no test score")  # fmt: skip
+            return (f"{folder} holds no image, so its split would be left out: {instead}; add its images, or remove "
+                    "the folder")
+    return None
+
+
 @rule("images.run_inside_the_folder")
 def run_inside_the_folder(root: Path, is_run) -> str | None:
     """A run's output folder put inside the image folder: its files would be read as a class of images."""
@@ -146,8 +162,8 @@ def images_under_other_names(root: Path, is_run) -> str | None:
 
 
 # The subject: the image folder's root, and how a run's output folder is told (finetune/rundir.py).
-FOLDER = [folder_link, dangling_link, split_folder_in_capitals, images_beside_split_folders, run_inside_the_folder,
-          image_beside_class_folders, photos_not_read, images_under_other_names]  # fmt: skip
+FOLDER = [folder_link, dangling_link, split_folder_in_capitals, images_beside_split_folders, empty_split_folder,
+          run_inside_the_folder, image_beside_class_folders, photos_not_read, images_under_other_names]  # fmt: skip
 
 
 def _class_folders(data_dir: str) -> list[Path]:
