@@ -130,9 +130,9 @@ def photos_not_read(root: Path, is_run) -> str | None:
     return None
 
 
-# The first bytes of the image formats a photo comes in, and their names.
-_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
-          (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))  # fmt: skip
+# The first bytes of the image formats a photo comes in, and their names (not TIFF's: a camera's raw files, .pef
+# or .srw, begin as a TIFF does, and are no TIFF to rename).
+_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"))
 
 
 def _image_by_its_bytes(path: Path) -> str | None:
