@@ -21,11 +21,6 @@ from datasets import Image
 from finetune import checks
 from finetune.checks import images as image_rules
 
-# PIL warns of a "decompression bomb DOS attack" for a photo of 89 to 179 megapixels (a panorama, a scan), in
-# a line of its own with its source file: a large photo is good data, decoded here at the fraction its JPEG
-# allows. Twice that, PIL refuses to open it, and images.unreadable_image says so in one line.
-warnings.filterwarnings("ignore", category=PIL.Image.DecompressionBombWarning)
-
 
 def _image_name(value: dict[str, Any], index: int | None = None) -> str:
     if value.get("path"):
@@ -38,6 +33,16 @@ def _image_source(value: dict[str, Any]):
     return io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
 
 
+def _open(value: dict[str, Any]) -> PIL.Image.Image:
+    """PIL's open of an `Image(decode=False)` value. PIL warns of a "decompression bomb DOS attack" for a photo
+    of 89 to 179 megapixels (a panorama, a scan), in a line of its own with its source file: a large photo is
+    good data, decoded here at the fraction its JPEG allows; that warning is left out here alone (not in the
+    process's filters). Twice that, PIL refuses to open it, and images.unreadable_image says so in one line."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PIL.Image.DecompressionBombWarning)
+        return PIL.Image.open(_image_source(value))
+
+
 def open_image(value: dict[str, Any], index: int | None = None, at_least: int | None = None) -> PIL.Image.Image:
     """Decode one image of an `Image(decode=False)` column ({"bytes", "path"}), naming it on failure,
     upright as its EXIF orientation says (a phone's portrait photo is stored on its side; transformers'
@@ -45,7 +50,7 @@ def open_image(value: dict[str, Any], index: int | None = None, at_least: int | 
     1/2, 1/4, 1/8 of its size whose sides are still at least that (PIL's draft mode: a 12-megapixel
     photo for a 224-pixel model decodes at a quarter, about 10x faster; the processor resizes it anyway)."""
     try:
-        image = PIL.Image.open(_image_source(value))
+        image = _open(value)
         if at_least and image.format == "JPEG":
             image.draft(image.mode, (at_least, at_least))
         image.load()
@@ -78,7 +83,7 @@ def verify_images(ds: HFDataset, column: str, split: str, said: checks.Said | No
             index = start * 256 + offset
             checks.gate(image_rules.ROWS, value, split, index)
             try:
-                with PIL.Image.open(_image_source(value)) as image:
+                with _open(value) as image:
                     looked.add(_image_name(value, index), image.size)
                     look, whole = _to_look_at(image, looked), _ends_whole(value, image.format)
                     image.verify()
@@ -115,7 +120,7 @@ def _ends_whole(value: dict[str, Any], image_format: str | None) -> bool:
 
 def _look(value: dict[str, Any], index: int, look: str | None, looked: image_rules.Looked) -> None:
     """Decode one image (raising PIL's error if it does not) and add what `look` asks to `looked`."""
-    with PIL.Image.open(_image_source(value)) as image:
+    with _open(value) as image:
         if image.format == "JPEG" and not look:
             image.draft(image.mode, (64, 64))  # decoded to the end all the same, at an eighth of the work
         image.load()
@@ -133,7 +138,7 @@ def image_sizes(ds: HFDataset, column: str, limit: int = 256) -> collections.Cou
     """Width x height of the first `limit` images (headers only), counted."""
     sizes: collections.Counter = collections.Counter()
     for value in undecoded(ds.select(range(min(limit, len(ds)))), column, "train")[column]:
-        with PIL.Image.open(_image_source(value)) as image:  # the header: no pixels decoded
+        with _open(value) as image:  # the header: no pixels decoded
             sizes[image.size] += 1
     return sizes
 

@@ -406,6 +406,23 @@ def test_a_photo_of_more_megapixels_than_pil_warns_of_trains_without_its_warning
     one_error_line(refused.returncode, refused.stderr, "huge.jpg", "could be decompression bomb")
 
 
+def test_the_decompression_bomb_warning_is_left_out_where_the_app_opens_an_image_alone(tmp_path, monkeypatch):
+    """Not by a filter of the process's: a program that imports the app keeps PIL's warning for its own images."""
+    import warnings
+
+    import finetune.images as images
+
+    Image.new("RGB", (60, 60)).save(tmp_path / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        images.open_image({"path": str(tmp_path / "big.png"), "bytes": None})
+        assert not seen  # the app's own open: quiet
+        with Image.open(tmp_path / "big.png"):
+            pass
+    assert [w.category for w in seen] == [Image.DecompressionBombWarning]  # anyone else's: PIL's warning
+
+
 @pytest.mark.parametrize(("split", "instead"), [("validation", "hold out a share of train for validation instead"),
                                                 ("test", "have no test score")])  # fmt: skip
 def test_a_split_folder_without_images_is_refused(split, instead, tiny_efficientnet_folder, tmp_path, capsys):
