@@ -141,6 +141,25 @@ def test_the_hostile_cases_are_one_line(finished_run, tmp_path, capsys):
     assert not (run / "eval").exists()
 
 
+
+def test_onnx_files_made_from_other_weights_than_the_exports_are_refused(finished_run, tmp_path, capsys):
+    """Each ONNX file records the sha256 of the weights it was made from: after the export's weights change
+    (a resumed run exports anew, weights copied in), --onnx refuses the stale files in one line, writing
+    nothing, rather than record their scores as the export's; made again, they evaluate."""
+    from safetensors.torch import load_file, save_file
+
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    run = finished_run.copy(tmp_path / "run", *RUN, data="named+test")
+    onnx_main([str(run), "--no-int8"])
+    weights = run / "model" / "model.safetensors"
+    save_file({k: v + 0.01 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
+    user_error(capsys, evaluate, [str(run / "model"), "--onnx"], "was made from other weights than",
+               f"python -m finetune.onnx_export {run}", rule="evaluation.onnx_of_other_weights")  # fmt: skip
+    assert not (run / "eval").exists()
+    onnx_main([str(run), "--no-int8"])
+    assert evaluate([str(run / "model"), "--onnx"])["num_samples"] == 11
+
 @pytest.mark.slow
 def test_a_lora_run_exports_its_merged_model_and_its_adapter_is_refused(finished_run, tmp_path, capsys):
     """A LoRA run's model/ holds the adapters merged (finetune/export.py): it exports as any other run, equal
