@@ -17,7 +17,8 @@ or failing disk). Asked by finetune/rundir.py, finetune/checkpoint.py and finetu
     EXPORT_FAILED    the export that could not be written
     ONNX_COMMAND     finetune.onnx_export's command line
     ONNX_SOURCE      what finetune.onnx_export is pointed at: no such path, a LoRA adapter alone, no export
-    ONNX_OUTPUT      finetune.onnx_export's --output-dir: a folder it may replace whole
+    ONNX_OUTPUT      finetune.onnx_export's --output-dir: a file, a folder inside a model's, one it may
+                     not replace whole
     ONNX_WRITE_FAILED the ONNX files that cannot be written (read-only, full)
 
 A damaged checkpoint is found by the rule that names its damage (`PROBLEMS`, whose line is the damage
@@ -1168,17 +1169,37 @@ def onnx_without_export(path: Path, run: Path) -> str | None:
 ONNX_SOURCE = [onnx_path_not_found, onnx_of_an_adapter, onnx_without_export]
 
 
+@rule("runs.onnx_output_a_file")
+def onnx_output_a_file(out: Path) -> str | None:
+    """--output-dir naming a file (model.onnx itself, a data file): the ONNX files go in a folder."""
+    if out.is_file():
+        return f"--output-dir {out} is a file; name a folder for the ONNX files (a new or empty one, or an earlier export's)"
+    return None
+
+
+@rule("runs.onnx_output_inside_a_model")
+def onnx_output_inside_a_model(out: Path) -> str | None:
+    """--output-dir inside a model's folder (a run's export, a checkpoint, an earlier ONNX export's folder): the
+    files would be mixed into what pipeline() or the hub loads from it, and lost when it is replaced whole."""
+    for parent in out.expanduser().resolve().parents:
+        weights = any(parent.glob("*.safetensors")) or any(parent.glob("*.onnx"))
+        if (parent / layout.MANIFEST).is_file() or ((parent / "config.json").is_file() and weights):
+            return (f"--output-dir {out} is inside {parent}, a model's folder, which is loaded and replaced whole; "
+                    "name a folder outside it (the default, <run>/onnx, is beside the export)")
+    return None
+
+
 @rule("runs.onnx_output_not_ours")
 def onnx_output_not_ours(out: Path) -> str | None:
-    """--output-dir naming a file, or a folder that holds files but no ONNX export (a run, the user's own): the
-    export replaces its folder whole, so it is never written over."""
-    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / layout.ONNX_FILES["fp32"]).is_file()):
+    """--output-dir naming a folder that holds files but no ONNX export (a run, the user's own): the export
+    replaces its folder whole, so it is never written over."""
+    if out.is_dir() and any(out.iterdir()) and not (out / layout.ONNX_FILES["fp32"]).is_file():
         return (f"--output-dir {out} holds files that are not the ONNX files of an export (no "
                 f"{layout.ONNX_FILES['fp32']}), which the export would replace whole; name a new or empty folder")
     return None
 
 
-ONNX_OUTPUT = [onnx_output_not_ours]
+ONNX_OUTPUT = [onnx_output_a_file, onnx_output_inside_a_model, onnx_output_not_ours]
 
 
 @rule("runs.onnx_write_failed")
