@@ -371,6 +371,22 @@ def test_a_malformed_json_line_in_the_stream_is_one_line_naming_its_row(chunk, r
                "fix or remove that line", rule="streams.row_unparsable")
 
 
+def test_a_ragged_csv_row_in_the_stream_is_the_loaded_paths_line_naming_its_line(rows, tmp_path, capsys, monkeypatch):
+    """A CSV row of more fields than the header, past the first pass: pandas' parser refuses it as the stream
+    reads on, and the line names the file's line as a loaded run's does (files.csv_ragged_row), not the
+    parser's words."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    data = _data(tmp_path, rows)
+    train = tmp_path / "train.csv"
+    lines = ["text,label", *(f"{r['text'].replace(',', ' ')},{r['label']}" for r in rows)]
+    lines[LATE] = "a review, with a comma,1"
+    train.write_text("\n".join(lines) + "\n")
+    args = tiny_text_args({**data, "train": train}, tmp_path / "out", "streaming=true", "max_steps=12",
+                          "per_device_train_batch_size=4", "stream_buffer=8")  # fmt: skip
+    user_error(capsys, main, args, f"train file {train} line {LATE + 1} has 3 fields, the header has 2",
+               "quote fields that contain the delimiter", rule="streams.delimited_row_unparsable")  # fmt: skip
+
+
 # --- advice that is followed: what a line tells a streamed run to set passes the settings' rules ---------------
 
 ADVISED = re.compile(r"\b([a-z_]+)=(null|true|false|\d+)\b")  # a setting a line's advice names, with its value
