@@ -371,6 +371,17 @@ def test_a_malformed_json_line_in_the_stream_is_one_line_naming_its_row(chunk, r
                "fix or remove that line", rule="streams.row_unparsable")
 
 
+def test_a_number_among_texts_past_the_first_pass_names_its_row_in_the_file(rows, tmp_path, capsys, monkeypatch):
+    """A JSON text cell that is a number past the first pass: datasets types the stream's column from the whole
+    block it reads (Json), while the first pass's rows are all text; the line names the row in the file and
+    its value, not the feature's type."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    rows[LATE - 1] = {**rows[LATE - 1], "text": 123}
+    data = _data(tmp_path, rows)
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4")
+    user_error(capsys, main, args, f"its first rows hold text, but row {LATE} of {data['train']} holds a number (123)",
+               "give every row the same type", rule="columns.mixed_types")  # fmt: skip
+
 def test_a_ragged_csv_row_in_the_stream_is_the_loaded_paths_line_naming_its_line(rows, tmp_path, capsys, monkeypatch):
     """A CSV row of more fields than the header, past the first pass: pandas' parser refuses it as the stream
     reads on, and the line names the file's line as a loaded run's does (files.csv_ragged_row), not the
