@@ -209,7 +209,8 @@ def test_an_export_leaves_the_libraries_settings_as_they_were(tmp_path):
 
 def test_an_output_dir_that_holds_other_files_is_never_replaced(tmp_path, capsys):
     """--output-dir is replaced whole: a folder of other files (the user's, a run) is refused, untouched; so are
-    a file and a folder inside a model's (the run's own export), which would be loaded and replaced with it."""
+    a file and a folder inside a model's (the run's own export), which would be loaded and replaced with it; and a
+    file given for the run."""
     run = tmp_path / "run"
     MODELS["single_label"](run / "model")
     mine = tmp_path / "mine"
@@ -218,6 +219,8 @@ def test_an_output_dir_that_holds_other_files_is_never_replaced(tmp_path, capsys
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(mine)], "holds files that are not the ONNX files",
                "name a new or empty folder", untouched=mine, rule="runs.onnx_output_not_ours")  # fmt: skip
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(run)], rule="runs.onnx_output_not_ours")
+    user_error(capsys, onnx_main, [str(run / "model" / "config.json")], "is a file; give a finished run's folder",
+               f"python -m finetune.onnx_export {run}", untouched=run, rule="runs.onnx_path_a_file")  # fmt: skip
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(mine / "notes.txt")], "is a file; name a folder",
                untouched=mine, rule="runs.onnx_output_a_file")  # fmt: skip
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(run / "model" / "onnx")], "a model's folder",

@@ -16,7 +16,7 @@ or failing disk). Asked by finetune/rundir.py, finetune/checkpoint.py and finetu
     SAVE_FAILED      a checkpoint that could not be written (its process alone meets it)
     EXPORT_FAILED    the export that could not be written
     ONNX_COMMAND     finetune.onnx_export's command line
-    ONNX_SOURCE      what finetune.onnx_export is pointed at: no such path, a LoRA adapter alone, no export
+    ONNX_SOURCE      what finetune.onnx_export is pointed at: no such path, a file, a LoRA adapter alone, no export
     ONNX_OUTPUT      finetune.onnx_export's --output-dir: a file, a folder inside a model's, one it may
                      not replace whole
     ONNX_WRITE_FAILED the ONNX files that cannot be written (read-only, full)
@@ -1143,6 +1143,24 @@ def onnx_path_not_found(path: Path, run: Path) -> str | None:
     return None
 
 
+@rule("runs.onnx_path_a_file")
+def onnx_path_a_file(path: Path, run: Path) -> str | None:
+    """A file named for the run (its model.safetensors, config.json, an ONNX file): ONNX files are made from
+    an export's folder, which a file is not (it was said to be a run that saved no checkpoint)."""
+    if path.is_file():
+        return (f"{path} is a file; give a finished run's folder (its output_dir) or its model/ folder "
+                f"(python -m finetune.onnx_export {pasted(run_of_file(path))})")
+    return None
+
+
+def run_of_file(path: Path) -> Path:
+    """The run a file inside it belongs to: the folder above its model/, onnx/ or a checkpoint, else its folder."""
+    folder = path.parent
+    if folder.name in (layout.MODEL, layout.ONNX) or folder.parent.name == layout.CHECKPOINTS:
+        return folder.parent.parent if folder.parent.name == layout.CHECKPOINTS else folder.parent
+    return folder
+
+
 @rule("runs.onnx_of_an_adapter")
 def onnx_of_an_adapter(path: Path, run: Path) -> str | None:
     """A LoRA run's adapter folder (adapter_config.json): the adapter alone is not a model; the run's export
@@ -1166,7 +1184,7 @@ def onnx_without_export(path: Path, run: Path) -> str | None:
     return None
 
 
-ONNX_SOURCE = [onnx_path_not_found, onnx_of_an_adapter, onnx_without_export]
+ONNX_SOURCE = [onnx_path_not_found, onnx_path_a_file, onnx_of_an_adapter, onnx_without_export]
 
 
 @rule("runs.onnx_output_a_file")
