@@ -145,7 +145,8 @@ def test_the_hostile_cases_are_one_line(finished_run, tmp_path, capsys):
 def test_onnx_files_made_from_other_weights_than_the_exports_are_refused(finished_run, tmp_path, capsys):
     """Each ONNX file records the sha256 of the weights it was made from: after the export's weights change
     (a resumed run exports anew, weights copied in), --onnx refuses the stale files in one line, writing
-    nothing, rather than record their scores as the export's; made again, they evaluate."""
+    nothing, rather than record their scores as the export's; made again, they evaluate. The ONNX folder given
+    as the model is one line that names the command."""
     from safetensors.torch import load_file, save_file
 
     from finetune.evaluate_checkpoint import main as evaluate
@@ -159,6 +160,8 @@ def test_onnx_files_made_from_other_weights_than_the_exports_are_refused(finishe
     assert not (run / "eval").exists()
     onnx_main([str(run), "--no-int8"])
     assert evaluate([str(run / "model"), "--onnx"])["num_samples"] == 11
+    user_error(capsys, evaluate, [str(run / "onnx"), "--onnx"], "holds ONNX files, not a model's weights",
+               f"evaluate_checkpoint {run / 'model'} --onnx", rule="evaluation.onnx_folder")  # fmt: skip
 
 @pytest.mark.slow
 def test_a_lora_run_exports_its_merged_model_and_its_adapter_is_refused(finished_run, tmp_path, capsys):

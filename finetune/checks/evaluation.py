@@ -37,6 +37,7 @@ from finetune.layout import (
     COMPLETE,
     MANIFEST,
     MODEL,
+    ONNX_FILES,
     PREFIX,
     SEARCH_RECORD,
     STUDY,
@@ -116,7 +117,21 @@ def a_file(spec: str, path: Path, have_data: bool) -> str | None:
     return None
 
 
-PATH = [not_found, a_file]
+@rule("evaluation.onnx_folder")
+def onnx_folder(spec: str, path: Path, have_data: bool) -> str | None:
+    """A folder of ONNX files (a run's onnx/, or an --output-dir of finetune.onnx_export) given as the model:
+    it holds no PyTorch weights; --onnx with the run's export evaluates its ONNX files."""
+    weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin")) if path.is_dir() else True
+    if not weights and any((path / f).is_file() for f in ONNX_FILES.values()):
+        if not (path.parent / MODEL).is_dir():  # an --output-dir elsewhere: --onnx reads a run's own onnx/
+            return (f"{spec} holds ONNX files, not a model's weights; --onnx evaluates those beside a run's export "
+                    "(<run>/onnx/): make them there with python -m finetune.onnx_export <run>, then evaluate <run>/model --onnx")
+        return (f"{spec} holds ONNX files, not a model's weights; evaluate them through the run's export: "
+                f"python -m finetune.evaluate_checkpoint {pasted(path.parent / MODEL)} --onnx (int8 for {ONNX_FILES['int8']})")
+    return None
+
+
+PATH = [not_found, a_file, onnx_folder]
 
 
 @rule("evaluation.run_directory")
