@@ -31,6 +31,7 @@ from conftest import (
 from safetensors.torch import load_file
 
 import finetune.data
+import finetune.streams
 from finetune import checkpoint as ckpt
 from finetune.run import main
 from finetune.steps import EpochSampler
@@ -381,6 +382,24 @@ def test_a_number_among_texts_past_the_first_pass_names_its_row_in_the_file(rows
     args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4")
     user_error(capsys, main, args, f"its first rows hold text, but row {LATE} of {data['train']} holds a number (123)",
                "give every row the same type", rule="columns.mixed_types")  # fmt: skip
+
+def test_a_training_file_changed_while_it_streams_is_refused_at_the_next_pass(rows, tmp_path, capsys, monkeypatch):
+    """The training file grown while the run streams it: the next pass would read other data than the run
+    checked and recorded, so its start refuses it in one line; what was saved stays."""
+    data = _data(tmp_path, rows)
+    opened, open_pass = [], finetune.streams.TrainStream._open
+
+    def grow_then_open(stream, state):
+        opened.append(state)
+        if len(opened) == 2:  # the second pass's start
+            with open(data["train"], "a") as f:
+                f.write('{"text": "a review written while it trained", "label": "1"}\n')
+        return open_pass(stream, state)
+
+    monkeypatch.setattr(finetune.streams.TrainStream, "_open", grow_then_open)
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=14", "per_device_train_batch_size=4")
+    user_error(capsys, main, args, f"the training file {data['train']} changed", "resume_from_checkpoint=latest",
+               rule="streams.file_changed")  # fmt: skip
 
 def test_a_ragged_csv_row_in_the_stream_is_the_loaded_paths_line_naming_its_line(rows, tmp_path, capsys, monkeypatch):
     """A CSV row of more fields than the header, past the first pass: pandas' parser refuses it as the stream

@@ -9,6 +9,7 @@ it needs, and what the stream meets as it is read.
     NEW_LABELS a block's labels that the first rows did not hold, by the loaded path's rules for one label
     LABELS    a block's labels, as a process reads its share of the stream (finetune/streams.py)
     UNREADABLE rows of the stream its parser refuses, past those read (finetune/data.py's `reading_the_stream`)
+    CHANGED   the training file at each pass's start, against what it was when the stream began
     EMPTY     a process's share of one pass, read from its start (finetune/streams.py)
 """
 
@@ -183,6 +184,22 @@ def row_unparsable(path: str | None, source: str, error: Exception) -> str:
 
 
 UNREADABLE = [delimited_row_unparsable, row_unparsable]
+
+
+@rule("streams.file_changed", local=True)
+def file_changed(path: str | None, then: tuple | None, now: tuple | None) -> str | None:
+    """The training file replaced, grown, cut or removed while a streamed run reads it (its size and modification
+    time, at each pass's start): a stream reads the file again each pass, so the run would go on training on
+    other data than it checked and recorded (the sha256 in results.json, which a resume holds it to)."""
+    if path is None or then == now:
+        return None
+    what = "is gone" if now is None else "changed (its size or modification time)"
+    return (f"the training file {path} {what} since the run began to stream it, and a stream reads it again each "
+            "pass; keep it as it is until the run ends (change a copy): put back the file it began with and resume "
+            "(resume_from_checkpoint=latest), or start a new run on the new file")
+
+
+CHANGED = [file_changed]
 
 
 @rule("streams.empty_share", local=True)
