@@ -550,11 +550,12 @@ def mixed_types(c: Columns) -> str | None:
         kinds = [None if v is None else _kind_of_value(v) for v in values]
         first = next((k for k in kinds if k is not None), None)
         odd = next((i for i, k in enumerate(kinds) if k is not None and k != first), None)
-        if odd is None and first is not None:  # past the rows read: the row in the file, where it can be read
-            path, fix = c.args.files.get(c.split), "give every row the same type (write numbers meant as text in quotes)"
-            found = _another_kind_in_file(path, column, first) if path else None
-            where = f"row {found[0]:,} of {path} holds {found[1]} ({found[2]!r:.40})" if found else "a later row another kind"
-            return f"column '{column}' in the {c.split} data holds values of mixed types: its first rows hold {first}, but {where}; {fix}"
+        path = c.args.files.get(c.split) if odd is None and first is not None else None
+        found = _another_kind_in_file(path, column, first) if path else None
+        if found and found[0] > len(values):  # past the rows read (a stream's first pass): its row in the file
+            return (f"column '{column}' in the {c.split} data holds values of mixed types: its first rows hold {first}, "
+                    f"but row {found[0]:,} of {path} holds {found[1]} ({found[2]!r:.40}); give every row the same type "
+                    "(write numbers meant as text in quotes)")
         if odd is not None:
             start = kinds.index(first)
             return (f"column '{column}' in the {c.split} data holds values of mixed types: row {odd + 1} holds "
