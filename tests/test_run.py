@@ -398,8 +398,9 @@ def test_a_train_file_of_ones_own_beside_the_recipes_evaluation_files_is_said(tm
 
 def test_a_file_of_ones_own_cut_by_the_recipes_sample_cap_is_said(tmp_path):
     """The default recipe's max_train_samples=2400 (and max_eval_samples=500) were set for rotten_tomatoes: a
-    train_file of one's own is cut by them with a word each (a stream's start summary counts its steps, not
-    the file's rows); none once the cap is given, or for the recipe's own file."""
+    streamed train_file of one's own is cut by them with a word each (a stream's start summary counts its
+    steps, not the file's rows); none once the cap is given, for the recipe's own file, or for a loaded run
+    (whose start summary counts the samples kept)."""
     from finetune import checks
     from finetune.config import load_config
 
@@ -409,7 +410,9 @@ def test_a_file_of_ones_own_cut_by_the_recipes_sample_cap_is_said(tmp_path):
     assert said.rules().count("settings.recipe_sample_cap") == 2, said.lines
     assert any("max_train_samples=2,400 is the recipe's" in line and "max_train_samples=null" in line
                for _, line in said.lines), said.lines  # fmt: skip
-    for argv in ([f"train_file={train}", "max_train_samples=null"], ["train_file=data/rotten_tomatoes/train.csv"]):
+    stream = ["streaming=true", "max_steps=3", f"validation_file={dev}"]
+    for argv in ([f"train_file={train}", "max_train_samples=null", "max_eval_samples=null", *stream],
+                 ["train_file=data/rotten_tomatoes/train.csv", *stream[:2]], [f"train_file={train}"]):  # fmt: skip
         said = checks.Said(quiet=True)
         load_config(None, argv, said=said)
         assert "settings.recipe_sample_cap" not in said.rules(), (argv, said.lines)

@@ -1163,12 +1163,14 @@ SAMPLE_CAPS = {"max_train_samples": "train_file", "max_eval_samples": "validatio
 
 @rule("settings.recipe_sample_cap", warning=True)
 def recipe_sample_cap(raw: dict[str, Any], given: dict[str, Any], key: str) -> str | None:
-    """A data file of the user's own (train_file, validation_file, test_file) cut by the recipe's cap on that
-    split (max_train_samples=2400 of the default recipe, written for its own data), the cap not given on
-    the command line: the start summary's count is the only sign, and a stream's is its steps'."""
+    """A streamed run's data file of the user's own (train_file, validation_file, test_file) cut by the recipe's
+    cap on that split (max_train_samples=2400 of the default recipe, written for its own data), the cap not
+    given on the command line: a loaded run's start summary counts the samples kept, a stream's counts its
+    steps, and each pass repeats the first rows without a sign."""
     file, cap = SAMPLE_CAPS.get(key), raw.get(key)
     mine, theirs = given.get(file), raw.get(file)
-    if not isinstance(cap, int) or key in given or not isinstance(mine, str) or mine == theirs:
+    streamed = str(given.get("streaming", raw.get("streaming"))).lower() == "true"
+    if not streamed or not isinstance(cap, int) or key in given or not isinstance(mine, str) or mine == theirs:
         return None
     if isinstance(theirs, str) and Path(theirs).expanduser().resolve() == Path(mine).expanduser().resolve():
         return None
