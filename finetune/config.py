@@ -736,7 +736,7 @@ def _command_line_over_recipe(raw: dict[str, Any], given: dict[str, Any], said: 
             given.get(k) is not None and not _same_data(given[k], raw.get(k)) for k in DATA_KEYS):  # fmt: skip
         raw.pop("label_names", None)
     if not saved:  # a run's own config.yaml holds the user's files, not a recipe's
-        for key in ("validation_file", "test_file"):
+        for key in ("validation_file", "test_file", *settings.SAMPLE_CAPS):  # its files, its caps on them
             checks.gate(settings.RECIPE_OVER_COMMAND_LINE, raw, given, key, said=said)
     names_config = any(key == "model_config" or key.startswith("model_config.") for key in given)
     if given.get("model_name_or_path") is not None and not names_config:

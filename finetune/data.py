@@ -340,7 +340,7 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = Tr
         if task_of(args.task).modality == "image":
             if split == "train" and args.data_dir and args.dataset_name in (None, "imagefolder"):
                 checks.gate(images.CLASSES, args.data_dir)
-            verify_images(ds, args.image_column, split)
+            verify_images(ds, args.image_column, split, said)
         checks.gate(columns.LABELS, subject)
     except UnicodeDecodeError as e:  # a parquet file's strings: read only when a value is
         raise checks.explain(columns.NOT_UTF8, subject, e) from None
@@ -431,7 +431,22 @@ def load_path(path: Path, args: DataArgs, said: checks.Said | None = None,
     if named:
         return load_raw(named, None, None, None, False, conll, said, digests)
     checks.gate(files.DATA_FOLDER, path, not args.task or task_of(args.task).modality == "image")
-    return load_raw({}, None, None, str(path), require_train=False, said=said)
+    raw = load_raw({}, None, None, str(path), require_train=False, said=said)
+    return DatasetDict({split: _labelled_by_its_folder(ds, args) for split, ds in raw.items()})
+
+
+def _labelled_by_its_folder(ds: HFDataset, args: DataArgs) -> HFDataset:
+    """An image folder whose images are all in one folder named as a label of the model (<data>/dog/*.jpg: how
+    does it do on dogs?), labelled by it: datasets labels images by their folders only when there are two or
+    more, and would leave these to be predicted, unscored. Any other one folder (batch1/) stays unlabelled."""
+    from datasets import Image  # the image column's cells undecoded: their paths
+
+    column = args.image_column
+    if args.label_column in ds.column_names or column not in ds.column_names or not args.label_names:
+        return ds
+    folders = {Path(v["path"]).parent for v in ds.cast_column(column, Image(decode=False))[column] if v and v.get("path")}
+    name = folders.pop().name if len(folders) == 1 else None
+    return ds.add_column(args.label_column, [name] * len(ds)) if name in map(str, args.label_names) else ds
 
 
 # --- CoNLL -----------------------------------------------------------------------------------------

@@ -57,7 +57,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import re
 import sys
@@ -108,7 +107,12 @@ from finetune.layout import (
 from finetune.lora import apply_lora, merge_lora
 from finetune.metrics import summary_line
 from finetune.models import build_model, offline_hint
-from finetune.onnx_export import ONNX_HELP, OnnxModel, onnx_file_of  # onnxruntime is imported only for --onnx
+from finetune.onnx_export import (  # onnxruntime is imported only for --onnx
+    ONNX_HELP,
+    OnnxModel,
+    onnx_file_of,
+    weights_sha256,
+)
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import infer_problem_type, problem_of, problem_type_of, problem_type_of_model, tags_in
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
@@ -144,10 +148,7 @@ class Target:
     def weights_sha256(self) -> str | None:
         """What identifies the model (metrics.json's weights_sha256): the sha256 of its weights file (of its weight
         files' names and digests when there are several: shards, FSDP's folder); None for a hub name."""
-        found = sorted(self.path.glob("*.safetensors")) or sorted(self.path.glob("pytorch_model_fsdp_*")) if self.path else []
-        if len(found) == 1:
-            return sha256_of(found[0])
-        return hashlib.sha256("".join(f"{f.name}\0{sha256_of(f)}\n" for f in found).encode()).hexdigest() if found else None
+        return weights_sha256(self.path) if self.path else None
 
 
 def _run_config(raw: Any, where: str) -> TrainConfig:
@@ -534,7 +535,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
 
     model, preprocessor = load_model(target, cfg)
-    onnx_file = onnx_file_of(args.onnx, target.kind, target.spec, target.path)  # --onnx: checked before the data
+    onnx_file = onnx_file_of(args.onnx, target.kind, target.spec, target.path, target.weights_sha256)  # --onnx: checked before the data
     task = task_of(cfg.task)
     with main_process_first(accelerator):  # the main process fills datasets' cache, the others read it
         ds, name, info = _evaluated_data(args, cfg, target, said)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import io
 import random
+import warnings
 from typing import Any
 
 import PIL.Image
@@ -32,6 +33,16 @@ def _image_source(value: dict[str, Any]):
     return io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
 
 
+def _open(value: dict[str, Any]) -> PIL.Image.Image:
+    """PIL's open of an `Image(decode=False)` value. PIL warns of a "decompression bomb DOS attack" for a photo
+    of 89 to 179 megapixels (a panorama, a scan), in a line of its own with its source file: a large photo is
+    good data, decoded here at the fraction its JPEG allows; that warning is left out here alone (not in the
+    process's filters). Twice that, PIL refuses to open it, and images.unreadable_image says so in one line."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PIL.Image.DecompressionBombWarning)
+        return PIL.Image.open(_image_source(value))
+
+
 def open_image(value: dict[str, Any], index: int | None = None, at_least: int | None = None) -> PIL.Image.Image:
     """Decode one image of an `Image(decode=False)` column ({"bytes", "path"}), naming it on failure,
     upright as its EXIF orientation says (a phone's portrait photo is stored on its side; transformers'
@@ -39,7 +50,7 @@ def open_image(value: dict[str, Any], index: int | None = None, at_least: int | 
     1/2, 1/4, 1/8 of its size whose sides are still at least that (PIL's draft mode: a 12-megapixel
     photo for a 224-pixel model decodes at a quarter, about 10x faster; the processor resizes it anyway)."""
     try:
-        image = PIL.Image.open(_image_source(value))
+        image = _open(value)
         if at_least and image.format == "JPEG":
             image.draft(image.mode, (at_least, at_least))
         image.load()
@@ -56,29 +67,78 @@ def undecoded(ds: HFDataset, column: str, split: str) -> HFDataset:
         raise checks.explain(image_rules.NOT_IMAGES, column, split, ds.features[column], e) from None
 
 
-def verify_images(ds: HFDataset, column: str, split: str) -> None:
-    """Check every image's container before training starts, so a corrupt file stops the run before it
-    writes anything. PIL's `verify()` reads the file without decoding the pixels (~40 us for a small
-    PNG): it catches garbage, truncated PNGs and bad headers; pixel data cut short inside a JPEG is
-    only found when decoded, by `open_image` in the training transform, which names the file too. Why an
-    image does not open is checks/images.py's (UNREADABLE)."""
+def verify_images(ds: HFDataset, column: str, split: str, said: checks.Said | None = None) -> None:
+    """Check every image before training starts, so a corrupt file stops the run before it writes anything.
+    PIL's `verify()` reads the file without decoding the pixels (~40 us for a small PNG): it catches garbage,
+    truncated PNGs and bad headers. A JPEG or GIF whose last bytes are not its end marker (a file cut short)
+    and a format whose verify() reads its header alone (BMP, TIFF, ...) are decoded too, so that a file cut
+    short is named now, not hours into training; so are the first few images with a transparency or float
+    pixels, whose pixels the rules look at (checks/images.py, LOOKED). What a decode before training does not
+    foresee (a JPEG whose scan data is broken) `open_image` names in the training transform. Why an image does
+    not open is checks/images.py's (UNREADABLE)."""
     ds = undecoded(ds, column, split).select_columns([column])
+    looked = image_rules.Looked(split)
     for start, batch in enumerate(ds.iter(batch_size=256)):
         for offset, value in enumerate(batch[column]):
             index = start * 256 + offset
             checks.gate(image_rules.ROWS, value, split, index)
             try:
-                with PIL.Image.open(_image_source(value)) as image:
+                with _open(value) as image:
+                    looked.add(_image_name(value, index), image.size)
+                    look, whole = _to_look_at(image, looked), _ends_whole(value, image.format)
                     image.verify()
+                if look or not whole:
+                    _look(value, index, look, looked)
             except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError) as e:
                 raise checks.explain(image_rules.UNREADABLE, image_rules.Unopened(value, column, split, index, e)) from None
+    checks.gate(image_rules.LOOKED, looked, said=said if said is not None else checks.Said())
+
+
+def _to_look_at(image: PIL.Image.Image, looked: image_rules.Looked) -> str | None:
+    """Which of the rules' samples an image, by its header, joins: "alpha", "float" or None (enough seen)."""
+    if image.mode == "F" and len(looked.floats) < looked.SAMPLED:
+        return "float"
+    alpha = image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
+    return "alpha" if alpha and len(looked.with_alpha) < looked.SAMPLED else None
+
+
+def _ends_whole(value: dict[str, Any], image_format: str | None) -> bool:
+    """Whether a file's bytes end as its format's do: PNG and WebP, read through by verify(); a JPEG's end
+    marker (FF D9), a GIF's trailer (3B). Any other format's verify() reads its header alone: False."""
+    if image_format in ("PNG", "WEBP"):
+        return True
+    if image_format not in ("JPEG", "MPO", "GIF"):
+        return False
+    if value.get("bytes") is not None:
+        tail = value["bytes"][-2:]
+    else:
+        with open(value["path"], "rb") as f:
+            f.seek(max(0, f.seek(0, io.SEEK_END) - 2))
+            tail = f.read()
+    return tail.endswith(b"\x3b" if image_format == "GIF" else b"\xff\xd9")
+
+
+def _look(value: dict[str, Any], index: int, look: str | None, looked: image_rules.Looked) -> None:
+    """Decode one image (raising PIL's error if it does not) and add what `look` asks to `looked`."""
+    with _open(value) as image:
+        if image.format == "JPEG" and not look:
+            image.draft(image.mode, (64, 64))  # decoded to the end all the same, at an eighth of the work
+        image.load()
+        name = _image_name(value, index)
+        if look == "float":
+            lo, hi = image.getextrema()
+            looked.floats.append((name, float(lo), float(hi)))
+        elif look == "alpha":
+            rgba = image.convert("RGBA")
+            spreads = [hi - lo for lo, hi in rgba.getextrema()]
+            looked.with_alpha.append((name, max(spreads[:3]), spreads[3]))
 
 
 def image_sizes(ds: HFDataset, column: str, limit: int = 256) -> collections.Counter:
     """Width x height of the first `limit` images (headers only), counted."""
     sizes: collections.Counter = collections.Counter()
     for value in undecoded(ds.select(range(min(limit, len(ds)))), column, "train")[column]:
-        with PIL.Image.open(_image_source(value)) as image:  # the header: no pixels decoded
+        with _open(value) as image:  # the header: no pixels decoded
             sizes[image.size] += 1
     return sizes
 

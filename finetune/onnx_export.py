@@ -10,7 +10,9 @@ Needs the optional extra: pip install -e ".[onnx]" (onnx, onnxruntime, onnxscrip
 `<run>/onnx/` holds `model.onnx` (fp32: the export's outputs within 1e-4), `model_int8.onnx` (its MatMul and
 Gemm weights quantized to int8 by onnxruntime's `quantize_dynamic`, activations quantized per batch at run
 time), the export's config.json (id2label) and tokenizer or image processor, and a README.md saying how to
-load them. It is written aside and moved into place whole; a second export replaces the first.
+load them. It is written aside and moved into place whole; a second export replaces the first. Each ONNX file
+records the sha256 of the export's weights it was made from (its metadata, `MADE_FROM`), which
+`evaluate_checkpoint.py --onnx` holds against the export's (evaluation.onnx_of_other_weights).
 
 Every task's model goes through one path: its inputs are those its tokenizer (or image processor) makes,
 each with a dynamic batch axis and, for token inputs, a dynamic sequence axis; its outputs are named as the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import inspect
 import logging
 import os
@@ -41,6 +44,7 @@ import torch
 from finetune import checks
 from finetune.card import write_onnx_card
 from finetune.checks import evaluation, runs
+from finetune.data import sha256_of
 from finetune.errors import write_failure
 from finetune.exits import exit_on_user_error
 from finetune.layout import MODEL, ONNX_FILES, RunDir, as_umask_allows
@@ -54,6 +58,7 @@ SAMPLE_TEXTS = ["a short text", "a second, somewhat longer text, so that the bat
 NOISY_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"# The axis name: \w+ will not be used")
 NOISY_ROOT_LOG = "Please consider to run pre-processing before quantization"
 NOISY_LOGGER = "torch.onnx"
+MADE_FROM = "finetune.weights_sha256"  # an ONNX file's metadata: the sha256 of the export's weights it was made from
 
 
 def run_of(path: Path) -> RunDir:
@@ -77,7 +82,7 @@ def export_onnx(path: str | Path, int8: bool = True, output_dir: str | Path | No
         try:
             shutil.rmtree(stage, ignore_errors=True)  # a kill during an earlier export left it
             stage.mkdir(parents=True)
-            _write(model, preprocessor, sample, stage, int8)
+            _write(model, preprocessor, sample, stage, int8, weights_sha256(run.model))
             _move_into_place(stage, out, aside)
         except BaseException as e:  # noqa: BLE001 - a failure or a signal: nothing half-written
             shutil.rmtree(stage, ignore_errors=True)
@@ -119,14 +124,17 @@ def libraries_quiet():
             transformers.utils.logging.enable_progress_bar()
 
 
-def _write(model, preprocessor, sample: dict[str, torch.Tensor], stage: Path, int8: bool) -> None:
-    """The ONNX files, the export's config and preprocessor, and the card, into `stage`."""
+def _write(model, preprocessor, sample: dict[str, torch.Tensor], stage: Path, int8: bool, digest: str | None) -> None:
+    """The ONNX files (each stamped with `digest`, the export's weights'), the export's config and
+    preprocessor, and the card, into `stage`."""
     fp32 = stage / ONNX_FILES["fp32"]
     _to_onnx(model, sample, fp32)
     written = ["fp32"]
     if int8:
         quantize(fp32, stage / ONNX_FILES["int8"])
         written.append("int8")
+    for precision in written:
+        _stamp(stage / ONNX_FILES[precision], digest)
     model.config.save_pretrained(stage)
     preprocessor.save_pretrained(stage)
     write_onnx_card(stage, list(sample), output_names(model, sample), written)
@@ -179,6 +187,36 @@ def quantize(fp32: Path, int8: Path) -> None:
     quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8)
 
 
+def weights_sha256(folder: Path) -> str | None:
+    """What identifies a model folder's weights (metrics.json's weights_sha256, an ONNX file's `MADE_FROM`): the
+    sha256 of its weights file, or of its weight files' names and digests when there are several (shards,
+    FSDP's folder); None without any."""
+    found = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model_fsdp_*"))
+    if len(found) == 1:
+        return sha256_of(found[0])
+    return hashlib.sha256("".join(f"{f.name}\0{sha256_of(f)}\n" for f in found).encode()).hexdigest() if found else None
+
+
+def _stamp(file: Path, digest: str | None) -> None:
+    """`digest` into the ONNX file's metadata (`MADE_FROM`); its weights, inline or external, are left as written."""
+    import onnx  # the [onnx] extra: only an export imports it
+
+    if digest is None:
+        return
+    proto = onnx.load(str(file), load_external_data=False)
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = MADE_FROM, digest
+    onnx.save(proto, str(file))
+
+
+def made_from(file: Path) -> str | None:
+    """The sha256 of the weights an ONNX file was made from (`MADE_FROM`), or None for a file that records none."""
+    import onnx  # only --onnx imports it
+
+    props = onnx.load(str(file), load_external_data=False).metadata_props
+    return next((p.value for p in props if p.key == MADE_FROM), None)
+
+
 def _move_into_place(stage: Path, out: Path, aside: Path) -> None:
     """The staged folder becomes `out`; an earlier one is set aside first and removed after."""
     shutil.rmtree(aside, ignore_errors=True)
@@ -188,14 +226,16 @@ def _move_into_place(stage: Path, out: Path, aside: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def onnx_file_of(precision: str | None, kind: str, spec: str, path: Path | None) -> Path | None:
-    """evaluate_checkpoint.py --onnx: the ONNX file beside the export `path` (<run>/onnx/), checked; None
-    without --onnx."""
+def onnx_file_of(precision: str | None, kind: str, spec: str, path: Path | None, weights: str | None) -> Path | None:
+    """evaluate_checkpoint.py --onnx: the ONNX file beside the export `path` (<run>/onnx/), checked, and made
+    from the export's weights (`weights`: their sha256); None without --onnx."""
     if precision is None:
         return None
     run = RunDir(path.parent if path is not None else Path(spec))
-    checks.gate(evaluation.ONNX, kind, spec, run.onnx_file(precision), run.root)
-    return run.onnx_file(precision)
+    file = run.onnx_file(precision)
+    checks.gate(evaluation.ONNX, kind, spec, file, run.root)
+    checks.gate(evaluation.ONNX_WEIGHTS, file, made_from(file), weights, run.root)
+    return file
 
 
 class OnnxModel(torch.nn.Module):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 import random
 from datetime import timedelta
 
@@ -52,6 +53,15 @@ def samples_of(cfg, train) -> int:
     return STREAM_SAMPLES if cfg.streaming else len(train)
 
 
+def _stamp(path: str | None) -> tuple[int, int] | None:
+    """A training file's size and modification time (ns), or None for data of the hub or a file gone."""
+    try:
+        stat = os.stat(path) if path else None
+    except OSError:
+        return None
+    return (stat.st_size, stat.st_mtime_ns) if stat else None
+
+
 class TrainStream:
     """This process's batches of a streamed training split, and the sampler interface the loop asks
     (`reset`, `weights`, `num_samples`); its position is what a checkpoint records (`state`, `restore`)."""
@@ -73,6 +83,7 @@ class TrainStream:
         self.source = self.args.train_file or self.args.dataset_name  # what a late row's line names
         self.by_row = True  # each process reads every world-th row (else whole shards: rows counted in its share)
         self.timeout, self.group = cfg.ddp_timeout, None  # the gloo group a late refusal is agreed over
+        self.stamp = _stamp(self.args.train_file)  # the file as the stream began: each pass's start is held to it
 
     # --- the sampler's interface (finetune/steps.py EpochSampler) -------------------------------------------
     def reset(self, epoch: int, start: int = 0) -> None:
@@ -137,6 +148,7 @@ class TrainStream:
 
     # --- reading ------------------------------------------------------------------------------------------------
     def _open(self, state: dict | None):
+        checks.gate(rules.CHANGED, self.args.train_file, self.stamp, _stamp(self.args.train_file))
         raw = data.open_stream(self.args)
         self.by_row = self.world == 1 or raw.n_shards % self.world != 0  # split_dataset_by_node's choice
         if self.world > 1:

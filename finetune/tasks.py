@@ -415,7 +415,7 @@ class ImageClassification(Task):
         arguments = ", top_k=None" if problem.lists else ""
         return (
             f'classify = pipeline("{self.pipeline_tag}", model="{where}"{arguments})\n'
-            'classify("path/to/image.png")  # a path, URL or PIL image'
+            'classify("path/to/image.png")  # a path, URL or PIL image (8-bit: pipeline() clips a 16-bit one)'
         )
 
 

@@ -237,7 +237,11 @@ def world(finished_run, tmp_path_factory) -> World:
     Image.open(images / "train" / "1_trouser" / "0.png").convert("RGB").resize((200, 200)).save(
         victim, quality=95
     )
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # found only when decoded
+    jpeg = bytearray(victim.read_bytes())  # whole, to its end marker: its scan asks for Huffman tables it lacks
+    scan = jpeg.find(b"\xff\xda")
+    for i in range(jpeg[scan + 4]):
+        jpeg[scan + 6 + 2 * i] = 0x33
+    victim.write_bytes(bytes(jpeg))  # found only when decoded
 
     # models and tokenizers
     save_tiny_bert(root / "pickle_model", tokenizer=False, safetensors=False)
@@ -865,8 +869,9 @@ def test_a_cut_off_json_lines_file_is_our_line_alone(world):
 
 @pytest.mark.slow
 def test_an_image_that_fails_only_when_decoded_is_named(world, tmp_path):
-    """A JPEG whose pixel data is cut short passes the load-time check (PIL's verify() reads headers);
-    decoding it in training raises one line naming the file, still exit 2 and no traceback."""
+    """A JPEG whose scan data is broken (its file whole, to its end marker) passes the load-time check (PIL's
+    verify() reads headers); decoding it in training raises one line naming the file, still exit 2 and no
+    traceback."""
     args = ["--config", IMAGEFOLDER, f"model_config={TINY_VIT}", f"data_dir={world.images_cut_jpeg}",
             "num_train_epochs=1", "per_device_train_batch_size=4", f"output_dir={tmp_path / 'o'}"]  # fmt: skip
     user_error_from_command([str(REPO / "finetune/run.py"), *args], "cut.jpg", cwd=tmp_path)
@@ -998,7 +1003,7 @@ def test_output_dir_that_is_a_checkpoint(world, capsys):
 
 
 def test_overwrite_then_a_mistake_found_mid_run_keeps_the_earlier_run(world, copy, capsys):
-    """A JPEG cut short passes the check before training and fails when it is decoded, in training: by
+    """A JPEG whose scan data is broken passes the check before training and fails when it is decoded: by
     then the overwrite has begun. The earlier run, and the user's file beside it, come back whole."""
     (copy / "notes.txt").write_text("mine")
     argv = _image(world, world.images_cut_jpeg, "num_train_epochs=1", "per_device_train_batch_size=4", out=copy)

@@ -198,3 +198,18 @@ def test_image_size_of_a_vit_is_refused(capsys, tmp_path):
     data = image_folder(tmp_path / "img", classes=2, per_class=6)
     user_error(capsys, main, tiny_image_args(data, tmp_path / "o", "image_size=48", "validation_split_percentage=34"),
                "image_size=48: ViT cuts images into patches", rule="models.image_size_of_a_patch_model")  # fmt: skip
+
+
+def test_an_image_size_below_what_the_convolutions_take_is_refused(tiny_efficientnet_folder, photos, tmp_path, capsys):
+    """The bundled EfficientNet halves an image 5 times (its stem and four stride-2 stages): image_size=24 left a
+    kernel larger than the map and the first batch raised a traceback from torch; now one line with the least
+    size, 32, before anything is written. The tiny EfficientNet (one stride-2 block) takes 4, and trains at it."""
+    user_error(capsys, main, ["--config", RECIPE, f"data_dir={photos}", "image_size=24", "validation_split_percentage=34",
+                              f"output_dir={tmp_path / 'o'}"],
+               "image_size=24 is below the 32 pixels EfficientNet takes", "set image_size=32 or more",
+               rule="models.image_size_below_the_convolutions")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+    user_error(capsys, main, _args(tiny_efficientnet_folder, photos, tmp_path / "tiny", "image_size=3"),
+               "image_size=3 is below the 4 pixels", rule="models.image_size_below_the_convolutions")  # fmt: skip
+    results = main(_args(tiny_efficientnet_folder, photos, tmp_path / "tiny", "image_size=4", "max_steps=1"))
+    assert results["step"] == 1

@@ -268,6 +268,22 @@ def _png(color: tuple[int, int, int]) -> bytes:
     return buffer.getvalue()
 
 
+def test_an_image_folder_of_one_class_folder_is_scored_by_it(tiny_vit_folder, tmp_path):
+    """--data dogs/ holding dog/*.png alone (how does the model do on dogs?): datasets labels images by their
+    folders only when there are two or more; a folder named as a label of the model labels its images, and they
+    are scored. A folder named otherwise (batch1/) is data to predict, as before."""
+    shades = [(0, 0, 200), (20, 40, 250), (0, 90, 160)]
+    drawn_images(tmp_path / "dogs", {"dog": shades}, split="", size=(30, 30))
+    record = json.loads(Path(evaluate([str(tiny_vit_folder), "--data", str(tmp_path / "dogs"), "--output",
+                                       str(tmp_path / "dogs-eval")])["metrics_file"]).read_text())  # fmt: skip
+    assert record["labelled"] is True and record["num_samples"] == 3 and "accuracy" in record
+    assert sum(record["confusion_matrix"][1]) == 3 and sum(record["confusion_matrix"][0]) == 0  # all three true dogs
+    drawn_images(tmp_path / "new", {"batch1": shades}, split="", size=(30, 30))
+    record = json.loads(Path(evaluate([str(tiny_vit_folder), "--data", str(tmp_path / "new"), "--output",
+                                       str(tmp_path / "new-eval")])["metrics_file"]).read_text())  # fmt: skip
+    assert record["labelled"] is False and record["num_samples"] == 3 and "accuracy" not in record
+
+
 def test_image_predictions_name_their_files(tiny_vit_folder, tmp_path):
     colors = {"cat": [(200, 0, 0), (180, 30, 10)], "dog": [(0, 0, 200), (20, 40, 250), (0, 90, 160)]}
     folder = drawn_images(tmp_path / "images", colors, split="", size=(30, 30))

@@ -135,3 +135,20 @@ def test_keep_others_replaces_the_rerun_rows_and_says_where_the_others_come_from
     table = markdown({**new, "tasks": rows})
     assert "- single sentence: `python -m benchmarks.expected_results --out x`; 2026-11-20." in table
     assert "tagging: `" not in table.split("Rows kept")[1]
+
+
+@pytest.mark.slow  # ~25 s: builds the photos task, then runs two tiny models on it
+def test_the_photo_rows_run_in_smoke_mode_each_with_a_model_of_its_kind(tmp_path):
+    """The photos rows, each with its own --smoke settings: the ViT row a tiny ViT, the EfficientNet row a tiny
+    EfficientNet from config in place of the bundled one (the image modality's ViT clashes with its
+    freeze_layers=8), both on every sample (the photos' first 64 are one class, which max_train_samples would
+    keep)."""
+    out, data = tmp_path / "out", tmp_path / "data"
+    report = main(["--smoke", "--out", str(out), "--data", str(data), "--tasks", "photos", "pretrained_photos"])
+    rows = {row["key"]: row for row in report["tasks"]}
+    for key in ("photos", "pretrained_photos"):
+        assert rows[key]["exit_status"] == 0, rows[key].get("error")
+        assert rows[key]["optimizer_steps"] == 4 and rows[key]["test"]["num_samples"] == 300
+    assert rows["pretrained_photos"]["model"]["from config"]["model_type"] == "efficientnet"
+    assert rows["pretrained_photos"]["recipe"] == "finetune/configs/efficientnet_photos.yaml"
+    assert "model_config" not in rows["pretrained_photos"]["command"]  # the command a user types: the recipe's model

@@ -236,3 +236,202 @@ def test_a_phone_photo_is_decoded_upright_and_no_larger_than_the_model_needs():
     seen = transform({"image": [value], "labels": [0]})["pixel_values"]
     reference = processor(images=[full.convert("RGB")], return_tensors="pt")["pixel_values"]
     assert seen.shape == reference.shape and (seen - reference).abs().mean().item() < 0.02
+
+
+# --- a new user's photo folders on the photos recipe (the tiny EfficientNet in place of the bundled one) ---------
+
+PHOTOS = str(CONFIGS_DIR / "efficientnet_photos.yaml")
+
+
+def _photos(model, data, out, *extra: str) -> list[str]:
+    """The photos recipe as a new user runs it on their folder, on the tiny EfficientNet: one step."""
+    return ["--config", PHOTOS, f"model_name_or_path={model}", f"data_dir={data}", "freeze_layers=0", "max_steps=1",
+            "per_device_train_batch_size=4", "validation_split_percentage=34", f"output_dir={out}", *extra]  # fmt: skip
+
+
+def _image_warnings(results: dict) -> list[str]:
+    """The images rules' warnings of a run (a run this small also hears that it is too small to judge)."""
+    return [w["rule"] for w in results["warnings"] if w["rule"].startswith("images.")]
+
+
+def _photo_folder(root, per_class: int = 4):
+    """`root/train/{cat,dog}/<i>.jpg`: noisy 48x40 RGB photos, red cats and green dogs."""
+    rng = np.random.default_rng(0)
+    for label, color in (("cat", (200, 30, 30)), ("dog", (30, 200, 30))):
+        (root / "train" / label).mkdir(parents=True)
+        for i in range(per_class):
+            noise = rng.integers(0, 40, (40, 48, 3))
+            Image.fromarray((np.array(color) + noise).clip(0, 255).astype(np.uint8)).save(root / "train" / label / f"{i}.jpg")
+    return root
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "GIF", "BMP", "TIFF"])
+def test_an_image_cut_short_is_named_before_training(fmt, tiny_efficientnet_folder, tmp_path, capsys):
+    """A file cut short (a copy or a download that stopped) passes PIL's verify(), which reads the header alone:
+    a JPEG or GIF without its end marker, and a BMP or TIFF, are decoded before training, so the line comes before
+    the run writes anything, not at the step that first decodes it."""
+    folder = _photo_folder(tmp_path / "photos")
+    victim = folder / "train" / "cat" / f"cut.{fmt.lower()}"
+    Image.open(folder / "train" / "cat" / "0.jpg").resize((200, 160)).save(victim, fmt)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size * 2 // 3])
+    out = tmp_path / "run"
+    user_error(capsys, main, _photos(tiny_efficientnet_folder, folder, out), f"cannot read image {victim} in the train data",
+               untouched=folder, rule="images.unreadable_image")  # fmt: skip
+    assert not out.exists()
+
+
+def test_icons_drawn_in_their_transparency_alone_are_refused(tiny_efficientnet_folder, tmp_path, capsys):
+    """Black icons on a transparent background: once the alpha channel is dropped (as training and pipeline() do)
+    every image is one flat black. Photos with a real transparency (a fade to transparent) train."""
+    from PIL import ImageDraw
+
+    icons = tmp_path / "icons"
+    for label in ("circle", "square"):
+        (icons / "train" / label).mkdir(parents=True)
+        for i in range(4):
+            icon = Image.new("RGBA", (48, 48), (0, 0, 0, 0))
+            (ImageDraw.Draw(icon).ellipse if label == "circle" else ImageDraw.Draw(icon).rectangle)(
+                (8 + i, 8, 40, 40 - i), fill=(0, 0, 0, 255))
+            icon.save(icons / "train" / label / f"{i}.png")
+    line = user_error(capsys, main, _photos(tiny_efficientnet_folder, icons, tmp_path / "run"), "8 of the 8 train images",
+                      "drawn in it alone", "alpha_composite", rule="images.drawing_in_transparency")  # fmt: skip
+    assert str(icons / "train" / "circle" / "0.png") in line
+    faded = _photo_folder(tmp_path / "faded")
+    for jpg in sorted((faded / "train").rglob("*.jpg")):
+        photo = Image.open(jpg).convert("RGBA")
+        photo.putalpha(Image.linear_gradient("L").resize(photo.size))
+        photo.save(jpg.with_suffix(".png"))
+        jpg.unlink()
+    results = main(_photos(tiny_efficientnet_folder, faded, tmp_path / "faded-run"))
+    assert results["step"] == 1 and _image_warnings(results) == []
+
+
+def test_float_images_on_a_scale_of_0_to_1_are_refused(tiny_efficientnet_folder, tmp_path, capsys):
+    """Float TIFFs (PIL mode F) of values 0-1: PIL's conversion to 8 bits clips them, so the model would see black.
+    Float images on the 0-255 scale convert as they are, and train."""
+    for scale, name in ((1 / 255, "unit"), (1.0, "bytes")):
+        folder = _photo_folder(tmp_path / name)
+        for jpg in sorted((folder / "train").rglob("*.jpg")):
+            gray = np.asarray(Image.open(jpg).convert("L"), dtype=np.float32) * scale
+            Image.fromarray(gray).save(jpg.with_suffix(".tiff"))
+            jpg.unlink()
+    first = tmp_path / "unit" / "train" / "cat" / "0.tiff"
+    user_error(capsys, main, _photos(tiny_efficientnet_folder, tmp_path / "unit", tmp_path / "run"),
+               "8 train image(s) hold float pixels from", f"(first: {first})", rule="images.float_pixels")  # fmt: skip
+    results = main(_photos(tiny_efficientnet_folder, tmp_path / "bytes", tmp_path / "bytes-run"))
+    assert results["step"] == 1 and _image_warnings(results) == []
+
+
+def test_a_pixel_and_a_strip_among_photos_are_warned_of(tiny_efficientnet_folder, tmp_path, capsys):
+    """A 1x1 image (a tracking pixel, a placeholder of a download that failed) and a 2000x5 strip: resized to the
+    model's square, a flat colour and a smear; said once, and the run goes on."""
+    folder = _photo_folder(tmp_path / "photos")
+    Image.new("RGB", (1, 1), (200, 30, 30)).save(folder / "train" / "cat" / "pixel.png")
+    Image.new("RGB", (2000, 5), (30, 200, 30)).save(folder / "train" / "dog" / "strip.png")
+    results = main(_photos(tiny_efficientnet_folder, folder, tmp_path / "run"))
+    assert _image_warnings(results) == ["images.degenerate_size"]
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "flat colour or a smear" in ln]
+    assert len(said) == 1 and "2 of the 10 train images are 1x1, 2000x5 pixels" in said[0], said
+
+
+def test_images_the_loader_skips_by_their_names_are_warned_of(tiny_efficientnet_folder, tmp_path, capsys):
+    """A JPEG saved without a suffix, or as photo.jpg_large (a browser's), is left out by the image folder loader:
+    counted by its bytes in one warning. Notes, .DS_Store and Thumbs.db are no one's images: not counted."""
+    folder = _photo_folder(tmp_path / "photos")
+    Image.open(folder / "train" / "cat" / "0.jpg").save(folder / "train" / "cat" / "IMG_0001", "JPEG")
+    Image.open(folder / "train" / "dog" / "0.jpg").save(folder / "train" / "dog" / "photo.jpg_large", "JPEG")
+    (folder / "train" / "dog" / "notes.txt").write_text("more to come")
+    (folder / "train" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1" + bytes(32))
+    (folder / "train" / "cat" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0" + bytes(32))
+    results = main(_photos(tiny_efficientnet_folder, folder, tmp_path / "run"))
+    assert _image_warnings(results) == ["images.images_under_other_names"]
+    assert next(w for w in results["warnings"] if w["rule"].startswith("images."))["line"].startswith(
+        f"2 file(s) in {folder} are images by their bytes but not by their names, so the image folder loader leaves "
+        f"them out (first: {folder / 'train' / 'cat' / 'IMG_0001'}, a JPEG)")
+
+
+def test_a_class_folder_named_in_another_unicode_form_is_said_to_be_one(tiny_efficientnet_folder, tmp_path, capsys):
+    """macOS writes a folder's name decomposed (café: e and a combining accent), most other systems composed: a
+    validation/café/ copied from a Mac beside train/café/ reads the same and is another class. The line says so,
+    its accent written out, rather than that train/café/ has no images."""
+    import unicodedata
+
+    composed, decomposed = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    folder = class_folders(tmp_path / "photos", {"train": [composed, "dog"]}, per_class=4)
+    class_folders(folder, {"validation": [decomposed, "dog"]}, per_class=2)
+    user_error(capsys, main, _photos(tiny_efficientnet_folder, folder, tmp_path / "run"),
+               "class 'cafe\\u0301' of label column 'label' has no training sample; 'cafe\\u0301' (train: 'café') differ "
+               "from the training labels only by Unicode form or invisible characters", untouched=folder,
+               rule="labels.class_without_training_sample")  # fmt: skip
+
+
+def test_pipeline_clips_a_16_bit_image_that_training_scales_as_the_docs_say(tmp_path):
+    """docs/recipes-and-data.md: transformers' pipeline() reads a 16-bit PNG by PIL's convert("RGB"), which
+    clips it white; the docs' shift to 8 bits gives it the pixels training saw."""
+    from transformers.image_utils import load_image
+
+    from finetune.images import _to_8_bit, open_image
+
+    gradient = (np.linspace(0, 65535, 64 * 48).reshape(48, 64)).astype(np.uint16)
+    Image.fromarray(gradient).save(tmp_path / "deep.png")
+    assert np.asarray(load_image(str(tmp_path / "deep.png"))).mean() > 250  # what pipeline() sees: white
+    trained = np.asarray(_to_8_bit(open_image({"path": str(tmp_path / "deep.png"), "bytes": None})).convert("RGB"))
+    docs = np.asarray(Image.fromarray((np.asarray(Image.open(tmp_path / "deep.png")) >> 8).astype("uint8")).convert("RGB"))
+    assert (trained == docs).all() and docs.std() > 60
+
+
+def test_a_photo_of_more_megapixels_than_pil_warns_of_trains_without_its_warning(tiny_efficientnet_folder, tmp_path):
+    """PIL warns of a "decompression bomb DOS attack" above 89 megapixels (a panorama, a scan: good data), in a
+    Python warning line naming its own source file; the app decodes such a photo as any other, without it. Above
+    twice that, PIL will not open it: one line. The real command in a process of its own (pytest records
+    warnings its own way), PIL's limit lowered so that a small photo stands in."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, one_error_line
+
+    folder = _photo_folder(tmp_path / "photos")
+    Image.new("RGB", (60, 60), (200, 30, 30)).save(folder / "train" / "cat" / "panorama.jpg")  # 3600 pixels
+    run = ("import sys, PIL.Image; PIL.Image.MAX_IMAGE_PIXELS = 3000; from finetune.run import main; "
+           "main(sys.argv[1:])")  # warns above 3000 pixels, refuses above 6000
+
+    def command(out):
+        return subprocess.run([sys.executable, "-c", run, *_photos(tiny_efficientnet_folder, folder, out)], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    done = command(tmp_path / "run")
+    assert done.returncode == 0 and "DecompressionBomb" not in done.stderr, done.stderr[-2000:]
+    Image.new("RGB", (80, 80), (200, 30, 30)).save(folder / "train" / "cat" / "huge.jpg")  # 6400 pixels
+    refused = command(tmp_path / "run2")
+    one_error_line(refused.returncode, refused.stderr, "huge.jpg", "could be decompression bomb")
+
+
+def test_the_decompression_bomb_warning_is_left_out_where_the_app_opens_an_image_alone(tmp_path, monkeypatch):
+    """Not by a filter of the process's: a program that imports the app keeps PIL's warning for its own images."""
+    import warnings
+
+    import finetune.images as images
+
+    Image.new("RGB", (60, 60)).save(tmp_path / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        images.open_image({"path": str(tmp_path / "big.png"), "bytes": None})
+        assert not seen  # the app's own open: quiet
+        with Image.open(tmp_path / "big.png"):
+            pass
+    assert [w.category for w in seen] == [Image.DecompressionBombWarning]  # anyone else's: PIL's warning
+
+
+@pytest.mark.parametrize(("split", "instead"), [("validation", "hold out a share of train for validation instead"),
+                                                ("test", "have no test score")])  # fmt: skip
+def test_a_split_folder_without_images_is_refused(split, instead, tiny_efficientnet_folder, tmp_path, capsys):
+    """validation/ or test/ beside train/ with its class folders made and no photo copied yet (a .DS_Store
+    alone): the loader left the split out without a word, and the run held out train or had no test score."""
+    folder = _photo_folder(tmp_path / "photos")
+    for label in ("cat", "dog"):
+        (folder / split / label).mkdir(parents=True)
+    (folder / split / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    user_error(capsys, main, _photos(tiny_efficientnet_folder, folder, tmp_path / "run"),
+               f"{folder / split} holds no image, so its split would be left out: the run would {instead}",
+               untouched=folder, rule="images.empty_split_folder")  # fmt: skip

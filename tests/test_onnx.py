@@ -141,6 +141,28 @@ def test_the_hostile_cases_are_one_line(finished_run, tmp_path, capsys):
     assert not (run / "eval").exists()
 
 
+
+def test_onnx_files_made_from_other_weights_than_the_exports_are_refused(finished_run, tmp_path, capsys):
+    """Each ONNX file records the sha256 of the weights it was made from: after the export's weights change
+    (a resumed run exports anew, weights copied in), --onnx refuses the stale files in one line, writing
+    nothing, rather than record their scores as the export's; made again, they evaluate. The ONNX folder given
+    as the model is one line that names the command."""
+    from safetensors.torch import load_file, save_file
+
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    run = finished_run.copy(tmp_path / "run", *RUN, data="named+test")
+    onnx_main([str(run), "--no-int8"])
+    weights = run / "model" / "model.safetensors"
+    save_file({k: v + 0.01 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
+    user_error(capsys, evaluate, [str(run / "model"), "--onnx"], "was made from other weights than",
+               f"python -m finetune.onnx_export {run}", rule="evaluation.onnx_of_other_weights")  # fmt: skip
+    assert not (run / "eval").exists()
+    onnx_main([str(run), "--no-int8"])
+    assert evaluate([str(run / "model"), "--onnx"])["num_samples"] == 11
+    user_error(capsys, evaluate, [str(run / "onnx"), "--onnx"], "holds ONNX files, not a model's weights",
+               f"evaluate_checkpoint {run / 'model'} --onnx", rule="evaluation.onnx_folder")  # fmt: skip
+
 @pytest.mark.slow
 def test_a_lora_run_exports_its_merged_model_and_its_adapter_is_refused(finished_run, tmp_path, capsys):
     """A LoRA run's model/ holds the adapters merged (finetune/export.py): it exports as any other run, equal
@@ -189,7 +211,9 @@ def test_an_export_leaves_the_libraries_settings_as_they_were(tmp_path):
 
 
 def test_an_output_dir_that_holds_other_files_is_never_replaced(tmp_path, capsys):
-    """--output-dir is replaced whole: a folder of other files (the user's, a run) is refused, untouched."""
+    """--output-dir is replaced whole: a folder of other files (the user's, a run) is refused, untouched; so are
+    a file and a folder inside a model's (the run's own export), which would be loaded and replaced with it; and a
+    file given for the run."""
     run = tmp_path / "run"
     MODELS["single_label"](run / "model")
     mine = tmp_path / "mine"
@@ -198,6 +222,12 @@ def test_an_output_dir_that_holds_other_files_is_never_replaced(tmp_path, capsys
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(mine)], "holds files that are not the ONNX files",
                "name a new or empty folder", untouched=mine, rule="runs.onnx_output_not_ours")  # fmt: skip
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(run)], rule="runs.onnx_output_not_ours")
+    user_error(capsys, onnx_main, [str(run / "model" / "config.json")], "is a file; give a finished run's folder",
+               f"python -m finetune.onnx_export {run}", untouched=run, rule="runs.onnx_path_a_file")  # fmt: skip
+    user_error(capsys, onnx_main, [str(run), "--output-dir", str(mine / "notes.txt")], "is a file; name a folder",
+               untouched=mine, rule="runs.onnx_output_a_file")  # fmt: skip
+    user_error(capsys, onnx_main, [str(run), "--output-dir", str(run / "model" / "onnx")], "a model's folder",
+               untouched=run, rule="runs.onnx_output_inside_a_model")  # fmt: skip
 
 
 def test_a_text_run_and_an_evaluation_import_no_onnx():

@@ -396,6 +396,28 @@ def test_a_train_file_of_ones_own_beside_the_recipes_evaluation_files_is_said(tm
     assert "settings.recipe_evaluation_file" not in said.rules()
 
 
+def test_a_file_of_ones_own_cut_by_the_recipes_sample_cap_is_said(tmp_path):
+    """The default recipe's max_train_samples=2400 (and max_eval_samples=500) were set for rotten_tomatoes: a
+    streamed train_file of one's own is cut by them with a word each (a stream's start summary counts its
+    steps, not the file's rows); none once the cap is given, for the recipe's own file, or for a loaded run
+    (whose start summary counts the samples kept)."""
+    from finetune import checks
+    from finetune.config import load_config
+
+    train, dev = write_csv(tmp_path / "train.csv", rotten_rows(8)), write_csv(tmp_path / "dev.csv", rotten_rows(4))
+    said = checks.Said(quiet=True)
+    load_config(None, [f"train_file={train}", f"validation_file={dev}", "streaming=true", "max_steps=3"], said=said)
+    assert said.rules().count("settings.recipe_sample_cap") == 2, said.lines
+    assert any("max_train_samples=2,400 is the recipe's" in line and "max_train_samples=null" in line
+               for _, line in said.lines), said.lines  # fmt: skip
+    stream = ["streaming=true", "max_steps=3", f"validation_file={dev}"]
+    for argv in ([f"train_file={train}", "max_train_samples=null", "max_eval_samples=null", *stream],
+                 ["train_file=data/rotten_tomatoes/train.csv", *stream[:2]], [f"train_file={train}"]):  # fmt: skip
+        said = checks.Said(quiet=True)
+        load_config(None, argv, said=said)
+        assert "settings.recipe_sample_cap" not in said.rules(), (argv, said.lines)
+
+
 def test_a_console_that_cannot_print_the_labels_shows_them_escaped(tmp_path):
     """An ASCII-only console (PYTHONIOENCODING=ascii, a C locale) and class names in another script: every
     line is printed, the characters it cannot show as escapes, and the run ends well."""

@@ -31,6 +31,7 @@ from conftest import (
 from safetensors.torch import load_file
 
 import finetune.data
+import finetune.streams
 from finetune import checkpoint as ckpt
 from finetune.run import main
 from finetune.steps import EpochSampler
@@ -369,6 +370,51 @@ def test_a_malformed_json_line_in_the_stream_is_one_line_naming_its_row(chunk, r
                           "stream_buffer=8")  # fmt: skip
     user_error(capsys, main, args, f"row {LATE} of {data['train']} (line {LATE}) is not valid JSON Lines: column",
                "fix or remove that line", rule="streams.row_unparsable")
+
+
+def test_a_number_among_texts_past_the_first_pass_names_its_row_in_the_file(rows, tmp_path, capsys, monkeypatch):
+    """A JSON text cell that is a number past the first pass: datasets types the stream's column from the whole
+    block it reads (Json), while the first pass's rows are all text; the line names the row in the file and
+    its value, not the feature's type."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    rows[LATE - 1] = {**rows[LATE - 1], "text": 123}
+    data = _data(tmp_path, rows)
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4")
+    user_error(capsys, main, args, f"its first rows hold text, but row {LATE} of {data['train']} holds a number (123)",
+               "give every row the same type", rule="columns.mixed_types")  # fmt: skip
+
+def test_a_training_file_changed_while_it_streams_is_refused_at_the_next_pass(rows, tmp_path, capsys, monkeypatch):
+    """The training file grown while the run streams it: the next pass would read other data than the run
+    checked and recorded, so its start refuses it in one line; what was saved stays."""
+    data = _data(tmp_path, rows)
+    opened, open_pass = [], finetune.streams.TrainStream._open
+
+    def grow_then_open(stream, state):
+        opened.append(state)
+        if len(opened) == 2:  # the second pass's start
+            with open(data["train"], "a") as f:
+                f.write('{"text": "a review written while it trained", "label": "1"}\n')
+        return open_pass(stream, state)
+
+    monkeypatch.setattr(finetune.streams.TrainStream, "_open", grow_then_open)
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=14", "per_device_train_batch_size=4")
+    user_error(capsys, main, args, f"the training file {data['train']} changed", "resume_from_checkpoint=latest",
+               rule="streams.file_changed")  # fmt: skip
+
+def test_a_ragged_csv_row_in_the_stream_is_the_loaded_paths_line_naming_its_line(rows, tmp_path, capsys, monkeypatch):
+    """A CSV row of more fields than the header, past the first pass: pandas' parser refuses it as the stream
+    reads on, and the line names the file's line as a loaded run's does (files.csv_ragged_row), not the
+    parser's words."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    data = _data(tmp_path, rows)
+    train = tmp_path / "train.csv"
+    lines = ["text,label", *(f"{r['text'].replace(',', ' ')},{r['label']}" for r in rows)]
+    lines[LATE] = "a review, with a comma,1"
+    train.write_text("\n".join(lines) + "\n")
+    args = tiny_text_args({**data, "train": train}, tmp_path / "out", "streaming=true", "max_steps=12",
+                          "per_device_train_batch_size=4", "stream_buffer=8")  # fmt: skip
+    user_error(capsys, main, args, f"train file {train} line {LATE + 1} has 3 fields, the header has 2",
+               "quote fields that contain the delimiter", rule="streams.delimited_row_unparsable")  # fmt: skip
 
 
 # --- advice that is followed: what a line tells a streamed run to set passes the settings' rules ---------------

@@ -540,7 +540,8 @@ def _kind_of_value(value: Any) -> str:
 @rule("columns.mixed_types")
 def mixed_types(c: Columns) -> str | None:
     """A JSON column whose values are of several kinds (a number among texts): datasets reads it as `Json`,
-    which no other rule would name; the row that differs from the first."""
+    which no other rule would name; the row that differs from the first. Where the rows read all agree (a
+    stream's first pass; datasets typed the column from more of the file), the file is read again to find it."""
     lists = {*c.task.input_columns(c.args), *c.task.label_columns(c.args)} if c.tagging else set()
     for column in (n for n in (*c.inputs, *c.label_columns) if n not in lists):
         if type(c.ds.features[column]).__name__ != "Json":
@@ -549,11 +550,33 @@ def mixed_types(c: Columns) -> str | None:
         kinds = [None if v is None else _kind_of_value(v) for v in values]
         first = next((k for k in kinds if k is not None), None)
         odd = next((i for i, k in enumerate(kinds) if k is not None and k != first), None)
+        path = c.args.files.get(c.split) if odd is None and first is not None else None
+        found = _another_kind_in_file(path, column, first) if path else None
+        if found and found[0] > len(values):  # past the rows read (a stream's first pass): its row in the file
+            return (f"column '{column}' in the {c.split} data holds values of mixed types: its first rows hold {first}, "
+                    f"but row {found[0]:,} of {path} holds {found[1]} ({found[2]!r:.40}); give every row the same type "
+                    "(write numbers meant as text in quotes)")
         if odd is not None:
             start = kinds.index(first)
             return (f"column '{column}' in the {c.split} data holds values of mixed types: row {odd + 1} holds "
                     f"{kinds[odd]} ({values[odd]!r:.40}), row {start + 1} {first} ({values[start]!r:.40}); give every "
                     "row the same type (write numbers meant as text in quotes)")
+    return None
+
+
+def _another_kind_in_file(path: str, column: str, kind: str) -> tuple[int, str, Any] | None:
+    """A JSON Lines file read again, a line at a time: (the data row, its kind, its value) of the first value in
+    `column` of another kind than `kind`; None for another format, or where none differs."""
+    import json
+
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
+        for row, line in enumerate((line for line in f if line.strip()), 1):
+            try:
+                value = json.loads(line).get(column)
+            except (ValueError, AttributeError):  # not JSON Lines (a JSON document over several lines)
+                return None
+            if value is not None and _kind_of_value(value) != kind:
+                return row, _kind_of_value(value), value
     return None
 
 

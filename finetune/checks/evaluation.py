@@ -11,6 +11,7 @@
     THRESHOLDS          config.json's multi_label_thresholds
     OUTPUT, WRITE_FAILED   the output folder of an evaluation, and a write of metrics.json that fails
     ONNX                --onnx: a model that is not a run's export, ONNX files not made yet
+    ONNX_WEIGHTS        --onnx: ONNX files made from other weights than the export's (their recorded sha256)
 
 What a rule needs comes in its subject: paths, the run's raw files (`ExportRun`), the DataArgs, a dataset.
 """
@@ -36,6 +37,7 @@ from finetune.layout import (
     COMPLETE,
     MANIFEST,
     MODEL,
+    ONNX_FILES,
     PREFIX,
     SEARCH_RECORD,
     STUDY,
@@ -115,7 +117,21 @@ def a_file(spec: str, path: Path, have_data: bool) -> str | None:
     return None
 
 
-PATH = [not_found, a_file]
+@rule("evaluation.onnx_folder")
+def onnx_folder(spec: str, path: Path, have_data: bool) -> str | None:
+    """A folder of ONNX files (a run's onnx/, or an --output-dir of finetune.onnx_export) given as the model:
+    it holds no PyTorch weights; --onnx with the run's export evaluates its ONNX files."""
+    weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin")) if path.is_dir() else True
+    if not weights and any((path / f).is_file() for f in ONNX_FILES.values()):
+        if not (path.parent / MODEL).is_dir():  # an --output-dir elsewhere: --onnx reads a run's own onnx/
+            return (f"{spec} holds ONNX files, not a model's weights; --onnx evaluates those beside a run's export "
+                    "(<run>/onnx/): make them there with python -m finetune.onnx_export <run>, then evaluate <run>/model --onnx")
+        return (f"{spec} holds ONNX files, not a model's weights; evaluate them through the run's export: "
+                f"python -m finetune.evaluate_checkpoint {pasted(path.parent / MODEL)} --onnx (int8 for {ONNX_FILES['int8']})")
+    return None
+
+
+PATH = [not_found, a_file, onnx_folder]
 
 
 @rule("evaluation.run_directory")
@@ -1005,3 +1021,18 @@ def onnx_file_missing(kind: str, spec: str, file: Path, run: Path) -> str | None
 
 
 ONNX = [onnx_not_an_export, onnx_file_missing]
+
+
+@rule("evaluation.onnx_of_other_weights")
+def onnx_of_other_weights(file: Path, made_from: str | None, weights: str | None, run: Path) -> str | None:
+    """--onnx with ONNX files made from other weights than the export's, by the sha256 each file records (the
+    export changed since: a resumed run exports anew, its weights were replaced; or another run's files were
+    written there with --output-dir): their scores would be recorded as the export's. Files made before the
+    sha256 was recorded are not judged."""
+    if made_from is not None and weights is not None and made_from != weights:
+        return (f"{file} was made from other weights than {run / MODEL}'s (the export changed since, or the files "
+                f"are another model's); make them again with python -m finetune.onnx_export {pasted(run)}")
+    return None
+
+
+ONNX_WEIGHTS = [onnx_of_other_weights]

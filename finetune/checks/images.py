@@ -5,12 +5,14 @@ finetune/images.py ask these).
     CLASSES    class folders with no readable image
     ROWS       a row without an image
     UNREADABLE why an image does not open (text in an image column, a URL, a path read from elsewhere)
+    LOOKED     what the check before training saw of a split's images (`Looked`): their sizes, the pixels of a few
     CHANNELS   a model that reads neither 1 nor 3 channels
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,22 @@ def images_beside_split_folders(root: Path, is_run) -> str | None:
     return None
 
 
+@rule("images.empty_split_folder")
+def empty_split_folder(root: Path, is_run) -> str | None:
+    """A validation or test folder beside train/ that holds no image (its class folders made, the photos not
+    copied yet): the split would vanish without a word, validation then held out of train, and no test score."""
+    splits = _splits(root)
+    if not any(p.name in ("train", "training") for p in splits):
+        return None
+    for folder in (p for p in splits if p.name not in ("train", "training")):
+        if not any(f.suffix.lower() in image_suffixes() and f.is_file() for f in folder.rglob("*")):
+            instead = ("the run would hold out a share of train for validation instead" if folder.name in
+                       ("validation", "valid", "val", "dev") else "the run would have no test score")  # fmt: skip
+            return (f"{folder} holds no image, so its split would be left out: {instead}; add its images, or remove "
+                    "the folder")
+    return None
+
+
 @rule("images.run_inside_the_folder")
 def run_inside_the_folder(root: Path, is_run) -> str | None:
     """A run's output folder put inside the image folder: its files would be read as a class of images."""
@@ -112,9 +130,40 @@ def photos_not_read(root: Path, is_run) -> str | None:
     return None
 
 
+# The first bytes of the image formats a photo comes in, and their names (not TIFF's: a camera's raw files, .pef
+# or .srw, begin as a TIFF does, and are no TIFF to rename).
+_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"))
+
+
+def _image_by_its_bytes(path: Path) -> str | None:
+    """The format of a file whose first bytes are an image's (WebP: RIFF....WEBP), else None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return None
+    return "WebP" if head[:4] == b"RIFF" and head[8:] == b"WEBP" else next((n for m, n in _MAGIC if head.startswith(m)), None)
+
+
+@rule("images.images_under_other_names", warning=True)
+def images_under_other_names(root: Path, is_run) -> str | None:
+    """Image files whose names the loader skips (no suffix, photo.jpg_large, img.png~): their bytes are a JPEG's
+    or a PNG's, and they would be left out without a word."""
+    known = {*image_suffixes(), *UNREADABLE_PHOTOS}
+    skipped = [(p, kind) for p in sorted(root.rglob("*")) if p.suffix.lower() not in known
+               and not any(part.startswith(".") for part in p.relative_to(root).parts)  # hidden: no one's images
+               and p.is_file() and (kind := _image_by_its_bytes(p))]  # fmt: skip
+    if skipped:
+        (first, kind), n = skipped[0], len(skipped)
+        return (f"{n} file(s) in {root} are images by their bytes but not by their names, so the image folder loader "
+                f"leaves them out (first: {first}, a {kind}); rename them with their format's suffix (.jpg, .png) to "
+                "train on them")
+    return None
+
+
 # The subject: the image folder's root, and how a run's output folder is told (finetune/rundir.py).
-FOLDER = [folder_link, dangling_link, split_folder_in_capitals, images_beside_split_folders, run_inside_the_folder,
-          image_beside_class_folders, photos_not_read]  # fmt: skip
+FOLDER = [folder_link, dangling_link, split_folder_in_capitals, images_beside_split_folders, empty_split_folder,
+          run_inside_the_folder, image_beside_class_folders, photos_not_read, images_under_other_names]  # fmt: skip
 
 
 def _class_folders(data_dir: str) -> list[Path]:
@@ -255,7 +304,8 @@ def relative_path(u: Unopened) -> str | None:
 
 @rule("images.unreadable_image")
 def unreadable_image(u: Unopened) -> str:
-    """An image file that does not open (garbage, a truncated file, a bad header)."""
+    """An image file that does not open or decode (garbage, a bad header, a file cut short: a JPEG or GIF without
+    its end marker, and a format whose header alone PIL's verify() reads, BMP or TIFF, is decoded to tell)."""
     return f"cannot read image {u.name} in the {u.split} data: {u.error}; remove or replace the file"
 
 
@@ -264,12 +314,74 @@ UNREADABLE = [base64_text, text_not_paths, file_url, relative_path, unreadable_i
 
 @rule("images.undecodable", local=True)
 def undecodable(name: str, error: Exception) -> str:
-    """An image that opened before training and fails to decode in it (pixel data cut short inside a JPEG):
-    found by the process whose share of the data holds it."""
+    """An image that opened before training and fails to decode in it (a JPEG whose scan data is broken, its
+    file whole): found by the process whose share of the data holds it."""
     return f"cannot read image {name}: {error}; remove or replace the file"
 
 
 UNDECODABLE = [undecodable]
+
+
+class Looked:
+    """What the check before training saw of a split's images: each image's size (its header's), and the
+    pixels of the first few that have a transparency (`with_alpha`: each one's name, the spread of its colour
+    channels and of its alpha, 0-255) or float pixels (`floats`: each one's name, its lowest and highest value)."""
+
+    SAMPLED = 64  # images of each kind decoded: a folder of icons or of float TIFFs shows in its first few
+
+    def __init__(self, split: str):
+        self.split = split
+        self.sizes: Counter = Counter()  # (width, height): how many images have it
+        self.first_of: dict[tuple[int, int], str] = {}  # (width, height): the first image of that size
+        self.with_alpha: list[tuple[str, int, int]] = []
+        self.floats: list[tuple[str, float, float]] = []
+
+    def add(self, name: str, size: tuple[int, int]) -> None:
+        self.sizes[size] += 1
+        self.first_of.setdefault(size, name)
+
+
+@rule("images.drawing_in_transparency")
+def drawing_in_transparency(s: Looked) -> str | None:
+    """Images drawn in their transparency alone (black icons on a transparent background): their colour
+    channels one flat colour. Training, and transformers' pipeline(), drop the alpha channel, so each is one
+    flat colour to the model and nothing can be learned from it."""
+    flat = [name for name, color, alpha in s.with_alpha if color <= 16 and alpha >= 128]
+    if flat and len(flat) * 2 >= len(s.with_alpha):
+        return (f"{len(flat)} of the {len(s.with_alpha)} {s.split} images with a transparency checked are drawn in it "
+                f"alone (first: {flat[0]}): their colours are one flat colour, which is all the model sees once the "
+                "transparency is dropped; flatten them onto a background (PIL's Image.alpha_composite onto white) and "
+                "save them as RGB")
+    return None
+
+
+@rule("images.float_pixels")
+def float_pixels(s: Looked) -> str | None:
+    """Images of 32-bit float pixels (PIL mode F, a float TIFF) on a scale other than 0-255 (0-1, most often):
+    PIL's conversion to 8 bits, the model's and transformers' pipeline()'s, clips them, so 0-1 is all black."""
+    off = [(name, lo, hi) for name, lo, hi in s.floats if hi <= 1.0 or lo < 0 or hi > 255]
+    if off:
+        name, lo, hi = off[0]
+        return (f"{len(off)} {s.split} image(s) hold float pixels from {lo:g} to {hi:g} (first: {name}), which the "
+                "conversion to 8-bit colour clips to 0-255: the model would see them flat; save them as 8-bit (or "
+                "16-bit) PNGs, their values scaled to 0-255 (0-65535)")
+    return None
+
+
+@rule("images.degenerate_size", warning=True)
+def degenerate_size(s: Looked) -> str | None:
+    """Images of a pixel or two on a side, or 16 times longer than wide (a tracking pixel, a placeholder, a
+    banner): resized to the model's square they are a flat colour or a smear."""
+    odd = sorted((size for size in s.sizes if min(size) <= 2 or max(size) >= 16 * min(size)), key=min)
+    if odd:
+        n = sum(s.sizes[size] for size in odd)
+        shown = ", ".join(f"{w}x{h}" for w, h in odd[:3]) + (", ..." if len(odd) > 3 else "")
+        return (f"{n} of the {s.sizes.total()} {s.split} images are {shown} pixels (first: {s.first_of[odd[0]]}): resized to the "
+                "model's input they are a flat colour or a smear; remove them, or crop them to what they show")
+    return None
+
+
+LOOKED = [drawing_in_transparency, float_pixels, degenerate_size]
 
 
 @rule("images.channels")

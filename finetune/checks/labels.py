@@ -462,14 +462,18 @@ def punctuation_twin_classes(c: Classes) -> str | None:
 
 def near_misses(unseen: list[str], known: list[str]) -> str:
     """For labels another split has that train lacks: those that are a known label but for surrounding
-    spaces or letter case, named (they are the same class written differently), with the fix."""
-    by_form = {form(k): k for k in known for form in (str.strip, lambda t: t.strip().casefold())}
-    twins = [(u, by_form.get(u.strip()) or by_form.get(u.strip().casefold())) for u in unseen]
+    spaces, letter case or Unicode form (a macOS folder name's café, decomposed, beside a composed one) and
+    invisible characters, named (they are the same class written differently), with the fix."""
+    forms = (str.strip, lambda t: t.strip().casefold(), lambda t: visible(t).strip().casefold())
+    by_form = {(i, form(k)): k for k in known for i, form in enumerate(forms)}
+    twins = [(u, next((by_form[i, f(u)] for i, f in enumerate(forms) if (i, f(u)) in by_form), None)) for u in unseen]
     twins = [(u, k) for u, k in twins if k is not None]
     if not twins:
         return ""
-    what = " and ".join(sorted({"surrounding spaces" if u.strip() == k.strip() else "letter case" for u, k in twins}))
-    pairs = ", ".join(f"{u!r} (train: {k!r})" for u, k in twins[:3])
+    what = " and ".join(sorted({"surrounding spaces" if u.strip() == k.strip() else "letter case"
+                                if u.strip().casefold() == k.strip().casefold() else "Unicode form or invisible characters"
+                                for u, k in twins}))  # fmt: skip
+    pairs = ", ".join(f"{shown(u)} (train: {shown(k)})" for u, k in twins[:3])
     return f"; {pairs} differ from the training labels only by {what}: write each label the same way in every split"
 
 
@@ -486,7 +490,7 @@ def class_without_training_sample(c: Classes) -> str | None:
         return None
     twin = near_misses(absent[:1], sorted(c.present))
     if twin:
-        return (f"class {absent[0]!r} of label column '{c.column}' has no training sample{twin} (an image folder: name "
+        return (f"class {shown(absent[0])} of label column '{c.column}' has no training sample{twin} (an image folder: name "
                 "each class's folder the same in every split)")
     return (f"class {absent[0]!r} of label column '{c.column}' has no training sample (an image folder: no "
             f"train/{absent[0]}/ images, or max_train_samples left them out): the model could not learn it; give it "

@@ -20,6 +20,7 @@ a `Loading`, a `Fit`, an `Adapters`, an `Unfit`).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -436,7 +437,22 @@ def image_size_of_a_patch_model(image_size: int | None, config) -> str | None:
             "config, set model_config.image_size)")
 
 
-IMAGE_SIZE_SETTING = [image_size_of_a_patch_model]
+@rule("models.image_size_below_the_convolutions")
+def image_size_below_the_convolutions(image_size: int | None, config) -> str | None:
+    """An image_size smaller than a convolutional model takes: its stem and stride-2 blocks (EfficientNet's
+    `strides`) halve the image until a kernel is larger than what is left, and the first batch fails."""
+    strides = getattr(config, "strides", None)
+    if image_size is None or not isinstance(strides, (list, tuple)) or not all(isinstance(s, int) for s in strides):
+        return None
+    smallest = 2 * math.prod(strides)  # the stem's stride 2, then each stage's
+    if image_size < smallest:
+        return (f"image_size={image_size} is below the {smallest} pixels {type(config).__name__.removesuffix('Config')} "
+                f"takes: its stem and blocks shrink an image {smallest} times, leaving less than a kernel; set "
+                f"image_size={smallest} or more (a multiple of {smallest}), or drop it for the processor's own size")
+    return None
+
+
+IMAGE_SIZE_SETTING = [image_size_of_a_patch_model, image_size_below_the_convolutions]
 CONFIG_VALUES = [size_below_one, heads_do_not_divide, unknown_activation, pad_token_outside_vocabulary, *IMAGE_SIZES]
 
 

@@ -16,8 +16,9 @@ or failing disk). Asked by finetune/rundir.py, finetune/checkpoint.py and finetu
     SAVE_FAILED      a checkpoint that could not be written (its process alone meets it)
     EXPORT_FAILED    the export that could not be written
     ONNX_COMMAND     finetune.onnx_export's command line
-    ONNX_SOURCE      what finetune.onnx_export is pointed at: no such path, a LoRA adapter alone, no export
-    ONNX_OUTPUT      finetune.onnx_export's --output-dir: a folder it may replace whole
+    ONNX_SOURCE      what finetune.onnx_export is pointed at: no such path, a file, a LoRA adapter alone, no export
+    ONNX_OUTPUT      finetune.onnx_export's --output-dir: a file, a folder inside a model's, one it may
+                     not replace whole
     ONNX_WRITE_FAILED the ONNX files that cannot be written (read-only, full)
 
 A damaged checkpoint is found by the rule that names its damage (`PROBLEMS`, whose line is the damage
@@ -1142,6 +1143,24 @@ def onnx_path_not_found(path: Path, run: Path) -> str | None:
     return None
 
 
+@rule("runs.onnx_path_a_file")
+def onnx_path_a_file(path: Path, run: Path) -> str | None:
+    """A file named for the run (its model.safetensors, config.json, an ONNX file): ONNX files are made from
+    an export's folder, which a file is not (it was said to be a run that saved no checkpoint)."""
+    if path.is_file():
+        return (f"{path} is a file; give a finished run's folder (its output_dir) or its model/ folder "
+                f"(python -m finetune.onnx_export {pasted(run_of_file(path))})")
+    return None
+
+
+def run_of_file(path: Path) -> Path:
+    """The run a file inside it belongs to: the folder above its model/, onnx/ or a checkpoint, else its folder."""
+    folder = path.parent
+    if folder.name in (layout.MODEL, layout.ONNX) or folder.parent.name == layout.CHECKPOINTS:
+        return folder.parent.parent if folder.parent.name == layout.CHECKPOINTS else folder.parent
+    return folder
+
+
 @rule("runs.onnx_of_an_adapter")
 def onnx_of_an_adapter(path: Path, run: Path) -> str | None:
     """A LoRA run's adapter folder (adapter_config.json): the adapter alone is not a model; the run's export
@@ -1165,20 +1184,40 @@ def onnx_without_export(path: Path, run: Path) -> str | None:
     return None
 
 
-ONNX_SOURCE = [onnx_path_not_found, onnx_of_an_adapter, onnx_without_export]
+ONNX_SOURCE = [onnx_path_not_found, onnx_path_a_file, onnx_of_an_adapter, onnx_without_export]
+
+
+@rule("runs.onnx_output_a_file")
+def onnx_output_a_file(out: Path) -> str | None:
+    """--output-dir naming a file (model.onnx itself, a data file): the ONNX files go in a folder."""
+    if out.is_file():
+        return f"--output-dir {out} is a file; name a folder for the ONNX files (a new or empty one, or an earlier export's)"
+    return None
+
+
+@rule("runs.onnx_output_inside_a_model")
+def onnx_output_inside_a_model(out: Path) -> str | None:
+    """--output-dir inside a model's folder (a run's export, a checkpoint, an earlier ONNX export's folder): the
+    files would be mixed into what pipeline() or the hub loads from it, and lost when it is replaced whole."""
+    for parent in out.expanduser().resolve().parents:
+        weights = any(parent.glob("*.safetensors")) or any(parent.glob("*.onnx"))
+        if (parent / layout.MANIFEST).is_file() or ((parent / "config.json").is_file() and weights):
+            return (f"--output-dir {out} is inside {parent}, a model's folder, which is loaded and replaced whole; "
+                    "name a folder outside it (the default, <run>/onnx, is beside the export)")
+    return None
 
 
 @rule("runs.onnx_output_not_ours")
 def onnx_output_not_ours(out: Path) -> str | None:
-    """--output-dir naming a file, or a folder that holds files but no ONNX export (a run, the user's own): the
-    export replaces its folder whole, so it is never written over."""
-    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / layout.ONNX_FILES["fp32"]).is_file()):
+    """--output-dir naming a folder that holds files but no ONNX export (a run, the user's own): the export
+    replaces its folder whole, so it is never written over."""
+    if out.is_dir() and any(out.iterdir()) and not (out / layout.ONNX_FILES["fp32"]).is_file():
         return (f"--output-dir {out} holds files that are not the ONNX files of an export (no "
                 f"{layout.ONNX_FILES['fp32']}), which the export would replace whole; name a new or empty folder")
     return None
 
 
-ONNX_OUTPUT = [onnx_output_not_ours]
+ONNX_OUTPUT = [onnx_output_a_file, onnx_output_inside_a_model, onnx_output_not_ours]
 
 
 @rule("runs.onnx_write_failed")

@@ -1157,5 +1157,26 @@ def recipe_evaluation_file(raw: dict[str, Any], given: dict[str, Any], key: str)
     return None
 
 
+# The recipe's caps on a split's samples, and the data keys whose data each cuts (settings.recipe_sample_cap).
+SAMPLE_CAPS = {"max_train_samples": "train_file", "max_eval_samples": "validation_file", "max_test_samples": "test_file"}
+
+
+@rule("settings.recipe_sample_cap", warning=True)
+def recipe_sample_cap(raw: dict[str, Any], given: dict[str, Any], key: str) -> str | None:
+    """A streamed run's data file of the user's own (train_file, validation_file, test_file) cut by the recipe's
+    cap on that split (max_train_samples=2400 of the default recipe, written for its own data), the cap not
+    given on the command line: a loaded run's start summary counts the samples kept, a stream's counts its
+    steps, and each pass repeats the first rows without a sign."""
+    file, cap = SAMPLE_CAPS.get(key), raw.get(key)
+    mine, theirs = given.get(file), raw.get(file)
+    streamed = str(given.get("streaming", raw.get("streaming"))).lower() == "true"
+    if not streamed or not isinstance(cap, int) or key in given or not isinstance(mine, str) or mine == theirs:
+        return None
+    if isinstance(theirs, str) and Path(theirs).expanduser().resolve() == Path(mine).expanduser().resolve():
+        return None
+    return (f"{file} is yours but {key}={cap:,} is the recipe's, written for its own data: a longer file is cut to "
+            f"its first {cap:,} samples; set {key}=null to read all of it, or a number of your own")
+
+
 MODEL_OVER_COMMAND_LINE = [model_config_beside_name]
-RECIPE_OVER_COMMAND_LINE = [recipe_evaluation_file]
+RECIPE_OVER_COMMAND_LINE = [recipe_evaluation_file, recipe_sample_cap]

@@ -9,16 +9,18 @@ it needs, and what the stream meets as it is read.
     NEW_LABELS a block's labels that the first rows did not hold, by the loaded path's rules for one label
     LABELS    a block's labels, as a process reads its share of the stream (finetune/streams.py)
     UNREADABLE rows of the stream its parser refuses, past those read (finetune/data.py's `reading_the_stream`)
+    CHANGED   the training file at each pass's start, against what it was when the stream began
     EMPTY     a process's share of one pass, read from its start (finetune/streams.py)
 """
 
 from __future__ import annotations
 
+import csv
 import json
 
 from finetune.checks import columns, labels, rule
 from finetune.checks.files import root_cause
-from finetune.formats import builder_of
+from finetune.formats import builder_of, delimiter_of
 from finetune.tasks import TASKS, task_of
 
 STREAMED_BUILDERS = ("csv", "json", "parquet")  # datasets' builders that stream a file (.tsv is csv)
@@ -138,6 +140,36 @@ def _first_unparsable_line(path: str) -> tuple[int, int, str] | None:
     return None
 
 
+def _first_ragged_row(path: str) -> tuple[int, int, int, int, bool] | None:
+    """A CSV or TSV file read again, a row at a time: its first row of another width than its header, as (its
+    first line, its last line, its fields, the header's, whether a field holds a line break: a quote left
+    open); None where every row fits."""
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        rows = csv.reader(f, delimiter=delimiter_of(path))
+        header, start = next(rows, []), rows.line_num + 1
+        for row in rows:
+            if row and len(row) != len(header):
+                return start, rows.line_num, len(row), len(header), any("\n" in field for field in row)
+            start = rows.line_num + 1
+    return None
+
+
+@rule("streams.delimited_row_unparsable")
+def delimited_row_unparsable(path: str | None, source: str, error: Exception) -> str | None:
+    """A row of a CSV or TSV training stream that its parser refuses past the rows already read (more or fewer
+    fields than the header, a quote never closed): the file is read again a row at a time to name its line,
+    as the loaded path's rules do (files.csv_ragged_row, files.csv_open_quote)."""
+    found = _first_ragged_row(path) if path and builder_of(path) == "csv" else None
+    if found is None:
+        return None
+    first, last, fields, names, open_quote = found
+    if open_quote:
+        return (f"train file {path} line {first:,} opens a quote that no quote closes: the field runs on to line "
+                f"{last:,}; close the quote, or remove it (a stream reads each row as the run trains)")
+    return (f"train file {path} line {last:,} has {fields} fields, the header has {names}; fix that row (quote "
+            "fields that contain the delimiter; a stream reads each row as the run trains)")
+
+
 @rule("streams.row_unparsable")
 def row_unparsable(path: str | None, source: str, error: Exception) -> str:
     """A row of the training stream that its parser refuses (a malformed JSON line) past the rows already read:
@@ -151,7 +183,23 @@ def row_unparsable(path: str | None, source: str, error: Exception) -> str:
     return f"the training stream {source} could not be read on: {root_cause(error)}; check that it is valid data"
 
 
-UNREADABLE = [row_unparsable]
+UNREADABLE = [delimited_row_unparsable, row_unparsable]
+
+
+@rule("streams.file_changed", local=True)
+def file_changed(path: str | None, then: tuple | None, now: tuple | None) -> str | None:
+    """The training file replaced, grown, cut or removed while a streamed run reads it (its size and modification
+    time, at each pass's start): a stream reads the file again each pass, so the run would go on training on
+    other data than it checked and recorded (the sha256 in results.json, which a resume holds it to)."""
+    if path is None or then == now:
+        return None
+    what = "is gone" if now is None else "changed (its size or modification time)"
+    return (f"the training file {path} {what} since the run began to stream it, and a stream reads it again each "
+            "pass; keep it as it is until the run ends (change a copy): put back the file it began with and resume "
+            "(resume_from_checkpoint=latest), or start a new run on the new file")
+
+
+CHANGED = [file_changed]
 
 
 @rule("streams.empty_share", local=True)
