@@ -37,6 +37,7 @@ from finetune import checks
 from finetune.checks import columns, files, images, splits
 from finetune.checks import streams as stream_rules
 from finetune.config import DataArgs
+from finetune.digests import sha256_of
 from finetune.errors import TrainingStopped, UserError
 from finetune.formats import A_TAG, CONLLU_COLUMNS, CONLLU_UPOS, FILE_BUILDERS, builder_of, delimiter_of
 from finetune.images import verify_images
@@ -281,22 +282,6 @@ def read_streamed(args: DataArgs, said: checks.Said | None, digests: dict[str, s
         raw["train"] = HFDataset.from_list(list(itertools.islice(stream, FIRST_PASS)), features=stream.features)
     checks.gate(stream_rules.NO_ROWS, args.train_file or args.dataset_name, len(raw["train"]))
     return raw
-
-
-def sha256_of(path: str | Path) -> str:
-    """A file: the sha256 of its bytes (what `sha256sum` prints). A folder: of its files' relative paths and
-    bytes, in sorted order, each framed by its length so that no two layouts collide."""
-    path, digest = Path(path), hashlib.sha256()
-    each = [path] if path.is_file() else sorted((p for p in path.rglob("*") if p.is_file()),
-                                                key=lambda p: p.relative_to(path).as_posix())  # fmt: skip
-    for file in each:
-        if file != path:
-            name = file.relative_to(path).as_posix().encode()
-            digest.update(len(name).to_bytes(8, "little") + name + file.stat().st_size.to_bytes(8, "little"))
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 def data_file_digests(args: DataArgs, known: dict[str, str] | None = None) -> dict[str, str]:

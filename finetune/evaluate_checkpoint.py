@@ -89,7 +89,8 @@ from finetune.config import (
     parse_override,
     settings_from_flags,
 )
-from finetune.data import check_columns, load_path, load_splits, sha256_of
+from finetune.data import check_columns, load_path, load_splits
+from finetune.digests import sha256_of, weights_sha256
 from finetune.errors import UserError, first_line, write_failure
 from finetune.evaluation import evaluate_with_predictions, write_predictions
 from finetune.exits import exit_on_user_error
@@ -111,7 +112,6 @@ from finetune.onnx_export import (  # onnxruntime is imported only for --onnx
     ONNX_HELP,
     OnnxModel,
     onnx_file_of,
-    weights_sha256,
 )
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import infer_problem_type, problem_of, problem_type_of, problem_type_of_model, tags_in

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import inspect
 import logging
 import os
@@ -44,7 +43,7 @@ import torch
 from finetune import checks
 from finetune.card import write_onnx_card
 from finetune.checks import evaluation, runs
-from finetune.data import sha256_of
+from finetune.digests import weights_sha256
 from finetune.errors import write_failure
 from finetune.exits import exit_on_user_error
 from finetune.layout import MODEL, ONNX_FILES, RunDir, as_umask_allows
@@ -185,16 +184,6 @@ def quantize(fp32: Path, int8: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8)
-
-
-def weights_sha256(folder: Path) -> str | None:
-    """What identifies a model folder's weights (metrics.json's weights_sha256, an ONNX file's `MADE_FROM`): the
-    sha256 of its weights file, or of its weight files' names and digests when there are several (shards,
-    FSDP's folder); None without any."""
-    found = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model_fsdp_*"))
-    if len(found) == 1:
-        return sha256_of(found[0])
-    return hashlib.sha256("".join(f"{f.name}\0{sha256_of(f)}\n" for f in found).encode()).hexdigest() if found else None
 
 
 def _stamp(file: Path, digest: str | None) -> None:

@@ -310,7 +310,7 @@ def _search_folder_problem(out: Path) -> UserError | None:
     folder = tools.SearchFolder(out)
     recipe = out / BEST_RECIPE
     if recipe.is_file():  # the search writes it again at its end: one the user edited would be lost
-        from finetune.data import sha256_of  # datasets: only when a search runs
+        from finetune.digests import sha256_of
 
         folder.wrote = read_record(out / SEARCH_RECORD).get("best_recipe_sha256")
         folder.found, folder.recorded = sha256_of(recipe), (out / SEARCH_RECORD).is_file()
@@ -646,7 +646,7 @@ def _finish(out: Path, study, recipe: str | None, overrides: list[str], started:
             said: checks.Said) -> dict:  # fmt: skip
     import optuna
 
-    from finetune.data import sha256_of  # datasets: only when a search runs
+    from finetune.digests import sha256_of
 
     seconds = round(time.monotonic() - started, 1)
     ran = [t for t in study.trials if t.state != optuna.trial.TrialState.WAITING]  # not the queued next one

@@ -190,7 +190,7 @@ def test_a_good_file_is_read_once_for_its_fingerprint_and_once_by_the_parser(tmp
 # which asks checks/inputs.py, checks/images.py and checks/models.py.
 LAYERS = [
     {"errors"},
-    {"text", "formats"},
+    {"text", "formats", "digests"},
     {"signals", "checks", "metrics", "squad"},
     {"layout"},
     {"checks.inputs", "checks.images", "checks.files", "checks.labels", "checks.models", "checks.runs",
