@@ -10,7 +10,7 @@ fixed-shape batch of real sentences (the recipe's first, collated by its task), 
 and the ops that took the most time, grouped: weight GEMMs (mm, addmm), attention matmuls (bmm),
 SDPA's kernels, autocast's casts (copy_, _to_copy), AdamW, and the rest.
 
-With `--out DIR` it also writes `profile_step_<precision>_<batch>x<length>.md` and `.json` (the machine named) with what bounds the
+With `--out DIR` it also writes `profile_step_<precision>_<attention>_<batch>x<length>.md` and `.json` (the machine named) with what bounds the
 MFU (`python -m benchmarks.bench`'s figure): the step's model FLOPs (benchmarks/flops.py) over the
 square-GEMM peak timed in the same run (benchmarks/peak.py), and the weight GEMMs' own FLOP/s at the
 model's shapes (FLOPs of every `mm`/`addmm` as torch counts them, over their profiled time). The MFU
@@ -165,7 +165,7 @@ def write_ceiling(args, result: dict[str, float], events, counted: dict[str, flo
         f"{report['mfu_ceiling']:.3f} (measured: {report['mfu']:.3f}); an MFU of 0.35 at these shapes needs them to "
         f"take {min(0.35 / max(report['weight_gemm_over_peak'], 1e-9), 9.99):.0%} of the step.",
     ]  # fmt: skip
-    write_report(args.out, f"profile_step_{args.precision}_{args.batch}x{args.length}", report, "\n".join(lines) + "\n")
+    write_report(args.out, f"profile_step_{args.precision}_{args.attention}_{args.batch}x{args.length}", report, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -145,11 +145,11 @@ class ModelArgs(TaskArgs):
     gradient_checkpointing: bool = setting(
         False, "recompute activations in backward: less memory, more compute"
     )
-    # Attention kernel. On a CPU under bf16 autocast, SDPA's fused flash-attention backward is slow:
-    # eager softmax(QK^T)V trains faster there (benchmarks/README.md: `--levers-only attention_kernel`).
-    # In fp32 the two are a wash; on a GPU SDPA wins.
+    # Attention kernel. On a CPU under bf16 autocast, SDPA's fused flash-attention backward is slow: eager
+    # softmax(QK^T)V trains faster up to 192 tokens a sample, SDPA past that (run.py, EAGER_UP_TO_TOKENS).
+    # In fp32 the two are a wash; on a GPU SDPA wins. Evaluation reads with SDPA (it has no backward).
     attn_implementation: AttnImplementation | None = setting(
-        None, "attention kernel: eager, sdpa (null: eager under bf16 on a CPU, else transformers' default)"
+        None, "attention kernel: eager, sdpa (null: under bf16 on a CPU eager up to 192 tokens, else transformers' default)"
     )
     # LoRA through peft (pip install peft): low-rank adapters on the target linear layers and the head
     # train, every other weight stays frozen; the export has the adapters merged, and <output_dir>/adapter

@@ -380,7 +380,8 @@ def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: 
     model = build_model(cfg.model_args, label_names, vocab_size=task.vocab_size(preprocessor), said=said)
     preprocessor = preprocessor or task.load_preprocessor(cfg.model_args, model.config)
     task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
-    attn = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision)
+    attn = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision,
+                            sequence_tokens(task, cfg, model.config))  # fmt: skip
     # transformers before set_attn_implementation: an asked kernel is refused, the unasked choice skipped
     checks.gate(launch.ATTENTION, cfg.attn_implementation, model)
     if attn and hasattr(model, "set_attn_implementation"):
@@ -411,14 +412,28 @@ def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: 
     return model, preprocessor
 
 
-def attention_kernel(asked: str | None, device: torch.device, mixed_precision: str) -> str | None:
+# Up to this many tokens a sample, eager attention trains faster than SDPA under bf16 on a CPU (SDPA's fused
+# backward is the slow part there); past it SDPA does. MiniLM, batches of 16, a 2-core Xeon with AMX, ms a step
+# eager / SDPA: 128 tokens 334 / 441, 192: 505 / 514, 256: 969 / 684, 384: 2097 / 1034
+# (benchmarks/results/profile_step_bf16_<attention>_16x<tokens>.md, `python -m benchmarks.profile_step`).
+EAGER_UP_TO_TOKENS = 192
+
+
+def attention_kernel(asked: str | None, device: torch.device, mixed_precision: str, tokens: int | None = None) -> str | None:
     """The attention implementation to set, or None for the model's default: what the config asks;
-    unasked, eager for reduced precision on a CPU (see TrainConfig.attn_implementation)."""
+    unasked, eager for reduced precision on a CPU where a sample has up to `EAGER_UP_TO_TOKENS` tokens (`tokens`:
+    `sequence_tokens`; None: unknown, eager), SDPA past that (see TrainConfig.attn_implementation)."""
     if asked is not None:
         return asked
     if device.type == "cpu" and mixed_precision in ("bf16", "fp16"):
-        return "eager"
+        return "eager" if tokens is None or tokens <= EAGER_UP_TO_TOKENS else "sdpa"
     return None
+
+
+def sequence_tokens(task, cfg: TrainConfig, model_config) -> int | None:
+    """Tokens of a training sample as the attention sees them: a text's max_length, a ViT's patches and [CLS]."""
+    size, patch = getattr(model_config, "image_size", None), getattr(model_config, "patch_size", None)
+    return task.sequence_length(cfg.data_args) or ((size // patch) ** 2 + 1 if size and patch else None)
 
 
 def model_parallel_plan(cfg: TrainConfig, accelerator: Accelerator, model):
@@ -622,7 +637,8 @@ def evaluation_attention(cfg: TrainConfig, accelerator: Accelerator, model):
     textbook loop"), as `evaluate_checkpoint.py` and `pipeline()` read the export (transformers' default
     kernel). A compiled model, or one without SDPA, keeps its kernel."""
     inner = accelerator.unwrap_model(model)
-    trained = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision)
+    trained = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision,
+                               sequence_tokens(task_of(cfg.task), cfg, inner.config))  # fmt: skip
     if cfg.attn_implementation is not None or trained != "eager" or cfg.torch_compile or not hasattr(inner, "set_attn_implementation"):
         yield
         return

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 from accelerate.utils import GradScalerKwargs
-from conftest import tiny_text_args, user_error
+from conftest import TINY_BERT, tiny_text_args, user_error
 
 import finetune.run as run
 import finetune.runtime as runtime
@@ -145,7 +145,8 @@ def test_attention_kernel_on_cpu(small_text_data, tmp_path, monkeypatch, precisi
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="needs a CPU with native bf16")
 @pytest.mark.parametrize(
     ("precision", "asked", "trains", "evaluates"),
-    [("bf16", None, "eager", "sdpa"), ("no", None, "sdpa", "sdpa"), ("bf16", "eager", "eager", "eager")],
+    [("bf16", None, "eager", "sdpa"), ("no", None, "sdpa", "sdpa"), ("bf16", "eager", "eager", "eager"),
+     ("bf16", "long", "sdpa", "sdpa")],  # fmt: skip
 )
 def test_evaluation_reads_with_sdpa_where_training_was_given_eager(small_text_data, tmp_path, monkeypatch,
                                                                     precision, asked, trains, evaluates):  # fmt: skip
@@ -161,7 +162,9 @@ def test_evaluation_reads_with_sdpa_where_training_was_given_eager(small_text_da
         return model
 
     monkeypatch.setattr(run, "build_model", build)
-    extra = [f"attn_implementation={asked}"] if asked else []
+    # "long": unasked, texts of 256 tokens, past which SDPA trains faster under bf16 on a CPU
+    long = ["max_length=256", "model_config=" + TINY_BERT.replace("max_position_embeddings: 128", "max_position_embeddings: 512")]
+    extra = {None: [], "long": long}.get(asked, [f"attn_implementation={asked}"])
     run.train(load_config(None, tiny_text_args(small_text_data, tmp_path / "run", "max_steps=2", "eval_steps=1", *extra)))
     assert seen == {(True, trains), (False, evaluates)}  # and training went back to its own after each evaluation
 
@@ -179,9 +182,27 @@ def test_a_model_without_sdpa_keeps_its_kernel_for_evaluation():
                 raise ValueError("this model does not support sdpa")
             self.kernels.append(kernel)
 
-    cfg = SimpleNamespace(attn_implementation=None, torch_compile=False)
+    cfg = load_config(None, ["task=text-classification", "max_length=32", "output_dir=/nonexistent"])
     accelerator = SimpleNamespace(device=torch.device("cpu"), mixed_precision="bf16", unwrap_model=lambda m: m)
     model = NoSdpa()
+    model.config = SimpleNamespace()
     with run.evaluation_attention(cfg, accelerator, model):
         pass
     assert model.kernels == []  # neither switched nor "restored"
+
+
+def test_unasked_a_cpu_under_bf16_trains_with_eager_attention_up_to_192_tokens_and_sdpa_past():
+    from types import SimpleNamespace
+
+    from finetune.tasks import task_of
+
+    cpu = torch.device("cpu")
+    assert [run.attention_kernel(None, cpu, "bf16", n) for n in (None, 32, 192, 193, 384)] == [
+        "eager", "eager", "eager", "sdpa", "sdpa"]  # fmt: skip
+    assert run.attention_kernel("eager", cpu, "bf16", 384) == "eager" and run.attention_kernel(None, cpu, "no", 384) is None
+    text = load_config(None, ["task=text-classification", "max_length=384", "output_dir=/nonexistent"])
+    assert run.sequence_tokens(task_of(text.task), text, SimpleNamespace()) == 384
+    image = load_config(None, ["task=image-classification", "output_dir=/nonexistent"])
+    vit = SimpleNamespace(image_size=28, patch_size=4)  # 7 x 7 patches and [CLS]
+    assert run.sequence_tokens(task_of(image.task), image, vit) == 50
+    assert run.sequence_tokens(task_of(image.task), image, SimpleNamespace()) is None  # no patches: a convolution
