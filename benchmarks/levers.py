@@ -26,7 +26,7 @@ from benchmarks.recipes import RECIPES, recipe_config, recipe_task
 from benchmarks.runs import environment, run_app
 from finetune.data import load_splits, prepare_splits
 from finetune.models import load_preprocessor
-from finetune.run import attention_kernel
+from finetune.runtime import attention_kernel
 
 LEVERS: dict[str, dict[str, Any]] = {
     # name: what "on" is (the app's default) and how "off" differs; "task" and "recipes": where it applies
@@ -81,7 +81,7 @@ LEVERS: dict[str, dict[str, Any]] = {
     "attention_kernel": {
         "on": "attn_implementation=null: eager under bf16/fp16 on a CPU, else SDPA",
         "off": "the other kernel",
-        # the one the app does not choose (its choice: finetune.run.attention_kernel; None is SDPA)
+        # the one the app does not choose (its choice: finetune.runtime.attention_kernel; None is SDPA)
         "overrides": lambda chosen: ["attn_implementation=" + ("sdpa" if chosen == "eager" else "eager")],
     },
     "fused_adamw": {

@@ -146,7 +146,7 @@ class ModelArgs(TaskArgs):
         False, "recompute activations in backward: less memory, more compute"
     )
     # Attention kernel. On a CPU under bf16 autocast, SDPA's fused flash-attention backward is slow: eager
-    # softmax(QK^T)V trains faster up to 192 tokens a sample, SDPA past that (run.py, EAGER_UP_TO_TOKENS).
+    # softmax(QK^T)V trains faster up to 192 tokens a sample, SDPA past that (runtime.py, EAGER_UP_TO_TOKENS).
     # In fp32 the two are a wash; on a GPU SDPA wins. Evaluation reads with SDPA (it has no backward).
     attn_implementation: AttnImplementation | None = setting(
         None, "attention kernel: eager, sdpa (null: under bf16 on a CPU eager up to 192 tokens, else transformers' default)"

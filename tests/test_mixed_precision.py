@@ -186,7 +186,7 @@ def test_a_model_without_sdpa_keeps_its_kernel_for_evaluation():
     accelerator = SimpleNamespace(device=torch.device("cpu"), mixed_precision="bf16", unwrap_model=lambda m: m)
     model = NoSdpa()
     model.config = SimpleNamespace()
-    with run.evaluation_attention(cfg, accelerator, model):
+    with runtime.evaluation_attention(cfg, accelerator, model):
         pass
     assert model.kernels == []  # neither switched nor "restored"
 
@@ -197,12 +197,12 @@ def test_unasked_a_cpu_under_bf16_trains_with_eager_attention_up_to_192_tokens_a
     from finetune.tasks import task_of
 
     cpu = torch.device("cpu")
-    assert [run.attention_kernel(None, cpu, "bf16", n) for n in (None, 32, 192, 193, 384)] == [
+    assert [runtime.attention_kernel(None, cpu, "bf16", n) for n in (None, 32, 192, 193, 384)] == [
         "eager", "eager", "eager", "sdpa", "sdpa"]  # fmt: skip
-    assert run.attention_kernel("eager", cpu, "bf16", 384) == "eager" and run.attention_kernel(None, cpu, "no", 384) is None
+    assert runtime.attention_kernel("eager", cpu, "bf16", 384) == "eager" and runtime.attention_kernel(None, cpu, "no", 384) is None
     text = load_config(None, ["task=text-classification", "max_length=384", "output_dir=/nonexistent"])
-    assert run.sequence_tokens(task_of(text.task), text, SimpleNamespace()) == 384
+    assert runtime.sequence_tokens(task_of(text.task), text, SimpleNamespace()) == 384
     image = load_config(None, ["task=image-classification", "output_dir=/nonexistent"])
     vit = SimpleNamespace(image_size=28, patch_size=4)  # 7 x 7 patches and [CLS]
-    assert run.sequence_tokens(task_of(image.task), image, vit) == 50
-    assert run.sequence_tokens(task_of(image.task), image, SimpleNamespace()) is None  # no patches: a convolution
+    assert runtime.sequence_tokens(task_of(image.task), image, vit) == 50
+    assert runtime.sequence_tokens(task_of(image.task), image, SimpleNamespace()) is None  # no patches: a convolution
