@@ -40,8 +40,6 @@ from finetune.models import build_model, load_preprocessor
 from finetune.run import Hooks
 from finetune.tasks import task_of
 
-# The labels a model's own loss takes; left out of an evaluation's inputs.
-SPAN_LABELS = ("labels", "start_positions", "end_positions")
 # run_glue_no_trainer.py's defaults.
 RUN_GLUE = {"batch": 8, "learning_rate": 5e-5, "epochs": 3, "max_length": 128, "weight_decay": 0.0}
 
@@ -102,16 +100,18 @@ def textbook_steps(
                     return
 
 
-def textbook_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+def textbook_inputs(batch: dict[str, Any], labels: bool = True) -> dict[str, Any]:
     """What the sources pass to `model(**batch)`, from a batch of the task's collator: its `meta` (the
     app's record of what a row is) left out; a span's (start, end) labels as the QA model's own
-    `start_positions` and `end_positions`, as `run_qa_no_trainer.py` feeds them."""
-    inputs = {k: v for k, v in batch.items() if k != "meta"}
-    labels = inputs.get("labels")
-    if labels is not None and "offsets" in batch.get("meta", {}):  # spans: (start, end) token of each window
-        inputs.pop("labels")
-        inputs["start_positions"], inputs["end_positions"] = labels[:, 0], labels[:, 1]
-    return inputs
+    `start_positions` and `end_positions`, as `run_qa_no_trainer.py` feeds them. `labels=False`: an
+    evaluation's inputs, without them."""
+    inputs = {k: v for k, v in batch.items() if k not in ("meta", "labels")}
+    given = batch.get("labels")
+    if not labels or given is None:
+        return inputs
+    if "offsets" in batch.get("meta", {}):  # spans: (start, end) token of each window
+        return {**inputs, "start_positions": given[:, 0], "end_positions": given[:, 1]}
+    return {**inputs, "labels": given}
 
 
 def argmax_hits(output, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +132,7 @@ def accuracy(model, loader, accelerator: Accelerator) -> tuple[float, int]:
     model.eval()
     correct = counted = samples = 0
     for batch in loader:
-        output = model(**{k: v for k, v in textbook_inputs(batch).items() if k not in SPAN_LABELS})
+        output = model(**textbook_inputs(batch, labels=False))
         hits, labelled = argmax_hits(output, batch["labels"])
         if hits.dim() > 1:  # a tagger's sentences: as long as the longest on any process
             hits, labelled = accelerator.pad_across_processes((hits, labelled), dim=1)
@@ -149,10 +149,12 @@ def plain_evaluation(model, loader) -> dict[str, Any]:
     """A plain `model.eval()` loop over one process's batches: the forward passes and nothing else (no
     gather, no metric), timed: what an evaluation costs at the least with this batch size."""
     model.eval()
+    synchronize(next(model.parameters()).device)
     rows, t = 0, time.perf_counter()
     for batch in loader:
-        output = model(**{k: v for k, v in textbook_inputs(batch).items() if k not in SPAN_LABELS})
+        output = model(**textbook_inputs(batch, labels=False))
         rows += len(output[0])
+    synchronize(next(model.parameters()).device)
     seconds = time.perf_counter() - t
     model.train()
     return {"seconds": seconds, "rows": rows, "batches": len(loader)}

@@ -428,10 +428,9 @@ def sequence_tokens(task, cfg: TrainConfig, model_config) -> int | None:
 @contextlib.contextmanager
 def evaluation_attention(cfg: TrainConfig, accelerator: Accelerator, model):
     """Evaluation with SDPA where training's kernel was chosen eager (unasked, on a CPU under reduced
-    precision: `attention_kernel`). Eager is chosen for SDPA's slow backward there; evaluation has none,
-    and SDPA's forward reads a long window about twice as fast (benchmarks/README.md, "The app against a
-    textbook loop"), as `evaluate_checkpoint.py` and `pipeline()` read the export (transformers' default
-    kernel). A compiled model, or one without SDPA, keeps its kernel."""
+    precision: `attention_kernel`). Eager is chosen for SDPA's slow backward there; evaluation has none, so it
+    reads with transformers' default kernel, as `evaluate_checkpoint.py` and `pipeline()` read the export. A
+    compiled model, or one without SDPA, keeps its kernel."""
     inner = accelerator.unwrap_model(model)
     trained = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision,
                                sequence_tokens(task_of(cfg.task), cfg, inner.config))  # fmt: skip
