@@ -30,7 +30,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.flops import flop_model, token_flops
+from benchmarks.flops import flop_model, token_flops, tokens_per_image
 from benchmarks.peak import PEAK_DTYPES, gemm_peak
 from benchmarks.recipes import RECIPES
 from benchmarks.report import machine, machine_line, write_report
@@ -52,6 +52,8 @@ GROUPS = {
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m benchmarks.profile_step", description=__doc__.split("\n")[0])
+    p.add_argument("--recipe", choices=["bert", "vit"], default="bert", help="bert: the default recipe's MiniLM; "
+                   "vit: the ViT of vit_fashion_mnist.yaml (its own image size: --length not read)")  # fmt: skip
     p.add_argument("--precision", choices=["bf16", "no"], default="bf16")
     p.add_argument("--attention", choices=["eager", "sdpa"], default="eager")
     p.add_argument("--batch", type=int, default=32)
@@ -69,9 +71,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
-    cfg = load_config(RECIPES["bert"], [
+    text = args.recipe == "bert"  # a ViT's samples are its patches and [CLS]: --length is not read
+    cfg = load_config(RECIPES[args.recipe], [
         "output_dir=/nonexistent", f"attn_implementation={args.attention}", f"max_train_samples={args.batch}",
-        "max_eval_samples=1", "test_file=null", f"max_length={args.length}", f"pad_to_multiple_of={args.length}",
+        "max_eval_samples=1", "test_file=null",
+        *([f"max_length={args.length}", f"pad_to_multiple_of={args.length}"] if text else []),
     ])  # fmt: skip
     reset_accelerate()
     accelerator = Accelerator(mixed_precision="bf16" if args.precision == "bf16" else "no")
@@ -80,7 +84,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model, tokenizer, splits = built.model, built.preprocessor, built.splits
     model.train()
     # `length` tokens each: truncated to max_length, padded to a multiple of it
-    batch = task_of(cfg.task).collator(tokenizer, args.length)(list(splits["train"]))
+    batch = task_of(cfg.task).collator(tokenizer, args.length if text else None)(list(splits["train"]))
+    args.length = args.length if text else tokens_per_image(model.config)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
 
     def step() -> None:
@@ -165,7 +170,8 @@ def write_ceiling(args, result: dict[str, float], events, counted: dict[str, flo
         f"{report['mfu_ceiling']:.3f} (measured: {report['mfu']:.3f}); an MFU of 0.35 at these shapes needs them to "
         f"take {min(0.35 / max(report['weight_gemm_over_peak'], 1e-9), 9.99):.0%} of the step.",
     ]  # fmt: skip
-    write_report(args.out, f"profile_step_{args.precision}_{args.attention}_{args.batch}x{args.length}", report, "\n".join(lines) + "\n")
+    recipe = "" if args.recipe == "bert" else f"{args.recipe}_"
+    write_report(args.out, f"profile_step_{recipe}{args.precision}_{args.attention}_{args.batch}x{args.length}", report, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

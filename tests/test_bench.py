@@ -308,3 +308,14 @@ def test_smoke_bench_of_every_task(recipe, tmp_path):
     assert (r["app_over_reference"]["eval_accuracy_difference"] is None) == (recipe == "qa")
     assert r["app_over_reference"]["validation_evaluation_s"] > 0
     assert r["app"]["validation_evaluation"]["samples"] == 16  # max_eval_samples: texts, sentences, questions
+
+
+@pytest.mark.slow  # the profiler over a step of the ViT recipe's model
+def test_profile_step_of_the_vit_recipe_counts_its_patches(tmp_path):
+    from benchmarks.profile_step import main as profile_main
+
+    profile_main(["--recipe", "vit", "--precision", "no", "--batch", "4", "--steps", "1", "--out", str(tmp_path),
+                  "--gemm-size", "256"])  # fmt: skip
+    report = json.loads((tmp_path / "profile_step_vit_no_eager_4x50.json").read_text())  # 28 px / 4: 7 x 7 patches, [CLS]
+    counted = report["flops_counted_by_torch"]["mm"] + report["flops_counted_by_torch"]["addmm"]
+    assert report["length"] == 50 and 0.8 < counted / report["model_flops_per_step"] <= 1.0
