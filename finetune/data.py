@@ -254,6 +254,8 @@ def reading_the_stream(args: DataArgs):
     """Reading the training stream: a row its parser refuses, past those read, is one line (streams.UNREADABLE)."""
     try:
         yield
+    except (MemoryError, UserError):  # not the data's fault, or said already
+        raise
     except Exception as e:  # datasets' parsers raise many types (pyarrow's ArrowInvalid for a malformed JSON line)
         _reraise_a_stop(e)
         raise checks.explain(stream_rules.UNREADABLE, args.train_file, args.train_file or args.dataset_name, e) from None

@@ -490,3 +490,21 @@ def test_advice_given_to_a_streamed_run_names_no_setting_a_stream_refuses(rows, 
         assert ("validation_split_percentage" in lines[4]) is not streaming, lines[4]
         for line in lines:
             _passes(_followed(base, line))
+
+
+def test_reading_the_stream_says_what_a_parser_refuses_and_lets_memory_and_said_errors_through(tmp_path):
+    """A parser's error is the data's (one line naming the file); running out of memory is not, and a line a rule
+    said already is not said again in other words."""
+    from finetune import data
+    from finetune.config import load_config
+    from finetune.errors import UserError
+
+    (tmp_path / "big.jsonl").write_text('{"text": "fine", "label": "pos"}\n{"text": oops}\n')
+    args = load_config(None, [f"train_file={tmp_path / 'big.jsonl'}", f"output_dir={tmp_path / 'run'}"]).data_args
+    with pytest.raises(UserError, match="big.jsonl"):
+        with data.reading_the_stream(args):
+            raise ValueError("JSON parse error: Missing a name for object member")
+    for error in (MemoryError(), UserError("said already")):
+        with pytest.raises(type(error)) as raised, data.reading_the_stream(args):
+            raise error
+        assert raised.value is error
