@@ -162,7 +162,8 @@ def _recipe_lines(name: str, r: dict[str, Any], import_s: float | None) -> list[
             f"Evaluation of the validation split: the app's {timed['seconds']:.2f} s for {timed['samples']} samples "
             f"(metrics, gathering, the task's post-processing) against {plain['seconds']:.2f} s for a plain "
             f"`model.eval()` loop's forward passes over its {plain['rows']} rows in {plain['batches']} batches: "
-            f"app / plain {q['validation_evaluation_s']:.2f}x the time.",
+            f"app / plain {q['validation_evaluation_s']:.2f}x the time. The app's validation evaluations, each: "
+            + ", ".join(f"{e['seconds']:.2f}" for e in a.get("validation_evaluations", [timed])) + " s.",
         ]
     imports = f"; imports before it (fresh interpreter) {import_s:.1f} s" if import_s else ""
     lines += [
