@@ -23,7 +23,7 @@ from finetune.config import TrainConfig
 from finetune.run import train
 
 # The app's score a bench reports, the first of these its results hold for the split.
-APP_METRICS = ("accuracy", "exact_match", "overall_accuracy", "word_accuracy", "f1")
+APP_METRICS = ("accuracy", "exact_match", "word_accuracy", "f1")
 
 
 def reset_accelerate() -> None:
