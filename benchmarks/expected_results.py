@@ -170,6 +170,19 @@ TASKS = (
                "per_device_train_batch_size=8", "per_device_eval_batch_size=32"),  # every sample: the first 64 are one class
         chosen="the recipe as shipped", settings_shown=IMAGE_SHOWN,
     ),
+    Task(
+        "images: pretrained Fashion-MNIST", "image classification, the bundled pretrained EfficientNet-Lite0",
+        "data/fashion_mnist: the same 3,000 train (10% held out) / 1,000 test images as the ViT's row",
+        "efficientnet_photos.yaml", "cpu.yaml", modality="image",
+        settings=("data_dir=null", "dataset_name=null", "train_file=data/fashion_mnist/train.parquet",
+                  "test_file=data/fashion_mnist/test.parquet", "image_column=image", "label_column=label",
+                  "validation_split_percentage=10", "image_size=96", "random_flip=false"),
+        smoke=("model_name_or_path=null", f"model_config={TINY_EFFICIENTNET}", "freeze_layers=1",
+               "per_device_train_batch_size=8", "per_device_eval_batch_size=32"),
+        chosen="the photos recipe at 96 pixels (the image-size lever: benchmarks/results/pretrained_images.md, "
+               "image_levers.md), no flip, as the ViT's Fashion-MNIST recipe",
+        settings_shown=(*IMAGE_SHOWN, "image_size"),
+    ),
 )  # fmt: skip
 BY_NAME = {t.name.split(":")[-1].strip().replace(" ", "_").replace("-", "_").lower(): t for t in TASKS}
 
