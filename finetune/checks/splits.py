@@ -148,12 +148,14 @@ def class_within_another(s: Samples) -> str | None:
     sample of another class: a class folder copied into another, a file appended to itself with other labels.
     The model cannot learn that class apart from the other. A few samples with two labels (noisy labels) are
     the warning of splits.one_sample_two_labels, and the run goes on."""
-    by_class: dict = {}
+    by_class: dict = {}  # a class: its distinct samples
+    owners: dict = {}  # a sample: the classes it has
     for row, label in zip(s.train, s.labels, strict=False):
         if isinstance(label, (str, int, bool)) and row != (None,):  # classes; not numbers or label lists
             by_class.setdefault(label, set()).add(row)
-    pairs = ((a, b) for a in sorted(by_class, key=str) for b in sorted(by_class, key=str) if a != b)
-    inside = next(((a, b) for a, b in pairs if len(by_class[a]) >= 2 and by_class[a] <= by_class[b]), None)
+            owners.setdefault(row, set()).add(label)
+    inside = next(((a, min(others, key=str)) for a in sorted(by_class, key=str) if len(by_class[a]) >= 2
+                   and (others := set.intersection(*(owners[r] for r in by_class[a])) - {a})), None)  # fmt: skip
     if inside is None:
         return None
     a, b = (s.class_names.get(c, c) for c in inside)
