@@ -97,9 +97,18 @@ def parse_command_line(argv: list[str], said: checks.Said | None = None) -> Comm
             checks.gate(settings.GIVEN_TWICE, key, given[key], value, said=said)
         given[key] = value
     checks.gate(settings.GIVEN_BESIDE, given, cfg, said=said)
+    checks.gate(settings.MEMORY, cfg, machine_memory())  # before any data or model is read
     for key in ("train_file", "validation_file", "test_file") if saved is not None else ():
         checks.gate(settings.RESUMED_DATA, key, getattr(cfg, key), set(given))  # the data moved since the run
     return Command(cfg, args.dry_run, args.plan_only, saved, said)
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes (os.sysconf: no psutil), or None where it cannot be read."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # Windows has no sysconf
+        return None
 
 
 @exit_on_user_error

@@ -495,9 +495,12 @@ def drawn_images(root: Path, colors: dict[str, list[tuple[int, int, int]]], spli
 
 
 def class_folders(root: Path, classes: dict[str, list[str]], per_class: int = 3) -> Path:
-    """`root/<split>/<class>/<i>.png` for each split's classes: `per_class` plain 28x28 images each."""
-    for split, names in classes.items():
-        drawn_images(root, {name: [(40 * i, 90, 150) for i in range(per_class)] for name in names}, split=split)
+    """`root/<split>/<class>/<i>.png` for each split's classes: `per_class` plain 28x28 images each, of a
+    colour of their own (each class's and each split's: the same image in two classes is refused,
+    splits.class_within_another)."""
+    for s, (split, names) in enumerate(classes.items()):
+        drawn_images(root, {name: [(40 * i, 90 + 20 * c, 150 + 9 * s) for i in range(per_class)]
+                            for c, name in enumerate(names)}, split=split)  # fmt: skip
     return root
 
 

@@ -317,8 +317,10 @@ KIND, FEW = "splits.classes_of_another_kind", "splits.too_few_to_stratify"
                                       "text column? set label_column to the column of classes)", "splits.an_id_column"),
     (["neg", "pos"], "(2 training samples: too few to hold out one of each class)", FEW),  # not "an id column?"
     # 30 classes of 3 samples: the default 10% holds 9, the share that holds one of each is named
-    ([f"c{i % 30}" for i in range(90)], "(the held-out share must hold one sample of each of the 30 classes: "
-                                        "validation_split_percentage=34 or more (at most 66, to leave one of each))",
+    ([f"c{i % 30}" for i in range(90)], "validation_split_percentage=10 holds out 9 of the 90 training samples, "
+                                        "fewer than the 30 classes, so the validation split cannot hold one of each: "
+                                        "give a validation_file, or set validation_split_percentage=33 or more (at "
+                                        "most 66, to leave one of each to train on)",
      "splits.share_too_small_for_every_class"),
 ])  # fmt: skip
 def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels, fragment, rule, tmp_path):
@@ -335,9 +337,10 @@ def test_a_split_that_cannot_be_stratified_says_what_the_labels_look_like(labels
     assert fragment in str(e.value) and e.value.rule == rule
     if labels[0] == "0":
         assert "not classes?" not in str(e.value) and "one cell?" not in str(e.value)
-    if "validation_split_percentage=34" in fragment:  # the share named does hold one of each
-        load_splits(load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null",
-                                       "label_names=null", "validation_split_percentage=34"]).data_args)  # fmt: skip
+    if "validation_split_percentage=33" in fragment:  # the shares named do hold one of each
+        for share in (33, 66):
+            load_splits(load_config(None, [f"train_file={path}", "validation_file=null", "test_file=null",
+                                           "label_names=null", f"validation_split_percentage={share}"]).data_args)  # fmt: skip
 
 
 def test_classes_that_look_like_decimal_numbers_train_with_one_warning(tmp_path, capsys):
@@ -846,14 +849,22 @@ def test_a_label_with_a_line_break_is_named_with_its_row(tmp_path):
 
 
 def test_texts_that_each_appear_with_two_labels_are_warned_of(tmp_path, capsys):
+    """A text or two with two labels (noisy labels) is said, and the run goes on; a class whose every text is
+    also another class's is refused (splits.class_within_another), as an image folder copied into another is."""
     from finetune.config import load_config
     from finetune.data import load_splits
+    from finetune.errors import UserError
 
     train = tmp_path / "train.csv"
-    train.write_text("text,label\n" + "".join(f"t{i},neg\nt{i},pos\n" for i in range(6)))
+    train.write_text("text,label\n" + "".join(f"t{i},neg\nt{i},pos\n" for i in range(6)) + "u,pos\n")
+    with pytest.raises(UserError, match="all 6 training samples \\(the same text\\) of class 'neg' are also in "
+                                        "class 'pos'") as refused:  # fmt: skip
+        load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
+    assert refused.value.rule == "splits.class_within_another"
+    train.write_text("text,label\n" + "".join(f"t{i},neg\nt{i},pos\n" for i in range(6)) + "u,pos\nv,neg\n")
     load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")), said := checks.Said())
     assert "splits.one_sample_two_labels" in said.rules()
-    assert "6 of the 6 distinct training texts appear with different labels" in capsys.readouterr().err
+    assert "6 of the 8 distinct training texts appear with different labels" in capsys.readouterr().err
     # one text of many with two labels: said too, with the text and its labels
     train.write_text("text,label\n" + "".join(f"t{i},{'neg' if i % 2 else 'pos'}\n" for i in range(20)) + "t3,pos\n")
     load_splits(load_config(None, tiny_text_args({"train": train, "validation": train}, tmp_path / "r")))
@@ -876,18 +887,24 @@ def test_pairs_whose_second_sentence_is_the_first_are_warned_of(tmp_path, capsys
 
 
 def test_images_copied_into_two_class_folders_are_warned_of(tmp_path, capsys):
-    """The same image bytes in cat/ and in dog/: two answers for every image, and the share held out for
-    validation is copies of training images; both said, as for text."""
+    """The same image bytes in cat/ and in dog/: every image two answers, refused (as a text file whose class is
+    all another's is); a class's images saved twice in its own folder: the share held out for validation is
+    copies of training images, said; two of eight images in both folders: the two answers said."""
     from conftest import drawn_images, tiny_image_args
 
     from finetune.config import load_config
     from finetune.data import load_splits
+    from finetune.errors import UserError
 
     shades = [(30 * i, 10 * i, 0) for i in range(8)]
     folder = drawn_images(tmp_path / "img", {"cat": shades, "dog": shades}, size=(8, 8))
-    load_splits(load_config(None, tiny_image_args(folder, tmp_path / "r")))
+    with pytest.raises(UserError, match="all 8 training images \\(the same bytes\\) of class 'cat' are also") as e:
+        load_splits(load_config(None, tiny_image_args(folder, tmp_path / "r")))
+    assert e.value.rule == "splits.class_within_another"
+    twice = drawn_images(tmp_path / "twice", {"cat": shades * 2, "dog": [(0, 9 * i, 200) for i in range(8)] * 2},
+                         size=(8, 8))  # fmt: skip
+    load_splits(load_config(None, tiny_image_args(twice, tmp_path / "r")))
     err = capsys.readouterr().err
-    assert "8 of the 8 distinct training images (the same bytes) appear with different labels" in err, err
     assert "validation samples held out of the training folder are also training samples (the folder repeats" in err
     # two of eight copied: the two answers still said
     other = drawn_images(tmp_path / "img2", {"cat": shades, "dog": shades[:2] + [(0, 9 * i, 200) for i in range(6)]},

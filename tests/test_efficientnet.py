@@ -213,3 +213,36 @@ def test_an_image_size_below_what_the_convolutions_take_is_refused(tiny_efficien
                "image_size=3 is below the 4 pixels", rule="models.image_size_below_the_convolutions")  # fmt: skip
     results = main(_args(tiny_efficientnet_folder, photos, tmp_path / "tiny", "image_size=4", "max_steps=1"))
     assert results["step"] == 1
+
+
+def test_a_held_out_share_without_a_photo_of_each_class_is_refused(tiny_efficientnet_folder, photos, tmp_path, capsys):
+    """3 classes of 6 photos and no validation/ folder: the default 10% holds out 2 photos, fewer than the classes.
+    The line was datasets' stratification error (scikit-learn's words) first; now the app's, with what to do, and
+    the share it names trains."""
+    user_error(capsys, main, _args(tiny_efficientnet_folder, photos, tmp_path / "run", "validation_split_percentage=10"),
+               "validation_split_percentage=10 holds out 2 of the 18 training images, fewer than the 3 classes",
+               f"add a validation/ folder beside {photos}/train/", "or set validation_split_percentage=12 or more",
+               untouched=photos)  # fmt: skip
+    assert not (tmp_path / "run").exists()
+    results = main(_args(tiny_efficientnet_folder, photos, tmp_path / "run", "validation_split_percentage=12",
+                         "max_steps=1"))  # fmt: skip
+    assert results["step"] == 1
+
+
+def test_an_image_size_whose_one_batch_cannot_fit_in_memory_is_refused(tiny_efficientnet_folder, photos, tmp_path,
+                                                                       capsys):  # fmt: skip
+    """image_size=100000 was killed for memory at the first batch, without a line: now refused with the estimate
+    before any data or model is read. Sizes a machine trains at are never refused: 1024 at batch 16 (and the
+    recipe's evaluation batch of 64) on a machine of 4 GiB."""
+    import types
+
+    from finetune.checks import settings
+
+    user_error(capsys, main, _args(tiny_efficientnet_folder, photos, tmp_path / "run", "image_size=100000"),
+               "image_size=100000: one batch of 8 images of 100000x100000 pixels (per_device_eval_batch_size=8) needs "
+               "at least 1,788.1 GiB for its pixels alone", "leave image_size out",
+               rule="settings.image_batch_beyond_memory")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+    fits = types.SimpleNamespace(image_size=1024, per_device_train_batch_size=16, per_device_eval_batch_size=64)
+    assert settings.image_batch_beyond_memory(fits, 4 * 2**30) is None
+    assert settings.image_batch_beyond_memory(types.SimpleNamespace(**{**vars(fits), "image_size": 4096}), 4 * 2**30)

@@ -435,3 +435,21 @@ def test_a_split_folder_without_images_is_refused(split, instead, tiny_efficient
     user_error(capsys, main, _photos(tiny_efficientnet_folder, folder, tmp_path / "run"),
                f"{folder / split} holds no image, so its split would be left out: the run would {instead}",
                untouched=folder, rule="images.empty_split_folder")  # fmt: skip
+
+
+def test_a_class_folder_copied_into_another_is_refused(tiny_efficientnet_folder, tmp_path, capsys):
+    """cat/'s photos copied into dog/ beside dog's own: every cat is also a dog, so the model cannot learn cat (it
+    trained, with a warning that some images have two labels): refused, as a text file whose every text of a
+    class is also another's is. A photo or two in both folders (noisy labels) is still the warning of images with
+    two labels, and the run goes on."""
+    folder = _photo_folder(tmp_path / "photos")
+    for jpg in sorted((folder / "train" / "cat").iterdir()):
+        shutil.copy(jpg, folder / "train" / "dog" / f"copy-{jpg.name}")
+    user_error(capsys, main, _photos(tiny_efficientnet_folder, folder, tmp_path / "run"),
+               "all 4 training images (the same bytes) of class 'cat' are also in class 'dog'", untouched=folder,
+               rule="splits.class_within_another")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+    for copy in sorted((folder / "train" / "dog").glob("copy-*"))[1:]:
+        copy.unlink()
+    results = main(_photos(tiny_efficientnet_folder, folder, tmp_path / "run"))
+    assert "splits.one_sample_two_labels" in [w["rule"] for w in results["warnings"]]

@@ -3,7 +3,9 @@ config (finetune/config.py) as a whole.
 
 The config's rules run once: as the config is loaded, every rule whose `needs` (the task, the problem
 type) are known; the rest once the data has decided them (`finetune.config.resolved`). Nothing here
-imports the config: a rule reads the settings it names, by attribute.
+imports the config: a rule reads the settings it names, by attribute. `MEMORY`: the settings of a
+training command against this machine's memory (finetune/cli.py), not asked of a saved config that is
+evaluated elsewhere.
 """
 
 from __future__ import annotations
@@ -1125,6 +1127,31 @@ CONFIG = [
     metric_with_eval_prefix, metric_of_no_problem, metric_of_another_problem, smoothing_without_classes,
     class_weights_of_regression, threshold_without_multi_label, threshold_replaced_by_tuning, *STREAMING,
 ]  # fmt: skip
+
+
+# --- the settings against this machine ---------------------------------------------------------------
+
+
+@rule("settings.image_batch_beyond_memory")
+def image_batch_beyond_memory(cfg, memory: int | None) -> str | None:
+    """An image_size whose one batch cannot fit in the machine's memory (image_size=100000): the run would be
+    killed for memory at its first batch, without a line. The estimate is a lower bound, the batch's pixels
+    alone as float32, twice (the image processor's arrays and the batch stacked from them); the model's
+    activations are many times more. Asked of a training command, with this machine's memory."""
+    if cfg.image_size is None or not memory:
+        return None
+    key = max(("per_device_train_batch_size", "per_device_eval_batch_size"), key=lambda k: getattr(cfg, k))
+    batch, size = getattr(cfg, key), cfg.image_size
+    need = 2 * batch * 3 * size * size * 4  # 3 channels of 4 bytes a pixel, twice
+    if need <= memory:
+        return None
+    return (f"image_size={size}: one batch of {batch} images of {size}x{size} pixels ({key}={batch}) needs at "
+            f"least {need / 2**30:,.1f} GiB for its pixels alone (float32, the processor's arrays and the stacked "
+            f"batch), more than this machine's {memory / 2**30:,.1f} GiB of memory; leave image_size out for the "
+            "image processor's own size, or set a few hundred pixels (224 to 600 is what such models train at)")
+
+
+MEMORY = [image_batch_beyond_memory]
 
 
 # --- the command line over a recipe ---------------------------------------------------------------------

@@ -103,6 +103,7 @@ class Samples:
         self.files, self.setting_of, self.sizes = files, setting_of, sizes
         self.train = rows["train"]
         self.seen = set(self.train) - {(None,)}
+        self.class_names: dict = {}  # a class id's name (an image folder's ClassLabel), where the data has them
 
     @classmethod
     def of(cls, raw, args, images: bool, files: dict) -> Samples | None:
@@ -112,8 +113,11 @@ class Samples:
             return None
         rows = {s: sample_rows(raw[s], cols, images) for s in ("train", "validation", "test") if s in raw}
         answers = raw["train"][args.label_column][:] if args.label_column in raw["train"].column_names else []
-        return cls(rows, "image (the same bytes)" if images else " and ".join(cols), images, cols, answers, files,
-                   args.setting_of, {s: len(d) for s, d in raw.items()})  # fmt: skip
+        samples = cls(rows, "image (the same bytes)" if images else " and ".join(cols), images, cols, answers, files,
+                      args.setting_of, {s: len(d) for s, d in raw.items()})  # fmt: skip
+        feature = raw["train"].features.get(args.label_column)
+        samples.class_names = dict(enumerate(feature.names)) if hasattr(feature, "names") else {}  # a ClassLabel's
+        return samples
 
 
 @rule("splits.samples_all_the_same", warning=True)
@@ -136,6 +140,30 @@ def pair_of_one_text(s: Samples) -> str | None:
         return (f"{twins} of the {len(s.train)} training pairs have the same text in {s.columns[0]} and {s.columns[1]}: "
                 f"each sentence would be paired with itself; check {s.setting_of(s.columns[1])}")
     return None
+
+
+@rule("splits.class_within_another")
+def class_within_another(s: Samples) -> str | None:
+    """A class whose every training sample (two or more: its texts, or its images by their bytes) is also a
+    sample of another class: a class folder copied into another, a file appended to itself with other labels.
+    The model cannot learn that class apart from the other. A few samples with two labels (noisy labels) are
+    the warning of splits.one_sample_two_labels, and the run goes on."""
+    by_class: dict = {}  # a class: its distinct samples
+    owners: dict = {}  # a sample: the classes it has
+    for row, label in zip(s.train, s.labels, strict=False):
+        if isinstance(label, (str, int, bool)) and row != (None,):  # classes; not numbers or label lists
+            by_class.setdefault(label, set()).add(row)
+            owners.setdefault(row, set()).add(label)
+    inside = next(((a, min(others, key=str)) for a in sorted(by_class, key=str) if len(by_class[a]) >= 2
+                   and (others := set.intersection(*(owners[r] for r in by_class[a])) - {a})), None)  # fmt: skip
+    if inside is None:
+        return None
+    a, b = (s.class_names.get(c, c) for c in inside)
+    many = "images (the same bytes)" if s.images else f"samples (the same {s.what})"
+    copied = "an image folder copied into another class's folder?" if s.images else "rows repeated with another label?"
+    return (f"all {len(by_class[inside[0]])} training {many} of class '{a}' are also in class '{b}': the "
+            f"model cannot learn '{a}' apart from '{b}' ({copied}); give each class its own samples "
+            "and remove the copies")
 
 
 @rule("splits.one_sample_two_labels", warning=True)
@@ -178,8 +206,8 @@ def test_of_training_samples(s: Samples) -> str | None:
     return _scored_on_training_samples(s, "test")
 
 
-SHARED = [samples_all_the_same, pair_of_one_text, one_sample_two_labels, validation_of_training_samples,
-          test_of_training_samples]  # fmt: skip
+SHARED = [samples_all_the_same, pair_of_one_text, class_within_another, one_sample_two_labels,
+          validation_of_training_samples, test_of_training_samples]  # fmt: skip
 
 
 @rule("splits.held_out_repeats", warning=True)
@@ -304,13 +332,23 @@ def share_as_a_fraction(s: Stratify) -> str | None:
 
 @rule("splits.share_too_small_for_every_class")
 def share_too_small_for_every_class(s: Stratify) -> str | None:
-    """A held-out share too small to hold one sample of each class: the share that does."""
-    n, k = s.samples, len(s.names)
-    need, room = math.ceil(100 * k / n), math.floor(100 * (n - k) / n)  # one of each held out, one left
-    if min(s.counts.values()) >= 2 and need <= room and need > s.args.validation_split_percentage:
-        return s.line(f"the held-out share must hold one sample of each of the {k} classes: "
-                      f"validation_split_percentage={need} or more (at most {room}, to leave one of each)")
-    return None
+    """A held-out share too small to hold one sample of each class (3 classes of 6 photos: 10% holds out 2): the
+    validation split to give instead, or the share that does hold one of each."""
+    n, k, share = s.samples, len(s.names), s.args.validation_split_percentage
+
+    def held(p: float) -> int:  # as datasets' train_test_split counts its test share
+        return math.ceil(p / 100 * n)
+
+    fits = [p for p in range(1, 100) if k <= held(p) <= n - k]  # one of each held out, one of each left
+    if min(s.counts.values()) < 2 or not fits or held(share) >= k:
+        return None
+    need, room = fits[0], fits[-1]
+    folder = s.args.data_dir and s.args.dataset_name in (None, "imagefolder")  # an image folder's validation/
+    what = "images" if folder else "samples"
+    give = f"add a validation/ folder beside {s.args.data_dir}/train/ (a folder per class)" if folder else "give a validation_file"
+    return (f"validation_split_percentage={share:g} holds out {held(share)} of the {n} training {what}, "
+            f"fewer than the {k} classes, so the validation split cannot hold one of each: {give}, or set "
+            f"validation_split_percentage={need} or more (at most {room}, to leave one of each to train on)")
 
 
 @rule("splits.too_few_to_stratify")
