@@ -22,6 +22,7 @@ from datasets import Image
 
 from finetune import checks
 from finetune.checks import images as image_rules
+from finetune.errors import UserError
 
 
 def _image_name(value: dict[str, Any], index: int | None = None) -> str:
@@ -72,11 +73,13 @@ def undecoded(ds: HFDataset, column: str, split: str) -> HFDataset:
 def shrunk(ds: HFDataset, column: str, at_least: int | None) -> HFDataset:
     """The split with each large photo decoded once, here, into a copy whose shorter side is `at_least` (the
     transform's: twice the model's side), which training and evaluation then read at every epoch. A
-    12-megapixel JPEG costs 0.13 s to decode even at a quarter (PIL's draft), 5 minutes an epoch for 2,000
-    photos on 2 cores; its copy, 5 ms (benchmarks/results/decode_once.md). Only an 8-bit RGB or grayscale
-    JPEG larger than that is copied (upright, as `open_image` turns it; Lanczos; JPEG at quality 95, 4:4:4):
-    every other image, and one that fails to decode (the transform names it), keeps its cell as it was.
-    The split is returned as it is when none is large (headers read until the first large one).
+    12-megapixel phone JPEG costs 0.06-0.13 s to decode even at a quarter (PIL's draft), paid at every epoch
+    and evaluation in the training process; its 597x448 copy, 3 ms (benchmarks/results/decode_once.md). Only
+    an 8-bit RGB or grayscale JPEG larger than that is copied (upright, as `open_image` turns it; Lanczos;
+    JPEG at quality 95 without chroma subsampling: 2 ms to encode, where a PNG took 72 ms and 4x the bytes):
+    every other image (a PNG, 16-bit, palette, CMYK), and one that fails to decode (the transform names it
+    as before), keeps its cell byte for byte. The split is returned as it is when no image is large (headers
+    read until the first large one).
 
     datasets' `map` writes the copies into its cache, keyed by the split's fingerprint, this module's source
     and PIL's version: a second run on the same folder reads them, as the main process's are read by the
@@ -101,7 +104,9 @@ def _cells(ds: HFDataset, column: str):
 
 def _is_large(value: dict[str, Any], at_least: int) -> bool:
     """Whether `shrunk` copies this image, by its header: an 8-bit RGB or L JPEG whose shorter side is
-    larger than `at_least` (a 16-bit, palette, CMYK or transparent image keeps today's path alone)."""
+    larger than `at_least`."""
+    if not value:
+        return False
     try:
         with _open(value) as image:
             return image.format in ("JPEG", "MPO") and image.mode in ("RGB", "L") and min(image.size) > at_least
@@ -114,11 +119,11 @@ def _small_copies(values: list[dict[str, Any]], column: str, at_least: int) -> d
 
 
 def _small_copy(value: dict[str, Any], at_least: int) -> dict[str, Any]:
-    if value is None or not _is_large(value, at_least):
+    if not _is_large(value, at_least):
         return value
     try:
         image = open_image(value, at_least=at_least)
-    except Exception:  # a UserError naming it: the transform says it, as without the copy
+    except UserError:  # naming the file: the transform says it, as without the copy
         return value
     scale = at_least / min(image.size)
     size = (max(at_least, round(image.width * scale)), max(at_least, round(image.height * scale)))
