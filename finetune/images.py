@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import collections
 import io
+import os
 import random
 import warnings
+from pathlib import Path
 from typing import Any
 
 import PIL.Image
@@ -20,6 +22,7 @@ from datasets import Image
 
 from finetune import checks
 from finetune.checks import images as image_rules
+from finetune.errors import UserError
 
 
 def _image_name(value: dict[str, Any], index: int | None = None) -> str:
@@ -65,6 +68,68 @@ def undecoded(ds: HFDataset, column: str, split: str) -> HFDataset:
         return ds.cast_column(column, Image(decode=False))
     except (ValueError, TypeError, NotImplementedError) as e:  # pyarrow: no cast from numbers to an image
         raise checks.explain(image_rules.NOT_IMAGES, column, split, ds.features[column], e) from None
+
+
+def shrunk(ds: HFDataset, column: str, at_least: int | None) -> HFDataset:
+    """The split with each large photo decoded once, here, into a copy whose shorter side is `at_least` (the
+    transform's: twice the model's side), which training and evaluation then read at every epoch. A
+    12-megapixel phone JPEG costs 0.06-0.13 s to decode even at a quarter (PIL's draft), paid at every epoch
+    and evaluation in the training process; its 597x448 copy, 3 ms (benchmarks/results/decode_once.md). Only
+    an 8-bit RGB or grayscale JPEG larger than that is copied (upright, as `open_image` turns it; Lanczos;
+    JPEG at quality 95 without chroma subsampling: 2 ms to encode, where a PNG took 72 ms and 4x the bytes):
+    every other image (a PNG, 16-bit, palette, CMYK), and one that fails to decode (the transform names it
+    as before), keeps its cell byte for byte. The split is returned as it is when no image is large (headers
+    read until the first large one).
+
+    datasets' `map` writes the copies into its cache, keyed by the split's fingerprint, this module's source
+    and PIL's version: a second run on the same folder reads them, as the main process's are read by the
+    other processes (the caller runs it under `main_process_first`). Large splits use every usable core:
+    before training, nothing else runs."""
+    if not at_least or not any(_is_large(value, at_least) for value in _cells(ds, column)):
+        return ds
+    from datasets.fingerprint import Hasher
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    fingerprint = Hasher.hash((ds._fingerprint, column, at_least, Path(__file__).read_bytes(), PIL.__version__))
+    return ds.map(_small_copies, fn_kwargs={"column": column, "at_least": at_least}, input_columns=[column], batched=True,
+                  batch_size=8, writer_batch_size=64, features=ds.features, new_fingerprint=fingerprint,
+                  num_proc=min(cores, len(ds) // 64) if cores > 1 and len(ds) >= 128 else None,
+                  desc="decoding large photos once")  # fmt: skip
+
+
+def _cells(ds: HFDataset, column: str):
+    for batch in ds.select_columns([column]).iter(batch_size=256):
+        yield from batch[column]
+
+
+def _is_large(value: dict[str, Any], at_least: int) -> bool:
+    """Whether `shrunk` copies this image, by its header: an 8-bit RGB or L JPEG whose shorter side is
+    larger than `at_least`."""
+    if not value:
+        return False
+    try:
+        with _open(value) as image:
+            return image.format in ("JPEG", "MPO") and image.mode in ("RGB", "L") and min(image.size) > at_least
+    except (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError):
+        return False
+
+
+def _small_copies(values: list[dict[str, Any]], column: str, at_least: int) -> dict[str, list]:
+    return {column: [_small_copy(value, at_least) for value in values]}
+
+
+def _small_copy(value: dict[str, Any], at_least: int) -> dict[str, Any]:
+    if not _is_large(value, at_least):
+        return value
+    try:
+        image = open_image(value, at_least=at_least)
+    except UserError:  # naming the file: the transform says it, as without the copy
+        return value
+    scale = at_least / min(image.size)
+    size = (max(at_least, round(image.width * scale)), max(at_least, round(image.height * scale)))
+    stored = io.BytesIO()
+    image.resize(size, PIL.Image.Resampling.LANCZOS).save(stored, "JPEG", quality=95, subsampling=0)
+    return {"bytes": stored.getvalue(), "path": value.get("path")}
 
 
 def verify_images(ds: HFDataset, column: str, split: str, said: checks.Said | None = None) -> None:

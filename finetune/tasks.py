@@ -349,16 +349,16 @@ class ImageClassification(Task):
 
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int,
                 said: checks.Said | None = None):
-        """Decoded and run through the image processor on the fly (a transform), with the training
-        augmentation the recipe asks for (drawn per epoch and row: `epoch_listener`)."""
-        from finetune.images import Augment, ImageTransform, undecoded  # PIL's transforms: only for images
+        """Large photos decoded once into small copies (`shrunk`), then run through the image processor on the
+        fly (a transform), with the augmentation the recipe asks for (per epoch and row: `epoch_listener`)."""
+        from finetune.images import Augment, ImageTransform, shrunk, undecoded  # PIL's: only for images
 
         column = data.image_column
-        ds = ds.remove_columns([c for c in ds.column_names if c not in (column, "labels")])
-        ds = undecoded(ds, column, split).add_column("row", list(range(len(ds))))
+        ds = undecoded(ds.remove_columns([c for c in ds.column_names if c not in (column, "labels")]), column, split)
         augment = Augment(data.seed, data.random_flip, data.augment) if split == "train" else None
         checks.gate(image_rules.CHANNELS, num_channels)
         transform = ImageTransform(preprocessor, column, num_channels, augment)
+        ds = shrunk(ds, column, transform.at_least).add_column("row", list(range(len(ds))))
         prepared = ds.with_transform(transform)
         prepared.epoch_listener = transform.set_epoch if augment else None
         return prepared

@@ -453,3 +453,50 @@ def test_a_class_folder_copied_into_another_is_refused(tiny_efficientnet_folder,
         copy.unlink()
     results = main(_photos(tiny_efficientnet_folder, folder, tmp_path / "run"))
     assert "splits.one_sample_two_labels" in [w["rule"] for w in results["warnings"]]
+
+
+def test_a_large_photo_is_decoded_once_and_a_small_image_keeps_its_bytes(monkeypatch):
+    """The image task's preparation decodes a large 8-bit JPEG once (finetune/images.py `shrunk`) into an
+    upright copy whose shorter side is twice the model's (448 for the 224-pixel EfficientNet): two epochs of
+    training read the copy, never the photo. A small image, a large PNG and a CMYK JPEG keep their cells
+    byte for byte (what every other test's pixels rest on); the copy's pixels are the photo's, resampled."""
+    import io
+
+    from conftest import DATA
+    from datasets import Dataset, Features, Value
+    from datasets import Image as ImageFeature
+    from transformers import AutoImageProcessor
+
+    import finetune.images as images
+    from finetune.config import DataArgs
+    from finetune.tasks import TASKS
+
+    def encoded(image, fmt, **how):
+        stored = io.BytesIO()
+        image.save(stored, fmt, **how)
+        return stored.getvalue()
+
+    y, x = np.mgrid[0:900, 0:1200]
+    photo = Image.fromarray(np.stack([x * 255 // 1200, y * 255 // 900, (x // 50 + y // 50) % 2 * 200], -1).astype(np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored on its side: upright it is 900x1200
+    cells = {"photo": encoded(photo, "JPEG", quality=90, exif=exif.tobytes()), "small": encoded(photo.resize((120, 90)), "JPEG"),
+             "png": encoded(photo, "PNG"), "cmyk": encoded(photo.convert("CMYK"), "JPEG")}  # fmt: skip
+    ds = Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in cells.values()], "labels": [0, 1, 0, 1]},
+                           features=Features({"image": ImageFeature(), "labels": Value("int64")}))  # fmt: skip
+    opened = []
+    real = images.open_image
+    monkeypatch.setattr(images, "open_image", lambda value, *a, **k: opened.append(value["bytes"]) or real(value, *a, **k))
+    processor = AutoImageProcessor.from_pretrained(DATA / "efficientnet_lite0")
+    data = DataArgs(image_column="image", random_flip=True, augment=["crop"])
+    prepared = TASKS["image-classification"].prepare(ds, processor, data, "train", 3)
+    for epoch in range(2):
+        prepared.epoch_listener(epoch)
+        assert prepared[:4]["pixel_values"].shape == (4, 3, 224, 224)
+    assert opened.count(cells["photo"]) == 1  # the preparation's decode; the epochs read the copy
+    stored = prepared.with_format(None)["image"]
+    copy = real(stored[0])
+    assert copy.size == (448, 597) and stored[0]["bytes"] != cells["photo"]
+    assert [cell["bytes"] for cell in stored[1:]] == [cells["small"], cells["png"], cells["cmyk"]]
+    upright = real({"bytes": cells["photo"], "path": None}).resize(copy.size, Image.Resampling.LANCZOS)
+    assert np.abs(np.asarray(copy, np.int16) - np.asarray(upright, np.int16)).mean() < 3
