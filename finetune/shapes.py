@@ -124,8 +124,17 @@ def fill_rows(inputs: dict[str, torch.Tensor], rows: int) -> tuple[dict[str, tor
     n = len(next(iter(inputs.values())))
     if n >= rows:
         return inputs, n
-    filled = {k: torch.cat([v, v[:1].expand(rows - n, *v.shape[1:])]) for k, v in inputs.items()}
+    filled = {k: _same_layout(torch.cat([v, v[:1].expand(rows - n, *v.shape[1:])]), v) for k, v in inputs.items()}
     return filled, n
+
+
+def _same_layout(filled: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`filled` in `like`'s memory layout: an image batch stays channels last (finetune/tasks.py's
+    `stack_images`), which `torch.cat` with an expanded row does not keep, so a compiled model sees the
+    layout it was warmed with (a stride is a guard: another layout compiles another graph)."""
+    if like.dim() == 4 and not like.is_contiguous() and like.is_contiguous(memory_format=torch.channels_last):
+        return filled.contiguous(memory_format=torch.channels_last)
+    return filled
 
 
 # --- compiling ----------------------------------------------------------------------------------------

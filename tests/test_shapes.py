@@ -94,6 +94,17 @@ def test_filled_rows_reach_the_model_and_are_cut_from_its_logits():
     assert fill_rows({"x": torch.zeros(5, 1)}, 3)[1] == 5  # a full batch is left as it is
 
 
+def test_filled_image_rows_stay_channels_last():
+    """A short image batch filled to the compiled row count keeps its channels-last layout: a compiled model
+    warmed on that layout would otherwise compile another graph for the filled batch (a stride guard)."""
+    images = torch.rand(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    filled, real = fill_rows({"pixel_values": images}, 5)
+    assert real == 2 and filled["pixel_values"].is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(filled["pixel_values"][:2], images) and torch.equal(filled["pixel_values"][4], images[0])
+    text, _ = fill_rows({"input_ids": torch.ones(2, 7, dtype=torch.long)}, 5)
+    assert text["input_ids"].is_contiguous()
+
+
 # --- runs ------------------------------------------------------------------------------------------
 
 
