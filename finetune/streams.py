@@ -82,7 +82,7 @@ class TrainStream:
         self.features, self._left = None, 0
         self.source = self.args.train_file or self.args.dataset_name  # what a late row's line names
         self.by_row = True  # each process reads every world-th row (else whole shards: rows counted in its share)
-        self.timeout, self.group = cfg.ddp_timeout, None  # the gloo group a late refusal is agreed over
+        self.timeout, self.gloo = cfg.ddp_timeout, None  # the gloo group a late refusal is agreed over
         self.stamp = _stamp(self.args.train_file)  # the file as the stream began: each pass's start is held to it
 
     # --- the sampler's interface (finetune/steps.py EpochSampler) -------------------------------------------
@@ -117,10 +117,10 @@ class TrainStream:
             if failed is not None:
                 raise failed
             return
-        if self.group is None:  # every process makes it at its first batch, in the same order
-            self.group = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
+        if self.gloo is None:  # every process makes it at its first batch, in the same order
+            self.gloo = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
         first = torch.tensor([self.rank if failed is not None else self.world])
-        torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN, group=self.group)
+        torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN, group=self.gloo)
         if int(first) == self.world:
             return
         if failed is not None and int(first) == self.rank:

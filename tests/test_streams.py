@@ -7,6 +7,7 @@ and refuses what cannot stream in one line.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -114,6 +115,26 @@ def test_a_streamed_run_resumes_mid_block_and_past_a_pass_bit_exact(step, positi
     assert all(torch.equal(a[k], b[k]) for k in a), f"resumed from step {step}: {_worst(a, b):.2e}"
     assert {s: v for s, v in logged_losses(resumed).items() if s > step} == {
         s: v for s, v in logged_losses(full).items() if s > step}
+
+
+def test_group_by_length_groups_each_streamed_block_into_batches_of_like_lengths(rows, tmp_path, monkeypatch):
+    """group_by_length=true on a stream: each block (16 samples, batches of 4) is sorted by length into batches,
+    so no two of a block's batches interleave in length. (The stream once kept its DDP
+    group under the same name, so the setting was lost: a single process never grouped, and DDP began to group
+    after its first block.)"""
+    blocks, ordered = [], finetune.streams.TrainStream._ordered
+
+    def spy(stream, samples, pass_, block):
+        out = ordered(stream, samples, pass_, block)
+        blocks.append([s["length"] for s in out])
+        return out
+
+    monkeypatch.setattr(finetune.streams.TrainStream, "_ordered", spy)
+    main(tiny_text_args(_data(tmp_path, rows), tmp_path / "out", "streaming=true", "stream_buffer=16", "max_steps=8",
+                        "per_device_train_batch_size=4", "group_by_length=true"))  # fmt: skip
+    for lengths in blocks[:2]:  # the first pass's whole blocks
+        batches = [lengths[i : i + 4] for i in range(0, 16, 4)]
+        assert all(max(a) <= min(b) or max(b) <= min(a) for a in batches for b in batches if a is not b), lengths
 
 
 def test_a_sigterm_mid_pass_saves_the_stream_position_and_the_resume_is_bit_exact(uninterrupted, tmp_path):
@@ -372,13 +393,19 @@ def test_a_malformed_json_line_in_the_stream_is_one_line_naming_its_row(chunk, r
                "fix or remove that line", rule="streams.row_unparsable")
 
 
-def test_a_number_among_texts_past_the_first_pass_names_its_row_in_the_file(rows, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("suffix", ["jsonl", "json"])
+def test_a_number_among_texts_past_the_first_pass_names_its_row_in_the_file(suffix, rows, tmp_path, capsys,
+                                                                           monkeypatch):  # fmt: skip
     """A JSON text cell that is a number past the first pass: datasets types the stream's column from the whole
     block it reads (Json), while the first pass's rows are all text; the line names the row in the file and
-    its value, not the feature's type."""
+    its value, not the feature's type. A JSON array (.json) too, which datasets streams without features and,
+    untyped, would hand on every text of the column as its JSON text ('"a review"') to train on."""
     monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
     rows[LATE - 1] = {**rows[LATE - 1], "text": 123}
     data = _data(tmp_path, rows)
+    if suffix == "json":
+        data["train"] = tmp_path / "train.json"
+        data["train"].write_text(json.dumps(rows))
     args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4")
     user_error(capsys, main, args, f"its first rows hold text, but row {LATE} of {data['train']} holds a number (123)",
                "give every row the same type", rule="columns.mixed_types")  # fmt: skip
