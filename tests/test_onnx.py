@@ -160,8 +160,30 @@ def test_onnx_files_made_from_other_weights_than_the_exports_are_refused(finishe
     assert not (run / "eval").exists()
     onnx_main([str(run), "--no-int8"])
     assert evaluate([str(run / "model"), "--onnx"])["num_samples"] == 11
-    user_error(capsys, evaluate, [str(run / "onnx"), "--onnx"], "holds ONNX files, not a model's weights",
-               f"evaluate_checkpoint {run / 'model'} --onnx", rule="evaluation.onnx_folder")  # fmt: skip
+
+
+def test_onnx_files_given_as_the_model_are_evaluated_through_their_export(finished_run, tmp_path, capsys):
+    """An ONNX folder (<run>/onnx/, or an --output-dir elsewhere) or one of its .onnx files given as the model:
+    the export it was made from is evaluated on that file, into <run>/eval/<split>-onnx-<precision>/. A file of
+    the other precision than --onnx, and files whose export is gone, are one line each."""
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    run = finished_run.copy(tmp_path / "run", *RUN, data="named+test")
+    elsewhere = tmp_path / "served" / "bert"
+    onnx_main([str(run), "--output-dir", str(elsewhere)])
+    fp32 = evaluate([str(elsewhere)])
+    assert fp32["onnx"] == str(elsewhere / "model.onnx") and fp32["num_samples"] == 11
+    assert Path(fp32["metrics_file"]).parent == run / "eval" / "test-onnx-fp32"
+    int8 = evaluate([str(elsewhere / "model_int8.onnx")])
+    assert Path(int8["metrics_file"]).parent.name == "test-onnx-int8" and int8["onnx"].endswith("model_int8.onnx")
+    user_error(capsys, evaluate, [str(elsewhere / "model.onnx"), "--onnx", "int8"], "is the fp32 file",
+               rule="evaluation.onnx_file_of_another_precision")  # fmt: skip
+    onnx_main([str(run), "--no-int8"])
+    assert evaluate([str(run / "onnx")])["onnx"] == str(run / "onnx" / "model.onnx")
+    run.rename(tmp_path / "moved")  # the export the files record is gone; <run>/onnx/ still finds its own
+    user_error(capsys, evaluate, [str(elsewhere)], f"the export they were made from ({run / 'model'}) is not there",
+               untouched=elsewhere, rule="evaluation.onnx_without_its_export")  # fmt: skip
+    assert evaluate([str(tmp_path / "moved" / "onnx")])["num_samples"] == 11
 
 @pytest.mark.slow
 def test_a_lora_run_exports_its_merged_model_and_its_adapter_is_refused(finished_run, tmp_path, capsys):
@@ -228,6 +250,10 @@ def test_an_output_dir_that_holds_other_files_is_never_replaced(tmp_path, capsys
                untouched=mine, rule="runs.onnx_output_a_file")  # fmt: skip
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(run / "model" / "onnx")], "a model's folder",
                untouched=run, rule="runs.onnx_output_inside_a_model")  # fmt: skip
+    (run / "checkpoints").mkdir()
+    (run / "metrics.jsonl").write_text("")  # a run: its checkpoints/ are rotated, and deleted whole by an overwrite
+    user_error(capsys, onnx_main, [str(run), "--output-dir", str(run / "checkpoints" / "onnx")], "the checkpoints folder",
+               untouched=run, rule="runs.onnx_output_replaced_by_its_run")  # fmt: skip
 
 
 def test_a_text_run_and_an_evaluation_import_no_onnx():

@@ -17,8 +17,8 @@ or failing disk). Asked by finetune/rundir.py, finetune/checkpoint.py and finetu
     EXPORT_FAILED    the export that could not be written
     ONNX_COMMAND     finetune.onnx_export's command line
     ONNX_SOURCE      what finetune.onnx_export is pointed at: no such path, a file, a LoRA adapter alone, no export
-    ONNX_OUTPUT      finetune.onnx_export's --output-dir: a file, a folder inside a model's, one it may
-                     not replace whole
+    ONNX_OUTPUT      finetune.onnx_export's --output-dir: a file, a folder inside a model's or inside what
+                     a run replaces whole (its checkpoints/), one it may not replace whole
     ONNX_WRITE_FAILED the ONNX files that cannot be written (read-only, full)
 
 A damaged checkpoint is found by the rule that names its damage (`PROBLEMS`, whose line is the damage
@@ -1217,7 +1217,20 @@ def onnx_output_not_ours(out: Path) -> str | None:
     return None
 
 
-ONNX_OUTPUT = [onnx_output_a_file, onnx_output_inside_a_model, onnx_output_not_ours]
+@rule("runs.onnx_output_replaced_by_its_run")
+def onnx_output_replaced_by_its_run(out: Path) -> str | None:
+    """--output-dir inside a folder of a run that the run deletes or replaces whole (its checkpoints/, whose
+    rotation deletes what it does not know, its model/ or adapter/, an overwrite's set-aside run): the ONNX
+    files would be lost with it, or be taken for the run's own."""
+    inner = layout.replaced_whole_around(out)
+    if inner is not None:
+        what = layout.REPLACED_WHOLE[inner.name]
+        return (f"--output-dir {out} is inside {inner}, the {what} of the run {inner.parent}, which the run "
+                f"deletes or replaces whole; name a folder outside it (the default, {inner.parent / layout.ONNX})")
+    return None
+
+
+ONNX_OUTPUT = [onnx_output_a_file, onnx_output_inside_a_model, onnx_output_replaced_by_its_run, onnx_output_not_ours]
 
 
 @rule("runs.onnx_write_failed")
