@@ -202,7 +202,7 @@ class TrainStream:
                 classes = label_rules.Classes(ds, column, set(unseen), self.args.label_names, self.label_names, where)
                 checks.gate(rules.NEW_LABELS, classes)
                 row = next(i for i, v in enumerate(ds[column]) if str(v) in unseen)
-                checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row))
+                checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row), self.given_names)
 
     def _row(self, first: int, i: int) -> str:
         """Row `i` of a block whose first is row `first` of this process's share of the pass, as a line names it:

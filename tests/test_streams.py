@@ -257,6 +257,8 @@ def test_a_label_the_first_pass_did_not_hold_is_one_line(rows, tmp_path, capsys,
                           "per_device_train_batch_size=4", "stream_buffer=8")  # fmt: skip
     line = user_error(capsys, main, args, "give every label in label_names", rule="streams.label_after_first_pass")
     assert f"at row 21 of {tmp_path / 'train.jsonl'}," in line  # the row in the file, not in its block
+    given = [*args, "label_names=[0,1]", f"output_dir={tmp_path / 'given'}"]  # given, not read: the line says so
+    user_error(capsys, main, given, "which are not in label_names ['0', '1']", rule="streams.label_not_in_label_names")
 
 
 LATE = 37  # a row past the first pass (FIRST_PASS 8) and past the first blocks (stream_buffer 8), in the file from 1

@@ -111,8 +111,19 @@ NEW_LABELS = [labels.list_written_as_text, labels.header_inside_the_file, labels
               labels.blank_label]  # fmt: skip
 
 
+@rule("streams.label_not_in_label_names", local=True)
+def label_not_in_label_names(unseen: list[str], names: list[str], first_rows: int, row: str, given: bool) -> str | None:
+    """A training label met in the stream that the label_names given do not hold (as a loaded run's
+    labels.not_in_label_names): the model has no class for it."""
+    if unseen and given:
+        return (f"the training stream holds the label(s) {', '.join(map(repr, unseen[:5]))} at {row}, which are not in "
+                f"label_names {names}; list them all in label_names, or set label_names=null to read them from the "
+                f"stream's first {first_rows:,} rows")
+    return None
+
+
 @rule("streams.label_after_first_pass", local=True)
-def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int, row: str) -> str | None:
+def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int, row: str, given: bool) -> str | None:
     """A training label met in the stream that its first rows, from which the label names were read, did not
     hold: the model has no class for it."""
     if unseen:
@@ -122,7 +133,7 @@ def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int,
     return None
 
 
-LABELS = [label_after_first_pass]
+LABELS = [label_not_in_label_names, label_after_first_pass]
 
 
 def _first_unparsable_line(path: str) -> tuple[int, int, str] | None:
