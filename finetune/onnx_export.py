@@ -48,6 +48,7 @@ from finetune.digests import weights_sha256
 from finetune.errors import write_failure
 from finetune.exits import exit_on_user_error
 from finetune.layout import MODEL, ONNX, ONNX_FILES, RunDir, as_umask_allows
+from finetune.signals import stop_outside_the_loop
 from finetune.tasks import task_of_model
 
 ONNX_HELP = "the run's ONNX file instead (<run>/onnx/: python -m finetune.onnx_export <run>); fp32 or int8"
@@ -87,6 +88,8 @@ def export_onnx(path: str | Path, int8: bool = True, output_dir: str | Path | No
             _move_into_place(stage, out, aside)
         except BaseException as e:  # noqa: BLE001 - a failure or a signal: nothing half-written
             shutil.rmtree(stage, ignore_errors=True)
+            if aside.is_dir() and not out.exists():  # stopped between the two moves: the earlier folder goes back
+                os.replace(aside, out)
             failure = write_failure(e, out.parent if out.parent.exists() else None)
             if failure is None:
                 raise
@@ -299,6 +302,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--output-dir", help="the folder for the ONNX files (default: <run>/onnx/, which "
                         "evaluate_checkpoint.py --onnx reads); a new or empty one, or an earlier export's")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    stop_outside_the_loop("during the ONNX export")  # SIGTERM: one line, and nothing of the files left
     folder = export_onnx(args.run, int8=not args.no_int8, output_dir=args.output_dir)
     print(f"ONNX files of {run_of(Path(args.run)).model} -> {folder}")
     return folder

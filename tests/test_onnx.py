@@ -281,3 +281,37 @@ def test_an_image_model_is_traced_at_the_size_its_processor_makes(tmp_path):
     model = EfficientNetForImageClassification.from_pretrained(folder)
     assert model.config.image_size != 48
     assert sample_inputs(model, processor)["pixel_values"].shape == (2, 3, 48, 48)
+
+
+def test_an_export_stopped_by_a_signal_leaves_the_earlier_files_and_nothing_half_written(tmp_path, monkeypatch):
+    """SIGTERM during an export: one `stopped:` line, exit 143, no staging folder left, the earlier onnx/ as it
+    was; and a stop between setting the earlier folder aside and moving the new one in puts the earlier back."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, file_hashes
+
+    import finetune.onnx_export
+
+    run = _export(tmp_path, "single_label")
+    before = file_hashes(run / "onnx")
+    proc = subprocess.Popen([sys.executable, "-m", "finetune.onnx_export", str(run)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (run / ".onnx-new").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "stopped: received SIGTERM during the ONNX export" in err, err[-2000:]
+    assert "Traceback" not in err and not (run / ".onnx-new").exists() and file_hashes(run / "onnx") == before
+
+    def stopped_midway(stage, out, aside):
+        os.replace(out, aside)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(finetune.onnx_export, "_move_into_place", stopped_midway)
+    with pytest.raises(KeyboardInterrupt):
+        finetune.onnx_export.export_onnx(run)
+    assert file_hashes(run / "onnx") == before and not (run / ".onnx-old").exists()
