@@ -29,6 +29,7 @@ import itertools
 import math
 import os
 import random
+import re
 from datetime import timedelta
 
 import torch
@@ -41,7 +42,7 @@ from finetune import checks, data
 from finetune.checks import columns
 from finetune.checks import labels as label_rules
 from finetune.checks import streams as rules
-from finetune.errors import PeerFailed
+from finetune.errors import PeerFailed, UserError
 from finetune.problems import problem_of
 from finetune.tasks import task_of
 
@@ -184,8 +185,12 @@ class TrainStream:
         encoded by the run's names, tokenized. `first`: the block's first row in this process's share of the pass."""
         ds = HFDataset.from_list(rows, features=self.features)
         self._check(ds, first)
-        ds = self.problem.read_ids_as_names(DatasetDict({"train": ds}), self.args, self.said)["train"]
-        batch = self.problem.encode(ds, self.args, self.label_names, "train", self.said)[:]
+        try:
+            ds = self.problem.read_ids_as_names(DatasetDict({"train": ds}), self.args, self.said)["train"]
+            batch = self.problem.encode(ds, self.args, self.label_names, "train", self.said)[:]
+        except UserError as e:  # the problem's label rules count the block's rows: the line names them in the file
+            e.args = (re.sub(r"\bat row (\d+)", lambda m: f"at {self._row(first, int(m[1]) - 1)}", str(e)),)
+            raise
         prepared = {**self.task.tokenize(batch, self.preprocessor, self.args), "labels": batch["labels"]}
         return [dict(zip(prepared, values, strict=True)) for values in zip(*prepared.values(), strict=True)]
 

@@ -288,6 +288,26 @@ def test_a_bad_row_past_the_first_pass_is_refused_by_its_own_rule_naming_its_row
     assert "None" not in line
 
 
+@pytest.mark.parametrize("problem, bad, rule", [
+    ("regression", {"text": "a review", "score": float("nan")}, "labels.targets_not_finite"),
+    ("multi_label", {"text": "a review", "labels": []}, "labels.empty_list"),
+])  # fmt: skip
+def test_a_bad_label_past_the_first_pass_is_named_by_its_row_in_the_file(problem, bad, rule, tmp_path, capsys,
+                                                                        monkeypatch):  # fmt: skip
+    """The problem's own label rules (a NaN target, an empty label list) count the rows of the block they are
+    given: a stream's line names the row in the file instead, as its row rules do."""
+    from conftest import multi_label_rows, regression_rows
+
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    made = regression_rows(58) if problem == "regression" else multi_label_rows(58)
+    train = [*made[: LATE - 1], bad, *made[LATE - 1 : 44]]
+    data = {"train": write_jsonl(tmp_path / "train.jsonl", train),
+            "validation": write_jsonl(tmp_path / "validation.jsonl", made[44:])}  # fmt: skip
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4",
+                          "stream_buffer=8", f"label_column={'score' if problem == 'regression' else 'labels'}")  # fmt: skip
+    user_error(capsys, main, args, f"at row {LATE} of {data['train']}", rule=rule)
+
+
 def test_a_bad_row_is_named_by_its_row_in_the_file_after_a_resume(rows, tmp_path, capsys, monkeypatch):
     """A resume reads on from the checkpoint's block: a bad row after it is still named by its row in the file."""
     monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
