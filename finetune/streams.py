@@ -204,7 +204,8 @@ class TrainStream:
         if self.problem.classes and not self.problem.lists and not isinstance(ds.features[column], ClassLabel):
             unseen = sorted({str(v) for v in ds[column]} - set(self.label_names))
             if unseen:
-                classes = label_rules.Classes(ds, column, set(unseen), self.args.label_names, self.label_names, where)
+                classes = label_rules.Classes(ds, column, {*unseen, *self.label_names}, self.args.label_names,
+                                             self.label_names, where)  # the known names too: a twin of one
                 checks.gate(rules.NEW_LABELS, classes)
                 row = next(i for i, v in enumerate(ds[column]) if str(v) in unseen)
                 checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row), self.given_names)

@@ -413,8 +413,9 @@ def space_twins(c: Classes) -> str | None:
     for name in sorted(c.present):
         twin = stripped.setdefault(name.strip(), name)
         if twin != name:
+            odd = name if name not in c.names else twin  # a stream's block: the label its first rows did not hold
             return (f"label column '{c.column}' holds {twin!r} and {name!r}, which differ only by spaces and would be "
-                    "two classes; strip the spaces in the data")
+                    f"two classes ({odd!r} at {c.row_of(odd)}); strip the spaces in the data")
     return None
 
 
@@ -443,9 +444,10 @@ def case_twin_classes(c: Classes) -> str | None:
     """Two labels that differ only by letter case (unless label_names lists both: the user's own two classes)."""
     twins = case_twins(c.present, allowed=c.named)
     if twins:
+        odd = twins[1] if twins[1] not in c.names else twins[0]  # a stream's block: the label its first rows did not hold
         return (f"label column '{c.column}' holds {twins[0]!r} and {twins[1]!r}, which differ only by letter case and "
-                "would be two classes; write each label the same way (or, if they are two classes, list both in "
-                "label_names)")
+                f"would be two classes ({odd!r} at {c.row_of(odd)}); write each label the same way (or, if they are two "
+                "classes, list both in label_names)")
     return None
 
 
