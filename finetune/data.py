@@ -241,7 +241,7 @@ def open_stream(args: DataArgs, split: str = "train") -> IterableDataset:
         sep = {"sep": "\t"} if path.lower().endswith(".tsv") else {}
         ds = formats.typed_stream(load_dataset(builder_of(path), data_files={split: path}, split=split, streaming=True, **sep))
     else:
-        ds = load_dataset(args.dataset_name, args.dataset_config_name, split=split, streaming=True)
+        ds = formats.typed_stream(load_dataset(args.dataset_name, args.dataset_config_name, split=split, streaming=True))
     return ds.take(args.max_train_samples) if split == "train" and args.max_train_samples is not None else ds
 
 

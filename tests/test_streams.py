@@ -416,7 +416,7 @@ def test_a_malformed_json_line_in_the_stream_is_one_line_naming_its_row(chunk, r
                "fix or remove that line", rule="streams.row_unparsable")
 
 
-@pytest.mark.parametrize("suffix", ["jsonl", "json"])
+@pytest.mark.parametrize("suffix", ["jsonl", "json", "folder"])
 def test_a_number_among_texts_past_the_first_pass_names_its_row_in_the_file(suffix, rows, tmp_path, capsys,
                                                                            monkeypatch):  # fmt: skip
     """A JSON text cell that is a number past the first pass: datasets types the stream's column from the whole
@@ -429,6 +429,15 @@ def test_a_number_among_texts_past_the_first_pass_names_its_row_in_the_file(suff
     if suffix == "json":
         data["train"] = tmp_path / "train.json"
         data["train"].write_text(json.dumps(rows))
+    if suffix == "folder":  # a local dataset's folder (dataset_name): no file to read again, so no row named
+        (tmp_path / "dataset").mkdir()
+        (tmp_path / "dataset" / "train.json").write_text(json.dumps(rows))
+        shutil.copy(data["validation"], tmp_path / "dataset" / "validation.jsonl")
+        args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4",
+                              "train_file=null", "validation_file=null", f"dataset_name={tmp_path / 'dataset'}")  # fmt: skip
+        user_error(capsys, main, args, "its first rows hold text, but a later row holds another kind",
+                   rule="columns.mixed_types")
+        return
     args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4")
     user_error(capsys, main, args, f"its first rows hold text, but row {LATE} of {data['train']} holds a number (123)",
                "give every row the same type", rule="columns.mixed_types")  # fmt: skip

@@ -556,6 +556,10 @@ def mixed_types(c: Columns) -> str | None:
             return (f"column '{column}' in the {c.split} data holds values of mixed types: its first rows hold {first}, "
                     f"but row {found[0]:,} of {path} holds {found[1]} ({found[2]!r:.40}); give every row the same type "
                     "(write numbers meant as text in quotes)")
+        if odd is None and first in ("text", "a number", "true/false") and not found:  # a dataset's folder
+            return (f"column '{column}' in the {c.split} data holds values of mixed types: its first rows hold {first}, "
+                    "but a later row holds another kind (datasets read the column as Json); give every row the same "
+                    "type (write numbers meant as text in quotes)")
         if odd is not None:
             start = kinds.index(first)
             return (f"column '{column}' in the {c.split} data holds values of mixed types: row {odd + 1} holds "
