@@ -764,7 +764,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "checkpoint", help="<run>/checkpoints/step-N, <run>/model, a model folder or a hub name"
+        "checkpoint", help="<run>/checkpoints/step-N, <run>/model, a model folder, a hub name, or ONNX files (<run>/onnx)"
     )
     parser.add_argument(
         "overrides", nargs="*", metavar="key=value", help="evaluation settings, listed below the options"
