@@ -283,6 +283,7 @@ def read_streamed(args: DataArgs, said: checks.Said | None, digests: dict[str, s
         stream = open_stream(args)
         raw["train"] = HFDataset.from_list(list(itertools.islice(stream, FIRST_PASS)), features=stream.features)
     checks.gate(stream_rules.NO_ROWS, args.train_file or args.dataset_name, len(raw["train"]))
+    checks.gate(stream_rules.FIRST_ROWS, raw["train"], args.label_column, FIRST_PASS, args.train_file or args.dataset_name)
     return raw
 
 

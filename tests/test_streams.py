@@ -261,6 +261,16 @@ def test_a_label_the_first_pass_did_not_hold_is_one_line(rows, tmp_path, capsys,
     user_error(capsys, main, given, "which are not in label_names ['0', '1']", rule="streams.label_not_in_label_names")
 
 
+def test_a_stream_sorted_by_its_label_is_one_line_naming_the_cause(rows, tmp_path, capsys, monkeypatch):
+    """A file sorted by its label: the first pass (8 rows here) holds one class, which a loaded run would call a
+    single class, and which a stream shuffled within its buffer would train on alone; label_names given or not."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    data = _data(tmp_path, sorted(rows, key=lambda r: r["label"]))
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=4", "label_names=[0,1]")
+    user_error(capsys, main, args, "first 8 rows", "all hold the label '0'", "shuffle the file's rows",
+               rule="streams.first_rows_of_one_label")
+
+
 LATE = 37  # a row past the first pass (FIRST_PASS 8) and past the first blocks (stream_buffer 8), in the file from 1
 
 

@@ -8,6 +8,7 @@ it needs, and what the stream meets as it is read.
               row: the first rows were checked whole with the split, the later ones are checked here
     NEW_LABELS a block's labels that the first rows did not hold, by the loaded path's rules for one label
     LABELS    a block's labels, as a process reads its share of the stream (finetune/streams.py)
+    FIRST_ROWS the first pass's rows, read (finetune/data.py): one label alone, a file sorted by its label
     UNREADABLE rows of the stream its parser refuses, past those read (finetune/data.py's `reading_the_stream`)
     CHANGED   the training file at each pass's start, against what it was when the stream began
     EMPTY     a process's share of one pass, read from its start (finetune/streams.py)
@@ -101,7 +102,23 @@ def no_rows(source: str, rows: int) -> str | None:
     return f"the training stream has no rows ({source}); check the file" if rows == 0 else None
 
 
+@rule("streams.first_rows_of_one_label")
+def first_rows_of_one_label(train, column: str, first_rows: int, source: str) -> str | None:
+    """A training stream whose first rows (the FIRST_PASS its label names and checks read, all of them filled) hold
+    one label alone: a file sorted by its label. A stream is shuffled only within stream_buffer, so it would
+    train on one class at a time, and its other classes are not among the names read (a loaded run would say
+    single class, which the stream may not have)."""
+    values = train[column][:] if column in train.column_names and len(train) >= first_rows else []
+    kinds = {str(v) for v in values if v is not None and not isinstance(v, (list, dict))}
+    if len(kinds) == 1 and all(v is not None for v in values):
+        return (f"the training stream's first {first_rows:,} rows ({source}) all hold the {column} {next(iter(kinds))!r}: "
+                "is the file sorted by its label? a stream is shuffled only within stream_buffer, so it would train on "
+                "one class at a time; shuffle the file's rows")
+    return None
+
+
 NO_ROWS = [no_rows]
+FIRST_ROWS = [first_rows_of_one_label]
 
 
 # A later row of the stream: the loaded path's rules for one row (`Columns.row` names its row in the file), in
