@@ -209,6 +209,12 @@ class TrainStream:
                 checks.gate(rules.NEW_LABELS, classes)
                 row = next(i for i, v in enumerate(ds[column]) if str(v) in unseen)
                 checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row), self.given_names)
+        elif self.problem.lists and not self.args.label_columns and column in ds.column_names:  # lists of names
+            lists = [{str(v) for v in row if v is not None} if isinstance(row, list) else set() for row in ds[column]]
+            unseen = sorted(set().union(*lists) - set(self.label_names))
+            if unseen:
+                row = next(i for i, names in enumerate(lists) if names & set(unseen))
+                checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row), self.given_names)
 
     def _row(self, first: int, i: int) -> str:
         """Row `i` of a block whose first is row `first` of this process's share of the pass, as a line names it:

@@ -302,11 +302,13 @@ def test_a_bad_row_past_the_first_pass_is_refused_by_its_own_rule_naming_its_row
 @pytest.mark.parametrize("problem, bad, rule", [
     ("regression", {"text": "a review", "score": float("nan")}, "labels.targets_not_finite"),
     ("multi_label", {"text": "a review", "labels": []}, "labels.empty_list"),
+    ("multi_label", {"text": "a review", "labels": ["cat", "zebra"]}, "streams.label_after_first_pass"),
 ])  # fmt: skip
 def test_a_bad_label_past_the_first_pass_is_named_by_its_row_in_the_file(problem, bad, rule, tmp_path, capsys,
                                                                         monkeypatch):  # fmt: skip
     """The problem's own label rules (a NaN target, an empty label list) count the rows of the block they are
-    given: a stream's line names the row in the file instead, as its row rules do."""
+    given: a stream's line names the row in the file instead, as its row rules do. A label list's name the first
+    rows did not hold is one, as a single label's is."""
     from conftest import multi_label_rows, regression_rows
 
     monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
