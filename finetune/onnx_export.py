@@ -76,7 +76,7 @@ def export_onnx(path: str | Path, int8: bool = True, output_dir: str | Path | No
     run = run_of(path)
     checks.gate(runs.ONNX_SOURCE, path, run.root)
     out = Path(output_dir).expanduser() if output_dir is not None else run.onnx
-    checks.gate(runs.ONNX_OUTPUT, out)
+    checks.gate(runs.ONNX_OUTPUT, out, output_dir is not None)
     stage, aside = out.parent / f".{out.name}-new", out.parent / f".{out.name}-old"  # in a run: layout.ONNX_STAGE
     with libraries_quiet():  # their known noise, for the export alone
         model, preprocessor = _load_export(run.model)

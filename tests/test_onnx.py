@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -244,6 +245,11 @@ def test_an_output_dir_that_holds_other_files_is_never_replaced(tmp_path, capsys
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(mine)], "holds files that are not the ONNX files",
                "name a new or empty folder", untouched=mine, rule="runs.onnx_output_not_ours")  # fmt: skip
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(run)], rule="runs.onnx_output_not_ours")
+    (run / "onnx").mkdir()
+    (run / "onnx" / "notes.txt").write_text("mine")  # where the default goes: named as the default, not --output-dir
+    user_error(capsys, onnx_main, [str(run)], f"{run / 'onnx'} (the default folder of the ONNX files) holds files",
+               "or move those files away", untouched=run / "onnx", rule="runs.onnx_output_not_ours")  # fmt: skip
+    shutil.rmtree(run / "onnx")
     user_error(capsys, onnx_main, [str(run / "model" / "config.json")], "is a file; give a finished run's folder",
                f"python -m finetune.onnx_export {run}", untouched=run, rule="runs.onnx_path_a_file")  # fmt: skip
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(mine / "notes.txt")], "is a file; name a folder",

@@ -1188,15 +1188,22 @@ ONNX_SOURCE = [onnx_path_not_found, onnx_path_a_file, onnx_of_an_adapter, onnx_w
 
 
 @rule("runs.onnx_output_a_file")
-def onnx_output_a_file(out: Path) -> str | None:
-    """--output-dir naming a file (model.onnx itself, a data file): the ONNX files go in a folder."""
+def onnx_output_a_file(out: Path, given: bool) -> str | None:
+    """--output-dir naming a file (model.onnx itself, a data file), or a file where the default <run>/onnx goes:
+    the ONNX files go in a folder."""
     if out.is_file():
-        return f"--output-dir {out} is a file; name a folder for the ONNX files (a new or empty one, or an earlier export's)"
+        return (f"{_onnx_output(out, given)} is a file; name a folder for the ONNX files (a new or empty one, or an "
+                "earlier export's)" + ("" if given else " with --output-dir, or move the file away"))
     return None
 
 
+def _onnx_output(out: Path, given: bool) -> str:
+    """The ONNX folder as a line names it: the --output-dir given, or the default one."""
+    return f"--output-dir {out}" if given else f"{out} (the default folder of the ONNX files)"
+
+
 @rule("runs.onnx_output_inside_a_model")
-def onnx_output_inside_a_model(out: Path) -> str | None:
+def onnx_output_inside_a_model(out: Path, given: bool) -> str | None:
     """--output-dir inside a model's folder (a run's export, a checkpoint, an earlier ONNX export's folder): the
     files would be mixed into what pipeline() or the hub loads from it, and lost when it is replaced whole."""
     for parent in out.expanduser().resolve().parents:
@@ -1208,17 +1215,18 @@ def onnx_output_inside_a_model(out: Path) -> str | None:
 
 
 @rule("runs.onnx_output_not_ours")
-def onnx_output_not_ours(out: Path) -> str | None:
-    """--output-dir naming a folder that holds files but no ONNX export (a run, the user's own): the export
-    replaces its folder whole, so it is never written over."""
+def onnx_output_not_ours(out: Path, given: bool) -> str | None:
+    """--output-dir naming a folder that holds files but no ONNX export (a run, the user's own), or such a
+    folder where the default <run>/onnx goes: the export replaces its folder whole, so it is never written over."""
     if out.is_dir() and any(out.iterdir()) and not (out / layout.ONNX_FILES["fp32"]).is_file():
-        return (f"--output-dir {out} holds files that are not the ONNX files of an export (no "
-                f"{layout.ONNX_FILES['fp32']}), which the export would replace whole; name a new or empty folder")
+        return (f"{_onnx_output(out, given)} holds files that are not the ONNX files of an export (no "
+                f"{layout.ONNX_FILES['fp32']}), which the export would replace whole; name a new or empty folder"
+                + ("" if given else " with --output-dir, or move those files away"))
     return None
 
 
 @rule("runs.onnx_output_replaced_by_its_run")
-def onnx_output_replaced_by_its_run(out: Path) -> str | None:
+def onnx_output_replaced_by_its_run(out: Path, given: bool) -> str | None:
     """--output-dir inside a folder of a run that the run deletes or replaces whole (its checkpoints/, whose
     rotation deletes what it does not know, its model/ or adapter/, an overwrite's set-aside run): the ONNX
     files would be lost with it, or be taken for the run's own."""
