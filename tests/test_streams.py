@@ -284,6 +284,7 @@ LATE = 37  # a row past the first pass (FIRST_PASS 8) and past the first blocks 
     ({"text": "text", "label": "label"}, "labels.header_inside_the_file", "the header repeated inside the file"),
     ({"text": "a review", "label": ""}, "labels.blank_label", "has an empty (blank) label at row"),
     ({"text": "a review", "label": " 1"}, "labels.space_twins", "which differ only by spaces"),
+    ({"text": "a review", "label": "1\u200b"}, "labels.look_alike_classes", "which read the same"),
 ])  # fmt: skip
 def test_a_bad_row_past_the_first_pass_is_refused_by_its_own_rule_naming_its_row(bad, rule, fragment, rows, tmp_path,
                                                                                  capsys, monkeypatch):  # fmt: skip

@@ -435,7 +435,9 @@ def look_alike_classes(c: Classes) -> str | None:
     """Two labels that read the same but differ in Unicode form or by an invisible character."""
     alike = look_alike(c.present, allowed=c.named)
     if alike:
-        return f"label column '{c.column}' holds {shown(alike[0])} and {shown(alike[1])}, " + LOOK_ALIKE.format("classes")
+        odd = alike[1] if alike[1] not in c.names else alike[0]  # a stream's block: the label its first rows did not hold
+        return (f"label column '{c.column}' holds {shown(alike[0])} and {shown(alike[1])}, " + LOOK_ALIKE.format("classes")
+                + f"; {shown(odd)} is first at {c.row_of(odd)}")
     return None
 
 

@@ -125,7 +125,7 @@ FIRST_ROWS = [first_rows_of_one_label]
 # their order there; and for a label the first rows did not hold, the loaded path's rules for one label.
 ROWS = [columns.missing, columns.text_missing_in_a_row, columns.text_blank, columns.label_null]
 NEW_LABELS = [labels.list_written_as_text, labels.header_inside_the_file, labels.line_break_in_a_label,
-              labels.blank_label, labels.space_twins, labels.case_twin_classes]  # fmt: skip
+              labels.blank_label, labels.space_twins, labels.look_alike_classes, labels.case_twin_classes]  # fmt: skip
 
 
 @rule("streams.label_not_in_label_names", local=True)
