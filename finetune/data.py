@@ -33,7 +33,7 @@ from typing import Any
 from datasets import Dataset as HFDataset
 from datasets import DatasetDict, IterableDataset, Value, load_dataset
 
-from finetune import checks
+from finetune import checks, formats
 from finetune.checks import columns, files, images, splits
 from finetune.checks import streams as stream_rules
 from finetune.config import DataArgs
@@ -239,9 +239,9 @@ def open_stream(args: DataArgs, split: str = "train") -> IterableDataset:
     path = args.files.get(split)
     if path:
         sep = {"sep": "\t"} if path.lower().endswith(".tsv") else {}
-        ds = load_dataset(builder_of(path), data_files={split: path}, split=split, streaming=True, **sep)
+        ds = formats.typed_stream(load_dataset(builder_of(path), data_files={split: path}, split=split, streaming=True, **sep))
     else:
-        ds = load_dataset(args.dataset_name, args.dataset_config_name, split=split, streaming=True)
+        ds = formats.typed_stream(load_dataset(args.dataset_name, args.dataset_config_name, split=split, streaming=True))
     return ds.take(args.max_train_samples) if split == "train" and args.max_train_samples is not None else ds
 
 
@@ -283,6 +283,7 @@ def read_streamed(args: DataArgs, said: checks.Said | None, digests: dict[str, s
         stream = open_stream(args)
         raw["train"] = HFDataset.from_list(list(itertools.islice(stream, FIRST_PASS)), features=stream.features)
     checks.gate(stream_rules.NO_ROWS, args.train_file or args.dataset_name, len(raw["train"]))
+    checks.gate(stream_rules.FIRST_ROWS, raw["train"], args.label_column, FIRST_PASS, args.train_file or args.dataset_name)
     return raw
 
 

@@ -112,6 +112,7 @@ from finetune.onnx_export import (  # onnxruntime is imported only for --onnx
     ONNX_HELP,
     OnnxModel,
     onnx_file_of,
+    onnx_given,
 )
 from finetune.plots import plot_confusion_matrix
 from finetune.problems import infer_problem_type, problem_of, problem_type_of, problem_type_of_model, tags_in
@@ -535,7 +536,8 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
 
     model, preprocessor = load_model(target, cfg)
-    onnx_file = onnx_file_of(args.onnx, target.kind, target.spec, target.path, target.weights_sha256)  # --onnx: checked before the data
+    onnx_file = onnx_file_of(args.onnx, target.kind, target.spec, target.path, target.weights_sha256,
+                             args.onnx_file)  # --onnx: checked before the data
     task = task_of(cfg.task)
     with main_process_first(accelerator):  # the main process fills datasets' cache, the others read it
         ds, name, info = _evaluated_data(args, cfg, target, said)
@@ -762,7 +764,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "checkpoint", help="<run>/checkpoints/step-N, <run>/model, a model folder or a hub name"
+        "checkpoint", help="<run>/checkpoints/step-N, <run>/model, a model folder, a hub name, or ONNX files (<run>/onnx)"
     )
     parser.add_argument(
         "overrides", nargs="*", metavar="key=value", help="evaluation settings, listed below the options"
@@ -780,7 +782,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--task", choices=TASK_NAMES, help="the task of a model evaluated without its run")
     args = parser.parse_intermixed_args(settings_from_flags(argv, EVAL_KEYS))
     checks.gate(evaluation.SECOND, args.overrides)  # a second checkpoint where settings go
-    return args
+    return onnx_given(args)  # ONNX files given as the model: their export, with --onnx on them
 
 
 @exit_on_user_error

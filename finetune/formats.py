@@ -112,3 +112,15 @@ def image_paths(values: list) -> bool:
     suffixes = image_suffixes()
     paths = [v for v in values if isinstance(v, str) and Path(v.strip()).suffix.lower() in suffixes]
     return bool(values) and len(paths) * 10 >= len(values) * 9
+
+
+def typed_stream(ds):
+    """A streamed file typed by its first table, where datasets gave it no features (a JSON array, which its json
+    builder reads whole each pass): untyped, a column of mixed kinds (a number among texts, which datasets types
+    `Json`) is handed on as each value's JSON text ('"a text"'), which would train as text unnoticed."""
+    from datasets import Features
+
+    if ds.features is not None:
+        return ds
+    first = next(iter(ds.with_format("arrow").iter(batch_size=1)), None)
+    return ds.cast(Features.from_arrow_schema(first.schema)) if first is not None else ds

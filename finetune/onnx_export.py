@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -46,7 +47,8 @@ from finetune.checks import evaluation, runs
 from finetune.digests import weights_sha256
 from finetune.errors import write_failure
 from finetune.exits import exit_on_user_error
-from finetune.layout import MODEL, ONNX_FILES, RunDir, as_umask_allows
+from finetune.layout import MODEL, ONNX, ONNX_FILES, RunDir, as_umask_allows
+from finetune.signals import stop_outside_the_loop
 from finetune.tasks import task_of_model
 
 ONNX_HELP = "the run's ONNX file instead (<run>/onnx/: python -m finetune.onnx_export <run>); fp32 or int8"
@@ -58,6 +60,7 @@ NOISY_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"# The a
 NOISY_ROOT_LOG = "Please consider to run pre-processing before quantization"
 NOISY_LOGGER = "torch.onnx"
 MADE_FROM = "finetune.weights_sha256"  # an ONNX file's metadata: the sha256 of the export's weights it was made from
+EXPORT_OF = "finetune.export"  # and the export's folder (evaluate_checkpoint.py given the ONNX files finds it so)
 
 
 def run_of(path: Path) -> RunDir:
@@ -73,7 +76,7 @@ def export_onnx(path: str | Path, int8: bool = True, output_dir: str | Path | No
     run = run_of(path)
     checks.gate(runs.ONNX_SOURCE, path, run.root)
     out = Path(output_dir).expanduser() if output_dir is not None else run.onnx
-    checks.gate(runs.ONNX_OUTPUT, out)
+    checks.gate(runs.ONNX_OUTPUT, out, output_dir is not None)
     stage, aside = out.parent / f".{out.name}-new", out.parent / f".{out.name}-old"  # in a run: layout.ONNX_STAGE
     with libraries_quiet():  # their known noise, for the export alone
         model, preprocessor = _load_export(run.model)
@@ -81,10 +84,12 @@ def export_onnx(path: str | Path, int8: bool = True, output_dir: str | Path | No
         try:
             shutil.rmtree(stage, ignore_errors=True)  # a kill during an earlier export left it
             stage.mkdir(parents=True)
-            _write(model, preprocessor, sample, stage, int8, weights_sha256(run.model))
+            _write(model, preprocessor, sample, stage, int8, weights_sha256(run.model), run.model.resolve())
             _move_into_place(stage, out, aside)
         except BaseException as e:  # noqa: BLE001 - a failure or a signal: nothing half-written
             shutil.rmtree(stage, ignore_errors=True)
+            if aside.is_dir() and not out.exists():  # stopped between the two moves: the earlier folder goes back
+                os.replace(aside, out)
             failure = write_failure(e, out.parent if out.parent.exists() else None)
             if failure is None:
                 raise
@@ -123,9 +128,10 @@ def libraries_quiet():
             transformers.utils.logging.enable_progress_bar()
 
 
-def _write(model, preprocessor, sample: dict[str, torch.Tensor], stage: Path, int8: bool, digest: str | None) -> None:
-    """The ONNX files (each stamped with `digest`, the export's weights'), the export's config and
-    preprocessor, and the card, into `stage`."""
+def _write(model, preprocessor, sample: dict[str, torch.Tensor], stage: Path, int8: bool, digest: str | None,
+           export: Path) -> None:  # fmt: skip
+    """The ONNX files (each stamped with `digest`, the export's weights', and `export`, its folder), the export's
+    config and preprocessor, and the card, into `stage`."""
     fp32 = stage / ONNX_FILES["fp32"]
     _to_onnx(model, sample, fp32)
     written = ["fp32"]
@@ -133,7 +139,7 @@ def _write(model, preprocessor, sample: dict[str, torch.Tensor], stage: Path, in
         quantize(fp32, stage / ONNX_FILES["int8"])
         written.append("int8")
     for precision in written:
-        _stamp(stage / ONNX_FILES[precision], digest)
+        _stamp(stage / ONNX_FILES[precision], digest, export)
     model.config.save_pretrained(stage)
     preprocessor.save_pretrained(stage)
     write_onnx_card(stage, list(sample), output_names(model, sample), written)
@@ -186,24 +192,26 @@ def quantize(fp32: Path, int8: Path) -> None:
     quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8)
 
 
-def _stamp(file: Path, digest: str | None) -> None:
-    """`digest` into the ONNX file's metadata (`MADE_FROM`); its weights, inline or external, are left as written."""
+def _stamp(file: Path, digest: str | None, export: Path) -> None:
+    """`digest` and `export` into the ONNX file's metadata (`MADE_FROM`, `EXPORT_OF`); its weights, inline or
+    external, are left as written."""
     import onnx  # the [onnx] extra: only an export imports it
 
-    if digest is None:
-        return
     proto = onnx.load(str(file), load_external_data=False)
-    entry = proto.metadata_props.add()
-    entry.key, entry.value = MADE_FROM, digest
+    for key, value in ((MADE_FROM, digest), (EXPORT_OF, str(export))):
+        if value is not None:
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = key, value
     onnx.save(proto, str(file))
 
 
-def made_from(file: Path) -> str | None:
-    """The sha256 of the weights an ONNX file was made from (`MADE_FROM`), or None for a file that records none."""
+def made_from(file: Path, key: str = MADE_FROM) -> str | None:
+    """What an ONNX file records it was made from (`MADE_FROM`: the export's weights' sha256; `EXPORT_OF`: the
+    export's folder), or None for a file that records none."""
     import onnx  # only --onnx imports it
 
     props = onnx.load(str(file), load_external_data=False).metadata_props
-    return next((p.value for p in props if p.key == MADE_FROM), None)
+    return next((p.value for p in props if p.key == key), None)
 
 
 def _move_into_place(stage: Path, out: Path, aside: Path) -> None:
@@ -215,16 +223,45 @@ def _move_into_place(stage: Path, out: Path, aside: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def onnx_file_of(precision: str | None, kind: str, spec: str, path: Path | None, weights: str | None) -> Path | None:
-    """evaluate_checkpoint.py --onnx: the ONNX file beside the export `path` (<run>/onnx/), checked, and made
-    from the export's weights (`weights`: their sha256); None without --onnx."""
+def onnx_file_of(precision: str | None, kind: str, spec: str, path: Path | None, weights: str | None,
+                 given: Path | None = None) -> Path | None:  # fmt: skip
+    """evaluate_checkpoint.py --onnx: the ONNX file beside the export `path` (<run>/onnx/), or the one `given`
+    (`onnx_given`), checked, and made from the export's weights (`weights`: their sha256); None without --onnx."""
     if precision is None:
         return None
     run = RunDir(path.parent if path is not None else Path(spec))
-    file = run.onnx_file(precision)
+    file = given or run.onnx_file(precision)
     checks.gate(evaluation.ONNX, kind, spec, file, run.root)
     checks.gate(evaluation.ONNX_WEIGHTS, file, made_from(file), weights, run.root)
     return file
+
+
+def _holds_onnx(folder: Path) -> bool:
+    """A folder of ONNX files (<run>/onnx/, an --output-dir): one of ONNX_FILES, and no PyTorch weights."""
+    weights = any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+    return folder.is_dir() and not weights and any((folder / f).is_file() for f in ONNX_FILES.values())
+
+
+def onnx_given(args: argparse.Namespace) -> argparse.Namespace:
+    """evaluate_checkpoint.py given ONNX files as the model (a folder of them, <run>/onnx/ or an --output-dir, or one
+    .onnx file): the export they were made from, evaluated with --onnx on them (`args.onnx_file`). The export is
+    the run's model/ beside <run>/onnx/, else the folder the files record (`EXPORT_OF`); onnx_file_of then holds
+    them to its weights, as for <run>/model --onnx."""
+    path, args.onnx_file = Path(args.checkpoint).expanduser(), None
+    file = path if path.suffix == ".onnx" and path.is_file() else None
+    if file is None and not _holds_onnx(path):
+        return args
+    folder = file.parent if file is not None else path
+    named = next((p for p, name in ONNX_FILES.items() if file is not None and file.name == name), None)
+    checks.gate(evaluation.ONNX_GIVEN, file, args.onnx, named)
+    precision = args.onnx or named or "fp32"
+    found = [f for f in ([file] if file else [folder / n for n in ONNX_FILES.values()]) if f.is_file()]
+    recorded = next((r for r in map(functools.partial(made_from, key=EXPORT_OF), found) if r), None)
+    beside = [folder.parent / MODEL] if folder.name == ONNX else []  # a run's own onnx/ (a run moved, copied)
+    export = next((e for e in [*beside, *([Path(recorded)] if recorded else [])] if (e / "config.json").is_file()), None)
+    checks.gate(evaluation.ONNX_EXPORT, folder, export, recorded)
+    args.checkpoint, args.onnx, args.onnx_file = str(export), precision, file or folder / ONNX_FILES[precision]
+    return args
 
 
 class OnnxModel(torch.nn.Module):
@@ -265,6 +302,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--output-dir", help="the folder for the ONNX files (default: <run>/onnx/, which "
                         "evaluate_checkpoint.py --onnx reads); a new or empty one, or an earlier export's")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    stop_outside_the_loop("during the ONNX export")  # SIGTERM: one line, and nothing of the files left
     folder = export_onnx(args.run, int8=not args.no_int8, output_dir=args.output_dir)
     print(f"ONNX files of {run_of(Path(args.run)).model} -> {folder}")
     return folder

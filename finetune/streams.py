@@ -29,6 +29,7 @@ import itertools
 import math
 import os
 import random
+import re
 from datetime import timedelta
 
 import torch
@@ -41,7 +42,7 @@ from finetune import checks, data
 from finetune.checks import columns
 from finetune.checks import labels as label_rules
 from finetune.checks import streams as rules
-from finetune.errors import PeerFailed
+from finetune.errors import PeerFailed, UserError
 from finetune.problems import problem_of
 from finetune.tasks import task_of
 
@@ -82,7 +83,7 @@ class TrainStream:
         self.features, self._left = None, 0
         self.source = self.args.train_file or self.args.dataset_name  # what a late row's line names
         self.by_row = True  # each process reads every world-th row (else whole shards: rows counted in its share)
-        self.timeout, self.group = cfg.ddp_timeout, None  # the gloo group a late refusal is agreed over
+        self.timeout, self.gloo = cfg.ddp_timeout, None  # the gloo group a late refusal is agreed over
         self.stamp = _stamp(self.args.train_file)  # the file as the stream began: each pass's start is held to it
 
     # --- the sampler's interface (finetune/steps.py EpochSampler) -------------------------------------------
@@ -117,10 +118,10 @@ class TrainStream:
             if failed is not None:
                 raise failed
             return
-        if self.group is None:  # every process makes it at its first batch, in the same order
-            self.group = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
+        if self.gloo is None:  # every process makes it at its first batch, in the same order
+            self.gloo = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
         first = torch.tensor([self.rank if failed is not None else self.world])
-        torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN, group=self.group)
+        torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN, group=self.gloo)
         if int(first) == self.world:
             return
         if failed is not None and int(first) == self.rank:
@@ -184,8 +185,12 @@ class TrainStream:
         encoded by the run's names, tokenized. `first`: the block's first row in this process's share of the pass."""
         ds = HFDataset.from_list(rows, features=self.features)
         self._check(ds, first)
-        ds = self.problem.read_ids_as_names(DatasetDict({"train": ds}), self.args, self.said)["train"]
-        batch = self.problem.encode(ds, self.args, self.label_names, "train", self.said)[:]
+        try:
+            ds = self.problem.read_ids_as_names(DatasetDict({"train": ds}), self.args, self.said)["train"]
+            batch = self.problem.encode(ds, self.args, self.label_names, "train", self.said)[:]
+        except UserError as e:  # the problem's label rules count the block's rows: the line names them in the file
+            e.args = (re.sub(r"\bat row (\d+)", lambda m: f"at {self._row(first, int(m[1]) - 1)}", str(e)),)
+            raise
         prepared = {**self.task.tokenize(batch, self.preprocessor, self.args), "labels": batch["labels"]}
         return [dict(zip(prepared, values, strict=True)) for values in zip(*prepared.values(), strict=True)]
 
@@ -199,10 +204,17 @@ class TrainStream:
         if self.problem.classes and not self.problem.lists and not isinstance(ds.features[column], ClassLabel):
             unseen = sorted({str(v) for v in ds[column]} - set(self.label_names))
             if unseen:
-                classes = label_rules.Classes(ds, column, set(unseen), self.args.label_names, self.label_names, where)
+                classes = label_rules.Classes(ds, column, {*unseen, *self.label_names}, self.args.label_names,
+                                             self.label_names, where)  # the known names too: a twin of one
                 checks.gate(rules.NEW_LABELS, classes)
                 row = next(i for i, v in enumerate(ds[column]) if str(v) in unseen)
-                checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row))
+                checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row), self.given_names)
+        elif self.problem.lists and not self.args.label_columns and column in ds.column_names:  # lists of names
+            lists = [{str(v) for v in row if v is not None} if isinstance(row, list) else set() for row in ds[column]]
+            unseen = sorted(set().union(*lists) - set(self.label_names))
+            if unseen:
+                row = next(i for i, names in enumerate(lists) if names & set(unseen))
+                checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row), self.given_names)
 
     def _row(self, first: int, i: int) -> str:
         """Row `i` of a block whose first is row `first` of this process's share of the pass, as a line names it:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -160,8 +161,30 @@ def test_onnx_files_made_from_other_weights_than_the_exports_are_refused(finishe
     assert not (run / "eval").exists()
     onnx_main([str(run), "--no-int8"])
     assert evaluate([str(run / "model"), "--onnx"])["num_samples"] == 11
-    user_error(capsys, evaluate, [str(run / "onnx"), "--onnx"], "holds ONNX files, not a model's weights",
-               f"evaluate_checkpoint {run / 'model'} --onnx", rule="evaluation.onnx_folder")  # fmt: skip
+
+
+def test_onnx_files_given_as_the_model_are_evaluated_through_their_export(finished_run, tmp_path, capsys):
+    """An ONNX folder (<run>/onnx/, or an --output-dir elsewhere) or one of its .onnx files given as the model:
+    the export it was made from is evaluated on that file, into <run>/eval/<split>-onnx-<precision>/. A file of
+    the other precision than --onnx, and files whose export is gone, are one line each."""
+    from finetune.evaluate_checkpoint import main as evaluate
+
+    run = finished_run.copy(tmp_path / "run", *RUN, data="named+test")
+    elsewhere = tmp_path / "served" / "bert"
+    onnx_main([str(run), "--output-dir", str(elsewhere)])
+    fp32 = evaluate([str(elsewhere)])
+    assert fp32["onnx"] == str(elsewhere / "model.onnx") and fp32["num_samples"] == 11
+    assert Path(fp32["metrics_file"]).parent == run / "eval" / "test-onnx-fp32"
+    int8 = evaluate([str(elsewhere / "model_int8.onnx")])
+    assert Path(int8["metrics_file"]).parent.name == "test-onnx-int8" and int8["onnx"].endswith("model_int8.onnx")
+    user_error(capsys, evaluate, [str(elsewhere / "model.onnx"), "--onnx", "int8"], "is the fp32 file",
+               rule="evaluation.onnx_file_of_another_precision")  # fmt: skip
+    onnx_main([str(run), "--no-int8"])
+    assert evaluate([str(run / "onnx")])["onnx"] == str(run / "onnx" / "model.onnx")
+    run.rename(tmp_path / "moved")  # the export the files record is gone; <run>/onnx/ still finds its own
+    user_error(capsys, evaluate, [str(elsewhere)], f"the export they were made from ({run / 'model'}) is not there",
+               untouched=elsewhere, rule="evaluation.onnx_without_its_export")  # fmt: skip
+    assert evaluate([str(tmp_path / "moved" / "onnx")])["num_samples"] == 11
 
 @pytest.mark.slow
 def test_a_lora_run_exports_its_merged_model_and_its_adapter_is_refused(finished_run, tmp_path, capsys):
@@ -222,12 +245,21 @@ def test_an_output_dir_that_holds_other_files_is_never_replaced(tmp_path, capsys
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(mine)], "holds files that are not the ONNX files",
                "name a new or empty folder", untouched=mine, rule="runs.onnx_output_not_ours")  # fmt: skip
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(run)], rule="runs.onnx_output_not_ours")
+    (run / "onnx").mkdir()
+    (run / "onnx" / "notes.txt").write_text("mine")  # where the default goes: named as the default, not --output-dir
+    user_error(capsys, onnx_main, [str(run)], f"{run / 'onnx'} (the default folder of the ONNX files) holds files",
+               "or move those files away", untouched=run / "onnx", rule="runs.onnx_output_not_ours")  # fmt: skip
+    shutil.rmtree(run / "onnx")
     user_error(capsys, onnx_main, [str(run / "model" / "config.json")], "is a file; give a finished run's folder",
                f"python -m finetune.onnx_export {run}", untouched=run, rule="runs.onnx_path_a_file")  # fmt: skip
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(mine / "notes.txt")], "is a file; name a folder",
                untouched=mine, rule="runs.onnx_output_a_file")  # fmt: skip
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(run / "model" / "onnx")], "a model's folder",
                untouched=run, rule="runs.onnx_output_inside_a_model")  # fmt: skip
+    (run / "checkpoints").mkdir()
+    (run / "metrics.jsonl").write_text("")  # a run: its checkpoints/ are rotated, and deleted whole by an overwrite
+    user_error(capsys, onnx_main, [str(run), "--output-dir", str(run / "checkpoints" / "onnx")], "the checkpoints folder",
+               untouched=run, rule="runs.onnx_output_replaced_by_its_run")  # fmt: skip
 
 
 def test_a_text_run_and_an_evaluation_import_no_onnx():
@@ -255,3 +287,37 @@ def test_an_image_model_is_traced_at_the_size_its_processor_makes(tmp_path):
     model = EfficientNetForImageClassification.from_pretrained(folder)
     assert model.config.image_size != 48
     assert sample_inputs(model, processor)["pixel_values"].shape == (2, 3, 48, 48)
+
+
+def test_an_export_stopped_by_a_signal_leaves_the_earlier_files_and_nothing_half_written(tmp_path, monkeypatch):
+    """SIGTERM during an export: one `stopped:` line, exit 143, no staging folder left, the earlier onnx/ as it
+    was; and a stop between setting the earlier folder aside and moving the new one in puts the earlier back."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, file_hashes
+
+    import finetune.onnx_export
+
+    run = _export(tmp_path, "single_label")
+    before = file_hashes(run / "onnx")
+    proc = subprocess.Popen([sys.executable, "-m", "finetune.onnx_export", str(run)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (run / ".onnx-new").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "stopped: received SIGTERM during the ONNX export" in err, err[-2000:]
+    assert "Traceback" not in err and not (run / ".onnx-new").exists() and file_hashes(run / "onnx") == before
+
+    def stopped_midway(stage, out, aside):
+        os.replace(out, aside)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(finetune.onnx_export, "_move_into_place", stopped_midway)
+    with pytest.raises(KeyboardInterrupt):
+        finetune.onnx_export.export_onnx(run)
+    assert file_hashes(run / "onnx") == before and not (run / ".onnx-old").exists()

@@ -7,6 +7,7 @@ and refuses what cannot stream in one line.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -114,6 +115,26 @@ def test_a_streamed_run_resumes_mid_block_and_past_a_pass_bit_exact(step, positi
     assert all(torch.equal(a[k], b[k]) for k in a), f"resumed from step {step}: {_worst(a, b):.2e}"
     assert {s: v for s, v in logged_losses(resumed).items() if s > step} == {
         s: v for s, v in logged_losses(full).items() if s > step}
+
+
+def test_group_by_length_groups_each_streamed_block_into_batches_of_like_lengths(rows, tmp_path, monkeypatch):
+    """group_by_length=true on a stream: each block (16 samples, batches of 4) is sorted by length into batches,
+    so no two of a block's batches interleave in length. (The stream once kept its DDP
+    group under the same name, so the setting was lost: a single process never grouped, and DDP began to group
+    after its first block.)"""
+    blocks, ordered = [], finetune.streams.TrainStream._ordered
+
+    def spy(stream, samples, pass_, block):
+        out = ordered(stream, samples, pass_, block)
+        blocks.append([s["length"] for s in out])
+        return out
+
+    monkeypatch.setattr(finetune.streams.TrainStream, "_ordered", spy)
+    main(tiny_text_args(_data(tmp_path, rows), tmp_path / "out", "streaming=true", "stream_buffer=16", "max_steps=8",
+                        "per_device_train_batch_size=4", "group_by_length=true"))  # fmt: skip
+    for lengths in blocks[:2]:  # the first pass's whole blocks
+        batches = [lengths[i : i + 4] for i in range(0, 16, 4)]
+        assert all(max(a) <= min(b) or max(b) <= min(a) for a in batches for b in batches if a is not b), lengths
 
 
 def test_a_sigterm_mid_pass_saves_the_stream_position_and_the_resume_is_bit_exact(uninterrupted, tmp_path):
@@ -236,6 +257,18 @@ def test_a_label_the_first_pass_did_not_hold_is_one_line(rows, tmp_path, capsys,
                           "per_device_train_batch_size=4", "stream_buffer=8")  # fmt: skip
     line = user_error(capsys, main, args, "give every label in label_names", rule="streams.label_after_first_pass")
     assert f"at row 21 of {tmp_path / 'train.jsonl'}," in line  # the row in the file, not in its block
+    given = [*args, "label_names=[0,1]", f"output_dir={tmp_path / 'given'}"]  # given, not read: the line says so
+    user_error(capsys, main, given, "which are not in label_names ['0', '1']", rule="streams.label_not_in_label_names")
+
+
+def test_a_stream_sorted_by_its_label_is_one_line_naming_the_cause(rows, tmp_path, capsys, monkeypatch):
+    """A file sorted by its label: the first pass (8 rows here) holds one class, which a loaded run would call a
+    single class, and which a stream shuffled within its buffer would train on alone; label_names given or not."""
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    data = _data(tmp_path, sorted(rows, key=lambda r: r["label"]))
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=4", "label_names=[0,1]")
+    user_error(capsys, main, args, "first 8 rows", "all hold the label '0'", "shuffle the file's rows",
+               rule="streams.first_rows_of_one_label")
 
 
 LATE = 37  # a row past the first pass (FIRST_PASS 8) and past the first blocks (stream_buffer 8), in the file from 1
@@ -250,6 +283,8 @@ LATE = 37  # a row past the first pass (FIRST_PASS 8) and past the first blocks 
     ({"text": "a review"}, "columns.label_null", "has empty (null) values (first at row"),
     ({"text": "text", "label": "label"}, "labels.header_inside_the_file", "the header repeated inside the file"),
     ({"text": "a review", "label": ""}, "labels.blank_label", "has an empty (blank) label at row"),
+    ({"text": "a review", "label": " 1"}, "labels.space_twins", "which differ only by spaces"),
+    ({"text": "a review", "label": "1\u200b"}, "labels.look_alike_classes", "which read the same"),
 ])  # fmt: skip
 def test_a_bad_row_past_the_first_pass_is_refused_by_its_own_rule_naming_its_row(bad, rule, fragment, rows, tmp_path,
                                                                                  capsys, monkeypatch):  # fmt: skip
@@ -263,6 +298,28 @@ def test_a_bad_row_past_the_first_pass_is_refused_by_its_own_rule_naming_its_row
                           "stream_buffer=8")  # fmt: skip
     line = user_error(capsys, main, args, fragment, f"row {LATE} of {data['train']}", rule=rule)
     assert "None" not in line
+
+
+@pytest.mark.parametrize("problem, bad, rule", [
+    ("regression", {"text": "a review", "score": float("nan")}, "labels.targets_not_finite"),
+    ("multi_label", {"text": "a review", "labels": []}, "labels.empty_list"),
+    ("multi_label", {"text": "a review", "labels": ["cat", "zebra"]}, "streams.label_after_first_pass"),
+])  # fmt: skip
+def test_a_bad_label_past_the_first_pass_is_named_by_its_row_in_the_file(problem, bad, rule, tmp_path, capsys,
+                                                                        monkeypatch):  # fmt: skip
+    """The problem's own label rules (a NaN target, an empty label list) count the rows of the block they are
+    given: a stream's line names the row in the file instead, as its row rules do. A label list's name the first
+    rows did not hold is one, as a single label's is."""
+    from conftest import multi_label_rows, regression_rows
+
+    monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
+    made = regression_rows(58) if problem == "regression" else multi_label_rows(58)
+    train = [*made[: LATE - 1], bad, *made[LATE - 1 : 44]]
+    data = {"train": write_jsonl(tmp_path / "train.jsonl", train),
+            "validation": write_jsonl(tmp_path / "validation.jsonl", made[44:])}  # fmt: skip
+    args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4",
+                          "stream_buffer=8", f"label_column={'score' if problem == 'regression' else 'labels'}")  # fmt: skip
+    user_error(capsys, main, args, f"at row {LATE} of {data['train']}", rule=rule)
 
 
 def test_a_bad_row_is_named_by_its_row_in_the_file_after_a_resume(rows, tmp_path, capsys, monkeypatch):
@@ -372,13 +429,28 @@ def test_a_malformed_json_line_in_the_stream_is_one_line_naming_its_row(chunk, r
                "fix or remove that line", rule="streams.row_unparsable")
 
 
-def test_a_number_among_texts_past_the_first_pass_names_its_row_in_the_file(rows, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("suffix", ["jsonl", "json", "folder"])
+def test_a_number_among_texts_past_the_first_pass_names_its_row_in_the_file(suffix, rows, tmp_path, capsys,
+                                                                           monkeypatch):  # fmt: skip
     """A JSON text cell that is a number past the first pass: datasets types the stream's column from the whole
     block it reads (Json), while the first pass's rows are all text; the line names the row in the file and
-    its value, not the feature's type."""
+    its value, not the feature's type. A JSON array (.json) too, which datasets streams without features and,
+    untyped, would hand on every text of the column as its JSON text ('"a review"') to train on."""
     monkeypatch.setattr(finetune.data, "FIRST_PASS", 8)
     rows[LATE - 1] = {**rows[LATE - 1], "text": 123}
     data = _data(tmp_path, rows)
+    if suffix == "json":
+        data["train"] = tmp_path / "train.json"
+        data["train"].write_text(json.dumps(rows))
+    if suffix == "folder":  # a local dataset's folder (dataset_name): no file to read again, so no row named
+        (tmp_path / "dataset").mkdir()
+        (tmp_path / "dataset" / "train.json").write_text(json.dumps(rows))
+        shutil.copy(data["validation"], tmp_path / "dataset" / "validation.jsonl")
+        args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4",
+                              "train_file=null", "validation_file=null", f"dataset_name={tmp_path / 'dataset'}")  # fmt: skip
+        user_error(capsys, main, args, "its first rows hold text, but a later row holds another kind",
+                   rule="columns.mixed_types")
+        return
     args = tiny_text_args(data, tmp_path / "out", "streaming=true", "max_steps=12", "per_device_train_batch_size=4")
     user_error(capsys, main, args, f"its first rows hold text, but row {LATE} of {data['train']} holds a number (123)",
                "give every row the same type", rule="columns.mixed_types")  # fmt: skip

@@ -556,6 +556,10 @@ def mixed_types(c: Columns) -> str | None:
             return (f"column '{column}' in the {c.split} data holds values of mixed types: its first rows hold {first}, "
                     f"but row {found[0]:,} of {path} holds {found[1]} ({found[2]!r:.40}); give every row the same type "
                     "(write numbers meant as text in quotes)")
+        if odd is None and first in ("text", "a number", "true/false") and not found:  # a dataset's folder
+            return (f"column '{column}' in the {c.split} data holds values of mixed types: its first rows hold {first}, "
+                    "but a later row holds another kind (datasets read the column as Json); give every row the same "
+                    "type (write numbers meant as text in quotes)")
         if odd is not None:
             start = kinds.index(first)
             return (f"column '{column}' in the {c.split} data holds values of mixed types: row {odd + 1} holds "
@@ -565,11 +569,21 @@ def mixed_types(c: Columns) -> str | None:
 
 
 def _another_kind_in_file(path: str, column: str, kind: str) -> tuple[int, str, Any] | None:
-    """A JSON Lines file read again, a line at a time: (the data row, its kind, its value) of the first value in
-    `column` of another kind than `kind`; None for another format, or where none differs."""
+    """A JSON Lines file read again, a line at a time, or a JSON array whole (as datasets reads it): (the data row,
+    its kind, its value) of the first value in `column` of another kind than `kind`; None for another format, or
+    where none differs."""
     import json
 
     with open(path, encoding="utf-8-sig", errors="replace") as f:
+        if f.read(4096).lstrip().startswith("["):  # a JSON array of records
+            f.seek(0)
+            try:
+                records = [r if isinstance(r, dict) else {} for r in json.load(f)]
+            except (ValueError, TypeError):
+                return None
+            return next(((row, _kind_of_value(r[column]), r[column]) for row, r in enumerate(records, 1)
+                         if r.get(column) is not None and _kind_of_value(r[column]) != kind), None)  # fmt: skip
+        f.seek(0)
         for row, line in enumerate((line for line in f if line.strip()), 1):
             try:
                 value = json.loads(line).get(column)

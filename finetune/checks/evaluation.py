@@ -11,6 +11,7 @@
     THRESHOLDS          config.json's multi_label_thresholds
     OUTPUT, WRITE_FAILED   the output folder of an evaluation, and a write of metrics.json that fails
     ONNX                --onnx: a model that is not a run's export, ONNX files not made yet
+    ONNX_GIVEN, ONNX_EXPORT  ONNX files given as the model: a file of another precision than --onnx; no export
     ONNX_WEIGHTS        --onnx: ONNX files made from other weights than the export's (their recorded sha256)
 
 What a rule needs comes in its subject: paths, the run's raw files (`ExportRun`), the DataArgs, a dataset.
@@ -37,7 +38,6 @@ from finetune.layout import (
     COMPLETE,
     MANIFEST,
     MODEL,
-    ONNX_FILES,
     PREFIX,
     SEARCH_RECORD,
     STUDY,
@@ -117,21 +117,7 @@ def a_file(spec: str, path: Path, have_data: bool) -> str | None:
     return None
 
 
-@rule("evaluation.onnx_folder")
-def onnx_folder(spec: str, path: Path, have_data: bool) -> str | None:
-    """A folder of ONNX files (a run's onnx/, or an --output-dir of finetune.onnx_export) given as the model:
-    it holds no PyTorch weights; --onnx with the run's export evaluates its ONNX files."""
-    weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin")) if path.is_dir() else True
-    if not weights and any((path / f).is_file() for f in ONNX_FILES.values()):
-        if not (path.parent / MODEL).is_dir():  # an --output-dir elsewhere: --onnx reads a run's own onnx/
-            return (f"{spec} holds ONNX files, not a model's weights; --onnx evaluates those beside a run's export "
-                    "(<run>/onnx/): make them there with python -m finetune.onnx_export <run>, then evaluate <run>/model --onnx")
-        return (f"{spec} holds ONNX files, not a model's weights; evaluate them through the run's export: "
-                f"python -m finetune.evaluate_checkpoint {pasted(path.parent / MODEL)} --onnx (int8 for {ONNX_FILES['int8']})")
-    return None
-
-
-PATH = [not_found, a_file, onnx_folder]
+PATH = [not_found, a_file]
 
 
 @rule("evaluation.run_directory")
@@ -1021,6 +1007,35 @@ def onnx_file_missing(kind: str, spec: str, file: Path, run: Path) -> str | None
 
 
 ONNX = [onnx_not_an_export, onnx_file_missing]
+
+
+@rule("evaluation.onnx_file_of_another_precision")
+def onnx_file_of_another_precision(file: Path, asked: str | None, named: str | None) -> str | None:
+    """An ONNX file given as the model with --onnx naming the other precision (model.onnx with --onnx int8): the
+    file given is what is scored, and its outputs are named by its precision."""
+    if asked is not None and named is not None and asked != named:
+        return (f"{file} is the {named} file, and --onnx asks for {asked}: give its folder {pasted(file.parent)} "
+                f"with --onnx {asked}, or the file alone")
+    return None
+
+
+ONNX_GIVEN = [onnx_file_of_another_precision]
+
+
+@rule("evaluation.onnx_without_its_export")
+def onnx_without_its_export(folder: Path, export: Path | None, recorded: str | None) -> str | None:
+    """ONNX files given as the model (their folder or a file) whose export is not there: neither a run's model/
+    beside <run>/onnx/, nor the folder each file records it was made from. An ONNX evaluation reads the run's
+    config, labels and data through its export, and holds the files to the export's weights."""
+    if export is None:
+        where = (f"the export they were made from ({recorded}) is not there" if recorded else
+                 "no run's model/ is beside them, and they record no export (they were made before files recorded it)")
+        return (f"{folder} holds ONNX files, and {where}; make them again from the run's export "
+                "(python -m finetune.onnx_export <run>), then evaluate <run>/model --onnx")
+    return None
+
+
+ONNX_EXPORT = [onnx_without_its_export]
 
 
 @rule("evaluation.onnx_of_other_weights")

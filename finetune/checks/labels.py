@@ -413,8 +413,9 @@ def space_twins(c: Classes) -> str | None:
     for name in sorted(c.present):
         twin = stripped.setdefault(name.strip(), name)
         if twin != name:
+            odd = name if name not in c.names else twin  # a stream's block: the label its first rows did not hold
             return (f"label column '{c.column}' holds {twin!r} and {name!r}, which differ only by spaces and would be "
-                    "two classes; strip the spaces in the data")
+                    f"two classes ({odd!r} at {c.row_of(odd)}); strip the spaces in the data")
     return None
 
 
@@ -434,7 +435,9 @@ def look_alike_classes(c: Classes) -> str | None:
     """Two labels that read the same but differ in Unicode form or by an invisible character."""
     alike = look_alike(c.present, allowed=c.named)
     if alike:
-        return f"label column '{c.column}' holds {shown(alike[0])} and {shown(alike[1])}, " + LOOK_ALIKE.format("classes")
+        odd = alike[1] if alike[1] not in c.names else alike[0]  # a stream's block: the label its first rows did not hold
+        return (f"label column '{c.column}' holds {shown(alike[0])} and {shown(alike[1])}, " + LOOK_ALIKE.format("classes")
+                + f"; {shown(odd)} is first at {c.row_of(odd)}")
     return None
 
 
@@ -443,9 +446,10 @@ def case_twin_classes(c: Classes) -> str | None:
     """Two labels that differ only by letter case (unless label_names lists both: the user's own two classes)."""
     twins = case_twins(c.present, allowed=c.named)
     if twins:
+        odd = twins[1] if twins[1] not in c.names else twins[0]  # a stream's block: the label its first rows did not hold
         return (f"label column '{c.column}' holds {twins[0]!r} and {twins[1]!r}, which differ only by letter case and "
-                "would be two classes; write each label the same way (or, if they are two classes, list both in "
-                "label_names)")
+                f"would be two classes ({odd!r} at {c.row_of(odd)}); write each label the same way (or, if they are two "
+                "classes, list both in label_names)")
     return None
 
 

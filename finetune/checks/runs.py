@@ -17,8 +17,8 @@ or failing disk). Asked by finetune/rundir.py, finetune/checkpoint.py and finetu
     EXPORT_FAILED    the export that could not be written
     ONNX_COMMAND     finetune.onnx_export's command line
     ONNX_SOURCE      what finetune.onnx_export is pointed at: no such path, a file, a LoRA adapter alone, no export
-    ONNX_OUTPUT      finetune.onnx_export's --output-dir: a file, a folder inside a model's, one it may
-                     not replace whole
+    ONNX_OUTPUT      finetune.onnx_export's --output-dir: a file, a folder inside a model's or inside what
+                     a run replaces whole (its checkpoints/), one it may not replace whole
     ONNX_WRITE_FAILED the ONNX files that cannot be written (read-only, full)
 
 A damaged checkpoint is found by the rule that names its damage (`PROBLEMS`, whose line is the damage
@@ -1188,15 +1188,22 @@ ONNX_SOURCE = [onnx_path_not_found, onnx_path_a_file, onnx_of_an_adapter, onnx_w
 
 
 @rule("runs.onnx_output_a_file")
-def onnx_output_a_file(out: Path) -> str | None:
-    """--output-dir naming a file (model.onnx itself, a data file): the ONNX files go in a folder."""
+def onnx_output_a_file(out: Path, given: bool) -> str | None:
+    """--output-dir naming a file (model.onnx itself, a data file), or a file where the default <run>/onnx goes:
+    the ONNX files go in a folder."""
     if out.is_file():
-        return f"--output-dir {out} is a file; name a folder for the ONNX files (a new or empty one, or an earlier export's)"
+        return (f"{_onnx_output(out, given)} is a file; name a folder for the ONNX files (a new or empty one, or an "
+                "earlier export's)" + ("" if given else " with --output-dir, or move the file away"))
     return None
 
 
+def _onnx_output(out: Path, given: bool) -> str:
+    """The ONNX folder as a line names it: the --output-dir given, or the default one."""
+    return f"--output-dir {out}" if given else f"{out} (the default folder of the ONNX files)"
+
+
 @rule("runs.onnx_output_inside_a_model")
-def onnx_output_inside_a_model(out: Path) -> str | None:
+def onnx_output_inside_a_model(out: Path, given: bool) -> str | None:
     """--output-dir inside a model's folder (a run's export, a checkpoint, an earlier ONNX export's folder): the
     files would be mixed into what pipeline() or the hub loads from it, and lost when it is replaced whole."""
     for parent in out.expanduser().resolve().parents:
@@ -1208,16 +1215,30 @@ def onnx_output_inside_a_model(out: Path) -> str | None:
 
 
 @rule("runs.onnx_output_not_ours")
-def onnx_output_not_ours(out: Path) -> str | None:
-    """--output-dir naming a folder that holds files but no ONNX export (a run, the user's own): the export
-    replaces its folder whole, so it is never written over."""
+def onnx_output_not_ours(out: Path, given: bool) -> str | None:
+    """--output-dir naming a folder that holds files but no ONNX export (a run, the user's own), or such a
+    folder where the default <run>/onnx goes: the export replaces its folder whole, so it is never written over."""
     if out.is_dir() and any(out.iterdir()) and not (out / layout.ONNX_FILES["fp32"]).is_file():
-        return (f"--output-dir {out} holds files that are not the ONNX files of an export (no "
-                f"{layout.ONNX_FILES['fp32']}), which the export would replace whole; name a new or empty folder")
+        return (f"{_onnx_output(out, given)} holds files that are not the ONNX files of an export (no "
+                f"{layout.ONNX_FILES['fp32']}), which the export would replace whole; name a new or empty folder"
+                + ("" if given else " with --output-dir, or move those files away"))
     return None
 
 
-ONNX_OUTPUT = [onnx_output_a_file, onnx_output_inside_a_model, onnx_output_not_ours]
+@rule("runs.onnx_output_replaced_by_its_run")
+def onnx_output_replaced_by_its_run(out: Path, given: bool) -> str | None:
+    """--output-dir inside a folder of a run that the run deletes or replaces whole (its checkpoints/, whose
+    rotation deletes what it does not know, its model/ or adapter/, an overwrite's set-aside run): the ONNX
+    files would be lost with it, or be taken for the run's own."""
+    inner = layout.replaced_whole_around(out)
+    if inner is not None:
+        what = layout.REPLACED_WHOLE[inner.name]
+        return (f"--output-dir {out} is inside {inner}, the {what} of the run {inner.parent}, which the run "
+                f"deletes or replaces whole; name a folder outside it (the default, {inner.parent / layout.ONNX})")
+    return None
+
+
+ONNX_OUTPUT = [onnx_output_a_file, onnx_output_inside_a_model, onnx_output_replaced_by_its_run, onnx_output_not_ours]
 
 
 @rule("runs.onnx_write_failed")

@@ -8,6 +8,7 @@ it needs, and what the stream meets as it is read.
               row: the first rows were checked whole with the split, the later ones are checked here
     NEW_LABELS a block's labels that the first rows did not hold, by the loaded path's rules for one label
     LABELS    a block's labels, as a process reads its share of the stream (finetune/streams.py)
+    FIRST_ROWS the first pass's rows, read (finetune/data.py): one label alone, a file sorted by its label
     UNREADABLE rows of the stream its parser refuses, past those read (finetune/data.py's `reading_the_stream`)
     CHANGED   the training file at each pass's start, against what it was when the stream began
     EMPTY     a process's share of one pass, read from its start (finetune/streams.py)
@@ -101,18 +102,45 @@ def no_rows(source: str, rows: int) -> str | None:
     return f"the training stream has no rows ({source}); check the file" if rows == 0 else None
 
 
+@rule("streams.first_rows_of_one_label")
+def first_rows_of_one_label(train, column: str, first_rows: int, source: str) -> str | None:
+    """A training stream whose first rows (the FIRST_PASS its label names and checks read, all of them filled) hold
+    one label alone: a file sorted by its label. A stream is shuffled only within stream_buffer, so it would
+    train on one class at a time, and its other classes are not among the names read (a loaded run would say
+    single class, which the stream may not have)."""
+    values = train[column][:] if column in train.column_names and len(train) >= first_rows else []
+    kinds = {str(v) for v in values if v is not None and not isinstance(v, (list, dict))}
+    if len(kinds) == 1 and all(v is not None for v in values):
+        return (f"the training stream's first {first_rows:,} rows ({source}) all hold the {column} {next(iter(kinds))!r}: "
+                "is the file sorted by its label? a stream is shuffled only within stream_buffer, so it would train on "
+                "one class at a time; shuffle the file's rows")
+    return None
+
+
 NO_ROWS = [no_rows]
+FIRST_ROWS = [first_rows_of_one_label]
 
 
 # A later row of the stream: the loaded path's rules for one row (`Columns.row` names its row in the file), in
 # their order there; and for a label the first rows did not hold, the loaded path's rules for one label.
 ROWS = [columns.missing, columns.text_missing_in_a_row, columns.text_blank, columns.label_null]
 NEW_LABELS = [labels.list_written_as_text, labels.header_inside_the_file, labels.line_break_in_a_label,
-              labels.blank_label]  # fmt: skip
+              labels.blank_label, labels.space_twins, labels.look_alike_classes, labels.case_twin_classes]  # fmt: skip
+
+
+@rule("streams.label_not_in_label_names", local=True)
+def label_not_in_label_names(unseen: list[str], names: list[str], first_rows: int, row: str, given: bool) -> str | None:
+    """A training label met in the stream that the label_names given do not hold (as a loaded run's
+    labels.not_in_label_names): the model has no class for it."""
+    if unseen and given:
+        return (f"the training stream holds the label(s) {', '.join(map(repr, unseen[:5]))} at {row}, which are not in "
+                f"label_names {names}; list them all in label_names, or set label_names=null to read them from the "
+                f"stream's first {first_rows:,} rows")
+    return None
 
 
 @rule("streams.label_after_first_pass", local=True)
-def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int, row: str) -> str | None:
+def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int, row: str, given: bool) -> str | None:
     """A training label met in the stream that its first rows, from which the label names were read, did not
     hold: the model has no class for it."""
     if unseen:
@@ -122,7 +150,7 @@ def label_after_first_pass(unseen: list[str], names: list[str], first_rows: int,
     return None
 
 
-LABELS = [label_after_first_pass]
+LABELS = [label_not_in_label_names, label_after_first_pass]
 
 
 def _first_unparsable_line(path: str) -> tuple[int, int, str] | None:
