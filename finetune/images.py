@@ -81,8 +81,10 @@ def shrunk(ds: HFDataset, column: str, at_least: int | None) -> HFDataset:
     as before), keeps its cell byte for byte. The split is returned as it is when no image is large (headers
     read until the first large one).
 
-    datasets' `map` writes the copies into its cache, keyed by the split's fingerprint, this module's source
-    and PIL's version: a second run on the same folder reads them, as the main process's are read by the
+    datasets' `map` writes the copies into its cache, keyed by the split's fingerprint, this module's source,
+    PIL's version and each image file's size, modification and change times (`_stamps`: a photo edited in
+    place with its modification time kept, as `cp -p` or `rsync -a` keep it, is copied anew, not read stale
+    from the cache): a second run on the same folder reads them, as the main process's are read by the
     other processes (the caller runs it under `main_process_first`). Large splits use every usable core:
     before training, nothing else runs."""
     if not at_least or not any(_is_large(value, at_least) for value in _cells(ds, column)):
@@ -90,7 +92,8 @@ def shrunk(ds: HFDataset, column: str, at_least: int | None) -> HFDataset:
     from datasets.fingerprint import Hasher
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    fingerprint = Hasher.hash((ds._fingerprint, column, at_least, Path(__file__).read_bytes(), PIL.__version__))
+    fingerprint = Hasher.hash((ds._fingerprint, column, at_least, Path(__file__).read_bytes(), PIL.__version__,
+                               _stamps(ds, column)))
     return ds.map(_small_copies, fn_kwargs={"column": column, "at_least": at_least}, input_columns=[column], batched=True,
                   batch_size=8, writer_batch_size=64, features=ds.features, new_fingerprint=fingerprint,
                   num_proc=min(cores, len(ds) // 64) if cores > 1 and len(ds) >= 128 else None,
@@ -100,6 +103,20 @@ def shrunk(ds: HFDataset, column: str, at_least: int | None) -> HFDataset:
 def _cells(ds: HFDataset, column: str):
     for batch in ds.select_columns([column]).iter(batch_size=256):
         yield from batch[column]
+
+
+def _stamps(ds: HFDataset, column: str) -> list:
+    """Each file-backed image's size, modification and change times (the change time moves at every write,
+    even one whose modification time is then set back), for `shrunk`'s cache key; a file gone is None."""
+    stamps = []
+    for value in _cells(ds, column):
+        if value and value.get("bytes") is None and value.get("path"):
+            try:
+                st = os.stat(value["path"])
+                stamps.append((st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+            except OSError:
+                stamps.append(None)
+    return stamps
 
 
 def _is_large(value: dict[str, Any], at_least: int) -> bool:

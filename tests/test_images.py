@@ -500,3 +500,35 @@ def test_a_large_photo_is_decoded_once_and_a_small_image_keeps_its_bytes(monkeyp
     assert [cell["bytes"] for cell in stored[1:]] == [cells["small"], cells["png"], cells["cmyk"]]
     upright = real({"bytes": cells["photo"], "path": None}).resize(copy.size, Image.Resampling.LANCZOS)
     assert np.abs(np.asarray(copy, np.int16) - np.asarray(upright, np.int16)).mean() < 3
+
+
+def test_a_photo_edited_in_place_is_copied_anew_not_read_stale_from_the_cache(tmp_path, monkeypatch):
+    """`shrunk`'s copies live in datasets' cache: a photo rewritten under the same name with its modification time
+    set back (`cp -p`, `rsync -a` over the folder) was read as the old copy, the new pixels never trained on. Its
+    change time moves, and with it the cache key: the new pixels are copied; an untouched folder reads the cache."""
+    import os
+
+    from datasets import load_dataset
+
+    from finetune.images import open_image, shrunk, undecoded
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "photos" / "train"
+    for name, shade in (("a", 10), ("b", 200)):
+        (folder / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (400, 300), (shade,) * 3).save(folder / name / f"{i}.jpg")
+
+    def red_of_a0():
+        ds = load_dataset("imagefolder", data_dir=str(folder.parent), cache_dir=str(tmp_path / "cache"))["train"]
+        ds = shrunk(undecoded(ds, "image", "train"), "image", 128)
+        (cell,) = [v for v in ds["image"] if v["path"].endswith(os.path.join("a", "0.jpg"))]
+        return ds._fingerprint, int(np.asarray(open_image(cell))[..., 0].mean())
+
+    first, red = red_of_a0()
+    assert red < 20 and red_of_a0()[0] == first
+    photo = folder / "a" / "0.jpg"
+    st = photo.stat()
+    Image.new("RGB", (400, 300), (250, 0, 0)).save(photo)
+    os.utime(photo, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert red_of_a0()[1] > 240
