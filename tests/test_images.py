@@ -532,3 +532,30 @@ def test_a_photo_edited_in_place_is_copied_anew_not_read_stale_from_the_cache(tm
     Image.new("RGB", (400, 300), (250, 0, 0)).save(photo)
     os.utime(photo, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert red_of_a0()[1] > 240
+
+
+@pytest.mark.parametrize("rows", [4, 128])  # 128: datasets' map runs it in worker processes (2 cores or more)
+def test_a_large_jpeg_whose_scan_data_is_broken_is_named_before_training(rows, tmp_path, monkeypatch):
+    """`verify_images` does not decode a JPEG that ends whole; `shrunk` decodes every large one all the same: a
+    broken one is named there, in images.undecodable's line (rule and all, from a map worker too), not at the
+    first batch of training."""
+    import io
+
+    from datasets import Dataset, Features, Value
+    from datasets import Image as ImageFeature
+
+    from finetune.errors import UserError
+    from finetune.images import shrunk
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    stored = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)).save(stored, "JPEG")
+    good = stored.getvalue()
+    start = good.find(b"\xff\xda") + 200
+    broken = good[:start] + bytes(np.random.default_rng(1).integers(0, 256, 20000, dtype=np.uint8)) + good[start + 20000:]
+    cells = [{"bytes": good, "path": f"{i}.jpg"} for i in range(rows - 1)] + [{"bytes": broken, "path": "broken.jpg"}]
+    ds = Dataset.from_dict({"image": cells, "labels": [0] * rows},
+                           features=Features({"image": ImageFeature(decode=False), "labels": Value("int64")}))  # fmt: skip
+    with pytest.raises(UserError, match=r"cannot read image broken\.jpg: broken data stream") as raised:
+        shrunk(ds, "image", 128)
+    assert raised.value.rule == "images.undecodable"
