@@ -375,10 +375,10 @@ def load_splits(args: DataArgs, said: checks.Said | None = None,
                       said=said)  # fmt: skip
     paths = {s: Path(f).resolve() for s, f in args.files.items() if f}
     checks.gate(splits.FILES, args, paths, said=said)
-    samples = splits.Samples.of(raw, args, task_of(args.task).modality == "image", paths)
+    problem = problem_of(infer_problem_type(raw["train"], args, said))  # finetune/problems/
+    samples = splits.Samples.of(raw, args, task_of(args.task).modality == "image", paths, problem.classes)
     if samples is not None:
         checks.gate(splits.SHARED, samples, said=said)
-    problem = problem_of(infer_problem_type(raw["train"], args, said))  # finetune/problems/
     raw = problem.read_ids_as_names(raw, args, said)
     label_names = problem.label_names(raw["train"], args, said)
     raw = DatasetDict({s: problem.encode(d, args, label_names, s, said) for s, d in raw.items()})

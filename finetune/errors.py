@@ -37,6 +37,9 @@ class UserError(Exception):
         self.local = local
         self.rule = rule  # the id of the check that found it (finetune/checks/): the catalogue keys on it
 
+    def __reduce__(self):  # whole across a process boundary (datasets' map workers): its rule and locality kept
+        return type(self), (str(self), self.local, self.rule)
+
 
 class PeerFailed(UserError):
     """Another process failed and says why (`runtime.main_process_first`): this one ends with exit

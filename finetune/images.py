@@ -22,7 +22,6 @@ from datasets import Image
 
 from finetune import checks
 from finetune.checks import images as image_rules
-from finetune.errors import UserError
 
 
 def _image_name(value: dict[str, Any], index: int | None = None) -> str:
@@ -77,12 +76,15 @@ def shrunk(ds: HFDataset, column: str, at_least: int | None) -> HFDataset:
     and evaluation in the training process; its 597x448 copy, 3 ms (benchmarks/results/decode_once.md). Only
     an 8-bit RGB or grayscale JPEG larger than that is copied (upright, as `open_image` turns it; Lanczos;
     JPEG at quality 95 without chroma subsampling: 2 ms to encode, where a PNG took 72 ms and 4x the bytes):
-    every other image (a PNG, 16-bit, palette, CMYK), and one that fails to decode (the transform names it
-    as before), keeps its cell byte for byte. The split is returned as it is when no image is large (headers
+    every other image (a PNG, 16-bit, palette, CMYK) keeps its cell byte for byte. A large JPEG that fails to
+    decode (its scan data broken, which `verify_images` does not decode) is named here, before training, in
+    images.undecodable's line, not at its first batch. The split is returned as it is when no image is large (headers
     read until the first large one).
 
-    datasets' `map` writes the copies into its cache, keyed by the split's fingerprint, this module's source
-    and PIL's version: a second run on the same folder reads them, as the main process's are read by the
+    datasets' `map` writes the copies into its cache, keyed by the split's fingerprint, this module's source,
+    PIL's version and each image file's size, modification and change times (`_stamps`: a photo edited in
+    place with its modification time kept, as `cp -p` or `rsync -a` keep it, is copied anew, not read stale
+    from the cache): a second run on the same folder reads them, as the main process's are read by the
     other processes (the caller runs it under `main_process_first`). Large splits use every usable core:
     before training, nothing else runs."""
     if not at_least or not any(_is_large(value, at_least) for value in _cells(ds, column)):
@@ -90,7 +92,8 @@ def shrunk(ds: HFDataset, column: str, at_least: int | None) -> HFDataset:
     from datasets.fingerprint import Hasher
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    fingerprint = Hasher.hash((ds._fingerprint, column, at_least, Path(__file__).read_bytes(), PIL.__version__))
+    fingerprint = Hasher.hash((ds._fingerprint, column, at_least, Path(__file__).read_bytes(), PIL.__version__,
+                               _stamps(ds, column)))
     return ds.map(_small_copies, fn_kwargs={"column": column, "at_least": at_least}, input_columns=[column], batched=True,
                   batch_size=8, writer_batch_size=64, features=ds.features, new_fingerprint=fingerprint,
                   num_proc=min(cores, len(ds) // 64) if cores > 1 and len(ds) >= 128 else None,
@@ -100,6 +103,20 @@ def shrunk(ds: HFDataset, column: str, at_least: int | None) -> HFDataset:
 def _cells(ds: HFDataset, column: str):
     for batch in ds.select_columns([column]).iter(batch_size=256):
         yield from batch[column]
+
+
+def _stamps(ds: HFDataset, column: str) -> list:
+    """Each file-backed image's size, modification and change times (the change time moves at every write,
+    even one whose modification time is then set back), for `shrunk`'s cache key; a file gone is None."""
+    stamps = []
+    for value in _cells(ds, column):
+        if value and value.get("bytes") is None and value.get("path"):
+            try:
+                st = os.stat(value["path"])
+                stamps.append((st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+            except OSError:
+                stamps.append(None)
+    return stamps
 
 
 def _is_large(value: dict[str, Any], at_least: int) -> bool:
@@ -121,10 +138,7 @@ def _small_copies(values: list[dict[str, Any]], column: str, at_least: int) -> d
 def _small_copy(value: dict[str, Any], at_least: int) -> dict[str, Any]:
     if not _is_large(value, at_least):
         return value
-    try:
-        image = open_image(value, at_least=at_least)
-    except UserError:  # naming the file: the transform says it, as without the copy
-        return value
+    image = open_image(value, at_least=at_least)  # a broken one (its scan data) is named now, before training
     scale = at_least / min(image.size)
     size = (max(at_least, round(image.width * scale)), max(at_least, round(image.height * scale)))
     stored = io.BytesIO()
@@ -138,8 +152,8 @@ def verify_images(ds: HFDataset, column: str, split: str, said: checks.Said | No
     truncated PNGs and bad headers. A JPEG or GIF whose last bytes are not its end marker (a file cut short)
     and a format whose verify() reads its header alone (BMP, TIFF, ...) are decoded too, so that a file cut
     short is named now, not hours into training; so are the first few images with a transparency or float
-    pixels, whose pixels the rules look at (checks/images.py, LOOKED). What a decode before training does not
-    foresee (a JPEG whose scan data is broken) `open_image` names in the training transform. Why an image does
+    pixels, whose pixels the rules look at (checks/images.py, LOOKED). A JPEG whose scan data is broken, its
+    file whole: `shrunk` names a large one before training, `open_image` a small one in the transform. Why an image does
     not open is checks/images.py's (UNREADABLE)."""
     ds = undecoded(ds, column, split).select_columns([column])
     looked = image_rules.Looked(split)

@@ -341,6 +341,10 @@ def quiet_libraries(level: str) -> None:
     transformers.utils.logging.set_verbosity(number)
     datasets.utils.logging.set_verbosity(number)
     logging.getLogger("accelerate").setLevel(number)
+    # DDP warns, once a process with its own multi-line report, that a gradient's strides differ from its bucket's:
+    # a 1x1 convolution's weight (a [1280, 320, 1, 1] stride-1 view either way) fed a channels-last image batch
+    # (tasks.stack_images). The reducer copies it into its bucket; the step is the same.
+    warnings.filterwarnings("ignore", message=r"Grad strides do not match bucket view strides", category=UserWarning)
     if number <= logging.INFO:
         transformers.utils.logging.enable_progress_bar()
         datasets.enable_progress_bars()

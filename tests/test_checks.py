@@ -144,6 +144,21 @@ def test_no_rule_fires_on_a_clean_image_folder(tmp_path):
     assert _said(lambda said: load_splits(args, said, read_splits(args, said))) == []
 
 
+
+def test_no_rule_fires_on_regression_ratings_whose_texts_repeat(tmp_path):
+    """Whole 1-5 ratings to regress on, a short review repeated with two ratings (two readers): good regression
+    data, not a text with two classes (splits.one_sample_two_labels warned) nor a rating whose every text also
+    has another (splits.class_within_another refused the run)."""
+    import pandas as pd
+
+    from finetune.data import load_splits, read_splits
+
+    rows = [{"text": f"review {i} of a film that {'ends' if i % 3 else 'starts'} well", "score": 2 + i % 4} for i in range(40)]
+    rows += [{"text": t, "score": s} for t in ("awful", "dreadful") for s in (1, 2)]  # every 1 is also a 2
+    pd.DataFrame(rows).to_csv(tmp_path / "ratings.csv", index=False)
+    args = load_config("finetune/configs/bert_regression.yaml", [f"train_file={tmp_path / 'ratings.csv'}"]).data_args
+    assert _said(lambda said: load_splits(args, said, read_splits(args, said))) == []
+
 _OPENED: list[tuple[str, str]] | None = None  # (the path, who opened it: the app, or the library and how)
 
 

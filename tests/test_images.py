@@ -500,3 +500,62 @@ def test_a_large_photo_is_decoded_once_and_a_small_image_keeps_its_bytes(monkeyp
     assert [cell["bytes"] for cell in stored[1:]] == [cells["small"], cells["png"], cells["cmyk"]]
     upright = real({"bytes": cells["photo"], "path": None}).resize(copy.size, Image.Resampling.LANCZOS)
     assert np.abs(np.asarray(copy, np.int16) - np.asarray(upright, np.int16)).mean() < 3
+
+
+def test_a_photo_edited_in_place_is_copied_anew_not_read_stale_from_the_cache(tmp_path, monkeypatch):
+    """`shrunk`'s copies live in datasets' cache: a photo rewritten under the same name with its modification time
+    set back (`cp -p`, `rsync -a` over the folder) was read as the old copy, the new pixels never trained on. Its
+    change time moves, and with it the cache key: the new pixels are copied; an untouched folder reads the cache."""
+    import os
+
+    from datasets import load_dataset
+
+    from finetune.images import open_image, shrunk, undecoded
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "photos" / "train"
+    for name, shade in (("a", 10), ("b", 200)):
+        (folder / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (400, 300), (shade,) * 3).save(folder / name / f"{i}.jpg")
+
+    def red_of_a0():
+        ds = load_dataset("imagefolder", data_dir=str(folder.parent), cache_dir=str(tmp_path / "cache"))["train"]
+        ds = shrunk(undecoded(ds, "image", "train"), "image", 128)
+        (cell,) = [v for v in ds["image"] if v["path"].endswith(os.path.join("a", "0.jpg"))]
+        return ds._fingerprint, int(np.asarray(open_image(cell))[..., 0].mean())
+
+    first, red = red_of_a0()
+    assert red < 20 and red_of_a0()[0] == first
+    photo = folder / "a" / "0.jpg"
+    st = photo.stat()
+    Image.new("RGB", (400, 300), (250, 0, 0)).save(photo)
+    os.utime(photo, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert red_of_a0()[1] > 240
+
+
+@pytest.mark.parametrize("rows", [4, 128])  # 128: datasets' map runs it in worker processes (2 cores or more)
+def test_a_large_jpeg_whose_scan_data_is_broken_is_named_before_training(rows, tmp_path, monkeypatch):
+    """`verify_images` does not decode a JPEG that ends whole; `shrunk` decodes every large one all the same: a
+    broken one is named there, in images.undecodable's line (rule and all, from a map worker too), not at the
+    first batch of training."""
+    import io
+
+    from datasets import Dataset, Features, Value
+    from datasets import Image as ImageFeature
+
+    from finetune.errors import UserError
+    from finetune.images import shrunk
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    stored = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)).save(stored, "JPEG")
+    good = stored.getvalue()
+    start = good.find(b"\xff\xda") + 200
+    broken = good[:start] + bytes(np.random.default_rng(1).integers(0, 256, 20000, dtype=np.uint8)) + good[start + 20000:]
+    cells = [{"bytes": good, "path": f"{i}.jpg"} for i in range(rows - 1)] + [{"bytes": broken, "path": "broken.jpg"}]
+    ds = Dataset.from_dict({"image": cells, "labels": [0] * rows},
+                           features=Features({"image": ImageFeature(decode=False), "labels": Value("int64")}))  # fmt: skip
+    with pytest.raises(UserError, match=r"cannot read image broken\.jpg: broken data stream") as raised:
+        shrunk(ds, "image", 128)
+    assert raised.value.rule == "images.undecodable"

@@ -314,8 +314,9 @@ UNREADABLE = [base64_text, text_not_paths, file_url, relative_path, unreadable_i
 
 @rule("images.undecodable", local=True)
 def undecodable(name: str, error: Exception) -> str:
-    """An image that opened before training and fails to decode in it (a JPEG whose scan data is broken, its
-    file whole): found by the process whose share of the data holds it."""
+    """An image that opened before training and fails to decode (a JPEG whose scan data is broken, its file
+    whole): a large JPEG is named by the pass that copies it before training (images.shrunk), a small one in
+    training, by the process whose share of the data holds it."""
     return f"cannot read image {name}: {error}; remove or replace the file"
 
 

@@ -106,13 +106,15 @@ class Samples:
         self.class_names: dict = {}  # a class id's name (an image folder's ClassLabel), where the data has them
 
     @classmethod
-    def of(cls, raw, args, images: bool, files: dict) -> Samples | None:
-        """The samples of a run's raw splits (`images`: an image run), or None when it has no input column."""
+    def of(cls, raw, args, images: bool, files: dict, classes: bool = True) -> Samples | None:
+        """The samples of a run's raw splits (`images`: an image run), or None when it has no input column.
+        `classes`: whether the labels are classes (not regression's numbers, whole 1-5 ratings too, nor label
+        lists): a text with two ratings is good regression data, no class within another."""
         cols = compared_columns(raw["train"], args, images)
         if not cols:
             return None
         rows = {s: sample_rows(raw[s], cols, images) for s in ("train", "validation", "test") if s in raw}
-        answers = raw["train"][args.label_column][:] if args.label_column in raw["train"].column_names else []
+        answers = raw["train"][args.label_column][:] if classes and args.label_column in raw["train"].column_names else []
         samples = cls(rows, "image (the same bytes)" if images else " and ".join(cols), images, cols, answers, files,
                       args.setting_of, {s: len(d) for s, d in raw.items()})  # fmt: skip
         feature = raw["train"].features.get(args.label_column)
