@@ -38,6 +38,7 @@ from benchmarks.report import machine, machine_line, write_report
 REPO = Path(__file__).resolve().parent.parent
 CLASSES = [f"class_{i}" for i in range(10)]
 W, H = 4032, 3024
+RECIPE = "finetune/configs/efficientnet_photos.yaml"
 
 
 def make_photos(root: Path, n: int, seed: int = 0) -> Path:
@@ -151,18 +152,24 @@ def per_epoch(folder: Path, processor, cache: Path) -> dict:
             "copy_size": list(open_image(small["image"][0]).size)}  # fmt: skip
 
 
-def _run(app: Path, folder: Path, out: Path, cache: Path) -> dict:
+def launch_recipe(app: Path, folder: Path, out: Path, cache: Path, *settings: str) -> tuple[dict, float]:
+    """The photos recipe on `folder` with `settings`, the app in `app`, in a fresh process with its own datasets
+    cache, as `accelerate launch` runs it: its results.json and the command's wall seconds."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(app), "HF_DATASETS_CACHE": str(cache)}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "finetune/run.py", "--config",
-               "finetune/configs/efficientnet_photos.yaml", f"model_name_or_path={REPO / 'data' / 'efficientnet_lite0'}",
-               f"data_dir={folder}", "num_train_epochs=1", f"output_dir={out}"]  # fmt: skip
+               "--mixed_precision", "no", "--dynamo_backend", "no", "finetune/run.py", "--config", RECIPE,
+               f"data_dir={folder}", f"output_dir={out}", *settings]  # fmt: skip
     t = time.perf_counter()
     done = subprocess.run(command, cwd=app, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t
     if done.returncode != 0:
         raise SystemExit(done.stderr[-3000:])
-    results = json.loads((out / "results.json").read_text())
+    return json.loads((out / "results.json").read_text()), wall
+
+
+def _run(app: Path, folder: Path, out: Path, cache: Path) -> dict:
+    results, wall = launch_recipe(app, folder, out, cache, f"model_name_or_path={REPO / 'data' / 'efficientnet_lite0'}",
+                                  "num_train_epochs=1")  # fmt: skip
     evaluations = sum('"eval_' in line for line in (out / "metrics.jsonl").read_text().splitlines())
     return {"wall_s": round(wall, 1), "seconds": results.get("seconds"), "steps": results.get("step"),
             "validation_photos": results["validation"]["num_samples"], "evaluations": evaluations,

@@ -18,33 +18,20 @@ Writes `phone_photos.json` and `phone_photos.md` in --out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.decode_once import make_photos
+from benchmarks.decode_once import RECIPE, launch_recipe, make_photos
 from benchmarks.report import machine, machine_line, write_report
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = "finetune/configs/efficientnet_photos.yaml"
 
 
 def run_recipe(folder: Path, out: Path, cache: Path, extra: list[str]) -> dict:
-    """The recipe on `folder` in a fresh process: wall seconds and what results.json says."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "HF_DATASETS_CACHE": str(cache)}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "finetune/run.py", "--config", RECIPE,
-               f"data_dir={folder}", f"output_dir={out}", *extra]  # fmt: skip
-    t = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    if done.returncode != 0:
-        raise SystemExit(done.stderr[-3000:])
-    results = json.loads((out / "results.json").read_text())
+    """The recipe on `folder` in a fresh process (`decode_once.launch_recipe`): wall seconds and what results.json says."""
+    results, wall = launch_recipe(REPO, folder, out, cache, *extra)
     return {"command": "accelerate launch finetune/run.py --config " + RECIPE + f" data_dir=DIR {' '.join(extra)}".rstrip(),
             "wall_s": round(wall, 1), "seconds": results.get("seconds"), "steps": results.get("step"),
             "validation": {k: results["validation"][k] for k in ("accuracy", "num_samples")}}  # fmt: skip
