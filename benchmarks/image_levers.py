@@ -1,5 +1,5 @@
 """The speed levers of the photos recipe, one training step of the bundled EfficientNet-Lite0 each: batches
-laid out channels last (what `finetune/tasks.py`'s `stack_images` collates), the stem and first 8 of 16
+laid out channels last (what `finetune/tasks/images.py`'s `stack_images` collates), the stem and first 8 of 16
 blocks frozen (the recipe's `freeze_layers=8`), and a smaller `image_size`. Every variant runs in this
 one process, round after round in turn, so a busy machine slows them alike: the figures are each one's
 fastest step and its ratio to the plain step (224x224, channels first, every block trained). BatchNorm

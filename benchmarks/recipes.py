@@ -64,7 +64,7 @@ RESERVED_OVERRIDES = dict.fromkeys(
 
 @functools.cache
 def recipe_task(recipe: str) -> Task:
-    """The task of a recipe of `RECIPES` (finetune/tasks.py): what its model reads."""
+    """The task of a recipe of `RECIPES` (finetune/tasks/): what its model reads."""
     return task_of(load_config(RECIPES[recipe]).task)
 
 

@@ -145,7 +145,7 @@ def describe_data(data: DataArgs) -> str:
         subset = f" (config `{data.dataset_config_name}`)" if data.dataset_config_name else ""
         source = f"the Hub dataset `{data.dataset_name}`{subset}"
     task = task_of(data.task)
-    columns = f"{task.modality} column " + " paired with ".join(f"`{c}`" for c in task.input_columns(data))
+    columns = task.card_columns(data)
     labels = ", ".join(f"`{c}`" for c in data.label_sources)
     problem = problem_of(data.problem_type)
     text = f"Trained on {source}; {columns}, labels from {labels}{problem.label_words}."

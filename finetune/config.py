@@ -45,7 +45,7 @@ DEFAULT_RECIPE = CONFIGS_DIR / "bert_rotten_tomatoes.yaml"
 PATH_KEYS = ("model_name_or_path", "tokenizer_name", "image_processor_name", "train_file", "validation_file",
              "test_file", "data_dir")  # fmt: skip
 
-TaskName = Literal[TASK_NAMES]  # type: ignore[valid-type]  # finetune/tasks.py
+TaskName = Literal[TASK_NAMES]  # type: ignore[valid-type]  # finetune/tasks/
 SchedulerType = Literal["linear", "cosine", "constant"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 AttnImplementation = Literal["eager", "sdpa"]
@@ -240,7 +240,7 @@ class DataArgs(TaskArgs):
     augment: list[str] = setting(
         help="images: training augmentation: any of crop, color, trivial (random_flip adds the flip)", factory=list
     )
-    # Worker processes that collate batches. null: the task's choice (finetune/tasks.py: 2 for text on
+    # Worker processes that collate batches. null: the task's choice (finetune/tasks/: 2 for text on
     # a GPU, else 0: on a CPU a worker competes for the cores).
     dataloader_num_workers: int | None = setting(
         None, "processes that collate batches (default: 2 for text on a GPU, else 0)", evaluation=True

@@ -351,8 +351,7 @@ def _hold_out(train: HFDataset, args: DataArgs, problem: Problem, label_names: l
         raise checks.explain(splits.NOT_STRATIFIED, splits.Stratify(e, label_names, Counter(train["labels"]),
                                                                     len(train), args)) from None  # fmt: skip
     file_rows = {"train": list(parts["train"]["file_row"]), "validation": list(parts["test"]["file_row"])}
-    images_ = task_of(args.task).modality == "image"
-    cols = splits.compared_columns(train, args, images_)
+    images_, cols = task_of(args.task).modality == "image", splits.compared_columns(train, args, task_of(args.task))
     if cols:
         source = "folder" if images_ and args.data_dir else "file"  # an image folder, or a file of image paths
         what = "image bytes" if images_ else " and ".join(cols)
@@ -376,7 +375,7 @@ def load_splits(args: DataArgs, said: checks.Said | None = None,
     paths = {s: Path(f).resolve() for s, f in args.files.items() if f}
     checks.gate(splits.FILES, args, paths, said=said)
     problem = problem_of(infer_problem_type(raw["train"], args, said))  # finetune/problems/
-    samples = splits.Samples.of(raw, args, task_of(args.task).modality == "image", paths, problem.classes)
+    samples = splits.Samples.of(raw, args, task_of(args.task), paths, problem.classes)
     if samples is not None:
         checks.gate(splits.SHARED, samples, said=said)
     raw = problem.read_ids_as_names(raw, args, said)

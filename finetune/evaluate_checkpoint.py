@@ -426,7 +426,7 @@ def data_split(args: DataArgs, data: str, split: str | None,
     ds = _labels_encoded(ds, args, what, said) if labelled else problem_of(
         args.problem_type or task_of(args.task).problems[0]).placeholder(ds, args, list(args.label_names or []))  # fmt: skip
     if labelled:  # IOB1, stray I- tags: scored as training scores them
-        problem_of(problem_type_of(ds)).check_read(ds, what, said)
+        problem_of(problem_type_of(ds, args.task)).check_read(ds, what, said)
     info = {
         "split": None if path.is_file() else name,
         "data": str(path.resolve()),
@@ -558,7 +558,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     # evaluation_mode: mixed precision (from the accelerate config) but no DDP wrapper, no gradients.
     model = accelerator.prepare_model(model, evaluation_mode=True)
     loader = accelerator.prepare_data_loader(loader)
-    problem, labelled = problem_type_of(ds), info.get("labelled", True)
+    problem, labelled = problem_type_of(ds, cfg.task), info.get("labelled", True)
     keep = args.predictions or not labelled  # data without labels: predictions are the output
     threshold = _threshold(args.overrides, cfg, accelerator.unwrap_model(model), target, problem)
     if args.data is not None and labelled and accelerator.is_main_process:

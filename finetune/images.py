@@ -1,5 +1,5 @@
 """Image files: decoding (any mode, 16-bit too), checking before training, and the transform that
-turns a batch of images into the model's `pixel_values` (finetune/tasks.py's image task uses them).
+turns a batch of images into the model's `pixel_values` (finetune/tasks/images.py uses them).
 
 The image column is cast to `Image(decode=False)` ({"bytes", "path"}) and decoded here, so that a
 file that fails to decode is named in the error.

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
-TOKENS = "token_classification"  # a tag per word (finetune/tasks.py's token task); not a transformers problem_type
+TOKENS = "token_classification"  # a tag per word (finetune/tasks/tags.py); not a transformers problem_type
 WORD_TAGS = "word_tagging"  # the token task's plain tags (parts of speech): scored word by word, no entities
 SPANS = "question_answering"  # an answer's span in a context (extractive QA); not a transformers problem_type
 

@@ -1,6 +1,6 @@
 """build_model: the one place where config meets the model.
 
-Any checkpoint of the task's auto class (finetune/tasks.py) by hub name or local directory, or a model
+Any checkpoint of the task's auto class (finetune/tasks/) by hub name or local directory, or a model
 built from a config (tiny models for tests, a small ViT offline).
 Models know nothing of the runtime: no devices, ranks or dtypes here; Accelerate places them.
 What would not load, build or train is found by the rules of finetune/checks/models.py.
@@ -37,7 +37,7 @@ def offline_hint(name: str) -> str:
 
 
 def load_preprocessor(args: ModelArgs, model_config: PretrainedConfig | None = None):
-    """The tokenizer or image processor that goes with the model (the task's, finetune/tasks.py)."""
+    """The tokenizer or image processor that goes with the model (the task's, finetune/tasks/)."""
     return task_of(args.task).load_preprocessor(args, model_config)
 
 

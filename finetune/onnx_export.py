@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import inspect
 import logging
 import os
 import shutil
@@ -52,7 +51,6 @@ from finetune.signals import stop_outside_the_loop
 from finetune.tasks import task_of_model
 
 ONNX_HELP = "the run's ONNX file instead (<run>/onnx/: python -m finetune.onnx_export <run>); fp32 or int8"
-SAMPLE_TEXTS = ["a short text", "a second, somewhat longer text, so that the batch is padded"]
 # What the libraries say on every export, of their own making, not the user's: torch's pytree deprecation (in
 # torch.export) and torch.onnx's note on dynamic axes that share a name; onnxruntime's quantizer's advice to
 # pre-process (logged on the root logger); torch.onnx's registry skipping torchvision's ops (its own logger).
@@ -79,12 +77,13 @@ def export_onnx(path: str | Path, int8: bool = True, output_dir: str | Path | No
     checks.gate(runs.ONNX_OUTPUT, out, output_dir is not None)
     stage, aside = out.parent / f".{out.name}-new", out.parent / f".{out.name}-old"  # in a run: layout.ONNX_STAGE
     with libraries_quiet():  # their known noise, for the export alone
-        model, preprocessor = _load_export(run.model)
-        sample = sample_inputs(model, preprocessor)
+        task, model, preprocessor = _load_export(run.model)
+        sample = task.export_inputs(model, preprocessor)
         try:
             shutil.rmtree(stage, ignore_errors=True)  # a kill during an earlier export left it
             stage.mkdir(parents=True)
-            _write(model, preprocessor, sample, stage, int8, weights_sha256(run.model), run.model.resolve())
+            _write(model, preprocessor, sample, task.export_axes(sample), stage, int8, weights_sha256(run.model),
+                   run.model.resolve())  # fmt: skip
             _move_into_place(stage, out, aside)
         except BaseException as e:  # noqa: BLE001 - a failure or a signal: nothing half-written
             shutil.rmtree(stage, ignore_errors=True)
@@ -128,12 +127,12 @@ def libraries_quiet():
             transformers.utils.logging.enable_progress_bar()
 
 
-def _write(model, preprocessor, sample: dict[str, torch.Tensor], stage: Path, int8: bool, digest: str | None,
-           export: Path) -> None:  # fmt: skip
+def _write(model, preprocessor, sample: dict[str, torch.Tensor], axes: dict[str, dict[int, str]], stage: Path,
+           int8: bool, digest: str | None, export: Path) -> None:  # fmt: skip
     """The ONNX files (each stamped with `digest`, the export's weights', and `export`, its folder), the export's
     config and preprocessor, and the card, into `stage`."""
     fp32 = stage / ONNX_FILES["fp32"]
-    _to_onnx(model, sample, fp32)
+    _to_onnx(model, sample, axes, fp32)
     written = ["fp32"]
     if int8:
         quantize(fp32, stage / ONNX_FILES["int8"])
@@ -147,24 +146,12 @@ def _write(model, preprocessor, sample: dict[str, torch.Tensor], stage: Path, in
 
 
 def _load_export(folder: Path):
-    """The export's model (fp32, eval mode) and its preprocessor, as evaluate_checkpoint.py loads them."""
+    """The export's task, its model (fp32, eval mode) and its preprocessor, as evaluate_checkpoint.py loads them."""
     from transformers import AutoConfig
 
     task = task_of_model(AutoConfig.from_pretrained(folder), str(folder))
     model = task.auto_model().from_pretrained(folder, use_safetensors=True)
-    return model.float().eval(), task.load_saved_preprocessor(str(folder))
-
-
-def sample_inputs(model, preprocessor) -> dict[str, torch.Tensor]:
-    """A batch of two as the model's preprocessor makes it: the inputs the ONNX graph takes."""
-    accepted = inspect.signature(model.forward).parameters
-    if "pixel_values" in accepted:  # an image model: the size its processor makes (image_size: the run's own)
-        from PIL import Image  # images only
-
-        made = preprocessor(images=[Image.new("RGB", (300, 200), (90, 120, 150))] * 2, return_tensors="pt")
-        return {"pixel_values": torch.rand(2, model.config.num_channels, *made["pixel_values"].shape[-2:])}
-    batch = preprocessor(SAMPLE_TEXTS, padding=True, return_tensors="pt")
-    return {k: v for k, v in batch.items() if k in accepted}
+    return task, model.float().eval(), task.load_saved_preprocessor(str(folder))
 
 
 def output_names(model, sample: dict[str, torch.Tensor]) -> list[str]:
@@ -173,12 +160,13 @@ def output_names(model, sample: dict[str, torch.Tensor]) -> list[str]:
         return [k for k in model(**sample).keys() if k not in ("loss", "hidden_states", "attentions")]
 
 
-def _to_onnx(model, sample: dict[str, torch.Tensor], file: Path) -> None:
-    """torch.onnx's exporter, batch (and sequence) axes dynamic: any batch size and text length runs."""
+def _to_onnx(model, sample: dict[str, torch.Tensor], axes: dict[str, dict[int, str]], file: Path) -> None:
+    """torch.onnx's exporter, the task's axes (`Task.export_axes`: batch, sequence) dynamic: any batch size and
+    text length runs."""
     from torch.export import Dim
 
-    batch, sequence = Dim("batch"), Dim("sequence")
-    shapes = {k: {0: batch} if k == "pixel_values" else {0: batch, 1: sequence} for k in sample}
+    dims = {name: Dim(name) for name in {n for named in axes.values() for n in named.values()}}
+    shapes = {k: {axis: dims[name] for axis, name in axes[k].items()} for k in sample}
     program = torch.onnx.export(model, (), kwargs=sample, dynamo=True, dynamic_shapes=shapes,
                                 input_names=list(sample), output_names=output_names(model, sample),
                                 verbose=False)  # fmt: skip

@@ -350,7 +350,7 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator, hooks: Hook
         if cfg.task is None:  # the config leaves it to the data
             cfg = resolved(cfg, said, task=task_for_data(read["train"].features, cfg.data_args))
         raw, label_names = load_splits(cfg.data_args, said, read)
-    cfg = resolved(cfg, said, problem_type=problem_type_of(raw["train"]))  # and the metric it implies
+    cfg = resolved(cfg, said, problem_type=problem_type_of(raw["train"], cfg.task))  # and the metric it implies
     task = task_of(cfg.task)
     with hooks.phase("build"):
         model, preprocessor = build_for_training(cfg, accelerator, label_names, said)

@@ -244,7 +244,7 @@ def describe_parameters(accelerator: Accelerator, model: torch.nn.Module, pipeli
 
 
 def data_workers(cfg: TrainConfig, accelerator: Accelerator) -> int:
-    """`dataloader_num_workers`, or by default the task's choice for this device (finetune/tasks.py)."""
+    """`dataloader_num_workers`, or by default the task's choice for this device (finetune/tasks/)."""
     if cfg.dataloader_num_workers is not None:
         return cfg.dataloader_num_workers
     return task_of(cfg.task).default_workers(accelerator.device.type)

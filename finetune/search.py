@@ -601,7 +601,7 @@ def _resolved(cfg: TrainConfig, said: checks.Said) -> tuple[TrainConfig, int]:
     if cfg.task is None:
         cfg = resolved(cfg, said, task=task_for_data(read["train"].features, cfg.data_args))
     raw, _ = load_splits(cfg.data_args, said, read)
-    return resolved(cfg, said, problem_type=problem_type_of(raw["train"])), len(raw["train"])
+    return resolved(cfg, said, problem_type=problem_type_of(raw["train"], cfg.task)), len(raw["train"])
 
 
 def _evaluations(cfg_settings: dict[str, Any], base: TrainConfig, samples: int) -> list[str]:

@@ -129,7 +129,7 @@ def fill_rows(inputs: dict[str, torch.Tensor], rows: int) -> tuple[dict[str, tor
 
 
 def _same_layout(filled: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`filled` in `like`'s memory layout: an image batch stays channels last (finetune/tasks.py's
+    """`filled` in `like`'s memory layout: an image batch stays channels last (finetune/tasks/images.py's
     `stack_images`), which `torch.cat` with an expanded row does not keep, so a compiled model sees the
     layout it was warmed with (a stride is a guard: another layout compiles another graph)."""
     if like.dim() == 4 and not like.is_contiguous() and like.is_contiguous(memory_format=torch.channels_last):

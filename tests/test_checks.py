@@ -212,6 +212,9 @@ LAYERS = [
      "checks.launch", "checks.tools", "checks.catalogue"},
     {"lora", "images", "parallel", "checks.splits", "rundir"},
     {"checks.evaluation"},
+    {"tasks.base"},
+    {"tasks.text", "tasks.images"},
+    {"tasks.tags", "tasks.questions"},
     {"tasks"},
     {"checks.columns"},
     {"checks.streams"},  # a streamed block's rows by the columns' rules for a row

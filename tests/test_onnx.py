@@ -263,14 +263,14 @@ def test_an_image_model_is_traced_at_the_size_its_processor_makes(tmp_path):
     what the processor saved beside it makes, so evaluate_checkpoint --onnx and onnx/README.md's code run."""
     from transformers import AutoImageProcessor, EfficientNetForImageClassification
 
-    from finetune.onnx_export import sample_inputs
+    from finetune.tasks import task_of
 
     folder = save_tiny_efficientnet(tmp_path / "model")
     processor = AutoImageProcessor.from_pretrained(folder)
     processor.size = {"height": 48, "width": 48}  # as a run with image_size=48 saves it
     model = EfficientNetForImageClassification.from_pretrained(folder)
     assert model.config.image_size != 48
-    assert sample_inputs(model, processor)["pixel_values"].shape == (2, 3, 48, 48)
+    assert task_of("image-classification").export_inputs(model, processor)["pixel_values"].shape == (2, 3, 48, 48)
 
 
 def test_an_export_prints_its_own_line_and_a_signal_leaves_the_earlier_files_and_nothing_half_written(

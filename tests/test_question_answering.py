@@ -1,4 +1,4 @@
-"""Extractive question answering (finetune/tasks.py QuestionAnswering, finetune/problems/spans.py): windows
+"""Extractive question answering (finetune/tasks/questions.py, finetune/problems/spans.py): windows
 over long contexts, each question scored once from all its windows (exact match and F1 as SQuAD's script,
 finetune/squad.py), accumulation and DDP equal to one big batch, an exact resume, the export and
 evaluate_checkpoint.py, and the rules for answers that do not fit their contexts."""

@@ -1,4 +1,4 @@
-"""Long texts read whole (text_windows, finetune/tasks.py TextClassification): windows of max_length tokens
+"""Long texts read whole (text_windows, finetune/tasks/text.py): windows of max_length tokens
 that overlap, each trained on its text's label; evaluation scores each text once from the mean of its
 windows' logits (finetune/evaluation.py, per_text), under accumulation and DDP as in one big batch."""
 

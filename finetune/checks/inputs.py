@@ -1,4 +1,4 @@
-"""Inputs: what the model will read of each sample, once it is tokenized (finetune/tasks.py's preparation
+"""Inputs: what the model will read of each sample, once it is tokenized (finetune/tasks/' preparation
 asks these of the training split).
 
     TOKENIZED   texts (or sentence pairs) cut at max_length, texts the tokenizer reads as unknown tokens

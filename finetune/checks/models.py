@@ -1,5 +1,5 @@
 """Models: model folders, configs built from model_config, tokenizers and image processors, pretrained
-weights, LoRA's target modules and the layer split's plan (finetune/models.py, finetune/tasks.py,
+weights, LoRA's target modules and the layer split's plan (finetune/models.py, finetune/tasks/,
 finetune/lora.py and finetune/parallel.py ask these).
 
     LOAD_FAILED     why a model, tokenizer or image processor does not load (the last rule always answers)

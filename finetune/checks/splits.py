@@ -62,9 +62,10 @@ FILES = [validation_is_train, test_is_train, test_is_validation]
 # --- samples the splits share ----------------------------------------------------------------------------------
 
 
-def compared_columns(train, args, images: bool) -> list[str]:
-    """The columns that make a sample what it is (its texts, words or image), as far as the data has them."""
-    return [c for c in ([args.image_column] if images else args.input_columns) if c in train.column_names]
+def compared_columns(train, args, task) -> list[str]:
+    """The columns that make a sample what it is (its texts, words or image: `task.sample_columns`, of the run's
+    finetune/tasks/), as far as the data has them."""
+    return [c for c in task.sample_columns(train.column_names, args) if c in train.column_names]
 
 
 def _image_digest(cell: dict | None) -> str | None:
@@ -106,11 +107,12 @@ class Samples:
         self.class_names: dict = {}  # a class id's name (an image folder's ClassLabel), where the data has them
 
     @classmethod
-    def of(cls, raw, args, images: bool, files: dict, classes: bool = True) -> Samples | None:
-        """The samples of a run's raw splits (`images`: an image run), or None when it has no input column.
+    def of(cls, raw, args, task, files: dict, classes: bool = True) -> Samples | None:
+        """The samples of a run's raw splits (`task`: the run's, finetune/tasks/), or None when it has no input
+        column.
         `classes`: whether the labels are classes (not regression's numbers, whole 1-5 ratings too, nor label
         lists): a text with two ratings is good regression data, no class within another."""
-        cols = compared_columns(raw["train"], args, images)
+        cols, images = compared_columns(raw["train"], args, task), task.modality == "image"
         if not cols:
             return None
         rows = {s: sample_rows(raw[s], cols, images) for s in ("train", "validation", "test") if s in raw}

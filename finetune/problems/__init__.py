@@ -7,6 +7,8 @@
     regression                    one number                   1        squared error            mse, mae, r2, pearson, spearman
     token_classification          an IOB2 tag per word         K/token  cross-entropy, summed    entity F1, P, R; word accuracy
     word_tagging                  a plain tag per word (POS)   K/token  cross-entropy, summed    word accuracy, per-tag F1
+    question_answering            an answer's span             2/token  cross-entropy of start   exact match, F1 (SQuAD's)
+                                                                       and end, mean
 
     problem = problem_of(cfg.problem_type)   # a `Problem`: the rest of the app asks it, and compares no names
     names = problem.label_names(train, args, said)
@@ -83,8 +85,11 @@ def infer_problem_type(train: HFDataset, args: DataArgs, said: checks.Said | Non
     return {"list": MULTI, "class": SINGLE, "int": SINGLE, "float": REGRESSION}[column.kind]
 
 
-def problem_type_of(ds: HFDataset) -> str:
-    """The problem type of a split whose `labels` are encoded (by `encode` or data.encode_labels)."""
+def problem_type_of(ds: HFDataset, task: str | None = None) -> str:
+    """The problem type of a split whose `labels` are encoded (by `encode` or data.encode_labels): `task`'s
+    one problem where it has one, else what the labels' feature holds."""
+    if task is not None and len(task_of(task).problems) == 1:
+        return task_of(task).problems[0]
     feature = ds.features["labels"]
     if isinstance(feature, dict):  # answers: {text, answer_start}
         return SPANS
@@ -93,7 +98,9 @@ def problem_type_of(ds: HFDataset) -> str:
     return SINGLE if isinstance(feature, ClassLabel) else MULTI if is_list(feature) else REGRESSION
 
 
-PROBLEM_OF: dict[str, Problem] = {p.name: p for p in (Problem(), MultiLabel(), Regression(), Tags(), WordTags(), Spans())}
+PROBLEM_OF: dict[str, Problem] = {
+    p.name: p for p in (Problem(), MultiLabel(), Regression(), Tags(), WordTags(), Spans())
+}
 assert set(PROBLEM_OF) == set(PROBLEMS), "a problem of finetune/metrics.py's table has no class here"
 
 

@@ -23,7 +23,7 @@ OUTPUTS = ["start", "end"]  # the head's two outputs: each token's score as the 
 
 class Spans(Problem):
     """The model gives each token of a window a start and an end score (`outputs`: (B, T, 2)); a window is
-    trained on its answer's first and last token (finetune/tasks.py, QuestionAnswering), the loss is the
+    trained on its answer's first and last token (finetune/tasks/questions.py), the loss is the
     mean of the two cross-entropies, as transformers' QA models compute it. A question's answer is the
     best span over all its windows (`assemble`)."""
 

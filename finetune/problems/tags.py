@@ -33,7 +33,7 @@ from finetune.problems.base import (
 
 
 class Tags(Problem):
-    """A tag per word (finetune/tasks.py's token task); not a transformers problem_type."""
+    """A tag per word (finetune/tasks/tags.py); not a transformers problem_type."""
 
     name, hf_problem_type = TOKENS, None
     classes, ids_as_names, per_word, windowed = False, False, True, True
