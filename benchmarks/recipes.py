@@ -18,12 +18,14 @@ RECIPES = {
     "bert_full": CONFIGS_DIR / "bert_rotten_tomatoes_full.yaml",
     "ner": CONFIGS_DIR / "bert_ner.yaml",
     "qa": CONFIGS_DIR / "bert_qa.yaml",
+    "choices": CONFIGS_DIR / "bert_choices.yaml",
     "vit": CONFIGS_DIR / "vit_fashion_mnist.yaml",
     "efficientnet": CONFIGS_DIR / "efficientnet_photos.yaml",
 }
 # `--recipe all`: one recipe of each task the app trains (text and image classification, tagging,
-# question answering) and each image architecture (a ViT from a config, the pretrained EfficientNet).
-EVERY_TASK = ["bert", "ner", "qa", "vit", "efficientnet"]
+# question answering, multiple choice) and each image architecture (a ViT from a config, the pretrained
+# EfficientNet).
+EVERY_TASK = ["bert", "ner", "qa", "choices", "vit", "efficientnet"]
 # --smoke, by the recipe's task modality: tiny models built from config on a slice of the bundled
 # data (the tests' runs).
 SMOKE = {

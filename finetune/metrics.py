@@ -54,6 +54,7 @@ SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classifi
 TOKENS = "token_classification"  # a tag per word (finetune/tasks/tags.py); not a transformers problem_type
 WORD_TAGS = "word_tagging"  # the token task's plain tags (parts of speech): scored word by word, no entities
 SPANS = "question_answering"  # an answer's span in a context (extractive QA); not a transformers problem_type
+CHOICES = "multiple_choice"  # the right one of a sample's candidates (SWAG); not a transformers problem_type
 
 
 # How `learned` judges a metric against the trivial baseline's (its docstring states each rule).
@@ -135,6 +136,7 @@ PROBLEMS: dict[str, ProblemMetrics] = {
         ("word_accuracy",),
     ),
     SPANS: ProblemMetrics(("f1", "exact_match", "loss"), ("exact_match", "f1"), ("exact_match", "f1")),
+    CHOICES: ProblemMetrics(("accuracy", "loss"), ("accuracy",), ("accuracy",)),
 }  # fmt: skip
 
 
@@ -143,8 +145,8 @@ def greater_is_better(key: str) -> bool:
 
 
 def problem_of_metrics(metrics: dict[str, Any]) -> str:
-    """The problem type whose metrics these are (by the first metric each reports)."""
-    return next((p for p, m in PROBLEMS.items() if m.reported[0] in metrics), SINGLE)
+    """The problem type whose metrics these are: the first whose every shown metric they hold."""
+    return next((p for p, m in PROBLEMS.items() if all(k in metrics for k in m.shown)), SINGLE)
 
 
 def _shown(value: Any) -> str:

@@ -112,11 +112,11 @@ def _public_files(root: Path) -> dict[str, list[str]]:
 
 
 def test_no_rule_fires_on_the_bundled_data_sets():
-    """The bundled recipes' data (rotten_tomatoes, UNER English, SQuAD-shifts, Fashion-MNIST, its PNG sample
-    folder): read, checked and prepared, with not one warning."""
+    """The bundled recipes' data (rotten_tomatoes, UNER English, SQuAD-shifts and its multiple-choice
+    questions, Fashion-MNIST, its PNG sample folder): read, checked and prepared, with not one warning."""
     from finetune.data import load_splits, read_splits
 
-    for recipe in ("bert_rotten_tomatoes.yaml", "bert_ner.yaml", "bert_qa.yaml"):
+    for recipe in ("bert_rotten_tomatoes.yaml", "bert_ner.yaml", "bert_qa.yaml", "bert_choices.yaml"):
         cfg = load_config(f"finetune/configs/{recipe}")
         assert _said(lambda said, c=cfg: _text_run(c, said)) == [], recipe
     for recipe in ("vit_fashion_mnist.yaml", "vit_imagefolder.yaml"):
@@ -214,14 +214,14 @@ LAYERS = [
     {"checks.evaluation"},
     {"tasks.base"},
     {"tasks.text", "tasks.images"},
-    {"tasks.tags", "tasks.questions"},
+    {"tasks.tags", "tasks.questions", "tasks.choices"},
     {"tasks"},
     {"checks.columns"},
     {"checks.streams"},  # a streamed block's rows by the columns' rules for a row
     {"checks.settings"},
     {"config", "exits"},
     {"problems.base"},
-    {"problems.multi_label", "problems.regression", "problems.tags", "problems.spans"},
+    {"problems.multi_label", "problems.regression", "problems.tags", "problems.spans", "problems.choices"},
     {"problems"},
     {"runtime", "steps", "shapes", "models", "card", "launch", "cli", "verdict"},
     {"data", "checkpoint", "evaluation"},

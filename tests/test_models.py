@@ -542,9 +542,10 @@ def test_the_task_of_a_saved_model_is_read_from_its_head():
         task_of_model(BertConfig(architectures=["BertForMaskedLM"]), "m")
     assert e.value.rule == "models.base_model_not_fine_tuned"
     assert task_of_model(BertConfig(architectures=["BertForQuestionAnswering"]), "m").name == "question-answering"
-    named = BertConfig(architectures=["BertForMultipleChoice"], id2label={0: "no", 1: "yes"})
+    assert task_of_model(BertConfig(architectures=["BertForMultipleChoice"]), "m").name == "multiple-choice"
+    named = BertConfig(architectures=["BertForNextSentencePrediction"], id2label={0: "no", 1: "yes"})
     with pytest.raises(UserError, match=r"cannot tell the task of m from its config \(architectures "
-                                        r"\['BertForMultipleChoice'\]\); pass --task") as e:  # fmt: skip
+                                        r"\['BertForNextSentencePrediction'\]\); pass --task") as e:  # fmt: skip
         task_of_model(named, "m")
     assert e.value.rule == "models.task_unknown"
     assert task_of_model(named, "m", "text-classification").name == "text-classification"

@@ -9,6 +9,8 @@
     word_tagging                  a plain tag per word (POS)   K/token  cross-entropy, summed    word accuracy, per-tag F1
     question_answering            an answer's span             2/token  cross-entropy of start   exact match, F1 (SQuAD's)
                                                                        and end, mean
+    multiple_choice               the right candidate's number 1/cand.  cross-entropy over the   accuracy
+                                                                       candidates
 
     problem = problem_of(cfg.problem_type)   # a `Problem`: the rest of the app asks it, and compares no names
     names = problem.label_names(train, args, said)
@@ -53,6 +55,7 @@ from finetune.config import DataArgs
 from finetune.formats import is_list
 from finetune.metrics import MULTI, PROBLEMS, REGRESSION, SINGLE, SPANS, TOKENS, WORD_TAGS
 from finetune.problems.base import Problem, encode_labels, resolve_label_names
+from finetune.problems.choices import Choices
 from finetune.problems.multi_label import MultiLabel
 from finetune.problems.regression import Regression
 from finetune.problems.spans import Spans
@@ -99,7 +102,7 @@ def problem_type_of(ds: HFDataset, task: str | None = None) -> str:
 
 
 PROBLEM_OF: dict[str, Problem] = {
-    p.name: p for p in (Problem(), MultiLabel(), Regression(), Tags(), WordTags(), Spans())
+    p.name: p for p in (Problem(), MultiLabel(), Regression(), Tags(), WordTags(), Spans(), Choices())
 }
 assert set(PROBLEM_OF) == set(PROBLEMS), "a problem of finetune/metrics.py's table has no class here"
 

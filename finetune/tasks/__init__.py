@@ -5,6 +5,7 @@
     image-classification   an image            AutoModelForImageClassification     image processor  per image
     token-classification   a list of words     AutoModelForTokenClassification     tokenizer        a tag per word
     question-answering     question, context   AutoModelForQuestionAnswering       tokenizer        answer spans
+    multiple-choice        context, endings    AutoModelForMultipleChoice          tokenizer        the right ending
 
 A task names its auto model class (and the `architectures` of a saved model it recognises), loads
 its preprocessor and checks it against the model, names and checks its input columns, prepares a
@@ -23,6 +24,7 @@ from __future__ import annotations
 from finetune import checks
 from finetune.checks import models as model_rules
 from finetune.tasks.base import DataArgs, Task, _serialized, tokenized_fingerprint
+from finetune.tasks.choices import MultipleChoice
 from finetune.tasks.images import ImageClassification, stack_images
 from finetune.tasks.questions import PadSpans, QuestionAnswering
 from finetune.tasks.tags import WORD_META, WORD_TEXT, PadWords, TokenClassification
@@ -35,7 +37,7 @@ __all__ = ["PAIRS", "WORD_META", "WORD_TEXT", "ImageClassification", "PadSpans",
 # In the order `task_for_data` asks them whether the data is theirs.
 TASKS: dict[str, Task] = {
     task.name: task
-    for task in (QuestionAnswering(), TokenClassification(), ImageClassification(), TextClassification())
+    for task in (QuestionAnswering(), MultipleChoice(), TokenClassification(), ImageClassification(), TextClassification())
 }
 TASK_NAMES = tuple(TASKS)
 DEFAULT_TASK = TextClassification.name

@@ -1,0 +1,46 @@
+"""Multiple choice: the right one of a sample's candidates (SWAG), by its number."""
+
+from __future__ import annotations
+
+from datasets import Dataset as HFDataset
+
+from finetune import checks
+from finetune.config import DataArgs
+from finetune.metrics import CHOICES
+from finetune.problems.base import Problem
+from finetune.tasks.choices import ending_columns
+
+
+class Choices(Problem):
+    """The model scores each candidate (`logits`: (B, candidates)); the loss is the cross-entropy over a
+    sample's candidates, as transformers' multiple-choice models compute it; the prediction is the
+    best-scored candidate. The classes are the candidates' numbers ("0", "1", ...), however many of them
+    training's answers use: which number is right is no class of the data, so the class-share rules of
+    single-label classification do not apply."""
+
+    name, hf_problem_type = CHOICES, None
+    ids_as_names = False
+    trivial_words = "most frequent right candidate"
+    baseline_model = "a model that always picks the same candidate"
+    label_words = " (the right candidate's number)"
+
+    def describe(self, modality: str, names: list[str]) -> str:
+        return f"A {len(names)}-choice multiple-choice model"
+
+    def start_words(self) -> str:
+        return ""
+
+    def label_names(self, train: HFDataset, args: DataArgs, said: checks.Said) -> list[str]:
+        """The candidates' numbers, one per ending column of train."""
+        return [str(i) for i in range(len(ending_columns(train.column_names)))]
+
+    def report(self, predictions, references, names, threshold=0.5):
+        """Accuracy, and each candidate number's own scores; no macro average over the numbers, which are no
+        classes of the data."""
+        return {k: v for k, v in super().report(predictions, references, names, threshold).items() if not k.startswith("macro_")}
+
+    def check_trained(self, train, names, args, said) -> None:
+        pass
+
+    def check_splits(self, raw, names, args, said) -> None:
+        pass

@@ -1,0 +1,139 @@
+"""Multiple choice (finetune/tasks/choices.py, finetune/problems/choices.py): SWAG's layout read from the data,
+a model that scores every candidate, accumulation equal to one big batch, the export evaluated as the run
+evaluated it, on PyTorch and on ONNX, and the right candidate's number checked against the candidates."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from conftest import TINY_BERT, TOKENIZER, logged_losses, user_error, write_csv, write_jsonl
+from safetensors.torch import load_file
+
+from finetune.evaluate_checkpoint import main as evaluate
+from finetune.run import main
+
+ACTS = [("picks up the ball", "throws it across the yard."), ("opens the oven", "takes out the bread."),
+        ("starts the engine", "drives down the road."), ("opens the book", "reads the first page."),
+        ("fills the glass", "drinks the water."), ("plants the seed", "waters the soil.")]  # fmt: skip
+
+
+def swag_rows(n: int, endings: int = 4, seed: int = 0, header: bool = True) -> list[dict]:
+    """SWAG's layout: sent1, sent2, ending0..ending{endings-1}, label (the right ending's number), and a
+    column of the data's own that the model does not read."""
+    rng, rows = random.Random(seed), []
+    for i in range(n):
+        act, right = rng.choice(ACTS)
+        candidates = rng.sample([r for _, r in ACTS if r != right], endings - 1)
+        label = rng.randrange(endings)
+        candidates.insert(label, right)
+        row = {"sent1": f"The {rng.choice(['cat', 'boy', 'chef', 'pilot'])} {act}.", "sent2": "Then it" if header else None,
+               **{f"ending{k}": e for k, e in enumerate(candidates)}, "label": label, "video-id": f"v{i}"}  # fmt: skip
+        rows.append({k: v for k, v in row.items() if v is not None})
+    return rows
+
+
+@pytest.fixture
+def swag(tmp_path):
+    return {split: write_jsonl(tmp_path / f"{split}.jsonl", swag_rows(n, seed=s))
+            for split, n, s in (("train", 40, 0), ("validation", 12, 1), ("test", 12, 2))}  # fmt: skip
+
+
+# The tiny BERT at a wider initialisation: at transformers' 0.02 its candidates' scores start equal to 1e-3, and
+# the gradients are so small that AdamW's normalisation makes float noise in them a visible difference.
+MODEL = TINY_BERT[:-1] + ", initializer_range: 0.2}"
+
+
+def swag_args(data: dict, out, *extra: str) -> list[str]:
+    files = [f"{split}_file={data.get(split, 'null')}" for split in ("train", "validation", "test")]
+    return ["task=null", f"model_config={MODEL}", f"tokenizer_name={TOKENIZER}", *files, "max_length=32",
+            "max_train_samples=null", "max_eval_samples=null", "label_names=null", "learning_rate=1e-3",
+            "freeze_embeddings=false", "dropout=null", "logging_steps=1", f"output_dir={out}", *extra]  # fmt: skip
+
+
+def test_swag_data_trains_as_multiple_choice_and_its_export_evaluates_alike_on_pytorch_and_onnx(swag, tmp_path):
+    """task=null reads SWAG's columns as multiple choice: BertForMultipleChoice scores all four candidates
+    of a context; the test accuracy the run prints is evaluate_checkpoint.py's on the export, and on its ONNX
+    file (three dynamic axes: contexts, candidates, tokens), whose scores equal PyTorch's."""
+    pytest.importorskip("onnxruntime")
+    from finetune.onnx_export import main as onnx_main
+
+    run = tmp_path / "run"
+    results = main(swag_args(swag, run, "max_steps=6"))
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["architectures"] == ["BertForMultipleChoice"]
+    assert "problem_type: multiple_choice" in (run / "config.yaml").read_text()
+    assert set(results["test"]) >= {"accuracy", "loss"} and "macro_f1" not in results["test"]
+    assert results["label_names"] == ["0", "1", "2", "3"] and results["test"]["num_samples"] == 12
+    assert [w["rule"] for w in results["warnings"]] in ([], ["tools.did_not_learn"])  # good data: no alarm
+    card = (run / "model" / "README.md").read_text()
+    assert "A 4-choice multiple-choice model" in card and "AutoModelForMultipleChoice" in card
+    assert "candidates from `ending0`" in card
+
+    record = evaluate([str(run / "model"), "--predictions"])
+    assert record["accuracy"] == results["test"]["accuracy"]
+    assert record["loss"] == pytest.approx(results["test"]["loss"], abs=1e-6)
+    first = json.loads((run / "eval" / "test" / "predictions.jsonl").read_text().splitlines()[0])
+    row = json.loads(swag["test"].read_text().splitlines()[0])
+    assert first["context"] == row["sent1"] and first["endings"] == [row[f"ending{k}"] for k in range(4)]
+    assert first["label"] == str(row["label"]) and sorted(first["probabilities"]) == ["0", "1", "2", "3"]
+    assert first["video-id"] == row["video-id"]  # the data's own id column, to join on
+
+    onnx_main([str(run), "--no-int8"])
+    onnx = evaluate([str(run / "model"), "--onnx"])
+    assert onnx["accuracy"] == record["accuracy"] and onnx["loss"] == pytest.approx(record["loss"], abs=1e-4)
+
+
+def test_other_numbers_of_candidates_and_no_header_column(tmp_path):
+    """Three candidates and no sent2: three classes, the context paired with each ending alone; a CSV file of
+    the same layout (SWAG's own files are CSV) reads alike."""
+    rows = swag_rows(24, endings=3, header=False)
+    data = {"train": write_csv(tmp_path / "train.csv", rows[:18]), "validation": write_csv(tmp_path / "v.csv", rows[18:])}
+    results = main(swag_args(data, tmp_path / "run", "max_steps=2"))
+    assert results["label_names"] == ["0", "1", "2"] and results["validation"]["num_samples"] == 6
+
+
+def test_accumulation_and_the_layer_split_equal_one_big_batch(swag, tmp_path):
+    """Batch 8, against batch 2 accumulated 4 times, and against the layer split over two devices in two
+    chunks of contexts: the same weights after two epochs (40 contexts: every epoch ends in a short window),
+    the loss a context's cross-entropy over its candidates."""
+    weights = {}
+    split = ("model_parallel=true", "devices=cpu,cpu", "pipeline_chunks=2")
+    for name, batch, acc, more in (("big", 8, 1, ()), ("acc", 2, 4, ()), ("split", 8, 1, split)):
+        out = tmp_path / name
+        main(swag_args(swag, out, f"per_device_train_batch_size={batch}", f"gradient_accumulation_steps={acc}",
+                       "num_train_epochs=2", "max_grad_norm=null", "test_file=null", *more))  # fmt: skip
+        weights[name] = load_file(out / "model" / "model.safetensors")
+    # Two kinds of weight have a gradient of exactly zero in exact arithmetic, which leaves what they do
+    # unchanged: the head's bias (one number added to every candidate's score) and the attention keys' biases
+    # (one number added to every score of a query). Float noise is all their gradient, and AdamW scales noise
+    # to a full step: they are left out, and what they would change, the scores, is compared instead.
+    invariant = ("classifier.bias", "attention.self.key.bias")
+    compared = [k for k in weights["big"] if not k.endswith(invariant)]
+    assert len(compared) == len(weights["big"]) - 3  # the head's bias and 2 layers' key biases
+    for name in ("acc", "split"):
+        worst = max((weights[name][k] - weights["big"][k]).abs().max().item() for k in compared)
+        assert worst < 1e-5, (name, worst)
+    losses = [json.loads((tmp_path / n / "results.json").read_text())["validation"]["loss"] for n in weights]
+    assert losses[1:] == pytest.approx(losses[:1] * 2, abs=1e-6)
+    logged = logged_losses(tmp_path / "big")  # and the comparison means something: training moved the model
+    assert min(logged.values()) < logged[1] - 0.1, logged
+
+
+def test_a_right_candidate_beyond_the_candidates_is_one_line(swag, tmp_path, capsys):
+    """label 4 with four endings (numbered 0-3) names the label and what is known, before anything is written."""
+    rows = swag_rows(12, seed=1)
+    rows[3]["label"] = 4
+    data = {**swag, "validation": write_jsonl(tmp_path / "bad.jsonl", rows)}
+    user_error(capsys, main, swag_args(data, tmp_path / "run"), "4", rule="labels.unseen")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_bundled_recipe_trains_on_its_bundled_questions(tmp_path):
+    """finetune/configs/bert_choices.yaml on data/squad_choices (a tiny model, a slice): four candidates a
+    question, every validation question scored once."""
+    results = main(["--config", "finetune/configs/bert_choices.yaml", f"model_config={MODEL}", "max_train_samples=32",
+                    "max_eval_samples=16", "max_steps=2", f"output_dir={tmp_path / 'run'}"])  # fmt: skip
+    assert results["label_names"] == ["0", "1", "2", "3"] and results["validation"]["num_samples"] == 16
+    assert "baseline" in results["validation"]
