@@ -1,6 +1,7 @@
 """finetune/onnx_export.py: ONNX files of a run's export for every task, run in onnxruntime against PyTorch
 (fp32 within 1e-4, on batches and lengths other than the traced ones); int8; `evaluate_checkpoint --onnx`
-through the same metrics; the hostile cases (no export, an adapter, no ONNX files yet, the wrong data).
+through the same metrics; the hostile cases (no export, an adapter, no ONNX files yet, the wrong data). That a
+text run and an evaluation import no ONNX library: tests/test_import_time.py (one interpreter for both checks).
 
     HF_HUB_OFFLINE=1 python -m pytest -q -n 0 tests/test_onnx.py            # -m slow: every task
 """
@@ -267,18 +268,6 @@ def test_an_output_dir_that_holds_other_files_is_never_replaced(tmp_path, capsys
     (run / "metrics.jsonl").write_text("")  # a run: its checkpoints/ are rotated, and deleted whole by an overwrite
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(run / "checkpoints" / "onnx")], "the checkpoints folder",
                untouched=run, rule="runs.onnx_output_replaced_by_its_run")  # fmt: skip
-
-
-def test_a_text_run_and_an_evaluation_import_no_onnx():
-    """The light path: onnx, onnxruntime and onnxscript are imported by the ONNX export and --onnx alone."""
-    import subprocess
-    import sys
-
-    code = ("import sys, finetune.run, finetune.evaluate_checkpoint; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'onnxscript')))")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
-    assert done.stdout.strip() == "[]"
 
 
 def test_an_image_model_is_traced_at_the_size_its_processor_makes(tmp_path):
