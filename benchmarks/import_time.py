@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,17 @@ def after_the_app(statement: str) -> float:
 
 def optional_loaded() -> list[str]:
     """The `OPTIONAL` libraries a fresh `import finetune.run` leaves in sys.modules."""
-    probe = f"import sys, finetune.run; print(' '.join(m for m in {OPTIONAL!r} if m in sys.modules))"
+    return loaded_after(["finetune.run"], OPTIONAL)[0]
+
+
+def loaded_after(modules: Sequence[str], libraries: Sequence[str]) -> list[list[str]]:
+    """One fresh interpreter imports each of `modules` in turn: after each, which of `libraries` (a package,
+    or any module of it) are in sys.modules."""
+    probe = (f"import importlib, sys\nfor name in {list(modules)!r}:\n    importlib.import_module(name)\n"
+             f"    print(' '.join(lib for lib in {list(libraries)!r} "
+             "if lib in sys.modules or any(m.startswith(lib + '.') for m in sys.modules)))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
-    return out.stdout.split()
+    return [line.split() for line in out.stdout.splitlines()[-len(modules):]]
 
 
 def seconds(statement: str) -> float:

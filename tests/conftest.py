@@ -55,14 +55,16 @@ def _share_the_cores_among_workers() -> None:
 
 _share_the_cores_among_workers()
 
-# The longest files of the default run (by their seconds on a pinned worker), handed out first under
-# xdist (`--dist loadfile` gives each worker a whole file, in collection order): the last file to start
-# is then a short one, not test_equivalence.py's 30 s test while the other worker waits idle
-# (pyproject.toml's --no-loadscope-reorder keeps this order).
-LONGEST_FIRST = ["test_equivalence.py", "test_question_answering.py", "test_text_windows.py", "test_run.py", "test_bad_input.py", "test_rundir.py", "test_problems.py",
-                 "test_evaluate_checkpoint.py", "test_signals.py", "test_data.py", "test_models.py", "test_tokens.py",
-                 "test_checkpoint.py", "test_verify.py", "test_checks.py", "test_search.py", "test_fuzz.py",
-                 "test_launch.py"]  # fmt: skip
+# The longest files of the default run (those of 10 s or more, by their seconds on a pinned worker of a
+# whole run), handed out first under xdist (`--dist loadfile` gives each worker a whole file, in
+# collection order): the last file to start is then a short one, not test_onnx.py's exports or
+# test_streams.py's signalled run while the other worker waits idle (pyproject.toml's
+# --no-loadscope-reorder keeps this order).
+LONGEST_FIRST = ["test_onnx.py", "test_evaluate_checkpoint.py", "test_bad_input.py", "test_rundir.py", "test_streams.py",
+                 "test_data.py", "test_checks.py", "test_problems.py", "test_search.py", "test_images.py", "test_signals.py",
+                 "test_tokens.py", "test_models.py", "test_launch.py", "test_ddp_equivalence.py", "test_checkpoint.py",
+                 "test_faults.py", "test_efficientnet.py", "test_run.py", "test_question_answering.py", "test_fuzz.py",
+                 "test_slurm.py", "test_verify.py"]  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -288,6 +290,15 @@ def launch_runs(
         for rank in range(num_processes)
     }
     return records, proc.stdout + proc.stderr
+
+
+def run_outputs(output: str) -> dict[str, str]:
+    """What each run of a `launch_runs` launch printed on stdout (rank 0's lines from the worker's mark
+    of that run to the next one's), by run name; the last run's text also holds the launch's stderr."""
+    from multi_run_worker import RUN_MARK
+
+    parts = output.split(RUN_MARK)[1:]
+    return {part.split("\n", 1)[0].strip(): part.split("\n", 1)[-1] for part in parts}
 
 
 def logged_losses(out: Path) -> dict[int, float]:

@@ -1,4 +1,5 @@
-"""Several runs of finetune.run.main in ONE set of launched processes, for tests/test_fsdp.py.
+"""Several runs of finetune.run.main in ONE set of launched processes, for tests/test_fsdp.py and
+tests/test_ddp_equivalence.py.
 
     FINETUNE_TEST_FSDP_ON_CPU=1 accelerate launch --config_file accelerate_configs/fsdp.yaml \
         --num_processes 2 tests/multi_run_worker.py PLAN.json
@@ -21,9 +22,10 @@ group's stale addresses (gloo "Connection refused", or a hang). So this worker c
 
 What the app's loop does not return is recorded per process and run in record_dir/<name>-<rank>.json
 (a `finetune.run.Hooks` whose "prepared" mark comes right after `accelerator.prepare`): the distributed type,
-the wrapper (DDP and its device_ids), a layer split's stages and hand-offs, each parameter's class,
+the process group's backend (gloo on CPUs), the wrapper (DDP and its device_ids), a layer split's stages and hand-offs, each parameter's class,
 global shape and local shape, and the gradient norms that
-`accelerator.clip_grad_norm_` returned (before clipping), and the run's wall time.
+`accelerator.clip_grad_norm_` returned (before clipping), and the run's wall time. Rank 0 prints
+RUN_MARK and the run's name before each run, so that what each run printed can be told apart.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ import finetune.run as run
 from finetune.cli import parse_command_line
 from finetune.errors import UserError
 
+RUN_MARK = "=== multi_run_worker: run "
+
 
 class Spy(run.Hooks):
     """Records what the run's prepared objects are: the app's own hook, right after `accelerator.prepare`."""
@@ -59,6 +63,8 @@ class Spy(run.Hooks):
         record["distributed_type"] = accelerator.distributed_type.value
         record["process_index"] = accelerator.process_index
         record["num_processes"] = accelerator.num_processes
+        dist = torch.distributed
+        record["backend"] = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
         record["wrapper"] = type(model).__name__
         record["device_ids"] = getattr(model, "device_ids", "n/a")  # DDP's; None for a split module
         split = getattr(accelerator.unwrap_model(model), "mp_state", None)
@@ -93,6 +99,8 @@ def main() -> None:
     for spec in plan["runs"]:
         os.environ["ACCELERATE_USE_FSDP"] = "true" if spec["fsdp"] else "false"
         record: dict = {}
+        if os.environ.get("RANK", "0") == "0":  # where each run's printed lines begin (`run_outputs`)
+            print(f"{RUN_MARK}{spec['name']}", flush=True)
         start = time.perf_counter()
         # train(), not main(): main() ends the process group at its end, and the next run would have to
         # form it again on the same port (gloo's second rendezvous hangs); a search keeps it the same way.

@@ -1,9 +1,25 @@
 """`import finetune.run` loads none of the optional libraries a plain run does not need
-(benchmarks/import_time.py measures what the import costs)."""
+(benchmarks/import_time.py measures what the import costs), and an evaluation's import adds no ONNX library:
+onnx, onnxruntime and onnxscript are imported by the ONNX export and --onnx alone (finetune/onnx_export.py)."""
 
-from benchmarks.import_time import OPTIONAL, optional_loaded
+from benchmarks.import_time import OPTIONAL, loaded_after, optional_loaded
+
+ONNX = ("onnx", "onnxruntime", "onnxscript")
 
 
-def test_a_plain_run_imports_no_optional_library():
-    assert "optuna" in OPTIONAL and "matplotlib" in OPTIONAL
-    assert optional_loaded() == []
+def test_a_plain_run_imports_no_optional_library_and_an_evaluation_no_onnx():
+    """One fresh interpreter (each costs seconds of imports): `import finetune.run`, then
+    `import finetune.evaluate_checkpoint`; what each leaves loaded."""
+    assert "optuna" in OPTIONAL and "matplotlib" in OPTIONAL and {"onnx", "onnxruntime"} <= set(OPTIONAL)
+    after_run, after_evaluation = loaded_after(["finetune.run", "finetune.evaluate_checkpoint"], [*OPTIONAL, *ONNX])
+    assert after_run == []
+    assert [lib for lib in after_evaluation if lib in ONNX] == []
+
+
+def test_optional_loaded_is_the_first_import_of_loaded_after(monkeypatch):
+    """The benchmark's own report (`optional_loaded`) asks the same probe, for `import finetune.run` alone."""
+    import benchmarks.import_time as import_time
+
+    asked = []
+    monkeypatch.setattr(import_time, "loaded_after", lambda modules, libraries: asked.append((modules, libraries)) or [["x"]])
+    assert optional_loaded() == ["x"] and asked == [(["finetune.run"], OPTIONAL)]

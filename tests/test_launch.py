@@ -41,33 +41,42 @@ def _one_error_line(result: subprocess.CompletedProcess, *words: str, rule: str 
     assert rule is None or line.startswith(f"error: [{rule}] "), (line, rule)
 
 
-def test_missing_accelerate_config_is_one_line(tmp_path):
+# Mistakes found before anything is launched, asked of `finetune.launch.main` in-process (each real command
+# would start an interpreter that imports accelerate and torch, seconds on the 2-core machine); the real
+# command's own exit status 2 and one line: test_missing_script_is_one_line and the two-process test below.
+def _launch_error(capsys, argv: list[str], *fragments: str, rule: str) -> str:
+    from finetune.launch import main as launch_main
+
+    return user_error(capsys, launch_main, argv, *fragments, rule=rule)
+
+
+def test_missing_accelerate_config_is_one_line(tmp_path, capsys):
     missing = tmp_path / "missing.yaml"
-    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(missing), "finetune/run.py"], tmp_path), str(missing),
-                    rule="launch.config_not_found")  # fmt: skip
+    _launch_error(capsys, ["--config_file", str(missing), str(REPO / "finetune/run.py")], str(missing),
+                  rule="launch.config_not_found")  # fmt: skip
 
 
-def test_unparsable_accelerate_config_is_one_line(tmp_path):
+def test_unparsable_accelerate_config_is_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: [NO\n")
-    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(bad), "finetune/run.py"], tmp_path), str(bad), "not a valid",
-                    rule="launch.config_invalid")  # fmt: skip
+    _launch_error(capsys, ["--config_file", str(bad), str(REPO / "finetune/run.py")], str(bad), "not a valid",
+                  rule="launch.config_invalid")  # fmt: skip
 
 
-def test_a_multi_cpu_config_of_several_processes_without_mpirun_is_one_line(tmp_path):
+def test_a_multi_cpu_config_of_several_processes_without_mpirun_is_one_line(tmp_path, capsys):
     """accelerate starts MULTI_CPU's processes through mpirun only: without it, one process trains alone."""
     config = tmp_path / "ddp3.yaml"
     config.write_text((REPO / "accelerate_configs/cpu.yaml").read_text().replace("distributed_type: 'NO'",
                       "distributed_type: MULTI_CPU").replace("num_processes: 1", "num_processes: 3"))  # fmt: skip
-    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(config), "finetune/run.py"], tmp_path),
-                    "asks for MULTI_CPU with 3 processes", "accelerate_configs/cpu_ddp.yaml",
-                    rule="launch.multi_cpu_without_mpirun")
+    _launch_error(capsys, ["--config_file", str(config), str(REPO / "finetune/run.py")],
+                  "asks for MULTI_CPU with 3 processes", "accelerate_configs/cpu_ddp.yaml",
+                  rule="launch.multi_cpu_without_mpirun")
     # the same count with distributed_type NO (the default config edited by hand): one process too
     alone = tmp_path / "no4.yaml"
     alone.write_text((REPO / "accelerate_configs/cpu.yaml").read_text().replace("num_processes: 1", "num_processes: 4"))
-    _one_error_line(_run([*FINETUNE_LAUNCH, "--config_file", str(alone), "finetune/run.py"], tmp_path),
-                    "num_processes 4 (in accelerate config", "with distributed_type NO", "cpu_ddp.yaml",
-                    rule="launch.processes_without_distribution")  # fmt: skip
+    _launch_error(capsys, ["--config_file", str(alone), str(REPO / "finetune/run.py")],
+                  "num_processes 4 (in accelerate config", "with distributed_type NO", "cpu_ddp.yaml",
+                  rule="launch.processes_without_distribution")  # fmt: skip
 
 
 def test_one_process_of_several_started_alone_by_plain_accelerate_launch_says_so(small_text_data, tmp_path,

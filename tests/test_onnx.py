@@ -1,6 +1,7 @@
 """finetune/onnx_export.py: ONNX files of a run's export for every task, run in onnxruntime against PyTorch
 (fp32 within 1e-4, on batches and lengths other than the traced ones); int8; `evaluate_checkpoint --onnx`
-through the same metrics; the hostile cases (no export, an adapter, no ONNX files yet, the wrong data).
+through the same metrics; the hostile cases (no export, an adapter, no ONNX files yet, the wrong data). That a
+text run and an evaluation import no ONNX library: tests/test_import_time.py (one interpreter for both checks).
 
     HF_HUB_OFFLINE=1 python -m pytest -q -n 0 tests/test_onnx.py            # -m slow: every task
 """
@@ -95,11 +96,30 @@ def test_every_task_exports_with_dynamic_axes(tmp_path, kind):
     _assert_same_as_pytorch(_export(tmp_path, kind))
 
 
-def test_a_run_evaluates_on_onnx_through_the_same_metrics(finished_run, tmp_path):
+@pytest.fixture(scope="module")
+def exported_run(finished_run, tmp_path_factory) -> Path:
+    """The RUN finished run with its ONNX files (fp32 and int8, <run>/onnx/), exported once for the tests whose
+    subject is what is done with the files (each export of the tiny BERT takes ~6 s). Read it, never write into
+    it: a test works on `_copy_of(exported_run, ...)`, whose onnx/ records this run's model/ as its export
+    (`EXPORT_OF`) and the same weights' sha256. A test that needs the files to record its own run's folder
+    exports them itself."""
+    from conftest import file_hashes
+
+    run = finished_run.copy(tmp_path_factory.mktemp("exported") / "run", *RUN, data="named+test")
+    onnx_main([str(run)])
+    before = file_hashes(run)
+    yield run
+    assert file_hashes(run) == before, "a test wrote into the module's exported run (copy it first)"
+
+
+def _copy_of(exported_run: Path, dest: Path) -> Path:
+    return Path(shutil.copytree(exported_run, dest))
+
+
+def test_a_run_evaluates_on_onnx_through_the_same_metrics(exported_run, tmp_path):
     from finetune.evaluate_checkpoint import main as evaluate
 
-    run = finished_run.copy(tmp_path / "run", *RUN, data="named+test")
-    onnx_main([str(run)])
+    run = _copy_of(exported_run, tmp_path / "run")  # the finished run and its onnx/, as `onnx_main([run])` makes it
     torch_record = evaluate([str(run / "model")])
     fp32 = evaluate([str(run / "model"), "--onnx"])
     int8 = evaluate([str(run / "model"), "--onnx", "int8", "--predictions"])
@@ -143,7 +163,7 @@ def test_the_hostile_cases_are_one_line(finished_run, tmp_path, capsys):
 
 
 
-def test_onnx_files_made_from_other_weights_than_the_exports_are_refused(finished_run, tmp_path, capsys):
+def test_onnx_files_made_from_other_weights_than_the_exports_are_refused(exported_run, tmp_path, capsys):
     """Each ONNX file records the sha256 of the weights it was made from: after the export's weights change
     (a resumed run exports anew, weights copied in), --onnx refuses the stale files in one line, writing
     nothing, rather than record their scores as the export's; made again, they evaluate. The ONNX folder given
@@ -152,8 +172,7 @@ def test_onnx_files_made_from_other_weights_than_the_exports_are_refused(finishe
 
     from finetune.evaluate_checkpoint import main as evaluate
 
-    run = finished_run.copy(tmp_path / "run", *RUN, data="named+test")
-    onnx_main([str(run), "--no-int8"])
+    run = _copy_of(exported_run, tmp_path / "run")  # its onnx/: made from the weights as they were
     weights = run / "model" / "model.safetensors"
     save_file({k: v + 0.01 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     user_error(capsys, evaluate, [str(run / "model"), "--onnx"], "was made from other weights than",
@@ -163,14 +182,16 @@ def test_onnx_files_made_from_other_weights_than_the_exports_are_refused(finishe
     assert evaluate([str(run / "model"), "--onnx"])["num_samples"] == 11
 
 
-def test_onnx_files_given_as_the_model_are_evaluated_through_their_export(finished_run, tmp_path, capsys):
+def test_onnx_files_given_as_the_model_are_evaluated_through_their_export(exported_run, tmp_path, capsys):
     """An ONNX folder (<run>/onnx/, or an --output-dir elsewhere) or one of its .onnx files given as the model:
     the export it was made from is evaluated on that file, into <run>/eval/<split>-onnx-<precision>/. A file of
-    the other precision than --onnx, and files whose export is gone, are one line each."""
+    the other precision than --onnx, and files whose export is gone, are one line each. <run>/onnx/ is the
+    run's own beside its model/ even in a copy of the run (or one moved), whose files record another folder."""
     from finetune.evaluate_checkpoint import main as evaluate
 
-    run = finished_run.copy(tmp_path / "run", *RUN, data="named+test")
-    elsewhere = tmp_path / "served" / "bert"
+    # a copy of a run with its onnx/: the files record the original's model/, which is there too
+    run = _copy_of(exported_run, tmp_path / "run")
+    elsewhere = tmp_path / "served" / "bert"  # exported here from the copy: these record the copy's model/
     onnx_main([str(run), "--output-dir", str(elsewhere)])
     fp32 = evaluate([str(elsewhere)])
     assert fp32["onnx"] == str(elsewhere / "model.onnx") and fp32["num_samples"] == 11
@@ -179,12 +200,15 @@ def test_onnx_files_given_as_the_model_are_evaluated_through_their_export(finish
     assert Path(int8["metrics_file"]).parent.name == "test-onnx-int8" and int8["onnx"].endswith("model_int8.onnx")
     user_error(capsys, evaluate, [str(elsewhere / "model.onnx"), "--onnx", "int8"], "is the fp32 file",
                rule="evaluation.onnx_file_of_another_precision")  # fmt: skip
-    onnx_main([str(run), "--no-int8"])
-    assert evaluate([str(run / "onnx")])["onnx"] == str(run / "onnx" / "model.onnx")
+    own = evaluate([str(run / "onnx")])
+    assert own["onnx"] == str(run / "onnx" / "model.onnx")
+    assert Path(own["metrics_file"]).parent == run / "eval" / "test-onnx-fp32"  # the copy's export, not the original
     run.rename(tmp_path / "moved")  # the export the files record is gone; <run>/onnx/ still finds its own
     user_error(capsys, evaluate, [str(elsewhere)], f"the export they were made from ({run / 'model'}) is not there",
                untouched=elsewhere, rule="evaluation.onnx_without_its_export")  # fmt: skip
-    assert evaluate([str(tmp_path / "moved" / "onnx")])["num_samples"] == 11
+    moved = evaluate([str(tmp_path / "moved" / "onnx")])
+    assert moved["num_samples"] == 11
+    assert Path(moved["metrics_file"]).parent == tmp_path / "moved" / "eval" / "test-onnx-fp32"
 
 @pytest.mark.slow
 def test_a_lora_run_exports_its_merged_model_and_its_adapter_is_refused(finished_run, tmp_path, capsys):
@@ -244,18 +268,6 @@ def test_an_output_dir_that_holds_other_files_is_never_replaced(tmp_path, capsys
     (run / "metrics.jsonl").write_text("")  # a run: its checkpoints/ are rotated, and deleted whole by an overwrite
     user_error(capsys, onnx_main, [str(run), "--output-dir", str(run / "checkpoints" / "onnx")], "the checkpoints folder",
                untouched=run, rule="runs.onnx_output_replaced_by_its_run")  # fmt: skip
-
-
-def test_a_text_run_and_an_evaluation_import_no_onnx():
-    """The light path: onnx, onnxruntime and onnxscript are imported by the ONNX export and --onnx alone."""
-    import subprocess
-    import sys
-
-    code = ("import sys, finetune.run, finetune.evaluate_checkpoint; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'onnxscript')))")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
-    assert done.stdout.strip() == "[]"
 
 
 def test_an_image_model_is_traced_at_the_size_its_processor_makes(tmp_path):

@@ -1,7 +1,7 @@
 """Extractive question answering (finetune/tasks/questions.py, finetune/problems/spans.py): windows
 over long contexts, each question scored once from all its windows (exact match and F1 as SQuAD's script,
-finetune/squad.py), accumulation and DDP equal to one big batch, an exact resume, the export and
-evaluate_checkpoint.py, and the rules for answers that do not fit their contexts."""
+finetune/squad.py), an exact resume, the export and evaluate_checkpoint.py, and the rules for answers that do
+not fit their contexts. Accumulation and DDP equal to one big batch: tests/test_ddp_equivalence.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from conftest import (
     DROPOUT_BERT,
     TINY_BERT,
     TOKENIZER,
-    launch,
     logged_losses,
     user_error,
     write_jsonl,
@@ -155,26 +154,6 @@ def test_the_squad_v2_baseline_abstains_where_answering_nothing_scores_more():
     one = {"answers": ["north"], "context": "The river runs north to the sea."}
     assert spans.baseline(2, [none, none, one], [])["f1"] == pytest.approx(2 / 3)  # two of three right, by abstaining
     assert spans.baseline(2, [one], [])["f1"] == 0.0  # v1.1: the first words, as before
-
-
-def test_accumulation_and_ddp_equal_one_big_batch_and_score_every_question_once(qa_data, tmp_path):
-    """1 x 8, 1 x 2 x 4 and 2 processes x 2 x 2 give the same weights (the loss is a mean over windows, the
-    windows split unevenly over the ranks); validation scores each of the 11 questions once under both, with
-    the same scores."""
-    common = ("num_train_epochs=2", "max_grad_norm=null")
-    main(qa_args(qa_data, tmp_path / "a", *common))
-    main(qa_args(qa_data, tmp_path / "b", "per_device_train_batch_size=2", "gradient_accumulation_steps=4", *common))
-    result = launch(qa_args(qa_data, tmp_path / "d", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",
-                            *common), num_processes=2)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    reference = _weights(tmp_path / "a")
-    assert _worst(_weights(tmp_path / "b"), reference) < 1e-5
-    assert _worst(_weights(tmp_path / "d"), reference) < 1e-5
-    assert any(v.abs().sum() > 0 for v in reference.values())
-    scored = {run: json.loads((tmp_path / run / "results.json").read_text())["validation"] for run in ("a", "d")}
-    assert scored["a"]["num_samples"] == scored["d"]["num_samples"] == 11
-    assert scored["a"]["f1"] == pytest.approx(scored["d"]["f1"], abs=1e-9)
-    assert scored["a"]["exact_match"] == pytest.approx(scored["d"]["exact_match"], abs=1e-9)
 
 
 def test_a_resume_mid_epoch_ends_as_the_uninterrupted_run(qa_data, tmp_path):

@@ -1,18 +1,16 @@
 """Long texts read whole (text_windows, finetune/tasks/text.py): windows of max_length tokens
 that overlap, each trained on its text's label; evaluation scores each text once from the mean of its
-windows' logits (finetune/evaluation.py, per_text), under accumulation and DDP as in one big batch."""
+windows' logits (finetune/evaluation.py, per_text), under accumulation and DDP as in one big batch
+(tests/test_ddp_equivalence.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_BERT, TOKENIZER, launch, rotten_rows, user_error, write_csv
-from safetensors.torch import load_file
+from conftest import TINY_BERT, TOKENIZER, rotten_rows, user_error, write_csv
 
-from finetune.evaluate_checkpoint import main as evaluate_main
 from finetune.evaluation import per_text
 from finetune.run import main
 
@@ -67,32 +65,6 @@ def test_per_text_is_the_mean_of_a_texts_windows_in_text_order():
     logits = torch.tensor([[1.0, 0.0], [3.0, 2.0], [0.0, 4.0], [5.0, 5.0]])
     mean, labels = per_text(logits, torch.tensor([1, 0, 1, 0]), torch.tensor([2, 0, 2, 0]))
     assert torch.equal(mean, torch.tensor([[4.0, 3.5], [0.5, 2.0]])) and labels.tolist() == [0, 1]
-
-
-def _weights(out: Path) -> dict:
-    return load_file(out / "model" / "model.safetensors")
-
-
-def test_accumulation_and_ddp_equal_one_big_batch_and_each_text_is_scored_once(long_texts, tmp_path):
-    main(window_args(long_texts, tmp_path / "a"))
-    main(window_args(long_texts, tmp_path / "b", "per_device_train_batch_size=2", "gradient_accumulation_steps=4"))
-    result = launch(window_args(long_texts, tmp_path / "d", "per_device_train_batch_size=2",
-                                "gradient_accumulation_steps=2"), num_processes=2)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    reference = _weights(tmp_path / "a")
-    for run in ("b", "d"):
-        assert max((v - reference[k]).abs().max().item() for k, v in _weights(tmp_path / run).items()) < 1e-5, run
-    scored = {run: json.loads((tmp_path / run / "results.json").read_text())["validation"] for run in ("a", "d")}
-    assert scored["a"]["num_samples"] == scored["d"]["num_samples"] == 7
-    assert scored["a"]["accuracy"] == pytest.approx(scored["d"]["accuracy"], abs=1e-9)
-    assert "7 samples (" in result.stdout + result.stderr  # the start summary counts texts and their windows
-
-    # the export evaluates the same, text by text, with a line of predictions each
-    evaluated = evaluate_main([str(tmp_path / "a" / "model"), "--data", str(long_texts["validation"]), "--predictions"])
-    assert evaluated["num_samples"] == 7 and evaluated["accuracy"] == pytest.approx(scored["a"]["accuracy"])
-    [written] = (tmp_path / "a" / "eval").rglob("predictions.jsonl")
-    lines = [json.loads(line) for line in written.read_text().splitlines()]
-    assert len(lines) == 7 and all(abs(sum(line["probabilities"].values()) - 1) < 1e-5 for line in lines)
 
 
 @pytest.mark.parametrize(("setting", "rule", "fragment"), [

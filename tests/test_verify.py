@@ -120,7 +120,7 @@ def test_a_broken_variant_is_detected(recipe, monkeypatch, capsys):
     assert "DIFFERENT" in printed and "FAILED: accumulation differs from one big batch" in printed
 
 
-@pytest.mark.slow  # ~20-40 s; DDP equivalence of the loop itself is in test_equivalence.py
+@pytest.mark.slow  # ~20-40 s; DDP equivalence of the loop itself is in test_ddp_equivalence.py
 def test_ddp_on_two_cpu_processes_agrees(recipe):
     result = launch(
         ["--config", str(recipe), "per_device_train_batch_size=4"],
