@@ -65,11 +65,17 @@ def token_flops(f: dict[str, Any], s: int) -> float:
     )
 
 
+def sequences(mask: torch.Tensor) -> torch.Tensor:
+    """A batch's token inputs as (sequences, tokens): a multiple-choice batch's (samples, candidates, tokens)
+    is each candidate a sequence of its own, as the model reads it."""
+    return mask.flatten(0, -2) if mask.dim() > 2 else mask
+
+
 def batch_counts(batch: dict[str, torch.Tensor], tokens_per_image: int | None) -> tuple[int, int, int, int]:
     """(samples, real tokens, padded tokens, padded length) of a collated batch."""
     if "attention_mask" in batch:
-        mask = batch["attention_mask"]
-        return mask.shape[0], int(mask.sum()), mask.numel(), mask.shape[1]
+        samples, mask = batch["attention_mask"].shape[0], sequences(batch["attention_mask"])
+        return samples, int(mask.sum()), mask.numel(), mask.shape[1]
     if "input_ids" in batch:
         ids = batch["input_ids"]
         return ids.shape[0], ids.numel(), ids.numel(), ids.shape[1]
@@ -91,7 +97,7 @@ def real_flops(batch: dict[str, torch.Tensor], f: dict[str, Any]) -> float:
     rows that fill a compiled model's batch) never reads as useful work."""
     if "attention_mask" not in batch:
         return 0.0
-    return float(sum(n * token_flops(f, n) for n in batch["attention_mask"].sum(1).tolist()))
+    return float(sum(n * token_flops(f, n) for n in sequences(batch["attention_mask"]).sum(1).tolist()))
 
 
 def mfu(model_flops_per_s: float, peak_flops_per_s: float) -> float:

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.flops import batch_counts, flop_model, real_flops, token_flops, tokens_per_image
+from benchmarks.flops import batch_counts, flop_model, real_flops, sequences, token_flops, tokens_per_image
 from benchmarks.peak import synchronize
 from finetune.tracking import PHASES, Hooks
 
@@ -133,8 +133,8 @@ class Recorder(Hooks):
             c.flops_real += b * self.flops["flops_per_sample"]
             return
         if not self.split and "attention_mask" in batch:  # int(mask.sum()) would wait for the device
-            mask = batch["attention_mask"]
-            c.samples, c.padded_tokens = c.samples + mask.shape[0], c.padded_tokens + mask.numel()
+            mask = sequences(batch["attention_mask"])  # a candidate of multiple choice: a sequence
+            c.samples, c.padded_tokens = c.samples + batch["attention_mask"].shape[0], c.padded_tokens + mask.numel()
             c.flops += mask.numel() * token_flops(self.flops, mask.shape[1]) if self.flops else 0.0
             c.lengths.append(mask.sum(1))
             return

@@ -62,7 +62,8 @@ _share_the_cores_among_workers()
 # --no-loadscope-reorder keeps this order).
 LONGEST_FIRST = ["test_onnx.py", "test_evaluate_checkpoint.py", "test_bad_input.py", "test_rundir.py", "test_streams.py",
                  "test_data.py", "test_checks.py", "test_problems.py", "test_search.py", "test_images.py", "test_signals.py",
-                 "test_tokens.py", "test_models.py", "test_launch.py", "test_ddp_equivalence.py", "test_checkpoint.py",
+                 "test_tokens.py", "test_multiple_choice.py", "test_models.py", "test_launch.py", "test_ddp_equivalence.py",
+                 "test_checkpoint.py",
                  "test_faults.py", "test_efficientnet.py", "test_run.py", "test_question_answering.py", "test_fuzz.py",
                  "test_slurm.py", "test_verify.py"]  # fmt: skip
 
