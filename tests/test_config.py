@@ -79,7 +79,7 @@ def test_help_lists_every_setting_with_type_default_help_and_the_recipes_value(c
         assert f"  {f.name}: " in out and f.metadata["help"] in out, f.name
     assert "  learning_rate: float = 5e-05" in out
     assert (
-        "task: question-answering | token-classification | image-classification | text-classification | null = null    "
+        "task: question-answering | multiple-choice | token-classification | image-classification | text-classification | null = null    "
         "(recipe: image-classification)"
         in out
     )
@@ -153,8 +153,8 @@ def test_nested_keys_set_one_key_of_a_mapping(tmp_path):
                                         r"write save_total_limit=null") as raised:  # fmt: skip
         load_config(recipe, ["save_total_limit=None"])
     assert raised.value.rule == "settings.none_as_text"
-    with pytest.raises(UserError, match=r"^resume_from_checkpoint=true: the newest checkpoint of output_dir is "
-                                        r"resume_from_checkpoint=latest") as raised:  # fmt: skip
+    with pytest.raises(UserError, match=r"^resume_from_checkpoint=true is not a value here: to resume from "
+                                        r"output_dir's newest checkpoint, set resume_from_checkpoint=latest") as raised:  # fmt: skip
         load_config(recipe, ["resume_from_checkpoint=true"])
     assert raised.value.rule == "settings.resume_true"
     with pytest.raises(UserError, match=r"unknown tracker 'nothing'.*\(none, or \[\], for no tracker\)") as raised:
@@ -413,11 +413,11 @@ OTHER = "settings.other_tasks_setting"
     (["label_all_tokens=true"], "label_all_tokens=true is a setting of token-classification runs, which a "
                                 "text-classification run does not read: leave it out", OTHER),
     (["task=image-classification", "freeze_embeddings=false", "group_by_length=true", "max_length=32"],
-     "group_by_length=true, max_length=32 are settings of question-answering, text-classification and token-classification runs, "
+     "group_by_length=true, max_length=32 are settings of multiple-choice, question-answering, text-classification and token-classification runs, "
      "which an image-classification run does not read: leave them out (or, if the task is wrong, set task=)", OTHER),
     (["augment=[crop]"], "augment=[crop] augments training images", "settings.augment_without_images"),
     (["task=image-classification", "freeze_embeddings=false", "tokenizer_name=data/bert_minilm_l6_uncased"],
-     "is a setting of question-answering, text-classification and token-classification runs, which an image-classification run does",
+     "is a setting of multiple-choice, question-answering, text-classification and token-classification runs, which an image-classification run does",
      OTHER),
     (["task=image-classification", "freeze_embeddings=false", "data_dir=/tmp/imgs", "output_dir=/tmp/imgs/train/run"],
      "output_dir /tmp/imgs/train/run is inside data_dir /tmp/imgs, where the image folder loader reads",
@@ -437,8 +437,9 @@ OTHER = "settings.other_tasks_setting"
                                                         "which a token-classification run does not read", OTHER),
     (["task=token-classification", "text_column=sentence"], "text_column=sentence is a setting of "
                                                             "text-classification runs", OTHER),
-    (["task=token-classification", "label_column=foo"], "label_column=foo is a setting of image-classification and "
-                                                        "text-classification runs, which a token-classification run",
+    (["task=token-classification", "label_column=foo"], "label_column=foo is a setting of image-classification, "
+                                                        "multiple-choice and text-classification runs, which a "
+                                                        "token-classification run",
      OTHER),
 ])  # fmt: skip
 def test_settings_of_another_task_or_that_read_the_answer_are_refused(settings, fragment, rule):

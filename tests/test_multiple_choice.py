@@ -126,7 +126,8 @@ def test_a_right_candidate_beyond_the_candidates_is_one_line(swag, tmp_path, cap
     rows = swag_rows(12, seed=1)
     rows[3]["label"] = 4
     data = {**swag, "validation": write_jsonl(tmp_path / "bad.jsonl", rows)}
-    user_error(capsys, main, swag_args(data, tmp_path / "run"), "4", rule="labels.unseen")
+    user_error(capsys, main, swag_args(data, tmp_path / "run"), "the validation labels '4' are not candidates' numbers",
+               "0 for ending0 to 3 for ending3", rule="labels.not_a_candidate_number")  # fmt: skip
     assert not (tmp_path / "run").exists()
 
 
@@ -137,3 +138,95 @@ def test_the_bundled_recipe_trains_on_its_bundled_questions(tmp_path):
                     "max_eval_samples=16", "max_steps=2", f"output_dir={tmp_path / 'run'}"])  # fmt: skip
     assert results["label_names"] == ["0", "1", "2", "3"] and results["validation"]["num_samples"] == 16
     assert "baseline" in results["validation"]
+
+
+def _with(tmp_path, name: str, rows: list[dict]):
+    return write_jsonl(tmp_path / f"{name}.jsonl", rows)
+
+
+@pytest.mark.parametrize(("labels", "fragment"), [
+    (["A", "B", "C", "D"], "map the letters to numbers (A to 0"),
+    ([1, 2, 3, 4], "the numbers count from 1 here: subtract 1"),
+    (["plays a song.", "x", "y", "z"], "write the right candidate's number, not its text"),
+])  # fmt: skip
+def test_a_label_that_is_no_candidates_number_says_what_it_looks_like(swag, tmp_path, capsys, labels, fragment):
+    rows = swag_rows(12)
+    for i, row in enumerate(rows):
+        row["label"] = labels[i % 4]
+    data = {**swag, "train": _with(tmp_path, "bad", rows)}
+    user_error(capsys, main, swag_args(data, tmp_path / "run"), "are not candidates' numbers", fragment,
+               rule="labels.not_a_candidate_number")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
+def test_whole_numbers_written_as_floats_are_the_candidates_numbers(swag, tmp_path):
+    """2.0 (a CSV column with a blank once, read by pandas) is candidate 2."""
+    rows = swag_rows(24)
+    data = {"train": write_csv(tmp_path / "train.csv", [{**r, "label": float(r["label"])} for r in rows]),
+            "validation": swag["validation"]}  # fmt: skip
+    assert main(swag_args(data, tmp_path / "run", "max_steps=1"))["label_names"] == ["0", "1", "2", "3"]
+
+
+def test_splits_with_other_numbers_of_candidates_or_a_gap_are_one_line(swag, tmp_path, capsys):
+    """Five endings in validation against train's four, three, and ending0, ending1, ending3: one line each;
+    a model of four candidates given data of five, too."""
+    for endings in (5, 3):
+        data = {**swag, "validation": _with(tmp_path, f"v{endings}", swag_rows(8, endings=endings))}
+        user_error(capsys, main, swag_args(data, tmp_path / "run"), f"the validation data has {endings} candidates",
+                   "the train data 4", rule="columns.numbered_unlike_train")  # fmt: skip
+    gap = [{k: v for k, v in r.items() if k != "ending2"} | {"label": r["label"] % 2} for r in swag_rows(12)]
+    user_error(capsys, main, swag_args({**swag, "train": _with(tmp_path, "gap", gap)}, tmp_path / "run"),
+               "but no ending2", "ending3 on would be left out", rule="columns.numbered_with_a_gap")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+    run = tmp_path / "four"
+    main(swag_args(swag, run, "max_steps=1", "test_file=null"))
+    five = _with(tmp_path, "five", swag_rows(8, endings=5))
+    user_error(capsys, evaluate, [str(run / "model"), "--data", str(five)], "has 5 candidates",
+               "the model was trained on 4", rule="labels.candidates_unlike_the_models")  # fmt: skip
+
+
+def test_data_in_another_multiple_choice_layout_names_swags(swag, tmp_path, capsys):
+    """HellaSwag's `ctx` and a list of `endings`: the line names SWAG's layout to rename to, and the text task
+    for data that is that."""
+    rows = [{"ctx": r["sent1"], "endings": [r[f"ending{k}"] for k in range(4)], "label": r["label"]} for r in swag_rows(8)]
+    data = {**swag, "train": _with(tmp_path, "hellaswag", rows)}
+    user_error(capsys, main, swag_args(data, tmp_path / "run", "task=multiple-choice"), "column 'sent1' not found",
+               "reads SWAG's layout", "a list of candidates into one column each", rule="columns.another_layout")  # fmt: skip
+
+
+def test_the_right_candidate_always_the_same_is_one_line(swag, tmp_path, capsys):
+    rows = swag_rows(16)
+    for row in rows:  # the right answer written first, as some data has it
+        right = row[f"ending{row['label']}"]
+        row[f"ending{row['label']}"], row["ending0"], row["label"] = row["ending0"], right, 0
+    data = {**swag, "train": _with(tmp_path, "first", rows)}
+    user_error(capsys, main, swag_args(data, tmp_path / "run"), "every one of the 16 training labels is 0",
+               "shuffle each row's candidates", rule="labels.right_candidate_always_the_same")  # fmt: skip
+
+
+def test_a_long_context_is_cut_and_an_empty_header_or_a_missing_later_ending_read_as_they_mean(swag, tmp_path, capsys):
+    """A context past max_length is cut (the longer side first), sent2 missing in a row is no text (not the
+    word None), and a later ending missing in a row is refused as the first two are."""
+    rows = swag_rows(16)
+    rows[0]["sent1"] = " ".join(["the long context goes on"] * 60)
+    rows[1]["sent2"] = None
+    data = {**swag, "train": _with(tmp_path, "long", rows)}
+    main(swag_args(data, tmp_path / "run", "max_steps=1", "test_file=null"))
+    from transformers import AutoTokenizer
+
+    from finetune.tasks import task_of
+
+    ds = __import__("datasets").Dataset.from_list(rows[:2])
+    enc = task_of("multiple-choice").prepare(ds, AutoTokenizer.from_pretrained(TOKENIZER), _data_args(data), "eval", 3)
+    assert max(len(ids) for ids in enc[0]["input_ids"]) <= 32
+    decoded = AutoTokenizer.from_pretrained(TOKENIZER).decode(enc[1]["input_ids"][0])
+    assert "none" not in decoded.split() and rows[1]["ending0"].split()[0].lower() in decoded
+    rows[2]["ending3"] = None
+    user_error(capsys, main, swag_args({**swag, "train": _with(tmp_path, "none", rows)}, tmp_path / "r2"),
+               "text column 'ending3'", "empty cell at row 3", rule="columns.text_missing_in_a_row")  # fmt: skip
+
+
+def _data_args(data):
+    from finetune.config import load_config
+
+    return load_config(None, swag_args(data, "/tmp/unused")).data_args

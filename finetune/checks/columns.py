@@ -30,7 +30,7 @@ from finetune.checks.labels import (
 )
 from finetune.formats import A_TAG, IOB2_TAG, image_paths, plain_tags, word_lists
 from finetune.metrics import SPANS, TOKENS
-from finetune.tasks import TASKS, pair_first, pair_partner, task_for_data
+from finetune.tasks import DEFAULT_TASK, TASKS, pair_first, pair_partner, task_for_data
 from finetune.text import BLANK, shown
 
 
@@ -507,6 +507,48 @@ def nested_field(c: Columns) -> str | None:
                        f"lines=True)) and set {c.setting_of(c.missing)}={flat}")
 
 
+def _numbered(c: Columns, columns: list[str]) -> list[int]:
+    """The numbers of the task's numbered input columns (multiple choice's ending0, ending1, ...) among `columns`."""
+    prefix = c.task.numbered
+    return sorted(int(n[len(prefix):]) for n in columns if re.fullmatch(rf"{re.escape(prefix)}\d+", n)) if prefix else []
+
+
+@rule("columns.another_layout")
+def another_layout(c: Columns) -> str | None:
+    """A task that reads fixed column names (multiple choice: SWAG's) given data in another layout (HellaSwag's
+    list of endings, CommonsenseQA's choices): the layout to rename them to."""
+    if c.task.layout is None or c.missing not in c.inputs or c.looks_like not in (c.args.task, DEFAULT_TASK):
+        return None
+    other = "" if c.looks_like == c.args.task else f"; or, for {DEFAULT_TASK} data, set task={DEFAULT_TASK}"
+    return c.not_found(f"; {c.args.task} reads {c.task.layout}{other}")
+
+
+@rule("columns.numbered_with_a_gap")
+def numbered_with_a_gap(c: Columns) -> str | None:
+    """Numbered input columns (multiple choice's endings) with a number missing: those after the gap would
+    not be read."""
+    numbers, prefix = _numbered(c, c.names), c.task.numbered
+    gap = next((i for i, n in enumerate(numbers) if n != i), None)
+    if gap is None:
+        return None
+    return (f"the {c.split} data has {', '.join(f'{prefix}{n}' for n in numbers)} but no {prefix}{gap}: the candidates "
+            f"are read from {prefix}0 to the first number missing, so {prefix}{numbers[gap]} on would be left out; "
+            "number them from 0 without a gap")
+
+
+@rule("columns.numbered_unlike_train")
+def numbered_unlike_train(c: Columns) -> str | None:
+    """A split with another number of numbered input columns than train's (multiple choice: 5 endings in
+    validation, 4 in train): the model scores as many candidates as it trains on."""
+    if c.train_columns is None or not c.task.numbered:
+        return None
+    mine, theirs, prefix = len(_numbered(c, c.names)), len(_numbered(c, c.train_columns)), c.task.numbered
+    if mine == theirs:
+        return None
+    return (f"the {c.split} data has {mine} candidates ({prefix}0 to {prefix}{mine - 1}), the train data {theirs}: every "
+            f"split needs as many")
+
+
 @rule("columns.missing")
 def missing(c: Columns) -> str | None:
     """A column the run reads that the split does not have: the columns it has."""
@@ -518,9 +560,9 @@ def missing(c: Columns) -> str | None:
 MISSING = [a_model_file, pixel_columns, tags_joined_in_a_cell, character_spans, image_folder_of_one_class,
            images_under_another_name, spaced_header, names_in_another_case, words_as_one_string,
            records_nested_under_a_key, words_and_tags_under_other_names, words_without_tags, conll_read_as_a_table,
-           question_answering_columns, another_tasks_data, labels_of_an_image_folder, image_paths_for_a_text_model, text_column_named_otherwise,
+           question_answering_columns, another_layout, another_tasks_data, labels_of_an_image_folder, image_paths_for_a_text_model, text_column_named_otherwise,
            no_header, scored_split_without_labels, label_column_named_otherwise, labels_and_texts_named_otherwise,
-           another_name_than_train, nested_field, missing]  # fmt: skip
+           another_name_than_train, nested_field, numbered_with_a_gap, numbered_unlike_train, missing]  # fmt: skip
 
 
 # --- the values of the columns that are there --------------------------------------------------------------
@@ -598,7 +640,8 @@ def _text_columns(c: Columns):
     """(column, the setting that names it) of a text run's inputs."""
     if c.task.modality != "text" or c.tagging:
         return []
-    return [(n, "text_pair_column" if n == c.args.text_pair_column else "text_column") for n in c.inputs]
+    inputs = [n for n in c.task.sample_columns(c.names, c.args) if n in c.names or n in c.inputs]  # every candidate
+    return [(n, "text_pair_column" if n == c.args.text_pair_column else "text_column") for n in inputs]
 
 
 def _strings(feature) -> bool:

@@ -9,6 +9,8 @@ finetune/problems/ ask these as they read and encode the labels).
     TAGS           a tag per word: lists of the words' length, a tag set strict IOB2 scoring reads, a problem_type
                    of the other tag scheme (TAG_PROBLEM)
     TRAINED_AS     warnings once the labels are read: a label set that probably means something else
+    CANDIDATES     multiple choice: a label that is no candidate's number, data with another number of
+                   candidates than the model's; CANDIDATES_TRAINED: the right candidate always the same
 
 A rule reads the column as the parser typed it (`kind_of`: class names, int, float, list) and the settings
 that name the labels.
@@ -21,6 +23,7 @@ import json
 import math
 import re
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from finetune.checks import rule
@@ -1402,3 +1405,75 @@ def a_class_a_sample(t: Trained) -> str | None:
 
 
 TRAINED_AS = [no_label_mark_rule, misspelt_class_rule, classes_of_another_kind, a_class_a_sample]
+
+
+# --- multiple choice: the right candidate's number (finetune/problems/choices.py) -----------------------------
+
+
+@dataclass
+class Candidates:
+    """A split's multiple-choice labels against its candidates: `values`, the distinct labels as the data holds
+    them; `count` candidates (`prefix`0 ...); `names`, training's (or the model's) candidate numbers; `right`, how
+    often each number is right in training (None for another split)."""
+
+    split: str
+    values: list
+    count: int
+    prefix: str
+    names: list[str]
+    fixed: bool = False
+    right: Counter | None = None
+
+
+def candidate_number(value) -> str | None:
+    """A label as a candidate's number ("2" for 2, "2", 2.0), or None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip()
+    return text if re.fullmatch(r"\d+", text) else None
+
+
+@rule("labels.candidates_unlike_the_models")
+def candidates_unlike_the_models(c: Candidates) -> str | None:
+    """Data for a multiple-choice model with another number of candidates than it was trained on: it scores
+    as many as it learned to choose among."""
+    if not c.fixed or c.count == len(c.names):
+        return None
+    return (f"the {c.split} data has {c.count} candidates ({c.prefix}0 to {c.prefix}{c.count - 1}); the model was "
+            f"trained on {len(c.names)}: give it data with {c.prefix}0 to {c.prefix}{len(c.names) - 1}")
+
+
+@rule("labels.not_a_candidate_number")
+def not_a_candidate_number(c: Candidates) -> str | None:
+    """A multiple-choice label that is not the number of one of its candidates: a letter (A-D), the right
+    answer's text, numbers counted from 1, a number past the last candidate."""
+    numbers = [candidate_number(v) for v in c.values]
+    bad = [v for v, n in zip(c.values, numbers, strict=True) if n is None or int(n) >= c.count]
+    if not bad:
+        return None
+    letters = all(isinstance(v, str) and re.fullmatch(r"[A-Za-z]", v.strip()) for v in bad)
+    from_one = all(n is not None for n in numbers) and {int(n) for n in numbers} <= set(range(1, c.count + 1))
+    texts = all(n is None for n in numbers)
+    hint = ("map the letters to numbers (A to 0, B to 1, ...)" if letters else "the numbers count from 1 here: "
+            "subtract 1" if from_one else "write the right candidate's number, not its text" if texts
+            else "check these rows")  # fmt: skip
+    return (f"the {c.split} labels {', '.join(shown(str(v)) for v in sorted(bad, key=str)[:4])} are not candidates' numbers: a label is the "
+            f"right candidate's number, 0 for {c.prefix}0 to {c.count - 1} for {c.prefix}{c.count - 1}; {hint}")
+
+
+@rule("labels.right_candidate_always_the_same")
+def right_candidate_always_the_same(c: Candidates) -> str | None:
+    """Every training question answered by the same candidate (the right answer always written first): the
+    model would learn the position, not the answer, and a validation split written alike would not tell."""
+    if c.right is None or len(c.right) != 1 or sum(c.right.values()) < 2:
+        return None
+    (number, n), = c.right.items()
+    return (f"every one of the {n} training labels is {number} ({c.prefix}{number} always the right candidate): "
+            f"the model would learn the position, not the answer; shuffle each row's candidates and set its label "
+            f"to where the right one went")
+
+
+CANDIDATES = [candidates_unlike_the_models, not_a_candidate_number]
+CANDIDATES_TRAINED = [right_candidate_always_the_same]

@@ -564,8 +564,8 @@ def null_for_a_value(key: str, value: Any, hint: Any) -> str | None:
 def resume_true(key: str, value: Any, hint: Any) -> str | None:
     """`resume_from_checkpoint=true`, the Trainer's way: here the newest checkpoint is `latest`."""
     if key == "resume_from_checkpoint" and value is True:
-        return ("resume_from_checkpoint=true: the newest checkpoint of output_dir is resume_from_checkpoint=latest; or "
-                "give a checkpoint's folder")
+        return ("resume_from_checkpoint=true is not a value here: to resume from output_dir's newest checkpoint, set "
+                "resume_from_checkpoint=latest; or give a checkpoint's folder")
     return None
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from datasets import Dataset as HFDataset
 
 from finetune import checks
+from finetune.checks import labels
 from finetune.config import DataArgs
 from finetune.metrics import CHOICES
-from finetune.problems.base import Problem
-from finetune.tasks.choices import ending_columns
+from finetune.problems.base import Problem, encode_labels
+from finetune.tasks.choices import ENDING, ending_columns
 
 
 class Choices(Problem):
@@ -39,8 +42,20 @@ class Choices(Problem):
         classes of the data."""
         return {k: v for k, v in super().report(predictions, references, names, threshold).items() if not k.startswith("macro_")}
 
+    def encode(self, ds, args, names, split, said, fixed=False):
+        """The right candidate's number (2, "2" or 2.0) as its class, checked against the split's candidates
+        (checks/labels.py, CANDIDATES)."""
+        column = args.label_column
+        values = sorted(set(ds[column][:]), key=str)
+        checks.gate(labels.CANDIDATES, labels.Candidates(split, values, len(ending_columns(ds.column_names)), ENDING,
+                                                         names, fixed))  # fmt: skip
+        numbers = [labels.candidate_number(v) for v in ds[column][:]]  # as text: the classes' names
+        return encode_labels(ds.remove_columns(column).add_column(column, numbers), column, names, split)
+
     def check_trained(self, train, names, args, said) -> None:
-        pass
+        right = Counter(names[i] for i in train["labels"][:])
+        checks.gate(labels.CANDIDATES_TRAINED, labels.Candidates("train", [], len(names), ENDING, names, right=right),
+                    said=said)  # fmt: skip
 
     def check_splits(self, raw, names, args, said) -> None:
         pass

@@ -34,6 +34,8 @@ class Task:
     has_word_embeddings = False  # freeze_embeddings applies
     preprocessor_first = False  # loaded before the model (a tokenizer's vocabulary sizes a model from a config)
     streams = False  # streaming=true reads its training data as a stream (finetune/streams.py)
+    numbered: str | None = None  # the prefix of input columns numbered from 0 (multiple choice's ending0, ...)
+    layout: str | None = None  # fixed column names the task reads: the line on a missing one names them
     # The rules `check_model` asks of the built model and its preprocessor (a `model_rules.Fit`).
     model_checks: tuple[checks.Rule, ...] = ()
 

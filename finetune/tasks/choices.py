@@ -3,7 +3,7 @@
 The data is in SWAG's layout, as the Hub's `swag` and run_swag.py have it: `sent1` (the context), `sent2`
 (the start of every ending, optional), `ending0` ... `endingN` (two or more candidates, numbered from 0) and
 `label` (the right ending's number). Each candidate is tokenized as a pair with its context (`sent1`, then
-`sent2` and the ending), cut at `max_length` from the ending's side; the model scores every candidate and
+`sent2` and the ending), cut at `max_length` from the longer side first; the model scores every candidate and
 the loss is the cross-entropy over them (finetune/problems/choices.py), so one sample is one context with all
 its candidates, however many there are.
 """
@@ -34,6 +34,10 @@ class MultipleChoice(TextClassification):
     architecture_suffix = "ForMultipleChoice"
     own_settings = TextClassification.own_settings - {"text_column", "text_pair_column", "label_columns", "text_windows"}
     problems = (CHOICES,)
+    numbered = ENDING
+    layout = (f"SWAG's layout: {CONTEXT} (the context), {HEADER} (optional), {ENDING}0, {ENDING}1, ... (the "
+              "candidates) and label (the right one's number from 0; docs/multiple-choice.md): rename the columns to "
+              "it, a list of candidates into one column each, letters into numbers")  # fmt: skip
 
     def input_columns(self, data: DataArgs) -> list[str]:
         """The context and the first two candidates: the columns every split must have (more are read too)."""
@@ -52,9 +56,10 @@ class MultipleChoice(TextClassification):
 
         def choices(batch):
             firsts = [context for context in batch[CONTEXT] for _ in endings]
-            starts = batch[HEADER] if header else [""] * len(batch[CONTEXT])
-            seconds = [f"{start} {batch[e][i]}".strip() for i, start in enumerate(starts) for e in endings]
-            enc = preprocessor(firsts, seconds, truncation="only_second", max_length=data.max_length)
+            starts = batch[HEADER] if header else [None] * len(batch[CONTEXT])  # optional, in a row too
+            seconds = [f"{start or ''} {batch[e][i]}".strip() for i, start in enumerate(starts) for e in endings]
+            # cut at max_length from the longer side first, the context too (run_swag.py's truncation)
+            enc = preprocessor(firsts, seconds, truncation=True, max_length=data.max_length)
             out = {k: [v[i : i + len(endings)] for i in range(0, len(v), len(endings))] for k, v in enc.items()}
             out["length"] = [max(len(ids) for ids in sample) for sample in out["input_ids"]]
             return out
@@ -64,8 +69,8 @@ class MultipleChoice(TextClassification):
                       new_fingerprint=tokenized_fingerprint(ds, choices))  # fmt: skip
 
     def sample_columns(self, columns: list[str], data: DataArgs) -> list[str]:
-        """The context and every candidate, in order."""
-        return [CONTEXT, HEADER, *ending_columns(columns)]
+        """The context and every candidate, in order (sent2, optional, is no text a row must have)."""
+        return [CONTEXT, *ending_columns(columns)]
 
     def card_columns(self, data: DataArgs) -> str:
         return f"contexts from `{CONTEXT}` (with `{HEADER}`, where the data has it), candidates from `{ENDING}0`, `{ENDING}1`, ..."
