@@ -97,16 +97,30 @@ def test_every_task_exports_with_dynamic_axes(tmp_path, kind):
 
 
 @pytest.fixture(scope="module")
-def exported_run(finished_run, tmp_path_factory) -> Path:
-    """The RUN finished run with its ONNX files (fp32 and int8, <run>/onnx/), exported once for the tests whose
-    subject is what is done with the files (each export of the tiny BERT takes ~6 s). Read it, never write into
-    it: a test works on `_copy_of(exported_run, ...)`, whose onnx/ records this run's model/ as its export
-    (`EXPORT_OF`) and the same weights' sha256. A test that needs the files to record its own run's folder
-    exports them itself."""
-    from conftest import file_hashes
+def export_command(finished_run, tmp_path_factory):
+    """The RUN finished run exported once by the real command (`python -m finetune.onnx_export <run>`, fp32 and
+    int8, in a process of its own): the run and what the command printed."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
 
     run = finished_run.copy(tmp_path_factory.mktemp("exported") / "run", *RUN, data="named+test")
-    onnx_main([str(run)])
+    done = subprocess.run([sys.executable, "-m", "finetune.onnx_export", str(run)], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run, done
+
+
+@pytest.fixture(scope="module")
+def exported_run(export_command) -> Path:
+    """The run with its ONNX files (<run>/onnx/), for the tests whose subject is what is done with the files
+    (each export of the tiny BERT takes ~6 s). Read it, never write into it: a test works on
+    `_copy_of(exported_run, ...)`, whose onnx/ records this run's model/ as its export (`EXPORT_OF`) and the
+    same weights' sha256. A test that needs the files to record its own run's folder exports them itself."""
+    from conftest import file_hashes
+
+    run = export_command[0]
     before = file_hashes(run)
     yield run
     assert file_hashes(run) == before, "a test wrote into the module's exported run (copy it first)"
@@ -286,12 +300,12 @@ def test_an_image_model_is_traced_at_the_size_its_processor_makes(tmp_path):
 
 
 def test_an_export_prints_its_own_line_and_a_signal_leaves_the_earlier_files_and_nothing_half_written(
-        tmp_path, monkeypatch):
-    """python -m finetune.onnx_export (int8 too): stdout is the app's one line, stderr holds none of the libraries'
-    noise (torch.onnx's registry and axis names, torch's pytree deprecation, onnxruntime's quantizer's advice,
-    transformers' bars). SIGTERM during the next export: one `stopped:` line, exit 143, no staging folder left,
-    the earlier onnx/ as it was; and a stop between setting the earlier folder aside and moving the new one in
-    puts the earlier back."""
+        export_command, exported_run, tmp_path, monkeypatch):
+    """python -m finetune.onnx_export (int8 too: the module's export, `export_command`): stdout is the app's one
+    line, stderr holds none of the libraries' noise (torch.onnx's registry and axis names, torch's pytree
+    deprecation, onnxruntime's quantizer's advice, transformers' bars). SIGTERM during the next export: one
+    `stopped:` line, exit 143, no staging folder left, the earlier onnx/ as it was; and a stop between setting
+    the earlier folder aside and moving the new one in puts the earlier back."""
     import signal
     import subprocess
     import sys
@@ -301,13 +315,10 @@ def test_an_export_prints_its_own_line_and_a_signal_leaves_the_earlier_files_and
 
     import finetune.onnx_export
 
-    run = tmp_path / "run"
-    MODELS["single_label"](run / "model")
-    done = subprocess.run([sys.executable, "-m", "finetune.onnx_export", str(run)], capture_output=True, text=True,
-                          cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == [f"ONNX files of {run / 'model'} -> {run / 'onnx'}"]
+    source, done = export_command
+    assert done.stdout.splitlines() == [f"ONNX files of {source / 'model'} -> {source / 'onnx'}"]
     assert done.stderr.strip() == "", done.stderr
+    run = _copy_of(exported_run, tmp_path / "run")
     before = file_hashes(run / "onnx")
     proc = subprocess.Popen([sys.executable, "-m", "finetune.onnx_export", str(run)], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
