@@ -507,12 +507,6 @@ def nested_field(c: Columns) -> str | None:
                        f"lines=True)) and set {c.setting_of(c.missing)}={flat}")
 
 
-def _numbered(c: Columns, columns: list[str]) -> list[int]:
-    """The numbers of the task's numbered input columns (multiple choice's ending0, ending1, ...) among `columns`."""
-    prefix = c.task.numbered
-    return sorted(int(n[len(prefix):]) for n in columns if re.fullmatch(rf"{re.escape(prefix)}\d+", n)) if prefix else []
-
-
 @rule("columns.another_layout")
 def another_layout(c: Columns) -> str | None:
     """A task that reads fixed column names (multiple choice: SWAG's) given data in another layout (HellaSwag's
@@ -527,7 +521,7 @@ def another_layout(c: Columns) -> str | None:
 def numbered_with_a_gap(c: Columns) -> str | None:
     """Numbered input columns (multiple choice's endings) with a number missing: those after the gap would
     not be read."""
-    numbers, prefix = _numbered(c, c.names), c.task.numbered
+    numbers, prefix = c.task.numbers(c.names), c.task.numbered
     gap = next((i for i, n in enumerate(numbers) if n != i), None)
     if gap is None:
         return None
@@ -542,7 +536,7 @@ def numbered_unlike_train(c: Columns) -> str | None:
     validation, 4 in train): the model scores as many candidates as it trains on."""
     if c.train_columns is None or not c.task.numbered:
         return None
-    mine, theirs, prefix = len(_numbered(c, c.names)), len(_numbered(c, c.train_columns)), c.task.numbered
+    mine, theirs, prefix = len(c.task.numbers(c.names)), len(c.task.numbers(c.train_columns)), c.task.numbered
     if mine == theirs:
         return None
     return (f"the {c.split} data has {mine} candidates ({prefix}0 to {prefix}{mine - 1}), the train data {theirs}: every "

@@ -46,10 +46,10 @@ class Choices(Problem):
         """The right candidate's number (2, "2" or 2.0) as its class, checked against the split's candidates
         (checks/labels.py, CANDIDATES)."""
         column = args.label_column
-        values = sorted(set(ds[column][:]), key=str)
-        checks.gate(labels.CANDIDATES, labels.Candidates(split, values, len(ending_columns(ds.column_names)), ENDING,
-                                                         names, fixed))  # fmt: skip
-        numbers = [labels.candidate_number(v) for v in ds[column][:]]  # as text: the classes' names
+        given = ds[column][:]  # read once
+        checks.gate(labels.CANDIDATES, labels.Candidates(split, sorted(set(given), key=str), len(ending_columns(ds.column_names)),
+                                                         ENDING, names, fixed))  # fmt: skip
+        numbers = [labels.candidate_number(v) for v in given]  # as text: the classes' names
         return encode_labels(ds.remove_columns(column).add_column(column, numbers), column, names, split)
 
     def check_trained(self, train, names, args, said) -> None:

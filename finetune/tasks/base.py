@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,11 @@ from finetune.metrics import MULTI, REGRESSION, SINGLE
 # the config imports this module (its task names and columns come from the tasks).
 DataArgs = Any
 ModelArgs = Any
+
+
+def column_numbers(columns, prefix: str) -> list[int]:
+    """The numbers of the columns named `prefix` and a number (ending0, ending1, ...), sorted."""
+    return sorted(int(c[len(prefix):]) for c in columns if re.fullmatch(rf"{re.escape(prefix)}\d+", c))
 
 
 EXPORT_TEXTS = ["a short text", "a second, somewhat longer text, so that the batch is padded"]
@@ -149,6 +155,10 @@ class Task:
         """The columns whose values make a sample what it is, of a split's `columns` (the splits' shared-sample
         rules compare them): the input columns."""
         return self.input_columns(data)
+
+    def numbers(self, columns) -> list[int]:
+        """The numbers of the task's `numbered` input columns among `columns` (none for a task without them)."""
+        return column_numbers(columns, self.numbered) if self.numbered else []
 
     def card_columns(self, data: DataArgs) -> str:
         """The card's words for the columns the model reads: "text column `text` paired with `text_pair`"."""

@@ -10,11 +10,10 @@ its candidates, however many there are.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from finetune.metrics import CHOICES
-from finetune.tasks.base import DataArgs, tokenized_fingerprint
+from finetune.tasks.base import DataArgs, column_numbers, tokenized_fingerprint
 from finetune.tasks.text import TextClassification
 
 CONTEXT, HEADER, ENDING = "sent1", "sent2", "ending"  # SWAG's column names (run_swag.py's)
@@ -22,7 +21,7 @@ CONTEXT, HEADER, ENDING = "sent1", "sent2", "ending"  # SWAG's column names (run
 
 def ending_columns(columns) -> list[str]:
     """The candidates' columns of a split: ending0, ending1, ... up to the first number missing."""
-    numbered = {int(c[len(ENDING):]) for c in columns if re.fullmatch(rf"{ENDING}\d+", c)}
+    numbered = set(column_numbers(columns, ENDING))
     count = next(i for i in range(len(numbered) + 1) if i not in numbered)
     return [f"{ENDING}{i}" for i in range(count)]
 
@@ -79,8 +78,8 @@ class MultipleChoice(TextClassification):
         return PadChoices(preprocessor, pad_to_multiple_of)
 
     def sample_inputs(self, ds, data: DataArgs) -> list[dict[str, Any]]:
-        endings = ending_columns(ds.column_names)
-        return [{"context": row[CONTEXT], "endings": [row[e] for e in endings]} for row in ds.select_columns([CONTEXT, *endings])]
+        columns = [ds[c][:] for c in ending_columns(ds.column_names)]  # each column read once, not row by row
+        return [{"context": context, "endings": list(row)} for context, *row in zip(ds[CONTEXT][:], *columns, strict=True)]
 
     def export_inputs(self, model, preprocessor) -> dict[str, Any]:
         """Two contexts of two candidates each (the candidates of two lengths: padded)."""
