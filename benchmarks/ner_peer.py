@@ -138,12 +138,12 @@ class TestCurve(Clock):
         run = self.run
         states = torch.get_rng_state(), random.getstate(), np.random.get_state()
         with self.phase("evaluate"):
-            metrics = evaluate_model(run.model, run.eval_loaders["test"], run.accelerator, run.label_names,
+            metrics = evaluate_model(run.model, run.eval_loaders["test"], run.accelerator, run.labels,
                                      problem_type=TOKENS, keep_predictions=True)  # fmt: skip
         torch.set_rng_state(states[0])
         random.setstate(states[1])
         np.random.set_state(states[2])
-        names = run.label_names
+        names = run.labels
         predicted = [[names[i] for i in sentence] for sentence in metrics["predictions"]]
         self.points.append({"seconds": self.starts[-1], "step": step, **scores(predicted, self.gold)})
 

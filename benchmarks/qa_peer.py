@@ -3,6 +3,7 @@ app's QA recipe and of transformers' `run_qa_no_trainer.py` given the same model
 
     python -m benchmarks.qa_peer --out benchmarks/results                      # the full data: long on 2 cores
     python -m benchmarks.qa_peer --out benchmarks/results --override max_train_samples=2000
+    python -m benchmarks.qa_peer --match-peer --out benchmarks/results/qa_peer_matched  # the script's choices
     python -m benchmarks.qa_peer --smoke --out /tmp/qa_peer                    # tiny models: the test's run
 
 Writes `qa_peer.json` and `qa_peer.md` into --out. Where each number comes from:
@@ -151,7 +152,7 @@ def run_app(cfg: TrainConfig, precision: str, agreement: bool = True) -> dict[st
             answers = None
             if agreement:
                 run = hooks.run
-                scored = evaluate_model(run.model, run.eval_loaders["validation"], run.accelerator, run.label_names,
+                scored = evaluate_model(run.model, run.eval_loaders["validation"], run.accelerator, run.labels,
                                         problem_type=run.cfg.problem_type, keep_predictions=True,
                                         data=run.cfg.data_args)  # fmt: skip
                 answers = [p["text"] for p in scored["predictions"]]
@@ -505,6 +506,11 @@ def timed_peer(settings: dict[str, Any], pad_to_max_length: bool) -> dict[str, A
     }
 
 
+# The app's settings that take the script's choices (`--match-peer`): every weight trained, shuffled batches
+# padded to their longest window, no clipping. The fused AdamW and the padding left out of the loss have no setting.
+MATCH_PEER = ["freeze_embeddings=false", "group_by_length=false", "pad_to_multiple_of=null", "max_grad_norm=null"]
+
+
 # --- report -------------------------------------------------------------------------------------------------
 
 
@@ -568,11 +574,16 @@ def markdown(report: dict[str, Any]) -> str:
         f"| run wall time (s) | {fmt(app['wall_s'])} | {fmt(peer['wall_s'])} |",
         "",
         f"Same answer text on {fmt(None if report['agreement'] is None else 100 * report['agreement'])}% of the "
-        "validation questions. What the script has no option for stays each side's own (the module docstring of "
-        "`benchmarks/qa_peer.py`): the app's recipe freezes the word embeddings, batches windows of similar length, "
-        "pads to a multiple of 8, clips gradients at norm 1, uses the fused AdamW and leaves padding out of the loss; "
-        f"the peer trains every weight on shuffled batches, padded {peer['padding']}, without clipping, with torch's "
-        "default AdamW.",
+        "validation questions. " + (
+            f"The app ran with the script's choices where it has a setting for them ({', '.join(report['matched'])}): "
+            f"every weight trained, on shuffled batches padded to their longest window, without clipping. What stays "
+            "its own: the fused AdamW, and padding left out of the loss's softmax; the peer pads "
+            f"{peer['padding']} and uses torch's default AdamW." if report.get("matched") else
+            "What the script has no option for stays each side's own (the module docstring of "
+            "`benchmarks/qa_peer.py`): the app's recipe freezes the word embeddings, batches windows of similar "
+            "length, pads to a multiple of 8, clips gradients at norm 1, uses the fused AdamW and leaves padding out "
+            f"of the loss; the peer trains every weight on shuffled batches, padded {peer['padding']}, without "
+            "clipping, with torch's default AdamW."),
     ]
     return "\n".join(lines) + "\n"
 
@@ -587,6 +598,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--order", choices=["app-first", "peer-first"], default="app-first")
     p.add_argument("--peer-pad-to-max-length", action="store_true", help="the script's --pad_to_max_length")
     p.add_argument("--no-agreement", action="store_true", help="no extra app evaluation for the answers' agreement")
+    p.add_argument("--match-peer", action="store_true",
+                   help="the app with the script's choices where it has a setting for them (MATCH_PEER)")  # fmt: skip
     p.add_argument("--note", default=None, help="a sentence for the report (why these sizes)")
     p.add_argument("--quiet-load", type=float, default=0.8,
                    help="wait before each run until the 1-minute load average is below this")  # fmt: skip
@@ -616,7 +629,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "peer_source": PEER_SOURCE, "machine": machine(), "load": {},
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="finetune-qa-peer-") as tmp:
-        cfg = load_config(RECIPE, [*base, f"output_dir={tmp}/app", *args.override])
+        matched = MATCH_PEER if args.match_peer else []
+        report["matched"] = matched
+        cfg = load_config(RECIPE, [*base, f"output_dir={tmp}/app", *matched, *args.override])
         report["settings"] = settings = shared_settings(cfg)
         for side in (("app", "peer") if args.order == "app-first" else ("peer", "app")):
             start = wait_for_quiet(args.quiet_load, args.quiet_wait)

@@ -2,7 +2,7 @@
 
     from finetune.card import describe_data, push_to_hub, write_model_card
 
-    write_model_card(out / "model", config=cfg.to_dict(), label_names=label_names, results=results,
+    write_model_card(out / "model", config=cfg.to_dict(), labels=labels, results=results,
                      base_model=cfg.model_name_or_path if cfg.model_config is None else None,
                      data_description=describe_data(cfg.data_args))
     check_hub_access("my-user/my-model")                  # at the start of a run that will push: fails early offline
@@ -240,7 +240,7 @@ def write_model_card(
     export_dir: Path,
     *,
     config: dict[str, Any],
-    label_names: list[str],
+    labels: list[str],
     results: dict[str, Any],
     base_model: str | None,
     data_description: str,
@@ -253,6 +253,7 @@ def write_model_card(
     """Write `<export_dir>/README.md`, the Hub model card. Returns its path.
 
     config: the resolved config (`cfg.to_dict()`); shown with secrets removed.
+    labels: what the outputs are, by name in id order (a `Labels`).
     results: what `train` returns: {"step", "validation": {...}, "test": {...}, "versions", ...}.
     base_model: the pretrained model fine-tuned (a Hub id or a local directory); None for a model
         built from a config. Only a Hub id goes into the front matter, where the Hub links it.
@@ -268,7 +269,7 @@ def write_model_card(
     model_json = _model_json(export_dir)
     splits = {s: m for s in ("validation", "test") if isinstance(m := results.get(s), dict)}
     problem = problem_of(public.get("problem_type"))
-    shown = problem.card_metrics(label_names)  # the card's table; those with a type: model-index
+    shown = problem.card_metrics(labels)  # the card's table; those with a type: model-index
     name = repo_id.split("/")[-1] if repo_id else export_dir.parent.name
     data = _card_data(public, task, splits, shown, name, hub_base, license or _license_of(base_model),
                       model_json.get("model_type"))  # fmt: skip
@@ -278,7 +279,7 @@ def write_model_card(
         data,
         template_path=str(TEMPLATE),
         model_name=name,
-        what=problem.describe(task_of(task).modality, label_names),
+        what=problem.describe(task_of(task).modality, labels),
         local_base=None if hub_base else _display_path(base_model),
         model_type=model_json.get("model_type"),
         model_config_yaml=yaml.safe_dump(public.get("model_config") or {}, sort_keys=False).strip(),
@@ -288,7 +289,7 @@ def write_model_card(
         **_metrics_table(shown, splits),
         usage=_usage_of(public, task, problem, model_json, repo_id or export_dir),
         **_verdicts(results, problem),
-        **_label_tables(problem, label_names, results, splits),
+        **_label_tables(problem, labels, results, splits),
         **_provenance(results, command or launch_command(), f"{config_yaml} {data_description}"),
     )
     path = export_dir / CARD
@@ -383,7 +384,7 @@ def _hyperparameters(public: dict[str, Any], task: str, results: dict[str, Any],
     return rows
 
 
-def _label_tables(problem: Problem, label_names: list[str], results: dict[str, Any], splits: dict) -> dict[str, Any]:
+def _label_tables(problem: Problem, names: list[str], results: dict[str, Any], splits: dict) -> dict[str, Any]:
     """The template's labels table (with each class's scores, on test where there is one, else validation)
     and, for a tagger, its entities table: a tagger's metrics are per entity type (PER, LOC), not per tag
     (B-PER, I-PER, O)."""
@@ -394,9 +395,9 @@ def _label_tables(problem: Problem, label_names: list[str], results: dict[str, A
     return {
         "per_class_split": per_class_split if per_class and not tokens else None,
         "labels": _cells(
-            [[i, f"`{n}`"] for i, n in enumerate(label_names)]
+            [[i, f"`{n}`"] for i, n in enumerate(names)]
             if tokens
-            else [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(label_names)]
+            else [[i, f"`{n}`", *(per_class.get(n, {}).get(k) for k in stats)] for i, n in enumerate(names)]
         ),
         "entity_split": per_class_split if per_class and tokens else None,
         "word_by_word": tokens and not problem.entities,

@@ -238,10 +238,10 @@ class Checkpointer:
     """Writes a run's checkpoints: the manifest, the best one by `metric_for_best_model`, retention.
     Remembers the last good checkpoint, which a run that must stop names."""
 
-    def __init__(self, accelerator, cfg, output_dir: Path, label_names: list[str], train_samples: int,
+    def __init__(self, accelerator, cfg, output_dir: Path, labels, train_samples: int,
                  command: str | None = None, train_data: dict[str, str] | None = None,
                  said: checks.Said | None = None, stream=None):  # fmt: skip
-        self.accelerator, self.cfg, self.out, self.label_names = accelerator, cfg, output_dir, label_names
+        self.accelerator, self.cfg, self.out, self.labels = accelerator, cfg, output_dir, labels  # a Labels
         self.train_samples, self.command = train_samples, command  # the run's first launch command
         self.train_data = train_data  # finetune.data.train_data_fingerprint
         self.best: dict[str, Any] = {}
@@ -323,7 +323,7 @@ class Checkpointer:
             "train_data": self.train_data,
             "command": self.command,
             "task": cfg.task,
-            "label_names": self.label_names,
+            **self.labels.manifest(),
             "metrics": metrics or {},
             "best": self.best,
             "resumed_with": self.resumed_with,
@@ -437,13 +437,13 @@ def apply_optimizer_settings(optimizer, cfg) -> None:
 
 
 def check_resume_compatible(
-    manifest: dict[str, Any], cfg, num_processes: int, label_names: list[str], train_samples: int, fsdp: bool,
+    manifest: dict[str, Any], cfg, num_processes: int, labels: list[str], train_samples: int, fsdp: bool,
     train_data: dict[str, str] | None = None,
 ) -> bool:
     """A resumed run must be the run that saved the checkpoint (FIXED_ON_RESUME, the labels, the training
     data's bytes and number of samples, how the state was saved) and split the data the same way;
     returns whether the topology changed (allowed only with resume_allow_topology_change). The rules:
     finetune/checks/runs.py, `RESUME`."""
-    resume = runs.Resume(manifest, cfg, num_processes, label_names, train_samples, fsdp, train_data, FIXED_ON_RESUME)
+    resume = runs.Resume(manifest, cfg, num_processes, labels, train_samples, fsdp, train_data, FIXED_ON_RESUME)
     checks.gate(runs.RESUME, resume)
     return resume.saved_topology != resume.topology

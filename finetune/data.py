@@ -1,7 +1,7 @@
 """Data files → datasets with encoded labels: the one loader of training and evaluation.
 
     raw = read_splits(cfg.data_args, said)                # the files as they are, each read once
-    raw, label_names = load_splits(cfg.data_args, said, raw)  # train (validation, test) as a run sees them
+    raw, labels = load_splits(cfg.data_args, said, raw)   # train (validation, test) as a run sees them; a Labels
     loaded = load_path(Path("reviews.tsv"), args)          # evaluate_checkpoint.py --data: a file or a folder
 
 Files go through `datasets` (`load_dataset("csv" | "json" | "parquet")`, a .tsv as csv with tabs; CoNLL by
@@ -42,7 +42,7 @@ from finetune.errors import TrainingStopped, UserError
 from finetune.formats import A_TAG, CONLLU_COLUMNS, CONLLU_UPOS, FILE_BUILDERS, builder_of, delimiter_of
 from finetune.images import verify_images
 from finetune.layout import RunDir
-from finetune.problems import Problem, infer_problem_type, problem_of
+from finetune.problems import Labels, Problem, infer_problem_type, problem_of
 from finetune.squad import flatten_squad
 from finetune.tasks import task_of
 
@@ -338,7 +338,7 @@ def check_columns(ds: HFDataset, split: str, args: DataArgs, labelled: bool = Tr
 # --- the splits ------------------------------------------------------------------------------------
 
 
-def _hold_out(train: HFDataset, args: DataArgs, problem: Problem, label_names: list[str], said: checks.Said) -> dict:
+def _hold_out(train: HFDataset, args: DataArgs, problem: Problem, names: Labels, said: checks.Said) -> dict:
     """A seeded share of train held out for validation: stratified by class (one class a sample), a seeded
     random share for numbers, label sets and tags; split by row number (the same draw as splitting the data
     itself), so that each row's place in the file is known. Returns each part's rows of the training file
@@ -348,7 +348,7 @@ def _hold_out(train: HFDataset, args: DataArgs, problem: Problem, label_names: l
     try:
         parts = rows.train_test_split(test_size=args.validation_split_percentage / 100, seed=args.seed, **stratify)
     except ValueError as e:
-        raise checks.explain(splits.NOT_STRATIFIED, splits.Stratify(e, label_names, Counter(train["labels"]),
+        raise checks.explain(splits.NOT_STRATIFIED, splits.Stratify(e, names, Counter(train["labels"]),
                                                                     len(train), args)) from None  # fmt: skip
     file_rows = {"train": list(parts["train"]["file_row"]), "validation": list(parts["test"]["file_row"])}
     images_, cols = task_of(args.task).modality == "image", splits.compared_columns(train, args, task_of(args.task))
@@ -363,7 +363,7 @@ def _hold_out(train: HFDataset, args: DataArgs, problem: Problem, label_names: l
 
 
 def load_splits(args: DataArgs, said: checks.Said | None = None,
-                raw: DatasetDict | None = None) -> tuple[DatasetDict, list[str]]:  # fmt: skip
+                raw: DatasetDict | None = None) -> tuple[DatasetDict, Labels]:  # fmt: skip
     """Raw splits with encoded `labels` (class ids; numbers or multi-hot vectors, finetune/problems/);
     a seeded validation split (stratified by class) when there is none. `raw`: the splits `read_splits`
     read (read here when not given)."""
@@ -379,23 +379,23 @@ def load_splits(args: DataArgs, said: checks.Said | None = None,
     if samples is not None:
         checks.gate(splits.SHARED, samples, said=said)
     raw = problem.read_ids_as_names(raw, args, said)
-    label_names = problem.label_names(raw["train"], args, said)
-    raw = DatasetDict({s: problem.encode(d, args, label_names, s, said) for s, d in raw.items()})
+    names = problem.labels_in(raw["train"], args, said)
+    raw = DatasetDict({s: problem.encode(d, args, names, s, said) for s, d in raw.items()})
     problem.check_encoded(raw, said)
-    file_rows = _hold_out(raw["train"], args, problem, label_names, said) if "validation" not in raw else {}
-    problem.check_trained(raw["train"], label_names, args, said)  # once the split held
+    file_rows = _hold_out(raw["train"], args, problem, names, said) if "validation" not in raw else {}
+    problem.check_trained(raw["train"], names, args, said)  # once the split held
     if file_rows:  # the held-out split, drawn above
         raw["train"], raw["validation"] = raw["train"].select(file_rows["train"]), raw["train"].select(file_rows["validation"])
     for split, limit in (("train", args.max_train_samples), ("validation", args.max_eval_samples),
                          ("test", args.max_test_samples)):  # fmt: skip
         if limit is not None and split in raw and len(raw[split]) > limit:
             raw[split] = raw[split].select(range(limit))
-    problem.check_splits(raw, label_names, args, said)
+    problem.check_splits(raw, names, args, said)
     for split, rows_of in file_rows.items():  # read by the tag rules (a tag's row in the training file)
         raw[split].file_rows = rows_of[: len(raw[split])]
     for split, ds in raw.items():
         problem.check_read(ds, split, said)
-    return raw, label_names
+    return raw, names
 
 
 def prepare_splits(args: DataArgs, raw: DatasetDict, preprocessor, num_channels: int = 3,
@@ -429,11 +429,12 @@ def _labelled_by_its_folder(ds: HFDataset, args: DataArgs) -> HFDataset:
     from datasets import Image  # the image column's cells undecoded: their paths
 
     column = args.image_column
-    if args.label_column in ds.column_names or column not in ds.column_names or not args.label_names:
+    given = Labels.given(args)
+    if args.label_column in ds.column_names or column not in ds.column_names or not given:
         return ds
     folders = {Path(v["path"]).parent for v in ds.cast_column(column, Image(decode=False))[column] if v and v.get("path")}
     name = folders.pop().name if len(folders) == 1 else None
-    return ds.add_column(args.label_column, [name] * len(ds)) if name in map(str, args.label_names) else ds
+    return ds.add_column(args.label_column, [name] * len(ds)) if name in map(str, given) else ds
 
 
 # --- CoNLL -----------------------------------------------------------------------------------------

@@ -115,7 +115,14 @@ from finetune.onnx_export import (  # onnxruntime is imported only for --onnx
     onnx_given,
 )
 from finetune.plots import plot_confusion_matrix
-from finetune.problems import infer_problem_type, problem_of, problem_type_of, problem_type_of_model, tags_in
+from finetune.problems import (
+    Labels,
+    infer_problem_type,
+    problem_of,
+    problem_type_of,
+    problem_type_of_model,
+    tags_in,
+)
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
 from finetune.signals import started, stop_outside_the_loop
 from finetune.tasks import TASK_NAMES, task_of, task_of_model
@@ -131,7 +138,7 @@ class Target:
     spec: str  # as the user gave it: a path or a hub name
     kind: str  # "training-state", "export" or "hub"
     cfg: TrainConfig | None  # the run's config; None when only the model is known (then --data)
-    label_names: list[str]  # in id order
+    labels: Labels  # what the outputs are, by name in id order
     step: int | None = None  # optimizer steps the weights were trained for, when known
 
     @property
@@ -160,8 +167,8 @@ def _run_config(raw: Any, where: str) -> TrainConfig:
         raise checks.explain(evaluation.RUN_CONFIG_FAILED, where, e) from None
 
 
-def _model_labels(config) -> list[str]:
-    return [str(config.id2label[i]) for i in range(config.num_labels)]
+def _model_labels(config) -> Labels:
+    return Labels(str(config.id2label[i]) for i in range(config.num_labels))
 
 
 def _load_model_config(spec: str, trust_remote_code: bool = False, base: bool = False):
@@ -197,7 +204,7 @@ def _training_state(spec: str, path: Path, task: str | None) -> Target:
     cfg = _run_config(manifest.get("config"), str(path / ckpt.MANIFEST))
     checks.gate(evaluation.TASK, task, cfg.task, "checkpoint")
     checks.gate(evaluation.LABELS, path, manifest)
-    return Target(spec, "training-state", cfg, [str(n) for n in manifest["label_names"]], manifest.get("step"))
+    return Target(spec, "training-state", cfg, Labels.of_manifest(manifest), manifest.get("step"))
 
 
 def _export(spec: str, path: Path, task: str | None, have_data: bool, said: checks.Said | None) -> Target:
@@ -218,7 +225,7 @@ def eval_config(target: Target, task: str | None, data: str | None, overrides: l
     parallelism (the whole model in each process), plus the `key=value` evaluation settings."""
     raw = target.cfg.to_dict() if target.cfg is not None else _lone_model_config(target, task, data)
     raw.update(report_to=[], model_parallel=False, pipeline_chunks=1, devices=None, max_memory=None,
-               resume_from_checkpoint=None, gradient_accumulation_steps=1, label_names=target.label_names)
+               resume_from_checkpoint=None, gradient_accumulation_steps=1, **target.labels.manifest())
     given = set()
     for item in overrides:
         key, value = parse_override(item)
@@ -282,7 +289,7 @@ def _rebuilt_model(target: Target, cfg: TrainConfig):
     """A training-state checkpoint: the architecture its config builds, with the checkpoint's weights."""
     task = task_of(cfg.task)
     tokenizer = task.load_preprocessor(cfg.model_args) if task.preprocessor_first else None
-    model = build_model(architecture_only(cfg.model_args), target.label_names, task.vocab_size(tokenizer))
+    model = build_model(architecture_only(cfg.model_args), target.labels, task.vocab_size(tokenizer))
     state = read_weights(target)
     if cfg.peft is not None:  # a LoRA run's state: the adapters on the model, merged once loaded
         model = apply_lora(model, cfg.peft)
@@ -424,7 +431,7 @@ def data_split(args: DataArgs, data: str, split: str | None,
     what = f"--data {data}" + (f" [{name}]" if path.is_dir() and len(loaded) > 1 else "")  # a split among others
     ds, labelled = _columns_checked(loaded[name], args, what, said)
     ds = _labels_encoded(ds, args, what, said) if labelled else problem_of(
-        args.problem_type or task_of(args.task).problems[0]).placeholder(ds, args, list(args.label_names or []))  # fmt: skip
+        args.problem_type or task_of(args.task).problems[0]).placeholder(ds, args, Labels.given(args))  # fmt: skip
     if labelled:  # IOB1, stray I- tags: scored as training scores them
         problem_of(problem_type_of(ds, args.task)).check_read(ds, what, said)
     info = {
@@ -469,7 +476,7 @@ def _labels_encoded(ds: HFDataset, args: DataArgs, what: str, said: checks.Said)
         if found is None:  # numbers with a unit, a stray cell: training's own line holds
             raise
         raise checks.refusal(*found) from None
-    return problem_of(problem).encode(ds, args, list(args.label_names or []), what, said, fixed=True)
+    return problem_of(problem).encode(ds, args, Labels.given(args), what, said, fixed=True)
 
 
 def _float_class_ids(ds: HFDataset, args: DataArgs, what: str) -> HFDataset:
@@ -477,7 +484,7 @@ def _float_class_ids(ds: HFDataset, args: DataArgs, what: str) -> HFDataset:
     Training refuses them and offers problem_type=regression, which is no evaluation setting: here a
     whole number is the model's class of that name when its classes are named "0", "1", ... (1.0 is
     class "1"); other floats are refused with the fix that fits the model (evaluation.FLOATS)."""
-    names = list(args.label_names or [])
+    names = Labels.given(args)
     column = args.label_column
     single = problem_of(args.problem_type).classes if args.problem_type else len(names) >= 2
     tags = tags_in(args.task)
@@ -492,12 +499,12 @@ def _float_class_ids(ds: HFDataset, args: DataArgs, what: str) -> HFDataset:
     return ds.cast_column(column, Value("int64"))  # then matched by name as "0", "1", ...
 
 
-def _thresholds(value: Any, label_names: list[str] | None) -> float | list[float] | None:
+def _thresholds(value: Any, names: list[str] | None) -> float | list[float] | None:
     """config.json's `multi_label_thresholds` (tuned on validation at training's end), checked: one number,
     or one per label, each a probability in [0, 1] (evaluation.thresholds)."""
-    if value is None or label_names is None:
+    if value is None or names is None:
         return value
-    checks.gate(evaluation.THRESHOLDS, value, label_names)
+    checks.gate(evaluation.THRESHOLDS, value, names)
     return [float(v) for v in value] if isinstance(value, list) else float(value)
 
 
@@ -563,7 +570,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     threshold = _threshold(args.overrides, cfg, accelerator.unwrap_model(model), target, problem)
     if args.data is not None and labelled and accelerator.is_main_process:
         _warn_of_other_data(target, info, ds, name, problem, said)
-    report, predictions = evaluate_with_predictions(model, loader, accelerator, target.label_names, problem, keep,
+    report, predictions = evaluate_with_predictions(model, loader, accelerator, target.labels, problem, keep,
                                                     threshold, cfg.data_args)  # fmt: skip
     if not labelled:  # the placeholder labels score nothing: only what was predicted, and how much
         report = {k: v for k, v in report.items() if k in ("num_samples", "num_sentences", "num_words", "threshold")}
@@ -600,7 +607,7 @@ def _threshold(overrides: list[str], cfg: TrainConfig, model, target: Target, pr
     if own is not None or not problem_of(problem).lists:
         return own if own is not None else problem_of(problem).default_threshold(cfg)
     tuned = _thresholds(getattr(model.config, "multi_label_thresholds", None),
-                        target.label_names)  # fmt: skip
+                        target.labels)  # fmt: skip
     asked = any(parse_override(item)[0] == "multi_label_threshold" for item in overrides)
     return tuned if tuned and not asked else cfg.multi_label_threshold
 
@@ -636,7 +643,7 @@ def _record(target: Target, cfg: TrainConfig, problem: str, info: dict[str, Any]
         "task": cfg.task,
         "problem_type": problem,
         **info,
-        "label_names": target.label_names,
+        **target.labels.manifest(),
         **report,
         "predictions": predictions,
         "runtime": {
@@ -687,9 +694,9 @@ def write_outputs(metrics_file: Path, record: dict, predictions, ds, cfg: TrainC
         temporary(metrics_file).write_text(json.dumps(record, indent=2) + "\n")
         if problem_of(problem).classes and "confusion_matrix" in record:  # a confusion matrix is for classes, with labels
             title = f"{target.short_name} on {name}\naccuracy {record['accuracy']:.3f}, {record['num_samples']:,} samples"
-            plot_confusion_matrix(record["confusion_matrix"], target.label_names, temporary(png), title=title, said=said)
+            plot_confusion_matrix(record["confusion_matrix"], target.labels, temporary(png), title=title, said=said)
         if predictions is not None:
-            write_predictions(temporary(jsonl), predictions, ds["labels"][:], target.label_names,
+            write_predictions(temporary(jsonl), predictions, ds["labels"][:], target.labels,
                               _sample_inputs(ds, cfg), problem, record.get("threshold", cfg.multi_label_threshold),
                               record.get("labelled", True))  # fmt: skip
         for tmp in written.values():

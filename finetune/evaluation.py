@@ -54,7 +54,7 @@ def evaluate_model(
     model,
     loader,
     accelerator: Accelerator,
-    label_names: list[str],
+    names: list[str],
     chunks: int = 1,
     problem_type: str | None = None,
     threshold: float | list[float] = 0.5,
@@ -72,9 +72,9 @@ def evaluate_model(
     that many rows for the model (`forward`)."""
     problem = problem_of(problem_type)
     if problem.windowed:
-        metrics, gold = _evaluate_windows(model, loader, accelerator, label_names, problem, chunks, rows, data, threshold)
+        metrics, gold = _evaluate_windows(model, loader, accelerator, names, problem, chunks, rows, data, threshold)
         if trivial is not None:
-            metrics["baseline"] = problem.baseline(trivial, gold, label_names, dataset=loader.dataset)
+            metrics["baseline"] = problem.baseline(trivial, gold, names, dataset=loader.dataset)
         if keep_predictions:
             metrics["references"] = gold
         else:
@@ -100,10 +100,10 @@ def evaluate_model(
     if "example" in loader.dataset.column_names:  # a long text's windows (text_windows): scored once, together
         logits_t, refs_t = per_text(logits_t, refs_t, torch.cat(texts))
     preds_t = problem.predictions(logits_t)
-    metrics = problem.report(preds_t, refs_t, label_names, threshold)
+    metrics = problem.report(preds_t, refs_t, names, threshold)
     metrics["loss"] = torch.cat(losses).mean().item()
     if trivial is not None:
-        metrics["baseline"] = problem.baseline(trivial, refs_t, label_names, threshold)
+        metrics["baseline"] = problem.baseline(trivial, refs_t, names, threshold)
     if keep_predictions:
         metrics["predictions"], metrics["references"] = preds_t, refs_t
         metrics["scores"] = problem.scores(logits_t)
@@ -122,7 +122,7 @@ def per_text(logits: torch.Tensor, labels: torch.Tensor, texts: torch.Tensor) ->
     return sums / counts.view(-1, *[1] * (logits.dim() - 1)), labels[first]
 
 
-def _evaluate_windows(model, loader, accelerator: Accelerator, label_names: list[str], problem: Problem, chunks: int,
+def _evaluate_windows(model, loader, accelerator: Accelerator, names: list[str], problem: Problem, chunks: int,
                       rows: int | None, data, threshold=None) -> tuple[dict, list]:  # fmt: skip
     """A windowed problem (tags, spans): each window's predictions, labels and meta, gathered over processes
     (padded to one length first: windows differ in length), put back into their samples by the problem
@@ -145,7 +145,7 @@ def _evaluate_windows(model, loader, accelerator: Accelerator, label_names: list
     if len(windows) != len(loader.dataset):
         raise RuntimeError(f"evaluated {len(windows)} windows, the dataset has {len(loader.dataset)}")
     predicted, gold = problem.assemble(windows, loader.dataset, data)
-    metrics = problem.report(predicted, gold, label_names, threshold)
+    metrics = problem.report(predicted, gold, names, threshold)
     metrics["loss"] = loss_sum / max(terms, 1)
     metrics["predictions"] = predicted
     return metrics, gold
@@ -202,23 +202,23 @@ def write_predictions(
             f.write(json.dumps(record) + "\n")
 
 
-def evaluate_with_predictions(model, loader, accelerator: Accelerator, label_names: list[str], problem: str, keep: bool,
+def evaluate_with_predictions(model, loader, accelerator: Accelerator, names: list[str], problem: str, keep: bool,
                               threshold: float | list[float] = 0.5, data=None) -> tuple[dict, torch.Tensor | list | None]:
     """The metrics, and with `keep` what predictions.jsonl needs: per sample, the gathered probabilities
     (or numbers); per sentence, the predicted tag ids."""
     if problem_of(problem).windowed:
-        report = evaluate_model(model, loader, accelerator, label_names, problem_type=problem, keep_predictions=keep,
+        report = evaluate_model(model, loader, accelerator, names, problem_type=problem, keep_predictions=keep,
                                 threshold=threshold, data=data)  # fmt: skip
         report.pop("references", None)
         return report, report.pop("predictions", None)
     if "example" in loader.dataset.column_names:  # a text read in windows: its scores from them all
-        report = evaluate_model(model, loader, accelerator, label_names, problem_type=problem, threshold=threshold,
+        report = evaluate_model(model, loader, accelerator, names, problem_type=problem, threshold=threshold,
                                 keep_predictions=keep)  # fmt: skip
         report.pop("predictions", None), report.pop("references", None)
         return report, report.pop("scores", None)
     recorder = RecordProbabilities(model, accelerator, problem_of(problem)) if keep else None
     report = evaluate_model(
-        recorder if recorder is not None else model, loader, accelerator, label_names,
+        recorder if recorder is not None else model, loader, accelerator, names,
         problem_type=problem, threshold=threshold,
     )  # fmt: skip
     if recorder is None:
@@ -227,7 +227,7 @@ def evaluate_with_predictions(model, loader, accelerator: Accelerator, label_nam
     agrees = len(probabilities) == len(loader.dataset)
     if problem_of(problem).classes:
         labels = list(loader.dataset["labels"])
-        check = classification_report(probabilities.argmax(-1).tolist(), labels, label_names)
+        check = classification_report(probabilities.argmax(-1).tolist(), labels, names)
         agrees = check["confusion_matrix"] == report["confusion_matrix"]
     if not agrees:  # our bug, not the user's
         raise RuntimeError("the gathered predictions disagree with the gathered metrics")

@@ -25,6 +25,7 @@ from finetune.errors import write_failure
 from finetune.layout import RunDir, as_umask_allows
 from finetune.lora import is_lora, merge_lora
 from finetune.plots import plot_training_curves
+from finetune.problems import Labels
 from finetune.rundir import finish_overwrite
 from finetune.runtime import agreed
 
@@ -35,7 +36,7 @@ def export_run(
     model,
     preprocessor,
     results: dict[str, Any],
-    label_names: list[str],
+    labels: Labels,  # what the outputs are: results.json and the card keep them
     best: dict[str, Any],
     seconds: Callable[[], dict[str, float]] | None = None,
     digests: dict[str, str] | None = None,
@@ -52,7 +53,7 @@ def export_run(
             try:
                 results["data_sha256"] = data_file_digests(cfg.data_args, digests)
                 results["warnings"] = (said or checks.Said()).record()
-                _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds,
+                _write_export(cfg, accelerator, model, preprocessor, results, labels, best, state_dict, seconds,
                               said)  # fmt: skip
             except Exception as e:  # a full disk, a quota: one line; the checkpoints are untouched
                 failure = write_failure(e, run.root)
@@ -72,7 +73,7 @@ def save_adapter(model, folder: Path) -> None:
     as_umask_allows(folder)
 
 
-def _write_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds,
+def _write_export(cfg, accelerator, model, preprocessor, results, labels, best, state_dict, seconds,
                   said) -> None:  # fmt: skip
     """The main process's part of `export_run`, whole or not at all: the model (and a LoRA run's adapter)
     and the curves are written into a hidden folder and flushed to disk, then moved into place (an earlier
@@ -82,7 +83,7 @@ def _write_export(cfg, accelerator, model, preprocessor, results, label_names, b
     run = RunDir(cfg.output_dir)
     staged = Staged(run)
     try:
-        _stage_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds, staged, said)
+        _stage_export(cfg, accelerator, model, preprocessor, results, labels, best, state_dict, seconds, staged, said)
     except BaseException:  # noqa: BLE001 - any failure, a signal's KeyboardInterrupt too: nothing half-written
         staged.undo()
         raise
@@ -138,7 +139,7 @@ class Staged:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _stage_export(cfg, accelerator, model, preprocessor, results, label_names, best, state_dict, seconds,
+def _stage_export(cfg, accelerator, model, preprocessor, results, labels, best, state_dict, seconds,
                   staged: Staged, said=None) -> None:  # fmt: skip
     run = staged.run
     export = staged.path(run.model)
@@ -161,7 +162,7 @@ def _stage_export(cfg, accelerator, model, preprocessor, results, label_names, b
     results.update(
         {
             "model_dir": str(run.model),
-            "label_names": label_names,
+            **labels.manifest(),
             "best": best,
             "versions": ckpt.package_versions(),
         }
@@ -173,7 +174,7 @@ def _stage_export(cfg, accelerator, model, preprocessor, results, label_names, b
     card = write_model_card(
         run.model,
         config=cfg.to_dict(),
-        label_names=label_names,
+        labels=labels,
         results=results,
         base_model=cfg.model_name_or_path if cfg.model_config is None else None,
         data_description=describe_data(cfg.data_args),

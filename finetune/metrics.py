@@ -2,7 +2,7 @@
 
     from finetune.metrics import METRICS, PROBLEMS, summary_line
 
-    metrics = problem_of(problem_type).report(predictions, references, label_names, threshold)  # finetune/problems/
+    metrics = problem_of(problem_type).report(predictions, references, names, threshold)  # finetune/problems/
     print(summary_line(metrics))     # "accuracy 0.7955, macro F1 0.7950, loss 0.4433 on 1066 samples"
 
 `METRICS` is the one table of metric names: each metric's key (in results.json, manifests and
@@ -239,7 +239,7 @@ def _check_labels(values: np.ndarray, num_labels: int, what: str) -> None:
         )
 
 
-def classification_report(predictions: Any, references: Any, label_names: Sequence[str]) -> dict[str, Any]:
+def classification_report(predictions: Any, references: Any, names: Sequence[str]) -> dict[str, Any]:
     """Everything we report about a classifier (computed as the module docstring says).
 
     Returns plain Python numbers and lists (JSON-serialisable, for `metrics.json`):
@@ -248,10 +248,10 @@ def classification_report(predictions: Any, references: Any, label_names: Sequen
         confusion_matrix: [true][predicted] counts, num_labels x num_labels.
     A loss, if wanted, is added by the caller.
     """
-    names = [str(name) for name in label_names]
+    names = [str(name) for name in names]
     if len(set(names)) != len(names):
         duplicates = sorted({name for name in names if names.count(name) > 1})
-        raise ValueError(f"label_names must be unique, got duplicates {duplicates}")
+        raise ValueError(f"the label names must be unique, got duplicates {duplicates}")
     y_pred = _as_label_array(predictions, "predictions")
     y_true = _as_label_array(references, "references")
     if y_pred.shape != y_true.shape:
@@ -330,7 +330,7 @@ def regression_report(predictions: Any, references: Any) -> dict[str, Any]:
 
 
 def multi_label_report(
-    probabilities: Any, references: Any, label_names: list[str], threshold: float | Sequence[float] = 0.5
+    probabilities: Any, references: Any, names: list[str], threshold: float | Sequence[float] = 0.5
 ) -> dict[str, Any]:
     """A label is predicted when its probability is >= `threshold`. scikit-learn on the (N, K) 0/1
     matrices: micro (every sample-label pair pooled) and macro (the mean over labels) precision,
@@ -338,7 +338,7 @@ def multi_label_report(
     label precision, recall, F1 and support (its count in the references). Zero division gives 0."""
     from sklearn.metrics import accuracy_score, precision_recall_fscore_support
 
-    k = len(label_names)
+    k = len(names)
     y_prob = _array(probabilities).reshape(-1, k)
     y_true = (_array(references).reshape(-1, k) >= 0.5).astype(np.int64)
     y_pred = (y_prob >= np.asarray(threshold, dtype=np.float64)).astype(np.int64)  # one, or one per label
@@ -360,17 +360,17 @@ def multi_label_report(
         "micro_recall": float(micro[1]),
         "macro_precision": float(np.mean(p)) if k else 0.0,
         "macro_recall": float(np.mean(r)) if k else 0.0,
-        "per_class": per_class(label_names, p, r, f1, support),
+        "per_class": per_class(names, p, r, f1, support),
     }
 
 
-def token_report(predictions: list[list[int]], references: list[list[int]], label_names: Sequence[str]) -> dict[str, Any]:
+def token_report(predictions: list[list[int]], references: list[list[int]], names: Sequence[str]) -> dict[str, Any]:
     """Entity-level precision, recall, F1 (seqeval, strict IOB2), micro and per entity type, and word
-    accuracy, over sentences given as lists of tag ids (one per word, in `label_names`)."""
+    accuracy, over sentences given as lists of tag ids (one per word, in `names`)."""
     from seqeval.metrics.v1 import precision_recall_fscore_support, unique_labels
     from seqeval.scheme import IOB2
 
-    names = [str(n) for n in label_names]
+    names = [str(n) for n in names]
     y_true = [[names[i] for i in sentence] for sentence in references]
     y_pred = [[names[i] for i in sentence] for sentence in predictions]
     if [len(s) for s in y_true] != [len(s) for s in y_pred]:
@@ -397,14 +397,14 @@ def token_report(predictions: list[list[int]], references: list[list[int]], labe
     }
 
 
-def word_report(predictions: list[list[int]], references: list[list[int]], label_names: Sequence[str]) -> dict[str, Any]:
+def word_report(predictions: list[list[int]], references: list[list[int]], names: Sequence[str]) -> dict[str, Any]:
     """Word accuracy, and each tag's precision, recall, F1 and support over the words (scikit-learn), over
-    sentences given as lists of tag ids (one per word, in `label_names`): a plain tag set's scores. The
+    sentences given as lists of tag ids (one per word, in `names`): a plain tag set's scores. The
     macro means are over the tags in the references or the predictions (scikit-learn's default labels: a
     tag absent from both is no zero in them); `per_class` lists every tag, an absent one with zeros."""
     from sklearn.metrics import precision_recall_fscore_support
 
-    names = [str(n) for n in label_names]
+    names = [str(n) for n in names]
     if [len(s) for s in references] != [len(s) for s in predictions]:
         raise ValueError("predictions and references differ in their sentences' lengths")
     y_true = np.asarray([t for s in references for t in s], dtype=np.int64)
@@ -447,12 +447,12 @@ def tune_thresholds(probabilities: Any, references: Any, per_label: bool) -> lis
     ]
 
 
-def never_predicted(metrics: dict[str, Any], predictions: Any, label_names: list[str], threshold: Any) -> list[str]:
+def never_predicted(metrics: dict[str, Any], predictions: Any, names: list[str], threshold: Any) -> list[str]:
     """The classes (or labels) these predictions never chose: what a lopsided model looks like."""
     if "confusion_matrix" in metrics:
         matrix = np.asarray(metrics["confusion_matrix"])
-        return [label_names[j] for j in range(len(label_names)) if matrix[:, j].sum() == 0]
+        return [names[j] for j in range(len(names)) if matrix[:, j].sum() == 0]
     if "micro_f1" in metrics and predictions is not None:
         chosen = (_array(predictions) >= np.asarray(threshold, dtype=np.float64)).sum(0)
-        return [label_names[j] for j in range(len(label_names)) if chosen[j] == 0]
+        return [names[j] for j in range(len(names)) if chosen[j] == 0]
     return []

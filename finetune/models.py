@@ -20,7 +20,7 @@ from finetune.checks import models as model_rules
 from finetune.config import ModelArgs
 from finetune.errors import UserError
 from finetune.parallel import ParallelError, find_blocks
-from finetune.problems import problem_of
+from finetune.problems import Labels, problem_of
 from finetune.tasks import task_of
 
 
@@ -54,21 +54,19 @@ def set_dropout(config: PretrainedConfig, p: float | None) -> None:
             setattr(config, key, p)
 
 
-def build_model(args: ModelArgs, label_names: list[str], vocab_size: int | None = None,
+def build_model(args: ModelArgs, names: Labels, vocab_size: int | None = None,
                 said: checks.Said | None = None) -> PreTrainedModel:  # fmt: skip
-    """A classification model with `len(label_names)` outputs (one for regression), the names in
-    id2label/label2id and `problem_type` in its config."""
+    """A model with the head the task's labels ask for (`Labels.head`: one output per name, the names in
+    id2label/label2id) and `problem_type` in its config."""
     labels: dict[str, Any] = {
-        "num_labels": len(label_names),
-        "id2label": dict(enumerate(label_names)),
-        "label2id": {name: i for i, name in enumerate(label_names)},
+        **Labels(names).head(),
         # What the pipeline applies to the outputs (softmax, sigmoid, none); null: transformers' default
         # (transformers knows no problem_type for tags).
         **({"problem_type": hf} if (hf := problem_of(args.problem_type).hf_problem_type) and args.problem_type else {}),
     }
     if args.model_config is not None:
         return _from_config(args, labels, vocab_size)
-    return _from_pretrained(args, labels, list(label_names), said or checks.Said())
+    return _from_pretrained(args, labels, list(names), said or checks.Said())
 
 
 def _from_config(args: ModelArgs, labels: dict[str, Any], vocab_size: int | None) -> PreTrainedModel:
@@ -95,8 +93,8 @@ def _from_config(args: ModelArgs, labels: dict[str, Any], vocab_size: int | None
         raise checks.explain(model_rules.NOT_BUILT, args.task, e) from None
 
 
-def _from_pretrained(args: ModelArgs, labels: dict[str, Any], label_names: list[str], said: checks.Said):
-    """A pretrained model with a head for `label_names`: a fine-tuned model's own head where its labels are
+def _from_pretrained(args: ModelArgs, labels: dict[str, Any], names: list[str], said: checks.Said):
+    """A pretrained model with a head for `names`: a fine-tuned model's own head where its labels are
     the data's (reordered by name where they come in another order), a new one where their number differs."""
     auto = task_of(args.task).auto_model()
     name = args.model_name_or_path
@@ -104,10 +102,10 @@ def _from_pretrained(args: ModelArgs, labels: dict[str, Any], label_names: list[
     try:
         config = AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code, **labels)
         head = _fine_tuned_head(AutoConfig.from_pretrained(name, trust_remote_code=args.trust_remote_code))
-        new_head = head is not None and len(head) != len(label_names)
-        # The same labels in another order (label_names written otherwise): the head's outputs follow by name.
-        order = [head.index(n) for n in label_names] if head and not new_head and sorted(head) == sorted(label_names) else None
-        changes = head is not None and head != label_names and order is None  # said once the model loads
+        new_head = head is not None and len(head) != len(names)
+        # The same labels in another order (the names written otherwise): the head's outputs follow by name.
+        order = [head.index(n) for n in names] if head and not new_head and sorted(head) == sorted(names) else None
+        changes = head is not None and head != names and order is None  # said once the model loads
         set_dropout(config, args.dropout)
         # safetensors only, unless the user opts in: a pytorch_model.bin is a pickle that can run code
         # when loaded (transformers loads it with weights_only=True, still a wider surface).
@@ -118,7 +116,7 @@ def _from_pretrained(args: ModelArgs, labels: dict[str, Any], label_names: list[
         loading = model_rules.Loading("model", name, e, task=args.task, auto=auto, allow_pickle=args.allow_pickle_weights)
         raise checks.explain(model_rules.PRETRAINED, loading) from None
     if changes or (order is not None and order != sorted(order) and not _reorder_head(model, order)):
-        checks.gate(model_rules.HEAD, name, head, label_names, new_head, said=said)
+        checks.gate(model_rules.HEAD, name, head, names, new_head, said=said)
     checks.gate(model_rules.IMAGE_SIZES, model.config)
     return model
 

@@ -297,7 +297,7 @@ def mark_best(ax_of: dict[str, Any], axes, best: dict[str, Any], evals: list[dic
 
 
 def plot_confusion_matrix(
-    matrix: Any, label_names: Sequence[str], path: str | os.PathLike[str], title: str | None = None,
+    matrix: Any, names: Sequence[str], path: str | os.PathLike[str], title: str | None = None,
     said: checks.Said | None = None,
 ) -> Path:
     """Write a confusion matrix as a PNG: counts in the cells, colour = fraction of the true class.
@@ -315,10 +315,10 @@ def plot_confusion_matrix(
     from matplotlib.figure import Figure
 
     counts = np.asarray(matrix)
-    names = [str(name) for name in label_names]
+    names = [str(name) for name in names]
     n = len(names)
     if counts.ndim != 2 or counts.shape != (n, n):
-        raise ValueError(f"matrix must be {n} x {n} to match label_names, got shape {counts.shape}")
+        raise ValueError(f"matrix must be {n} x {n} to match the names, got shape {counts.shape}")
     row_sums = counts.sum(axis=1, keepdims=True).astype(np.float64)
     colour = np.divide(counts.astype(np.float64), row_sums, out=np.zeros(counts.shape), where=row_sums != 0)
 

@@ -68,7 +68,7 @@ from finetune.metrics import (
 )
 from finetune.models import batchnorm_layers, build_model, freeze_batchnorm, freeze_layers
 from finetune.parallel import apply_model_parallel, plan_model_parallel, process_devices
-from finetune.problems import Problem, problem_of, problem_type_of
+from finetune.problems import Labels, Problem, problem_of, problem_type_of
 from finetune.rundir import (
     check_output_dir,
     check_shared_output_dir,
@@ -227,7 +227,7 @@ class Run:
     model: Any
     preprocessor: Any
     splits: Any
-    label_names: list[str]
+    labels: Labels  # what the outputs are, by name (finetune/problems/base.py)
     train_loader: DataLoader
     sampler: EpochSampler
     sample_weights: list[int] | None  # each training sample's count in its step's loss (None: one each)
@@ -271,11 +271,11 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     check_shared_output_dir(accelerator, out.root)  # multi-node: before anything reads or writes it
     set_seed(cfg.seed)
     built = build_model_and_data(cfg, accelerator, hooks, said)
-    model, preprocessor, splits, label_names, cfg = built.model, built.preprocessor, built.splits, built.label_names, built.cfg
+    model, preprocessor, splits, names, cfg = built.model, built.preprocessor, built.splits, built.labels, built.cfg
     model = split_model(cfg, accelerator, model, said)
     train_loader, sampler, eval_loaders, shapes = make_loaders(cfg, accelerator, splits, preprocessor)
     if cfg.streaming:  # the training split read as the run trains (finetune/streams.py)
-        train_loader = sampler = TrainStream(cfg, accelerator, preprocessor, label_names)
+        train_loader = sampler = TrainStream(cfg, accelerator, preprocessor, names)
     if cfg.torch_compile:
         check_compile(accelerator)
         compile_model(model, dynamic=shapes.dynamic, mode=cfg.torch_compile_mode)
@@ -283,7 +283,7 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     train_data = train_data_fingerprint(cfg, built.digests)
     moved = manifest is not None and ckpt.check_resume_compatible(
-        manifest, cfg, accelerator.num_processes, label_names, sampler.num_samples, fsdp, train_data
+        manifest, cfg, accelerator.num_processes, names, sampler.num_samples, fsdp, train_data
     )  # before anything is written: a resume that would change the run is refused now
     plan = plan_steps(cfg, accelerator.num_processes, sampler.num_samples, manifest, moved, said)
     ckpt.check_resume_fits(manifest, resume_path, plan.total_steps, cfg)  # a max_steps short of the checkpoint
@@ -299,14 +299,14 @@ def setup(cfg: TrainConfig, hooks: Hooks, held: contextlib.ExitStack | None = No
     assert len(train_loader) == plan.batches, (len(train_loader), plan.batches)
     log = MetricsLog(accelerator, out.metrics)
     command = (manifest or {}).get("command") or launch_command()  # a resume keeps the run's first command
-    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, label_names, sampler.num_samples, command, train_data,
+    checkpointer = ckpt.Checkpointer(accelerator, cfg, out.root, names, sampler.num_samples, command, train_data,
                                      said, stream=sampler if cfg.streaming else None)  # fmt: skip
     task, train = task_of(cfg.task), splits["train"].with_format(None)  # without an image transform's decoding
     weights, train_labels = task.sample_weights(splits["train"]), train["labels"]
     problem = problem_of(cfg.problem_type)
     trivial = problem.trivial(task.sample_labels(train, train_labels), train)
-    balance = problem.class_weights(train_labels, len(label_names), cfg.class_weights)
-    return Run(accelerator, out, model, preprocessor, splits, label_names, train_loader, sampler, weights, trivial,
+    balance = problem.class_weights(train_labels, len(names), cfg.class_weights)
+    return Run(accelerator, out, model, preprocessor, splits, names, train_loader, sampler, weights, trivial,
                balance, eval_loaders, shapes,
                plan, optimizer, scheduler, trained, resume_path, manifest, log, checkpointer, held, cfg, said,
                built.digests)  # fmt: skip
@@ -349,17 +349,17 @@ def build_model_and_data(cfg: TrainConfig, accelerator: Accelerator, hooks: Hook
         read = read_splits(cfg.data_args, said, digests)
         if cfg.task is None:  # the config leaves it to the data
             cfg = resolved(cfg, said, task=task_for_data(read["train"].features, cfg.data_args))
-        raw, label_names = load_splits(cfg.data_args, said, read)
+        raw, names = load_splits(cfg.data_args, said, read)
     cfg = resolved(cfg, said, problem_type=problem_type_of(raw["train"], cfg.task))  # and the metric it implies
     task = task_of(cfg.task)
     with hooks.phase("build"):
-        model, preprocessor = build_for_training(cfg, accelerator, label_names, said)
+        model, preprocessor = build_for_training(cfg, accelerator, names, said)
     hooks.mark("built", model)
     for notice in task.notices(raw, preprocessor, cfg.data_args):
         accelerator.print(notice)
     with hooks.phase("data"), main_process_first(accelerator):
         splits = prepare_splits(cfg.data_args, raw, preprocessor, getattr(model.config, "num_channels", 3), said)
-    return Built(model, preprocessor, splits, label_names, cfg, digests)
+    return Built(model, preprocessor, splits, names, cfg, digests)
 
 
 @dataclass
@@ -370,17 +370,17 @@ class Built:
     model: Any
     preprocessor: Any
     splits: Any
-    label_names: list[str]
+    labels: Labels  # what the outputs are, by name (finetune/problems/base.py)
     cfg: TrainConfig
     digests: dict[str, str]
 
 
-def build_for_training(cfg: TrainConfig, accelerator: Accelerator, label_names: list[str], said: checks.Said):
+def build_for_training(cfg: TrainConfig, accelerator: Accelerator, names: Labels, said: checks.Said):
     """The model as training wants it, and its preprocessor, checked against each other."""
     task = task_of(cfg.task)
     # A tokenizer's vocabulary sizes a model built from a config; an image processor follows the model's size.
     preprocessor = task.load_preprocessor(cfg.model_args) if task.preprocessor_first else None
-    model = build_model(cfg.model_args, label_names, vocab_size=task.vocab_size(preprocessor), said=said)
+    model = build_model(cfg.model_args, names, vocab_size=task.vocab_size(preprocessor), said=said)
     preprocessor = preprocessor or task.load_preprocessor(cfg.model_args, model.config)
     task.check_model(model, preprocessor, cfg.model_args, cfg.data_args)
     attn = attention_kernel(cfg.attn_implementation, accelerator.device, accelerator.mixed_precision,
@@ -603,7 +603,7 @@ def evaluate_split(cfg: TrainConfig, run: Run, split: str, threshold=None, keep_
     `threshold` (default multi_label_threshold: one, or one per label)."""
     threshold = run.problem.default_threshold(cfg) if threshold is None else threshold
     with evaluation_attention(cfg, run.accelerator, run.model):
-        return evaluate_model(run.model, run.eval_loaders[split], run.accelerator, run.label_names, cfg.pipeline_chunks,
+        return evaluate_model(run.model, run.eval_loaders[split], run.accelerator, run.labels, cfg.pipeline_chunks,
                               cfg.problem_type, threshold, keep_predictions, trivial=run.trivial,
                               rows=run.rows("eval"), data=cfg.data_args)  # fmt: skip
 
@@ -632,9 +632,9 @@ def finish(cfg: TrainConfig, run: Run, step: int, evaluations: Evaluations, hook
         checks.gate(tools.VERDICT, results["learned"], run.said.rules(), cfg.streaming, said=run.said)
         verdicts = {rule.id for rule in tools.VERDICT}  # the card says what the verdict's rule said
         results["learned"]["said"] = next((line for rule, line in run.said.lines if rule in verdicts), results["learned"]["said"])
-        checks.gate(tools.PREDICTED, never, run.label_names, cfg.problem_type, said=run.said)
+        checks.gate(tools.PREDICTED, never, run.labels, cfg.problem_type, said=run.said)
     with hooks.phase("export"):
-        export_run(cfg, run.accelerator, run.model, run.preprocessor, results, run.label_names, run.checkpointer.best,
+        export_run(cfg, run.accelerator, run.model, run.preprocessor, results, run.labels, run.checkpointer.best,
                    seconds=hooks.so_far, digests=run.digests, said=run.said)  # fmt: skip
     return results
 
@@ -656,7 +656,7 @@ def tune_on_validation(cfg: TrainConfig, run: Run, results: dict) -> tuple[Any, 
             threshold = tuned
             results["validation_tuned"] = validation = evaluate_split(cfg, run, "validation", threshold)
             problem.store_threshold(run.accelerator.unwrap_model(run.model).config, threshold)
-    never = never_predicted(validation, predictions if problem.lists else None, run.label_names, threshold)
+    never = never_predicted(validation, predictions if problem.lists else None, run.labels, threshold)
     return threshold, never
 
 
@@ -690,11 +690,11 @@ def dry_run(cfg: TrainConfig, said: checks.Said) -> dict[str, Any]:
     check_output_dir(out.root, cfg.overwrite_output_dir, cfg.resume_from_checkpoint, bool(cfg.report_to), said)
     set_seed(cfg.seed)
     built = build_model_and_data(cfg, accelerator, said=said)
-    model, splits, label_names, cfg = built.model, built.splits, built.label_names, built.cfg
+    model, splits, names, cfg = built.model, built.splits, built.labels, built.cfg
     processes, batch, accumulation = accelerator.num_processes, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     resume_path, manifest = resume_target(cfg, out, said)
     moved = manifest is not None and ckpt.check_resume_compatible(
-        manifest, cfg, processes, label_names, samples_of(cfg, splits["train"]),
+        manifest, cfg, processes, names, samples_of(cfg, splits["train"]),
         accelerator.distributed_type == DistributedType.FSDP, train_data_fingerprint(cfg, built.digests),
     )
     plan = plan_steps(cfg, processes, samples_of(cfg, splits["train"]), manifest, moved, said)

@@ -43,7 +43,7 @@ from finetune.checks import columns
 from finetune.checks import labels as label_rules
 from finetune.checks import streams as rules
 from finetune.errors import PeerFailed, UserError
-from finetune.problems import problem_of
+from finetune.problems import Labels, problem_of
 from finetune.tasks import task_of
 
 STREAM_SAMPLES = 10**15  # the loop's one epoch of a streamed run, in samples: max_steps ends the run long before
@@ -67,9 +67,9 @@ class TrainStream:
     """This process's batches of a streamed training split, and the sampler interface the loop asks
     (`reset`, `weights`, `num_samples`); its position is what a checkpoint records (`state`, `restore`)."""
 
-    def __init__(self, cfg, accelerator, preprocessor, label_names: list[str]):
+    def __init__(self, cfg, accelerator, preprocessor, names: Labels):
         self.args, self.task, self.problem = cfg.data_args, task_of(cfg.task), problem_of(cfg.problem_type)
-        self.preprocessor, self.label_names, self.given_names = preprocessor, label_names, bool(cfg.label_names)
+        self.preprocessor, self.names, self.given = preprocessor, names, Labels.given(cfg) or None
         self.rank, self.world, self.device = accelerator.process_index, accelerator.num_processes, accelerator.device
         self.batch, self.seed, self.group = cfg.per_device_train_batch_size, cfg.seed, cfg.group_by_length
         self.steps, self.accumulation = cfg.max_steps, cfg.gradient_accumulation_steps
@@ -131,7 +131,7 @@ class TrainStream:
 
     def describe(self) -> str:
         """The start summary's words for the training split."""
-        names = "given" if self.given_names else f"read from its first {data.FIRST_PASS:,} rows, as the baseline is"
+        names = "given" if self.given else f"read from its first {data.FIRST_PASS:,} rows, as the baseline is"
         per_step = self.world * self.batch * self.accumulation
         return (f"a stream of {self.steps * per_step:,} samples ({self.steps} steps x {per_step}; a pass over the "
                 f"data is an epoch, and a step goes on into the next pass; label names {names})")
@@ -187,7 +187,7 @@ class TrainStream:
         self._check(ds, first)
         try:
             ds = self.problem.read_ids_as_names(DatasetDict({"train": ds}), self.args, self.said)["train"]
-            batch = self.problem.encode(ds, self.args, self.label_names, "train", self.said)[:]
+            batch = self.problem.encode(ds, self.args, self.names, "train", self.said)[:]
         except UserError as e:  # the problem's label rules count the block's rows: the line names them in the file
             e.args = (re.sub(r"\bat row (\d+)", lambda m: f"at {self._row(first, int(m[1]) - 1)}", str(e)),)
             raise
@@ -202,19 +202,19 @@ class TrainStream:
         checks.gate(rules.ROWS, columns.Columns(ds, "train", self.args, row_name=where))
         column = self.args.label_column
         if self.problem.classes and not self.problem.lists and not isinstance(ds.features[column], ClassLabel):
-            unseen = sorted({str(v) for v in ds[column]} - set(self.label_names))
+            unseen = sorted({str(v) for v in ds[column]} - set(self.names))
             if unseen:
-                classes = label_rules.Classes(ds, column, {*unseen, *self.label_names}, self.args.label_names,
-                                             self.label_names, where)  # the known names too: a twin of one
+                classes = label_rules.Classes(ds, column, {*unseen, *self.names}, self.given,
+                                             self.names, where)  # the known names too: a twin of one
                 checks.gate(rules.NEW_LABELS, classes)
                 row = next(i for i, v in enumerate(ds[column]) if str(v) in unseen)
-                checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row), self.given_names)
+                checks.gate(rules.LABELS, unseen, self.names, data.FIRST_PASS, where(row), bool(self.given))
         elif self.problem.lists and not self.args.label_columns and column in ds.column_names:  # lists of names
             lists = [{str(v) for v in row if v is not None} if isinstance(row, list) else set() for row in ds[column]]
-            unseen = sorted(set().union(*lists) - set(self.label_names))
+            unseen = sorted(set().union(*lists) - set(self.names))
             if unseen:
                 row = next(i for i, names in enumerate(lists) if names & set(unseen))
-                checks.gate(rules.LABELS, unseen, self.label_names, data.FIRST_PASS, where(row), self.given_names)
+                checks.gate(rules.LABELS, unseen, self.names, data.FIRST_PASS, where(row), bool(self.given))
 
     def _row(self, first: int, i: int) -> str:
         """Row `i` of a block whose first is row `first` of this process's share of the pass, as a line names it:

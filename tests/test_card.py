@@ -41,7 +41,7 @@ def _card(two_epoch_run, config_extra=None, **kwargs):
     return write_model_card(
         out / "model",
         config=config,
-        label_names=results["label_names"],
+        labels=results["label_names"],
         results=results,
         # the data section as written (config_extra plants secrets no validation would let through)
         data_description=describe_data(DataArgs(**{f.name: config.get(f.name) for f in dataclasses.fields(DataArgs)})),
@@ -165,7 +165,7 @@ def test_model_card_with_a_test_split_hub_dataset_and_best_checkpoint(two_epoch_
     path = write_model_card(
         out / "model",
         config=config,
-        label_names=results["label_names"],
+        labels=results["label_names"],
         results=results,
         base_model=None,
         data_description=describe_data(config_from_dict(config, saved=True).data_args),

@@ -717,7 +717,7 @@ def test_a_checkpoint_that_does_not_load_is_one_line_of_its_rule(rule, damage, e
 @pytest.mark.parametrize(
     "rule, change",
     [
-        ("runs.resume_on_other_labels", {"label_names": ["x", "y"]}),
+        ("runs.resume_on_other_labels", {"labels": ["x", "y"]}),
         ("runs.other_sample_count", {"train_samples": 12}),
         ("runs.other_state_layout", {"fsdp": True}),
         ("runs.other_topology", {"num_processes": 2}),
@@ -728,7 +728,7 @@ def test_a_resume_that_is_not_the_run_that_saved_it_is_refused_by_its_rule(rule,
     from finetune.errors import UserError
 
     manifest = ckpt.read_manifest(ckpt.list_checkpoints(saved_run[1])[-1])
-    given = {"num_processes": 1, "label_names": manifest["label_names"], "train_samples": 37, "fsdp": False, **change}
+    given = {"num_processes": 1, "labels": manifest["label_names"], "train_samples": 37, "fsdp": False, **change}
     with pytest.raises(UserError) as refused:
         ckpt.check_resume_compatible(manifest, config_from_dict(manifest["config"], saved=True), **given)
     assert refused.value.rule == rule

@@ -1,9 +1,9 @@
 """Accumulation and DDP equal one big batch, for plain text classification (tests/test_equivalence.py's (a),
-(b), (d)), extractive question answering (tests/test_question_answering.py) and texts read whole in windows
-(tests/test_text_windows.py): each compares one process with one big batch, one process with accumulation,
+(b), (d)), extractive question answering (tests/test_question_answering.py), texts read whole in windows
+(tests/test_text_windows.py) and multiple choice (tests/test_multiple_choice.py): each compares one process with one big batch, one process with accumulation,
 and 2 processes of DDP over gloo with accumulation.
 
-The three DDP runs are ONE `accelerate launch` of accelerate_configs/cpu_ddp.yaml with 2 processes
+The four DDP runs are ONE `accelerate launch` of accelerate_configs/cpu_ddp.yaml with 2 processes
 (tests/multi_run_worker.py, `conftest.launch_runs`): starting two processes costs ~15 s of imports on the
 2-core dev machine, a tiny run a few seconds. Each run is the real loop as finetune/run.py runs it; its
 records say that both processes were one DDP group over gloo (MULTI_CPU, 2 processes, DistributedDataParallel).
@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.utils import DistributedType
-from conftest import REPO, launch_runs, rotten_rows, run_outputs, write_csv, write_jsonl
+from conftest import REPO, launch_runs, logged_losses, rotten_rows, run_outputs, write_csv, write_jsonl
 from safetensors.torch import load_file
 from test_equivalence import batching_args
+from test_multiple_choice import swag_args, swag_rows
 from test_question_answering import _rows, _worst, qa_args
 from test_text_windows import _documents, window_args
 
@@ -29,14 +30,17 @@ from finetune.run import main
 QA_COMMON = ("num_train_epochs=2", "max_grad_norm=null")
 DDP_QA = ("per_device_train_batch_size=2", "gradient_accumulation_steps=2", *QA_COMMON)
 DDP_WINDOWS = ("per_device_train_batch_size=2", "gradient_accumulation_steps=2")
+CHOICES_COMMON = ("num_train_epochs=2", "max_grad_norm=null", "test_file=null")
+DDP_CHOICES = ("per_device_train_batch_size=2", "gradient_accumulation_steps=2", *CHOICES_COMMON)
 
 
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory) -> dict:
-    """The three data sets, and ONE launch of 2 processes that trains, one after another in the same
+    """The four data sets, and ONE launch of 2 processes that trains, one after another in the same
     processes: the texts' windows (13 training texts, 7 validation), question answering (23 training
-    questions, 11 validation; both uneven over 2 processes) and text classification (37 training rows, not a
-    multiple of any global batch, 13 validation), each 2 x batch 2 x accumulation 2."""
+    questions, 11 validation; both uneven over 2 processes), text classification (37 training rows, not a
+    multiple of any global batch, 13 validation) and multiple choice (41 training contexts of 4 candidates, 11
+    validation), each 2 x batch 2 x accumulation 2."""
     root = tmp_path_factory.mktemp("ddp")
     data = {
         "text": {"train": write_csv(root / "train.csv", rotten_rows(37)),
@@ -45,11 +49,14 @@ def ddp(tmp_path_factory) -> dict:
                "validation": write_jsonl(root / "qa_validation.jsonl", _rows("validation", 11))},
         "windows": {"train": write_csv(root / "long_train.csv", _documents(13, 0)),
                     "validation": write_csv(root / "long_validation.csv", _documents(7, 2000))},
+        "choices": {"train": write_jsonl(root / "swag_train.jsonl", swag_rows(41, seed=0)),
+                    "validation": write_jsonl(root / "swag_validation.jsonl", swag_rows(11, seed=1))},
     }  # fmt: skip
     runs = [
         {"name": "windows", "fsdp": False, "argv": window_args(data["windows"], root / "windows", *DDP_WINDOWS)},
         {"name": "qa", "fsdp": False, "argv": qa_args(data["qa"], root / "qa", *DDP_QA)},
         {"name": "text", "fsdp": False, "argv": batching_args("d_2x2_acc2", data["text"], root / "text")},
+        {"name": "choices", "fsdp": False, "argv": swag_args(data["choices"], root / "choices", *DDP_CHOICES)},
     ]
     records, output = launch_runs(REPO / "accelerate_configs/cpu_ddp.yaml", runs, root)
     return {"root": root, "data": data, "records": records, "printed": run_outputs(output)}
@@ -132,3 +139,21 @@ def test_accumulation_and_ddp_equal_one_big_batch_and_each_text_is_scored_once(d
     [written] = (tmp_path / "a" / "eval").rglob("predictions.jsonl")
     lines = [json.loads(line) for line in written.read_text().splitlines()]
     assert len(lines) == 7 and all(abs(sum(line["probabilities"].values()) - 1) < 1e-5 for line in lines)
+
+
+def test_accumulation_and_ddp_equal_one_big_batch_for_multiple_choice(ddp, tmp_path):
+    """Multiple choice: 1 x 8 against 2 processes x 2 x 2 (41 contexts, uneven over the ranks), the same
+    weights but the two kinds whose gradient is exactly zero (tests/test_multiple_choice.py says why), and the
+    same validation loss and accuracy over each of the 11 contexts once."""
+    main(swag_args(ddp["data"]["choices"], tmp_path / "a", "per_device_train_batch_size=8", *CHOICES_COMMON))
+    runs = {"a": tmp_path / "a", "d": _ran_as_ddp_over_gloo(ddp, "choices")}
+    reference, ddp_weights = _weights(runs["a"]), _weights(runs["d"])
+    compared = [k for k in reference if not k.endswith(("classifier.bias", "attention.self.key.bias"))]
+    assert len(compared) == len(reference) - 3
+    assert max((ddp_weights[k] - reference[k]).abs().max().item() for k in compared) < 1e-5
+    logged = logged_losses(runs["a"])  # and the comparison means something: training moved the model
+    assert min(logged.values()) < logged[1] - 0.1, logged
+    scored = {run: json.loads((out / "results.json").read_text())["validation"] for run, out in runs.items()}
+    assert scored["a"]["num_samples"] == scored["d"]["num_samples"] == 11
+    assert scored["a"]["loss"] == pytest.approx(scored["d"]["loss"], abs=1e-6)
+    assert scored["a"]["accuracy"] == scored["d"]["accuracy"]

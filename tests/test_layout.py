@@ -88,6 +88,35 @@ def test_only_the_problems_read_a_models_outputs():
     assert reading == {"problems/base.py"}
 
 
+def _reads_label_names(path: Path) -> bool:
+    """Whether a module names `label_names`: a variable, an attribute, an argument, or a dict's key."""
+    key = "label_names"
+    for n in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(n, ast.Name) and n.id == key) or (isinstance(n, ast.Attribute) and n.attr == key):
+            return True
+        if isinstance(n, (ast.arg, ast.keyword)) and n.arg == key:
+            return True
+        if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and n.slice.value == key:
+            return True
+        if isinstance(n, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == key for k in n.keys):
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" and n.args \
+                and isinstance(n.args[0], ast.Constant) and n.args[0].value == key:
+            return True
+    return False
+
+
+def test_only_the_problems_say_what_the_labels_are():
+    """What a task's labels are (classes, tags, candidates' numbers, a target's name, a span's ends) is a
+    `Labels` (finetune/problems/base.py): the loop, the loader, evaluation, checkpoints, the export and the
+    card hold one and ask it for the model's head and for what a manifest keeps. No module of the core but
+    the problems' and the config's (which declares the setting) names `label_names`: as a variable, an
+    attribute, an argument, or a manifest's key."""
+    reading = {_name(p) for p in MODULES if _reads_label_names(p)}
+    assert {m for m in reading if not m.startswith(("problems/", "tasks/"))} == {"config.py"}
+    assert "problems/base.py" in reading  # the test reads what it means to
+
+
 def test_the_run_directory_is_spelled_in_one_module():
     names = {"config.yaml", "metrics.jsonl", "results.json", "training_curves.png", ".previous-run"}
     spelling = {_name(p) for p in MODULES if _strings(p) & names}

@@ -131,6 +131,20 @@ def test_a_right_candidate_beyond_the_candidates_is_one_line(swag, tmp_path, cap
     assert not (tmp_path / "run").exists()
 
 
+def test_class_weights_are_one_line_and_no_candidates_place_is_called_a_class_never_predicted(swag, tmp_path, capsys):
+    """The candidates' places are no classes of the data: class_weights is refused before anything is written,
+    and a model that never picks the last place gets no advice to weigh classes (tools.never_predicted)."""
+    user_error(capsys, main, swag_args(swag, tmp_path / "run", "class_weights=balanced"),
+               "multiple choice (its candidates' places are not classes)", rule="settings.class_weights_of_regression")
+    assert not (tmp_path / "run").exists()
+    from finetune.checks import Said, gate, tools
+
+    said = Said()
+    gate(tools.PREDICTED, ["3"], ["0", "1", "2", "3"], "multiple_choice", said=said)
+    gate(tools.PREDICTED, ["3"], ["0", "1", "2", "3"], "single_label_classification", said=said)
+    assert [rule for rule, _ in said.lines] == ["tools.never_predicted"]  # the classifier's alone
+
+
 def test_the_bundled_recipe_trains_on_its_bundled_questions(tmp_path):
     """finetune/configs/bert_choices.yaml on data/squad_choices (a tiny model, a slice): four candidates a
     question, every validation question scored once."""
@@ -224,6 +238,28 @@ def test_a_long_context_is_cut_and_an_empty_header_or_a_missing_later_ending_rea
     rows[2]["ending3"] = None
     user_error(capsys, main, swag_args({**swag, "train": _with(tmp_path, "none", rows)}, tmp_path / "r2"),
                "text column 'ending3'", "empty cell at row 3", rule="columns.text_missing_in_a_row")  # fmt: skip
+
+
+def test_candidates_cut_at_max_length_are_said_with_the_share_lost_and_short_ones_are_not(swag, tmp_path):
+    """Contexts past max_length in most training samples: one `inputs.pairs_cut` warning with the share of
+    the candidates' tokens lost; the short synthetic set gets none."""
+    from transformers import AutoTokenizer
+
+    from finetune.checks import Said
+    from finetune.tasks import task_of
+
+    rows = swag_rows(16)
+    for row in rows[:12]:
+        row["sent1"] = " ".join(["the long context goes on"] * 20)
+    tokenizer, task = AutoTokenizer.from_pretrained(TOKENIZER), task_of("multiple-choice")
+    said = {name: Said() for name in ("long", "short")}
+    for name, data in (("long", rows), ("short", swag_rows(16))):
+        ds = __import__("datasets").Dataset.from_list(data)
+        task.prepare(ds, tokenizer, _data_args(swag), "train", 3, said=said[name])
+    [(rule, line)] = said["long"].lines
+    assert rule == "inputs.pairs_cut" and "of the training pairs' tokens are lost at max_length=32" in line
+    assert "48 of 64 training sentence pairs" in line
+    assert said["short"].lines == []
 
 
 def _data_args(data):

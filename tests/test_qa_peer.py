@@ -32,6 +32,20 @@ def test_smoke_run_trains_both_sides_on_the_same_windows_and_scores_the_same_que
     assert "validation exact match" in (tmp_path / "qa_peer.md").read_text()
 
 
+def test_match_peer_gives_the_app_the_scripts_choices_where_the_recipe_differs():
+    """`--match-peer`'s settings each change the QA recipe to the script's choice: every weight trained,
+    shuffled batches padded to their longest window, no clipping."""
+    from benchmarks.qa_peer import MATCH_PEER, RECIPE, parse_args
+    from finetune.config import load_config
+
+    recipe, matched = load_config(RECIPE), load_config(RECIPE, MATCH_PEER)
+    changed = {key.split("=")[0] for key in MATCH_PEER}
+    assert {k for k in changed if getattr(recipe, k) != getattr(matched, k)} == changed
+    assert (matched.freeze_embeddings, matched.group_by_length, matched.pad_to_multiple_of, matched.max_grad_norm) \
+        == (False, False, None, None)
+    assert parse_args(["--match-peer"]).match_peer and not parse_args([]).match_peer
+
+
 def _drawn_windows(rng: random.Random, width: int):
     """A context of 60 words and 1 to 3 windows over it, each `width` tokens wide: a few question tokens,
     then context tokens (their character offsets), then one special token and padding (offsets None);

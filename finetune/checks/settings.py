@@ -24,7 +24,7 @@ from finetune import lora
 from finetune.checks import rule
 from finetune.checks.streams import SETTINGS as STREAMING
 from finetune.formats import SPLIT_FOLDERS
-from finetune.metrics import MULTI, PROBLEMS, REGRESSION, SPANS, TOKENS
+from finetune.metrics import CHOICES, MULTI, PROBLEMS, REGRESSION, SPANS, TOKENS
 from finetune.tasks import TASKS, task_of
 
 # --- tables the rules read ---------------------------------------------------------------------------
@@ -1084,9 +1084,11 @@ def smoothing_without_classes(cfg) -> str | None:
 
 @rule("settings.class_weights_of_regression", needs=("problem_type",))
 def class_weights_of_regression(cfg) -> str | None:
-    """class_weights for a regression (a number has no class to weigh) or question answering (nor a span)."""
-    if cfg.problem_type in (REGRESSION, SPANS) and cfg.class_weights is not None:
-        what = "a regression" if cfg.problem_type == REGRESSION else "question answering (its answers are spans)"
+    """class_weights for a regression (a number has no class to weigh), question answering (nor a span) or
+    multiple choice (the candidates' places are no classes of the data)."""
+    if cfg.problem_type in (REGRESSION, SPANS, CHOICES) and cfg.class_weights is not None:
+        what = {REGRESSION: "a regression", SPANS: "question answering (its answers are spans)",
+                CHOICES: "multiple choice (its candidates' places are not classes)"}[cfg.problem_type]
         return f"class_weights={cfg.class_weights} weighs classes or labels; {what} has none: leave class_weights unset (null)"
     return None
 

@@ -28,7 +28,7 @@ from typing import Any
 from finetune.checks import rule
 from finetune.errors import first_line
 from finetune.layout import BEST_RECIPE, METRICS_LOG, STUDY, RunDir
-from finetune.metrics import FEWEST_TO_JUDGE, MULTI
+from finetune.metrics import CHOICES, FEWEST_TO_JUDGE, MULTI
 
 # --- the run's verdict -----------------------------------------------------------------------------------
 
@@ -83,8 +83,8 @@ VERDICT = [did_not_learn, too_few_to_judge]
 @rule("tools.never_predicted", warning=True)
 def never_predicted(never: list[str], label_names: list[str], problem_type: str | None) -> str | None:
     """Classes (or multi-label labels) the validation predictions never chose: rare ones the model has not
-    learned to tell."""
-    if not never:
+    learned to tell. Not said of multiple choice: a place among the candidates is no class of the data."""
+    if not never or problem_type == CHOICES:
         return None
     what = "labels" if problem_type == MULTI else "classes"
     shown = ", ".join(map(repr, never[:5])) + (", ..." if len(never) > 5 else "")

@@ -13,7 +13,7 @@
                                                                        candidates
 
     problem = problem_of(cfg.problem_type)   # a `Problem`: the rest of the app asks it, and compares no names
-    names = problem.label_names(train, args, said)
+    names = problem.labels_in(train, args, said)      # a `Labels`: what the outputs are, by name in id order
     train = problem.encode(train, args, names, "train", said)
     loss = problem.loss(problem.outputs(model(**inputs), inputs), labels)
 
@@ -54,7 +54,7 @@ from finetune.checks import labels
 from finetune.config import DataArgs
 from finetune.formats import is_list
 from finetune.metrics import MULTI, PROBLEMS, REGRESSION, SINGLE, SPANS, TOKENS, WORD_TAGS
-from finetune.problems.base import Problem, encode_labels, resolve_label_names
+from finetune.problems.base import Labels, Problem, encode_labels, resolve_label_names
 from finetune.problems.choices import Choices
 from finetune.problems.multi_label import MultiLabel
 from finetune.problems.regression import Regression
@@ -62,7 +62,7 @@ from finetune.problems.spans import Spans
 from finetune.problems.tags import Tags, WordTags, encode_tags, tag_names, tag_scheme
 from finetune.tasks import task_of
 
-__all__ = ["MULTI", "REGRESSION", "SINGLE", "SPANS", "TOKENS", "WORD_TAGS", "MultiLabel", "Problem", "Regression", "Spans",
+__all__ = ["MULTI", "REGRESSION", "SINGLE", "SPANS", "TOKENS", "WORD_TAGS", "Labels", "MultiLabel", "Problem", "Regression", "Spans",
            "Tags", "WordTags", "encode_labels", "encode_tags", "infer_problem_type", "problem_of", "problem_type_of",
            "problem_type_of_model", "resolve_label_names", "tag_names", "tag_scheme", "tags_in"]  # fmt: skip
 

@@ -24,6 +24,32 @@ from finetune.metrics import (
 )
 
 
+class Labels(list):
+    """What a model's outputs are, by name in id order: the classes, the tags, the candidates' numbers, a
+    regression target's name, or an answer span's start and end. A problem makes them from train
+    (`Problem.labels_in`); the rest of the app passes them along and asks them for a model's head (`head`) and
+    for what a checkpoint's or an export's manifest keeps (`manifest`, `of_manifest`). The `label_names`
+    setting gives them by hand (`given`). A list, so that a problem's metrics read them as names."""
+
+    KEY = "label_names"  # the setting's name, and the manifest's key (checkpoints of every version)
+
+    @classmethod
+    def given(cls, args) -> Labels:
+        """The names the `label_names` setting gives, in its order (none: empty)."""
+        return cls(getattr(args, cls.KEY) or [])
+
+    @classmethod
+    def of_manifest(cls, manifest: dict[str, Any]) -> Labels:
+        return cls(str(n) for n in manifest[cls.KEY])
+
+    def manifest(self) -> dict[str, list[str]]:
+        return {self.KEY: list(self)}
+
+    def head(self) -> dict[str, Any]:
+        """A model config's fields for a head of one output per name."""
+        return {"num_labels": len(self), "id2label": dict(enumerate(self)), "label2id": {n: i for i, n in enumerate(self)}}
+
+
 class Problem:
     """The interface every problem fills in; single-label classification is the default behaviour."""
 
@@ -67,6 +93,10 @@ class Problem:
         return example
 
     # --- labels ----------------------------------------------------------------------------------------
+    def labels_in(self, train: HFDataset, args: DataArgs, said: checks.Said) -> Labels:
+        """What this problem's labels are in train, in id order (`label_names` below)."""
+        return Labels(self.label_names(train, args, said))
+
     def label_names(self, train: HFDataset, args: DataArgs, said: checks.Said) -> list[str]:
         """Label names in id order: `label_names` as given, a ClassLabel's names, else the sorted distinct
         values of train; what the classes are is checked (checks/labels.py, CLASSES)."""

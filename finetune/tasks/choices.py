@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from finetune import checks
+from finetune.checks import inputs
 from finetune.metrics import CHOICES
 from finetune.tasks.base import DataArgs, column_numbers, tokenized_fingerprint
 from finetune.tasks.text import TextClassification
@@ -53,19 +55,26 @@ class MultipleChoice(TextClassification):
         `length`: its longest candidate's tokens, for grouping."""
         endings, header = ending_columns(ds.column_names), HEADER in ds.column_names
 
-        def choices(batch):
+        def pairs(batch) -> tuple[list, list]:  # (the context, then sent2 and the ending) for each candidate
             firsts = [context for context in batch[CONTEXT] for _ in endings]
             starts = batch[HEADER] if header else [None] * len(batch[CONTEXT])  # optional, in a row too
-            seconds = [f"{start or ''} {batch[e][i]}".strip() for i, start in enumerate(starts) for e in endings]
+            return firsts, [f"{start or ''} {batch[e][i]}".strip() for i, start in enumerate(starts) for e in endings]
+
+        def choices(batch):
             # cut at max_length from the longer side first, the context too (run_swag.py's truncation)
-            enc = preprocessor(firsts, seconds, truncation=True, max_length=data.max_length)
+            enc = preprocessor(*pairs(batch), truncation=True, max_length=data.max_length)
             out = {k: [v[i : i + len(endings)] for i in range(0, len(v), len(endings))] for k, v in enc.items()}
             out["length"] = [max(len(ids) for ids in sample) for sample in out["input_ids"]]
             return out
 
         drop = [c for c in ds.column_names if c != "labels"]
-        return ds.map(choices, batched=True, remove_columns=drop, desc="tokenizing choices",
-                      new_fingerprint=tokenized_fingerprint(ds, choices))  # fmt: skip
+        tokenized = ds.map(choices, batched=True, remove_columns=drop, desc="tokenizing choices",
+                           new_fingerprint=tokenized_fingerprint(ds, choices))  # fmt: skip
+        if split == "train":  # what the model reads of the first 500 samples' candidates, as the text task says it
+            (firsts, seconds), ids = pairs(ds[:500]), [c for sample in tokenized[:500]["input_ids"] for c in sample]
+            checks.gate(inputs.TOKENIZED, firsts, ids, [len(c) for c in ids], data.max_length, preprocessor, seconds,
+                        said=said or checks.Said())  # fmt: skip
+        return tokenized
 
     def sample_columns(self, columns: list[str], data: DataArgs) -> list[str]:
         """The context and every candidate, in order (sent2, optional, is no text a row must have)."""
