@@ -23,3 +23,12 @@ def test_optional_loaded_is_the_first_import_of_loaded_after(monkeypatch):
     asked = []
     monkeypatch.setattr(import_time, "loaded_after", lambda modules, libraries: asked.append((modules, libraries)) or [["x"]])
     assert optional_loaded() == ["x"] and asked == [(["finetune.run"], OPTIONAL)]
+
+
+def test_by_package_sums_each_modules_own_import_time_by_its_top_level_package():
+    """The benchmark's profile of an import: `-X importtime`'s self times, by package, largest first."""
+    from benchmarks.import_time import by_package
+
+    spent = by_package("import json.decoder, email.utils")
+    assert {"json", "email"} <= set(spent) and all(t >= 0 for t in spent.values())
+    assert "json.decoder" not in spent and list(spent.values()) == sorted(spent.values(), reverse=True)

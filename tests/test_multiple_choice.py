@@ -262,6 +262,18 @@ def test_candidates_cut_at_max_length_are_said_with_the_share_lost_and_short_one
     assert said["short"].lines == []
 
 
+def test_a_candidate_column_of_numbers_says_to_fill_the_column_not_to_set_a_text_column(swag, tmp_path, capsys):
+    """The endings' names are the layout's: a column of numbers among them is told to hold the candidates'
+    texts, not to set text_column, which this task does not read."""
+    rows = swag_rows(16)
+    for i, row in enumerate(rows):
+        row["ending2"] = 100 + i
+    line = user_error(capsys, main, swag_args({**swag, "train": _with(tmp_path, "numbers", rows)}, tmp_path / "run"),
+                      "text column 'ending2' in the train data holds only numbers",
+                      "put the texts in 'ending2' itself", rule="columns.numbers_as_texts")  # fmt: skip
+    assert "text_column" not in line
+
+
 def _data_args(data):
     from finetune.config import load_config
 

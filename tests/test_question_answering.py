@@ -273,6 +273,8 @@ BAD = {  # name: (rows of the training file or a writer, the settings beside, th
     "no candidate span": (lambda rows: rows, ("n_best_size=0",), "settings.positive", "n_best_size must be a positive integer"),
     "a negative doc_stride": (lambda rows: rows, ("doc_stride=-5",), "settings.out_of_range", "doc_stride must be >= 0"),
     "class weights": (lambda rows: rows, ("class_weights=balanced",), "settings.class_weights_of_regression", "question answering"),
+    "questions of numbers": (lambda rows: [{**r, "question": 100 + i} for i, r in enumerate(rows)],
+                             (), "columns.numbers_as_texts", "set question_column to the column of texts"),
 }  # fmt: skip
 
 

@@ -635,7 +635,15 @@ def _text_columns(c: Columns):
     if c.task.modality != "text" or c.tagging:
         return []
     inputs = [n for n in c.task.sample_columns(c.names, c.args) if n in c.names or n in c.inputs]  # every candidate
-    return [(n, "text_pair_column" if n == c.args.text_pair_column else "text_column") for n in inputs]
+    return [(n, c.task.setting_of(n, c.args)) for n in inputs]
+
+
+def _set_to(setting: str | None, column: str, what: str) -> str:
+    """The fix of a text column that holds no text: set the setting that names it to the column of `what`, or,
+    where the task's layout names its columns (multiple choice's endings), put `what` in the column itself."""
+    if setting is None:
+        return f"put the {what} in '{column}' itself (the task's layout names its columns)"
+    return f"set {setting} to the column of {what}"
 
 
 def _strings(feature) -> bool:
@@ -649,8 +657,8 @@ def text_column_empty(c: Columns) -> str | None:
     """A text column with no text in any row (a CSV's empty column reads as numbers)."""
     for column, setting in _text_columns(c):
         if not _strings(c.ds.features[column]) and len(c.ds) and all(v is None for v in c.values(column)):
-            return (f"text column '{column}' in the {c.split} data is empty (no text in any row); set {setting} to the "
-                    "column that holds the texts, or fill it in")
+            return (f"text column '{column}' in the {c.split} data is empty (no text in any row); "
+                    f"{_set_to(setting, column, 'texts')}, or fill it in")
     return None
 
 
@@ -675,8 +683,8 @@ def numbers_as_texts(c: Columns) -> str | None:
         feature = c.ds.features[column]
         if isinstance(feature, Value) and feature.dtype.startswith(("int", "uint", "float", "bool")):
             return (f"text column '{column}' in the {c.split} data holds only numbers ({feature.dtype}), no words: a "
-                    f"model classifies text, and these values would be read as numbers written out; set {setting} to "
-                    f"the column of texts (if '{column}' is a label or an id, it is not the text); if these numbers "
+                    f"model classifies text, and these values would be read as numbers written out; "
+                    f"{_set_to(setting, column, 'texts')} (if '{column}' is a label or an id, it is not the text); if these numbers "
                     f'are the texts to classify, write them as strings (JSON Lines: "{column}": "12345")')
     return None
 
@@ -686,8 +694,8 @@ def text_not_strings(c: Columns) -> str | None:
     """A text column of lists, mappings or another type than strings."""
     for column, setting in _text_columns(c):
         if not _strings(c.ds.features[column]):
-            return (f"text column '{column}' in the {c.split} data holds {c.ds.features[column]}, not text; set "
-                    f"{setting} to a column of strings")
+            return (f"text column '{column}' in the {c.split} data holds {c.ds.features[column]}, not text; "
+                    f"{_set_to(setting, column, 'strings')}")
     return None
 
 

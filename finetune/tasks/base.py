@@ -156,6 +156,12 @@ class Task:
         rules compare them): the input columns."""
         return self.input_columns(data)
 
+    def setting_of(self, column: str, data: DataArgs) -> str | None:
+        """The setting that names an input column (`text_column`, `context_column`, ...), which a line about
+        the column tells the user to set; None where the task's layout names it (multiple choice's endings)."""
+        named = [s for s in ("text_pair_column", *sorted(self.own_settings)) if s.endswith("_column") and s != "label_column"]
+        return next((s for s in named if getattr(data, s, None) == column), None)
+
     def numbers(self, columns) -> list[int]:
         """The numbers of the task's `numbered` input columns among `columns` (none for a task without them)."""
         return column_numbers(columns, self.numbered) if self.numbered else []
