@@ -115,14 +115,8 @@ from finetune.onnx_export import (  # onnxruntime is imported only for --onnx
     onnx_given,
 )
 from finetune.plots import plot_confusion_matrix
-from finetune.problems import (
-    Labels,
-    infer_problem_type,
-    problem_of,
-    problem_type_of,
-    problem_type_of_model,
-    tags_in,
-)
+from finetune.problems import infer_problem_type, problem_of, problem_type_of, problem_type_of_model, tags_in
+from finetune.problems.base import Labels
 from finetune.runtime import data_workers, main_process_first, make_accelerator, pin_memory, quiet_libraries
 from finetune.signals import started, stop_outside_the_loop
 from finetune.tasks import TASK_NAMES, task_of, task_of_model
@@ -167,10 +161,6 @@ def _run_config(raw: Any, where: str) -> TrainConfig:
         raise checks.explain(evaluation.RUN_CONFIG_FAILED, where, e) from None
 
 
-def _model_labels(config) -> Labels:
-    return Labels(str(config.id2label[i]) for i in range(config.num_labels))
-
-
 def _load_model_config(spec: str, trust_remote_code: bool = False, base: bool = False):
     """`base`: the pretrained model a training-state checkpoint's architecture comes from, not what is
     evaluated (an export, a model folder)."""
@@ -186,7 +176,7 @@ def resolve_target(spec: str, task: str | None, have_data: bool, said: checks.Sa
     path = Path(spec).expanduser()
     checks.gate(evaluation.PATH, spec, path, have_data)
     if not path.exists():  # a hub model's name, given with --data
-        return Target(spec, "hub", None, _model_labels(_load_model_config(spec)))
+        return Target(spec, "hub", None, Labels.of_model(_load_model_config(spec)))
     kind = kind_of(path)
     if kind == "checkpoint":
         return _training_state(spec, path, task)
@@ -209,7 +199,7 @@ def _training_state(spec: str, path: Path, task: str | None) -> Target:
 
 def _export(spec: str, path: Path, task: str | None, have_data: bool, said: checks.Said | None) -> Target:
     """An export: with its run's config where the run one level up names its labels, else alone (--data)."""
-    labels = _model_labels(_load_model_config(str(path)))
+    labels = Labels.of_model(_load_model_config(str(path)))
     beside = evaluation.ExportRun.read(spec, path, labels, have_data)
     if beside.config is not None:
         cfg = _run_config(beside.config, str(beside.run.config))

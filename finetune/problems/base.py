@@ -28,8 +28,9 @@ class Labels(list):
     """What a model's outputs are, by name in id order: the classes, the tags, the candidates' numbers, a
     regression target's name, or an answer span's start and end. A problem makes them from train
     (`Problem.labels_in`); the rest of the app passes them along and asks them for a model's head (`head`) and
-    for what a checkpoint's or an export's manifest keeps (`manifest`, `of_manifest`). The `label_names`
-    setting gives them by hand (`given`). A list, so that a problem's metrics read them as names."""
+    for what a checkpoint's or an export's manifest keeps (`manifest`, `of_manifest`); a saved model's are
+    its config's id2label (`of_model`). The `label_names` setting gives them by hand (`given`). A list, so
+    that a problem's metrics read them as names."""
 
     KEY = "label_names"  # the setting's name, and the manifest's key (checkpoints of every version)
 
@@ -41,6 +42,11 @@ class Labels(list):
     @classmethod
     def of_manifest(cls, manifest: dict[str, Any]) -> Labels:
         return cls(str(n) for n in manifest[cls.KEY])
+
+    @classmethod
+    def of_model(cls, config) -> Labels:
+        """A saved model's: its config's id2label, in id order."""
+        return cls(str(config.id2label[i]) for i in range(config.num_labels))
 
     def manifest(self) -> dict[str, list[str]]:
         return {self.KEY: list(self)}
