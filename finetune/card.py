@@ -196,7 +196,10 @@ def _setting(value: Any) -> str:
 
 
 def _cells(rows: list[list[Any]]) -> list[list[str]]:
-    return [[_number(v) for v in row] for row in rows]
+    """A table's cells as Markdown: numbers to 4 decimals; a `|` or a line break in a value (a class named
+    "a|b") escaped, so that it stays in its cell and its row."""
+    cell = str.maketrans({"|": "\\|", "\n": "\\n", "\r": "\\r"})
+    return [[_number(v).translate(cell) for v in row] for row in rows]
 
 
 def _learned_line(learned: dict | None, problem: Problem) -> str | None:

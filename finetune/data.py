@@ -43,7 +43,7 @@ from finetune.formats import A_TAG, CONLLU_COLUMNS, CONLLU_UPOS, FILE_BUILDERS, 
 from finetune.images import verify_images
 from finetune.layout import RunDir
 from finetune.problems import Labels, Problem, infer_problem_type, problem_of
-from finetune.squad import flatten_squad
+from finetune.squad import flatten_squad, squad_dataset
 from finetune.tasks import task_of
 
 # --- reading files ---------------------------------------------------------------------------------
@@ -448,7 +448,7 @@ def read_squad(path: str) -> HFDataset:
             rows = flatten_squad(json.load(f))
         except (KeyError, TypeError, AttributeError) as e:
             raise checks.explain(files.SQUAD_FILE, path, e) from None
-    return HFDataset.from_list(rows)
+    return squad_dataset(rows)
 
 
 def read_conll(path: str, split: str, tokens_column: str, tags_column: str) -> HFDataset:

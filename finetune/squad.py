@@ -217,6 +217,25 @@ def flatten_squad(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def squad_dataset(rows: list[dict[str, Any]]):
+    """`flatten_squad`'s rows as a dataset, typed as datasets' JSON reader types a JSON Lines file of them: a
+    field whose values are of several kinds (a number among the questions) is `Json`, which the column rules
+    then name with its row (finetune/checks/columns.py, `mixed_types`), as they do for JSON Lines."""
+    from datasets import Dataset, Features, Json
+
+    try:
+        return Dataset.from_list(rows)
+    except (TypeError, ValueError):  # pyarrow's ArrowTypeError and ArrowInvalid: a field of several kinds
+        pass
+    features = {}
+    for key in rows[0]:
+        try:
+            features[key] = Dataset.from_dict({key: [row[key] for row in rows]}).features[key]
+        except (TypeError, ValueError):
+            features[key] = Json()
+    return Dataset.from_list(rows, features=Features(features))
+
+
 def answer_span(
     answers: Mapping[str, Sequence[Any]], offsets: Sequence[Any], sequence_ids: Sequence[int | None] | None = None,
     context_id: int = 1, cls_index: int = 0,

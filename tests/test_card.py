@@ -104,6 +104,20 @@ def test_model_card_of_a_model_built_from_config(two_epoch_run):
         assert ends and all(lines[i + 1] == "" for i in ends), [lines[i + 1] for i in ends]
 
 
+def test_a_label_with_a_pipe_or_a_line_break_stays_in_its_cell_of_the_labels_table(two_epoch_run):
+    """A class named `n|e` or with a line break in it (label_names may say so) keeps the card's tables whole:
+    every row of the labels table has the table's number of cells, each name written escaped."""
+    out, results = two_epoch_run
+    names = ["n|e: u", "ne\ng<b>"]
+    path = write_model_card(out / "model", config=yaml.safe_load((out / "config.yaml").read_text()), labels=names,
+                            results=results, base_model=None, data_description="data")  # fmt: skip
+    text = path.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
+    assert rows == [line for line in rows if "n\\|e: u" in line or "ne\\ng<b>" in line] and len(rows) == 2
+    header = next(line for line in text.splitlines() if line.startswith("| id |") or line.startswith("| Id |"))
+    assert all(row.replace("\\|", "").count("|") == header.count("|") for row in rows), rows
+
+
 def test_model_card_names_a_hub_base_model_and_leaks_no_secret(two_epoch_run, monkeypatch):
     def no_download(*args, **kwargs):
         raise AssertionError("the card must not fetch anything from the Hub")

@@ -131,11 +131,14 @@ def test_a_right_candidate_beyond_the_candidates_is_one_line(swag, tmp_path, cap
     assert not (tmp_path / "run").exists()
 
 
-def test_class_weights_are_one_line_and_no_candidates_place_is_called_a_class_never_predicted(swag, tmp_path, capsys):
+def test_class_weights_and_label_names_are_one_line_and_no_candidates_place_is_called_a_class_never_predicted(swag, tmp_path, capsys):
     """The candidates' places are no classes of the data: class_weights is refused before anything is written,
     and a model that never picks the last place gets no advice to weigh classes (tools.never_predicted)."""
     user_error(capsys, main, swag_args(swag, tmp_path / "run", "class_weights=balanced"),
                "multiple choice (its candidates' places are not classes)", rule="settings.class_weights_of_regression")
+    assert not (tmp_path / "run").exists()
+    user_error(capsys, main, [*swag_args(swag, tmp_path / "run"), "label_names=[x, y, z]"],
+               "candidates' numbers) are 0, 1, 2, 3", rule="labels.outputs_named_by_the_task")
     assert not (tmp_path / "run").exists()
     from finetune.checks import Said, gate, tools
 

@@ -273,6 +273,8 @@ BAD = {  # name: (rows of the training file or a writer, the settings beside, th
     "no candidate span": (lambda rows: rows, ("n_best_size=0",), "settings.positive", "n_best_size must be a positive integer"),
     "a negative doc_stride": (lambda rows: rows, ("doc_stride=-5",), "settings.out_of_range", "doc_stride must be >= 0"),
     "class weights": (lambda rows: rows, ("class_weights=balanced",), "settings.class_weights_of_regression", "question answering"),
+    "label names": (lambda rows: rows, ("label_names=[end, start]",), "labels.outputs_named_by_the_task",
+                    "question answering's outputs are start, end"),
     "questions of numbers": (lambda rows: [{**r, "question": 100 + i} for i, r in enumerate(rows)],
                              (), "columns.numbers_as_texts", "set question_column to the column of texts"),
 }  # fmt: skip
@@ -300,6 +302,15 @@ def test_a_csv_of_answers_as_text_and_a_broken_squad_file_are_one_line(qa_data, 
     path.write_text(json.dumps(broken))
     user_error(capsys, main, qa_args(qa_data, tmp_path / "b", f"train_file={path}"), "'answer_start'",
                rule="files.squad_file_malformed")
+    # a nested file whose fields are of several kinds (one question a number, one context a list) is named as a
+    # JSON Lines file of them is, with the question's row
+    for field, value, row in (("question", 123, 3), ("context", ["a", "list"], 2)):
+        paragraphs = [{"context": r["context"], "qas": [{"id": r["id"], "question": r["question"], "answers": [
+            {"text": r["answers"]["text"][0], "answer_start": r["answers"]["answer_start"][0]}]}]} for r in rows]
+        (paragraphs[row - 1] if field == "context" else paragraphs[row - 1]["qas"][0])[field] = value
+        path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]}))
+        user_error(capsys, main, qa_args(qa_data, tmp_path / "c", f"train_file={path}"),
+                   f"column '{field}' in the train data holds values of mixed types: row {row}", rule="columns.mixed_types")
 
 
 def test_a_resume_with_other_windows_names_doc_stride(qa_data, tmp_path, capsys):

@@ -865,6 +865,19 @@ def regression_outputs(given: list[str] | None) -> str | None:
 REGRESSION_NAMES = [regression_outputs]
 
 
+@rule("labels.outputs_named_by_the_task")
+def outputs_named_by_the_task(given: list[str] | None, names: list[str], what: str) -> str | None:
+    """label_names beside a problem whose outputs the task names (question answering's start and end, multiple
+    choice's candidates' numbers): the setting would be ignored, and config.yaml and the card would say it."""
+    if given and [str(n) for n in given] != names:
+        return (f"label_names={list(given)} names classes; {what} are {', '.join(names)}, named by the task: leave "
+                "label_names unset (null)")
+    return None
+
+
+FIXED_NAMES = [outputs_named_by_the_task]
+
+
 # --- answers (question answering) -----------------------------------------------------------------------
 
 

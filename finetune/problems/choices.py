@@ -35,7 +35,9 @@ class Choices(Problem):
 
     def label_names(self, train: HFDataset, args: DataArgs, said: checks.Said) -> list[str]:
         """The candidates' numbers, one per ending column of train."""
-        return [str(i) for i in range(len(ending_columns(train.column_names)))]
+        names = [str(i) for i in range(len(ending_columns(train.column_names)))]
+        checks.gate(labels.FIXED_NAMES, args.label_names, names, "multiple choice's outputs (its candidates' numbers)")
+        return names
 
     def report(self, predictions, references, names, threshold=0.5):
         """Accuracy, and each candidate number's own scores; no macro average over the numbers, which are no

@@ -40,6 +40,7 @@ class Spans(Problem):
         return ""
 
     def label_names(self, train: HFDataset, args: DataArgs, said: checks.Said) -> list[str]:
+        checks.gate(labels.FIXED_NAMES, args.label_names, list(OUTPUTS), "question answering's outputs")
         return list(OUTPUTS)
 
     def encode(self, ds, args, names, split, said, fixed=False):
