@@ -722,8 +722,8 @@ def _command_line_over_recipe(raw: dict[str, Any], given: dict[str, Any], said: 
     - the data comes from files or from a folder (or the hub), not both: a command line that names one
       source (data_dir=..., or train_file=...) and no value for the other's keys drops the recipe's other
       source (`task=image-classification data_dir=imgs` over the text recipe reads imgs, not its CSVs);
-    - the recipe's label_names were written for the recipe's own data: a command line that names other
-      data and no label_names drops them (a user's files bring their own labels and tags);
+    - the label_names of a recipe that names its own data were written for that data: a command line that
+      names other data and no label_names drops them (a user's files bring their own labels and tags);
     - a model comes from pretrained weights or is built at random from model_config, which wins when both
       are set: a command line that names model_name_or_path and nothing of model_config drops the recipe's
       model_config (the ViT recipes' comments say `model_config=null model_name_or_path=...`).
@@ -732,7 +732,7 @@ def _command_line_over_recipe(raw: dict[str, Any], given: dict[str, Any], said: 
         if given.get(source) is not None and all(given.get(key) is None for key in other):
             for key in other:
                 raw.pop(key, None)
-    if not saved and "label_names" not in given and any(
+    if not saved and "label_names" not in given and any(raw.get(k) is not None for k in DATA_KEYS) and any(
             given.get(k) is not None and not _same_data(given[k], raw.get(k)) for k in DATA_KEYS):  # fmt: skip
         raw.pop("label_names", None)
     if not saved:  # a run's own config.yaml holds the user's files, not a recipe's

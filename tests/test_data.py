@@ -276,6 +276,11 @@ def test_own_labels_under_the_default_recipe_are_taken_from_the_data(tmp_path, c
         load_splits(load_config(None, [*mine, "label_names=['0','1']"]).data_args)
     assert e.value.rule == "labels.not_in_label_names"
     assert "warning:" not in capsys.readouterr().err
+    # a user's own recipe that names no data: its label_names are written for the data the command line names
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("label_names: [pos, neu, neg]\n")
+    model = f"model_name_or_path={REPO / 'data/bert_minilm_l6_uncased'}"
+    assert load_config(recipe, [*mine, model]).label_names == ["pos", "neu", "neg"]
 
 
 def test_csv_numbers_written_with_a_leading_zero_stay_text(tmp_path):

@@ -264,6 +264,9 @@ BAD = {  # name: (rows of the training file or a writer, the settings beside, th
                          (), "labels.no_answer_to_learn", "no question of the training data has an answer"),
     "columns named otherwise": (lambda rows: [{"q": r["question"] + "?", "passage": r["context"], "ans": r["answers"]} for r in rows],
                                 (), "columns.question_answering_columns", "set question_column=q, context_column=passage, answers_column=ans"),
+    "columns named otherwise, the task left to the data": (
+        lambda rows: [{"q": r["question"] + "?", "passage": r["context"], "ans": r["answers"]} for r in rows],
+        ("task=null",), "columns.question_answering_columns", "set question_column=q, context_column=passage, answers_column=ans"),
     "flat answer columns": (lambda rows: [{"question": r["question"], "context": r["context"], "answer_text": r["answers"]["text"][0],
                                            "answer_start": r["answers"]["answer_start"][0]} for r in rows],
                             (), "columns.question_answering_columns", "not as separate columns"),

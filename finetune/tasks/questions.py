@@ -46,7 +46,10 @@ class QuestionAnswering(TextClassification):
         return [data.answers_column]
 
     def holds(self, features, data: DataArgs) -> bool:
-        return all(c in features for c in (data.question_column, data.context_column, data.answers_column))
+        """The question, context and answers columns, or a column of SQuAD's answers under another name (the
+        column rules then name the settings to set)."""
+        named = all(c in features for c in (data.question_column, data.context_column, data.answers_column))
+        return named or any(isinstance(f, dict) and {"text", "answer_start"} <= set(f) for f in features.values())
 
     def prepare(self, ds, preprocessor, data: DataArgs, split: str, num_channels: int,
                 said: checks.Said | None = None):
