@@ -734,6 +734,20 @@ def test_a_resume_that_is_not_the_run_that_saved_it_is_refused_by_its_rule(rule,
     assert refused.value.rule == rule
 
 
+def test_a_resume_on_its_labels_in_another_order_names_the_order_to_set(saved_run):
+    """The same labels in another order (label_names left out: the sorted names) get the checkpoint's order
+    as the value to set."""
+    from finetune.config import config_from_dict
+    from finetune.errors import UserError
+
+    manifest = ckpt.read_manifest(ckpt.list_checkpoints(saved_run[1])[-1])
+    saved = manifest["label_names"]
+    with pytest.raises(UserError, match=rf"in this order, .*resume with label_names=\[{', '.join(saved)}\]$") as refused:
+        ckpt.check_resume_compatible(manifest, config_from_dict(manifest["config"], saved=True), 1, saved[::-1], 37,
+                                     fsdp=False)  # fmt: skip
+    assert refused.value.rule == "runs.resume_on_other_labels"
+
+
 def test_a_best_checkpoint_missing_from_a_resumed_run_is_said(tmp_path):
     from finetune import checks
     from finetune.checks import runs

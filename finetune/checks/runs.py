@@ -845,11 +845,16 @@ def resume_changes_a_fixed_setting(r: Resume) -> str | None:
 
 @rule("runs.resume_on_other_labels")
 def resume_on_other_labels(r: Resume) -> str | None:
-    """A resume whose data has other labels than the checkpoint was trained on."""
-    if r.manifest.get("label_names") != r.label_names:
-        return (f"the checkpoint was trained on the labels {r.manifest.get('label_names')}, this run's data has "
-                f"{r.label_names}; resume it with its own data, or set label_names to match")
-    return None
+    """A resume whose data has other labels than the checkpoint was trained on; the same labels in another
+    order (label_names left out, or written otherwise) are named in the checkpoint's order, to set."""
+    saved = r.manifest.get("label_names")
+    if saved == r.label_names:
+        return None
+    if isinstance(saved, list) and sorted(map(str, saved)) == sorted(map(str, r.label_names)):
+        return (f"the checkpoint was trained on the labels {saved} in this order, this run's are {r.label_names}; "
+                f"resume with label_names=[{', '.join(map(str, saved))}]")
+    return (f"the checkpoint was trained on the labels {saved}, this run's data has {r.label_names}; resume it "
+            "with its own data, or set label_names to match")
 
 
 @rule("runs.training_data_changed")
