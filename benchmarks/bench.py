@@ -162,8 +162,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--seq-len must be a positive number of tokens, got {args.seq_len}")
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.steps is not None and args.steps <= 0:
+        p.error(f"--steps must be positive, got {args.steps}")
     if args.steps is not None and not args.smoke and args.warmup >= args.steps:
-        p.error(f"--warmup {args.warmup} leaves none of --steps {args.steps} to time; give more steps")
+        p.error(f"--warmup {args.warmup} (the default is 3) leaves none of --steps {args.steps} to time; give more "
+                "steps or a smaller --warmup")
     if unknown := [name for name in args.levers_only or [] if name not in LEVERS]:
         p.error(f"--levers-only: no lever named {', '.join(unknown)}; the levers: {', '.join(LEVERS)}")
     args.levers = args.levers or args.levers_only is not None  # naming levers asks for them

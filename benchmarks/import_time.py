@@ -31,7 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.recipes import check_arguments
 from benchmarks.report import machine, machine_line, write_report
+from finetune.exits import ArgumentParser, exit_on_user_error
 
 FLOOR = (
     "import torch, accelerate, datasets; "
@@ -106,12 +108,14 @@ def seconds(statement: str) -> float:
     return time.perf_counter() - t
 
 
+@exit_on_user_error
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.import_time", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m benchmarks.import_time", description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path("runs/import_time"))
     p.add_argument("--warm", action="store_true", help="bytecode cached by one untimed import of each first")
     args = p.parse_args(argv)
+    check_arguments(p, args, ["reps"])  # before any interpreter is timed: --reps 0, an --out that is a file
     with tempfile.TemporaryDirectory(prefix="finetune-pycache-") as cache:
         if args.warm:
             ENV.pop("PYTHONDONTWRITEBYTECODE", None)

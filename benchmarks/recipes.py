@@ -108,7 +108,7 @@ def check_arguments(
         value = getattr(args, name)
         if value is not None and value <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {value}")
-    for override in args.override:
+    for override in getattr(args, "override", []):
         key = override.split("=", 1)[0].strip()
         if key in reserved:
             p.error(f"--override {key}: {reserved[key]}")

@@ -22,13 +22,16 @@ def machine() -> dict[str, Any]:
     import accelerate
     import transformers
 
-    cpu = platform.processor() or platform.machine()
+    cpu, flags = platform.processor() or platform.machine(), []
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+        lines = f.read().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+        listed = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+        flags = [flag for flag in ("avx512_bf16", "amx_bf16") if flag in listed]  # bf16 in hardware
     return {
         "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "mkldnn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "mkldnn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), "bf16_flags": flags,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "python": platform.python_version(), "torch": torch.__version__,
         "transformers": transformers.__version__, "accelerate": accelerate.__version__,
@@ -39,8 +42,9 @@ def machine() -> dict[str, Any]:
 def machine_line(m: dict[str, Any]) -> str:
     """The first words of a report: the machine and the libraries."""
     gpu = f", GPU {m['gpu']}" if m["gpu"] else ""
+    simd = f" ({m['cpu_capability']}{''.join(', ' + f for f in m.get('bf16_flags') or [])})" if "cpu_capability" in m else ""
     return (
-        f"Machine: {m['cpu']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads{gpu}; torch {m['torch']}, "
+        f"Machine: {m['cpu']}{simd}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads{gpu}; torch {m['torch']}, "
         f"transformers {m['transformers']}, accelerate {m['accelerate']}"
     )
 

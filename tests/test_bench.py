@@ -227,6 +227,10 @@ def test_warmup_that_leaves_no_step_to_time_is_refused(tmp_path, capsys):
         main(["--steps", "2", "--warmup", "5", "--out", str(tmp_path / "report")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "leaves none of --steps 2 to time" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exit_info:  # a step count that is no count is named as such first
+        main(["--steps", "0", "--out", str(tmp_path / "report")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--steps must be positive, got 0" in err and err.count("\n") == 1
 
 
 @pytest.mark.slow

@@ -2,6 +2,8 @@
 (benchmarks/import_time.py measures what the import costs), and an evaluation's import adds no ONNX library:
 onnx, onnxruntime and onnxscript are imported by the ONNX export and --onnx alone (finetune/onnx_export.py)."""
 
+import pytest
+
 from benchmarks.import_time import OPTIONAL, loaded_after, optional_loaded
 
 ONNX = ("onnx", "onnxruntime", "onnxscript")
@@ -32,3 +34,17 @@ def test_by_package_sums_each_modules_own_import_time_by_its_top_level_package()
     spent = by_package("import json.decoder, email.utils")
     assert {"json", "email"} <= set(spent) and all(t >= 0 for t in spent.values())
     assert "json.decoder" not in spent and list(spent.values()) == sorted(spent.values(), reverse=True)
+
+
+@pytest.mark.parametrize("argv, fragment", [(["--reps", "0"], "--reps must be positive, got 0"),
+                                            (["--out", "{file}"], "is a file; give a directory for the report")])
+def test_a_bad_argument_is_one_line_before_anything_is_timed(argv, fragment, tmp_path, capsys):
+    import benchmarks.import_time as import_time
+
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    with pytest.raises(SystemExit) as exited:
+        import_time.main([a.format(file=afile) for a in argv] + ([] if "--out" in argv else ["--out", str(tmp_path)]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and fragment in err[0], err
+    assert afile.read_text() == "mine"
