@@ -113,7 +113,7 @@ def test_a_user_error_keeps_its_exit_status_through_the_launcher(tmp_path):
     # accelerate's own quiet mode (one process only): the app's line alone, but exit status 1
     quiet = _run([*launch_command(), "-q", "finetune/run.py", "bogus_key=1"], tmp_path)
     assert quiet.returncode == 1 and quiet.stderr.splitlines() == [
-        "error: unknown config key 'bogus_key'"
+        "error: [settings.unknown_key] unknown config key 'bogus_key'"  # _run shows each line's rule
     ], quiet.stderr[-2000:]
 
 

@@ -25,10 +25,10 @@ def test_bf16_on_a_cpu_without_native_bf16_says_so(monkeypatch, capsys, tmp_path
 
 PREPARE = """
 import json, os, sys
-from finetune.cli import parse_args
+from finetune.cli import parse_command_line
 from finetune.data import load_splits, prepare_splits
 from finetune.models import load_preprocessor
-cfg, _, _ = parse_args(sys.argv[1:])
+cfg = parse_command_line(sys.argv[1:]).cfg
 raw, _ = load_splits(cfg.data_args)
 prepared = prepare_splits(cfg.data_args, raw, load_preprocessor(cfg.model_args))
 files = {s: d.cache_files[0]["filename"] for s, d in prepared.items()}

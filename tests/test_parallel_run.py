@@ -61,7 +61,7 @@ def test_lora_split_over_two_devices_equals_unsplit_lora(small_text_data, tmp_pa
         split_models.append(parallel_apply(model, plan))
         return split_models[-1]
 
-    monkeypatch.setattr(parallel, "apply_model_parallel", apply_and_keep)
+    monkeypatch.setattr("finetune.run.apply_model_parallel", apply_and_keep)  # run.py's name for it
     lora = ("peft={r: 4, alpha: 8, target_modules: [query, value]}", "learning_rate=1e-2")
     plain, split = tmp_path / "plain", tmp_path / "split"
     main(tiny_text_args(small_text_data, plain, *COMMON, *lora, "adam_epsilon=1e-6"))
